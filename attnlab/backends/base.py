@@ -1,0 +1,182 @@
+"""The attention-backend interface: plan once per forward pass, run once per layer.
+
+A backend reads K/V from a :class:`~attnlab.kvcache.KVPool` in place; the model writes the new tokens'
+K/V into the pool (``KVPool.store``) *before* calling ``run``, so a query always sees its own token.
+
+Batch convention (ragged, FlashInfer-style): the queries of all requests are packed on the token axis,
+``q: [num_tokens, num_q_heads, head_dim]``; request ``i`` owns rows ``qo_indptr[i]:qo_indptr[i+1]`` and
+its KV has ``kv_lens[i]`` tokens, the last ``q_len_i`` of which are the new tokens. With ``causal``,
+query row ``j`` of request ``i`` sees KV positions ``< kv_lens[i] - q_len_i + j + 1``. A custom (tree)
+mask replaces that rule: ``custom_mask`` is bool, flattened request by request, each block
+``[q_len_i, kv_len_i]`` row-major (True = attend), as FlashInfer's ``custom_mask`` argument.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import ClassVar
+
+import torch
+
+from attnlab.kvcache.layout import PagedLayout
+from attnlab.kvcache.pool import KVPool
+
+
+class Mode(str, Enum):
+    PREFILL = "prefill"  # prompt tokens, q_len = prompt length (or a chunk)
+    DECODE = "decode"  # q_len = 1 per request (target decode and every draft step)
+    VERIFY = "verify"  # q_len = k + 1 per request over a paged prefix, causal or custom mask
+
+
+DTYPE_NAMES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+DTYPE_TO_NAME = {v: k for k, v in DTYPE_NAMES.items()}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend (as installed here) supports. Config validation checks requests against it."""
+
+    devices: frozenset[str]  # {"cpu", "cuda"}
+    dtypes: frozenset[str]  # query / compute dtypes, names as in DTYPE_NAMES
+    kv_dtypes: frozenset[str]
+    head_dims: frozenset[int]
+    page_sizes: str = "any"  # "any" | "multiple:N" | "contiguous" (page_size must equal max context)
+    custom_mask: bool = False  # tree verify
+    cuda_graph: frozenset[Mode] = frozenset()
+    notes: str = ""
+
+    def page_size_ok(self, page_size: int, max_context: int) -> bool:
+        if self.page_sizes == "any":
+            return page_size >= 1
+        if self.page_sizes.startswith("multiple:"):
+            return page_size % int(self.page_sizes.split(":")[1]) == 0
+        if self.page_sizes == "contiguous":
+            return page_size >= max_context
+        raise ValueError(f"bad page_sizes spec {self.page_sizes!r}")
+
+    def problems(
+        self, *, device: str, dtype: str, kv_dtype: str, head_dim: int, page_size: int, max_context: int,
+        custom_mask: bool = False,
+    ) -> list[str]:
+        """Human-readable reasons this combination is unsupported (empty list: supported)."""
+        out = []
+        if device not in self.devices:
+            out.append(f"device {device!r} (supported: {', '.join(sorted(self.devices))})")
+        if dtype not in self.dtypes:
+            out.append(f"dtype {dtype!r} (supported: {', '.join(sorted(self.dtypes))})")
+        if kv_dtype not in self.kv_dtypes:
+            out.append(f"KV dtype {kv_dtype!r} (supported: {', '.join(sorted(self.kv_dtypes))})")
+        if head_dim not in self.head_dims:
+            out.append(f"head_dim {head_dim} (supported: {sorted(self.head_dims)})")
+        if not self.page_size_ok(page_size, max_context):
+            want = {"contiguous": f"page_size >= max context ({max_context}), the contiguous layout"}.get(
+                self.page_sizes, self.page_sizes.replace("multiple:", "a multiple of ")
+            )
+            out.append(f"page_size {page_size} (supported: {want})")
+        if custom_mask and not self.custom_mask:
+            out.append("custom (tree) masks (spec.topk > 1)")
+        return out
+
+
+@dataclass
+class AttnMeta:
+    """Everything a backend needs to plan one forward pass (all tensors on the pool's device).
+
+    qo_indptr: [batch + 1] int32   query rows of each request
+    layout:    paged KV index tensors (kv_indptr, kv_indices, kv_last_page_len, kv_lens)
+    custom_mask: optional flattened bool mask (see module doc); None = causal
+    q_lens / kv_lens_host: host copies of the lengths, for planning without a device sync
+    """
+
+    mode: Mode
+    qo_indptr: torch.Tensor
+    layout: PagedLayout
+    q_lens: list[int]
+    kv_lens_host: list[int]
+    page_size: int
+    custom_mask: torch.Tensor | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.q_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.q_lens)
+
+    @property
+    def max_q_len(self) -> int:
+        return max(self.q_lens, default=0)
+
+    @property
+    def max_kv_len(self) -> int:
+        return max(self.kv_lens_host, default=0)
+
+
+class AttentionBackend(ABC):
+    """Base class. Subclasses set ``name`` and ``caps`` and implement ``make_plan`` and ``run``.
+
+    ``plan(meta)`` does all host work for one forward pass and keeps the result as the active plan;
+    ``run(q, layer)`` reads it for every layer. ``plan_steps(metas)`` prepares several passes ahead
+    (the k chain-draft steps) and ``use_step(i)`` switches between them without host work, so the draft
+    loop itself does no planning.
+    """
+
+    name: ClassVar[str] = "base"
+
+    def __init__(self, pool: KVPool, num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 dtype: torch.dtype):
+        if num_q_heads % num_kv_heads:
+            raise ValueError(f"num_q_heads {num_q_heads} not a multiple of num_kv_heads {num_kv_heads}")
+        self.pool = pool
+        self.num_q_heads = num_q_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.dtype = dtype
+        self.device = pool.device
+        self._plan = None
+        self._steps: list = []
+
+    @classmethod
+    @abstractmethod
+    def capabilities(cls) -> Capabilities:
+        """The capability descriptor of this backend as installed here (may probe the library)."""
+
+    @classmethod
+    def available(cls) -> str | None:
+        """None if usable here, else a one-line reason with the fix."""
+        return None
+
+    @abstractmethod
+    def make_plan(self, meta: AttnMeta, slot: int = 0):
+        """Host work for one pass; returns an opaque plan object. ``slot`` separates concurrently kept
+        plans (multi-step draft) for backends whose plans own buffers."""
+
+    @abstractmethod
+    def run(self, q: torch.Tensor, layer: int) -> torch.Tensor:
+        """q: [num_tokens, num_q_heads, head_dim] -> out: same shape and dtype, using the active plan."""
+
+    def plan(self, meta: AttnMeta) -> None:
+        self._plan = self.make_plan(meta, slot=0)
+
+    def plan_steps(self, metas: list[AttnMeta]) -> None:
+        self._steps = [self.make_plan(m, slot=i + 1) for i, m in enumerate(metas)]
+
+    def use_step(self, i: int) -> None:
+        self._plan = self._steps[i]
+
+    @property
+    def active_plan(self):
+        if self._plan is None:
+            raise RuntimeError(f"{self.name}: run() before plan()")
+        return self._plan

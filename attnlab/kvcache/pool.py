@@ -1,0 +1,74 @@
+"""The KV pool of one model side: one tensor allocated once, sliced per layer.
+
+Layout ``[layers, 2, num_pages + 1, page_size, kv_heads, head_dim]`` (K at index 0, V at 1): per layer
+this is FlashInfer's ``NHD`` paged layout, read by every backend in place. The extra last page is a
+scratch page: a slot of -1 ("skip", used by padded CUDA-graph rows) is redirected there, so stores need
+no host-side filtering and no sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+class KVPool:
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+    ):
+        self.num_layers = num_layers
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        # Dequantization scales for fp8 KV (stored = value / scale); 1.0 for other dtypes.
+        self.k_scale = float(k_scale)
+        self.v_scale = float(v_scale)
+        self.kv = torch.zeros(
+            num_layers, 2, num_pages + 1, page_size, num_kv_heads, head_dim, dtype=dtype, device=self.device
+        )
+        self.scratch_slot = num_pages * page_size
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype in FP8_DTYPES
+
+    def layer(self, layer: int) -> torch.Tensor:
+        """``[2, num_pages + 1, page_size, kv_heads, head_dim]`` view of one layer."""
+        return self.kv[layer]
+
+    def bytes_per_token(self) -> int:
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.kv.element_size()
+
+    def capacity_tokens(self) -> int:
+        return self.num_pages * self.page_size
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """Write new tokens' K/V. k, v: [num_tokens, kv_heads, head_dim]; slots: [num_tokens] int (-1 = skip)."""
+        flat = self.kv[layer].view(2, -1, self.num_kv_heads, self.head_dim)
+        idx = torch.where(slots < 0, torch.full_like(slots, self.scratch_slot), slots).long()
+        if self.is_fp8:
+            k = (k.float() / self.k_scale).to(self.dtype)
+            v = (v.float() / self.v_scale).to(self.dtype)
+        flat[0].index_copy_(0, idx, k.to(self.dtype))
+        flat[1].index_copy_(0, idx, v.to(self.dtype))
+
+    def gather(self, layer: int, page_table: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantized K, V of one request: [length, kv_heads, head_dim] each (tests and debugging)."""
+        lay = self.kv[layer]
+        pages = torch.tensor(page_table, dtype=torch.long, device=self.device)
+        k = lay[0, pages].reshape(-1, self.num_kv_heads, self.head_dim)[:length].float() * self.k_scale
+        v = lay[1, pages].reshape(-1, self.num_kv_heads, self.head_dim)[:length].float() * self.v_scale
+        return k, v
