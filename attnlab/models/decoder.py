@@ -1,0 +1,120 @@
+"""A Llama-family decoder (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, SmolLM2) over a ragged token batch.
+
+Tokens of all requests are packed on one axis; attention goes through ``AttnContext`` (which stores this
+pass's K/V in the pool and runs the chosen backend), so the model never knows which backend runs.
+Parameter names follow HF's except two fused projections: ``qkv_proj`` = [q; k; v] and
+``gate_up_proj`` = [gate; up] (rows); the loader maps HF / GGUF names onto their slices.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.backends.context import AttnContext
+from attnlab.models import rope
+from attnlab.models.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """HF's RMSNorm: normalize in fp32, cast back, then scale (the order matters for bf16 parity)."""
+
+    def __init__(self, dim: int, eps: float, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype=None):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias, dtype=dtype)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False, dtype=dtype)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        # x: [T, hidden]; q: [T, Hq, D], k/v: [T, Hkv, D]
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope.apply_rope(q, cos, sin), rope.apply_rope(k, cos, sin)
+        out = ctx.attend(self.layer_idx, q, k, v)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype=None):
+        super().__init__()
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False, dtype=dtype)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype=None):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.self_attn = Attention(cfg, layer_idx, dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.mlp = MLP(cfg, dtype)
+
+    def forward(self, h: torch.Tensor, cos, sin, ctx: AttnContext) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Decoder(nn.Module):
+    """``forward(input_ids [T], positions [T], ctx) -> hidden [T, hidden]``; ``compute_logits`` -> fp32."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
+        self.register_buffer("inv_freq", torch.empty(0), persistent=False)
+        self._finish()
+
+    def _finish(self) -> None:
+        # Re-tie and recompute the fp32 RoPE frequencies after any .to()/.to_empty(): a dtype cast must not
+        # round inv_freq, and moving off the meta device would otherwise untie the two weights.
+        cfg = self.config
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.inv_freq = rope.inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rope_freq_factors,
+                                      device=self.embed_tokens.weight.device)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self._finish()
+        return self
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        cos, sin = rope.cos_sin(positions, self.inv_freq, h.dtype)
+        for layer in self.layers:
+            h = layer(h, cos, sin, ctx)
+        return self.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, vocab] fp32 (matmul in the model dtype, as HF)."""
+        return self.lm_head(hidden).float()

@@ -1,0 +1,95 @@
+"""GGUF (llama.cpp) checkpoints: ModelConfig from metadata, dequantized tensors in our layout."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from attnlab.errors import ModelLoadError
+from attnlab.models.config import ModelConfig
+from attnlab.models.weights import gguf_to_ours, unpermute_llama_qk
+
+# general.architecture values we read (llama.cpp writes Mistral and SmolLM2 as "llama")
+GGUF_ARCHS = ("llama", "qwen2", "qwen3")
+
+
+def open_reader(path: str | Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:
+        raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from e
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def gguf_config(reader) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in GGUF_ARCHS:
+        raise ModelLoadError(f"unsupported GGUF architecture {arch!r} (supported: {', '.join(GGUF_ARCHS)})")
+
+    def key(k, default=None):
+        return _field(reader, f"{arch}.{k}", default)
+
+    names = {t.name for t in reader.tensors}
+    hidden, heads = key("embedding_length"), key("attention.head_count")
+    head_dim = key("attention.key_length") or key("rope.dimension_count") or hidden // heads
+    scaling = None
+    stype = key("rope.scaling.type")
+    if stype == "linear":
+        scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+    elif stype not in (None, "none"):
+        raise ModelLoadError(f"unsupported GGUF rope scaling {stype!r} (supported: linear, llama3 via rope_freqs)")
+    freq_factors = None
+    if "rope_freqs.weight" in names:  # Llama-3.1 scaling, pre-baked by llama.cpp as per-frequency divisors
+        t = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
+        freq_factors = torch.from_numpy(_dequant(t)).float().reshape(-1).tolist()
+    eos = [_field(reader, "tokenizer.ggml.eos_token_id")]
+    eos += [_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eot", "eom")]
+    vocab = key("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    return ModelConfig(
+        arch=arch,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=key("feed_forward_length"),
+        num_layers=key("block_count"),
+        num_heads=heads,
+        num_kv_heads=key("attention.head_count_kv") or heads,
+        head_dim=head_dim,
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        rope_freq_factors=freq_factors,
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        max_position_embeddings=key("context_length", 4096),
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=list(dict.fromkeys(e for e in eos if e is not None)),
+    )
+
+
+def _dequant(t):
+    from gguf.quants import dequantize
+
+    return dequantize(t.data, t.tensor_type)  # numpy, shape reversed from GGUF's: [rows, cols]
+
+
+def gguf_tensors(reader, cfg: ModelConfig) -> Iterator[tuple[str, tuple[str, int | None] | None, torch.Tensor]]:
+    """Yield (gguf name, our target, fp32 tensor) for every tensor, Q/K un-permuted for llama-arch files."""
+    permuted = cfg.arch == "llama"  # llama.cpp permutes Q/K only for its "llama" arch (not qwen2/qwen3)
+    for t in reader.tensors:
+        target = gguf_to_ours(t.name)
+        if target is None:
+            yield t.name, None, torch.empty(0)
+            continue
+        w = torch.from_numpy(_dequant(t).copy()).float()
+        if permuted and target[1] in (0, 1) and "qkv_proj" in target[0]:
+            w = unpermute_llama_qk(w, cfg.num_heads if target[1] == 0 else cfg.num_kv_heads)
+        yield t.name, target, w

@@ -1,0 +1,48 @@
+"""A view of a Decoder that runs only some of its layers (self-speculation with a layer subset).
+
+The view shares the parent's modules (no weight copy); its KV pool has one layer per kept layer, so the
+attention context is remapped from the parent's layer index to the pool's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attnlab.models import rope
+
+
+class _RemappedContext:
+    def __init__(self, ctx, index: dict[int, int]):
+        self._ctx, self._index = ctx, index
+
+    def attend(self, layer, q, k, v):
+        return self._ctx.attend(self._index[layer], q, k, v)
+
+
+class LayerSubset(nn.Module):
+    def __init__(self, parent: nn.Module, layers: list[int]):
+        super().__init__()
+        n = len(parent.layers)
+        if not layers or any(not 0 <= i < n for i in layers) or len(set(layers)) != len(layers):
+            raise ValueError(f"layer subset {layers} must be distinct indices in 0..{n - 1}")
+        self.parent = parent
+        self.config = parent.config
+        self.keep = sorted(layers)
+        self._index = {parent.layers[i].self_attn.layer_idx: j for j, i in enumerate(self.keep)}
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keep)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
+        p = self.parent
+        h = p.embed_tokens(input_ids)
+        cos, sin = rope.cos_sin(positions, p.inv_freq, h.dtype)
+        rctx = _RemappedContext(ctx, self._index)
+        for i in self.keep:
+            h = p.layers[i](h, cos, sin, rctx)
+        return p.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.parent.compute_logits(hidden)

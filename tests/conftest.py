@@ -1,0 +1,50 @@
+"""Session fixtures shared across test files: the real SmolLM2-135M (GGUF) loaded once, ours and HF's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.errors import ModelLoadError
+
+SMOLLM2 = "smollm2-135m"
+
+
+def _smollm2_path():
+    from attnlab.models.presets import get_preset
+
+    try:
+        return get_preset(SMOLLM2).gguf_path()
+    except ModelLoadError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(Decoder, ModelConfig, tokenizer) of SmolLM2-135M-Instruct Q4_1, fp32 on CPU."""
+    from attnlab.models import load_model, load_tokenizer
+
+    _smollm2_path()
+    model, cfg = load_model(SMOLLM2, dtype=torch.float32, device="cpu")
+    return model, cfg, load_tokenizer(SMOLLM2)
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf():
+    """transformers' LlamaForCausalLM from the same GGUF, fp32, eval.
+
+    Built as from_pretrained(dir, gguf_file=...) does, minus its hard dependency on accelerate: transformers'
+    own GGUF converter (load_gguf_checkpoint, with its Q/K reverse permute) supplies the state dict.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = _smollm2_path()
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    config._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    return model.eval()
