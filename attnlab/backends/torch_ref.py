@@ -14,9 +14,21 @@ from attnlab.backends.base import AttentionBackend, AttnMeta, Capabilities
 
 @dataclass
 class _Plan:
-    # one entry per request with q_len > 0: (q rows, token slots of its KV, mask [q_len, kv_len] bool)
-    items: list[tuple[slice, torch.Tensor, torch.Tensor]]
+    """Padded batch view of one pass (requests with q_len 0 dropped).
+
+    rows:  [B, max_q] int64 query row of each (request, new token), -1 = padding
+    slots: [B, max_kv] int64 pool slot of each (request, KV position), scratch slot = padding
+    mask:  [B, max_q, max_kv] bool, True = attend
+    """
+
+    rows: torch.Tensor
+    slots: torch.Tensor
+    mask: torch.Tensor
     num_tokens: int
+
+
+# Above this many score elements (B * max_q * max_kv * heads) a pass is split into request groups.
+_MAX_SCORES = 1 << 27
 
 
 def causal_mask(q_len: int, kv_len: int, device=None) -> torch.Tensor:
@@ -56,35 +68,62 @@ class TorchBackend(AttentionBackend):
             notes="fp32 reference: gathers pages per request; not graph-capturable (host-built plan)",
         )
 
-    def make_plan(self, meta: AttnMeta, slot: int = 0) -> _Plan:
+    def make_plan(self, meta: AttnMeta, slot: int = 0) -> list[_Plan]:
         ps = meta.page_size
         lay = meta.layout
         indptr = lay.kv_indptr.tolist()
         indices = lay.kv_indices.to(torch.long)
-        items = []
+        dev = indices.device
+        items = []  # (q_len, kv_len, first row, slots [kv_len], mask [q_len, kv_len])
         q_off = mask_off = 0
         for i, (q_len, kv_len) in enumerate(zip(meta.q_lens, meta.kv_lens_host)):
             if q_len:
                 pages = indices[indptr[i]:indptr[i + 1]]
-                slots = (pages[:, None] * ps + torch.arange(ps, device=pages.device)[None]).reshape(-1)[:kv_len]
+                slots = (pages[:, None] * ps + torch.arange(ps, device=dev)[None]).reshape(-1)[:kv_len]
                 if meta.custom_mask is not None:
                     mask = meta.custom_mask[mask_off:mask_off + q_len * kv_len].view(q_len, kv_len).bool()
                 else:
-                    mask = causal_mask(q_len, kv_len, device=pages.device)
-                items.append((slice(q_off, q_off + q_len), slots, mask))
+                    mask = causal_mask(q_len, kv_len, device=dev)
+                items.append((q_len, kv_len, q_off, slots, mask))
             q_off += q_len
             mask_off += q_len * kv_len
-        return _Plan(items, q_off)
+        # Group requests so that no padded score tensor grows past _MAX_SCORES.
+        groups, cur = [], []
+        for it in items:
+            trial = cur + [it]
+            size = len(trial) * max(x[0] for x in trial) * max(x[1] for x in trial) * self.num_q_heads
+            if cur and size > _MAX_SCORES:
+                groups.append(cur)
+                trial = [it]
+            cur = trial
+        if cur:
+            groups.append(cur)
+        return [self._pad(g, q_off, dev) for g in groups]
+
+    def _pad(self, items, num_tokens: int, dev) -> _Plan:
+        B, mq, mk = len(items), max(x[0] for x in items), max(x[1] for x in items)
+        rows = torch.full((B, mq), -1, dtype=torch.long, device=dev)
+        slots = torch.full((B, mk), self.pool.scratch_slot, dtype=torch.long, device=dev)
+        mask = torch.zeros(B, mq, mk, dtype=torch.bool, device=dev)
+        for b, (q_len, kv_len, q0, s, m) in enumerate(items):
+            rows[b, :q_len] = torch.arange(q0, q0 + q_len, device=dev)
+            slots[b, :kv_len] = s
+            mask[b, :q_len, :kv_len] = m
+        return _Plan(rows, slots, mask, num_tokens)
 
     def run(self, q: torch.Tensor, layer: int) -> torch.Tensor:
-        plan = self.active_plan
         pool = self.pool
         flat = pool.layer(layer).view(2, -1, pool.num_kv_heads, pool.head_dim)
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        for rows, slots, mask in plan.items:
-            k = flat[0, slots].float() * pool.k_scale
-            v = flat[1, slots].float() * pool.v_scale
-            out[rows] = reference_attention(q[rows], k, v, mask, self.scale)
+        group = self.num_q_heads // self.num_kv_heads
+        for plan in self.active_plan:
+            valid = plan.rows >= 0
+            qb = q[plan.rows.clamp_min(0)].float()  # [B, mq, Hq, D]
+            k = (flat[0][plan.slots].float() * pool.k_scale).repeat_interleave(group, dim=2)  # [B, mk, Hq, D]
+            v = (flat[1][plan.slots].float() * pool.v_scale).repeat_interleave(group, dim=2)
+            s = torch.einsum("bqhd,bkhd->bhqk", qb, k) * self.scale
+            s = s.masked_fill(~plan.mask[:, None], float("-inf"))
+            p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a row with no visible key gives zeros
+            o = torch.einsum("bhqk,bkhd->bqhd", p, v)
+            out[plan.rows[valid]] = o[valid]
         return out.to(q.dtype)
-
-

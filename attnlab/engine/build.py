@@ -1,0 +1,56 @@
+"""Assemble a model side (weights, KV pool, allocator, backend) into a ModelRunner."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from attnlab.backends.base import DTYPE_NAMES
+from attnlab.backends.registry import require_available
+from attnlab.engine.runner import ModelRunner
+from attnlab.errors import ConfigError
+from attnlab.kvcache import KVPool, PageAllocator, pages_needed
+from attnlab.models.subset import LayerSubset
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in DTYPE_NAMES:
+        raise ConfigError(f"unknown dtype {name!r} (choose from: {', '.join(DTYPE_NAMES)})")
+    return DTYPE_NAMES[name]
+
+
+def auto_num_pages(max_batch: int, max_context: int, page_size: int) -> int:
+    """Enough pages for every request of a full batch at max context (no back-pressure)."""
+    return max_batch * pages_needed(max_context, page_size)
+
+
+def build_side(model_cfg: dict, backend: str, dtype: str, kv_dtype: str, page_size: int, num_pages: int | None,
+               max_batch: int, max_context: int, device: str, layers: list[int] | None = None,
+               share_weights_with: ModelRunner | None = None, progress: bool = True,
+               name: str = "target") -> ModelRunner:
+    """Build one side. ``share_weights_with`` reuses another side's model (``draft=self``): the same
+    module when dtype matches, else a cast copy; ``layers`` keeps a subset of its layers."""
+    from attnlab.models.loading import load_model, load_tokenizer  # heavy imports only when building
+
+    dev = torch.device(device)
+    wdtype = resolve_dtype(dtype)
+    if share_weights_with is not None:
+        base = share_weights_with.model
+        base = getattr(base, "parent", base)
+        model = base if next(base.parameters()).dtype == wdtype else copy.deepcopy(base).to(wdtype)
+        mcfg, tok = share_weights_with.model_config, share_weights_with.tokenizer
+    else:
+        source = model_cfg.get("path") or model_cfg["name"]
+        model, mcfg = load_model(source, dtype=wdtype, device=dev, init=model_cfg.get("init", "pretrained"),
+                                 seed=model_cfg.get("seed", 0), overrides=model_cfg.get("overrides") or None,
+                                 progress=progress)
+        tok = load_tokenizer(source, init=model_cfg.get("init", "pretrained"), config=mcfg)
+    if layers:
+        model = LayerSubset(model, list(layers))
+    num_layers = len(layers) if layers else mcfg.num_layers
+    pages = num_pages or auto_num_pages(max_batch, max_context, page_size)
+    pool = KVPool(num_layers, pages, page_size, mcfg.num_kv_heads, mcfg.head_dim, resolve_dtype(kv_dtype), dev)
+    cls = require_available(backend)
+    be = cls(pool, mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim, mcfg.head_dim ** -0.5, wdtype)
+    return ModelRunner(model.eval(), mcfg, tok, pool, PageAllocator(pages, page_size), be, max_context, name)

@@ -1,0 +1,132 @@
+"""Drafters propose k tokens per request; the target verifies them.
+
+- ``none``: proposes nothing (k = 0): target-only decoding through the same loop and timers.
+- ``ngram``: prompt lookup — the continuation of the longest earlier match of the context's suffix.
+- ``model`` / ``self``: a model side (its own runner: weights, KV pool, page size, backend, precision).
+  ``self`` is the target's weights, optionally a layer subset and/or another precision.
+
+Model drafters chain-draft: one catch-up pass feeds the committed tokens the draft KV has not seen
+(usually 1, 2 after a fully accepted round), then k - 1 single-token steps. All k passes are prepared
+and planned before the loop (the multi-step draft), so the loop launches device work only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import torch
+
+from attnlab.backends.base import Mode
+from attnlab.engine.runner import ModelRunner
+from attnlab.engine.sampler import SamplingParams, next_tokens
+from attnlab.errors import ConfigError
+
+DRAFTER_KINDS = ("none", "self", "ngram", "model")
+
+
+class Drafter:
+    """Base: subclasses implement ``propose``; model drafters also keep KV in step with the target."""
+
+    kind = "base"
+    runner: ModelRunner | None = None
+
+    def prefill(self, reqs: Sequence[Hashable], prompts: Sequence[Sequence[int]]) -> None:
+        """See the prompts (model drafters fill their KV)."""
+
+    def propose(self, reqs, seqs: Sequence[list[int]], k: int, sp: SamplingParams, gen):
+        """-> (tokens [B, k] int64 on device, probs [B, k, V] fp32 or None = deterministic (one-hot))."""
+        raise NotImplementedError
+
+    def commit(self, req: Hashable, n_before: int, num_accepted: int) -> None:
+        """The iteration kept ``num_accepted`` drafts after the ``n_before`` committed tokens."""
+
+    def release(self, req: Hashable) -> None:
+        """The request left the batch."""
+
+
+class NoDrafter(Drafter):
+    kind = "none"
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+
+    def propose(self, reqs, seqs, k, sp, gen):
+        return torch.zeros(len(seqs), 0, dtype=torch.long, device=self.device), None
+
+
+def ngram_lookup(seq: Sequence[int], k: int, max_n: int = 3, min_n: int = 1) -> list[int]:
+    """Up to k tokens that followed the most recent earlier occurrence of the longest suffix n-gram
+    (n from max_n down to min_n) of ``seq``; [] when nothing matches."""
+    L = len(seq)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        suffix = list(seq[L - n:])
+        # latest earlier occurrence whose continuation exists
+        for start in range(L - n - 1, -1, -1):
+            if list(seq[start:start + n]) == suffix:
+                return list(seq[start + n:start + n + k])
+    return []
+
+
+class NgramDrafter(Drafter):
+    kind = "ngram"
+
+    def __init__(self, device, max_n: int = 3, min_n: int = 1):
+        if not 1 <= min_n <= max_n:
+            raise ConfigError(f"draft.ngram: need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+        self.device = torch.device(device)
+        self.max_n, self.min_n = max_n, min_n
+
+    def propose(self, reqs, seqs, k, sp, gen):
+        rows = []
+        for s in seqs:
+            cont = ngram_lookup(s, k, self.max_n, self.min_n)
+            # Pad a short or missing continuation by repeating the last token: still a valid proposal.
+            cont = cont + [cont[-1] if cont else s[-1]] * (k - len(cont))
+            rows.append(cont)
+        return torch.tensor(rows, dtype=torch.long).view(len(seqs), k).to(self.device), None
+
+
+class ModelDrafter(Drafter):
+    """Chain drafting with a model side (``draft=model`` or ``draft=self``)."""
+
+    def __init__(self, runner: ModelRunner, kind: str = "model"):
+        self.runner = runner
+        self.kind = kind
+
+    def prefill(self, reqs, prompts):
+        ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long).to(self.runner.device)
+        self.runner.run(reqs, [0] * len(prompts), [len(p) for p in prompts], ids, Mode.PREFILL)
+
+    def propose(self, reqs, seqs, k, sp, gen):
+        r = self.runner
+        dev = r.device
+        if k == 0:
+            return torch.zeros(len(seqs), 0, dtype=torch.long, device=dev), None
+        starts = [r.kv_len(q) for q in reqs]
+        ns = [len(s) for s in seqs]
+        catch = [s[m:] for s, m in zip(seqs, starts)]
+        q0 = [len(c) for c in catch]
+        # Prepare every pass first: step 0 catches up, steps 1..k-1 feed one draft token each.
+        first = r.prepare(reqs, starts, q0, Mode.DECODE if max(q0) == 1 else Mode.PREFILL)
+        steps = [r.prepare(reqs, [n + j - 1 for n in ns], [1] * len(ns), Mode.DECODE) for j in range(1, k)]
+        r.backend.plan(first.meta)
+        ids0 = torch.tensor([t for c in catch for t in c], dtype=torch.long).to(dev, non_blocking=True)
+        r.backend.plan_steps([p.meta for p in steps])
+        # The loop: device work only.
+        tok, probs = next_tokens(r.forward(first, ids0, first.last_rows), sp, gen)
+        toks, all_probs = [tok], [probs]
+        for j, p in enumerate(steps):
+            r.backend.use_step(j)
+            tok, probs = next_tokens(r.forward(p, tok), sp, gen)
+            toks.append(tok)
+            all_probs.append(probs)
+        tokens = torch.stack(toks, dim=1)
+        return tokens, (None if sp.greedy else torch.stack(all_probs, dim=1))
+
+    def commit(self, req, n_before, num_accepted):
+        # The draft KV holds the committed n_before tokens, then drafts d1..d_{k-1}: d1..d_a stay valid.
+        keep = min(self.runner.kv_len(req), n_before + num_accepted)
+        self.runner.truncate(req, keep)
+
+    def release(self, req):
+        self.runner.release(req)

@@ -1,0 +1,40 @@
+"""What a generation returns: per request and per speculative iteration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class RequestOutput:
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    accept_lens: list[int] = field(default_factory=list)  # tau of each verify pass this request took part in
+    finish_reason: str = ""  # "eos" | "length" | "context"
+    ttft_ms: float = 0.0
+    latency_ms: float = 0.0
+    token_times_ms: list[float] = field(default_factory=list)  # commit time of each output token
+    logits: torch.Tensor | None = None  # [len(output_ids), vocab] fp32 cpu, when recorded
+
+
+@dataclass
+class IterRecord:
+    batch_size: int
+    num_draft_tokens: int
+    accept_lens: list[int]  # tau per request in the batch
+    draft_ms: float
+    verify_ms: float
+    accept_ms: float
+    other_ms: float
+    total_ms: float
+
+
+@dataclass
+class GenerateOutput:
+    requests: list[RequestOutput]
+    iterations: list[IterRecord]
+    prefill_ms: float
+    wall_s: float
+    num_draft_tokens: int
