@@ -76,7 +76,7 @@ class ModelRunner:
         for q in q_lens:
             qo.append(qo[-1] + q)
         dev = self.device
-        t = lambda x, dt=torch.int64: torch.tensor(x, dtype=dt).to(dev, non_blocking=True)  # noqa: E731
+        t = lambda x, dt=torch.int64: torch.tensor(x, dtype=dt).to(dev, non_blocking=True)
         meta = AttnMeta(mode=mode, qo_indptr=t(qo, torch.int32), layout=build_layout(tables, ends, ps, dev),
                         q_lens=list(q_lens), kv_lens_host=ends, page_size=ps, custom_mask=custom_mask)
         return Pass(list(reqs), meta, t(slots), t(positions), t(last_rows))

@@ -40,6 +40,8 @@ class KVPool:
             num_layers, 2, num_pages + 1, page_size, num_kv_heads, head_dim, dtype=dtype, device=self.device
         )
         self.scratch_slot = num_pages * page_size
+        if not self.is_fp8 and (self.k_scale != 1.0 or self.v_scale != 1.0):
+            raise ValueError(f"KV scales apply to fp8 pools only (dtype {dtype})")
 
     @property
     def is_fp8(self) -> bool:
@@ -62,8 +64,11 @@ class KVPool:
         if self.is_fp8:
             k = (k.float() / self.k_scale).to(self.dtype)
             v = (v.float() / self.v_scale).to(self.dtype)
-        flat[0].index_copy_(0, idx, k.to(self.dtype))
-        flat[1].index_copy_(0, idx, v.to(self.dtype))
+        k, v = k.to(self.dtype), v.to(self.dtype)
+        if self.is_fp8:  # index_copy_ has no fp8 kernel on every device: copy the bytes
+            flat, k, v = flat.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
+        flat[0].index_copy_(0, idx, k)
+        flat[1].index_copy_(0, idx, v)
 
     def gather(self, layer: int, page_table: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized K, V of one request: [length, kv_heads, head_dim] each (tests and debugging)."""

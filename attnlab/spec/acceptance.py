@@ -47,7 +47,7 @@ def rejection_accept(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, targ
     # u < p/q  <=>  u * q < p  (no division; q_x > 0 for a sampled token)
     n = accepted_prefix_len(u * q_x < p_x)
     # Residual distribution at the first rejected position (or p_k itself when all accepted).
-    q_pad = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)  # [B, k + 1, V]
+    q_pad = torch.cat([draft_probs, target_probs.new_zeros(B, 1, target_probs.shape[-1])], dim=1)  # [B, k+1, V]
     rows = n[:, None, None].expand(B, 1, target_probs.shape[-1])
     p_n = target_probs.gather(1, rows).squeeze(1)
     q_n = q_pad.gather(1, rows).squeeze(1)

@@ -51,3 +51,10 @@ def test_sample_follows_distribution(seed):
     draws = sample(p.expand(20000, 4).contiguous(), g)
     freq = torch.bincount(draws, minlength=4).float() / 20000
     assert torch.allclose(freq, p, atol=0.015)
+
+
+def test_rejection_with_no_drafts_samples_from_target():
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(3, 1, 7, generator=g), -1)
+    n, nxt = rejection_accept(torch.zeros(3, 0, dtype=torch.long), torch.zeros(3, 0, 7), p, g)
+    assert n.tolist() == [0, 0, 0] and nxt.shape == (3,)

@@ -5,7 +5,9 @@ import random
 import pytest
 
 from attnlab.errors import OutOfPages
-from attnlab.kvcache import PageAllocator, build_layout, pages_needed, slot_mapping
+import torch
+
+from attnlab.kvcache import KVPool, PageAllocator, build_layout, pages_needed, slot_mapping
 
 
 def check_invariants(a: PageAllocator):
@@ -70,3 +72,16 @@ def test_layout_functions():
     assert slot_mapping([5, 2], 3, 6, 4) == [23, 8, 9]
     with pytest.raises(ValueError):
         build_layout([[1]], [5], page_size=4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.bfloat16])
+def test_pool_store_skips_minus_one_and_round_trips(dtype):
+    scale = 0.5 if dtype == torch.float8_e4m3fn else 1.0
+    pool = KVPool(1, 4, 2, 2, 8, dtype, "cpu", k_scale=scale, v_scale=scale)
+    k = torch.randn(3, 2, 8)
+    pool.store(0, k, -k, torch.tensor([5, -1, 0]))
+    got_k, got_v = pool.gather(0, [0, 1, 2, 3], 8)
+    tol = 0.07 if dtype == torch.float8_e4m3fn else 0.01  # e4m3: 3 mantissa bits -> <= 2^-4 relative
+    torch.testing.assert_close(got_k[[5, 0]], k[[0, 2]], rtol=tol, atol=tol)
+    torch.testing.assert_close(got_v[[5, 0]], -k[[0, 2]], rtol=tol, atol=tol)
+    assert (got_k[[1, 2, 3, 4, 6, 7]] == 0).all()  # slot -1 wrote nothing visible
