@@ -130,3 +130,16 @@ class ModelDrafter(Drafter):
 
     def release(self, req):
         self.runner.release(req)
+
+
+def make_drafter(kind: str, *, draft_runner: ModelRunner | None = None, ngram_n: int = 3, device="cpu") -> Drafter:
+    """The drafter for ``draft.kind``; model kinds need the draft side's runner."""
+    if kind == "none":
+        return NoDrafter(device)
+    if kind == "ngram":
+        return NgramDrafter(device, max_n=ngram_n)
+    if kind in ("self", "model"):
+        if draft_runner is None:
+            raise ConfigError(f"draft={kind} needs a draft model side")
+        return ModelDrafter(draft_runner, kind)
+    raise ConfigError(f"unknown draft kind {kind!r} (choose from: {', '.join(DRAFTER_KINDS)})")

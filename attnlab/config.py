@@ -1,0 +1,346 @@
+"""Typed config schemas (registered in Hydra's ConfigStore) and cross-field validation.
+
+The schema makes a typo or a wrong type fail at compose time; ``validate`` checks what a schema cannot
+(names, ranges, backend capabilities) and resolves ``auto`` values, all before any model is loaded.
+Every failure is a ConfigError with one line naming the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from attnlab.errors import AttnlabError, ConfigError
+
+DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
+DEVICES = ("auto", "cpu", "cuda")
+DRAFT_KINDS = ("none", "self", "ngram", "model")
+MODEL_INITS = ("pretrained", "random")
+WORKLOAD_KINDS = ("builtin", "hf", "synthetic")
+LOGGER_KINDS = ("wandb", "jsonl", "none")
+WARMUP_PLANS = ("none", "jit", "graphs", "full")
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+@dataclass
+class ModelSchema:
+    name: str = MISSING
+    path: str | None = None  # HF folder | hub id | file.gguf; None with init=random
+    init: str = "pretrained"  # pretrained | random
+    seed: int = 0  # weights seed for init=random
+    overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields (shape, rope, ...)
+
+
+@dataclass
+class DraftSchema:
+    kind: str = "ngram"  # none | self | ngram | model
+    # self: target layers the drafter runs (null = all, an int n = the first n, or a list of indices)
+    layers: Any = None
+    ngram_n: int = 3  # ngram: longest suffix matched against the context
+    # model (a separate drafter model): the same keys as a model preset
+    name: str | None = None
+    path: str | None = None
+    init: str = "pretrained"
+    seed: int = 0
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BackendSchema:
+    name: str = "torch"  # torch | triton | flashinfer | fa
+    options: dict[str, Any] = field(default_factory=dict)  # backend-specific knobs (documented per file)
+
+
+@dataclass
+class PrecisionSchema:
+    name: str = "auto"
+    target: str = "auto"  # auto = fp32 on CPU, bf16 on GPU
+    draft: str = "auto"  # auto = target's
+    kv_target: str = "auto"  # auto = target's
+    kv_draft: str = "auto"  # auto = draft's
+
+
+@dataclass
+class KVSchema:
+    layout: str = "paged"  # paged | contiguous (page_size := max context: one page per request)
+    page_size: int = 16
+    num_pages: int | None = None  # None = batch_size * pages for max_context (+1 per request slack)
+    max_context: int | None = None  # None = longest prompt + max_new_tokens + k + 1
+
+
+@dataclass
+class WarmupSchema:
+    plan: str = "none"  # none | jit | graphs | full
+    lengths: list[int] = field(default_factory=lambda: [16])  # prompt lengths of the untimed warmup pass
+    max_new_tokens: int = 8
+
+
+@dataclass
+class SpecSchema:
+    num_draft_tokens: int = 4  # k
+    topk: int = 1  # branches per draft step (1 = chain)
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+@dataclass
+class WorkloadSchema:
+    kind: str = "builtin"  # builtin | hf | synthetic
+    num_prompts: int = 6
+    batch_size: int = 3
+    max_new_tokens: int = 64
+    chat_template: bool = True
+    ignore_eos: bool = False  # generate max_new_tokens for every prompt (throughput studies)
+    categories: list[str] = field(default_factory=list)  # builtin: keep only these (empty = all)
+    path: str | None = None  # hf: local json/jsonl/parquet/csv/txt file or a hub dataset name
+    name: str | None = None  # hf: hub dataset config name
+    split: str = "train"
+    lengths: list[int] = field(default_factory=lambda: [512])  # synthetic: prompt lengths, cycled
+    # hf: column with the prompt text (or a list of chat messages). Last: the name shadows dataclasses.field.
+    field: str = "text"
+
+
+@dataclass
+class LoggerSchema:
+    kind: str = "wandb"  # wandb | jsonl | none
+    project: str = "attnlab"
+    entity: str | None = None
+    mode: str = "offline"  # wandb: offline | online | disabled
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ParitySchema:
+    enabled: bool = True
+    kernel: bool = True  # level 1: backend vs torch on a random paged case of the run's shapes
+    logits: bool = True  # level 2: target logits vs the reference run
+    tokens: bool = True  # level 3: greedy spec output vs target-only (same verify) and vs the reference
+    acceptance: bool = False  # level 4: tau of (backend, verify) vs (torch, torch): a second spec run
+    reference: str = "torch"  # the oracle backend
+    reference_precision: str = "same"  # same (isolates the backend) | fp32 (backend + precision)
+    max_prompts: int | None = None  # reference passes on the first n prompts only (None = all)
+
+
+@dataclass
+class EngineSchema:
+    cuda_graph: bool = False
+
+
+@dataclass
+class Config:
+    model: ModelSchema = field(default_factory=ModelSchema)
+    draft: DraftSchema = field(default_factory=DraftSchema)
+    backend: BackendSchema = field(default_factory=BackendSchema)
+    verify: BackendSchema = field(default_factory=BackendSchema)
+    precision: PrecisionSchema = field(default_factory=PrecisionSchema)
+    kv: KVSchema = field(default_factory=KVSchema)
+    warmup: WarmupSchema = field(default_factory=WarmupSchema)
+    spec: SpecSchema = field(default_factory=SpecSchema)
+    workload: WorkloadSchema = field(default_factory=WorkloadSchema)
+    logger: LoggerSchema = field(default_factory=LoggerSchema)
+    parity: ParitySchema = field(default_factory=ParitySchema)
+    engine: EngineSchema = field(default_factory=EngineSchema)
+    device: str = "auto"  # auto | cpu | cuda
+    seed: int = 0
+    study: str | None = None  # experiment files set their name here; reports group by it
+
+
+def register_configs() -> None:
+    """Put the schema in the ConfigStore; conf/config.yaml lists it first in its defaults."""
+    ConfigStore.instance().store(name="attnlab_schema", node=Config)
+
+
+register_configs()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# validation
+
+
+def _choice(field_name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{field_name}={value!r}: unknown value (choose from: {', '.join(map(str, allowed))})")
+
+
+def resolve_device(device: str) -> str:
+    _choice("device", device, DEVICES)
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("device='cuda': no CUDA device is visible here (use device=cpu or device=auto)")
+    return device
+
+
+def resolve_precision(p, device: str) -> dict[str, str]:
+    """auto -> fp32 on CPU, bf16 on GPU; draft follows target; KV follows its side."""
+    target = p.target if p.target != "auto" else ("bf16" if device == "cuda" else "fp32")
+    draft = p.draft if p.draft != "auto" else target
+    out = {"target": target, "draft": draft,
+           "kv_target": p.kv_target if p.kv_target != "auto" else target,
+           "kv_draft": p.kv_draft if p.kv_draft != "auto" else draft}
+    for key, value in out.items():
+        _choice(f"precision.{key}", value, DTYPES)
+    for key in ("target", "draft"):
+        if out[key].startswith("fp8"):
+            raise ConfigError(f"precision.{key}={out[key]!r}: fp8 is a KV-cache dtype here; "
+                              f"compute dtypes: fp32, fp16, bf16 (use precision.kv_{key} for fp8 KV)")
+    return out
+
+
+def self_draft_layers(layers, num_layers: int | None = None) -> list[int] | None:
+    """draft.layers -> explicit layer indices (None = all). An int n means the first n layers."""
+    if layers is None:
+        return None
+    if isinstance(layers, bool):
+        raise ConfigError(f"draft.layers={layers!r}: expected null, a layer count or a list of layer indices")
+    if isinstance(layers, int):
+        if layers < 1 or (num_layers is not None and layers > num_layers):
+            hi = num_layers if num_layers is not None else "num_layers"
+            raise ConfigError(f"draft.layers={layers}: a layer count must be in 1..{hi}")
+        return list(range(layers))
+    try:
+        idx = [int(x) for x in layers]
+    except (TypeError, ValueError):
+        raise ConfigError(f"draft.layers={layers!r}: expected null, a layer count or a list of layer indices")
+    if not idx or len(set(idx)) != len(idx) or min(idx) < 0 or (num_layers is not None and max(idx) >= num_layers):
+        hi = num_layers - 1 if num_layers is not None else "num_layers-1"
+        raise ConfigError(f"draft.layers={idx}: need distinct layer indices in 0..{hi}")
+    return sorted(idx)
+
+
+def _local_path_like(path: str) -> bool:
+    return path.startswith(("/", "./", "../", "~")) or path.endswith(
+        (".gguf", ".json", ".jsonl", ".parquet", ".csv", ".txt", ".safetensors")) or os.path.exists(path)
+
+
+def _check_model(prefix: str, m) -> None:
+    """name must be a preset unless path is given; a local-looking path must exist."""
+    from attnlab.models.presets import PRESETS
+
+    _choice(f"{prefix}.init", m.init, MODEL_INITS)
+    if not m.path:
+        if m.name not in PRESETS:
+            raise ConfigError(f"{prefix}={m.name}: unknown model preset (choose from: {', '.join(PRESETS)}; "
+                              f"or set {prefix}.path=<HF folder | hub id | file.gguf>)")
+        return
+    p = os.path.expanduser(str(m.path))
+    if _local_path_like(str(m.path)) and not os.path.exists(p):
+        raise ConfigError(f"{prefix}.path={m.path!r}: no such file or folder")
+
+
+def check_backend(side: str, name: str, *, device: str, dtype: str, kv_dtype: str, page_size: int,
+                  max_context: int, topk: int, head_dim: int | None = None) -> None:
+    """Raise ConfigError if backend ``name`` cannot run this combination (head_dim None = not known yet)."""
+    from attnlab.backends.registry import backend_names, get_backend_class
+
+    _choice(f"{side}.name", name, backend_names())
+    try:
+        cls = get_backend_class(name)
+        reason = cls.available()
+    except AttnlabError as e:
+        raise ConfigError(f"{side}={name}: {e}") from e
+    caps = cls.capabilities()
+    problems = caps.problems(device=device, dtype=dtype, kv_dtype=kv_dtype,
+                             head_dim=head_dim if head_dim is not None else -1,
+                             page_size=page_size, max_context=max_context, custom_mask=topk > 1)
+    if head_dim is None:  # not known before the model config is read: checked again then
+        problems = [p for p in problems if not p.startswith("head_dim")]
+    if problems:
+        raise ConfigError(f"{side}={name} does not support " + "; ".join(problems))
+    if reason and device in caps.devices:
+        raise ConfigError(f"{side}={name} is unavailable here: {reason}")
+
+
+def validate(cfg: DictConfig) -> dict:
+    """Check the composed config and return the resolved values the job needs (device, dtypes, layers).
+
+    Backend checks that depend on the prompt lengths or the model's head_dim run again in the job, after
+    tokenization and before any weights are read (``check_backend`` with the real numbers).
+    """
+    device = resolve_device(cfg.device)
+    prec = resolve_precision(cfg.precision, device)
+    _check_model("model", cfg.model)
+
+    d = cfg.draft
+    _choice("draft.kind", d.kind, DRAFT_KINDS)
+    if d.kind == "model":
+        _check_model("draft", d)
+    layers = self_draft_layers(d.layers) if d.kind == "self" else None
+    if d.kind == "ngram" and d.ngram_n < 1:
+        raise ConfigError(f"draft.ngram_n={d.ngram_n}: must be >= 1")
+
+    s = cfg.spec
+    if d.kind != "none" and s.num_draft_tokens <= 0:
+        raise ConfigError(f"spec.num_draft_tokens={s.num_draft_tokens}: must be >= 1 with draft={d.kind} "
+                          f"(or use draft=none for target-only decoding)")
+    if s.topk < 1:
+        raise ConfigError(f"spec.topk={s.topk}: must be >= 1 (1 = chain drafting)")
+    if s.temperature < 0:
+        raise ConfigError(f"spec.temperature={s.temperature}: must be >= 0 (0 = greedy)")
+    if s.top_k < 0:
+        raise ConfigError(f"spec.top_k={s.top_k}: must be >= 0 (0 = off)")
+    if not 0 < s.top_p <= 1:
+        raise ConfigError(f"spec.top_p={s.top_p}: must be in (0, 1]")
+
+    kv = cfg.kv
+    _choice("kv.layout", kv.layout, ("paged", "contiguous"))
+    if kv.page_size < 1:
+        raise ConfigError(f"kv.page_size={kv.page_size}: must be >= 1 (page_size = max context is contiguous)")
+    if kv.num_pages is not None and kv.num_pages < 1:
+        raise ConfigError(f"kv.num_pages={kv.num_pages}: must be >= 1 or null (auto)")
+    if kv.max_context is not None and kv.max_context < 2:
+        raise ConfigError(f"kv.max_context={kv.max_context}: must be >= 2 or null (auto)")
+
+    w = cfg.workload
+    _choice("workload.kind", w.kind, WORKLOAD_KINDS)
+    for key in ("num_prompts", "batch_size", "max_new_tokens"):
+        if getattr(w, key) < 1:
+            raise ConfigError(f"workload.{key}={getattr(w, key)}: must be >= 1")
+    if w.kind == "hf":
+        if not w.path:
+            raise ConfigError("workload.path is required with workload=hf (a json/jsonl/parquet/csv file or a "
+                              "hub dataset name)")
+        if _local_path_like(w.path) and not os.path.exists(os.path.expanduser(w.path)):
+            raise ConfigError(f"workload.path={w.path!r}: no such file")
+    if w.kind == "synthetic" and (not w.lengths or min(w.lengths) < 1):
+        raise ConfigError(f"workload.lengths={list(w.lengths)}: need one or more prompt lengths >= 1")
+
+    _choice("warmup.plan", cfg.warmup.plan, WARMUP_PLANS)
+    if cfg.warmup.plan != "none" and (not cfg.warmup.lengths or min(cfg.warmup.lengths) < 1):
+        raise ConfigError(f"warmup.lengths={list(cfg.warmup.lengths)}: need prompt lengths >= 1")
+    _choice("logger.kind", cfg.logger.kind, LOGGER_KINDS)
+    _choice("logger.mode", cfg.logger.mode, WANDB_MODES)
+    _choice("parity.reference_precision", cfg.parity.reference_precision, ("same", "fp32"))
+    if cfg.engine.cuda_graph and device != "cuda":
+        raise ConfigError("engine.cuda_graph=true needs device=cuda (CUDA graphs do not exist on CPU)")
+
+    # Backend capabilities with what is known now; max_context is re-checked after tokenization.
+    k = s.num_draft_tokens if d.kind != "none" else 0
+    ctx = kv.max_context or (max(w.lengths) if w.kind == "synthetic" else 1) + w.max_new_tokens + k + 1
+    sides = [("verify", cfg.verify.name, prec["target"], prec["kv_target"])]
+    if d.kind in ("self", "model"):  # ngram and none run no attention on the draft side
+        sides.append(("backend", cfg.backend.name, prec["draft"], prec["kv_draft"]))
+    else:
+        from attnlab.backends.registry import backend_names
+
+        _choice("backend.name", cfg.backend.name, backend_names())
+    page_size = ctx if kv.layout == "contiguous" else kv.page_size
+    for side, name, dt, kvdt in sides:
+        check_backend(side, name, device=device, dtype=dt, kv_dtype=kvdt, page_size=page_size,
+                      max_context=ctx if kv.max_context else max(ctx, page_size), topk=s.topk)
+    return {"device": device, "precision": prec, "draft_layers": layers, "k": k}
+
+
+def to_container(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)

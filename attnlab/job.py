@@ -1,0 +1,507 @@
+"""One job: validate -> tokenize -> build sides -> warmup -> speculative run -> parity passes -> outputs.
+
+``run_job`` is the Hydra task function. In a sweep (``-m``) a failing job records status "failed" and
+returns normally so the other jobs run; in a single run the error propagates (the CLI prints it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import traceback
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from attnlab.config import check_backend, to_container, validate
+from attnlab.errors import AttnlabError, ConfigError
+from attnlab.metrics.env import env_info
+from attnlab.metrics.outputs import StatusFile, write_json
+
+log = logging.getLogger("attnlab")
+
+
+def assign_gpu() -> None:
+    """Parallel sweeps (hydra/launcher=parallel): pin this worker process to one GPU, chosen by job number,
+    through CUDA_VISIBLE_DEVICES, before CUDA is initialized. A reused worker keeps its first GPU."""
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN or "joblib" not in str(hc.launcher.get("_target_", "")).lower():
+        return
+    if os.environ.get("ATTNLAB_GPU_PINNED"):
+        return
+    import torch
+
+    if torch.cuda.is_initialized():
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [s for s in visible.split(",") if s] if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if len(ids) > 1:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ids[hc.job.num % len(ids)]
+        os.environ["ATTNLAB_GPU_PINNED"] = "1"
+
+
+def run_job(cfg: DictConfig) -> dict | None:
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    status = StatusFile(run_dir)
+    sweep = hc.mode == RunMode.MULTIRUN
+    logger = None
+    try:
+        assign_gpu()
+        write_json(run_dir / "env.json", env_info())
+        resolved = validate(cfg)
+        job = SpecJob(cfg, resolved, run_dir)
+        job.prepare()
+        from attnlab.metrics.loggers import make_logger
+
+        name = f"{cfg.backend.name}-{cfg.verify.name}-{cfg.draft.kind}-k{resolved['k']}"
+        logger = make_logger(cfg.logger, run_dir, to_container(cfg), name=name)
+        metrics = job.run(logger)
+        status.finish("complete")
+        if logger is not None:
+            logger.finish("complete")
+            logger = None
+        log.info("run folder: %s", run_dir)
+        return metrics
+    except BaseException as e:
+        user = isinstance(e, AttnlabError)
+        msg = str(e).splitlines()[0] if user and str(e) else f"{type(e).__name__}: {e}"
+        status.finish("failed", error=msg, error_type=type(e).__name__)
+        (run_dir / "error.txt").write_text(traceback.format_exc())
+        if logger is not None:
+            logger.finish("failed", msg)
+            logger = None
+        if sweep and isinstance(e, Exception):
+            log.error("job %s failed: %s", hc.job.num, msg)
+            return None
+        if user:  # single run: the CLI prints it as one line (raising here makes Hydra print more)
+            _USER_ERRORS.append(e)
+            return None
+        raise
+
+
+_USER_ERRORS: list[AttnlabError] = []
+
+
+def take_user_error() -> AttnlabError | None:
+    """The user error that ended the last single run, if any (cleared on read)."""
+    return _USER_ERRORS.pop() if _USER_ERRORS else None
+
+
+class SweepSummary(Callback):
+    """After a sweep: one line with how many jobs completed or failed (exit code stays 0)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        rows = []
+        for p in sorted(sweep_dir.glob("**/status.json")):
+            try:
+                rows.append((p.parent.relative_to(sweep_dir), json.loads(p.read_text())))
+            except (OSError, ValueError):
+                rows.append((p.parent.relative_to(sweep_dir), {"status": "unreadable"}))
+        done = sum(s.get("status") == "complete" for _, s in rows)
+        failed = [(d, s) for d, s in rows if s.get("status") != "complete"]
+        line = f"attnlab sweep: {len(rows)} jobs, {done} complete, {len(failed)} failed"
+        if failed:
+            line += " (" + "; ".join(f"{d}: {s.get('error') or s.get('status')}" for d, s in failed[:5]) + ")"
+        print(f"{line} -> {sweep_dir}  [report: python -m attnlab.report {sweep_dir}]", flush=True)
+
+
+def check_sides(cfg: DictConfig, resolved: dict, *, max_context: int, page_size: int, target_head_dim: int,
+                draft_head_dim: int | None) -> None:
+    """Backend capability check with the real max context and head_dim (after tokenization, before weights)."""
+    prec, k = resolved["precision"], resolved["k"]
+    check_backend("verify", cfg.verify.name, device=resolved["device"], dtype=prec["target"],
+                  kv_dtype=prec["kv_target"], page_size=page_size, max_context=max_context, topk=cfg.spec.topk,
+                  head_dim=target_head_dim)
+    if draft_head_dim is not None:
+        check_backend("backend", cfg.backend.name, device=resolved["device"], dtype=prec["draft"],
+                      kv_dtype=prec["kv_draft"], page_size=page_size, max_context=max_context,
+                      topk=cfg.spec.topk, head_dim=draft_head_dim)
+    if k and cfg.spec.topk > 1:
+        raise ConfigError(f"spec.topk={cfg.spec.topk}: tree drafting is not implemented yet (use spec.topk=1)")
+
+
+def elapsed(t0: float) -> float:
+    return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the job
+
+
+class SpecJob:
+    """Holds one run's sides and outputs. ``prepare`` does everything that can fail on user input without
+    reading weights (prompts, tokenizer, shapes, capability checks); ``run`` loads, measures, writes."""
+
+    def __init__(self, cfg: DictConfig, resolved: dict, run_dir: Path):
+        self.cfg, self.r, self.dir = cfg, resolved, run_dir
+        self.device = resolved["device"]
+        self.prec = resolved["precision"]
+        self.k = resolved["k"]
+        self.metrics: dict = {}
+        self.runners: dict = {}
+
+    # -- before weights ----------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        from attnlab.workloads import load_prompts, synthetic_prompts, tokenize_prompts
+
+        cfg, w = self.cfg, self.cfg.workload
+        self.prompts = load_prompts(w)  # text sources fail here: missing file, empty list
+        self.mcfg = peek_model_config(cfg.model)
+        self.dcfg = peek_model_config(cfg.draft) if cfg.draft.kind == "model" else None
+        if self.dcfg is not None and self.dcfg.vocab_size != self.mcfg.vocab_size:
+            raise ConfigError(f"draft={cfg.draft.name}: vocabulary {self.dcfg.vocab_size} != target's "
+                              f"{self.mcfg.vocab_size} (a drafter must share the target's tokenizer)")
+        from attnlab.config import self_draft_layers
+
+        if cfg.draft.kind == "self":
+            self.r["draft_layers"] = self_draft_layers(cfg.draft.layers, self.mcfg.num_layers)
+        with _step("tokenizer"):
+            self.tokenizer = load_tokenizer_for(cfg.model, self.mcfg)
+        if w.kind == "synthetic":
+            special = set(self.mcfg.eos_token_ids) | {self.mcfg.bos_token_id}
+            self.prompts = synthetic_prompts(list(w.lengths), w.num_prompts, self.mcfg.vocab_size, cfg.seed,
+                                             {t for t in special if t is not None})
+        tokenize_prompts(self.prompts, self.tokenizer, w.chat_template)
+        longest = max(len(p.token_ids) for p in self.prompts)
+        if cfg.warmup.plan in ("jit", "full"):
+            longest = max(longest, *cfg.warmup.lengths)
+        need = longest + w.max_new_tokens + self.k + 1
+        self.max_context = cfg.kv.max_context or need
+        if self.max_context < need:
+            raise ConfigError(f"kv.max_context={self.max_context}: the longest prompt ({longest} tokens) + "
+                              f"max_new_tokens + k + 1 needs {need} (raise it or leave it null = auto)")
+        if self.max_context > self.mcfg.max_position_embeddings:
+            log.warning("max context %d > the model's max_position_embeddings %d", self.max_context,
+                        self.mcfg.max_position_embeddings)
+        self.page_size = self.max_context if cfg.kv.layout == "contiguous" else cfg.kv.page_size
+        draft_hd = {"self": self.mcfg.head_dim, "model": self.dcfg.head_dim if self.dcfg else None}
+        check_sides(cfg, self.r, max_context=self.max_context, page_size=self.page_size,
+                    target_head_dim=self.mcfg.head_dim, draft_head_dim=draft_hd.get(cfg.draft.kind))
+        if cfg.engine.cuda_graph and not _build_supports("cuda_graph"):
+            raise ConfigError("engine.cuda_graph=true: this engine build has no CUDA-graph support yet")
+        self.eos_ids = set(self.mcfg.eos_token_ids)
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            self.eos_ids.add(int(self.tokenizer.eos_token_id))
+        if w.ignore_eos:
+            self.eos_ids = set()
+        log.info("workload: %d prompts (%s), batch %d, max_new_tokens %d, max context %d, page size %d",
+                 len(self.prompts), w.kind, w.batch_size, w.max_new_tokens, self.max_context, self.page_size)
+
+    # -- sides --------------------------------------------------------------------------------------------
+    def build(self, model_cfg, backend: str, dtype: str, kv_dtype: str, name: str, **kw):
+        from attnlab.engine.build import build_side
+
+        extra = {"cuda_graph": self.cfg.engine.cuda_graph} if self.cfg.engine.cuda_graph else {}
+        kv = self.cfg.kv
+        with _step(f"build {name} ({backend}, {dtype}, kv {kv_dtype})"):
+            return build_side(_model_dict(model_cfg), backend, dtype, kv_dtype, self.page_size, kv.num_pages,
+                              self.cfg.workload.batch_size, self.max_context, self.device, name=name, **kw,
+                              **extra)
+
+    def build_pair(self, verify: str, backend: str, target=None, tag: str = ""):
+        """(target runner, drafter) for a backend pair; reuses ``target`` when given."""
+        cfg, prec = self.cfg, self.prec
+        if target is None:
+            target = self.build(cfg.model, verify, prec["target"], prec["kv_target"], "target" + tag)
+        kind, draft_runner = cfg.draft.kind, None
+        if kind == "self":
+            draft_runner = self.build(cfg.model, backend, prec["draft"], prec["kv_draft"], "draft" + tag,
+                                      layers=self.r["draft_layers"], share_weights_with=target)
+        elif kind == "model":
+            share = self.runners.get("draft") if tag else None
+            draft_runner = self.build(cfg.draft, backend, prec["draft"], prec["kv_draft"], "draft" + tag,
+                                      share_weights_with=share)
+        return target, _make_drafter(kind, draft_runner, cfg.draft.ngram_n, target.device)
+
+    def decode(self, target, drafter, prompts, *, k: int | None = None, record_logits=False, desc="workload"):
+        """Run ``prompts`` in batches of workload.batch_size; one merged GenerateOutput."""
+        from tqdm.auto import tqdm
+
+        from attnlab.metrics.perf import merge_outputs
+        from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
+
+        s, w = self.cfg.spec, self.cfg.workload
+        params = SpecParams(self.k if k is None else k, s.topk, s.temperature, s.top_k, s.top_p)
+        dec = SpeculativeDecoder(target, drafter, params, seed=self.cfg.seed)
+        outs = []
+        bar = tqdm(total=len(prompts) * w.max_new_tokens, desc=desc, unit="tok", leave=False, disable=None)
+        with bar:
+            for i in range(0, len(prompts), w.batch_size):
+                batch = [p.token_ids for p in prompts[i:i + w.batch_size]]
+                outs.append(dec.generate(batch, w.max_new_tokens, self.eos_ids, record_logits=record_logits,
+                                         progress=bar.update))
+        return merge_outputs(outs)
+
+    # -- the run ------------------------------------------------------------------------------------------
+    def run(self, logger) -> dict:
+        import torch
+
+        from attnlab.metrics.outputs import request_rows, write_jsonl
+        from attnlab.metrics.perf import summarize
+
+        cfg, par = self.cfg, self.cfg.parity
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        target, drafter = self.build_pair(cfg.verify.name, cfg.backend.name)
+        self.runners = {"target": target, "draft": drafter.runner}
+        self.warmup(target, drafter)
+        record = par.enabled and par.logits
+        out = self.decode(target, drafter, self.prompts, record_logits=record)
+        m = summarize(out, self.page_size)
+        m["kv_pages_used_max"] = target.allocator.max_pages_used
+        if drafter.runner is not None:
+            m["kv_pages_used_max_draft"] = drafter.runner.allocator.max_pages_used
+        m["peak_mem_bytes"] = peak_mem_bytes(self.device)
+        m.update(page_size=self.page_size, max_context=self.max_context, device=self.device,
+                 **{f"precision_{k}": v for k, v in self.prec.items()})
+        m.update(self.metrics)
+        parity, per_request = self.parity(target, out, m) if par.enabled else ({}, None)
+        rows = request_rows(self.prompts, out.requests, self.decode_text, per_request)
+        write_json(self.dir / "metrics.json", m)
+        write_jsonl(self.dir / "requests.jsonl", rows)
+        write_json(self.dir / "parity.json", parity)
+        logger.log_metrics(m)
+        logger.log_requests(rows)
+        logger.log_parity(parity)
+        log.info("tau %.2f | %.1f tok/s | speedup %s | token match %s", m["accept_len_mean"],
+                 m["output_tokens_per_s"], _fmt(m.get("speedup_vs_target_only")),
+                 _fmt(parity.get("tokens", {}).get("vs_target_only", {}).get("match_rate")))
+        return m
+
+    def decode_text(self, ids) -> str:
+        try:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        except Exception:  # noqa: BLE001 - a decode failure must not lose the run
+            return ""
+
+    def _parity_prompts(self):
+        n = self.cfg.parity.max_prompts
+        return self.prompts[:n] if n else self.prompts
+
+    def warmup(self, target, drafter) -> None:
+        """Untimed generations before the workload (warmup.plan jit/full) and CUDA-graph capture (graphs/full).
+        first_request_ms_cold / _warm: latency of the same first warmup batch before and after warming."""
+        from attnlab.workloads import synthetic_prompts
+
+        plan = self.cfg.warmup.plan
+        if plan == "none":
+            return
+        wu, w = self.cfg.warmup, self.cfg.workload
+        if plan in ("graphs", "full"):
+            t0 = time.perf_counter()
+            for runner in {id(r): r for r in (target, drafter.runner) if r is not None}.values():
+                capture = getattr(runner, "capture_graphs", None)
+                if capture is None:
+                    raise ConfigError(f"warmup.plan={plan}: this engine build cannot capture CUDA graphs yet "
+                                      f"(use warmup=jit)")
+                capture()
+            self.metrics["warmup_graph_s"] = elapsed(t0)
+        if plan in ("jit", "full"):
+            special = {t for t in set(self.mcfg.eos_token_ids) | {self.mcfg.bos_token_id} if t is not None}
+            t0 = time.perf_counter()
+            first = None
+            from tqdm.auto import tqdm
+
+            for length in tqdm(list(wu.lengths), desc="warmup", unit="length", leave=False, disable=None):
+                prompts = synthetic_prompts([length], w.batch_size, self.mcfg.vocab_size, self.cfg.seed + 1, special)
+                out = self._warm_once(target, drafter, prompts)
+                first = first or (prompts, out.requests[0].latency_ms)
+            self.metrics["warmup_jit_s"] = elapsed(t0)
+            self.metrics["first_request_ms_cold"] = first[1]
+            self.metrics["first_request_ms_warm"] = self._warm_once(target, drafter, first[0]).requests[0].latency_ms
+
+    def _warm_once(self, target, drafter, prompts):
+        from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
+
+        s = self.cfg.spec
+        dec = SpeculativeDecoder(target, drafter, SpecParams(self.k, s.topk, s.temperature, s.top_k, s.top_p),
+                                 seed=self.cfg.seed)
+        return dec.generate([p.token_ids for p in prompts], self.cfg.warmup.max_new_tokens, set())
+
+    # -- parity -------------------------------------------------------------------------------------------
+    def parity(self, target, out, m: dict) -> tuple[dict, list[dict]]:
+        """Levels 1-4 of DESIGN.md, plus the target-only baseline behind speedup_vs_target_only.
+
+        The reference is target-only decoding with the torch backend at the run's precision (or fp32, per
+        parity.reference_precision). It doubles as the baseline when the run's verify side is exactly that
+        (torch, same precision); otherwise the baseline is a target-only pass with the run's verify backend.
+        """
+        from attnlab.metrics.parity import acceptance_parity, logits_parity, token_parity
+        from attnlab.metrics.perf import summarize
+
+        cfg, par, prec = self.cfg, self.cfg.parity, self.prec
+        ref_prec, ref_kv = ((prec["target"], prec["kv_target"]) if par.reference_precision == "same"
+                            else ("fp32", "fp32"))
+        result: dict = {"reference": {"backend": par.reference, "precision": ref_prec, "kv_precision": ref_kv}}
+        if par.kernel:
+            result["kernel"] = self.kernel_parity()
+        prompts = self._parity_prompts()
+        n = len(prompts)
+        run_ids = [r.output_ids for r in out.requests[:n]]
+        per_request: list[dict] = [{} for _ in range(n)]
+        none = _make_drafter("none", None, 0, target.device)
+
+        same_as_run = (cfg.verify.name, prec["target"], prec["kv_target"]) == (par.reference, ref_prec, ref_kv)
+        ref_target = ref_out = None
+        if par.tokens or par.logits or par.acceptance:
+            if same_as_run:
+                ref_target = target
+            else:  # same dtype: share the loaded weights; fp32 reference: load again in fp32
+                share = target if ref_prec == prec["target"] else None
+                ref_target = self.build(cfg.model, par.reference, ref_prec, ref_kv, "reference",
+                                        share_weights_with=share)
+        if par.tokens or par.logits:
+            ref_out = self.decode(ref_target, none, prompts, k=0, record_logits=par.logits, desc="reference")
+
+        base_out = None
+        if cfg.draft.kind != "none":
+            if same_as_run and ref_out is not None and n == len(self.prompts):
+                base_out = ref_out
+            else:
+                base_out = self.decode(target, none, self.prompts, k=0, desc="target-only")
+            base_tps = summarize(base_out)["output_tokens_per_s"]
+            m["target_only_tokens_per_s"] = base_tps
+            m["speedup_vs_target_only"] = m["output_tokens_per_s"] / base_tps if base_tps else None
+
+        if par.tokens:
+            ref_ids = [r.output_ids for r in ref_out.requests]
+            base_ids = [r.output_ids for r in base_out.requests[:n]] if base_out is not None else run_ids
+            vs_base, vs_ref = token_parity(run_ids, base_ids), token_parity(run_ids, ref_ids)
+            result["tokens"] = {"greedy": cfg.spec.temperature == 0, "vs_target_only": vs_base,
+                                "vs_reference": vs_ref}
+            for i in range(n):
+                per_request[i]["first_divergence_vs_target_only"] = vs_base["first_divergence"][i]
+                per_request[i]["first_divergence_vs_reference"] = vs_ref["first_divergence"][i]
+            m["parity_token_match"] = vs_base["match_rate"]
+            m["parity_token_match_ref"] = vs_ref["match_rate"]
+        if par.logits:
+            result["logits"] = logits_parity([r.logits for r in out.requests[:n]],
+                                             [r.logits for r in ref_out.requests], run_ids,
+                                             [r.output_ids for r in ref_out.requests])
+            m["parity_logits_max_abs_err"] = result["logits"]["max_abs_err"]
+            m["parity_logits_mean_kl"] = result["logits"]["mean_kl"]
+            m["parity_logits_top1_agree"] = result["logits"]["top1_agree"]
+        if par.acceptance and self.k:
+            if (cfg.backend.name, cfg.verify.name) == (par.reference, par.reference) and same_as_run:
+                result["acceptance"] = {"note": "the run is the reference pair"}
+            else:
+                acc_target = ref_target if ref_prec == prec["target"] and ref_kv == prec["kv_target"] else None
+                t2, d2 = self.build_pair(par.reference, par.reference, acc_target, tag="_acc")
+                acc_out = self.decode(t2, d2, prompts, desc="acceptance ref")
+                run_m = summarize(out) if n == len(self.prompts) else summarize(_subset(out, n))
+                result["acceptance"] = acceptance_parity(run_m, summarize(acc_out))
+        return result, per_request
+
+    def kernel_parity(self) -> dict:
+        from attnlab.backends.registry import get_backend_class
+        from attnlab.metrics.kernel_parity import kernel_parity
+
+        cfg, out = self.cfg, {}
+        sides = [("verify", cfg.verify.name, self.mcfg, self.prec["target"], self.prec["kv_target"])]
+        if cfg.draft.kind in ("self", "model"):
+            dm = self.dcfg or self.mcfg
+            sides.append(("backend", cfg.backend.name, dm, self.prec["draft"], self.prec["kv_draft"]))
+        longest = max(len(p.token_ids) for p in self.prompts)
+        for side, name, mc, dt, kvdt in sides:
+            if name == cfg.parity.reference:
+                out[side] = {"backend": name, "note": "is the reference"}
+                continue
+            res = kernel_parity(get_backend_class(name), num_q_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads,
+                                head_dim=mc.head_dim, dtype=dt, kv_dtype=kvdt, page_size=self.page_size,
+                                device=self.device, prompt_len=min(longest, 256), k=self.k,
+                                batch=min(cfg.workload.batch_size, 4), seed=cfg.seed)
+            out[side] = {"backend": name, **res}
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# helpers
+
+
+class _step:
+    """Log how long a setup step took."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            log.info("%s: %.1f s", self.what, elapsed(self.t0))
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _model_dict(m) -> dict:
+    return {k: to_container(m[k]) if k == "overrides" else m[k] for k in ("name", "path", "init", "seed",
+                                                                          "overrides")}
+
+
+def _source(m) -> str:
+    return m.path or m.name
+
+
+def peek_model_config(m):
+    """The model's shape from its config.json / GGUF metadata / preset, without reading weights."""
+    from attnlab.models.loading import read_config, resolve_source
+
+    return read_config(resolve_source(_source(m), m.init)).with_overrides(to_container(m.overrides) or None)
+
+
+def load_tokenizer_for(m, mcfg):
+    """The model's tokenizer; a random-init model without one gets the byte tokenizer (ids < 258)."""
+    from attnlab.errors import ModelLoadError
+    from attnlab.models.byte_tokenizer import ByteTokenizer
+    from attnlab.models.loading import load_tokenizer
+
+    try:
+        return load_tokenizer(_source(m))
+    except ModelLoadError:
+        if m.init != "random" or mcfg.vocab_size < 258:
+            raise
+        log.warning("model %s: no tokenizer available; using the byte tokenizer", m.name)
+        return ByteTokenizer(256, 257)
+
+
+def _build_supports(param: str) -> bool:
+    import inspect
+
+    from attnlab.engine.build import build_side
+
+    return param in inspect.signature(build_side).parameters
+
+
+def _make_drafter(kind: str, runner, ngram_n: int, device):
+    from attnlab.spec.drafters import make_drafter
+
+    return make_drafter(kind, draft_runner=runner, ngram_n=ngram_n, device=device)
+
+
+def _subset(out, n: int):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(requests=out.requests[:n], iterations=[], wall_s=out.wall_s,
+                           num_draft_tokens=out.num_draft_tokens)
+
+
+def peak_mem_bytes(device: str) -> int:
+    """CUDA: max allocated by torch; CPU: the process's peak resident set size."""
+    if device == "cuda":
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

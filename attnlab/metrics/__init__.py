@@ -1,0 +1,1 @@
+"""Run measurements: performance summary, parity levels, environment, loggers (all pure but the loggers)."""

@@ -1,0 +1,88 @@
+"""What a run ran on: git state, package versions, hardware, the command line (env.json)."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("attnlab", "torch", "triton", "flashinfer-python", "flash-attn", "flash_attn_3", "transformers",
+            "hydra-core", "omegaconf", "wandb", "datasets", "gguf", "numpy")
+
+
+def _git(*args: str) -> str | None:
+    try:
+        r = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def package_versions() -> dict[str, str | None]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_info() -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"gpu_name": None, "gpu_count": 0, "cuda": torch.version.cuda, "driver": None}
+    driver = None
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=10, check=False)
+        driver = r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {"gpu_name": props.name, "gpu_count": torch.cuda.device_count(), "gpu_mem_bytes": props.total_memory,
+            "cuda": torch.version.cuda, "driver": driver,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def command_line() -> str:
+    """How this process was started, as a shell command (python -m attnlab ... when run that way)."""
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(("attnlab/__main__.py", "attnlab/cli.py")):
+        argv = ["python", "-m", "attnlab", *argv[1:]]
+    return shlex.join(argv)
+
+
+def env_info() -> dict:
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "git_sha": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(dirty) if dirty is not None else None,
+        "command": command_line(),
+        "cwd": os.getcwd(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "packages": package_versions(),
+        **gpu_info(),
+        "env": {k: os.environ[k] for k in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "WANDB_MODE")
+                if k in os.environ},
+    }

@@ -1,0 +1,116 @@
+"""Run loggers: wandb (offline by default, files under the run folder), jsonl (events.jsonl), none.
+
+The run folder's own files (metrics.json, requests.jsonl, parity.json, env.json) are written by the job
+whatever the logger; a logger only mirrors them. ``finish`` is always called (the job's ``finally``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a/b": 1}; lists of scalars are kept, lists of dicts indexed."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "/"))
+        else:
+            out[key] = v
+    return out
+
+
+class RunLogger:
+    def log_metrics(self, metrics: dict) -> None: ...
+    def log_requests(self, rows: list[dict]) -> None: ...
+    def log_parity(self, parity: dict) -> None: ...
+    def finish(self, status: str, error: str | None = None) -> None: ...
+
+
+class NoneLogger(RunLogger):
+    pass
+
+
+class JsonlLogger(RunLogger):
+    def __init__(self, run_dir: Path, config: dict):
+        self.path = Path(run_dir) / "events.jsonl"
+        self._write("config", config=config)
+
+    def _write(self, event: str, **payload) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"event": event, "time": time.time(), **payload}, default=str) + "\n")
+
+    def log_metrics(self, metrics: dict) -> None:
+        self._write("metrics", metrics=metrics)
+
+    def log_requests(self, rows: list[dict]) -> None:
+        self._write("requests", count=len(rows), file="requests.jsonl")
+
+    def log_parity(self, parity: dict) -> None:
+        self._write("parity", parity=parity)
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        self._write("finish", status=status, error=error)
+
+
+class WandbLogger(RunLogger):
+    REQUEST_COLUMNS = ("id", "category", "prompt_tokens", "output_tokens", "accept_len_mean", "ttft_ms",
+                       "latency_ms", "finish_reason", "output_text")
+
+    def __init__(self, run_dir: Path, config: dict, *, project: str, entity: str | None, mode: str,
+                 group: str | None, tags: list[str], name: str | None):
+        os.environ["WANDB_DIR"] = str(run_dir)
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(project=project, entity=entity, mode=mode, dir=str(run_dir), config=config,
+                              group=group, tags=list(tags) or None, name=name, reinit="finish_previous",
+                              settings=wandb.Settings(console="off", silent=True))
+
+    def log_metrics(self, metrics: dict) -> None:
+        flat = {k: v for k, v in flatten(metrics).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.run.log(flat)
+        self.run.summary.update(flat)
+
+    def log_requests(self, rows: list[dict]) -> None:
+        data = [[r.get(c) for c in self.REQUEST_COLUMNS] for r in rows]
+        self.run.log({"requests": self.wandb.Table(columns=list(self.REQUEST_COLUMNS), data=data)})
+
+    def log_parity(self, parity: dict) -> None:
+        flat = {k: v for k, v in flatten(parity).items() if isinstance(v, (int, float, str)) or v is None}
+        table = self.wandb.Table(columns=["metric", "value"], data=[[k, str(v)] for k, v in flat.items()])
+        self.run.log({"parity": table})
+        self.run.summary.update({f"parity/{k}": v for k, v in flat.items() if isinstance(v, (int, float))})
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        self.run.summary["status"] = status
+        if error:
+            self.run.summary["error"] = error
+        files = Path(self.run.dir)
+        config = {k: {"value": v} for k, v in dict(self.run.config).items()}
+        summary = self.run.summary._as_dict()
+        self.run.finish(exit_code=0 if status == "complete" else 1)
+        # wandb-core does not write config.yaml / wandb-summary.json for offline runs (wandb/wandb#9646; the
+        # data is in the .wandb log). Mirror them so an offline run folder is readable without `wandb sync`.
+        if not (files / "config.yaml").exists():
+            import yaml
+
+            (files / "config.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(config, default=str)),
+                                                              sort_keys=False))
+        if not (files / "wandb-summary.json").exists():
+            (files / "wandb-summary.json").write_text(json.dumps(summary, default=str))
+
+
+def make_logger(cfg_logger, run_dir: Path, config: dict, name: str | None = None) -> RunLogger:
+    kind = cfg_logger.kind
+    if kind == "wandb":
+        return WandbLogger(run_dir, config, project=cfg_logger.project, entity=cfg_logger.entity,
+                           mode=cfg_logger.mode, group=cfg_logger.group, tags=list(cfg_logger.tags), name=name)
+    if kind == "jsonl":
+        return JsonlLogger(run_dir, config)
+    return NoneLogger()

@@ -1,0 +1,87 @@
+"""Performance summary of one generation: pure functions over GenerateOutput-like records.
+
+Keys follow DESIGN.md (units in the name). Phase times are per-iteration means (CUDA events on GPU).
+accept_rate_pos{i} (i = 1..k) is the fraction of verify passes in which draft token i was accepted
+(unconditional: it includes passes that stopped earlier), so pos1 >= pos2 >= ... and
+accept_len_mean = 1 + sum_i accept_rate_pos{i} when k is constant.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default); NaN for no values."""
+    v = sorted(values)
+    if not v:
+        return math.nan
+    pos = (len(v) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def tpot_ms(req) -> float | None:
+    """Time per output token after the first: (latency - ttft) / (n_out - 1)."""
+    n = len(req.output_ids)
+    return (req.latency_ms - req.ttft_ms) / (n - 1) if n > 1 else None
+
+
+def kv_waste_frac(final_lens: Sequence[int], page_size: int) -> float:
+    """Internal fragmentation at each request's end: unused slots / allocated slots over all requests."""
+    pages = [-(-n // page_size) for n in final_lens]
+    alloc = sum(p * page_size for p in pages)
+    return (alloc - sum(final_lens)) / alloc if alloc else 0.0
+
+
+def accept_rates(taus: Sequence[int], k: int) -> dict[str, float]:
+    """accept_rate_pos{i} for i = 1..k from per-verify-pass tau (= accepted drafts + 1)."""
+    if not taus or k <= 0:
+        return {}
+    return {f"accept_rate_pos{i}": sum(t - 1 >= i for t in taus) / len(taus) for i in range(1, k + 1)}
+
+
+def summarize(out, page_size: int | None = None) -> dict[str, float]:
+    """metrics.json keys from one GenerateOutput (requests, iterations, wall_s, num_draft_tokens)."""
+    reqs, iters = out.requests, out.iterations
+    n_out = sum(len(r.output_ids) for r in reqs)
+    m: dict[str, float] = {
+        "num_requests": len(reqs),
+        "output_tokens": n_out,
+        "wall_s": out.wall_s,
+        "output_tokens_per_s": n_out / out.wall_s if out.wall_s > 0 else math.nan,
+        "num_iterations": len(iters),
+        "num_draft_tokens": out.num_draft_tokens,
+    }
+    ttft = [r.ttft_ms for r in reqs]
+    tpot = [t for t in map(tpot_ms, reqs) if t is not None]
+    for q in (50, 90, 99):
+        m[f"ttft_ms_p{q}"] = percentile(ttft, q)
+        m[f"tpot_ms_p{q}"] = percentile(tpot, q)
+    taus = [t for r in reqs for t in r.accept_lens]
+    m["accept_len_mean"] = _mean(taus) if taus else 1.0
+    m.update(accept_rates(taus, out.num_draft_tokens))
+    for key, attr in (("draft_ms", "draft_ms"), ("verify_ms", "verify_ms"), ("accept_ms", "accept_ms"),
+                      ("overhead_ms", "other_ms"), ("iteration_ms", "total_ms")):
+        m[key] = _mean([getattr(it, attr) for it in iters])
+    if page_size:
+        m["kv_waste_frac"] = kv_waste_frac([len(r.prompt_ids) + len(r.output_ids) for r in reqs], page_size)
+    return m
+
+
+def merge_outputs(outs: list) -> object:
+    """Concatenate the GenerateOutputs of several batches (wall time adds up: batches run one after another)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        requests=[r for o in outs for r in o.requests],
+        iterations=[it for o in outs for it in o.iterations],
+        wall_s=sum(o.wall_s for o in outs),
+        prefill_ms=sum(o.prefill_ms for o in outs),
+        num_draft_tokens=outs[0].num_draft_tokens if outs else 0,
+    )

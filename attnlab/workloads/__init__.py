@@ -1,0 +1,36 @@
+"""Prompt sources: the builtin suite, any HF ``datasets`` source, synthetic token prompts.
+
+``load_prompts`` runs before any model is loaded (text only, so a missing file or an empty list fails
+fast); ``tokenize_prompts`` fills ``token_ids`` once the tokenizer is known.
+"""
+
+from __future__ import annotations
+
+from attnlab.errors import ConfigError
+from attnlab.workloads.builtin import CATEGORIES, load_builtin
+from attnlab.workloads.hf import load_hf
+from attnlab.workloads.prompt import Prompt, encode, has_chat_template
+from attnlab.workloads.synthetic import synthetic_prompts
+
+__all__ = ["CATEGORIES", "Prompt", "encode", "has_chat_template", "load_prompts", "synthetic_prompts",
+           "tokenize_prompts"]
+
+
+def load_prompts(w) -> list[Prompt]:
+    """Text prompts of the workload config ``w`` (synthetic: an empty list, made after the model config)."""
+    if w.kind == "builtin":
+        return load_builtin(w.num_prompts, list(w.categories))
+    if w.kind == "hf":
+        return load_hf(w.path, w.field, w.num_prompts, w.name, w.split)
+    if w.kind == "synthetic":
+        return []
+    raise ConfigError(f"workload.kind={w.kind!r}: unknown (choose from: builtin, hf, synthetic)")
+
+
+def tokenize_prompts(prompts: list[Prompt], tokenizer, chat_template: bool) -> list[Prompt]:
+    for p in prompts:
+        if not p.token_ids:
+            p.token_ids = encode(tokenizer, p, chat_template)
+        if not p.token_ids:
+            raise ConfigError(f"workload: prompt {p.id!r} tokenizes to 0 tokens (chat_template={chat_template})")
+    return prompts

@@ -1,0 +1,29 @@
+"""Run ``python -m attnlab`` in a subprocess, as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# Small enough for 2 CPU cores: 2 prompts, 8 new tokens, tiny random model, no W&B.
+TINY = ["model=tiny-llama", "device=cpu", "logger=none", "workload.num_prompts=2", "workload.batch_size=2",
+        "workload.max_new_tokens=8"]
+
+
+def run_cli(args: list[str], cwd: Path, timeout: int = 240, module: str = "attnlab",
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    e.update({"WANDB_SILENT": "true", "TOKENIZERS_PARALLELISM": "false"}, **(env or {}))
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=e, check=False)
+
+
+def read_json(path: Path):
+    return json.loads(Path(path).read_text())
+
+
+def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [ln for ln in proc.stderr.splitlines() if ln.strip()]
