@@ -7,6 +7,7 @@ Every failure is a ConfigError with one line naming the field and the allowed va
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,8 @@ class PrecisionSchema:
     draft: str = "auto"  # auto = target's
     kv_target: str = "auto"  # auto = target's
     kv_draft: str = "auto"  # auto = draft's
+    # fp8 KV pools store value / kv_scale (one per-tensor scale for K and V of both sides); see docs/precision.md
+    kv_scale: float = 1.0
 
 
 @dataclass
@@ -182,8 +185,21 @@ def resolve_device(device: str) -> str:
     return device
 
 
+WEIGHT_DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3")  # fp8_e5m2 is a KV format only
+TARGET_WEIGHT_DTYPES = ("fp32", "fp16", "bf16")  # fp8 weights: draft side only (docs/precision.md)
+
+
+def compute_dtype(name: str) -> str:
+    """The activation / attention dtype of a side whose weights are ``name``: fp8 weights compute in bf16."""
+    return "bf16" if name.startswith("fp8") else name
+
+
 def resolve_precision(p, device: str) -> dict[str, str]:
-    """auto -> fp32 on CPU, bf16 on GPU; draft follows target; KV follows its side."""
+    """auto -> fp32 on CPU, bf16 on GPU; draft follows target; KV follows its side.
+
+    Weights: target fp32 | fp16 | bf16; draft also fp8_e4m3 (W8A8 row-wise, needs CUDA sm_89+ and a working
+    torch._scaled_mm). KV: any of DTYPES (fp8 KV with a fixed per-tensor scale, precision.kv_scale).
+    """
     target = p.target if p.target != "auto" else ("bf16" if device == "cuda" else "fp32")
     draft = p.draft if p.draft != "auto" else target
     out = {"target": target, "draft": draft,
@@ -191,10 +207,24 @@ def resolve_precision(p, device: str) -> dict[str, str]:
            "kv_draft": p.kv_draft if p.kv_draft != "auto" else draft}
     for key, value in out.items():
         _choice(f"precision.{key}", value, DTYPES)
-    for key in ("target", "draft"):
-        if out[key].startswith("fp8"):
-            raise ConfigError(f"precision.{key}={out[key]!r}: fp8 is a KV-cache dtype here; "
-                              f"compute dtypes: fp32, fp16, bf16 (use precision.kv_{key} for fp8 KV)")
+    if target not in TARGET_WEIGHT_DTYPES:
+        raise ConfigError(f"precision.target={target!r}: target weights must be one of "
+                          f"{', '.join(TARGET_WEIGHT_DTYPES)} (fp8_e4m3 weights are for the draft side only; "
+                          f"use precision.kv_target for an fp8 KV cache)")
+    if draft not in WEIGHT_DTYPES:
+        raise ConfigError(f"precision.draft={draft!r}: draft weights must be one of {', '.join(WEIGHT_DTYPES)} "
+                          f"(fp8_e5m2 is a KV-cache format: use precision.kv_draft)")
+    if draft == "fp8_e4m3":
+        from attnlab.models.fp8 import fp8_matmul_problem
+
+        problem = fp8_matmul_problem(device)
+        if problem:
+            raise ConfigError(f"precision.draft='fp8_e4m3': {problem} (choose from: fp32, fp16, bf16 here; "
+                              f"fp8 KV alone works everywhere: precision.kv_draft=fp8_e4m3)")
+    kv_scale = getattr(p, "kv_scale", 1.0)
+    if not (isinstance(kv_scale, (int, float)) and math.isfinite(kv_scale) and kv_scale > 0):
+        raise ConfigError(f"precision.kv_scale={kv_scale!r}: must be a finite number > 0 (fp8 KV stores "
+                          f"value / kv_scale; default 1.0)")
     return out
 
 
@@ -251,7 +281,7 @@ def check_backend(side: str, name: str, *, device: str, dtype: str, kv_dtype: st
     except AttnlabError as e:
         raise ConfigError(f"{side}={name}: {e}") from e
     caps = cls.capabilities()
-    problems = caps.problems(device=device, dtype=dtype, kv_dtype=kv_dtype,
+    problems = caps.problems(device=device, dtype=compute_dtype(dtype), kv_dtype=kv_dtype,
                              head_dim=head_dim if head_dim is not None else -1,
                              page_size=page_size, max_context=max_context, custom_mask=topk > 1)
     if head_dim is None:  # not known before the model config is read: checked again then
@@ -322,8 +352,10 @@ def validate(cfg: DictConfig) -> dict:
     _choice("logger.kind", cfg.logger.kind, LOGGER_KINDS)
     _choice("logger.mode", cfg.logger.mode, WANDB_MODES)
     _choice("parity.reference_precision", cfg.parity.reference_precision, ("same", "fp32"))
-    if cfg.engine.cuda_graph and device != "cuda":
-        raise ConfigError("engine.cuda_graph=true needs device=cuda (CUDA graphs do not exist on CPU)")
+    graphs = cfg.engine.cuda_graph or cfg.warmup.plan in ("graphs", "full")
+    if graphs and device != "cuda":
+        what = "engine.cuda_graph=true" if cfg.engine.cuda_graph else f"warmup={cfg.warmup.plan}"
+        raise ConfigError(f"{what} captures CUDA graphs and needs device=cuda (use warmup=jit or none on CPU)")
 
     # Backend capabilities with what is known now; max_context is re-checked after tokenization.
     k = s.num_draft_tokens if d.kind != "none" else 0
@@ -339,7 +371,13 @@ def validate(cfg: DictConfig) -> dict:
     for side, name, dt, kvdt in sides:
         check_backend(side, name, device=device, dtype=dt, kv_dtype=kvdt, page_size=page_size,
                       max_context=ctx if kv.max_context else max(ctx, page_size), topk=s.topk)
-    return {"device": device, "precision": prec, "draft_layers": layers, "k": k}
+        if graphs:
+            from attnlab.backends.registry import get_backend_class
+
+            if not get_backend_class(name).capabilities().cuda_graph:
+                raise ConfigError(f"{side}={name} cannot run inside CUDA graphs; use engine.cuda_graph=false and "
+                                  f"warmup=none|jit, or a graph-capable backend (triton, flashinfer)")
+    return {"device": device, "precision": prec, "draft_layers": layers, "k": k, "cuda_graph": graphs}
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -185,8 +185,6 @@ class SpecJob:
         draft_hd = {"self": self.mcfg.head_dim, "model": self.dcfg.head_dim if self.dcfg else None}
         check_sides(cfg, self.r, max_context=self.max_context, page_size=self.page_size,
                     target_head_dim=self.mcfg.head_dim, draft_head_dim=draft_hd.get(cfg.draft.kind))
-        if cfg.engine.cuda_graph and not _build_supports("cuda_graph"):
-            raise ConfigError("engine.cuda_graph=true: this engine build has no CUDA-graph support yet")
         self.eos_ids = set(self.mcfg.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             self.eos_ids.add(int(self.tokenizer.eos_token_id))
@@ -196,10 +194,11 @@ class SpecJob:
                  len(self.prompts), w.kind, w.batch_size, w.max_new_tokens, self.max_context, self.page_size)
 
     # -- sides --------------------------------------------------------------------------------------------
-    def build(self, model_cfg, backend: str, dtype: str, kv_dtype: str, name: str, **kw):
+    def build(self, model_cfg, backend: str, dtype: str, kv_dtype: str, name: str, graphs: bool = True, **kw):
+        """One side; ``graphs`` = False for the parity reference sides (the torch backend has no graph mode)."""
         from attnlab.engine.build import build_side
 
-        extra = {"cuda_graph": self.cfg.engine.cuda_graph} if self.cfg.engine.cuda_graph else {}
+        extra = {"cuda_graph": True, "max_q_len": self.k + 1} if graphs and self.r.get("cuda_graph") else {}
         kv = self.cfg.kv
         with _step(f"build {name} ({backend}, {dtype}, kv {kv_dtype})"):
             return build_side(_model_dict(model_cfg), backend, dtype, kv_dtype, self.page_size, kv.num_pages,
@@ -210,15 +209,15 @@ class SpecJob:
         """(target runner, drafter) for a backend pair; reuses ``target`` when given."""
         cfg, prec = self.cfg, self.prec
         if target is None:
-            target = self.build(cfg.model, verify, prec["target"], prec["kv_target"], "target" + tag)
+            target = self.build(cfg.model, verify, prec["target"], prec["kv_target"], "target" + tag, graphs=not tag)
         kind, draft_runner = cfg.draft.kind, None
         if kind == "self":
             draft_runner = self.build(cfg.model, backend, prec["draft"], prec["kv_draft"], "draft" + tag,
-                                      layers=self.r["draft_layers"], share_weights_with=target)
+                                      layers=self.r["draft_layers"], share_weights_with=target, graphs=not tag)
         elif kind == "model":
             share = self.runners.get("draft") if tag else None
             draft_runner = self.build(cfg.draft, backend, prec["draft"], prec["kv_draft"], "draft" + tag,
-                                      share_weights_with=share)
+                                      share_weights_with=share, graphs=not tag)
         return target, _make_drafter(kind, draft_runner, cfg.draft.ngram_n, target.device)
 
     def decode(self, target, drafter, prompts, *, k: int | None = None, record_logits=False, desc="workload"):
@@ -293,17 +292,12 @@ class SpecJob:
 
         plan = self.cfg.warmup.plan
         if plan == "none":
+            if self.r.get("cuda_graph"):  # engine.cuda_graph without a warmup plan: capture all the same
+                self.capture_graphs(target, drafter)
             return
         wu, w = self.cfg.warmup, self.cfg.workload
-        if plan in ("graphs", "full"):
-            t0 = time.perf_counter()
-            for runner in {id(r): r for r in (target, drafter.runner) if r is not None}.values():
-                capture = getattr(runner, "capture_graphs", None)
-                if capture is None:
-                    raise ConfigError(f"warmup.plan={plan}: this engine build cannot capture CUDA graphs yet "
-                                      f"(use warmup=jit)")
-                capture()
-            self.metrics["warmup_graph_s"] = elapsed(t0)
+        if self.r.get("cuda_graph"):
+            self.capture_graphs(target, drafter)
         if plan in ("jit", "full"):
             special = {t for t in set(self.mcfg.eos_token_ids) | {self.mcfg.bos_token_id} if t is not None}
             t0 = time.perf_counter()
@@ -317,6 +311,17 @@ class SpecJob:
             self.metrics["warmup_jit_s"] = elapsed(t0)
             self.metrics["first_request_ms_cold"] = first[1]
             self.metrics["first_request_ms_warm"] = self._warm_once(target, drafter, first[0]).requests[0].latency_ms
+
+    def capture_graphs(self, target, drafter) -> None:
+        """Target: decode (q_len 1) and verify (q_len k + 1); draft: q_len 1 for the catch-up step and each
+        of the k - 1 pre-planned draft steps. Buckets up to workload.batch_size."""
+        t0 = time.perf_counter()
+        with _step("capture CUDA graphs"):
+            n = target.capture_graphs(q_lens=sorted({1, self.k + 1}), num_slots=1)
+            if drafter.runner is not None and drafter.runner is not target:
+                n += drafter.runner.capture_graphs(q_lens=(1,), num_slots=max(1, self.k))
+        self.metrics["warmup_graph_s"] = elapsed(t0)
+        self.metrics["cuda_graphs"] = n
 
     def _warm_once(self, target, drafter, prompts):
         from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
@@ -357,7 +362,7 @@ class SpecJob:
             else:  # same dtype: share the loaded weights; fp32 reference: load again in fp32
                 share = target if ref_prec == prec["target"] else None
                 ref_target = self.build(cfg.model, par.reference, ref_prec, ref_kv, "reference",
-                                        share_weights_with=share)
+                                        share_weights_with=share, graphs=False)
         if par.tokens or par.logits:
             ref_out = self.decode(ref_target, none, prompts, k=0, record_logits=par.logits, desc="reference")
 
@@ -473,14 +478,6 @@ def load_tokenizer_for(m, mcfg):
             raise
         log.warning("model %s: no tokenizer available; using the byte tokenizer", m.name)
         return ByteTokenizer(256, 257)
-
-
-def _build_supports(param: str) -> bool:
-    import inspect
-
-    from attnlab.engine.build import build_side
-
-    return param in inspect.signature(build_side).parameters
 
 
 def _make_drafter(kind: str, runner, ngram_n: int, device):

@@ -145,7 +145,7 @@ class AttentionBackend(ABC):
         self.dtype = dtype
         self.device = pool.device
         self._plan = None
-        self._steps: list = []
+        self._slots: dict[int, object] = {}  # slot -> plan (0: per pass, j + 1: draft step j)
 
     @classmethod
     @abstractmethod
@@ -167,13 +167,18 @@ class AttentionBackend(ABC):
         """q: [num_tokens, num_q_heads, head_dim] -> out: same shape and dtype, using the active plan."""
 
     def plan(self, meta: AttnMeta) -> None:
-        self._plan = self.make_plan(meta, slot=0)
+        self.plan_slot(meta, 0)
+
+    def plan_slot(self, meta: AttnMeta, slot: int) -> None:
+        """Plan into ``slot`` and make it the active plan."""
+        self._plan = self._slots[slot] = self.make_plan(meta, slot=slot)
 
     def plan_steps(self, metas: list[AttnMeta]) -> None:
-        self._steps = [self.make_plan(m, slot=i + 1) for i, m in enumerate(metas)]
+        for i, m in enumerate(metas):
+            self._slots[i + 1] = self.make_plan(m, slot=i + 1)
 
     def use_step(self, i: int) -> None:
-        self._plan = self._steps[i]
+        self._plan = self._slots[i + 1]
 
     @property
     def active_plan(self):

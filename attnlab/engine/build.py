@@ -28,7 +28,7 @@ def auto_num_pages(max_batch: int, max_context: int, page_size: int) -> int:
 def build_side(model_cfg: dict, backend: str, dtype: str, kv_dtype: str, page_size: int, num_pages: int | None,
                max_batch: int, max_context: int, device: str, layers: list[int] | None = None,
                share_weights_with: ModelRunner | None = None, progress: bool = True,
-               name: str = "target") -> ModelRunner:
+               name: str = "target", cuda_graph: bool = False, max_q_len: int = 16) -> ModelRunner:
     """Build one side. ``share_weights_with`` reuses another side's model (``draft=self``): the same
     module when dtype matches, else a cast copy; ``layers`` keeps a subset of its layers."""
     from attnlab.models.loading import load_model, load_tokenizer  # heavy imports only when building
@@ -52,5 +52,17 @@ def build_side(model_cfg: dict, backend: str, dtype: str, kv_dtype: str, page_si
     pages = num_pages or auto_num_pages(max_batch, max_context, page_size)
     pool = KVPool(num_layers, pages, page_size, mcfg.num_kv_heads, mcfg.head_dim, resolve_dtype(kv_dtype), dev)
     cls = require_available(backend)
-    be = cls(pool, mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim, mcfg.head_dim ** -0.5, wdtype)
-    return ModelRunner(model.eval(), mcfg, tok, pool, PageAllocator(pages, page_size), be, max_context, name)
+    kw = {}
+    if cuda_graph:
+        if not cls.capabilities().cuda_graph:
+            raise ConfigError(f"engine.cuda_graph=true: backend {backend!r} cannot be captured in CUDA graphs "
+                              f"(capabilities: no graph-safe mode); use engine.cuda_graph=false")
+        if dev.type != "cuda":
+            raise ConfigError("engine.cuda_graph=true needs device=cuda")
+        from attnlab.engine.graphs import DEFAULT_BUCKETS
+
+        graph_batch = next((b for b in DEFAULT_BUCKETS if b >= max_batch), max_batch)
+        kw = {"cuda_graph": True, "max_batch_size": graph_batch, "max_q_len": max_q_len, "max_context": max_context}
+    be = cls(pool, mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim, mcfg.head_dim ** -0.5, wdtype, **kw)
+    return ModelRunner(model.eval(), mcfg, tok, pool, PageAllocator(pages, page_size), be, max_context, name,
+                       max_batch=max_batch)

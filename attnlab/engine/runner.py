@@ -15,7 +15,7 @@ import torch
 from attnlab.backends.base import AttentionBackend, AttnMeta, Mode
 from attnlab.backends.context import AttnContext
 from attnlab.errors import PromptTooLong
-from attnlab.kvcache import KVPool, PageAllocator, build_layout, slot_mapping
+from attnlab.kvcache import KVPool, PageAllocator, build_layout, pages_needed, slot_mapping
 
 
 @dataclass
@@ -31,11 +31,13 @@ class Pass:
     slots: torch.Tensor
     positions: torch.Tensor
     last_rows: torch.Tensor
+    q_len: int | None = None  # uniform q_len per request (graph-eligible), else None
+    padded_to: int | None = None  # batch size after padding with dummy requests (CUDA-graph bucket)
 
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, model_config, tokenizer, pool: KVPool, allocator: PageAllocator,
-                 backend: AttentionBackend, max_context: int, name: str = "target"):
+                 backend: AttentionBackend, max_context: int, name: str = "target", max_batch: int = 1):
         self.model = model
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -43,14 +45,18 @@ class ModelRunner:
         self.allocator = allocator
         self.backend = backend
         self.max_context = max_context
+        self.max_batch = max_batch
         self.name = name
         self.device = pool.device
+        self.graphs = None  # GraphCache once capture_graphs() ran
+        self._slot = 0  # plan slot of the active plan: 0 = plan(), j + 1 = use_step(j)
 
     def kv_len(self, req: Hashable) -> int:
         return self.allocator.lengths.get(req, 0)
 
     def prepare(self, reqs: Sequence[Hashable], starts: Sequence[int], q_lens: Sequence[int], mode: Mode,
-                custom_mask: torch.Tensor | None = None) -> Pass:
+                custom_mask: torch.Tensor | None = None, pad_to: int | None = None,
+                pad_q_len: int | None = None) -> Pass:
         """Allocate pages so request i holds ``starts[i] + q_lens[i]`` tokens and build the pass's metadata.
 
         Positions ``starts[i] .. starts[i] + q_lens[i] - 1`` get new K/V; earlier positions must already be
@@ -72,6 +78,21 @@ class ModelRunner:
             slots += slot_mapping(table, s, e, ps)
             positions += range(s, e)
             last_rows.append(len(positions) - 1 if e > s else -1)
+        uniform = q_lens[0] if q_lens and len(set(q_lens)) == 1 and custom_mask is None else pad_q_len
+        padded = None
+        if pad_to is None and self.graphs is not None and uniform is not None and uniform in self.graphs.q_lens:
+            from attnlab.engine.graphs import bucket_for
+
+            pad_to = bucket_for(len(reqs), self.graphs.buckets)
+        if pad_to is not None and pad_to >= len(reqs) and uniform:
+            # Dummy requests up to the graph bucket: q_len as the others, KV = their own tokens in the
+            # scratch page (slot -1 writes nothing real, reads stay finite); outputs are ignored.
+            q_lens, ends = list(q_lens) + [uniform] * (pad_to - len(reqs)), ends + [uniform] * (pad_to - len(reqs))
+            scratch = [self.pool.num_pages] * pages_needed(uniform, ps)
+            tables = tables + [scratch] * (pad_to - len(reqs))
+            slots += [-1] * (uniform * (pad_to - len(reqs)))
+            positions += list(range(uniform)) * (pad_to - len(reqs))
+            padded = pad_to
         qo = [0]
         for q in q_lens:
             qo.append(qo[-1] + q)
@@ -79,19 +100,52 @@ class ModelRunner:
         t = lambda x, dt=torch.int64: torch.tensor(x, dtype=dt).to(dev, non_blocking=True)
         meta = AttnMeta(mode=mode, qo_indptr=t(qo, torch.int32), layout=build_layout(tables, ends, ps, dev),
                         q_lens=list(q_lens), kv_lens_host=ends, page_size=ps, custom_mask=custom_mask)
-        return Pass(list(reqs), meta, t(slots), t(positions), t(last_rows))
+        return Pass(list(reqs), meta, t(slots), t(positions), t(last_rows), uniform, padded)
 
     def plan(self, p: Pass) -> None:
         self.backend.plan(p.meta)
+        self._slot = 0
+
+    def plan_slot(self, p: Pass, slot: int) -> None:
+        """Plan ``p`` into a given slot (0 = the per-pass plan, j + 1 = draft step j) and make it active."""
+        self.backend.plan_slot(p.meta, slot)
+        self._slot = slot
+
+    def plan_steps(self, passes: Sequence[Pass]) -> None:
+        """Plan the k - 1 single-token draft steps before the draft loop (slots 1..)."""
+        self.backend.plan_steps([p.meta for p in passes])
+
+    def use_step(self, j: int) -> None:
+        self.backend.use_step(j)
+        self._slot = j + 1
 
     @torch.inference_mode()
     def forward(self, p: Pass, input_ids: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids: [T] int64 on device -> fp32 logits [len(rows) or T, vocab] (uses the active plan)."""
+        g = self.graphs
+        if g is not None and p.padded_to is not None and g.has(p.padded_to, p.q_len, self._slot):
+            logits = g.replay(p.padded_to, p.q_len, self._slot, p, input_ids)
+            return logits[rows] if rows is not None else logits[: input_ids.shape[0]]
         ctx = AttnContext(self.backend, self.pool, p.slots)
-        hidden = self.model(input_ids, p.positions, ctx)
+        n = input_ids.shape[0]
+        if p.padded_to is not None and p.positions.shape[0] > n:  # padded, but no graph for this slot: eager
+            input_ids = torch.cat([input_ids, input_ids.new_zeros(p.positions.shape[0] - n)])
+        hidden = self.model(input_ids, p.positions, ctx)[:n]
         if rows is not None:
             hidden = hidden[rows]
         return self.model.compute_logits(hidden)
+
+    def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None) -> int:
+        """Capture CUDA graphs for every bucket <= max batch, q_len and plan slot; returns how many."""
+        from attnlab.engine.graphs import DEFAULT_BUCKETS, GraphCache
+
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        if buckets is None:  # every default bucket below max_batch, and the first one that holds it
+            buckets = [b for b in DEFAULT_BUCKETS if b < self.max_batch]
+            buckets.append(next((b for b in DEFAULT_BUCKETS if b >= self.max_batch), self.max_batch))
+        self.graphs = GraphCache(self)
+        return self.graphs.capture(buckets, q_lens, num_slots)
 
     def run(self, reqs, starts, q_lens, input_ids, mode: Mode, rows: str = "last") -> torch.Tensor:
         """prepare + plan + forward in one call. rows: "last" (one row per request) or "all"."""

@@ -109,14 +109,14 @@ class ModelDrafter(Drafter):
         # Prepare every pass first: step 0 catches up, steps 1..k-1 feed one draft token each.
         first = r.prepare(reqs, starts, q0, Mode.DECODE if max(q0) == 1 else Mode.PREFILL)
         steps = [r.prepare(reqs, [n + j - 1 for n in ns], [1] * len(ns), Mode.DECODE) for j in range(1, k)]
-        r.backend.plan(first.meta)
+        r.plan_steps(steps)
+        r.plan(first)
         ids0 = torch.tensor([t for c in catch for t in c], dtype=torch.long).to(dev, non_blocking=True)
-        r.backend.plan_steps([p.meta for p in steps])
         # The loop: device work only.
         tok, probs = next_tokens(r.forward(first, ids0, first.last_rows), sp, gen)
         toks, all_probs = [tok], [probs]
         for j, p in enumerate(steps):
-            r.backend.use_step(j)
+            r.use_step(j)
             tok, probs = next_tokens(r.forward(p, tok), sp, gen)
             toks.append(tok)
             all_probs.append(probs)

@@ -1,0 +1,89 @@
+"""CUDA graphs of whole forward passes, per (batch-size bucket, q_len per request, plan slot).
+
+Contract with the backend (``caps.cuda_graph`` non-empty, built with ``cuda_graph=True``): a plan for the
+same (slot, batch size, q_len) reuses the same device buffers and launch parameters, so a graph captured
+after one ``plan`` stays valid after the next ``plan`` rewrote those buffers in place. Padded requests
+(see ``ModelRunner.prepare(pad_to=...)``) write to slot -1 and read the scratch page: harmless rows.
+
+Every graph of a runner shares one memory pool; buckets are captured largest first (as nano-vllm does) so
+the smaller ones reuse the pool's blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.backends.context import AttnContext
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def bucket_for(batch: int, buckets) -> int | None:
+    """The smallest captured bucket that holds ``batch`` requests, or None (eager)."""
+    return next((b for b in sorted(buckets) if b >= batch), None)
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    ids: torch.Tensor  # [bs * q_len] int64
+    positions: torch.Tensor  # [bs * q_len] int64
+    slots: torch.Tensor  # [bs * q_len] int64
+    logits: torch.Tensor  # [bs * q_len, vocab] fp32
+
+
+class GraphCache:
+    def __init__(self, runner):
+        self.runner = runner
+        self.graphs: dict[tuple[int, int, int], _Graph] = {}
+        self.buckets: tuple[int, ...] = ()
+        self.q_lens: tuple[int, ...] = ()
+        self.pool = None
+
+    def has(self, bs: int, q_len: int, slot: int) -> bool:
+        return (bs, q_len, slot) in self.graphs
+
+    def capture(self, buckets, q_lens, num_slots: int) -> int:
+        """Capture every (bucket, q_len, slot); returns the number of graphs."""
+        r = self.runner
+        self.buckets = tuple(sorted(set(buckets)))
+        self.q_lens = tuple(sorted(set(q_lens)))
+        self.pool = self.pool or torch.cuda.graph_pool_handle()
+        for bs in sorted(self.buckets, reverse=True):
+            for q in self.q_lens:
+                for slot in range(num_slots):
+                    self._capture_one(r, bs, q, slot)
+        return len(self.graphs)
+
+    def _capture_one(self, r, bs: int, q: int, slot: int) -> None:
+        from attnlab.backends.base import Mode
+
+        dummy = r.prepare([], [], [], Mode.DECODE if q == 1 else Mode.VERIFY, pad_to=bs, pad_q_len=q)
+        r.plan_slot(dummy, slot)
+        n = bs * q
+        ids = torch.zeros(n, dtype=torch.long, device=r.device)
+        positions, slots = dummy.positions.clone(), dummy.slots.clone()
+        ctx = AttnContext(r.backend, r.pool, slots)
+        with torch.inference_mode():
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm up (compiles kernels, settles allocator) off the capture
+                for _ in range(2):
+                    r.model.compute_logits(r.model(ids, positions, ctx))
+            torch.cuda.current_stream().wait_stream(stream)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool):
+                logits = r.model.compute_logits(r.model(ids, positions, ctx))
+        self.graphs[(bs, q, slot)] = _Graph(g, ids, positions, slots, logits)
+
+    def replay(self, bs: int, q: int, slot: int, p, input_ids: torch.Tensor) -> torch.Tensor:
+        """Copy the pass's inputs into the graph's buffers and replay; returns [bs * q, vocab] (a view of
+        the graph's output buffer: consume it before the next replay of the same graph)."""
+        g = self.graphs[(bs, q, slot)]
+        g.ids[: input_ids.shape[0]].copy_(input_ids)
+        g.positions.copy_(p.positions)
+        g.slots.copy_(p.slots)
+        g.graph.replay()
+        return g.logits
