@@ -1,0 +1,131 @@
+"""The ``triton`` backend: attnlab's own paged-attention kernels (attnlab.kernels).
+
+``make_plan`` does all host work: picks the decode or extend kernel and its launch parameters
+(``attnlab.kernels.heuristics.plan_params``), builds the extend kernel's query-block table and the
+uint8 custom mask, and allocates this plan's split-KV scratch. ``run`` only launches kernels: no host
+sync, and nothing it touches is shared between plans of different ``slot`` values.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.backends.base import AttentionBackend, AttnMeta, Capabilities, Mode
+
+
+@dataclass
+class TritonPlan:
+    params: object  # attnlab.kernels.heuristics.LaunchParams
+    num_tokens: int
+    qo_indptr: torch.Tensor  # [batch + 1] int32
+    kv_indptr: torch.Tensor  # [batch + 1] int32
+    kv_indices: torch.Tensor  # [pages] int32
+    kv_lens: torch.Tensor  # [batch] int32
+    block_req: torch.Tensor | None = None  # extend: [num_blocks] int32
+    block_qstart: torch.Tensor | None = None  # extend: [num_blocks] int32
+    mask: torch.Tensor | None = None  # extend: [sum(q_len * kv_len)] uint8
+    mask_indptr: torch.Tensor | None = None  # extend: [batch] int64
+    o_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits, D] fp32
+    lse_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits] fp32
+
+
+def _int32(t: torch.Tensor, device) -> torch.Tensor:
+    return t.to(device=device, dtype=torch.int32)
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+
+    def __init__(self, *args, num_splits: int | None = None, **kwargs):
+        """num_splits: force the split-KV count (tests, tuning); None = heuristic."""
+        super().__init__(*args, **kwargs)
+        self.num_splits = num_splits
+
+    @classmethod
+    def capabilities(cls) -> Capabilities:
+        interp = os.environ.get("TRITON_INTERPRET") == "1"
+        return Capabilities(
+            devices=frozenset({"cpu", "cuda"} if interp else {"cuda"}),
+            dtypes=frozenset({"fp32", "fp16", "bf16"}),
+            kv_dtypes=frozenset({"fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"}),
+            head_dims=frozenset({16, 32, 64, 80, 96, 128, 256}),
+            page_sizes="any",
+            custom_mask=True,
+            cuda_graph=frozenset({Mode.DECODE, Mode.VERIFY}),
+            notes="split-KV flash-decoding + GQA-packed extend kernel; fp8 KV dequantized after load "
+                  "(needs sm_89+ on GPU); CPU only under TRITON_INTERPRET=1 (slow)",
+        )
+
+    @classmethod
+    def available(cls) -> str | None:
+        try:
+            import triton  # noqa: F401
+        except ImportError as e:
+            return f"triton cannot be imported ({e}); pip install triton"
+        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+            return None
+        return "no CUDA GPU (set TRITON_INTERPRET=1 to run the Triton kernels on CPU, slowly)"
+
+    def make_plan(self, meta: AttnMeta, slot: int = 0) -> TritonPlan:
+        from attnlab.kernels.extend import query_blocks
+        from attnlab.kernels.heuristics import plan_params, sm_count
+
+        dev = self.device
+        lay = meta.layout
+        has_mask = meta.custom_mask is not None
+        sms = sm_count(dev.index or 0) if dev.type == "cuda" else sm_count()
+        params = plan_params(q_lens=meta.q_lens, kv_lens=meta.kv_lens_host, num_kv_heads=self.num_kv_heads,
+                             group=self.num_q_heads // self.num_kv_heads, head_dim=self.head_dim,
+                             has_mask=has_mask, sms=sms, num_splits=self.num_splits)
+        num_tokens = meta.num_tokens
+        plan = TritonPlan(params, num_tokens, _int32(meta.qo_indptr, dev), _int32(lay.kv_indptr, dev),
+                          _int32(lay.kv_indices, dev), _int32(lay.kv_lens, dev))
+        if params.kind == "extend":
+            reqs, starts = query_blocks(meta.q_lens, params.tokens_per_block)
+            plan.block_req = torch.tensor(reqs, dtype=torch.int32).to(dev, non_blocking=True)
+            plan.block_qstart = torch.tensor(starts, dtype=torch.int32).to(dev, non_blocking=True)
+            if has_mask:
+                plan.mask = meta.custom_mask.to(device=dev, dtype=torch.uint8)
+                offs, off = [], 0
+                for q_len, kv_len in zip(meta.q_lens, meta.kv_lens_host):
+                    offs.append(off)
+                    off += q_len * kv_len
+                plan.mask_indptr = torch.tensor(offs, dtype=torch.int64).to(dev, non_blocking=True)
+        if params.num_splits > 1:
+            plan.o_part = torch.empty(num_tokens, self.num_q_heads, params.num_splits, self.head_dim,
+                                      dtype=torch.float32, device=dev)
+            plan.lse_part = torch.empty(num_tokens, self.num_q_heads, params.num_splits, dtype=torch.float32,
+                                        device=dev)
+        return plan
+
+    def run(self, q: torch.Tensor, layer: int) -> torch.Tensor:
+        from attnlab.kernels.decode import paged_decode
+        from attnlab.kernels.extend import paged_extend
+
+        plan: TritonPlan = self.active_plan
+        pool = self.pool
+        lay = pool.layer(layer)
+        k_cache = lay[0].view(-1, pool.num_kv_heads, pool.head_dim)
+        v_cache = lay[1].view(-1, pool.num_kv_heads, pool.head_dim)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        common = {"page_size": pool.page_size, "scale": self.scale, "params": plan.params,
+                  "k_scale": pool.k_scale,
+                      "v_scale": pool.v_scale, "o_part": plan.o_part, "lse_part": plan.lse_part}
+        if plan.params.kind == "decode":
+            return paged_decode(q, k_cache, v_cache, out, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
+                                plan.kv_lens, **common)
+        return paged_extend(q, k_cache, v_cache, out, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
+                            plan.kv_lens, plan.block_req, plan.block_qstart, mask=plan.mask,
+                            mask_indptr=plan.mask_indptr, **common)
+
+    def warmup(self, *, batch_sizes=(1,), q_lens=(1,), kv_lens=(1,), custom_mask: bool = False) -> list:
+        """Compile every kernel variant the given shapes will use (see attnlab.kernels.warmup)."""
+        from attnlab.kernels.warmup import WarmupShape, warmup
+
+        shape = WarmupShape(self.num_q_heads, self.num_kv_heads, self.head_dim, self.pool.page_size,
+                            self.dtype, self.pool.dtype, tuple(batch_sizes), tuple(q_lens), tuple(kv_lens),
+                            custom_mask, self.num_splits)
+        return warmup([shape], self.device)

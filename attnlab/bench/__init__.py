@@ -1,0 +1,1 @@
+"""Benchmarks (apart from tests): ``python -m attnlab.bench.kernels`` compares attention backends."""

@@ -1,0 +1,130 @@
+"""Launch parameters for every paged-attention kernel, chosen in one place.
+
+The kernels are memory bound in decode and verify: the goal is to stream K/V at copy bandwidth, which
+needs enough programs in flight (split-KV when batch * kv_heads is small next to the SM count) and
+large KV tiles. Prefill is compute bound and never splits.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+# Split-KV: with equal-length requests every program does the same work, so what matters is how the
+# programs fill waves of the GPU. Measured on an H200 (bf16, page 16): decode is best with the largest
+# split count that keeps batch * kv_heads * splits <= 4 programs per SM (e.g. Llama-8B shapes, batch 8 x
+# 32k: 8 splits 102% of copy bandwidth, 9 splits 73%); the heavier extend programs (M rows x D fp32
+# accumulators) like 8 per SM. No split once the programs without it already reach half that.
+DECODE_PROGRAMS_PER_SM = 4
+EXTEND_PROGRAMS_PER_SM = 8
+# A split must hold at least this many KV tokens, or the second reduction pass costs more than it saves.
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 64
+# SM count assumed off-GPU (interpreter): small, so tests exercise split-KV at short contexts.
+INTERPRETER_SM_COUNT = 2
+
+
+@dataclass(frozen=True)
+class LaunchParams:
+    """kind: "decode" | "extend". block_m: query rows per program (decode: the GQA group padded to
+    >= 16; extend: tokens_per_block * group padded); block_n: KV tokens per tile."""
+
+    kind: str
+    block_m: int
+    block_n: int
+    block_d: int
+    tokens_per_block: int  # query tokens per program (1 in decode)
+    num_splits: int
+    num_warps: int
+    num_stages: int
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def fp32_dot(dtype: torch.dtype) -> bool:
+    """Dots in fp32 (IEEE) for fp32 inputs, and always under the interpreter, whose tl.dot gives wrong
+    results for bf16 operands (Triton 3.9); on GPU bf16/fp16 dots accumulate in fp32 as usual."""
+    return dtype == torch.float32 or interpreter_on()
+
+
+@functools.cache
+def sm_count(device_index: int = 0) -> int:
+    if torch.cuda.is_available() and not interpreter_on():
+        return torch.cuda.get_device_properties(device_index).multi_processor_count
+    return INTERPRETER_SM_COUNT
+
+
+def choose_num_splits(base_programs: int, max_kv_len: int, sms: int, block_n: int, per_sm: int) -> int:
+    """Largest split count with base_programs * splits <= per_sm * sms (never more than the KV holds
+    MIN_TOKENS_PER_SPLIT-token pieces, nor MAX_SPLITS); 1 when base_programs >= per_sm * sms / 2."""
+    if base_programs <= 0 or max_kv_len <= 0 or 2 * base_programs >= per_sm * sms:
+        return 1
+    fit = (per_sm * sms) // base_programs
+    most = max(1, cdiv(max_kv_len, max(MIN_TOKENS_PER_SPLIT, block_n)))
+    return max(1, min(fit, most, MAX_SPLITS))
+
+
+def decode_params(*, batch: int, num_kv_heads: int, group: int, head_dim: int, max_kv_len: int, sms: int,
+                  num_splits: int | None = None) -> LaunchParams:
+    """q_len = 1 per request: one program per (request, kv head, split), the whole GQA group as M rows."""
+    block_d = max(16, next_pow2(head_dim))
+    block_m = max(16, next_pow2(group))
+    # ~16 KiB per K tile (128 x D64, 64 x D128, 32 x D256 in bf16). Pages that are a multiple of block_n
+    # take the fast path (one page id per tile, contiguous rows); any other page size gathers per token.
+    block_n = {16: 128, 32: 128, 64: 128, 128: 64}.get(block_d, 32)
+    splits = num_splits or choose_num_splits(batch * num_kv_heads, max_kv_len, sms, block_n,
+                                                   DECODE_PROGRAMS_PER_SM)
+    return LaunchParams("decode", block_m, block_n, block_d, 1, splits, num_warps=4,
+                        num_stages=2 if block_d >= 256 else 3)
+
+
+def extend_params(*, num_q_blocks_fn, num_kv_heads: int, group: int, head_dim: int, max_q_len: int,
+                  max_kv_len: int, sms: int, num_splits: int | None = None) -> LaunchParams:
+    """q_len >= 1 (verify, prefill): a program owns tokens_per_block query tokens x the GQA group.
+
+    num_q_blocks_fn(tokens_per_block) -> number of (request, query block) programs, for the split choice.
+    """
+    block_d = max(16, next_pow2(head_dim))
+    rows = max(1, max_q_len) * group
+    # Verify (few tokens): pack every token of a request with its heads; prefill: 64/128 rows per program.
+    block_m = min(max(16, next_pow2(rows)), 128 if block_d <= 128 else 64)
+    if block_m == 128 and max_q_len * group < 512:
+        block_m = 64
+    tokens_per_block = max(1, block_m // group)
+    block_n = 64 if block_d <= 128 else 32
+    if block_m >= 64 and block_d >= 128:  # large M x D fp32 accumulator: smaller KV tiles (H200: 1.25x)
+        block_n = 32
+    base = num_q_blocks_fn(tokens_per_block) * num_kv_heads
+    # Long prefills are compute bound with plenty of programs; only short-query passes split the KV.
+    splits = num_splits or (choose_num_splits(base, max_kv_len, sms, block_n, EXTEND_PROGRAMS_PER_SM)
+                            if max_q_len <= 64 else 1)
+    num_warps = 8 if block_m >= 128 else 4
+    return LaunchParams("extend", block_m, block_n, block_d, tokens_per_block, splits, num_warps,
+                        num_stages=2 if block_d >= 256 or block_m >= 128 else 3)
+
+
+def plan_params(*, q_lens: list[int], kv_lens: list[int], num_kv_heads: int, group: int, head_dim: int,
+                has_mask: bool, sms: int, num_splits: int | None = None) -> LaunchParams:
+    """The one entry point: decode kernel when every request has q_len <= 1 and no custom mask, else the
+    extend kernel; its block sizes, split count and warps. Used by the backend's plan and by warmup."""
+    max_q = max(q_lens, default=0)
+    max_kv = max(kv_lens, default=0)
+    if max_q <= 1 and not has_mask:
+        return decode_params(batch=len(q_lens), num_kv_heads=num_kv_heads, group=group, head_dim=head_dim,
+                             max_kv_len=max_kv, sms=sms, num_splits=num_splits)
+    return extend_params(num_q_blocks_fn=lambda tpb: sum(cdiv(n, tpb) for n in q_lens),
+                         num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, max_q_len=max_q,
+                         max_kv_len=max_kv, sms=sms, num_splits=num_splits)

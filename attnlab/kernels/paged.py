@@ -1,0 +1,74 @@
+"""Triton building blocks shared by the decode and extend kernels: paged KV tile addressing, one
+online-softmax step over a KV tile, and writing a (possibly partial, split-KV) result.
+
+Pool layout per layer (KVPool.layer): ``[2, num_pages + 1, page_size, kv_heads, head_dim]``; K and V are
+passed as the two ``[num_slots, kv_heads, head_dim]`` halves, token slot = page * page_size + offset.
+Scores live in the log2 domain (scale folded with log2(e)) so the kernels use exp2.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def tile_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pool slots (int64) of KV positions start + offs_n of a request whose pages start at page_base."""
+    if PAGE_SIZE % BLOCK_N == 0:
+        # A tile never crosses a page (tiles start at multiples of BLOCK_N): one page id, contiguous slots.
+        page = tl.load(KV_INDICES + page_base + start // PAGE_SIZE).to(tl.int64)
+        slots = page * PAGE_SIZE + (start % PAGE_SIZE) + offs_n
+    else:
+        pos = start + offs_n
+        page = tl.load(KV_INDICES + page_base + pos // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+        slots = page * PAGE_SIZE + pos % PAGE_SIZE
+    return slots
+
+
+@triton.jit
+def attend_tile(q, acc, m_i, l_i, K, V, slots, head_off, offs_d, d_mask, n_mask, valid, qk_scale,
+                stride_slot, FP32_DOT: tl.constexpr):
+    """One online-softmax step. q: [M, D]; acc: [M, D] fp32; m_i, l_i: [M] fp32 (log2 domain);
+    valid: [M, N] bool (False = masked). Rows with nothing valid so far keep m_i = -inf, acc = 0."""
+    kv_off = slots[:, None] * stride_slot + head_off + offs_d[None, :]
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    if FP32_DOT:  # fp32 inputs, or the interpreter (its bf16 tl.dot is wrong in Triton 3.9)
+        k = tl.load(K + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+        qk = tl.dot(q.to(tl.float32), tl.trans(k), input_precision="ieee")
+    else:
+        k = tl.load(K + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        qk = tl.dot(q, tl.trans(k))
+    qk = tl.where(valid, qk * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_safe)
+    p = tl.math.exp2(qk - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if FP32_DOT:
+        v = tl.load(V + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+    else:
+        v = tl.load(V + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def write_result(acc, m_i, l_i, O, O_PART, LSE_PART, rows, heads, split, offs_d, row_mask, d_mask, v_scale,
+                 stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
+                 SPLIT: tl.constexpr):
+    """Final output (SPLIT False) or this split's normalized partial output and log2-sum-exp.
+
+    O: [T, Hq, D]; O_PART: [T, Hq, S, D] fp32; LSE_PART: [T, Hq, S] fp32 (split stride 1)."""
+    has = l_i > 0
+    o = acc / tl.where(has, l_i, 1.0)[:, None] * v_scale
+    mask = row_mask[:, None] & d_mask[None, :]
+    if SPLIT:
+        part = rows.to(tl.int64) * stride_pt + heads * stride_ph + split * stride_ps
+        tl.store(O_PART + part[:, None] + offs_d[None, :], o, mask=mask)
+        lse = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        tl.store(LSE_PART + rows.to(tl.int64) * stride_lt + heads * stride_lh + split, lse, mask=row_mask)
+    else:
+        out = rows.to(tl.int64) * stride_ot + heads * stride_oh
+        tl.store(O + out[:, None] + offs_d[None, :], o.to(O.dtype.element_ty), mask=mask)

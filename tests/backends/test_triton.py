@@ -1,0 +1,261 @@
+"""The triton backend (attnlab.kernels) against the torch reference.
+
+Without a CUDA GPU the kernels run under Triton's interpreter: TRITON_INTERPRET must be set before any
+@triton.jit function is defined, i.e. before attnlab.kernels is first imported in this process. This
+module sets it at import (pytest imports test modules before running any test); the assert below
+catches an earlier import of attnlab.kernels without it.
+"""
+
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    assert "attnlab.kernels" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1", (
+        "attnlab.kernels was imported before TRITON_INTERPRET=1 was set; set it in tests/conftest.py")
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+
+from attnlab.backends.base import Mode
+from attnlab.backends.registry import require_available
+from attnlab.kernels.heuristics import plan_params
+from attnlab.kernels.store_kv import store_kv
+from attnlab.kvcache import KVPool
+from tests.backends.cases import make_case
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+TritonBackend = require_available("triton")
+gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (too slow or unfaithful under the interpreter)")
+TOL = {torch.float32: {"atol": 2e-4, "rtol": 2e-4}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2},
+       torch.float16: {"atol": 4e-3, "rtol": 4e-3}}
+
+
+def check(case, num_splits=None, tol_dtype=None):
+    """Run the triton backend on every layer of ``case`` and compare with the reference."""
+    be = case.backend(TritonBackend)
+    be.num_splits = num_splits
+    be.plan(case.meta)
+    out = torch.stack([be.run(case.q, layer) for layer in range(case.pool.num_layers)])
+    assert out.dtype == case.q.dtype and out.shape[1:] == case.q.shape
+    torch.testing.assert_close(out.float(), case.reference(), **TOL[tol_dtype or case.q.dtype])
+    return be
+
+
+def lens(contexts, q_lens):
+    """kv_len = context (prefix already in the pool) + the new tokens."""
+    return [c + q for c, q in zip(contexts, q_lens)]
+
+
+# context 0/1/17/300 tokens before the new ones; a q_len 0 request (padding) in the middle.
+CONTEXTS = [300, 0, 17, 1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("gqa", [1, 3, 4])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("num_splits", [None, 3], ids=["auto", "split3"])
+def test_decode(page_size, gqa, head_dim, dtype, num_splits):
+    q_lens = [1, 1, 0, 1] if gqa == 3 else [1, 1, 1, 1]
+    batch = 4 if head_dim == 64 else 2  # batch 1..4
+    q_lens = q_lens[:batch]
+    case = make_case(kv_lens=lens(CONTEXTS[:batch], q_lens), q_lens=q_lens, page_size=page_size,
+                     num_kv_heads=2, gqa=gqa, head_dim=head_dim, dtype=dtype, device=DEVICE, seed=gqa)
+    be = check(case, num_splits)
+    assert be.active_plan.params.kind == "decode"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("gqa", [1, 3, 4])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("tree", [False, True], ids=["causal", "tree"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_verify(k, tree, page_size, gqa, head_dim, dtype):
+    batch = 3 if head_dim == 64 else 1
+    q_lens = [k + 1] * batch
+    contexts = [300, 17, 1][:batch] if head_dim == 64 else [17]
+    case = make_case(kv_lens=lens(contexts, q_lens), q_lens=q_lens, page_size=page_size, num_kv_heads=2,
+                     gqa=gqa, head_dim=head_dim, dtype=dtype, device=DEVICE, mode=Mode.VERIFY, tree_mask=tree,
+                     seed=k + 10 * gqa)
+    # split the long request's KV in half the cases: the merge pass must not change the result
+    be = check(case, num_splits=2 if (k == 3) != tree else None)
+    assert be.active_plan.params.kind == "extend"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("gqa", [1, 3, 4])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("tree", [False, True], ids=["causal", "tree"])
+def test_prefill_mixed(tree, page_size, gqa, dtype):
+    # pure prefill (context 0), chunked prefill over a prefix, a q_len 0 request, a 1-token request
+    q_lens = [40, 0, 5, 1]
+    contexts = [0, 17, 300, 1]
+    case = make_case(kv_lens=lens(contexts, q_lens), q_lens=q_lens, page_size=page_size, num_kv_heads=1,
+                     gqa=gqa, head_dim=64, dtype=dtype, device=DEVICE, mode=Mode.PREFILL, tree_mask=tree,
+                     seed=3)
+    check(case)
+
+
+@pytest.mark.parametrize("page_size", [3, 64, 512])
+def test_other_page_sizes(page_size):
+    # odd page size (gather path), page == BLOCK_N (one page id per tile), contiguous layout
+    for q_lens, ctx in [([1, 1], [300, 40]), ([4, 2], [300, 0])]:
+        case = make_case(kv_lens=lens(ctx, q_lens), q_lens=q_lens, page_size=page_size, num_kv_heads=2, gqa=2,
+                         head_dim=32, dtype=torch.float32, device=DEVICE, num_layers=2)
+        check(case, num_splits=2)
+
+
+@pytest.mark.parametrize("head_dim", [16, 80, 256])
+def test_other_head_dims(head_dim):
+    for q_lens in ([1, 1], [3, 2]):
+        case = make_case(kv_lens=lens([30, 70], q_lens), q_lens=q_lens, page_size=16, num_kv_heads=1, gqa=2,
+                         head_dim=head_dim, dtype=torch.float32, device=DEVICE)
+        check(case)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("q_lens", [[1, 1], [4, 2]], ids=["decode", "verify"])
+def test_fp8_kv(kv_dtype, q_lens):
+    case = make_case(kv_lens=lens([100, 7], q_lens), q_lens=q_lens, page_size=16, num_kv_heads=2, gqa=2,
+                     head_dim=64, dtype=torch.bfloat16, kv_dtype=kv_dtype, device=DEVICE)
+    case.pool.k_scale, case.pool.v_scale = 0.5, 2.0
+    check(case, num_splits=2)
+
+
+def test_plan_steps_keep_separate_buffers():
+    # multi-step draft: k plans alive at once, each with its own scratch, each still correct
+    cases = [make_case(kv_lens=[200 + i, 50 + i], q_lens=[1, 1], page_size=16, num_kv_heads=2, gqa=2,
+                       head_dim=32, dtype=torch.float32, device=DEVICE, seed=0) for i in range(3)]
+    be = cases[0].backend(TritonBackend, torch.float32)
+    be.num_splits = 2
+    be.plan_steps([c.meta for c in cases])
+    ptrs = {s.o_part.data_ptr() for s in be._steps} | {s.lse_part.data_ptr() for s in be._steps}
+    assert len(ptrs) == 6
+    for i, c in enumerate(cases):
+        be.use_step(i)
+        torch.testing.assert_close(be.run(c.q, 0), c.reference()[0], **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
+                         ids=["fp32", "bf16", "fp16"])
+def test_store_kv_matches_pool_store(dtype):
+    slots = torch.tensor([0, 5, -1, 19, 7, -1, 3], device=DEVICE)
+    a = KVPool(2, 5, 4, 3, 64, dtype, DEVICE)
+    b = KVPool(2, 5, 4, 3, 64, dtype, DEVICE)
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(7, 3, 64, generator=g).to(DEVICE, torch.bfloat16)
+    v = torch.randn(7, 3, 64, generator=g).to(DEVICE, torch.bfloat16)
+    a.store(1, k, v, slots)
+    store_kv(b, 1, k, v, slots.to(torch.int32))
+    real = slice(0, 5)  # KVPool.store sends -1 to the scratch page; store_kv skips the token entirely
+    assert torch.equal(a.kv[:, :, real], b.kv[:, :, real])
+    assert not b.kv[:, :, 5].any()
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_store_kv_fp8(kv_dtype):
+    # the interpreter's fp32 -> fp8 conversion does not round like torch (or the GPU): GPU only
+    pool = KVPool(1, 5, 4, 3, 64, kv_dtype, DEVICE, k_scale=0.5, v_scale=2.0)
+    k, v = (torch.randn(3, 3, 64, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    store_kv(pool, 0, k, v, torch.tensor([2, -1, 9], device=DEVICE))
+    flat = pool.kv[0].view(2, -1, 3, 64)
+    assert torch.equal(flat[0, [2, 9]].float(), (k[[0, 2]].float() / 0.5).to(kv_dtype).float())
+    assert torch.equal(flat[1, [2, 9]].float(), (v[[0, 2]].float() / 2.0).to(kv_dtype).float())
+
+
+def test_capabilities_and_availability():
+    caps = TritonBackend.capabilities()
+    assert TritonBackend.available() is None
+    assert "cuda" in caps.devices and caps.custom_mask and caps.page_sizes == "any"
+    assert ("cpu" in caps.devices) == (os.environ.get("TRITON_INTERPRET") == "1")
+    assert caps.cuda_graph == {Mode.DECODE, Mode.VERIFY}
+
+
+def test_heuristic_splits_for_bandwidth():
+    kw = {"num_kv_heads": 8, "group": 4, "head_dim": 128, "has_mask": False, "sms": 132}
+    small = plan_params(q_lens=[1] * 8, kv_lens=[4096] * 8, **kw)
+    assert small.kind == "decode" and small.num_splits > 1 and 8 * 8 * small.num_splits >= 2 * 132
+    big = plan_params(q_lens=[1] * 64, kv_lens=[512] * 64, **kw)
+    assert big.num_splits == 1  # 512 programs already
+    short = plan_params(q_lens=[1], kv_lens=[100], **kw)
+    assert short.num_splits == 1  # too short to be worth a second pass
+    verify = plan_params(q_lens=[5] * 2, kv_lens=[8192] * 2, **kw)
+    assert verify.kind == "extend" and verify.tokens_per_block >= 5 and verify.num_splits > 1
+    prefill = plan_params(q_lens=[2048], kv_lens=[2048], **kw)
+    assert prefill.num_splits == 1 and prefill.block_m >= 64
+
+
+def test_warmup_runs_every_variant():
+    case = make_case(kv_lens=[9], q_lens=[1], page_size=16, num_kv_heads=1, gqa=2, head_dim=32,
+                     dtype=torch.float32, device=DEVICE)
+    be = case.backend(TritonBackend)
+    records = be.warmup(batch_sizes=(1, 4), q_lens=(1, 4), kv_lens=(16, 1024), custom_mask=True)
+    kinds = {(r["params"].kind, r["custom_mask"], r["params"].num_splits > 1) for r in records}
+    assert ("decode", False, False) in kinds and ("extend", True, False) in kinds
+    assert ("decode", False, True) in kinds  # batch 1 x 1024 tokens splits even with 2 "SMs"
+
+
+# ---------------------------------------------------------------- GPU scale (compiled kernels)
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,context", [(1, 32768), (8, 32768), (64, 4096), (16, 8192)])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("heads", [(9, 3, 64), (32, 8, 128)], ids=["smollm2", "llama8b"])
+def test_gpu_decode_scale(batch, context, page_size, heads):
+    hq, hkv, d = heads
+    case = make_case(kv_lens=[context - 37 * i for i in range(batch)], q_lens=[1] * batch,
+                     page_size=page_size, num_kv_heads=hkv, gqa=hq // hkv, head_dim=d, dtype=torch.bfloat16,
+                     device="cuda")
+    check(case)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,context", [(1, 32768), (16, 8192)])
+@pytest.mark.parametrize("k,tree", [(4, False), (8, False), (4, True)])
+def test_gpu_verify_scale(batch, context, k, tree):
+    q_lens = [k + 1] * batch
+    case = make_case(kv_lens=[context - 11 * i for i in range(batch)], q_lens=q_lens, page_size=16,
+                     num_kv_heads=8, gqa=4, head_dim=128, dtype=torch.bfloat16, device="cuda", tree_mask=tree)
+    check(case)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_lens,contexts", [([4096], [0]), ([1024, 512, 0, 77], [0, 3000, 5, 9000])])
+def test_gpu_prefill_scale(q_lens, contexts):
+    case = make_case(kv_lens=lens(contexts, q_lens), q_lens=q_lens, page_size=16, num_kv_heads=8, gqa=4,
+                     head_dim=128, dtype=torch.bfloat16, device="cuda", mode=Mode.PREFILL)
+    check(case)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_len", [1, 5], ids=["decode", "verify"])
+def test_gpu_run_is_graph_safe(q_len):
+    # no host sync in run(), and a captured run replays correctly after the pool changes
+    case = make_case(kv_lens=[4000, 900], q_lens=[q_len, q_len], page_size=16, num_kv_heads=8, gqa=4,
+                     head_dim=128, dtype=torch.bfloat16, device="cuda")
+    be = case.backend(TritonBackend)
+    be.plan(case.meta)
+    be.run(case.q, 0)  # compile outside capture
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        be.run(case.q, 0)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = be.run(case.q, 0)
+    case.pool.kv.normal_()
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.float(), case.reference()[0], **TOL[torch.bfloat16])
