@@ -39,10 +39,21 @@ def _int32(t: torch.Tensor, device) -> torch.Tensor:
 class TritonBackend(AttentionBackend):
     name = "triton"
 
-    def __init__(self, *args, num_splits: int | None = None, **kwargs):
-        """num_splits: force the split-KV count (tests, tuning); None = heuristic."""
+    def __init__(self, *args, num_splits: int | None = None, cuda_graph: bool = False,
+                 max_batch_size: int | None = None, max_q_len: int = 16, max_context: int | None = None, **kwargs):
+        """num_splits: force the split-KV count (tests, tuning); None = heuristic.
+
+        cuda_graph: plans of uniform-q_len passes without a custom mask are graph-safe: for a given
+        (slot, batch size, q_len) they reuse the same device buffers (rewritten in place) and the same
+        launch parameters (split count chosen for ``max_context``), so a captured graph replays any later
+        plan of that key. Other passes (ragged prefill) plan as usual and run eagerly.
+        """
         super().__init__(*args, **kwargs)
         self.num_splits = num_splits
+        self.cuda_graph = cuda_graph
+        self.max_context = max_context or self.pool.capacity_tokens()
+        self.max_q_len = max_q_len
+        self._static: dict[tuple[int, int, int], TritonPlan] = {}
 
     @classmethod
     def capabilities(cls) -> Capabilities:
@@ -70,6 +81,30 @@ class TritonBackend(AttentionBackend):
         return "no CUDA GPU (set TRITON_INTERPRET=1 to run the Triton kernels on CPU, slowly)"
 
     def make_plan(self, meta: AttnMeta, slot: int = 0) -> TritonPlan:
+        q_lens = meta.q_lens
+        if self.cuda_graph and meta.custom_mask is None and q_lens and len(set(q_lens)) == 1:
+            return self._graph_plan(meta, slot)
+        return self._plan_for(meta, meta.kv_lens_host)
+
+    def _graph_plan(self, meta: AttnMeta, slot: int) -> TritonPlan:
+        """The static plan of (slot, batch, q_len), its index buffers overwritten with this pass's values."""
+        key = (slot, meta.batch_size, meta.q_lens[0])
+        plan = self._static.get(key)
+        if plan is None:
+            # Launch parameters for the longest context this side can see: valid for every later length.
+            plan = self._plan_for(meta, [self.max_context] * meta.batch_size)
+            cap = self.pool.num_pages + 1 + meta.batch_size * -(-self.max_q_len // self.pool.page_size)
+            indices = torch.zeros(cap, dtype=torch.int32, device=self.device)
+            plan.kv_indptr, plan.kv_lens = plan.kv_indptr.clone(), plan.kv_lens.clone()
+            plan.kv_indices = indices
+            self._static[key] = plan
+        lay = meta.layout
+        plan.kv_indptr.copy_(lay.kv_indptr, non_blocking=True)
+        plan.kv_lens.copy_(lay.kv_lens, non_blocking=True)
+        plan.kv_indices[: lay.kv_indices.shape[0]].copy_(lay.kv_indices, non_blocking=True)
+        return plan
+
+    def _plan_for(self, meta: AttnMeta, kv_lens_for_params: list[int]) -> TritonPlan:
         from attnlab.kernels.extend import query_blocks
         from attnlab.kernels.heuristics import plan_params, sm_count
 
@@ -77,7 +112,7 @@ class TritonBackend(AttentionBackend):
         lay = meta.layout
         has_mask = meta.custom_mask is not None
         sms = sm_count(dev.index or 0) if dev.type == "cuda" else sm_count()
-        params = plan_params(q_lens=meta.q_lens, kv_lens=meta.kv_lens_host, num_kv_heads=self.num_kv_heads,
+        params = plan_params(q_lens=meta.q_lens, kv_lens=kv_lens_for_params, num_kv_heads=self.num_kv_heads,
                              group=self.num_q_heads // self.num_kv_heads, head_dim=self.head_dim,
                              has_mask=has_mask, sms=sms, num_splits=self.num_splits)
         num_tokens = meta.num_tokens

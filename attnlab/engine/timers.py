@@ -28,13 +28,21 @@ class PhaseTimer:
     def mark(self, name: str) -> None:
         self._marks.append((name, self._now()))
 
-    def finish(self) -> dict[str, float]:
+    def stop(self) -> None:
+        """Close the last phase (no sync)."""
         self._marks.append(("_end", self._now()))
-        if self.cuda:
-            self._marks[-1][1].synchronize()
+
+    def read(self) -> dict[str, float]:
+        """{phase: ms}; on CUDA every event must have completed (read after a later sync)."""
         out: dict[str, float] = {}
         for (name, a), (_, b) in zip(self._marks, self._marks[1:]):
             ms = a.elapsed_time(b) if self.cuda else (b - a) * 1e3
             out[name] = out.get(name, 0.0) + ms
-        self._marks = []
         return out
+
+    def finish(self) -> dict[str, float]:
+        """stop() + wait for the end event + read(): for callers that can afford a sync."""
+        self.stop()
+        if self.cuda:
+            self._marks[-1][1].synchronize()
+        return self.read()

@@ -92,6 +92,7 @@ class SpeculativeDecoder:
         reqs = [reqs[i] for i in active]
 
         iterations: list[IterRecord] = []
+        pending: tuple[PhaseTimer, IterRecord] | None = None  # read after the next sync: no extra sync
         while reqs:
             timer = PhaseTimer(dev)
             timer.mark("other")
@@ -120,6 +121,8 @@ class SpeculativeDecoder:
             emitted = torch.cat([draft, draft.new_zeros(draft.shape[0], 1)], dim=1)
             emitted.scatter_(1, n_acc[:, None], nxt[:, None])
             host = torch.cat([emitted, n_acc[:, None]], dim=1).tolist()  # the iteration's one sync
+            if pending:
+                _fill_times(*pending)
 
             timer.mark("other")
             keep, new_tokens, taus = [], 0, []
@@ -140,16 +143,18 @@ class SpeculativeDecoder:
                     keep.append(i)
             if progress:
                 progress(new_tokens)
-            ms = timer.finish()
-            total = sum(ms.values())
-            iterations.append(IterRecord(len(reqs), k, taus, ms.get("draft", 0.0), ms.get("verify", 0.0),
-                                         ms.get("accept", 0.0), ms.get("other", 0.0), total))
+            timer.stop()
+            iterations.append(IterRecord(len(reqs), k, taus, 0.0, 0.0, 0.0, 0.0, 0.0))
+            pending = (timer, iterations[-1])
             if len(keep) < len(reqs):
                 last = nxt[torch.tensor(keep, dtype=torch.long, device=dev)]
                 reqs = [reqs[i] for i in keep]
             else:
                 last = nxt
 
+        if pending:
+            sync()
+            _fill_times(*pending)
         for r, o in outs.items():
             if record_logits:
                 o.logits = torch.cat(logit_rows[r])[: len(o.output_ids)]
@@ -173,3 +178,10 @@ class SpeculativeDecoder:
     def _release(self, r) -> None:
         self.target.release(r)
         self.drafter.release(r)
+
+
+def _fill_times(timer: PhaseTimer, rec: IterRecord) -> None:
+    ms = timer.read()
+    rec.draft_ms, rec.verify_ms = ms.get("draft", 0.0), ms.get("verify", 0.0)
+    rec.accept_ms, rec.other_ms = ms.get("accept", 0.0), ms.get("other", 0.0)
+    rec.total_ms = sum(ms.values())

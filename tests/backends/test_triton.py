@@ -259,3 +259,24 @@ def test_gpu_run_is_graph_safe(q_len):
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out.float(), case.reference()[0], **TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_graph_mode_plans_reuse_buffers_and_stay_correct(q_len):
+    """cuda_graph=True: one static plan per (slot, batch, q_len), launch parameters sized for max_context,
+    buffers rewritten in place; outputs still match the reference for shorter, changing lengths."""
+    first = make_case(kv_lens=[200 + q_len, 5 + q_len], q_lens=[q_len] * 2, page_size=4, num_kv_heads=1, gqa=6,
+                      head_dim=64, dtype=torch.float32, device=DEVICE, seed=1)
+    be = TritonBackend(first.pool, 6, 1, 64, first.scale, torch.float32, cuda_graph=True, max_batch_size=2,
+                       max_q_len=4, max_context=2000)
+    be.plan(first.meta)
+    plan = be.active_plan
+    torch.testing.assert_close(be.run(first.q, 0).float(), first.reference()[0], **TOL[torch.float32])
+    assert plan.params.num_splits > 1  # chosen for 2000 tokens, not 205
+    # a later pass over another pool layout: same plan object and buffers, new values
+    second = make_case(kv_lens=[9 + q_len, 70 + q_len], q_lens=[q_len] * 2, page_size=4, num_kv_heads=1, gqa=6,
+                       head_dim=64, dtype=torch.float32, device=DEVICE, seed=2)
+    be.pool = second.pool
+    be.plan(second.meta)
+    assert be.active_plan is plan
+    torch.testing.assert_close(be.run(second.q, 0).float(), second.reference()[0], **TOL[torch.float32])

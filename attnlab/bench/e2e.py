@@ -1,0 +1,139 @@
+"""End-to-end decode benchmarks, side by side in one process (CUDA only).
+
+    python -m attnlab.bench.e2e [--quick] [--backends triton,flashinfer] [--out PREFIX]
+
+1. target-only decode of SmolLM2-135M shapes at batch 1 and 16: attnlab eager vs attnlab with CUDA graphs
+   (per backend) vs HF transformers ``generate`` on the same weights;
+2. Llama-3.1-8B shapes at batch 1 (random weights) with CUDA graphs vs the weight-bandwidth roofline
+   (weight bytes / measured device-to-device copy bandwidth);
+3. the share of an iteration spent outside the model forward (per-iteration host overhead) at batch 1.
+
+Weights are random (``init=random``): decode speed does not depend on their values, and no checkpoint is
+needed. Speculative pairs with real acceptance are measured by the runner (``python -m attnlab``), whose
+metrics.json has tau, speedup and per-phase times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from attnlab.bench.kernels import copy_bandwidth_gb_s, versions
+from attnlab.engine.build import build_side
+from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
+from attnlab.spec.drafters import NoDrafter
+
+
+def side(model: str, backend: str, batch: int, graphs: bool, max_context: int, dtype="bf16"):
+    cfg = {"name": model, "path": None, "init": "random", "seed": 0, "overrides": None}
+    r = build_side(cfg, backend, dtype, dtype, 16, None, batch, max_context, "cuda", progress=False,
+                   cuda_graph=graphs, max_q_len=1)
+    if graphs:
+        r.capture_graphs(q_lens=(1,))
+    return r
+
+
+def attnlab_tok_s(runner, batch: int, prompt_len: int, new: int, reps: int = 3) -> dict:
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(100, runner.model_config.vocab_size, (prompt_len,), generator=g).tolist()
+               for _ in range(batch)]
+    dec = SpeculativeDecoder(runner, NoDrafter("cuda"), SpecParams(0))
+    dec.generate(prompts, 8)  # untimed warmup (compiles kernels)
+    best = None
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        out = dec.generate(prompts, new)
+        decode_ms = sum(i.total_ms for i in out.iterations)
+        model_ms = sum(i.verify_ms for i in out.iterations)
+        tok_s = batch * (new - 1) / (decode_ms / 1e3)  # decode tokens only: prefill excluded
+        if best is None or tok_s > best["tok_s"]:
+            best = {"tok_s": tok_s, "ms_per_step": decode_ms / len(out.iterations),
+                    "overhead_frac": 1 - model_ms / decode_ms}
+    return best
+
+
+def hf_tok_s(model_name: str, batch: int, prompt_len: int, new: int) -> dict:
+    """HF transformers generate (eager decoding loop, default attention) on the same shapes, bf16."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from attnlab.models.loading import read_config, resolve_source
+
+    c = read_config(resolve_source(model_name, "random"))
+    hf_cfg = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                         num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+                         num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rope_theta=c.rope_theta,
+                         tie_word_embeddings=c.tie_word_embeddings, max_position_embeddings=c.max_position_embeddings)
+    with torch.device("cuda"):
+        m = LlamaForCausalLM(hf_cfg).to(torch.bfloat16).eval()
+    x = torch.randint(100, c.vocab_size, (batch, prompt_len), device="cuda")
+    kw = {"attention_mask": torch.ones_like(x), "do_sample": False, "pad_token_id": 0, "eos_token_id": None}
+    m.generate(x, max_new_tokens=4, min_new_tokens=4, **kw)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    m.generate(x, max_new_tokens=new, min_new_tokens=new, **kw)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    del m
+    torch.cuda.empty_cache()
+    return {"tok_s": batch * new / dt}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backends", default="triton,flashinfer")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--skip-8b", action="store_true")
+    ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("attnlab.bench.e2e needs a CUDA GPU")
+        return 2
+    new = 64 if a.quick else 256
+    res: dict = {"gpu": torch.cuda.get_device_name(), "versions": versions(), "copy_gb_s": copy_bandwidth_gb_s(),
+                 "rows": []}
+    rows = res["rows"]
+    lines = [f"GPU {res['gpu']}; copy bandwidth {res['copy_gb_s']:.0f} GB/s; {res['versions']}", "",
+             "| model | batch | engine | tok/s | ms/step | outside-forward share | vs HF |", "|---|---|---|---|---|---|---|"]
+
+    def row(model, batch, engine, r, hf=None):
+        rows.append({"model": model, "batch": batch, "engine": engine, **r})
+        vs = f"{r['tok_s'] / hf:.1f}x" if hf else ""
+        lines.append(f"| {model} | {batch} | {engine} | {r['tok_s']:.0f} | {r.get('ms_per_step', float('nan')):.2f} | "
+                     f"{r.get('overhead_frac', float('nan')):.0%} | {vs} |")
+        print(lines[-1], flush=True)
+
+    for batch in (1, 16):
+        hf = hf_tok_s("smollm2-135m", batch, 32, new)
+        row("smollm2-135m", batch, "hf-generate", hf)
+        for be in a.backends.split(","):
+            for graphs in (False, True):
+                try:
+                    r = attnlab_tok_s(side("smollm2-135m", be, batch, graphs, 32 + new + 16), batch, 32, new)
+                    row("smollm2-135m", batch, f"attnlab-{be}{'-graphs' if graphs else '-eager'}", r, hf["tok_s"])
+                except Exception as e:  # noqa: BLE001 - one engine failing must not lose the table
+                    lines.append(f"| smollm2-135m | {batch} | attnlab-{be} graphs={graphs} | error: {e!r} |||")
+                    print(lines[-1], flush=True)
+                torch.cuda.empty_cache()
+    if not a.skip_8b:
+        r8 = side("llama-3.1-8b", "triton", 1, True, 32 + new + 16)
+        weight_bytes = sum(p.numel() * p.element_size() for p in r8.model.parameters())
+        roof = res["copy_gb_s"] * 1e9 / weight_bytes
+        r = attnlab_tok_s(r8, 1, 32, new)
+        r["roofline_tok_s"], r["frac_roofline"] = roof, r["tok_s"] / roof
+        row("llama-3.1-8b", 1, "attnlab-triton-graphs", r)
+        lines.append(f"\nLlama-3.1-8B shapes, batch 1: {r['tok_s']:.1f} tok/s = {r['frac_roofline']:.0%} of the "
+                     f"weight-bandwidth roofline ({weight_bytes / 1e9:.2f} GB of weights / copy bw = {roof:.1f} tok/s)")
+        print(lines[-1], flush=True)
+    if a.out:
+        with open(a.out + ".json", "w") as f:
+            json.dump(res, f, indent=1)
+        with open(a.out + ".md", "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
