@@ -281,6 +281,8 @@ def check_backend(side: str, name: str, *, device: str, dtype: str, kv_dtype: st
     except AttnlabError as e:
         raise ConfigError(f"{side}={name}: {e}") from e
     caps = cls.capabilities()
+    if reason and not caps.devices:  # nothing usable detected (e.g. no FlashAttention build): say why
+        raise ConfigError(f"{side}={name} is unavailable here: {reason}")
     problems = caps.problems(device=device, dtype=compute_dtype(dtype), kv_dtype=kv_dtype,
                              head_dim=head_dim if head_dim is not None else -1,
                              page_size=page_size, max_context=max_context, custom_mask=topk > 1)

@@ -13,7 +13,8 @@ from tests.spec.tiny import perturbed, prompts, tiny_config, tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-CFG = tiny_config(vocab=256, layers=2, heads=8, kv_heads=2, head_dim=64, hidden=128)
+# SmolLM2-135M attention shapes (9 q heads, 3 kv heads, head_dim 64): the same kernels as the e2e runs.
+CFG = tiny_config(vocab=256, layers=2, heads=9, kv_heads=3, head_dim=64, hidden=192)
 
 
 def gpu_runner(model, backend, dtype, graphs, page_size=16, max_batch=4, max_context=256, name="target"):
