@@ -18,7 +18,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from attnlab.config import check_backend, to_container, validate
+from attnlab.config import check_backend, compute_dtype, to_container, validate
 from attnlab.errors import AttnlabError, ConfigError
 from attnlab.metrics.env import env_info
 from attnlab.metrics.outputs import StatusFile, write_json
@@ -202,8 +202,8 @@ class SpecJob:
         kv = self.cfg.kv
         with _step(f"build {name} ({backend}, {dtype}, kv {kv_dtype})"):
             return build_side(_model_dict(model_cfg), backend, dtype, kv_dtype, self.page_size, kv.num_pages,
-                              self.cfg.workload.batch_size, self.max_context, self.device, name=name, **kw,
-                              **extra)
+                              self.cfg.workload.batch_size, self.max_context, self.device, name=name,
+                              kv_scale=self.cfg.precision.kv_scale, **kw, **extra)
 
     def build_pair(self, verify: str, backend: str, target=None, tag: str = ""):
         """(target runner, drafter) for a backend pair; reuses ``target`` when given."""
@@ -259,6 +259,9 @@ class SpecJob:
         if drafter.runner is not None:
             m["kv_pages_used_max_draft"] = drafter.runner.allocator.max_pages_used
         m["peak_mem_bytes"] = peak_mem_bytes(self.device)
+        from attnlab.metrics.perf import memory_metrics
+
+        m.update(memory_metrics({"target": target, "draft": drafter.runner}))
         m.update(page_size=self.page_size, max_context=self.max_context, device=self.device,
                  **{f"precision_{k}": v for k, v in self.prec.items()})
         m.update(self.metrics)
@@ -319,7 +322,9 @@ class SpecJob:
         with _step("capture CUDA graphs"):
             n = target.capture_graphs(q_lens=sorted({1, self.k + 1}), num_slots=1)
             if drafter.runner is not None and drafter.runner is not target:
-                n += drafter.runner.capture_graphs(q_lens=(1,), num_slots=max(1, self.k))
+                # slot 0: the catch-up pass (2 tokens per request); slots 1..k-1: one token each
+                n += drafter.runner.capture_graphs(q_lens=(2,), num_slots=1)
+                n += drafter.runner.capture_graphs(q_lens=(1,), num_slots=max(1, self.k), keep=True)
         self.metrics["warmup_graph_s"] = elapsed(t0)
         self.metrics["cuda_graphs"] = n
 
@@ -420,7 +425,8 @@ class SpecJob:
                 out[side] = {"backend": name, "note": "is the reference"}
                 continue
             res = kernel_parity(get_backend_class(name), num_q_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads,
-                                head_dim=mc.head_dim, dtype=dt, kv_dtype=kvdt, page_size=self.page_size,
+                                head_dim=mc.head_dim, dtype=compute_dtype(dt), kv_dtype=kvdt,
+                                page_size=self.page_size,
                                 device=self.device, prompt_len=min(longest, 256), k=self.k,
                                 batch=min(cfg.workload.batch_size, 4), seed=cfg.seed)
             out[side] = {"backend": name, **res}

@@ -189,12 +189,15 @@ class FlashInferBackend(AttentionBackend):
         # per request at most ceil(max_q_len * max_context / 8) packed bytes (segment_packbits pads each)
         return self.max_batch_size * -(-self.max_q_len * self.max_context // 8)
 
-    def _wrapper(self, slot: int, kind: str, batch_size: int):
-        key = (slot, kind, batch_size if self.cuda_graph else None)
+    def _wrapper(self, slot: int, kind: str, batch_size: int, graph_q_len: int | None):
+        """graph_q_len: the uniform q_len of a graph-mode pass (its wrapper's row count is fixed at the
+        first plan), or None for a plain wrapper (graph mode off, or a ragged pass such as a prefill)."""
+        graph = self.cuda_graph and graph_q_len is not None
+        key = (slot, kind, batch_size, graph_q_len) if graph else (slot, kind)
         if key in self._wrappers:
             return self._wrappers[key]
         fi = self._fi
-        if not self.cuda_graph:
+        if not graph:
             if kind == "decode":
                 w = fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD",
                                                           use_tensor_cores=self.use_tensor_cores)
@@ -234,7 +237,8 @@ class FlashInferBackend(AttentionBackend):
             if need > self._mask_capacity_bytes():
                 raise ConfigError(f"flashinfer graph mode: tree mask needs {need} bytes, buffer holds "
                                   f"{self._mask_capacity_bytes()}; raise max_q_len / max_context")
-        wrapper = self._wrapper(slot, kind, meta.batch_size)
+        uniform = meta.q_lens[0] if meta.q_lens and len(set(meta.q_lens)) == 1 else None
+        wrapper = self._wrapper(slot, kind, meta.batch_size, uniform)
         qo_indptr, kv_indptr, last_page_len = host_csr(meta)
         common = {"q_data_type": self.dtype, "kv_data_type": self.pool.dtype, "sm_scale": self.scale}
         shape = (self.num_q_heads, self.num_kv_heads, self.head_dim, meta.page_size)

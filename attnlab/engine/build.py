@@ -11,6 +11,8 @@ from attnlab.backends.registry import require_available
 from attnlab.engine.runner import ModelRunner
 from attnlab.errors import ConfigError
 from attnlab.kvcache import KVPool, PageAllocator, pages_needed
+from attnlab.kvcache.quant import DEFAULT_KV_SCALE, FP8_DTYPES
+from attnlab.models.fp8 import has_fp8_linears, quantize_linears
 from attnlab.models.subset import LayerSubset
 
 
@@ -28,17 +30,30 @@ def auto_num_pages(max_batch: int, max_context: int, page_size: int) -> int:
 def build_side(model_cfg: dict, backend: str, dtype: str, kv_dtype: str, page_size: int, num_pages: int | None,
                max_batch: int, max_context: int, device: str, layers: list[int] | None = None,
                share_weights_with: ModelRunner | None = None, progress: bool = True,
-               name: str = "target", cuda_graph: bool = False, max_q_len: int = 16) -> ModelRunner:
+               name: str = "target", cuda_graph: bool = False, max_q_len: int = 16,
+               kv_scale: float | None = None) -> ModelRunner:
     """Build one side. ``share_weights_with`` reuses another side's model (``draft=self``): the same
-    module when dtype matches, else a cast copy; ``layers`` keeps a subset of its layers."""
+    module when dtype matches, else a cast copy; ``layers`` keeps a subset of its layers.
+
+    ``dtype="fp8_e4m3"`` (weights): the model is built in bf16, then its layer projections are swapped for
+    FP8Linear (attnlab.models.fp8); with ``share_weights_with`` that is a copy sharing every other tensor.
+    ``kv_scale``: the per-tensor K and V scale of an fp8 KV pool (None = DEFAULT_KV_SCALE, 1.0; ignored for
+    other KV dtypes)."""
     from attnlab.models.loading import load_model, load_tokenizer  # heavy imports only when building
 
     dev = torch.device(device)
-    wdtype = resolve_dtype(dtype)
+    fp8_weights = dtype == "fp8_e4m3"
+    wdtype = torch.bfloat16 if fp8_weights else resolve_dtype(dtype)  # compute dtype of the side
     if share_weights_with is not None:
         base = share_weights_with.model
         base = getattr(base, "parent", base)
-        model = base if next(base.parameters()).dtype == wdtype else copy.deepcopy(base).to(wdtype)
+        if fp8_weights and has_fp8_linears(base):
+            model = base  # already this side's fp8 model (a rebuilt drafter for the acceptance run)
+        elif fp8_weights:
+            src = base if next(base.parameters()).dtype == wdtype else copy.deepcopy(base).to(wdtype)
+            model = quantize_linears(src, layers=layers, inplace=src is not base)
+        else:
+            model = base if next(base.parameters()).dtype == wdtype else copy.deepcopy(base).to(wdtype)
         mcfg, tok = share_weights_with.model_config, share_weights_with.tokenizer
     else:
         source = model_cfg.get("path") or model_cfg["name"]
@@ -46,11 +61,16 @@ def build_side(model_cfg: dict, backend: str, dtype: str, kv_dtype: str, page_si
                                  seed=model_cfg.get("seed", 0), overrides=model_cfg.get("overrides") or None,
                                  progress=progress)
         tok = load_tokenizer(source, init=model_cfg.get("init", "pretrained"), config=mcfg)
+        if fp8_weights:
+            model = quantize_linears(model, inplace=True)
     if layers:
         model = LayerSubset(model, list(layers))
     num_layers = len(layers) if layers else mcfg.num_layers
     pages = num_pages or auto_num_pages(max_batch, max_context, page_size)
-    pool = KVPool(num_layers, pages, page_size, mcfg.num_kv_heads, mcfg.head_dim, resolve_dtype(kv_dtype), dev)
+    kv_torch_dtype = resolve_dtype(kv_dtype)
+    scale = (DEFAULT_KV_SCALE if kv_scale is None else float(kv_scale)) if kv_torch_dtype in FP8_DTYPES else 1.0
+    pool = KVPool(num_layers, pages, page_size, mcfg.num_kv_heads, mcfg.head_dim, kv_torch_dtype, dev,
+                  k_scale=scale, v_scale=scale)
     cls = require_available(backend)
     kw = {}
     if cuda_graph:

@@ -46,16 +46,18 @@ class GraphCache:
         return (bs, q_len, slot) in self.graphs
 
     def capture(self, buckets, q_lens, num_slots: int) -> int:
-        """Capture every (bucket, q_len, slot); returns the number of graphs."""
+        """Capture every (bucket, q_len, slot) not captured yet; returns how many were added."""
         r = self.runner
-        self.buckets = tuple(sorted(set(buckets)))
-        self.q_lens = tuple(sorted(set(q_lens)))
+        before = len(self.graphs)
+        self.buckets = tuple(sorted(set(self.buckets) | set(buckets)))
+        self.q_lens = tuple(sorted(set(self.q_lens) | set(q_lens)))
         self.pool = self.pool or torch.cuda.graph_pool_handle()
-        for bs in sorted(self.buckets, reverse=True):
-            for q in self.q_lens:
+        for bs in sorted(set(buckets), reverse=True):
+            for q in sorted(set(q_lens)):
                 for slot in range(num_slots):
-                    self._capture_one(r, bs, q, slot)
-        return len(self.graphs)
+                    if (bs, q, slot) not in self.graphs:
+                        self._capture_one(r, bs, q, slot)
+        return len(self.graphs) - before
 
     def _capture_one(self, r, bs: int, q: int, slot: int) -> None:
         from attnlab.backends.base import Mode

@@ -135,8 +135,9 @@ class ModelRunner:
             hidden = hidden[rows]
         return self.model.compute_logits(hidden)
 
-    def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None) -> int:
-        """Capture CUDA graphs for every bucket <= max batch, q_len and plan slot; returns how many."""
+    def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None, keep: bool = False) -> int:
+        """Capture CUDA graphs for every bucket <= max batch, q_len and plan slot ``0..num_slots-1``;
+        ``keep`` adds to the graphs captured before. Returns how many graphs were captured."""
         from attnlab.engine.graphs import DEFAULT_BUCKETS, GraphCache
 
         if self.device.type != "cuda":
@@ -144,7 +145,8 @@ class ModelRunner:
         if buckets is None:  # every default bucket below max_batch, and the first one that holds it
             buckets = [b for b in DEFAULT_BUCKETS if b < self.max_batch]
             buckets.append(next((b for b in DEFAULT_BUCKETS if b >= self.max_batch), self.max_batch))
-        self.graphs = GraphCache(self)
+        if not (keep and self.graphs):
+            self.graphs = GraphCache(self)
         return self.graphs.capture(buckets, q_lens, num_slots)
 
     def run(self, reqs, starts, q_lens, input_ids, mode: Mode, rows: str = "last") -> torch.Tensor:

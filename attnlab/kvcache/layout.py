@@ -10,8 +10,8 @@ Conventions (FlashInfer's paged-KV API uses the same ones):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

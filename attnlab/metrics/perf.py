@@ -85,3 +85,57 @@ def merge_outputs(outs: list) -> object:
         prefill_ms=sum(o.prefill_ms for o in outs),
         num_draft_tokens=outs[0].num_draft_tokens if outs else 0,
     )
+
+
+def _side_modules(model) -> list:
+    """The modules one side's forward runs: a LayerSubset (draft=self with draft.layers) reads its parent's
+    embeddings, norm, lm_head and kept layers only."""
+    parent, keep = getattr(model, "parent", None), getattr(model, "keep", None)
+    if parent is None or keep is None:
+        return [model]
+    return [parent.embed_tokens, parent.norm, parent.lm_head, *(parent.layers[i] for i in keep)]
+
+
+def _tensors(model) -> dict[tuple, object]:
+    """Every parameter and buffer a side reads, keyed by storage (tied and shared tensors counted once)."""
+    out = {}
+    for mod in _side_modules(model):
+        for t in [*mod.parameters(), *mod.buffers()]:
+            out[(t.device.type, t.untyped_storage().data_ptr())] = t
+    return out
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.untyped_storage().nbytes() for t in tensors)
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the weights (parameters and buffers) one side's forward reads; fp8 layers count 1 byte per
+    weight plus their fp32 row scales. Tensors shared with another side are counted on both."""
+    return _nbytes(_tensors(model).values())
+
+
+def memory_metrics(runners: dict) -> dict[str, int]:
+    """Memory keys per model side (runners: {"target": ModelRunner, "draft": ModelRunner | None}):
+
+    kv_bytes_per_token_{side}  K and V of one token over all layers (KVPool.bytes_per_token)
+    kv_capacity_tokens_{side}  token slots of the pool (num_pages * page_size, scratch page excluded)
+    kv_pool_bytes_{side}       bytes of the pool tensor (scratch page included)
+    weight_bytes_{side}        weights that side reads (weight_bytes)
+    weight_bytes_total         weights of all sides, shared tensors once (draft=self shares the target's)
+    """
+    m: dict[str, int] = {}
+    unique: dict[tuple, object] = {}
+    for side, r in runners.items():
+        if r is None:
+            continue
+        pool = r.pool
+        m[f"kv_bytes_per_token_{side}"] = int(pool.bytes_per_token())
+        m[f"kv_capacity_tokens_{side}"] = int(pool.capacity_tokens())
+        m[f"kv_pool_bytes_{side}"] = int(pool.kv.numel() * pool.kv.element_size())
+        tensors = _tensors(r.model)
+        m[f"weight_bytes_{side}"] = _nbytes(tensors.values())
+        unique.update(tensors)
+    if unique:
+        m["weight_bytes_total"] = _nbytes(unique.values())
+    return m

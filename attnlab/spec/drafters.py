@@ -102,12 +102,15 @@ class ModelDrafter(Drafter):
         dev = r.device
         if k == 0:
             return torch.zeros(len(seqs), 0, dtype=torch.long, device=dev), None
-        starts = [r.kv_len(q) for q in reqs]
         ns = [len(s) for s in seqs]
+        # Catch-up: the draft KV lacks 1 committed token, or 2 after a fully accepted round. Feed 2 for
+        # every request (re-writing one cached token's K/V with the same values) so the pass has one
+        # uniform shape that a CUDA graph can hold; a request with no room to go back feeds what it lacks.
+        starts = [min(r.kv_len(q), max(0, n - 2)) for q, n in zip(reqs, ns)]
         catch = [s[m:] for s, m in zip(seqs, starts)]
         q0 = [len(c) for c in catch]
         # Prepare every pass first: step 0 catches up, steps 1..k-1 feed one draft token each.
-        first = r.prepare(reqs, starts, q0, Mode.DECODE if max(q0) == 1 else Mode.PREFILL)
+        first = r.prepare(reqs, starts, q0, Mode.DECODE if max(q0) == 1 else Mode.VERIFY)
         steps = [r.prepare(reqs, [n + j - 1 for n in ns], [1] * len(ns), Mode.DECODE) for j in range(1, k)]
         r.plan_steps(steps)
         r.plan(first)

@@ -35,7 +35,7 @@ def perturbed(model: Decoder, seed: int, noise: float) -> Decoder:
     m = copy.deepcopy(model)
     with torch.no_grad():
         for p in m.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * noise * p.std().clamp_min(1e-3))
+            p.add_(torch.randn(p.shape, generator=g).to(p.device, p.dtype) * noise * p.std().clamp_min(1e-3))
     return m
 
 

@@ -3,10 +3,9 @@
 import random
 
 import pytest
-
-from attnlab.errors import OutOfPages
 import torch
 
+from attnlab.errors import OutOfPages
 from attnlab.kvcache import KVPool, PageAllocator, build_layout, pages_needed, slot_mapping
 
 

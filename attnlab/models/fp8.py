@@ -1,0 +1,150 @@
+"""FP8 (e4m3) weights for the drafter: FP8Linear and quantize_linears.
+
+W8A8 with row-wise scales, as vLLM's and torchao's "fp8 dynamic, per-row" recipes:
+- weights: ``w8 = fp8(W / sw)``, one fp32 scale per output row, ``sw = amax(|W[n, :]|) / 448``;
+- activations: quantized per token (row) at run time the same way, ``sa = amax(|x[m, :]|) / 448``;
+- matmul: ``torch._scaled_mm(a8, w8.t(), scale_a=sa [M, 1], scale_b=sw [1, N], out_dtype=bf16, bias=b)``
+  (cuBLASLt / CUTLASS row-wise fp8 GEMM: needs sm_89+, and K, N multiples of 16).
+``emulate=True`` dequantizes both operands to fp32 and runs a plain matmul: the same numbers up to fp32
+summation order, on any device (the CPU unit tests use it). Error bounds: docs/precision.md and
+tests/unit/test_fp8.py.
+
+Only the decoder layers' projections are quantized (qkv_proj, o_proj, gate_up_proj, down_proj); the
+embeddings, norms and lm_head stay in the model dtype (bf16), as in the usual fp8 checkpoints.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from attnlab.kvcache.quant import fp8_max
+
+WEIGHT_FP8 = torch.float8_e4m3fn
+LINEAR_NAMES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+_MIN_SCALE = 1e-12  # a zero row gets this scale (its fp8 values are 0 anyway), never a division by zero
+
+
+def quantize_rows(x: torch.Tensor, dtype: torch.dtype = WEIGHT_FP8) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [rows, cols] -> (fp8 [rows, cols], fp32 scale [rows, 1]) with x ~= fp8 * scale per row."""
+    xf = x.float()
+    scale = (xf.abs().amax(dim=-1, keepdim=True) / fp8_max(dtype)).clamp_min(_MIN_SCALE)
+    m = fp8_max(dtype)
+    return (xf / scale).clamp(-m, m).to(dtype), scale
+
+
+class FP8Linear(nn.Module):
+    """``y = x @ W.T + b`` with fp8 weights (per-output-row scales) and per-token fp8 activations.
+
+    weight:       [out, in] float8_e4m3fn
+    weight_scale: [out] fp32
+    bias:         [out] in the output dtype, or None
+    forward: x [..., in] bf16 (fp16 / fp32 with emulate) -> [..., out] in x's dtype.
+    Dtype casts of the module (``model.to(bf16)``) do not apply to it (its buffers only follow device moves).
+    """
+
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+                 emulate: bool = False):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight)
+        self.register_buffer("weight_scale", weight_scale.float().reshape(-1))
+        self.register_buffer("bias", bias)
+        self.emulate = emulate
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, dtype: torch.dtype = WEIGHT_FP8, emulate: bool = False) -> FP8Linear:
+        if dtype != WEIGHT_FP8:
+            raise ValueError(f"FP8Linear weights are float8_e4m3fn only (got {dtype}); e5m2 is a KV format")
+        w8, sw = quantize_rows(linear.weight.detach(), dtype)
+        bias = linear.bias.detach().clone() if linear.bias is not None else None
+        return cls(w8, sw, bias, emulate=emulate)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """[out, in] fp32: what the fp8 matmul effectively multiplies by."""
+        return self.weight.float() * self.weight_scale[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        a8, sa = quantize_rows(x2, self.weight.dtype)  # [M, K] fp8, [M, 1] fp32
+        if self.emulate:
+            y = (a8.float() * sa) @ self.dequantized_weight().t()
+            if self.bias is not None:
+                y = y + self.bias.float()
+            y = y.to(x.dtype)
+        else:
+            bias = self.bias.to(x.dtype) if self.bias is not None else None
+            y = torch._scaled_mm(a8, self.weight.t(), scale_a=sa, scale_b=self.weight_scale.view(1, -1),
+                                 bias=bias, out_dtype=x.dtype)
+        return y.reshape(*lead, self.out_features)
+
+    def _apply(self, fn, recurse=True):
+        # follow device moves, keep dtypes: a cast would destroy the fp8 weights and round the scales
+        for name, buf in self._buffers.items():
+            if buf is not None:
+                self._buffers[name] = buf.to(fn(buf[:0] if buf.dim() else buf).device)
+        return self
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, emulate={self.emulate}")
+
+
+def scaled_mm_ok(in_features: int, out_features: int) -> bool:
+    """torch._scaled_mm's shape rule on CUDA: K and N multiples of 16 (other projections stay bf16)."""
+    return in_features % 16 == 0 and out_features % 16 == 0
+
+
+def quantize_linears(model: nn.Module, dtype: torch.dtype = WEIGHT_FP8, *, layers: list[int] | None = None,
+                     emulate: bool = False, inplace: bool = False) -> nn.Module:
+    """A Decoder whose layer projections (LINEAR_NAMES) are FP8Linear; embeddings / norms / lm_head untouched.
+
+    ``inplace=False`` returns a copy that *shares* every other tensor with ``model`` (only the module
+    objects are new, so the copy costs the fp8 weights alone) and leaves ``model`` as it was; ``layers``
+    limits the swap to those layer indices (a self-drafter's subset). Projections whose shape
+    torch._scaled_mm cannot take (not multiples of 16) stay as they are unless ``emulate``.
+    """
+    if not inplace:
+        memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+        model = copy.deepcopy(model, memo)
+    keep = set(range(len(model.layers))) if layers is None else set(layers)
+    for i, layer in enumerate(model.layers):
+        if i not in keep:
+            continue
+        for path in LINEAR_NAMES:
+            parent_name, attr = path.split(".")
+            parent = getattr(layer, parent_name)
+            lin = getattr(parent, attr)
+            if isinstance(lin, nn.Linear) and (emulate or scaled_mm_ok(lin.in_features, lin.out_features)):
+                setattr(parent, attr, FP8Linear.from_linear(lin, dtype, emulate=emulate))
+    return model
+
+
+def has_fp8_linears(model: nn.Module) -> bool:
+    return any(isinstance(m, FP8Linear) for m in model.modules())
+
+
+def fp8_matmul_problem(device: str) -> str | None:
+    """None if row-wise fp8 matmul runs on ``device``, else a one-line reason (for config validation).
+
+    CPU is refused on purpose (fp8 weights are a GPU speed study; FP8Linear(emulate=True) is for tests).
+    On CUDA: sm_89+ and a real row-wise torch._scaled_mm call on a 16x16 problem.
+    """
+    if device != "cuda":
+        return f"fp8 weights need a CUDA GPU with sm_89+ (device is {device})"
+    if not hasattr(torch, "_scaled_mm"):
+        return f"this torch ({torch.__version__}) has no torch._scaled_mm"
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible"
+    cap = torch.cuda.get_device_capability()
+    if cap < (8, 9):
+        return f"fp8 matmul needs sm_89+ (this GPU is sm_{cap[0]}{cap[1]})"
+    try:
+        lin = nn.Linear(16, 16, bias=False, dtype=torch.bfloat16, device="cuda")
+        FP8Linear.from_linear(lin)(torch.randn(4, 16, dtype=torch.bfloat16, device="cuda"))
+    except Exception as e:  # noqa: BLE001 - any failure of the probe is the reason
+        return f"row-wise torch._scaled_mm fails here ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+    return None
