@@ -69,6 +69,21 @@ def command_line() -> str:
     return shlex.join(argv)
 
 
+def backend_builds() -> dict:
+    """Which build each GPU backend would use here (the fa flavour: FA3 paged / forward-only FA3 / FA2)."""
+    from attnlab.backends.registry import get_backend_class
+
+    out = {}
+    for name in ("flashinfer", "fa"):
+        try:
+            cls = get_backend_class(name)
+            out[name] = cls.flavor_info() if hasattr(cls, "flavor_info") else {}
+            out[name]["available"] = cls.available() or "yes"
+        except Exception as e:  # noqa: BLE001 - env.json must be written whatever a backend does
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
 def env_info() -> dict:
     dirty = _git("status", "--porcelain", "--untracked-files=no")
     return {
@@ -82,6 +97,7 @@ def env_info() -> dict:
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "packages": package_versions(),
+        "backends": backend_builds(),
         **gpu_info(),
         "env": {k: os.environ[k] for k in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "WANDB_MODE")
                 if k in os.environ},
