@@ -280,3 +280,25 @@ def test_graph_mode_plans_reuse_buffers_and_stay_correct(q_len):
     be.plan(second.meta)
     assert be.active_plan is plan
     torch.testing.assert_close(be.run(second.q, 0).float(), second.reference()[0], **TOL[torch.float32])
+
+
+@pytest.mark.skipif(CUDA, reason="CPU runners (interpreter); GPU pairs run in tests/integration/test_gpu_engine.py")
+@pytest.mark.parametrize("kind", ["self", "ngram"])
+def test_speculative_triton_pair_equals_torch_pair(kind):
+    """End to end, fp32: backend=triton verify=triton emits exactly the tokens of the torch pair."""
+    from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
+    from attnlab.spec.drafters import ModelDrafter, NgramDrafter
+    from tests.spec.tiny import prompts, runner, tiny_config, tiny_model
+
+    cfg = tiny_config(vocab=64, layers=2, heads=6, kv_heads=2, head_dim=32, hidden=48)
+    model = tiny_model(cfg, seed=0)
+    ps = prompts(4, cfg.vocab_size, lengths=(1, 6, 13, 3))
+    outs = []
+    for backend in ("torch", "triton"):
+        def side(name, layers=None):
+            return runner(model, cfg, page_size=4, backend=backend, max_context=64, layers=layers, name=name)
+        drafter = ModelDrafter(side("draft", [0]), "self") if kind == "self" else NgramDrafter("cpu")
+        outs.append(SpeculativeDecoder(side("target"), drafter, SpecParams(3)).generate(ps, 12))
+    assert [r.output_ids for r in outs[1].requests] == [r.output_ids for r in outs[0].requests]
+    assert [r.accept_lens for r in outs[1].requests] == [r.accept_lens for r in outs[0].requests]
+
