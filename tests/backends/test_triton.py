@@ -295,7 +295,7 @@ def test_speculative_triton_pair_equals_torch_pair(kind):
     ps = prompts(4, cfg.vocab_size, lengths=(1, 6, 13, 3))
     outs = []
     for backend in ("torch", "triton"):
-        def side(name, layers=None):
+        def side(name, layers=None, backend=backend):
             return runner(model, cfg, page_size=4, backend=backend, max_context=64, layers=layers, name=name)
         drafter = ModelDrafter(side("draft", [0]), "self") if kind == "self" else NgramDrafter("cpu")
         outs.append(SpeculativeDecoder(side("target"), drafter, SpecParams(3)).generate(ps, 12))
