@@ -133,7 +133,8 @@ def test_plan_steps_keep_separate_buffers():
     be = cases[0].backend(TritonBackend, torch.float32)
     be.num_splits = 2
     be.plan_steps([c.meta for c in cases])
-    ptrs = {s.o_part.data_ptr() for s in be._steps} | {s.lse_part.data_ptr() for s in be._steps}
+    steps = [be._slots[i + 1] for i in range(len(cases))]
+    ptrs = {s.o_part.data_ptr() for s in steps} | {s.lse_part.data_ptr() for s in steps}
     assert len(ptrs) == 6
     for i, c in enumerate(cases):
         be.use_step(i)
