@@ -6,43 +6,23 @@ returns normally so the other jobs run; in a single run the error propagates (th
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 import traceback
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from attnlab.config import check_backend, compute_dtype, to_container, validate
+from attnlab.config import check_backend, to_container, validate
 from attnlab.errors import AttnlabError, ConfigError
 from attnlab.metrics.env import env_info
 from attnlab.metrics.outputs import StatusFile, write_json
+from attnlab.parity_pass import run_parity
+from attnlab.sweep import assign_gpu
 
 log = logging.getLogger("attnlab")
-
-
-def assign_gpu() -> None:
-    """Parallel sweeps (hydra/launcher=parallel): pin this worker process to one GPU, chosen by job number,
-    through CUDA_VISIBLE_DEVICES, before CUDA is initialized. A reused worker keeps its first GPU."""
-    hc = HydraConfig.get()
-    if hc.mode != RunMode.MULTIRUN or "joblib" not in str(hc.launcher.get("_target_", "")).lower():
-        return
-    if os.environ.get("ATTNLAB_GPU_PINNED"):
-        return
-    import torch
-
-    if torch.cuda.is_initialized():
-        return
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [s for s in visible.split(",") if s] if visible else [str(i) for i in range(torch.cuda.device_count())]
-    if len(ids) > 1:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ids[hc.job.num % len(ids)]
-        os.environ["ATTNLAB_GPU_PINNED"] = "1"
 
 
 def run_job(cfg: DictConfig) -> dict | None:
@@ -92,25 +72,6 @@ _USER_ERRORS: list[AttnlabError] = []
 def take_user_error() -> AttnlabError | None:
     """The user error that ended the last single run, if any (cleared on read)."""
     return _USER_ERRORS.pop() if _USER_ERRORS else None
-
-
-class SweepSummary(Callback):
-    """After a sweep: one line with how many jobs completed or failed (exit code stays 0)."""
-
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        rows = []
-        for p in sorted(sweep_dir.glob("**/status.json")):
-            try:
-                rows.append((p.parent.relative_to(sweep_dir), json.loads(p.read_text())))
-            except (OSError, ValueError):
-                rows.append((p.parent.relative_to(sweep_dir), {"status": "unreadable"}))
-        done = sum(s.get("status") == "complete" for _, s in rows)
-        failed = [(d, s) for d, s in rows if s.get("status") != "complete"]
-        line = f"attnlab sweep: {len(rows)} jobs, {done} complete, {len(failed)} failed"
-        if failed:
-            line += " (" + "; ".join(f"{d}: {s.get('error') or s.get('status')}" for d, s in failed[:5]) + ")"
-        print(f"{line} -> {sweep_dir}  [report: python -m attnlab.report {sweep_dir}]", flush=True)
 
 
 def check_sides(cfg: DictConfig, resolved: dict, *, max_context: int, page_size: int, target_head_dim: int,
@@ -272,7 +233,7 @@ class SpecJob:
         m.update(page_size=self.page_size, max_context=self.max_context, device=self.device,
                  **{f"precision_{k}": v for k, v in self.prec.items()})
         m.update(self.metrics)
-        parity, per_request = self.parity(target, out, m) if par.enabled else ({}, None)
+        parity, per_request = run_parity(self, target, out, m) if par.enabled else ({}, None)
         rows = request_rows(self.prompts, out.requests, self.decode_text, per_request)
         write_json(self.dir / "metrics.json", m)
         write_jsonl(self.dir / "requests.jsonl", rows)
@@ -343,103 +304,6 @@ class SpecJob:
                                  seed=self.cfg.seed)
         return dec.generate([p.token_ids for p in prompts], self.cfg.warmup.max_new_tokens, set())
 
-    # -- parity -------------------------------------------------------------------------------------------
-    def parity(self, target, out, m: dict) -> tuple[dict, list[dict]]:
-        """Levels 1-4 of DESIGN.md, plus the target-only baseline behind speedup_vs_target_only.
-
-        The reference is target-only decoding with the torch backend at the run's precision (or fp32, per
-        parity.reference_precision). It doubles as the baseline when the run's verify side is exactly that
-        (torch, same precision); otherwise the baseline is a target-only pass with the run's verify backend.
-        """
-        from attnlab.metrics.parity import acceptance_parity, logits_parity, token_parity
-        from attnlab.metrics.perf import summarize
-
-        cfg, par, prec = self.cfg, self.cfg.parity, self.prec
-        ref_prec, ref_kv = ((prec["target"], prec["kv_target"]) if par.reference_precision == "same"
-                            else ("fp32", "fp32"))
-        result: dict = {"reference": {"backend": par.reference, "precision": ref_prec, "kv_precision": ref_kv}}
-        if par.kernel:
-            result["kernel"] = self.kernel_parity()
-        prompts = self._parity_prompts()
-        n = len(prompts)
-        run_ids = [r.output_ids for r in out.requests[:n]]
-        per_request: list[dict] = [{} for _ in range(n)]
-        none = _make_drafter("none", None, 0, target.device)
-
-        same_as_run = (cfg.verify.name, prec["target"], prec["kv_target"]) == (par.reference, ref_prec, ref_kv)
-        ref_target = ref_out = None
-        if par.tokens or par.logits or par.acceptance:
-            if same_as_run:
-                ref_target = target
-            else:  # same dtype: share the loaded weights; fp32 reference: load again in fp32
-                share = target if ref_prec == prec["target"] else None
-                ref_target = self.build(cfg.model, par.reference, ref_prec, ref_kv, "reference",
-                                        share_weights_with=share, graphs=False)
-        if par.tokens or par.logits:
-            ref_out = self.decode(ref_target, none, prompts, k=0, record_logits=par.logits, desc="reference")
-
-        base_out = None
-        if cfg.draft.kind != "none":
-            if same_as_run and ref_out is not None and n == len(self.prompts):
-                base_out = ref_out
-            else:
-                base_out = self.decode(target, none, self.prompts, k=0, desc="target-only")
-            base_tps = summarize(base_out)["output_tokens_per_s"]
-            m["target_only_tokens_per_s"] = base_tps
-            m["speedup_vs_target_only"] = m["output_tokens_per_s"] / base_tps if base_tps else None
-
-        if par.tokens:
-            ref_ids = [r.output_ids for r in ref_out.requests]
-            base_ids = [r.output_ids for r in base_out.requests[:n]] if base_out is not None else run_ids
-            vs_base, vs_ref = token_parity(run_ids, base_ids), token_parity(run_ids, ref_ids)
-            result["tokens"] = {"greedy": cfg.spec.temperature == 0, "vs_target_only": vs_base,
-                                "vs_reference": vs_ref}
-            for i in range(n):
-                per_request[i]["first_divergence_vs_target_only"] = vs_base["first_divergence"][i]
-                per_request[i]["first_divergence_vs_reference"] = vs_ref["first_divergence"][i]
-            m["parity_token_match"] = vs_base["match_rate"]
-            m["parity_token_match_ref"] = vs_ref["match_rate"]
-        if par.logits:
-            result["logits"] = logits_parity([r.logits for r in out.requests[:n]],
-                                             [r.logits for r in ref_out.requests], run_ids,
-                                             [r.output_ids for r in ref_out.requests])
-            m["parity_logits_max_abs_err"] = result["logits"]["max_abs_err"]
-            m["parity_logits_mean_kl"] = result["logits"]["mean_kl"]
-            m["parity_logits_top1_agree"] = result["logits"]["top1_agree"]
-        if par.acceptance and self.k:
-            if (cfg.backend.name, cfg.verify.name) == (par.reference, par.reference) and same_as_run:
-                result["acceptance"] = {"note": "the run is the reference pair"}
-            else:
-                acc_target = ref_target if ref_prec == prec["target"] and ref_kv == prec["kv_target"] else None
-                t2, d2 = self.build_pair(par.reference, par.reference, acc_target, tag="_acc")
-                acc_out = self.decode(t2, d2, prompts, desc="acceptance ref")
-                run_m = summarize(out) if n == len(self.prompts) else summarize(_subset(out, n))
-                result["acceptance"] = acceptance_parity(run_m, summarize(acc_out))
-        return result, per_request
-
-    def kernel_parity(self) -> dict:
-        from attnlab.backends.registry import get_backend_class
-        from attnlab.metrics.kernel_parity import kernel_parity
-
-        cfg, out = self.cfg, {}
-        sides = [("verify", cfg.verify.name, self.mcfg, self.prec["target"], self.prec["kv_target"])]
-        if cfg.draft.kind in ("self", "model"):
-            dm = self.dcfg or self.mcfg
-            sides.append(("backend", cfg.backend.name, dm, self.prec["draft"], self.prec["kv_draft"]))
-        longest = max(len(p.token_ids) for p in self.prompts)
-        for side, name, mc, dt, kvdt in sides:
-            if name == cfg.parity.reference:
-                out[side] = {"backend": name, "note": "is the reference"}
-                continue
-            res = kernel_parity(get_backend_class(name), num_q_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads,
-                                head_dim=mc.head_dim, dtype=compute_dtype(dt), kv_dtype=kvdt,
-                                page_size=self.page_size,
-                                device=self.device, prompt_len=min(longest, 256), k=self.k,
-                                batch=min(cfg.workload.batch_size, 4), seed=cfg.seed)
-            out[side] = {"backend": name, **res}
-        return out
-
-
 # ---------------------------------------------------------------------------------------------------------
 # helpers
 
@@ -497,13 +361,6 @@ def _make_drafter(kind: str, runner, ngram_n: int, device):
     from attnlab.spec.drafters import make_drafter
 
     return make_drafter(kind, draft_runner=runner, ngram_n=ngram_n, device=device)
-
-
-def _subset(out, n: int):
-    from types import SimpleNamespace
-
-    return SimpleNamespace(requests=out.requests[:n], iterations=[], wall_s=out.wall_s,
-                           num_draft_tokens=out.num_draft_tokens)
 
 
 def peak_mem_bytes(device: str) -> int:

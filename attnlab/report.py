@@ -16,7 +16,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-COLUMNS = ("job", "draft/verify", "drafter", "precision", "page", "k", "tau", "tok/s", "speedup",
+COLUMNS = ("job", "draft/verify", "drafter", "precision", "page", "k", "graphs", "tau", "tok/s", "speedup",
            "token match", "status")
 
 
@@ -76,6 +76,7 @@ def job_row(job: dict) -> dict:
         "precision": prec,
         "page": str(m.get("page_size", c.get("kv", {}).get("page_size", "?"))),
         "k": str(k if k is not None else "?"),
+        "graphs": "yes" if m.get("cuda_graphs") or c.get("engine", {}).get("cuda_graph") else "no",
         "tau": _num(m.get("accept_len_mean"), ".2f"),
         "tok/s": _num(m.get("output_tokens_per_s"), ".1f"),
         "speedup": _num(m.get("speedup_vs_target_only"), ".2f"),
@@ -112,7 +113,8 @@ def plot(jobs: list[dict], rows: list[dict], out_dir: Path) -> list[Path]:
     paths = []
     by_pair: dict[str, list[dict]] = defaultdict(list)
     for j, r in done:
-        by_pair[f"{r['draft/verify']}\n{r['drafter']} {r['precision']}"].append(j["metrics"])
+        graphs = " graphs" if r["graphs"] == "yes" else ""
+        by_pair[f"{r['draft/verify']}{graphs}\n{r['drafter']} {r['precision']}"].append(j["metrics"])
     labels = list(by_pair)
     fig, axes = plt.subplots(1, 2, figsize=(max(6, 1.6 * len(labels) + 3), 4))
     for ax, key, title in ((axes[0], "output_tokens_per_s", "output tokens/s"), (axes[1], "accept_len_mean", "tau")):
