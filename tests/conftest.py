@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# Triton interpreter on CPU-only machines: TRITON_INTERPRET must be set before any @triton.jit function is
+# defined, i.e. before attnlab.kernels is first imported; conftest runs before every test module.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from attnlab.errors import ModelLoadError
 

@@ -6,6 +6,7 @@ A case is a KV pool holding random K/V for a batch of requests at given lengths,
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 
@@ -14,6 +15,20 @@ import torch
 from attnlab.backends.base import AttnMeta, Mode
 from attnlab.backends.torch_ref import TorchBackend, causal_mask
 from attnlab.kvcache import KVPool, build_layout, pages_needed
+
+# GPU parity grids of the library backends (flashinfer, fa) share these points and tolerances.
+# bf16 keeps 8 mantissa bits: one rounding of an output of magnitude <~1.5 is <~6e-3, and the kernel rounds P
+# to bf16 before P@V; 2e-2 is well above that and far below what a wrong mask or page (O(0.1-1)) gives.
+# fp16 has 11 bits, so 1e-2 leaves the same margin.
+GPU_TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2}
+GPU_SHAPES = {  # kv lengths per request
+    "b1_short": [5],
+    "b1_32k": [32768],
+    "b4_mixed": [17, 1000, 4096, 33],
+    "b64": [int(x) for x in torch.randint(4, 2049, (64,), generator=torch.Generator().manual_seed(1))],
+}
+GPU_K = 3  # draft tokens: verify q_len = k + 1
+GPU_FULL_GRID = os.environ.get("ATTNLAB_GPU_GRID", "") == "full"
 
 
 @dataclass

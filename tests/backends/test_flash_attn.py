@@ -10,7 +10,6 @@ from the torch reference.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import types
 
@@ -23,6 +22,10 @@ from attnlab.backends.flash_attn import FlashAttnBackend, detect_flash_attn
 from attnlab.backends.registry import require_available
 from attnlab.backends.torch_ref import reference_attention
 from attnlab.errors import BackendUnavailable, ConfigError
+from tests.backends.cases import GPU_FULL_GRID as FULL
+from tests.backends.cases import GPU_K as K
+from tests.backends.cases import GPU_SHAPES as SHAPES
+from tests.backends.cases import GPU_TOL as TOL
 from tests.backends.cases import make_case
 
 MODULES = {"fa3": "flash_attn_interface", "fa3_fwd": "fa3_fwd_interface", "fa2": "flash_attn"}
@@ -215,18 +218,6 @@ def test_errors_name_the_problem(use_flavor):
 # -- GPU parity vs the torch reference --------------------------------------------------------------------
 
 GPU_REASON = FlashAttnBackend.available()
-# bf16 keeps 8 mantissa bits: one rounding of an output of magnitude <~1.5 is <~6e-3, and the kernel rounds P
-# to bf16 before P@V; 2e-2 is well above that and far below what a wrong mask or page (O(0.1-1)) gives.
-# fp16 has 11 bits, so 1e-2 leaves the same margin.
-TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2}
-SHAPES = {
-    "b1_short": [5],
-    "b1_32k": [32768],
-    "b4_mixed": [17, 1000, 4096, 33],
-    "b64": [int(x) for x in torch.randint(4, 2049, (64,), generator=torch.Generator().manual_seed(1))],
-}
-K = 3  # draft tokens: verify q_len = k + 1
-FULL = os.environ.get("ATTNLAB_GPU_GRID", "") == "full"
 
 
 def fa_gpu_grid():

@@ -7,7 +7,6 @@ mode they copy the plan into the caller-owned buffers and read it back from ther
 
 from __future__ import annotations
 
-import os
 import sys
 import types
 from typing import ClassVar
@@ -21,6 +20,10 @@ from attnlab.backends.registry import require_available
 from attnlab.backends.torch_ref import TorchBackend, causal_mask, reference_attention
 from attnlab.errors import BackendUnavailable, ConfigError
 from attnlab.kvcache import build_layout
+from tests.backends.cases import GPU_FULL_GRID as FULL
+from tests.backends.cases import GPU_K as K
+from tests.backends.cases import GPU_SHAPES as SHAPES
+from tests.backends.cases import GPU_TOL as TOL
 from tests.backends.cases import make_case
 
 SMALL_WS = 1 << 16  # the fake never touches the workspace
@@ -293,19 +296,7 @@ def test_graph_mask_capacity_error(fake_fi):
 
 GPU_REASON = FlashInferBackend.available()
 needs_flashinfer_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=f"flashinfer unavailable: {GPU_REASON}")
-# bf16 keeps 8 mantissa bits: one rounding of an output of magnitude <~1.5 is <~6e-3, and the kernel rounds P
-# to bf16 before P@V; 2e-2 is well above that and far below what a wrong mask or page (O(0.1-1)) gives.
-# fp16 has 11 bits, so 1e-2 leaves the same margin.
-TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-SHAPES = {
-    "b1_short": [5],
-    "b1_32k": [32768],
-    "b4_mixed": [17, 1000, 4096, 33],
-    "b64": [int(x) for x in torch.randint(4, 2049, (64,), generator=torch.Generator().manual_seed(1))],
-}
-K = 3  # draft tokens: verify q_len = k + 1
-FULL = os.environ.get("ATTNLAB_GPU_GRID", "") == "full"
 
 
 def gpu_grid():

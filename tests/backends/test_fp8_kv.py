@@ -11,20 +11,11 @@ The triton kernels run under TRITON_INTERPRET=1 without a GPU (set before attnla
 tests/backends/test_triton.py does).
 """
 
-import os
-import sys
+import math
 from dataclasses import replace
 
-import torch
-
-if not torch.cuda.is_available():
-    assert "attnlab.kernels" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1", (
-        "attnlab.kernels was imported before TRITON_INTERPRET=1 was set; set it in tests/conftest.py")
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import math
-
 import pytest
+import torch
 
 from attnlab.backends.registry import require_available
 from attnlab.kvcache import KVPool

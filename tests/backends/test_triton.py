@@ -1,22 +1,13 @@
 """The triton backend (attnlab.kernels) against the torch reference.
 
-Without a CUDA GPU the kernels run under Triton's interpreter: TRITON_INTERPRET must be set before any
-@triton.jit function is defined, i.e. before attnlab.kernels is first imported in this process. This
-module sets it at import (pytest imports test modules before running any test); the assert below
-catches an earlier import of attnlab.kernels without it.
+Without a CUDA GPU the kernels run under Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1
+before any test module imports attnlab.kernels).
 """
 
 import os
-import sys
-
-import torch
-
-if not torch.cuda.is_available():
-    assert "attnlab.kernels" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1", (
-        "attnlab.kernels was imported before TRITON_INTERPRET=1 was set; set it in tests/conftest.py")
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
+import torch
 
 from attnlab.backends.base import Mode
 from attnlab.backends.registry import require_available
