@@ -110,6 +110,12 @@ class FakePrefill(_FakeWrapper):
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
              num_kv_heads, head_dim_qk, page_size, *, causal=False, custom_mask=None, q_data_type="float16",
              kv_data_type=None, sm_scale=None):
+        if self.use_cuda_graph:  # as FlashInfer: a graph-mode prefill wrapper's row count is fixed by its first plan
+            rows = int(qo_indptr[-1])
+            self.rows = getattr(self, "rows", rows)
+            if rows > self.rows:
+                raise ValueError(f"The total number of rows in qo_indptr {rows} in cuda graph mode cannot exceed "
+                                 f"the number of rows set during initialization {self.rows}.")
         self._store(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
                     num_kv_heads, head_dim_qk, page_size, causal, custom_mask, q_data_type, kv_data_type, sm_scale)
 
@@ -283,6 +289,23 @@ def test_cuda_graph_mode_uses_caller_buffers(fake_fi, kind):
     m3 = meta_over(case, kv2[:2], q_lens[:2], custom_mask=None if mask2 is None else mask2[:3 * 17 + 3 * 5])
     be.plan(m3)
     assert be.active_plan.wrapper is not w
+
+
+def test_graph_mode_plans_ragged_passes_on_plain_wrappers(fake_fi):
+    """A graph-mode backend still prefills ragged batches (plain wrappers); each uniform q_len gets its own
+    graph wrapper, so a longer verify never re-plans a wrapper sized for a shorter one (H200 failure)."""
+    case = cpu_case([2, 2], [20, 33])
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_q_len=8, max_context=64)
+    prefill = meta_over(case, [20, 33], [20, 33], mode=Mode.PREFILL)
+    q = torch.randn(53, case.num_q_heads, case.head_dim, generator=torch.Generator().manual_seed(0)).bfloat16()
+    be.plan(prefill)
+    assert not be.active_plan.wrapper.use_cuda_graph
+    torch.testing.assert_close(run_all_layers(be, case, q), reference(case, prefill, q), atol=2e-2, rtol=2e-2)
+    be.plan(case.meta)  # q_len 2 per request: a graph wrapper
+    w2 = be.active_plan.wrapper
+    assert w2.use_cuda_graph
+    be.plan(meta_over(case, [20, 33], [5, 5]))  # q_len 5: another graph wrapper, no row-count error
+    assert be.active_plan.wrapper is not w2 and be.active_plan.wrapper.use_cuda_graph
 
 
 def test_graph_mask_capacity_error(fake_fi):
