@@ -20,6 +20,7 @@ from attnlab.errors import AttnlabError, ConfigError
 from attnlab.metrics.env import env_info
 from attnlab.metrics.outputs import StatusFile, write_json
 from attnlab.parity_pass import run_parity
+from attnlab.spec.drafters import make_drafter
 from attnlab.sweep import assign_gpu
 
 log = logging.getLogger("attnlab")
@@ -179,7 +180,7 @@ class SpecJob:
             share = self.runners.get("draft") if tag else None
             draft_runner = self.build(cfg.draft, backend, prec["draft"], prec["kv_draft"], "draft" + tag,
                                       share_weights_with=share, graphs=not tag)
-        return target, _make_drafter(kind, draft_runner, cfg.draft.ngram_n, target.device)
+        return target, make_drafter(kind, draft_runner=draft_runner, ngram_n=cfg.draft.ngram_n, device=target.device)
 
     def decode(self, target, drafter, prompts, *, k: int | None = None, record_logits=False, desc="workload"):
         """Run ``prompts`` in batches of workload.batch_size; one merged GenerateOutput."""
@@ -355,12 +356,6 @@ def load_tokenizer_for(m, mcfg):
             raise
         log.warning("model %s: no tokenizer available; using the byte tokenizer", m.name)
         return ByteTokenizer(256, 257)
-
-
-def _make_drafter(kind: str, runner, ngram_n: int, device):
-    from attnlab.spec.drafters import make_drafter
-
-    return make_drafter(kind, draft_runner=runner, ngram_n=ngram_n, device=device)
 
 
 def peak_mem_bytes(device: str) -> int:

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from attnlab.backends.cases import random_paged_case
 from attnlab.metrics.env import env_info
-from attnlab.metrics.kernel_parity import kernel_parity, make_paged_case
+from attnlab.metrics.kernel_parity import kernel_parity
 from attnlab.metrics.loggers import JsonlLogger, flatten
 from attnlab.metrics.outputs import StatusFile, request_rows, write_json
 from attnlab.metrics.parity import acceptance_parity, first_divergence, logits_parity, token_parity
@@ -104,7 +105,8 @@ def test_kernel_parity_torch_vs_itself_is_exact():
                         page_size=4, device="cpu", prompt_len=11, k=3, batch=2)
     assert set(res) == {"prefill", "decode", "verify"}
     assert all(r["max_abs_err"] == 0 for r in res.values())
-    pool, meta, q = make_paged_case([9, 5], [4, 1], 4, 4, 2, 32, torch.float32, torch.float32, "cpu", Mode.VERIFY)
+    pool, meta, q = random_paged_case(kv_lens=[9, 5], q_lens=[4, 1], page_size=4, num_q_heads=4, num_kv_heads=2,
+                                      head_dim=32, dtype=torch.float32, mode=Mode.VERIFY)
     assert q.shape == (5, 4, 32) and meta.kv_lens_host == [9, 5] and pool.num_pages >= 5
 
 

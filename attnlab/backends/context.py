@@ -18,7 +18,10 @@ class AttnContext:
     pool: KVPool
     slots: torch.Tensor
 
+    def __post_init__(self):
+        self.index = self.pool.store_index(self.slots)  # once per pass; every layer stores through it
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [T, Hq, D], k/v: [T, Hkv, D] (RoPE applied) -> [T, Hq, D]."""
-        self.pool.store(layer, k, v, self.slots)
+        self.pool.store(layer, k, v, self.slots, self.index)
         return self.backend.run(q, layer)

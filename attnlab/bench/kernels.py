@@ -16,16 +16,15 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import random
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 
 import torch
 
-from attnlab.backends.base import AttnMeta, Mode
+from attnlab.backends.base import Mode
+from attnlab.backends.cases import random_paged_case
 from attnlab.backends.registry import require_available
-from attnlab.kvcache import KVPool, build_layout, pages_needed
 
 HEADS = {"smollm2": (9, 3, 64), "llama8b": (32, 8, 128)}  # (q heads, kv heads, head_dim)
 PHASES = {"decode": [0], "verify": [4, 8], "prefill": [None]}  # k draft tokens (q_len k+1); None = prefill
@@ -78,19 +77,10 @@ def build(model: str, batch: int, context: int, q_len: int, page_size: int, dtyp
     elem = torch.tensor([], dtype=dtype).element_size()
     layer_bytes = 2 * batch * context * hkv * d * elem
     num_layers = max(1, min(8, -(-MIN_WALK_BYTES // max(1, layer_bytes))))
-    need = pages_needed(context, page_size)
-    num_pages = batch * need
-    pool = KVPool(num_layers, num_pages, page_size, hkv, d, dtype, "cuda")
-    pool.kv.normal_(0, 0.5, generator=torch.Generator("cuda").manual_seed(seed))
-    perm = list(range(num_pages))
-    random.Random(seed).shuffle(perm)
-    tables = [perm[i * need:(i + 1) * need] for i in range(batch)]
-    layout = build_layout(tables, [context] * batch, page_size, "cuda")
-    qo = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device="cuda")
     mode = Mode.DECODE if q_len == 1 else Mode.PREFILL if q_len == context else Mode.VERIFY
-    meta = AttnMeta(mode=mode, qo_indptr=qo, layout=layout, q_lens=[q_len] * batch,
-                    kv_lens_host=[context] * batch, page_size=page_size)
-    q = torch.randn(batch * q_len, hq, d, dtype=dtype, device="cuda")
+    pool, meta, q = random_paged_case(kv_lens=[context] * batch, q_lens=[q_len] * batch, page_size=page_size,
+                                      num_q_heads=hq, num_kv_heads=hkv, head_dim=d, dtype=dtype, device="cuda",
+                                      mode=mode, num_layers=num_layers, seed=seed, spare_pages=0)
     return pool, meta, q, num_layers
 
 

@@ -67,17 +67,21 @@ class GraphCache:
         n = bs * q
         ids = torch.zeros(n, dtype=torch.long, device=r.device)
         positions, slots = dummy.positions.clone(), dummy.slots.clone()
-        ctx = AttnContext(r.backend, r.pool, slots)
+        def forward():
+            # The context is built inside the capture: its store index is derived from the static ``slots``
+            # buffer by a captured kernel, so a replay with new slots stores where they say.
+            return r.model.compute_logits(r.model(ids, positions, AttnContext(r.backend, r.pool, slots)))
+
         with torch.inference_mode():
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):  # warm up (compiles kernels, settles allocator) off the capture
                 for _ in range(2):
-                    r.model.compute_logits(r.model(ids, positions, ctx))
+                    forward()
             torch.cuda.current_stream().wait_stream(stream)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool):
-                logits = r.model.compute_logits(r.model(ids, positions, ctx))
+                logits = forward()
         self.graphs[(bs, q, slot)] = _Graph(g, ids, positions, slots, logits)
 
     def replay(self, bs: int, q: int, slot: int, p, input_ids: torch.Tensor) -> torch.Tensor:

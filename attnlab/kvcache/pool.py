@@ -57,10 +57,17 @@ class KVPool:
     def capacity_tokens(self) -> int:
         return self.num_pages * self.page_size
 
-    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        """Write new tokens' K/V. k, v: [num_tokens, kv_heads, head_dim]; slots: [num_tokens] int (-1 = skip)."""
+    def store_index(self, slots: torch.Tensor) -> torch.Tensor:
+        """slots [T] (-1 = skip) -> int64 row indices into the flat token axis, -1 sent to the scratch page.
+        Computed once per pass (AttnContext), not once per layer."""
+        return torch.where(slots < 0, torch.full_like(slots, self.scratch_slot), slots).long()
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
+              index: torch.Tensor | None = None) -> None:
+        """Write new tokens' K/V. k, v: [num_tokens, kv_heads, head_dim]; slots: [num_tokens] int (-1 = skip);
+        index: ``store_index(slots)`` when the caller already has it."""
         flat = self.kv[layer].view(2, -1, self.num_kv_heads, self.head_dim)
-        idx = torch.where(slots < 0, torch.full_like(slots, self.scratch_slot), slots).long()
+        idx = self.store_index(slots) if index is None else index
         if self.is_fp8:
             k = (k.float() / self.k_scale).to(self.dtype)
             v = (v.float() / self.v_scale).to(self.dtype)

@@ -104,8 +104,9 @@ class ModelDrafter(Drafter):
             return torch.zeros(len(seqs), 0, dtype=torch.long, device=dev), None
         ns = [len(s) for s in seqs]
         # Catch-up: the draft KV lacks 1 committed token, or 2 after a fully accepted round. Feed 2 for
-        # every request (re-writing one cached token's K/V with the same values) so the pass has one
-        # uniform shape that a CUDA graph can hold; a request with no room to go back feeds what it lacks.
+        # every request (recomputing one cached token's K/V: equal in fp32, within rounding otherwise; it only
+        # shapes the drafts, never what is emitted) so the pass has one uniform shape that a CUDA graph can
+        # hold; a request with no room to go back (1 token in all) feeds what it lacks.
         starts = [min(r.kv_len(q), max(0, n - 2)) for q, n in zip(reqs, ns)]
         catch = [s[m:] for s, m in zip(seqs, starts)]
         q0 = [len(c) for c in catch]

@@ -1,20 +1,17 @@
-"""Random paged-attention cases shared by every backend's tests (and the kernel benchmark).
-
-A case is a KV pool holding random K/V for a batch of requests at given lengths, with pages shuffled
-(so a backend that assumes contiguous pages fails), plus the AttnMeta of one pass and the query.
-"""
+"""Backend test cases: attnlab.backends.cases.random_paged_case wrapped with the head counts and the torch
+reference, plus the GPU grid shared by the library backends' tests."""
 
 from __future__ import annotations
 
 import os
-import random
 from dataclasses import dataclass
 
 import torch
 
 from attnlab.backends.base import AttnMeta, Mode
-from attnlab.backends.torch_ref import TorchBackend, causal_mask
-from attnlab.kvcache import KVPool, build_layout, pages_needed
+from attnlab.backends.cases import random_paged_case
+from attnlab.backends.torch_ref import TorchBackend
+from attnlab.kvcache import KVPool
 
 # GPU parity grids of the library backends (flashinfer, fa) share these points and tolerances.
 # bf16 keeps 8 mantissa bits: one rounding of an output of magnitude <~1.5 is <~6e-3, and the kernel rounds P
@@ -57,37 +54,8 @@ def make_case(
     tree_mask: bool = False, num_layers: int = 1, seed: int = 0, spare_pages: int = 3,
 ) -> Case:
     """kv_lens[i] includes the q_lens[i] new tokens (their K/V are already in the pool)."""
-    assert all(kv >= q for kv, q in zip(kv_lens, q_lens)), (kv_lens, q_lens)
-    g = torch.Generator().manual_seed(seed)
-    rng = random.Random(seed)
-    need = [pages_needed(n, page_size) for n in kv_lens]
-    num_pages = sum(need) + spare_pages
-    perm = list(range(num_pages))
-    rng.shuffle(perm)
-    tables, off = [], 0
-    for n in need:
-        tables.append(perm[off:off + n])
-        off += n
-    kv_dtype = kv_dtype or dtype
-    pool = KVPool(num_layers, num_pages, page_size, num_kv_heads, head_dim, kv_dtype, device)
-    pool.kv.copy_((torch.randn(pool.kv.shape, generator=g) * 0.5).to(kv_dtype))
-    layout = build_layout(tables, kv_lens, page_size, device)
-    qo = [0]
-    for n in q_lens:
-        qo.append(qo[-1] + n)
-    mask = None
-    if tree_mask:  # a random tree-like mask: causal, and each new token drops a random subset of the new ones
-        blocks = []
-        for q_len, kv_len in zip(q_lens, kv_lens):
-            m = causal_mask(q_len, kv_len)
-            drop = torch.rand(q_len, q_len, generator=g) < 0.4
-            drop.fill_diagonal_(False)
-            m[:, kv_len - q_len:] &= ~drop
-            blocks.append(m.reshape(-1))
-        mask = torch.cat(blocks).to(device) if blocks else torch.zeros(0, dtype=torch.bool, device=device)
-    if mode is None:
-        mode = Mode.DECODE if all(q == 1 for q in q_lens) else Mode.VERIFY
-    meta = AttnMeta(mode=mode, qo_indptr=torch.tensor(qo, dtype=torch.int32, device=device), layout=layout,
-                    q_lens=list(q_lens), kv_lens_host=list(kv_lens), page_size=page_size, custom_mask=mask)
-    q = (torch.randn(sum(q_lens), num_kv_heads * gqa, head_dim, generator=g)).to(dtype).to(device)
+    pool, meta, q = random_paged_case(
+        kv_lens=kv_lens, q_lens=q_lens, page_size=page_size, num_q_heads=num_kv_heads * gqa,
+        num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, kv_dtype=kv_dtype, device=device, mode=mode,
+        tree_mask=tree_mask, num_layers=num_layers, seed=seed, spare_pages=spare_pages)
     return Case(pool, meta, q, num_kv_heads * gqa, num_kv_heads, head_dim, head_dim ** -0.5)
