@@ -140,6 +140,7 @@ class SpecJob:
         if self.max_context < need:
             raise ConfigError(f"kv.max_context={self.max_context}: the longest prompt ({longest} tokens) + "
                               f"max_new_tokens + k + 1 needs {need} (raise it or leave it null = auto)")
+        self.mcfg.check_context(self.max_context)  # a sliding window shorter than the run: refuse
         if self.max_context > self.mcfg.max_position_embeddings:
             log.warning("max context %d > the model's max_position_embeddings %d", self.max_context,
                         self.mcfg.max_position_embeddings)

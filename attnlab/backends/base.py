@@ -14,7 +14,7 @@ mask replaces that rule: ``custom_mask`` is bool, flattened request by request, 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import ClassVar
 
@@ -103,7 +103,6 @@ class AttnMeta:
     kv_lens_host: list[int]
     page_size: int
     custom_mask: torch.Tensor | None = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:

@@ -8,10 +8,11 @@ import torch
 
 
 class PhaseTimer:
-    """``mark(name)`` closes the current phase and starts ``name``; ``finish()`` returns {phase: ms}.
+    """``mark(name)`` closes the current phase and starts ``name``; ``stop()`` closes the last one and
+    ``read()`` returns {phase: ms}.
 
-    On CUDA the marks are events recorded on the current stream, so timing adds no sync; ``finish`` is
-    called after the iteration's commit sync, when every event has completed.
+    On CUDA the marks are events recorded on the current stream, so timing adds no sync; ``read`` is called
+    after the next iteration's commit sync, when every event has completed.
     """
 
     def __init__(self, device: torch.device):
@@ -39,10 +40,3 @@ class PhaseTimer:
             ms = a.elapsed_time(b) if self.cuda else (b - a) * 1e3
             out[name] = out.get(name, 0.0) + ms
         return out
-
-    def finish(self) -> dict[str, float]:
-        """stop() + wait for the end event + read(): for callers that can afford a sync."""
-        self.stop()
-        if self.cuda:
-            self._marks[-1][1].synchronize()
-        return self.read()

@@ -18,6 +18,7 @@ CASES = {
     "wrong type": (["spec.num_draft_tokens=four"], ["spec.num_draft_tokens", "four"]),
     "k <= 0 with a drafter": (["spec.num_draft_tokens=0"], ["spec.num_draft_tokens=0", ">= 1", "draft=none"]),
     "unknown dtype": (["precision.target=fp64"], ["precision.target='fp64'", "bf16"]),
+    "context past a sliding window": (["+model.overrides.sliding_window=8"], ["sliding_window=8", "context"]),
 }
 
 
