@@ -133,6 +133,9 @@ class ParitySchema:
 @dataclass
 class EngineSchema:
     cuda_graph: bool = False
+    # Triton kernels for residual add + RMSNorm, RoPE, SiLU-mul and the KV store (attnlab/kernels/fused.py)
+    # instead of ~35 torch launches per layer; CUDA only. Parity reference sides always run unfused.
+    fused_ops: bool = False
 
 
 @dataclass
@@ -358,6 +361,10 @@ def validate(cfg: DictConfig) -> dict:
     if graphs and device != "cuda":
         what = "engine.cuda_graph=true" if cfg.engine.cuda_graph else f"warmup={cfg.warmup.plan}"
         raise ConfigError(f"{what} captures CUDA graphs and needs device=cuda (use warmup=jit or none on CPU)")
+
+    if cfg.engine.fused_ops and device != "cuda":
+        raise ConfigError("engine.fused_ops=true runs Triton kernels and needs device=cuda (use "
+                          "engine.fused_ops=false on CPU)")
 
     # Backend capabilities with what is known now; max_context is re-checked after tokenization.
     k = s.num_draft_tokens if d.kind != "none" else 0

@@ -162,6 +162,8 @@ class SpecJob:
         from attnlab.engine.build import build_side
 
         extra = {"cuda_graph": True, "max_q_len": self.k + 1} if graphs and self.r.get("cuda_graph") else {}
+        if graphs and self.cfg.engine.fused_ops:  # graphs=False: a parity reference side, always unfused
+            extra["fused_ops"] = True
         kv = self.cfg.kv
         with _step(f"build {name} ({backend}, {dtype}, kv {kv_dtype})"):
             return build_side(_model_dict(model_cfg), backend, dtype, kv_dtype, self.page_size, kv.num_pages,

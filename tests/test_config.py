@@ -99,6 +99,7 @@ def test_validate_resolves_auto():
     (["model.name=nope"], "unknown model preset"),
     (["draft=self", "draft.layers=[]"], "draft.layers"),
     (["engine.cuda_graph=true"], "engine.cuda_graph"),
+    (["engine.fused_ops=true"], "engine.fused_ops"),
     (["logger.mode=sometimes"], "logger.mode"),
 ])
 def test_validation_errors_name_the_field(overrides, needle):

@@ -17,11 +17,18 @@ class AttnContext:
     backend: AttentionBackend
     pool: KVPool
     slots: torch.Tensor
+    triton_store: bool = False  # store with the Triton kernel (one launch, slot -1 skipped) instead of torch
 
     def __post_init__(self):
-        self.index = self.pool.store_index(self.slots)  # once per pass; every layer stores through it
+        # once per pass; every layer's torch store goes through it
+        self.index = None if self.triton_store else self.pool.store_index(self.slots)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [T, Hq, D], k/v: [T, Hkv, D] (RoPE applied) -> [T, Hq, D]."""
-        self.pool.store(layer, k, v, self.slots, self.index)
+        if self.triton_store:
+            from attnlab.kernels.store_kv import store_kv
+
+            store_kv(self.pool, layer, k, v, self.slots)
+        else:
+            self.pool.store(layer, k, v, self.slots, self.index)
         return self.backend.run(q, layer)

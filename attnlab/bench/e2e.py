@@ -4,8 +4,10 @@
 
 1. target-only decode of SmolLM2-135M shapes at batch 1 and 16: attnlab eager vs attnlab with CUDA graphs
    (per backend) vs HF transformers ``generate`` on the same weights;
-2. Llama-3.1-8B shapes at batch 1 (random weights) with CUDA graphs vs the weight-bandwidth roofline
-   (weight bytes / measured device-to-device copy bandwidth);
+2. Llama-3.1-8B shapes at batch 1 (random weights) with CUDA graphs, unfused and with ``engine.fused_ops``
+   (attnlab/kernels/fused.py), vs the weight-bandwidth roofline: the bytes of weights one decode step reads
+   (every parameter but an untied embedding table, of which a step reads one row) / the measured
+   device-to-device copy bandwidth;
 3. the share of an iteration spent outside the model forward (per-iteration host overhead) at batch 1.
 
 Weights are random (``init=random``): decode speed does not depend on their values, and no checkpoint is
@@ -27,13 +29,27 @@ from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import NoDrafter
 
 
-def side(model: str, backend: str, batch: int, graphs: bool, max_context: int, dtype="bf16"):
+def side(model: str, backend: str, batch: int, graphs: bool, max_context: int, dtype="bf16", fused=False):
     cfg = {"name": model, "path": None, "init": "random", "seed": 0, "overrides": None}
     r = build_side(cfg, backend, dtype, dtype, 16, None, batch, max_context, "cuda", progress=False,
-                   cuda_graph=graphs, max_q_len=1)
+                   cuda_graph=graphs, max_q_len=1, fused_ops=fused)
     if graphs:
         r.capture_graphs(q_lens=(1,))
     return r
+
+
+def set_fused(runner, on: bool) -> None:
+    """Switch a built side between the unfused and the fused layer path (same weights), re-capturing graphs."""
+    runner.model.fused_ops = runner.fused_ops = on
+    if runner.graphs is not None:
+        runner.capture_graphs(q_lens=(1,))
+
+
+def step_weight_bytes(model) -> int:
+    """Bytes of weights one decode step reads: all parameters, minus an untied input embedding (one row read)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    emb = model.embed_tokens.weight
+    return total if model.lm_head.weight is emb else total - emb.numel() * emb.element_size()
 
 
 def attnlab_tok_s(runner, batch: int, prompt_len: int, new: int, reps: int = 3) -> dict:
@@ -109,24 +125,30 @@ def main(argv=None) -> int:
         hf = hf_tok_s("smollm2-135m", batch, 32, new)
         row("smollm2-135m", batch, "hf-generate", hf)
         for be in a.backends.split(","):
-            for graphs in (False, True):
+            for graphs, fused in ((False, False), (True, False), (True, True)):
+                name = f"attnlab-{be}{'-graphs' if graphs else '-eager'}{'-fused' if fused else ''}"
                 try:
-                    r = attnlab_tok_s(side("smollm2-135m", be, batch, graphs, 32 + new + 16), batch, 32, new)
-                    row("smollm2-135m", batch, f"attnlab-{be}{'-graphs' if graphs else '-eager'}", r, hf["tok_s"])
+                    r = attnlab_tok_s(side("smollm2-135m", be, batch, graphs, 32 + new + 16, fused=fused), batch,
+                                      32, new)
+                    row("smollm2-135m", batch, name, r, hf["tok_s"])
                 except Exception as e:  # noqa: BLE001 - one engine failing must not lose the table
-                    lines.append(f"| smollm2-135m | {batch} | attnlab-{be} graphs={graphs} | error: {e!r} |||")
+                    lines.append(f"| smollm2-135m | {batch} | {name} | error: {e!r} |||")
                     print(lines[-1], flush=True)
                 torch.cuda.empty_cache()
     if not a.skip_8b:
         r8 = side("llama-3.1-8b", "triton", 1, True, 32 + new + 16)
-        weight_bytes = sum(p.numel() * p.element_size() for p in r8.model.parameters())
+        weight_bytes = step_weight_bytes(r8.model)
         roof = res["copy_gb_s"] * 1e9 / weight_bytes
-        r = attnlab_tok_s(r8, 1, 32, new)
-        r["roofline_tok_s"], r["frac_roofline"] = roof, r["tok_s"] / roof
-        row("llama-3.1-8b", 1, "attnlab-triton-graphs", r)
-        lines.append(f"\nLlama-3.1-8B shapes, batch 1: {r['tok_s']:.1f} tok/s = {r['frac_roofline']:.0%} of the "
-                     f"weight-bandwidth roofline ({weight_bytes / 1e9:.2f} GB of weights / copy bw = {roof:.1f} tok/s)")
-        print(lines[-1], flush=True)
+        lines.append("")
+        for fused in (False, True):
+            set_fused(r8, fused)
+            r = attnlab_tok_s(r8, 1, 32, new)
+            r["roofline_tok_s"], r["frac_roofline"], r["weight_bytes"] = roof, r["tok_s"] / roof, weight_bytes
+            row("llama-3.1-8b", 1, f"attnlab-triton-graphs{'-fused' if fused else ''}", r)
+            lines.append(f"Llama-3.1-8B shapes, batch 1{', fused ops' if fused else ''}: {r['tok_s']:.1f} tok/s = "
+                         f"{r['frac_roofline']:.0%} of the weight-bandwidth roofline ({weight_bytes / 1e9:.2f} GB "
+                         f"read per step / copy bw = {roof:.1f} tok/s)")
+            print(lines[-1], flush=True)
     if a.out:
         with open(a.out + ".json", "w") as f:
             json.dump(res, f, indent=1)

@@ -31,14 +31,15 @@ def build_side(model_cfg: dict, backend: str, dtype: str, kv_dtype: str, page_si
                max_batch: int, max_context: int, device: str, layers: list[int] | None = None,
                share_weights_with: ModelRunner | None = None, progress: bool = True,
                name: str = "target", cuda_graph: bool = False, max_q_len: int = 16,
-               kv_scale: float | None = None) -> ModelRunner:
+               kv_scale: float | None = None, fused_ops: bool = False) -> ModelRunner:
     """Build one side. ``share_weights_with`` reuses another side's model (``draft=self``): the same
     module when dtype matches, else a cast copy; ``layers`` keeps a subset of its layers.
 
     ``dtype="fp8_e4m3"`` (weights): the model is built in bf16, then its layer projections are swapped for
     FP8Linear (attnlab.models.fp8); with ``share_weights_with`` that is a copy sharing every other tensor.
     ``kv_scale``: the per-tensor K and V scale of an fp8 KV pool (None = DEFAULT_KV_SCALE, 1.0; ignored for
-    other KV dtypes)."""
+    other KV dtypes). ``fused_ops``: the model runs attnlab.kernels.fused (engine.fused_ops); with
+    ``share_weights_with`` and the same dtype that is the shared module, so both sides run fused."""
     from attnlab.models.loading import load_model, load_tokenizer  # heavy imports only when building
 
     dev = torch.device(device)
@@ -63,6 +64,10 @@ def build_side(model_cfg: dict, backend: str, dtype: str, kv_dtype: str, page_si
         tok = load_tokenizer(source, init=model_cfg.get("init", "pretrained"), config=mcfg)
         if fp8_weights:
             model = quantize_linears(model, inplace=True)
+    if fused_ops:
+        if dev.type != "cuda":
+            raise ConfigError("engine.fused_ops=true needs device=cuda")
+        model.fused_ops = True
     if layers:
         model = LayerSubset(model, list(layers))
     num_layers = len(layers) if layers else mcfg.num_layers

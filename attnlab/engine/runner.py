@@ -50,6 +50,8 @@ class ModelRunner:
         self.device = pool.device
         self.graphs = None  # GraphCache once capture_graphs() ran
         self._slot = 0  # plan slot of the active plan: 0 = plan(), j + 1 = use_step(j)
+        # engine.fused_ops: the Decoder (or a LayerSubset's parent) runs its Triton kernels; the KV store joins
+        self.fused_ops = bool(getattr(getattr(model, "parent", model), "fused_ops", False))
 
     def kv_len(self, req: Hashable) -> int:
         return self.allocator.lengths.get(req, 0)
@@ -126,7 +128,7 @@ class ModelRunner:
         if g is not None and p.padded_to is not None and g.has(p.padded_to, p.q_len, self._slot):
             logits = g.replay(p.padded_to, p.q_len, self._slot, p, input_ids)
             return logits[rows] if rows is not None else logits[: input_ids.shape[0]]
-        ctx = AttnContext(self.backend, self.pool, p.slots)
+        ctx = AttnContext(self.backend, self.pool, p.slots, triton_store=self.fused_ops)
         n = input_ids.shape[0]
         if p.padded_to is not None and p.positions.shape[0] > n:  # padded, but no graph for this slot: eager
             input_ids = torch.cat([input_ids, input_ids.new_zeros(p.positions.shape[0] - n)])

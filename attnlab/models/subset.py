@@ -9,8 +9,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnlab.models import rope
-
 
 class _RemappedContext:
     def __init__(self, ctx, index: dict[int, int]):
@@ -36,13 +34,7 @@ class LayerSubset(nn.Module):
         return len(self.keep)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
-        p = self.parent
-        h = p.embed_tokens(input_ids)
-        cos, sin = rope.cos_sin(positions, p.inv_freq, h.dtype)
-        rctx = _RemappedContext(ctx, self._index)
-        for i in self.keep:
-            h = p.layers[i](h, cos, sin, rctx)
-        return p.norm(h)
+        return self.parent.run_layers(self.keep, input_ids, positions, _RemappedContext(ctx, self._index))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.parent.compute_logits(hidden)

@@ -53,10 +53,35 @@ def test_cuda_graphs_match_eager(backend, dtype, k):
         assert same / sum(map(len, eager)) >= 0.9
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_ops_in_graphs_match_unfused_eager(dtype):
+    """engine.fused_ops (Triton norm/RoPE/SiLU/store kernels) captured in graphs vs the unfused eager path."""
+    base = tiny_model(CFG, seed=0).to("cuda", dtype)
+    fused = tiny_model(CFG, seed=0).to("cuda", dtype)
+    fused.fused_ops = True
+    ps = prompts(3, CFG.vocab_size)
+    outs = []
+    for model, graphs in ((base, False), (fused, True)):
+        t = gpu_runner(model, "triton", dtype, graphs)
+        d = ModelDrafter(gpu_runner(model, "triton", dtype, graphs, name="draft"))
+        assert t.fused_ops == graphs
+        if graphs:
+            t.capture_graphs(q_lens=[1, 4])
+            d.runner.capture_graphs(q_lens=(2,))
+            d.runner.capture_graphs(q_lens=(1,), num_slots=3, keep=True)
+        outs.append(SpeculativeDecoder(t, d, SpecParams(3)).generate(ps, 24))
+    eager, fused_graphs = ([r.output_ids for r in o.requests] for o in outs)
+    same = sum(a == b for x, y in zip(fused_graphs, eager) for a, b in zip(x, y))
+    assert same / sum(map(len, eager)) >= (1.0 if dtype == torch.float32 else 0.9)
+
+
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("backend", ["triton", "flashinfer"])
-def test_forward_does_not_sync(backend):
+def test_forward_does_not_sync(backend, fused):
     """The per-layer path (store, attention, MLP) runs with CUDA sync debug mode set to error."""
-    r = gpu_runner(tiny_model(CFG, seed=0).to("cuda", torch.bfloat16), backend, torch.bfloat16, False)
+    model = tiny_model(CFG, seed=0).to("cuda", torch.bfloat16)
+    model.fused_ops = fused
+    r = gpu_runner(model, backend, torch.bfloat16, False)
     ids = torch.randint(0, CFG.vocab_size, (12,), device="cuda")
     r.run([0, 1], [0, 0], [5, 7], ids, Mode.PREFILL)
     p = r.prepare([0, 1], [5, 7], [4, 4], Mode.VERIFY)

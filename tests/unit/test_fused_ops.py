@@ -1,0 +1,114 @@
+"""The fused layer kernels (attnlab/kernels/fused.py) against the torch code they replace.
+
+On CPU they run under TRITON_INTERPRET=1 (conftest); small shapes. The model-level tests switch a tiny
+decoder between the two paths: same logits, and the same greedy speculative output.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.backends.base import Mode
+from attnlab.kernels import fused
+from attnlab.models import rope
+from attnlab.models.decoder import RMSNorm
+from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
+from attnlab.spec.drafters import ModelDrafter, NoDrafter
+from tests.spec.tiny import prompts, runner, tiny_config, tiny_model
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    # bf16: the kernels round where torch rounds, but the Triton interpreter casts fp32 -> bf16 by truncation
+    # (a GPU rounds to nearest even), so allow three bf16 ulps; fp32: a few ulps
+    tol = {"atol": 1e-2, "rtol": 3 * 2.0**-7} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("t,n", [(0, 64), (1, 64), (5, 96), (3, 128)])
+def test_add_rmsnorm_matches_torch(t, n, with_residual, dtype):
+    g = torch.Generator().manual_seed(t * 1000 + n)
+    x = torch.randn(t, n, generator=g).to(dtype)
+    res = torch.randn(t, n, generator=g).to(dtype) if with_residual else None
+    norm = RMSNorm(n, 1e-6, dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(n, generator=g) + 0.5)
+    out, res_out = fused.add_rmsnorm(x, res, norm.weight, norm.eps)
+    h = x + res if with_residual else x
+    if dtype == torch.float32:
+        assert torch.equal(res_out, h)  # the same fp32 add
+    _close(res_out, h, dtype)
+    assert out.dtype == dtype and out.shape == (t, n)
+    _close(out, norm(h), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (3, 1)])  # GQA ratios 1, 3, 3
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("t", [0, 1, 7])
+def test_rope_qk_matches_apply_rope(t, head_dim, heads, kv_heads, dtype):
+    g = torch.Generator().manual_seed(t + head_dim + heads)
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * head_dim, generator=g).to(dtype)
+    positions = torch.randint(0, 4000, (t,), generator=g)
+    cos, sin = rope.cos_sin(positions, rope.inv_freq(head_dim, 500000.0), dtype)
+    q, k, v = fused.rope_qk(qkv, cos, sin, heads, kv_heads, head_dim)
+    rq, rk, rv = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    assert q.shape == (t, heads, head_dim) and k.shape == (t, kv_heads, head_dim) and q.is_contiguous()
+    assert torch.equal(v, rv.view(t, kv_heads, head_dim))
+    _close(q, rope.apply_rope(rq.view(t, heads, head_dim), cos, sin), dtype)
+    _close(k, rope.apply_rope(rk.view(t, kv_heads, head_dim), cos, sin), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,inter", [(0, 32), (1, 96), (4, 1500)])  # 1500: two blocks, the second masked
+def test_silu_mul_matches_torch(t, inter, dtype):
+    gate_up = (torch.randn(t, 2 * inter, generator=torch.Generator().manual_seed(inter)) * 3).to(dtype)
+    gate, up = gate_up.split(inter, dim=-1)
+    _close(fused.silu_mul(gate_up, inter), F.silu(gate) * up, dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the model on the fused path
+
+CFG = tiny_config(heads=6, kv_heads=2, head_dim=32, hidden=96)  # GQA ratio 3, hidden not a power of two
+
+
+def _fused_copy(model):
+    m = copy.deepcopy(model)
+    m.fused_ops = True
+    return m
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_fused_decoder_logits_match(page_size):
+    model = tiny_model(CFG, seed=3)
+    ps = prompts(3, CFG.vocab_size)
+    outs = []
+    for m in (model, _fused_copy(model)):
+        r = runner(m, CFG, page_size)
+        assert r.fused_ops == m.fused_ops  # the runner stores K/V with the Triton kernel on the fused path
+        reqs = list(range(len(ps)))
+        ids = torch.tensor([t for p in ps for t in p])
+        outs.append(r.run(reqs, [0] * len(ps), [len(p) for p in ps], ids, mode=Mode.PREFILL, rows="all"))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_fused_speculative_output_identical(k):
+    """Greedy fp32: self-drafting on the first layer, both sides fused, equals unfused target-only decoding."""
+    model = tiny_model(CFG, seed=4)
+    ps = prompts(4, CFG.vocab_size)
+    ref = SpeculativeDecoder(runner(model, CFG, 16), NoDrafter("cpu"), SpecParams(0)).generate(ps, 12)
+    fm = _fused_copy(model)
+    tgt = runner(fm, CFG, 16)
+    drafter = ModelDrafter(runner(fm, CFG, 16, layers=[0], name="draft"), "self")
+    assert tgt.fused_ops and drafter.runner.fused_ops
+    out = SpeculativeDecoder(tgt, drafter, SpecParams(k)).generate(ps, 12)
+    assert [r.output_ids for r in out.requests] == [r.output_ids for r in ref.requests]
