@@ -1,0 +1,167 @@
+"""Compile attnlab's Triton kernels for a GPU target on a machine without one (a CPU CI runner).
+
+    python -m attnlab.kernels.aot [--arch 90] [--quick]
+
+The interpreter (TRITON_INTERPRET=1) checks what the kernels compute, not that they compile: a construct
+the interpreter accepts can still fail in Triton's GPU lowering. Here every launch the backend and the
+fused layer ops make over a grid of shapes is turned into a compile for ``cuda:<arch>`` (TTIR -> TTGIR ->
+LLVM -> PTX -> cubin with the ptxas that ships with Triton) and nothing is launched: a fake driver answers
+the target, device and stream, and ``JITFunction.run`` runs in warmup mode. Tensors stay on the CPU; the
+kernels only see their dtypes and the 16-byte alignment of their pointers.
+
+Must run in a process that has not set TRITON_INTERPRET=1 (the tests start one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class CompileLog:
+    target: str
+    variants: dict[str, int] = field(default_factory=dict)  # kernel name -> distinct variants compiled
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return sum(self.variants.values())
+
+
+class _FakeDriver:
+    """What JITFunction.run asks of the active driver before a launch."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def compile_only(arch: int = 90, warp_size: int = 32):
+    """Inside: every @triton.jit launch compiles for cuda:<arch> and returns without running."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("attnlab.kernels.aot needs TRITON_INTERPRET unset (the interpreter compiles nothing)")
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    log = CompileLog(target=f"cuda:{arch}")
+    seen: set = set()
+    original = JITFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
+        if id(kernel) not in seen:
+            seen.add(id(kernel))
+            log.variants[self.__name__] = log.variants.get(self.__name__, 0) + 1
+        return kernel
+
+    previous = driver._active
+    driver.set_active(_FakeDriver(GPUTarget("cuda", arch, warp_size)))
+    JITFunction.run = run
+    t0 = time.perf_counter()
+    try:
+        yield log
+    finally:
+        log.seconds = time.perf_counter() - t0
+        JITFunction.run = original
+        driver._active = previous
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the shapes compiled
+
+
+def compile_backend_grid(quick: bool) -> None:
+    """The triton backend over decode / verify (causal and tree) / prefill, per dtype, KV dtype and head dim."""
+    from attnlab.backends.base import Mode
+    from attnlab.backends.cases import random_paged_case
+    from attnlab.backends.triton import TritonBackend
+
+    dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float16, torch.float32]
+    head_dims = [64, 128] if quick else [64, 128, 256]
+    shapes = [  # (kv_lens, q_lens, mode, tree)
+        ([300, 17], [1, 1], Mode.DECODE, False),
+        ([9000, 40], [1, 1], Mode.DECODE, False),  # long context: split-KV and the merge kernel
+        ([300, 17], [5, 5], Mode.VERIFY, False),
+        ([300, 17], [5, 5], Mode.VERIFY, True),
+        ([64, 33], [64, 33], Mode.PREFILL, False),
+    ]
+    for dtype in dtypes:
+        kv_dtypes = [dtype] if dtype == torch.float32 else [dtype, torch.float8_e4m3fn, torch.float8_e5m2]
+        for kv_dtype in kv_dtypes:
+            for d in head_dims:
+                for gqa in (1, 4):
+                    for kv_lens, q_lens, mode, tree in shapes:
+                        pool, meta, q = random_paged_case(
+                            kv_lens=kv_lens, q_lens=q_lens, page_size=16, num_q_heads=2 * gqa, num_kv_heads=2,
+                            head_dim=d, dtype=dtype, kv_dtype=kv_dtype, mode=mode, tree_mask=tree)
+                        be = TritonBackend(pool, 2 * gqa, 2, d, d ** -0.5, dtype)
+                        be.plan(meta)
+                        be.run(q, 0)
+
+
+def compile_store_and_fused(quick: bool) -> None:
+    from attnlab.kernels import fused
+    from attnlab.kernels.store_kv import store_kv
+    from attnlab.kvcache import KVPool
+
+    dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float16, torch.float32]
+    for dtype in dtypes:
+        for kv_dtype in ([dtype, torch.float8_e4m3fn] if dtype != torch.float32 else [dtype]):
+            for d in (64, 128):
+                pool = KVPool(1, 4, 16, 2, d, kv_dtype, "cpu")
+                k = torch.zeros(3, 2, d, dtype=dtype)
+                store_kv(pool, 0, k, k.clone(), torch.tensor([0, -1, 5]))
+        for hidden, heads, kv_heads, d, inter in ((576, 9, 3, 64, 1536), (4096, 32, 8, 128, 14336)):
+            x = torch.zeros(2, hidden, dtype=dtype)
+            w = torch.ones(hidden, dtype=dtype)
+            fused.add_rmsnorm(x, None, w, 1e-5)
+            fused.add_rmsnorm(x, x.clone(), w, 1e-5)
+            qkv = torch.zeros(2, (heads + 2 * kv_heads) * d, dtype=dtype)
+            cs = torch.zeros(2, 1, d, dtype=dtype)
+            fused.rope_qk(qkv, cs, cs, heads, kv_heads, d)
+            fused.silu_mul(torch.zeros(2, 2 * inter, dtype=dtype), inter)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90 = Hopper, 80 = Ampere)")
+    ap.add_argument("--quick", action="store_true", help="bf16 and head dims 64/128 only")
+    a = ap.parse_args(argv)
+    try:
+        with compile_only(a.arch) as log:
+            compile_store_and_fused(a.quick)
+            compile_backend_grid(a.quick)
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    import triton
+
+    print(f"triton {triton.__version__}, target {log.target}: {log.total} kernel variants compiled to cubin "
+          f"in {log.seconds:.0f} s")
+    for name, n in sorted(log.variants.items()):
+        print(f"  {name}: {n}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
