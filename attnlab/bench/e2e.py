@@ -4,7 +4,8 @@
 
 1. target-only decode of SmolLM2-135M shapes at batch 1 and 16: attnlab eager vs attnlab with CUDA graphs
    (per backend) vs HF transformers ``generate`` on the same weights;
-2. Llama-3.1-8B shapes at batch 1 (random weights) with CUDA graphs, unfused and with ``engine.fused_ops``
+2. Llama-3.2-1B (draft) and Llama-3.1-8B (target) shapes at batch 1 (random weights) with CUDA graphs,
+   unfused and with ``engine.fused_ops``
    (attnlab/kernels/fused.py), vs the weight-bandwidth roofline: the bytes of weights one decode step reads
    (every parameter but an untied embedding table, of which a step reads one row) / the measured
    device-to-device copy bandwidth;
@@ -135,20 +136,23 @@ def main(argv=None) -> int:
                     lines.append(f"| smollm2-135m | {batch} | {name} | error: {e!r} |||")
                     print(lines[-1], flush=True)
                 torch.cuda.empty_cache()
-    if not a.skip_8b:
-        r8 = side("llama-3.1-8b", "triton", 1, True, 32 + new + 16)
-        weight_bytes = step_weight_bytes(r8.model)
+    notes = []
+    for model in ([] if a.skip_8b else ["llama-3.2-1b", "llama-3.1-8b"]):  # the draft / target shapes
+        rm = side(model, "triton", 1, True, 32 + new + 16)
+        weight_bytes = step_weight_bytes(rm.model)
         roof = res["copy_gb_s"] * 1e9 / weight_bytes
-        lines.append("")
         for fused in (False, True):
-            set_fused(r8, fused)
-            r = attnlab_tok_s(r8, 1, 32, new)
+            set_fused(rm, fused)
+            r = attnlab_tok_s(rm, 1, 32, new)
             r["roofline_tok_s"], r["frac_roofline"], r["weight_bytes"] = roof, r["tok_s"] / roof, weight_bytes
-            row("llama-3.1-8b", 1, f"attnlab-triton-graphs{'-fused' if fused else ''}", r)
-            lines.append(f"Llama-3.1-8B shapes, batch 1{', fused ops' if fused else ''}: {r['tok_s']:.1f} tok/s = "
+            row(model, 1, f"attnlab-triton-graphs{'-fused' if fused else ''}", r)
+            notes.append(f"{model} shapes, batch 1{', fused ops' if fused else ''}: {r['tok_s']:.1f} tok/s = "
                          f"{r['frac_roofline']:.0%} of the weight-bandwidth roofline ({weight_bytes / 1e9:.2f} GB "
                          f"read per step / copy bw = {roof:.1f} tok/s)")
-            print(lines[-1], flush=True)
+            print(notes[-1], flush=True)
+        del rm
+        torch.cuda.empty_cache()
+    lines += [""] + notes if notes else []
     if a.out:
         with open(a.out + ".json", "w") as f:
             json.dump(res, f, indent=1)
