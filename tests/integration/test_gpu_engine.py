@@ -53,6 +53,30 @@ def test_cuda_graphs_match_eager(backend, dtype, k):
         assert same / sum(map(len, eager)) >= 0.9
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+def test_at_most_one_sync_per_iteration(backend, graphs):
+    """The speculative loop (draft k steps, verify, accept, rollback) reads the device once per iteration."""
+    from attnlab.engine.syncs import count_syncs
+
+    target = tiny_model(CFG, seed=0).to("cuda", torch.bfloat16)
+    draft = perturbed(target, seed=1, noise=0.2)
+    t = gpu_runner(target, backend, torch.bfloat16, graphs)
+    d = ModelDrafter(gpu_runner(draft, backend, torch.bfloat16, graphs, name="draft"))
+    if graphs:
+        t.capture_graphs(q_lens=[1, 4])
+        d.runner.capture_graphs(q_lens=(2,))
+        d.runner.capture_graphs(q_lens=(1,), num_slots=3, keep=True)
+    dec = SpeculativeDecoder(t, d, SpecParams(3))
+    ps = prompts(3, CFG.vocab_size)
+    dec.generate(ps, 8)  # compiles and JIT builds happen here, outside the count
+    with count_syncs("cuda") as c:
+        out = dec.generate(ps, 32)
+    iterations = len(out.iterations)
+    assert iterations >= 8
+    assert c.n <= iterations + 1, (c.n, iterations)  # + the first token after prefill
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_ops_in_graphs_match_unfused_eager(dtype):
     """engine.fused_ops (Triton norm/RoPE/SiLU/store kernels) captured in graphs vs the unfused eager path."""
