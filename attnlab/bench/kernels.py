@@ -206,7 +206,8 @@ def markdown(cells: list[Cell], names: list[str], copy_gb_s: float) -> str:
 
 
 def versions() -> dict:
-    out = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda}
+    out = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+           "cuda": torch.version.cuda}
     for dist in ("triton", "flashinfer-python", "flash-attn", "flash_attn_3"):
         try:
             out[dist] = importlib.metadata.version(dist)

@@ -52,6 +52,9 @@ case $PART in
     step "fa tests and kernel bench"
     timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/backends/test_flash_attn.py | tail -5
     timeout 120 python3 -m attnlab.bench.kernels --quick --backends torch,triton,fa --out "$OUT/kernels_fa" | tail -20
+    step "issue 8: speculative decoding vs HF assisted generation, same drafters, per backend pair"
+    timeout 400 python3 -m attnlab.bench.spec --backends triton,flashinfer --num-prompts 8 --new 128 \
+      --out "$OUT/spec" | tail -20
     C="experiment=backend_pairs workload.num_prompts=16 workload.max_new_tokens=64 logger=jsonl device=cuda"
     step "issue 6: flashinfer pairs on SmolLM2 (parity vs target-only with the same verify, and vs torch)"
     timeout 300 python3 -m attnlab -m $C backend=flashinfer,triton verify=flashinfer,triton engine.cuda_graph=true \
