@@ -246,6 +246,13 @@ def run(a) -> dict:
             f"({a.weights} weights), {a.dtype}, k={a.k}, self-draft layers={a.draft_layers}, {len(prompts)} prompts "
             f"x <= {a.new} new tokens, batch 1, attnlab CUDA graphs {'on' if a.graphs and dev.type == 'cuda' else 'off'}")
     lines = [head, ""] + table(rows)
+    if not a.skip_hf:  # the two engines' target-only outputs (fp32: identical but for near-ties)
+        hf_ref = rows[0].outputs
+        for r in rows:
+            if r.engine == "attnlab" and r.drafter == "none":
+                same = sum(x == y for x, y in zip(r.outputs, hf_ref))
+                lines.append(f"\nattnlab target-only ({r.pair}) = HF generate, token for token: {same} of "
+                             f"{len(hf_ref)} prompts")
     if a.weights == "random":
         lines.append("\nRandom weights: acceptance (and so tau and speedup) says nothing about real text.")
     return {"header": head, "args": {k: v for k, v in vars(a).items()}, "rows": [r.public() for r in rows],

@@ -22,6 +22,7 @@ def test_spec_bench_on_cpu_is_lossless_and_matches_hf():
     assert outs[3] == outs[0]
     assert rows[4]["tau"] >= 1.0
     assert "| attnlab | self | torch / torch |" in res["markdown"] and "Random weights" in res["markdown"]
+    assert "= HF generate, token for token: 2 of 2 prompts" in res["markdown"]
 
 
 def test_spec_bench_rejects_unknown_drafter():
