@@ -58,16 +58,19 @@ class TritonBackend(AttentionBackend):
     @classmethod
     def capabilities(cls) -> Capabilities:
         interp = os.environ.get("TRITON_INTERPRET") == "1"
+        kv = {"fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"}
+        if not interp and torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
+            kv.discard("fp8_e4m3")  # Triton lowers e4m3 ("fp8e4nv") on sm_89+ only; e5m2 also on sm_80
         return Capabilities(
             devices=frozenset({"cpu", "cuda"} if interp else {"cuda"}),
             dtypes=frozenset({"fp32", "fp16", "bf16"}),
-            kv_dtypes=frozenset({"fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"}),
+            kv_dtypes=frozenset(kv),
             head_dims=frozenset({16, 32, 64, 80, 96, 128, 256}),
             page_sizes="any",
             custom_mask=True,
             cuda_graph=frozenset({Mode.DECODE, Mode.VERIFY}),
             notes="split-KV flash-decoding + GQA-packed extend kernel; fp8 KV dequantized after load "
-                  "(needs sm_89+ on GPU); CPU only under TRITON_INTERPRET=1 (slow)",
+                  "(e4m3 needs sm_89+, e5m2 sm_80+); CPU only under TRITON_INTERPRET=1 (slow)",
         )
 
     @classmethod

@@ -90,7 +90,12 @@ def compile_only(arch: int = 90, warp_size: int = 32):
 # the shapes compiled
 
 
-def compile_backend_grid(quick: bool) -> None:
+def fp8_kv_dtypes(arch: int) -> list[torch.dtype]:
+    """fp8 KV formats Triton lowers for ``arch``: e4m3 ("fp8e4nv") needs sm_89+, e5m2 also runs on sm_80."""
+    return [torch.float8_e4m3fn, torch.float8_e5m2] if arch >= 89 else [torch.float8_e5m2]
+
+
+def compile_backend_grid(quick: bool, arch: int = 90) -> None:
     """The triton backend over decode / verify (causal and tree) / prefill, per dtype, KV dtype and head dim."""
     from attnlab.backends.base import Mode
     from attnlab.backends.cases import random_paged_case
@@ -106,7 +111,7 @@ def compile_backend_grid(quick: bool) -> None:
         ([64, 33], [64, 33], Mode.PREFILL, False),
     ]
     for dtype in dtypes:
-        kv_dtypes = [dtype] if dtype == torch.float32 else [dtype, torch.float8_e4m3fn, torch.float8_e5m2]
+        kv_dtypes = [dtype] if dtype == torch.float32 else [dtype, *fp8_kv_dtypes(arch)]
         for kv_dtype in kv_dtypes:
             for d in head_dims:
                 for gqa in (1, 4):
@@ -119,14 +124,14 @@ def compile_backend_grid(quick: bool) -> None:
                         be.run(q, 0)
 
 
-def compile_store_and_fused(quick: bool) -> None:
+def compile_store_and_fused(quick: bool, arch: int = 90) -> None:
     from attnlab.kernels import fused
     from attnlab.kernels.store_kv import store_kv
     from attnlab.kvcache import KVPool
 
     dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float16, torch.float32]
     for dtype in dtypes:
-        for kv_dtype in ([dtype, torch.float8_e4m3fn] if dtype != torch.float32 else [dtype]):
+        for kv_dtype in ([dtype, *fp8_kv_dtypes(arch)] if dtype != torch.float32 else [dtype]):
             for d in (64, 128):
                 pool = KVPool(1, 4, 16, 2, d, kv_dtype, "cpu")
                 k = torch.zeros(3, 2, d, dtype=dtype)
@@ -149,8 +154,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         with compile_only(a.arch) as log:
-            compile_store_and_fused(a.quick)
-            compile_backend_grid(a.quick)
+            compile_store_and_fused(a.quick, a.arch)
+            compile_backend_grid(a.quick, a.arch)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -169,6 +169,17 @@ def test_capabilities_and_availability():
     assert caps.cuda_graph == {Mode.DECODE, Mode.VERIFY}
 
 
+@pytest.mark.parametrize("cap,e4m3", [((8, 0), False), ((8, 6), False), ((8, 9), True), ((9, 0), True)])
+def test_fp8_e4m3_kv_needs_sm89(monkeypatch, cap, e4m3):
+    """Triton lowers e4m3 ("fp8e4nv") on sm_89+ only (attnlab.kernels.aot --arch 80 shows the compile error);
+    e5m2 compiles on sm_80. The capability follows the GPU, so config validation refuses e4m3 on an A100."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: cap)
+    kv = TritonBackend.capabilities().kv_dtypes
+    assert ("fp8_e4m3" in kv) == e4m3 and "fp8_e5m2" in kv and "bf16" in kv
+
+
 def test_heuristic_splits_for_bandwidth():
     kw = {"num_kv_heads": 8, "group": 4, "head_dim": 128, "has_mask": False, "sms": 132}
     small = plan_params(q_lens=[1] * 8, kv_lens=[4096] * 8, **kw)
