@@ -102,7 +102,7 @@ def compile_backend_grid(quick: bool, arch: int = 90) -> None:
     from attnlab.backends.triton import TritonBackend
 
     dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float16, torch.float32]
-    head_dims = [64, 128] if quick else [64, 128, 256]
+    head_dims = [64, 128] if quick else [64, 80, 96, 128, 256]  # every head_dim the capabilities list >= 64
     shapes = [  # (kv_lens, q_lens, mode, tree)
         ([300, 17], [1, 1], Mode.DECODE, False),
         ([9000, 40], [1, 1], Mode.DECODE, False),  # long context: split-KV and the merge kernel
