@@ -47,10 +47,32 @@ def find_jobs(root: Path) -> list[Path]:
     return sorted({p.parent for p in Path(root).glob("**/status.json") if "wandb" not in p.parts}, key=_natural)
 
 
+def _read_overrides(job: Path) -> dict[str, str]:
+    """The job's command-line overrides (Hydra's .hydra/overrides.yaml) as {key: value}."""
+    path = job / ".hydra" / "overrides.yaml"
+    try:
+        import yaml
+
+        items = yaml.safe_load(path.read_text()) or []
+    except Exception:  # noqa: BLE001 - a missing or broken file only costs the plot labels
+        return {}
+    return dict(str(o).split("=", 1) for o in items if "=" in str(o))
+
+
 def load_job(job: Path, root: Path) -> dict:
     return {"dir": job, "name": str(job.relative_to(root)) if job != root else job.name,
             "config": _read_config(job), "metrics": _read_json(job / "metrics.json"),
-            "parity": _read_json(job / "parity.json"), "status": _read_json(job / "status.json")}
+            "parity": _read_json(job / "parity.json"), "status": _read_json(job / "status.json"),
+            "overrides": _read_overrides(job)}
+
+
+def sweep_labels(jobs: list[dict]) -> list[str]:
+    """Per job, the overrides that differ between the jobs (what the sweep varied), e.g. "draft.layers=10";
+    the job name where nothing varies."""
+    keys = sorted({k for j in jobs for k in j["overrides"]})
+    varying = [k for k in keys if len({j["overrides"].get(k) for j in jobs}) > 1]
+    return [", ".join(f"{k}={j['overrides'][k]}" for k in varying if k in j["overrides"]) or j["name"]
+            for j in jobs]
 
 
 def _num(x, fmt: str) -> str:
@@ -107,6 +129,7 @@ def plot(jobs: list[dict], rows: list[dict], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    labels_of = dict(zip(map(id, jobs), sweep_labels(jobs)))
     done = [(j, r) for j, r in zip(jobs, rows) if j["metrics"].get("output_tokens_per_s") is not None]
     if not done:
         return []
@@ -129,13 +152,15 @@ def plot(jobs: list[dict], rows: list[dict], out_dir: Path) -> list[Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    drawn = 0
+    drawn, last = 0, 0
     for j, r in done:
         m = j["metrics"]
         pos = sorted((int(k[len("accept_rate_pos"):]), v) for k, v in m.items() if k.startswith("accept_rate_pos"))
         if pos:
-            ax.plot([p for p, _ in pos], [v for _, v in pos], marker="o", label=f"{r['job']} {r['draft/verify']}")
-            drawn += 1
+            ax.plot([p for p, _ in pos], [v for _, v in pos], marker="o", label=labels_of[id(j)])
+            drawn, last = drawn + 1, max(last, pos[-1][0])
+    if last:
+        ax.set_xticks(range(1, last + 1))
     ax.set_xlabel("draft position i")
     ax.set_ylabel("fraction of verify passes accepting draft token i")
     ax.set_ylim(0, 1.05)
