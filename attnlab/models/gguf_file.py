@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,10 +17,22 @@ GGUF_ARCHS = ("llama", "qwen2", "qwen3")
 
 
 def open_reader(path: str | Path):
+    """The file's GGUFReader, parsed once per process: parsing the metadata of a 49k-token vocabulary takes
+    seconds, and a run reads the config, the weights (and the tests the file again) from the same file.
+    The reader memory-maps the file; a changed file (mtime or size) is parsed anew."""
+    try:
+        st = Path(path).stat()
+    except OSError as e:
+        raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from e
+    return _parse(str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _parse(path: str, mtime_ns: int, size: int):
     import gguf
 
     try:
-        return gguf.GGUFReader(str(path))
+        return gguf.GGUFReader(path)
     except Exception as e:
         raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from e
 

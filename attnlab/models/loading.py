@@ -11,6 +11,7 @@ target device and dtype, so 8B shapes take seconds on a GPU and no checkpoint is
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -214,7 +215,10 @@ def load_tokenizer(source: str, *, init: str = "pretrained", config: ModelConfig
         return ByteTokenizer(256, 257)
 
 
+@functools.lru_cache(maxsize=4)
 def _hf_tokenizer(source: str):
+    """Built once per process and source (from a GGUF, transformers parses the whole file again: seconds);
+    the job's prompt tokenization and each model side share it."""
     src = resolve_source(source, "pretrained", need="tokenizer")
     from transformers import AutoTokenizer
 
