@@ -129,7 +129,7 @@ def plot(jobs: list[dict], rows: list[dict], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels_of = dict(zip(map(id, jobs), sweep_labels(jobs)))
+    label_of = dict(zip((j["name"] for j in jobs), sweep_labels(jobs)))
     done = [(j, r) for j, r in zip(jobs, rows) if j["metrics"].get("output_tokens_per_s") is not None]
     if not done:
         return []
@@ -157,7 +157,7 @@ def plot(jobs: list[dict], rows: list[dict], out_dir: Path) -> list[Path]:
         m = j["metrics"]
         pos = sorted((int(k[len("accept_rate_pos"):]), v) for k, v in m.items() if k.startswith("accept_rate_pos"))
         if pos:
-            ax.plot([p for p, _ in pos], [v for _, v in pos], marker="o", label=labels_of[id(j)])
+            ax.plot([p for p, _ in pos], [v for _, v in pos], marker="o", label=label_of[j["name"]])
             drawn, last = drawn + 1, max(last, pos[-1][0])
     if last:
         ax.set_xticks(range(1, last + 1))

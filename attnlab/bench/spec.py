@@ -62,7 +62,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def load_prompts(model: str, weights: str, n: int, vocab: int, tokenizer) -> list[list[int]]:
+def load_prompts(weights: str, n: int, vocab: int, tokenizer) -> list[list[int]]:
     from attnlab.workloads import synthetic_prompts, tokenize_prompts
     from attnlab.workloads.builtin import load_builtin
 
@@ -119,7 +119,6 @@ def attnlab_rows(base, a, prompts, eos: set[int]) -> list[Row]:
                         d.capture_graphs(q_lens=(1,), num_slots=max(1, a.k), keep=True)
                     drafter = ModelDrafter(d, "self")
                 rows.append(finish(timed(target, drafter, a.k, drafter_name, f"{draft_backend} / {verify}"), ref))
-        del target
     return rows
 
 
@@ -238,7 +237,7 @@ def run(a) -> dict:
                       progress=False)
     cfg, model = base.model_config, base.model
     tok = load_tokenizer(a.model, init=init, config=cfg) if a.weights == "real" else None
-    prompts = load_prompts(a.model, a.weights, a.num_prompts, cfg.vocab_size, tok)
+    prompts = load_prompts(a.weights, a.num_prompts, cfg.vocab_size, tok)
     eos = set(cfg.eos_token_ids) if a.weights == "real" else set()  # random weights: fixed lengths
     rows = [] if a.skip_hf else hf_rows(model, a, prompts, eos)
     rows += attnlab_rows(base, a, prompts, eos)

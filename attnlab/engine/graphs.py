@@ -70,7 +70,8 @@ class GraphCache:
         def forward():
             # The context is built inside the capture: its store index is derived from the static ``slots``
             # buffer by a captured kernel, so a replay with new slots stores where they say.
-            return r.model.compute_logits(r.model(ids, positions, AttnContext(r.backend, r.pool, slots, triton_store=r.fused_ops)))
+            ctx = AttnContext(r.backend, r.pool, slots, triton_store=r.fused_ops)
+            return r.model.compute_logits(r.model(ids, positions, ctx))
 
         with torch.inference_mode():
             stream = torch.cuda.Stream()

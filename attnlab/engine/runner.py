@@ -50,8 +50,12 @@ class ModelRunner:
         self.device = pool.device
         self.graphs = None  # GraphCache once capture_graphs() ran
         self._slot = 0  # plan slot of the active plan: 0 = plan(), j + 1 = use_step(j)
-        # engine.fused_ops: the Decoder (or a LayerSubset's parent) runs its Triton kernels; the KV store joins
-        self.fused_ops = bool(getattr(getattr(model, "parent", model), "fused_ops", False))
+
+    @property
+    def fused_ops(self) -> bool:
+        """engine.fused_ops, read off the Decoder (or a LayerSubset's parent): its layers run the Triton
+        kernels of attnlab.kernels.fused, and the KV store joins them."""
+        return bool(getattr(getattr(self.model, "parent", self.model), "fused_ops", False))
 
     def kv_len(self, req: Hashable) -> int:
         return self.allocator.lengths.get(req, 0)

@@ -50,9 +50,6 @@ class _FakeDriver:
     def get_current_stream(self, device=None):
         return 0
 
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
 
 @contextlib.contextmanager
 def compile_only(arch: int = 90, warp_size: int = 32):

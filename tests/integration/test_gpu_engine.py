@@ -96,6 +96,8 @@ def test_fused_ops_in_graphs_match_unfused_eager(dtype):
         outs.append(SpeculativeDecoder(t, d, SpecParams(3)).generate(ps, 24))
     eager, fused_graphs = ([r.output_ids for r in o.requests] for o in outs)
     same = sum(a == b for x, y in zip(fused_graphs, eager) for a, b in zip(x, y))
+    # fp32: identical; bf16: the fused RMS reduction order and graph-padded GEMM tiles may round a near-tie
+    # the other way, after which a sequence diverges (as in test_cuda_graphs_match_eager)
     assert same / sum(map(len, eager)) >= (1.0 if dtype == torch.float32 else 0.9)
 
 
