@@ -149,9 +149,8 @@ class TritonBackend(AttentionBackend):
         k_cache = lay[0].view(-1, pool.num_kv_heads, pool.head_dim)
         v_cache = lay[1].view(-1, pool.num_kv_heads, pool.head_dim)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        common = {"page_size": pool.page_size, "scale": self.scale, "params": plan.params,
-                  "k_scale": pool.k_scale,
-                      "v_scale": pool.v_scale, "o_part": plan.o_part, "lse_part": plan.lse_part}
+        common = {"page_size": pool.page_size, "scale": self.scale, "params": plan.params, "k_scale": pool.k_scale,
+                  "v_scale": pool.v_scale, "o_part": plan.o_part, "lse_part": plan.lse_part}
         if plan.params.kind == "decode":
             return paged_decode(q, k_cache, v_cache, out, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
                                 plan.kv_lens, **common)
