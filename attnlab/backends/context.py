@@ -1,4 +1,5 @@
-"""What a model layer sees of attention: store this pass's K/V, then attend through the backend."""
+"""What a model layer sees of a forward pass: store this pass's K/V, then attend through the backend; which
+layer outputs the caller wants back (EAGLE features); whether the layers run attnlab's fused kernels."""
 
 from __future__ import annotations
 
@@ -12,20 +13,28 @@ from attnlab.kvcache.pool import KVPool
 
 @dataclass
 class AttnContext:
-    """Per forward pass. slots: [num_tokens] int64 pool slots of the new tokens (-1 = skip)."""
+    """Per forward pass. slots: [num_tokens] int64 pool slots of the new tokens (-1 = skip).
+
+    fused_ops: the layers run attnlab.kernels.fused and the K/V store is the Triton kernel (engine.fused_ops,
+    a property of the model side, not of the shared weights). capture: layer indices whose output (the
+    residual stream) the model concatenates into ``captured`` [num_tokens, len(capture) * hidden]; a draft
+    head leaves its pre-norm output there instead.
+    """
 
     backend: AttentionBackend
     pool: KVPool
     slots: torch.Tensor
-    triton_store: bool = False  # store with the Triton kernel (one launch, slot -1 skipped) instead of torch
+    fused_ops: bool = False
+    capture: tuple[int, ...] | None = None
+    captured: torch.Tensor | None = None
 
     def __post_init__(self):
         # once per pass; every layer's torch store goes through it
-        self.index = None if self.triton_store else self.pool.store_index(self.slots)
+        self.index = None if self.fused_ops else self.pool.store_index(self.slots)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [T, Hq, D], k/v: [T, Hkv, D] (RoPE applied) -> [T, Hq, D]."""
-        if self.triton_store:
+        if self.fused_ops:
             from attnlab.kernels.store_kv import store_kv
 
             store_kv(self.pool, layer, k, v, self.slots)

@@ -41,7 +41,7 @@ def side(model: str, backend: str, batch: int, graphs: bool, max_context: int, d
 
 def set_fused(runner, on: bool) -> None:
     """Switch a built side between the unfused and the fused layer path (same weights), re-capturing graphs."""
-    runner.model.fused_ops = on
+    runner.fused_ops = on
     if runner.graphs is not None:
         runner.capture_graphs(q_lens=(1,))
 

@@ -31,21 +31,24 @@ def build_side(model_cfg: dict, backend: str, dtype: str, kv_dtype: str, page_si
                max_batch: int, max_context: int, device: str, layers: list[int] | None = None,
                share_weights_with: ModelRunner | None = None, progress: bool = True,
                name: str = "target", cuda_graph: bool = False, max_q_len: int = 16,
-               kv_scale: float | None = None, fused_ops: bool = False) -> ModelRunner:
+               kv_scale: float | None = None, fused_ops: bool = False, prebuilt: tuple | None = None) -> ModelRunner:
     """Build one side. ``share_weights_with`` reuses another side's model (``draft=self``): the same
     module when dtype matches, else a cast copy; ``layers`` keeps a subset of its layers.
 
     ``dtype="fp8_e4m3"`` (weights): the model is built in bf16, then its layer projections are swapped for
     FP8Linear (attnlab.models.fp8); with ``share_weights_with`` that is a copy sharing every other tensor.
     ``kv_scale``: the per-tensor K and V scale of an fp8 KV pool (None = DEFAULT_KV_SCALE, 1.0; ignored for
-    other KV dtypes). ``fused_ops``: the model runs attnlab.kernels.fused (engine.fused_ops); with
-    ``share_weights_with`` and the same dtype that is the shared module, so both sides run fused."""
+    other KV dtypes). ``fused_ops``: this side's passes run attnlab.kernels.fused (engine.fused_ops); a property of the side,
+    so another side sharing the weights (a parity reference) still runs unfused. ``prebuilt``: (model,
+    ModelConfig, tokenizer) of a model built elsewhere (an EAGLE head, attnlab.engine.eagle_side)."""
     from attnlab.models.loading import load_model, load_tokenizer  # heavy imports only when building
 
     dev = torch.device(device)
     fp8_weights = dtype == "fp8_e4m3"
     wdtype = torch.bfloat16 if fp8_weights else resolve_dtype(dtype)  # compute dtype of the side
-    if share_weights_with is not None:
+    if prebuilt is not None:
+        model, mcfg, tok = prebuilt
+    elif share_weights_with is not None:
         base = share_weights_with.model
         base = getattr(base, "parent", base)
         if fp8_weights and has_fp8_linears(base):
@@ -64,10 +67,8 @@ def build_side(model_cfg: dict, backend: str, dtype: str, kv_dtype: str, page_si
         tok = load_tokenizer(source, init=model_cfg.get("init", "pretrained"), config=mcfg)
         if fp8_weights:
             model = quantize_linears(model, inplace=True)
-    if fused_ops:
-        if dev.type != "cuda":
-            raise ConfigError("engine.fused_ops=true needs device=cuda")
-        model.fused_ops = True
+    if fused_ops and dev.type != "cuda":
+        raise ConfigError("engine.fused_ops=true needs device=cuda")
     if layers:
         model = LayerSubset(model, list(layers))
     num_layers = len(layers) if layers else mcfg.num_layers
@@ -90,4 +91,4 @@ def build_side(model_cfg: dict, backend: str, dtype: str, kv_dtype: str, page_si
         kw = {"cuda_graph": True, "max_batch_size": graph_batch, "max_q_len": max_q_len, "max_context": max_context}
     be = cls(pool, mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim, mcfg.head_dim ** -0.5, wdtype, **kw)
     return ModelRunner(model.eval(), mcfg, tok, pool, PageAllocator(pages, page_size), be, max_context, name,
-                       max_batch=max_batch)
+                       max_batch=max_batch, fused_ops=fused_ops)

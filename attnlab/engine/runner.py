@@ -37,7 +37,8 @@ class Pass:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, model_config, tokenizer, pool: KVPool, allocator: PageAllocator,
-                 backend: AttentionBackend, max_context: int, name: str = "target", max_batch: int = 1):
+                 backend: AttentionBackend, max_context: int, name: str = "target", max_batch: int = 1,
+                 fused_ops: bool = False):
         self.model = model
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -50,12 +51,16 @@ class ModelRunner:
         self.device = pool.device
         self.graphs = None  # GraphCache once capture_graphs() ran
         self._slot = 0  # plan slot of the active plan: 0 = plan(), j + 1 = use_step(j)
-
-    @property
-    def fused_ops(self) -> bool:
-        """engine.fused_ops, read off the Decoder (or a LayerSubset's parent): its layers run the Triton
-        kernels of attnlab.kernels.fused, and the KV store joins them."""
-        return bool(getattr(getattr(self.model, "parent", self.model), "fused_ops", False))
+        # engine.fused_ops for this side: its layers run attnlab.kernels.fused and the KV store joins them.
+        # A side property, not the weights': a parity reference sharing the model still runs unfused.
+        self.fused_ops = fused_ops
+        # Layers whose output stream every forward also returns in ``aux`` (an EAGLE drafter's features);
+        # None = capture nothing. Set before capture_graphs: graphs hold what was set when captured.
+        self.capture_layers: tuple[int, ...] | None = None
+        # [T, F] the last forward's auxiliary output, T = its unpadded token count: the captured target
+        # features, or a draft head's pre-norm output; None when the model left none. A view of a graph's
+        # static buffer after a replay: read it before the next replay of that graph.
+        self.aux: torch.Tensor | None = None
 
     def kv_len(self, req: Hashable) -> int:
         return self.allocator.lengths.get(req, 0)
@@ -126,24 +131,37 @@ class ModelRunner:
         self._slot = j + 1
 
     @torch.inference_mode()
-    def forward(self, p: Pass, input_ids: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids: [T] int64 on device -> fp32 logits [len(rows) or T, vocab] (uses the active plan)."""
+    def forward(self, p: Pass, input_ids: torch.Tensor, rows: torch.Tensor | None = None,
+                features: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids: [T] int64 on device -> fp32 logits [len(rows) or T, vocab] (uses the active plan).
+
+        features: [T, F] per-token inputs of a draft head (EAGLE); None for a plain decoder. After the call,
+        ``self.aux`` holds the pass's auxiliary output for all T tokens (see __init__)."""
         g = self.graphs
-        if g is not None and p.padded_to is not None and g.has(p.padded_to, p.q_len, self._slot):
-            logits = g.replay(p.padded_to, p.q_len, self._slot, p, input_ids)
-            return logits[rows] if rows is not None else logits[: input_ids.shape[0]]
-        ctx = AttnContext(self.backend, self.pool, p.slots, triton_store=self.fused_ops)
         n = input_ids.shape[0]
+        if g is not None and p.padded_to is not None and g.has(p.padded_to, p.q_len, self._slot, features):
+            logits, aux = g.replay(p.padded_to, p.q_len, self._slot, p, input_ids, features)
+            self.aux = aux[:n] if aux is not None else None
+            return logits[rows] if rows is not None else logits[:n]
+        ctx = AttnContext(self.backend, self.pool, p.slots, fused_ops=self.fused_ops, capture=self.capture_layers)
         if p.padded_to is not None and p.positions.shape[0] > n:  # padded, but no graph for this slot: eager
-            input_ids = torch.cat([input_ids, input_ids.new_zeros(p.positions.shape[0] - n)])
-        hidden = self.model(input_ids, p.positions, ctx)[:n]
+            pad = p.positions.shape[0] - n
+            input_ids = torch.cat([input_ids, input_ids.new_zeros(pad)])
+            if features is not None:
+                features = torch.cat([features, features.new_zeros(pad, features.shape[1])])
+        extra = {} if features is None else {"features": features}
+        hidden = self.model(input_ids, p.positions, ctx, **extra)[:n]
+        self.aux = ctx.captured[:n] if ctx.captured is not None else None
         if rows is not None:
             hidden = hidden[rows]
         return self.model.compute_logits(hidden)
 
-    def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None, keep: bool = False) -> int:
-        """Capture CUDA graphs for every bucket <= max batch, q_len and plan slot ``0..num_slots-1``;
-        ``keep`` adds to the graphs captured before. Returns how many graphs were captured."""
+    def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None, keep: bool = False,
+                       feature_dim: int | None = None, first_slot: int = 0) -> int:
+        """Capture CUDA graphs for every bucket <= max batch, q_len and plan slot ``first_slot ..
+        num_slots - 1``; ``keep`` adds to the graphs captured before; ``feature_dim``: the width of the
+        per-token features a draft head reads in these passes (None: no features). Returns how many graphs
+        were captured."""
         from attnlab.engine.graphs import DEFAULT_BUCKETS, GraphCache
 
         if self.device.type != "cuda":
@@ -153,7 +171,7 @@ class ModelRunner:
             buckets.append(next((b for b in DEFAULT_BUCKETS if b >= self.max_batch), self.max_batch))
         if not (keep and self.graphs):
             self.graphs = GraphCache(self)
-        return self.graphs.capture(buckets, q_lens, num_slots)
+        return self.graphs.capture(buckets, q_lens, range(first_slot, num_slots), feature_dim)
 
     def run(self, reqs, starts, q_lens, input_ids, mode: Mode, rows: str = "last") -> torch.Tensor:
         """prepare + plan + forward in one call. rows: "last" (one row per request) or "all"."""

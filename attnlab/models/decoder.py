@@ -5,9 +5,12 @@ pass's K/V in the pool and runs the chosen backend), so the model never knows wh
 Parameter names follow HF's except two fused projections: ``qkv_proj`` = [q; k; v] and
 ``gate_up_proj`` = [gate; up] (rows); the loader maps HF / GGUF names onto their slices.
 
-``Decoder.fused_ops = True`` (``engine.fused_ops``, CUDA) runs the layers through the Triton kernels of
+A pass whose context says ``fused_ops`` (``engine.fused_ops``, CUDA; a property of the model side, so a
+parity reference sharing these weights still runs unfused) goes through the Triton kernels of
 ``attnlab.kernels.fused`` (residual add + RMSNorm, RoPE on q and k, SiLU-mul): the same arithmetic in
-5 launches per layer instead of 32, besides the 4 GEMMs and attention.
+5 launches per layer instead of 32, besides the 4 GEMMs and attention. A context with ``capture`` set gets
+the residual stream after those layers back in ``ctx.captured`` (EAGLE-3 features), from inside the same
+forward: no extra pass, no sync, CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -122,7 +125,6 @@ class Decoder(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
         self.register_buffer("inv_freq", torch.empty(0), persistent=False)
-        self.fused_ops = False
         self._finish()
 
     def _finish(self) -> None:
@@ -143,19 +145,32 @@ class Decoder(nn.Module):
         return self.run_layers(range(len(self.layers)), input_ids, positions, ctx)
 
     def run_layers(self, indices, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
-        """Embed, run the layers ``indices`` (all, or a LayerSubset's), final norm -> hidden [T, hidden]."""
+        """Embed, run the layers ``indices`` (all, or a LayerSubset's), final norm -> hidden [T, hidden].
+        ``ctx.capture``: layer indices whose output stream is concatenated into ``ctx.captured``."""
         h = self.embed_tokens(input_ids)
         cos, sin = rope.cos_sin(positions, self.inv_freq, h.dtype)
-        if not self.fused_ops:
+        capture = getattr(ctx, "capture", None) or ()
+        feats = []
+        if not getattr(ctx, "fused_ops", False):
             for i in indices:
                 h = self.layers[i](h, cos, sin, ctx)
-            return self.norm(h)
-        from attnlab.kernels import fused
+                if i in capture:
+                    feats.append(h)
+            out = self.norm(h)
+        else:
+            from attnlab.kernels import fused
 
-        residual = None
-        for i in indices:
-            h, residual = self.layers[i].forward_fused(h, residual, cos, sin, ctx)
-        return fused.add_rmsnorm(h, residual, self.norm.weight, self.norm.eps)[0]
+            residual = None
+            for i in indices:
+                h, residual = self.layers[i].forward_fused(h, residual, cos, sin, ctx)
+                if i in capture:  # the fused path defers the residual add to the next norm
+                    feats.append(h + residual)
+            out = fused.add_rmsnorm(h, residual, self.norm.weight, self.norm.eps)[0]
+        if capture:
+            if len(feats) != len(capture):
+                raise ValueError(f"capture layers {list(capture)} not all among the layers run")
+            ctx.captured = torch.cat(feats, dim=-1)
+        return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] fp32 (matmul in the model dtype, as HF)."""

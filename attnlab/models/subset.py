@@ -11,11 +11,21 @@ from torch import nn
 
 
 class _RemappedContext:
+    """The pass's context with layer indices mapped to the subset's pool layers; everything else
+    (fused_ops, capture, captured) is the wrapped context's."""
+
     def __init__(self, ctx, index: dict[int, int]):
-        self._ctx, self._index = ctx, index
+        object.__setattr__(self, "_ctx", ctx)
+        object.__setattr__(self, "_index", index)
 
     def attend(self, layer, q, k, v):
         return self._ctx.attend(self._index[layer], q, k, v)
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._ctx, name, value)
 
 
 class LayerSubset(nn.Module):

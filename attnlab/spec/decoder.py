@@ -57,29 +57,40 @@ class SpeculativeDecoder:
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int] | frozenset = frozenset(),
                  record_logits: bool = False, progress: Callable[[int], None] | None = None) -> GenerateOutput:
-        """Run one batch of prompts to completion. ``progress(n)`` is told of n newly committed tokens."""
+        """Run one batch of prompts to completion. ``progress(n)`` is told of n newly committed tokens.
+
+        ``record_logits`` copies the target's logits at every emitted position to the host (one blocking
+        copy per iteration): for untimed parity passes only, never inside a timed run."""
         if any(len(p) == 0 for p in prompts):
             raise ConfigError("workload: empty prompt (0 tokens) cannot be decoded")
-        tgt, sp, dev = self.target, self.params.sampling, self.target.device
+        tgt, sp, dev, drafter = self.target, self.params.sampling, self.target.device, self.drafter
         reqs = list(range(self._next_id, self._next_id + len(prompts)))
         self._next_id += len(prompts)
         outs = {r: RequestOutput(prompt_ids=list(p)) for r, p in zip(reqs, prompts)}
         seqs = {r: list(p) for r, p in zip(reqs, prompts)}
         logit_rows: dict[int, list[torch.Tensor]] = {r: [] for r in reqs}
+        tgt.capture_layers = drafter.capture_layers  # EAGLE features come out of the target's own passes
         t_start = time.perf_counter()
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
         # Prefill: the target sees the whole prompt and emits the first token; the drafter fills its KV.
-        ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long).to(dev)
+        # Host-to-device copies are non-blocking (no sync); the iteration's one sync reads the first tokens.
+        timer = PhaseTimer(dev)
+        timer.mark("target")
+        ids = _to_device([t for p in prompts for t in p], dev)
         logits = tgt.run(reqs, [0] * len(reqs), [len(p) for p in prompts], ids, Mode.PREFILL)
         last, _ = next_tokens(logits, sp, self.gen)
-        self.drafter.prefill(reqs, prompts)
+        timer.mark("drafter")
+        drafter.prefill(reqs, prompts, last, tgt)
+        timer.stop()
         first = last.tolist()
         sync()
         prefill_ms = (time.perf_counter() - t_start) * 1e3
+        phases = timer.read()
+        ttft_ms, draft_prefill_ms = phases["target"], phases["drafter"]
         active = []
         for i, r in enumerate(reqs):
-            outs[r].ttft_ms = prefill_ms
+            outs[r].ttft_ms = ttft_ms
             if record_logits:
                 logit_rows[r].append(logits[i:i + 1].float().cpu())
             if self._commit(r, outs[r], seqs[r], [first[i]], max_new_tokens, eos_ids, t_start):
@@ -88,8 +99,8 @@ class SpeculativeDecoder:
                 active.append(i)
         if progress:
             progress(len(reqs))
-        last = last[active]
-        reqs = [reqs[i] for i in active]
+        reqs = self._shrink(reqs, active, len(reqs))
+        last = last[_to_device(active, dev)] if len(reqs) < len(first) else last
 
         iterations: list[IterRecord] = []
         pending: tuple[PhaseTimer, IterRecord] | None = None  # read after the next sync: no extra sync
@@ -101,7 +112,7 @@ class SpeculativeDecoder:
             k = max(0, min(self.k, room))
 
             timer.mark("draft")
-            draft, dprobs = self.drafter.propose(reqs, [seqs[r] for r in reqs], k, sp, self.gen)
+            draft, dprobs = drafter.propose(reqs, [seqs[r] for r in reqs], k, sp, self.gen)
 
             timer.mark("verify")
             ids = torch.cat([last[:, None], draft], dim=1).reshape(-1)
@@ -120,6 +131,9 @@ class SpeculativeDecoder:
                 n_acc, nxt = rejection_accept(draft, dprobs, tprobs, self.gen)
             emitted = torch.cat([draft, draft.new_zeros(draft.shape[0], 1)], dim=1)
             emitted.scatter_(1, n_acc[:, None], nxt[:, None])
+
+            timer.mark("draft_extend")  # EAGLE: the head reads what was accepted, before the sync
+            drafter.extend(reqs, n_before, k, emitted, n_acc, tgt)
             host = torch.cat([emitted, n_acc[:, None]], dim=1).tolist()  # the iteration's one sync
             if pending:
                 _fill_times(*pending)
@@ -133,7 +147,7 @@ class SpeculativeDecoder:
                 if record_logits:
                     logit_rows[r].append(logits[i, :a + 1].float().cpu())
                 tgt.truncate(r, n_before[i] + a)
-                self.drafter.commit(r, n_before[i], a)
+                drafter.commit(r, n_before[i], a)
                 before = len(outs[r].output_ids)
                 done = self._commit(r, outs[r], seqs[r], host[i][:a + 1], max_new_tokens, eos_ids, t_start)
                 new_tokens += len(outs[r].output_ids) - before
@@ -147,18 +161,27 @@ class SpeculativeDecoder:
             iterations.append(IterRecord(len(reqs), k, taus, 0.0, 0.0, 0.0, 0.0, 0.0))
             pending = (timer, iterations[-1])
             if len(keep) < len(reqs):
-                last = nxt[torch.tensor(keep, dtype=torch.long, device=dev)]
-                reqs = [reqs[i] for i in keep]
+                last = nxt[_to_device(keep, dev)]
             else:
                 last = nxt
+            reqs = self._shrink(reqs, keep, len(reqs))
 
         if pending:
             sync()
             _fill_times(*pending)
+        tgt.capture_layers = None
         for r, o in outs.items():
             if record_logits:
                 o.logits = torch.cat(logit_rows[r])[: len(o.output_ids)]
-        return GenerateOutput(list(outs.values()), iterations, prefill_ms, time.perf_counter() - t_start, self.k)
+        return GenerateOutput(list(outs.values()), iterations, prefill_ms, time.perf_counter() - t_start, self.k,
+                              draft_prefill_ms)
+
+    def _shrink(self, reqs: list, keep: list[int], n: int) -> list:
+        """The batch after some requests finished: rows ``keep`` of the previous ``n``; drafters with
+        per-row device state follow."""
+        if len(keep) < n:
+            self.drafter.retain(keep)
+        return [reqs[i] for i in keep]
 
     def _commit(self, r, out: RequestOutput, seq: list[int], tokens: list[int], max_new: int, eos_ids,
                 t_start: float) -> bool:
@@ -180,8 +203,14 @@ class SpeculativeDecoder:
         self.drafter.release(r)
 
 
+def _to_device(values: list[int], dev: torch.device) -> torch.Tensor:
+    """A host list -> int64 tensor on ``dev`` without a blocking copy (torch.tensor(..., device=cuda) syncs)."""
+    return torch.tensor(values, dtype=torch.long).to(dev, non_blocking=True)
+
+
 def _fill_times(timer: PhaseTimer, rec: IterRecord) -> None:
     ms = timer.read()
     rec.draft_ms, rec.verify_ms = ms.get("draft", 0.0), ms.get("verify", 0.0)
     rec.accept_ms, rec.other_ms = ms.get("accept", 0.0), ms.get("other", 0.0)
+    rec.draft_extend_ms = ms.get("draft_extend", 0.0)
     rec.total_ms = sum(ms.values())

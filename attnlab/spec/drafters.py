@@ -4,6 +4,7 @@
 - ``ngram``: prompt lookup — the continuation of the longest earlier match of the context's suffix.
 - ``model`` / ``self``: a model side (its own runner: weights, KV pool, page size, backend, precision).
   ``self`` is the target's weights, optionally a layer subset and/or another precision.
+- ``eagle``: an EAGLE-3 head fed by the target's features (attnlab.spec.eagle).
 
 Model drafters chain-draft: one catch-up pass feeds the committed tokens the draft KV has not seen
 (usually 1, 2 after a fully accepted round), then k - 1 single-token steps. All k passes are prepared
@@ -21,27 +22,50 @@ from attnlab.engine.runner import ModelRunner
 from attnlab.engine.sampler import SamplingParams, next_tokens
 from attnlab.errors import ConfigError
 
-DRAFTER_KINDS = ("none", "self", "ngram", "model")
+DRAFTER_KINDS = ("none", "self", "ngram", "model", "eagle")
 
 
 class Drafter:
-    """Base: subclasses implement ``propose``; model drafters also keep KV in step with the target."""
+    """Base: subclasses implement ``propose``; model drafters also keep KV in step with the target.
+
+    One iteration calls, in order: ``propose`` (before verify), ``extend`` (after acceptance, before the
+    iteration's one host sync: device work only), then per request ``commit`` (after the sync), and
+    ``retain`` when requests left the batch. ``capture_layers``: target layers whose outputs the drafter
+    reads (EAGLE); the target's prefill and verify passes then return them in ``target.aux``.
+    """
 
     kind = "base"
     runner: ModelRunner | None = None
+    capture_layers: tuple[int, ...] | None = None
 
-    def prefill(self, reqs: Sequence[Hashable], prompts: Sequence[Sequence[int]]) -> None:
-        """See the prompts (model drafters fill their KV)."""
+    def prefill(self, reqs: Sequence[Hashable], prompts: Sequence[Sequence[int]], first_tokens: torch.Tensor,
+                target: ModelRunner) -> None:
+        """See the prompts (model drafters fill their KV). first_tokens: [B] int64 on device, the target's
+        first sampled token per request; ``target.aux`` holds the prefill's captured features if asked."""
 
     def propose(self, reqs, seqs: Sequence[list[int]], k: int, sp: SamplingParams, gen):
         """-> (tokens [B, k] int64 on device, probs [B, k, V] fp32 or None = deterministic (one-hot))."""
         raise NotImplementedError
 
+    def extend(self, reqs, n_before: Sequence[int], k: int, emitted: torch.Tensor, num_accepted: torch.Tensor,
+               target: ModelRunner) -> None:
+        """After acceptance, before the sync. emitted: [B, k + 1] int64 (the accepted drafts, then the
+        correction / bonus token, then garbage); num_accepted: [B] int64; ``target.aux``: the verify pass's
+        captured features, [B * (k + 1), F]."""
+
     def commit(self, req: Hashable, n_before: int, num_accepted: int) -> None:
         """The iteration kept ``num_accepted`` drafts after the ``n_before`` committed tokens."""
 
+    def retain(self, keep: list[int]) -> None:
+        """The batch shrank to rows ``keep`` of the previous one (per-row device state follows)."""
+
     def release(self, req: Hashable) -> None:
         """The request left the batch."""
+
+    def capture_graphs(self, target: ModelRunner, k: int) -> int:
+        """Capture the CUDA graphs this drafter's passes replay (after the target captured its own decode /
+        verify graphs); returns how many were captured."""
+        return 0
 
 
 class NoDrafter(Drafter):
@@ -83,7 +107,7 @@ class NgramDrafter(Drafter):
             # Pad a short or missing continuation by repeating the last token: still a valid proposal.
             cont = cont + [cont[-1] if cont else s[-1]] * (k - len(cont))
             rows.append(cont)
-        return torch.tensor(rows, dtype=torch.long).view(len(seqs), k).to(self.device), None
+        return torch.tensor(rows, dtype=torch.long).view(len(seqs), k).to(self.device, non_blocking=True), None
 
 
 class ModelDrafter(Drafter):
@@ -93,8 +117,8 @@ class ModelDrafter(Drafter):
         self.runner = runner
         self.kind = kind
 
-    def prefill(self, reqs, prompts):
-        ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long).to(self.runner.device)
+    def prefill(self, reqs, prompts, first_tokens=None, target=None):
+        ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long).to(self.runner.device, non_blocking=True)
         self.runner.run(reqs, [0] * len(prompts), [len(p) for p in prompts], ids, Mode.PREFILL)
 
     def propose(self, reqs, seqs, k, sp, gen):
@@ -127,6 +151,13 @@ class ModelDrafter(Drafter):
         tokens = torch.stack(toks, dim=1)
         return tokens, (None if sp.greedy else torch.stack(all_probs, dim=1))
 
+    def capture_graphs(self, target, k):
+        """Slot 0: the catch-up pass (2 tokens per request); slots 1..k-1: one token each."""
+        if self.runner is target:
+            return 0
+        n = self.runner.capture_graphs(q_lens=(2,), num_slots=1)
+        return n + self.runner.capture_graphs(q_lens=(1,), num_slots=max(1, k), keep=True)
+
     def commit(self, req, n_before, num_accepted):
         # The draft KV holds the committed n_before tokens, then drafts d1..d_{k-1}: d1..d_a stay valid.
         keep = min(self.runner.kv_len(req), n_before + num_accepted)
@@ -142,8 +173,12 @@ def make_drafter(kind: str, *, draft_runner: ModelRunner | None = None, ngram_n:
         return NoDrafter(device)
     if kind == "ngram":
         return NgramDrafter(device, max_n=ngram_n)
-    if kind in ("self", "model"):
+    if kind in ("self", "model", "eagle"):
         if draft_runner is None:
             raise ConfigError(f"draft={kind} needs a draft model side")
+        if kind == "eagle":
+            from attnlab.spec.eagle import EagleDrafter
+
+            return EagleDrafter(draft_runner)
         return ModelDrafter(draft_runner, kind)
     raise ConfigError(f"unknown draft kind {kind!r} (choose from: {', '.join(DRAFTER_KINDS)})")

@@ -13,7 +13,7 @@ class RequestOutput:
     output_ids: list[int] = field(default_factory=list)
     accept_lens: list[int] = field(default_factory=list)  # tau of each verify pass this request took part in
     finish_reason: str = ""  # "eos" | "length" | "context"
-    ttft_ms: float = 0.0
+    ttft_ms: float = 0.0  # prompt start -> the target's first token (the drafter's prefill is not in it)
     latency_ms: float = 0.0
     token_times_ms: list[float] = field(default_factory=list)  # commit time of each output token
     logits: torch.Tensor | None = None  # [len(output_ids), vocab] fp32 cpu, when recorded
@@ -29,12 +29,14 @@ class IterRecord:
     accept_ms: float
     other_ms: float
     total_ms: float
+    draft_extend_ms: float = 0.0  # EAGLE: the accepted tokens with the target's features through the head
 
 
 @dataclass
 class GenerateOutput:
     requests: list[RequestOutput]
     iterations: list[IterRecord]
-    prefill_ms: float
+    prefill_ms: float  # the whole prefill: the target's, then the drafter's (until the first sync)
     wall_s: float
     num_draft_tokens: int
+    draft_prefill_ms: float = 0.0  # the drafter's part of prefill_ms

@@ -122,3 +122,11 @@ class TestEdgeCases:
         for r in out.requests:
             assert len(r.prompt_ids) + len(r.output_ids) == 16 and r.finish_reason == "context"
         assert tgt.allocator.num_free == tgt.allocator.num_pages
+
+
+def test_ttft_is_the_targets_first_token_and_the_drafter_prefill_is_apart():
+    ps = prompts(3, CFG.vocab_size)
+    out = SpeculativeDecoder(runner(TARGET, CFG, 16), make_drafter("model", 16), SpecParams(3)).generate(ps, 8)
+    assert out.draft_prefill_ms > 0
+    for r in out.requests:
+        assert 0 < r.ttft_ms <= out.prefill_ms - out.draft_prefill_ms + 1e-6

@@ -40,7 +40,7 @@ def perturbed(model: Decoder, seed: int, noise: float) -> Decoder:
 
 
 def runner(model, cfg: ModelConfig, page_size=16, backend="torch", max_context=256, num_pages=None,
-           layers=None, name="target", max_batch=8) -> ModelRunner:
+           layers=None, name="target", max_batch=8, fused_ops=False) -> ModelRunner:
     if layers:
         model = LayerSubset(model, layers)
     n_layers = len(layers) if layers else cfg.num_layers
@@ -48,7 +48,8 @@ def runner(model, cfg: ModelConfig, page_size=16, backend="torch", max_context=2
     pool = KVPool(n_layers, pages, page_size, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
     be = get_backend_class(backend)(pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5,
                                     torch.float32)
-    return ModelRunner(model, cfg, None, pool, PageAllocator(pages, page_size), be, max_context, name)
+    return ModelRunner(model, cfg, None, pool, PageAllocator(pages, page_size), be, max_context, name,
+                       fused_ops=fused_ops)
 
 
 def prompts(n: int, vocab: int, seed: int = 0, lengths=(1, 5, 11, 23, 8, 3)) -> list[list[int]]:
@@ -60,3 +61,18 @@ def prompts(n: int, vocab: int, seed: int = 0, lengths=(1, 5, 11, 23, 8, 3)) -> 
         base = torch.randint(0, vocab, (max(1, L // 2),), generator=g).tolist()
         out.append((base * 3)[:L])
     return out
+
+
+def tiny_eagle(target: Decoder, cfg: ModelConfig, seed: int = 0, capture_layers=None, intermediate=None):
+    """An untrained EAGLE-3 head for ``target`` (random weights: drafts are poor, acceptance is exact)."""
+    from attnlab.models.eagle import EagleConfig, EagleHead, weights_fingerprint
+
+    ecfg = EagleConfig.for_target(cfg, "tiny", weights_fingerprint(target), capture_layers, intermediate)
+    torch.manual_seed(seed)
+    head = EagleHead(ecfg, dtype=next(target.parameters()).dtype)
+    return head.bind(target.embed_tokens, target.lm_head).eval().requires_grad_(False)
+
+
+def eagle_runner(head, page_size=16, backend="torch", max_context=256, max_batch=8, name="draft") -> ModelRunner:
+    return runner(head, head.config.as_model_config(), page_size, backend, max_context, name=name,
+                  max_batch=max_batch)

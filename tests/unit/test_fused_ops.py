@@ -6,8 +6,6 @@ decoder between the two paths: same logits, and the same greedy speculative outp
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -80,20 +78,13 @@ def test_silu_mul_matches_torch(t, inter, dtype):
 CFG = tiny_config(heads=6, kv_heads=2, head_dim=32, hidden=96)  # GQA ratio 3, hidden not a power of two
 
 
-def _fused_copy(model):
-    m = copy.deepcopy(model)
-    m.fused_ops = True
-    return m
-
-
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_fused_decoder_logits_match(page_size):
     model = tiny_model(CFG, seed=3)
     ps = prompts(3, CFG.vocab_size)
     outs = []
-    for m in (model, _fused_copy(model)):
-        r = runner(m, CFG, page_size)
-        assert r.fused_ops == m.fused_ops  # the runner stores K/V with the Triton kernel on the fused path
+    for on in (False, True):  # the same weights: fused is a property of the side
+        r = runner(model, CFG, page_size, fused_ops=on)
         reqs = list(range(len(ps)))
         ids = torch.tensor([t for p in ps for t in p])
         outs.append(r.run(reqs, [0] * len(ps), [len(p) for p in ps], ids, mode=Mode.PREFILL, rows="all"))
@@ -106,9 +97,24 @@ def test_fused_speculative_output_identical(k):
     model = tiny_model(CFG, seed=4)
     ps = prompts(4, CFG.vocab_size)
     ref = SpeculativeDecoder(runner(model, CFG, 16), NoDrafter("cpu"), SpecParams(0)).generate(ps, 12)
-    fm = _fused_copy(model)
-    tgt = runner(fm, CFG, 16)
-    drafter = ModelDrafter(runner(fm, CFG, 16, layers=[0], name="draft"), "self")
-    assert tgt.fused_ops and drafter.runner.fused_ops
+    tgt = runner(model, CFG, 16, fused_ops=True)
+    drafter = ModelDrafter(runner(model, CFG, 16, layers=[0], name="draft", fused_ops=True), "self")
     out = SpeculativeDecoder(tgt, drafter, SpecParams(k)).generate(ps, 12)
     assert [r.output_ids for r in out.requests] == [r.output_ids for r in ref.requests]
+
+
+def test_fused_is_a_side_property_not_the_weights(monkeypatch):
+    """A parity reference shares the target's weights and must run unfused even when the target is fused."""
+    from attnlab.kernels import fused as fused_mod
+
+    model = tiny_model(CFG, seed=5)
+    fused_side, plain_side = runner(model, CFG, 16, fused_ops=True), runner(model, CFG, 16)
+    ids = torch.tensor([3, 1, 4, 1, 5])
+
+    def boom(*a, **k):
+        raise AssertionError("a fused kernel ran on the unfused side")
+
+    monkeypatch.setattr(fused_mod, "add_rmsnorm", boom)
+    plain_side.run([0], [0], [5], ids, mode=Mode.PREFILL)  # untouched by the other side's setting
+    with pytest.raises(AssertionError, match="fused kernel"):
+        fused_side.run([1], [0], [5], ids, mode=Mode.PREFILL)
