@@ -19,9 +19,9 @@ from attnlab.errors import AttnlabError, ConfigError
 
 DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
 DEVICES = ("auto", "cpu", "cuda")
-DRAFT_KINDS = ("none", "self", "ngram", "model")
+DRAFT_KINDS = ("none", "self", "ngram", "model", "eagle")
 MODEL_INITS = ("pretrained", "random")
-WORKLOAD_KINDS = ("builtin", "hf", "synthetic")
+WORKLOAD_KINDS = ("builtin", "hf", "sharegpt", "humaneval", "synthetic")
 LOGGER_KINDS = ("wandb", "jsonl", "none")
 WARMUP_PLANS = ("none", "jit", "graphs", "full")
 WANDB_MODES = ("offline", "online", "disabled")
@@ -38,11 +38,12 @@ class ModelSchema:
 
 @dataclass
 class DraftSchema:
-    kind: str = "ngram"  # none | self | ngram | model
+    kind: str = "ngram"  # none | self | ngram | model | eagle
     # self: target layers the drafter runs (null = all, an int n = the first n, or a list of indices)
     layers: Any = None
     ngram_n: int = 3  # ngram: longest suffix matched against the context
-    # model (a separate drafter model): the same keys as a model preset
+    # model (a separate drafter model): the same keys as a model preset; eagle: path = the head's folder
+    # (what python -m attnlab.train_draft writes; null = the head attnlab ships for the target preset)
     name: str | None = None
     path: str | None = None
     init: str = "pretrained"
@@ -93,16 +94,18 @@ class SpecSchema:
 
 @dataclass
 class WorkloadSchema:
-    kind: str = "builtin"  # builtin | hf | synthetic
+    kind: str = "builtin"  # builtin | hf | sharegpt | humaneval | synthetic
     num_prompts: int = 6
     batch_size: int = 3
     max_new_tokens: int = 64
     chat_template: bool = True
     ignore_eos: bool = False  # generate max_new_tokens for every prompt (throughput studies)
     categories: list[str] = field(default_factory=list)  # builtin: keep only these (empty = all)
-    path: str | None = None  # hf: local json/jsonl/parquet/csv/txt file or a hub dataset name
+    # hf: local json/jsonl/parquet/csv/txt file or a hub dataset name; sharegpt: null = the package, or a file
+    # exported by attnlab.workloads.sharegpt
+    path: str | None = None
     name: str | None = None  # hf: hub dataset config name
-    split: str = "train"
+    split: str = "train"  # hf: the dataset split; sharegpt: train | heldout | all (attnlab's fixed split)
     lengths: list[int] = field(default_factory=lambda: [512])  # synthetic: prompt lengths, cycled
     # hf: column with the prompt text (or a list of chat messages). Last: the name shadows dataclasses.field.
     field: str = "text"
@@ -312,6 +315,9 @@ def validate(cfg: DictConfig) -> dict:
     if d.kind == "model":
         _check_model("draft", d)
     layers = self_draft_layers(d.layers) if d.kind == "self" else None
+    if d.kind == "eagle" and prec["draft"] not in ("fp32", "fp16", "bf16"):
+        raise ConfigError(f"draft=eagle: precision.draft={prec['draft']!r} unsupported (fp32, fp16 or bf16; fp8 "
+                          f"weights are for draft=self and draft=model)")
     if d.kind == "ngram" and d.ngram_n < 1:
         raise ConfigError(f"draft.ngram_n={d.ngram_n}: must be >= 1")
 
@@ -370,7 +376,7 @@ def validate(cfg: DictConfig) -> dict:
     k = s.num_draft_tokens if d.kind != "none" else 0
     ctx = kv.max_context or (max(w.lengths) if w.kind == "synthetic" else 1) + w.max_new_tokens + k + 1
     sides = [("verify", cfg.verify.name, prec["target"], prec["kv_target"])]
-    if d.kind in ("self", "model"):  # ngram and none run no attention on the draft side
+    if d.kind in ("self", "model", "eagle"):  # ngram and none run no attention on the draft side
         sides.append(("backend", cfg.backend.name, prec["draft"], prec["kv_draft"]))
     else:
         from attnlab.backends.registry import backend_names

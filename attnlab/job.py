@@ -145,7 +145,8 @@ class SpecJob:
             log.warning("max context %d > the model's max_position_embeddings %d", self.max_context,
                         self.mcfg.max_position_embeddings)
         self.page_size = self.max_context if cfg.kv.layout == "contiguous" else cfg.kv.page_size
-        draft_hd = {"self": self.mcfg.head_dim, "model": self.dcfg.head_dim if self.dcfg else None}
+        draft_hd = {"self": self.mcfg.head_dim, "eagle": self.mcfg.head_dim,
+                    "model": self.dcfg.head_dim if self.dcfg else None}
         check_sides(cfg, self.r, max_context=self.max_context, page_size=self.page_size,
                     target_head_dim=self.mcfg.head_dim, draft_head_dim=draft_hd.get(cfg.draft.kind))
         self.eos_ids = set(self.mcfg.eos_token_ids)
@@ -170,6 +171,21 @@ class SpecJob:
                               self.cfg.workload.batch_size, self.max_context, self.device, name=name,
                               kv_scale=self.cfg.precision.kv_scale, **kw, **extra)
 
+    def build_eagle(self, target, backend: str, name: str, graphs: bool = True):
+        """The EAGLE head's side (draft=eagle) on ``target``: its own one-layer KV pool and backend."""
+        from attnlab.engine.eagle_side import build_eagle_side
+
+        extra = {"cuda_graph": True, "max_q_len": self.k + 1} if graphs and self.r.get("cuda_graph") else {}
+        if graphs and self.cfg.engine.fused_ops:
+            extra["fused_ops"] = True
+        kv = self.cfg.kv
+        with _step(f"build {name} (eagle head, {backend}, {self.prec['draft']})"):
+            return build_eagle_side(target, self.cfg.draft.path, self.cfg.model.name, backend=backend,
+                                    dtype=self.prec["draft"], kv_dtype=self.prec["kv_draft"],
+                                    page_size=self.page_size, num_pages=kv.num_pages,
+                                    max_batch=self.cfg.workload.batch_size, max_context=self.max_context,
+                                    name=name, kv_scale=self.cfg.precision.kv_scale, **extra)
+
     def build_pair(self, verify: str, backend: str, target=None, tag: str = ""):
         """(target runner, drafter) for a backend pair; reuses ``target`` when given."""
         cfg, prec = self.cfg, self.prec
@@ -183,6 +199,8 @@ class SpecJob:
             share = self.runners.get("draft") if tag else None
             draft_runner = self.build(cfg.draft, backend, prec["draft"], prec["kv_draft"], "draft" + tag,
                                       share_weights_with=share, graphs=not tag)
+        elif kind == "eagle":
+            draft_runner = self.build_eagle(target, backend, "draft" + tag, graphs=not tag)
         return target, make_drafter(kind, draft_runner=draft_runner, ngram_n=cfg.draft.ngram_n, device=target.device)
 
     def decode(self, target, drafter, prompts, *, k: int | None = None, record_logits=False, desc="workload"):
@@ -293,10 +311,7 @@ class SpecJob:
         t0 = time.perf_counter()
         with _step("capture CUDA graphs"):
             n = target.capture_graphs(q_lens=sorted({1, self.k + 1}), num_slots=1)
-            if drafter.runner is not None and drafter.runner is not target:
-                # slot 0: the catch-up pass (2 tokens per request); slots 1..k-1: one token each
-                n += drafter.runner.capture_graphs(q_lens=(2,), num_slots=1)
-                n += drafter.runner.capture_graphs(q_lens=(1,), num_slots=max(1, self.k), keep=True)
+            n += drafter.capture_graphs(target, self.k)
         self.metrics["warmup_graph_s"] = elapsed(t0)
         self.metrics["cuda_graphs"] = n
 

@@ -96,7 +96,7 @@ def kernel_parity_pass(job) -> dict:
 
     cfg, out = job.cfg, {}
     sides = [("verify", cfg.verify.name, job.mcfg, job.prec["target"], job.prec["kv_target"])]
-    if cfg.draft.kind in ("self", "model"):
+    if cfg.draft.kind in ("self", "model", "eagle"):  # an EAGLE head has the target's attention shapes
         dm = job.dcfg or job.mcfg
         sides.append(("backend", cfg.backend.name, dm, job.prec["draft"], job.prec["kv_draft"]))
     longest = max(len(p.token_ids) for p in job.prompts)

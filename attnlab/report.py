@@ -86,7 +86,7 @@ def job_row(job: dict) -> dict:
     k = m.get("num_draft_tokens", c.get("spec", {}).get("num_draft_tokens"))
     drafter = {"model": draft.get("name") or "model", "self": f"self{_layers(draft.get('layers'))}"}.get(kind, kind)
     # the draft-side backend only matters when the drafter runs attention
-    backend = c.get("backend", {}).get("name", "?") if kind in ("self", "model") else "-"
+    backend = c.get("backend", {}).get("name", "?") if kind in ("self", "model", "eagle") else "-"
     prec = (f"{m['precision_target']}/{m['precision_draft']}" if "precision_target" in m
             else c.get("precision", {}).get("name", "?"))
     if m.get("precision_kv_target", "").startswith("fp8") or m.get("precision_kv_draft", "").startswith("fp8"):

@@ -27,9 +27,9 @@ SP = SamplingParams(temperature=0.9, top_k=10, top_p=0.95)
 N, CHUNK = 20000, 5000
 
 
-def exact_marginals():
+def exact_marginals(target=TARGET, cfg=CFG):
     """P(t2), P(t3) under the processed target distribution, by enumeration."""
-    r = runner(TARGET, CFG, max_batch=CFG.vocab_size ** 2 + 1, max_context=8)
+    r = runner(target, cfg, max_batch=cfg.vocab_size ** 2 + 1, max_context=8)
 
     def next_probs(seqs):
         flat = torch.tensor([t for s in seqs for t in s])
@@ -39,7 +39,7 @@ def exact_marginals():
             r.release(q)
         return probs_from_logits(logits, SP).double()
 
-    V = CFG.vocab_size
+    V = cfg.vocab_size
     p1 = next_probs([PROMPT])[0]
     p2 = next_probs([PROMPT + [a] for a in range(V)])  # [V, V]
     p3 = next_probs([PROMPT + [a, b] for a, b in itertools.product(range(V), range(V))]).view(V, V, V)
@@ -48,11 +48,15 @@ def exact_marginals():
     return m2.numpy(), m3.numpy()
 
 
-def speculative_samples(seed=0):
+def model_drafter():
+    return ModelDrafter(runner(DRAFT, CFG, max_batch=CHUNK, max_context=8, page_size=4, name="draft"))
+
+
+def speculative_samples(seed=0, target=TARGET, cfg=CFG, make_drafter=model_drafter):
     toks, taus = [], []
     for c in range(N // CHUNK):
-        tgt = runner(TARGET, CFG, max_batch=CHUNK, max_context=8, page_size=4)
-        drafter = ModelDrafter(runner(DRAFT, CFG, max_batch=CHUNK, max_context=8, page_size=4, name="draft"))
+        tgt = runner(target, cfg, max_batch=CHUNK, max_context=8, page_size=4)
+        drafter = make_drafter()
         dec = SpeculativeDecoder(tgt, drafter, SpecParams(2, temperature=SP.temperature, top_k=SP.top_k,
                                                           top_p=SP.top_p), seed=seed + c)
         out = dec.generate([PROMPT] * CHUNK, max_new_tokens=3)

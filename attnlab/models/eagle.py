@@ -1,0 +1,207 @@
+"""An EAGLE-3 draft head: one Llama decoder layer at the target's hidden size, fed by the target's features.
+
+Per token position t the head reads two inputs, as in EAGLE-3 (Li et al. 2025) and SGLang's
+``LlamaForCausalLMEagle3``:
+- the embedding of token ``x_{t+1}`` (the target's own embedding table, shared, not copied), and
+- a feature: either the target's hidden states at t captured after layers ``capture_layers`` (low, mid and
+  high level; default ``[2, L//2, L-3]``) and fused by ``fc`` ([n * H] -> [H]), or, in later draft steps,
+  the head's own pre-norm output at t - 1.
+
+    e = input_norm(embed(x)); f = fc(g) or a_prev
+    h = f + o_proj(attn(qkv_proj([e ; hidden_norm(f)])))   # qkv reads 2H, attention over the head's own KV
+    a = h + mlp(post_attention_layernorm(h))                 # the next step's feature (pre-norm)
+    logits = lm_head(norm(a))                                # the target's LM head, shared
+
+The head keeps its own paged KV (one layer, pool layer 0) and attends through any attnlab backend. The
+target's embedding and LM head are bound with ``bind`` and are not part of ``state_dict``: a saved head holds
+only its own ~5M parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.errors import ModelLoadError
+from attnlab.models import rope
+from attnlab.models.config import ModelConfig
+from attnlab.models.decoder import RMSNorm
+
+
+def default_capture_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's low / mid / high feature layers: outputs of layers [2, L//2, L-3] (0-based, deduplicated)."""
+    if num_layers < 4:
+        return sorted({0, num_layers - 1}) if num_layers > 1 else [0]
+    return sorted({2, num_layers // 2, num_layers - 3})
+
+
+@dataclass
+class EagleConfig:
+    """The head's shape; everything else (RoPE, vocabulary) follows the target it was trained for."""
+
+    target: str  # the target's name (preset or source) the head was trained against
+    target_fingerprint: str  # weights_fingerprint(target) at training time
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    capture_layers: list[int]
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    rope_freq_factors: list[float] | None = None
+    meta: dict = field(default_factory=dict)  # how it was trained: command, tokens, steps, data
+
+    @classmethod
+    def for_target(cls, target: ModelConfig, name: str, fingerprint: str, capture_layers=None,
+                   intermediate_size: int | None = None) -> EagleConfig:
+        layers = list(capture_layers) if capture_layers else default_capture_layers(target.num_layers)
+        if len(layers) < 2 or len(set(layers)) != len(layers) or min(layers) < 0 or max(layers) >= target.num_layers:
+            raise ModelLoadError(f"eagle capture layers {layers}: need >= 2 distinct layer indices in "
+                                 f"0..{target.num_layers - 1} (EAGLE-3 fuses several levels)")
+        return cls(target=name, target_fingerprint=fingerprint, vocab_size=target.vocab_size,
+                   hidden_size=target.hidden_size, intermediate_size=intermediate_size or target.intermediate_size,
+                   num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
+                   capture_layers=sorted(layers), rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta,
+                   rope_scaling=target.rope_scaling, rope_freq_factors=target.rope_freq_factors)
+
+    @property
+    def feature_dim(self) -> int:
+        """Width of the target features the head reads: one hidden state per captured layer."""
+        return len(self.capture_layers) * self.hidden_size
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EagleConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(n for n in names - set(d) if n not in ("rope_scaling", "rope_freq_factors", "meta",
+                                                                   "rms_norm_eps", "rope_theta"))
+        if missing:
+            raise ModelLoadError(f"eagle head config lacks {missing}")
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    # the head's attention shapes, as a ModelConfig view (backends and the KV pool read these)
+    def as_model_config(self) -> ModelConfig:
+        return ModelConfig(arch="llama", vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                           intermediate_size=self.intermediate_size, num_layers=1, num_heads=self.num_heads,
+                           num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, rope_theta=self.rope_theta,
+                           rope_scaling=self.rope_scaling, rope_freq_factors=self.rope_freq_factors,
+                           rms_norm_eps=self.rms_norm_eps)
+
+
+def weights_fingerprint(model: nn.Module, sample: int = 4096) -> str:
+    """A short hash of a decoder's weights: names, shapes and a strided sample of each tensor rounded to
+    bf16 (so the same checkpoint loaded in fp32, fp16 or bf16 gives the same fingerprint). Cheap: it reads
+    ``sample`` values per tensor, not the whole model."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        if not t.is_floating_point():
+            continue
+        flat = t.detach().reshape(-1)
+        step = max(1, flat.numel() // sample)
+        vals = flat[::step][:sample].float().to(torch.bfloat16).view(torch.int16).cpu()
+        h.update(f"{name}:{tuple(t.shape)}".encode())
+        h.update(vals.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class EagleHead(nn.Module):
+    """``forward(input_ids [T], positions [T], ctx, features [T, F]) -> normed hidden [T, H]``; the pre-norm
+    output (the next step's feature) is left in ``ctx.captured``. ``features`` of width ``feature_dim`` are
+    target features (fused by ``fc``); of width H, the head's own previous outputs."""
+
+    def __init__(self, cfg: EagleConfig, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.config = cfg
+        H, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.q_size, self.kv_size = q, kv
+        self.fc = nn.Linear(cfg.feature_dim, H, bias=False, dtype=dtype)
+        self.input_norm = RMSNorm(H, cfg.rms_norm_eps, dtype)
+        self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps, dtype)
+        self.qkv_proj = nn.Linear(2 * H, q + 2 * kv, bias=False, dtype=dtype)
+        self.o_proj = nn.Linear(q, H, bias=False, dtype=dtype)
+        self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps, dtype)
+        self.gate_up_proj = nn.Linear(H, 2 * cfg.intermediate_size, bias=False, dtype=dtype)
+        self.down_proj = nn.Linear(cfg.intermediate_size, H, bias=False, dtype=dtype)
+        self.norm = RMSNorm(H, cfg.rms_norm_eps, dtype)
+        self.register_buffer("inv_freq", torch.empty(0), persistent=False)
+        self._bound: tuple[nn.Module, nn.Module] | None = None  # (embed_tokens, lm_head) of the target
+        self._finish()
+
+    def _finish(self) -> None:
+        c = self.config
+        self.inv_freq = rope.inv_freq(c.head_dim, c.rope_theta, c.rope_scaling, c.rope_freq_factors,
+                                      device=self.fc.weight.device)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self._finish()  # fp32 RoPE frequencies survive a dtype cast
+        return self
+
+    # -- the target's shared modules ------------------------------------------------------------------
+    def bind(self, embed_tokens: nn.Module, lm_head: nn.Module) -> EagleHead:
+        """Use the target's embedding and LM head (kept outside this module: not saved, not moved)."""
+        if embed_tokens.weight.shape != (self.config.vocab_size, self.config.hidden_size):
+            raise ModelLoadError(f"eagle head: target embedding {tuple(embed_tokens.weight.shape)} != "
+                                 f"({self.config.vocab_size}, {self.config.hidden_size})")
+        object.__setattr__(self, "_bound", (embed_tokens, lm_head))
+        return self
+
+    @property
+    def shared(self) -> tuple[nn.Module, nn.Module]:
+        if self._bound is None:
+            raise RuntimeError("eagle head: bind(embed_tokens, lm_head) of the target first")
+        return self._bound
+
+    @property
+    def num_layers(self) -> int:
+        return 1
+
+    # -- the layer, split around attention so training can bring its own attention --------------------
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """features [..., F] -> [..., H]: target features through fc, the head's own outputs as they are."""
+        if features.shape[-1] == self.config.feature_dim:
+            return self.fc(features)
+        if features.shape[-1] != self.config.hidden_size:
+            raise ValueError(f"eagle head: feature width {features.shape[-1]} is neither the target's "
+                             f"{self.config.feature_dim} nor the hidden size {self.config.hidden_size}")
+        return features
+
+    def pre_attention(self, input_ids: torch.Tensor, f: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """input_ids [T], f [T, H] (fused) -> q [T, Hq, D], k, v [T, Hkv, D] with RoPE applied."""
+        c = self.config
+        e = self.input_norm(self.shared[0](input_ids))
+        x = torch.cat([e, self.hidden_norm(f)], dim=-1)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        t = x.shape[:-1]
+        q = q.reshape(*t, c.num_heads, c.head_dim)
+        k = k.reshape(*t, c.num_kv_heads, c.head_dim)
+        v = v.reshape(*t, c.num_kv_heads, c.head_dim)
+        return rope.apply_rope(q, cos, sin), rope.apply_rope(k, cos, sin), v
+
+    def post_attention(self, f: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """f [T, H] (fused feature, the residual), attn [T, Hq, D] -> the pre-norm output a [T, H]."""
+        h = f + self.o_proj(attn.reshape(*attn.shape[:-2], self.q_size))
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(h)).split(self.config.intermediate_size, dim=-1)
+        return h + self.down_proj(F.silu(gate) * up)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx, features: torch.Tensor) -> torch.Tensor:
+        f = self.fuse(features.to(self.fc.weight.dtype))
+        cos, sin = rope.cos_sin(positions, self.inv_freq, f.dtype)
+        q, k, v = self.pre_attention(input_ids, f, cos, sin)
+        a = self.post_attention(f, ctx.attend(0, q, k, v))
+        ctx.captured = a
+        return self.norm(a)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] (normed) -> logits [N, vocab] fp32, through the target's LM head."""
+        return self.shared[1](hidden).float()

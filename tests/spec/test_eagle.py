@@ -1,0 +1,103 @@
+"""draft=eagle: an EAGLE-3 head on its own paged KV, fed by the target's features, must be lossless."""
+
+import pytest
+import torch
+
+from attnlab.backends.base import Mode
+from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
+from attnlab.spec.drafters import NoDrafter
+from attnlab.spec.eagle import EagleDrafter
+from tests.spec.tiny import eagle_runner, prompts, runner, tiny_config, tiny_eagle, tiny_model
+
+CFG = tiny_config(layers=4)
+TARGET = tiny_model(CFG, seed=0)
+
+
+def target_only(ps, max_new, page_size=16):
+    return SpeculativeDecoder(runner(TARGET, CFG, page_size), NoDrafter("cpu"), SpecParams(0)).generate(ps, max_new)
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_eagle_equals_target_only(k, page_size):
+    ps = prompts(5, CFG.vocab_size)  # lengths 1..23: requests finish at different iterations
+    ref = target_only(ps, 20)
+    tgt = runner(TARGET, CFG, page_size)
+    drafter = EagleDrafter(eagle_runner(tiny_eagle(TARGET, CFG, seed=k), page_size))
+    out = SpeculativeDecoder(tgt, drafter, SpecParams(k)).generate(ps, 20)
+    assert [r.output_ids for r in out.requests] == [r.output_ids for r in ref.requests]
+    assert all(1 <= t <= k + 1 for r in out.requests for t in r.accept_lens)
+    assert tgt.allocator.num_free == tgt.allocator.num_pages  # no page leaks on either side
+    assert drafter.runner.allocator.num_free == drafter.runner.allocator.num_pages
+    assert tgt.capture_layers is None  # the decoder restores the target after the batch
+
+
+def test_target_features_are_the_captured_layer_outputs():
+    """The target's prefill returns, in aux, its residual stream after each capture layer."""
+    tgt = runner(TARGET, CFG, 16)
+    tgt.capture_layers = (0, 2)
+    ids = torch.tensor([5, 7, 9, 11])
+    tgt.run([0], [0], [4], ids, Mode.PREFILL)
+    # the same stream by hand: embed, then the layers one by one
+    from attnlab.backends.context import AttnContext
+
+    ref = runner(TARGET, CFG, 16)
+    p = ref.prepare([0], [0], [4], Mode.PREFILL)
+    ref.plan(p)
+    ctx = AttnContext(ref.backend, ref.pool, p.slots)
+    from attnlab.models import rope
+
+    h = TARGET.embed_tokens(ids)
+    cos, sin = rope.cos_sin(p.positions, TARGET.inv_freq, h.dtype)
+    outs = []
+    for layer in TARGET.layers:
+        h = layer(h, cos, sin, ctx)
+        outs.append(h)
+    torch.testing.assert_close(tgt.aux, torch.cat([outs[0], outs[2]], dim=-1))
+
+
+def test_prefill_drafts_from_a_direct_head_forward():
+    """After prefill the drafter holds the head's output of the last prompt entry: the same as one head
+    forward by hand over the prompt shifted by one (the target's first token last) and its features."""
+    head = tiny_eagle(TARGET, CFG, seed=3)
+    tgt = runner(TARGET, CFG, 16)
+    d = EagleDrafter(eagle_runner(head, 16))
+    prompt = [4, 8, 15, 16, 23]
+    tgt.capture_layers = d.capture_layers
+    logits = tgt.run([0], [0], [5], torch.tensor(prompt), Mode.PREFILL)
+    first = logits.argmax(-1)
+    feats = tgt.aux.clone()
+    d.prefill([0], [prompt], first, tgt)
+    # by hand: entries t = 0..4 read token prompt[t + 1] (first token last) and feature g_t
+    r2 = eagle_runner(head, 16, name="check")
+    p = r2.prepare([0], [0], [5], Mode.PREFILL)
+    r2.plan(p)
+    ids = torch.tensor(prompt[1:] + [int(first)])
+    want = r2.forward(p, ids, p.last_rows, features=feats)
+    torch.testing.assert_close(d._logits, want)
+    torch.testing.assert_close(d._feat, r2.aux[p.last_rows])
+
+
+def test_eagle_sampling_matches_target():
+    """Lossless rejection sampling with an EAGLE drafter (k = 2, temperature 0.9, top-k, top-p): the emitted
+    tokens' marginals equal the target's (chi-square over 20k requests, as tests/spec/test_sampling.py)."""
+    from tests.spec import test_sampling as ts
+
+    cfg = tiny_config(vocab=12, layers=2, heads=2, kv_heads=1, head_dim=8, hidden=16)
+    target = tiny_model(cfg, seed=0, sharp=1.0)
+    head = tiny_eagle(target, cfg, seed=1)
+    with torch.no_grad():  # a sharper head drafts confidently: both rejections and full acceptances occur
+        head.fc.weight.mul_(4.0)
+    m2, m3 = ts.exact_marginals(target, cfg)
+
+    def make():
+        return EagleDrafter(eagle_runner(head, page_size=4, max_context=8, max_batch=ts.CHUNK))
+
+    s, taus = ts.speculative_samples(seed=7, target=target, cfg=cfg, make_drafter=make)
+    assert (taus == 1).mean() > 0.02 and (taus == 3).mean() > 0.02, np_rates(taus)
+    assert ts.chi2_pvalue(s[:, 0], m2) > 1e-3
+    assert ts.chi2_pvalue(s[:, 1], m3) > 1e-3
+
+
+def np_rates(taus):
+    return {t: float((taus == t).mean()) for t in (1, 2, 3)}
