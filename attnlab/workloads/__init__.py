@@ -1,4 +1,4 @@
-"""Prompt sources: the builtin suite, any HF ``datasets`` source, synthetic token prompts.
+"""Prompt sources: the builtin suite, ShareGPT, HumanEval, any HF ``datasets`` source, synthetic token prompts.
 
 ``load_prompts`` runs before any model is loaded (text only, so a missing file or an empty list fails
 fast); ``tokenize_prompts`` fills ``token_ids`` once the tokenizer is known.
@@ -22,9 +22,17 @@ def load_prompts(w) -> list[Prompt]:
         return load_builtin(w.num_prompts, list(w.categories))
     if w.kind == "hf":
         return load_hf(w.path, w.field, w.num_prompts, w.name, w.split)
+    if w.kind == "sharegpt":
+        from attnlab.workloads.sharegpt import load_sharegpt
+
+        return load_sharegpt(w.num_prompts, w.split, w.path)
+    if w.kind == "humaneval":
+        from attnlab.workloads.humaneval import load_humaneval
+
+        return load_humaneval(w.num_prompts)
     if w.kind == "synthetic":
         return []
-    raise ConfigError(f"workload.kind={w.kind!r}: unknown (choose from: builtin, hf, synthetic)")
+    raise ConfigError(f"workload.kind={w.kind!r}: unknown (choose from: builtin, hf, sharegpt, humaneval, synthetic)")
 
 
 def tokenize_prompts(prompts: list[Prompt], tokenizer, chat_template: bool) -> list[Prompt]:
