@@ -1,0 +1,76 @@
+"""``python -m attnlab.train_draft [overrides]``: compose conf/train_draft.yaml -> validate -> train -> save.
+
+User errors end with one line on stderr and exit code 2, as for ``python -m attnlab``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from attnlab.cli import CONF_DIR, EXIT_USAGE, _is_user_error, one_line
+
+log = logging.getLogger("attnlab.train")
+
+
+def _task(cfg) -> dict:
+    from hydra.core.hydra_config import HydraConfig
+
+    from attnlab.config import compute_dtype, resolve_device, to_container
+    from attnlab.metrics.env import env_info
+    from attnlab.metrics.loggers import make_logger
+    from attnlab.metrics.outputs import StatusFile, write_json
+    from attnlab.train_draft.loop import run
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    status = StatusFile(run_dir)
+    logger = None
+    try:
+        device = resolve_device(cfg.device)
+        dtype = cfg.precision if cfg.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
+        if dtype not in ("fp32", "fp16", "bf16") or compute_dtype(dtype) != dtype:
+            from attnlab.errors import ConfigError
+
+            raise ConfigError(f"precision={cfg.precision!r}: the trainer runs fp32, fp16 or bf16")
+        write_json(run_dir / "env.json", env_info())
+        logger = make_logger(cfg.logger, run_dir, to_container(cfg), name=f"train-eagle-{cfg.model.name}")
+        summary = run(cfg, run_dir, device, dtype, logger)
+        status.finish("complete")
+        logger.finish("complete")
+        log.info("head: %s | held-out sim tau %s | run folder: %s", summary["head"],
+                 {k: round(v, 3) for k, v in summary.items() if k.startswith("eval/sim_tau")}, run_dir)
+        return summary
+    except BaseException as e:
+        from attnlab.errors import AttnlabError
+
+        msg = str(e).splitlines()[0] if isinstance(e, AttnlabError) and str(e) else f"{type(e).__name__}: {e}"
+        status.finish("failed", error=msg, error_type=type(e).__name__)
+        if logger is not None:
+            logger.finish("failed", msg)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    import hydra
+
+    from attnlab.train_draft import schema  # noqa: F401  registers the schema
+
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    task = hydra.main(config_path=str(CONF_DIR), config_name="train_draft", version_base="1.3")(_task)
+    try:
+        task()
+    except Exception as exc:
+        if full or not _is_user_error(exc):
+            raise
+        print(f"attnlab.train_draft: error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        if not full:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+    return 0

@@ -1,0 +1,263 @@
+"""One training run: build the target side, make the data, train the head, evaluate, save.
+
+Run folder (Hydra's): data.pt (the sequences), checkpoint.pt (resumable: head, optimizer, step, RNG),
+train_log.jsonl (one line per logged step and evaluation), head/ (eagle3.safetensors + eagle3.json: the
+result, loadable with draft=eagle draft.path=<run>/head), summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from attnlab.errors import ConfigError
+from attnlab.metrics.outputs import write_json
+from attnlab.train_draft import data as D
+from attnlab.train_draft.teacher import teacher_forward
+from attnlab.train_draft.ttt import entry_mask, simulated_tau, ttt_loss
+
+log = logging.getLogger("attnlab.train")
+
+
+def lr_at(step: int, total: int, t) -> float:
+    """Linear warmup, then cosine decay to lr * min_lr_frac."""
+    if step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    frac = (step - t.warmup_steps) / max(1, total - t.warmup_steps)
+    return t.lr * (t.min_lr_frac + (1 - t.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+class Trainer:
+    def __init__(self, cfg, run_dir: Path, device: str, dtype: str):
+        self.cfg, self.t, self.dir = cfg, cfg.train, Path(run_dir)
+        self.device, self.dtype = torch.device(device), dtype
+        self.max_len = self.t.data.max_prompt_tokens + self.t.data.regen_max_new_tokens
+        if max(self.t.eval_k, default=0) > self.t.ttt_steps:
+            raise ConfigError(f"train.eval_k={list(self.t.eval_k)}: each k needs k unrolled steps "
+                              f"(train.ttt_steps={self.t.ttt_steps})")
+        for key in ("ttt_steps", "epochs", "tokens_per_batch"):
+            if getattr(self.t, key) < 1:
+                raise ConfigError(f"train.{key}={getattr(self.t, key)}: must be >= 1")
+
+    # -- the target ---------------------------------------------------------------------------------
+    def build_target(self, prebuilt=None):
+        from attnlab.engine.build import build_side
+        from attnlab.job import _model_dict
+
+        t, d = self.t, self.t.data
+        backend = t.regen_backend if t.regen_backend != "auto" else ("triton" if self.device.type == "cuda" else "torch")
+        graphs = bool(t.cuda_graph and self.device.type == "cuda")
+        if prebuilt is not None:
+            self.target = prebuilt
+        else:
+            self.target = build_side(_model_dict(self.cfg.model), backend, self.dtype, self.dtype, 16, None,
+                                     d.regen_batch_size, self.max_len + 2, str(self.device), name="target",
+                                     cuda_graph=graphs, max_q_len=1)
+            if graphs:
+                self.target.capture_graphs(q_lens=(1,))
+        m = self.target.model
+        self.eos = set(m.config.eos_token_ids)
+        tok = self.target.tokenizer
+        if getattr(tok, "eos_token_id", None) is not None:
+            self.eos.add(int(tok.eos_token_id))
+        return self.target
+
+    # -- data ----------------------------------------------------------------------------------------
+    def make_data(self):
+        path = self.dir / "data.pt"
+        resume = Path(self.t.resume) / "data.pt" if self.t.resume else None
+        if resume is not None and resume.is_file():
+            self.train_ex, self.eval_ex, self.data_summary = D.load_examples(resume)
+            log.info("data: %d train / %d heldout examples from %s", len(self.train_ex), len(self.eval_ex), resume)
+        else:
+            t0 = time.perf_counter()
+            d = self.t.data
+            train, heldout, info = D.load_turns(d.source, d.num_train, d.num_eval)
+            tok = self.target.tokenizer
+            self.train_ex, s_train = D.build_examples(train, tok, target=self.target, cfg=d, eos=self.eos,
+                                                      seed=self.cfg.seed, desc="train")
+            self.eval_ex, s_eval = D.build_examples(heldout, tok, target=self.target, cfg=d, eos=self.eos,
+                                                    seed=self.cfg.seed + 1, desc="heldout")
+            self.data_summary = {"source": info, "train": s_train, "heldout": s_eval,
+                                 "data_s": time.perf_counter() - t0}
+            log.info("data: %s", json.dumps({"train": s_train, "heldout": s_eval}))
+        if not self.train_ex:
+            raise ConfigError("train_draft: no training examples (all answers empty?)")
+        D.save_examples(path, self.train_ex, self.eval_ex, self.data_summary)
+
+    # -- the head ------------------------------------------------------------------------------------
+    def make_head(self):
+        from attnlab.models.eagle import EagleConfig, EagleHead, weights_fingerprint
+
+        target = self.target.model
+        name = self.cfg.model.name if not self.cfg.model.path else str(self.cfg.model.path)
+        ecfg = EagleConfig.for_target(target.config, name, weights_fingerprint(target), self.t.capture_layers,
+                                      self.t.intermediate_size)
+        torch.manual_seed(self.cfg.seed)
+        head = EagleHead(ecfg, dtype=torch.float32).to(self.device)  # fp32 master weights (autocast on GPU)
+        with torch.no_grad():
+            for mod in (head.qkv_proj, head.o_proj, head.gate_up_proj, head.down_proj, head.fc):
+                mod.weight.normal_(0.0, 0.02)
+        self.head = head.bind(target.embed_tokens, target.lm_head)
+        return self.head
+
+    def _autocast(self):
+        if self.device.type == "cuda" and self.dtype in ("bf16", "fp16"):
+            return torch.autocast("cuda", dtype=torch.bfloat16 if self.dtype == "bf16" else torch.float16)
+        return torch.autocast("cpu", enabled=False)
+
+    def _batch(self, examples, idx):
+        ids, answer = D.collate(examples, idx, self.max_len, self.device)
+        feats, logits = teacher_forward(self.target.model, ids, tuple(self.head.config.capture_layers))
+        return ids, answer, feats, logits
+
+    # -- evaluation ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        if not self.eval_ex:
+            return {}
+        self.head.eval()
+        hits = [0.0] * self.t.ttt_steps
+        n_ent = [0] * self.t.ttt_steps
+        taus = {k: [0.0, 0] for k in self.t.eval_k}
+        loss_sum = loss_n = 0.0
+        for idx in D.batches(self.eval_ex, self.t.tokens_per_batch, self.max_len):
+            ids, answer, feats, logits = self._batch(self.eval_ex, idx)
+            with self._autocast():
+                loss, st, matches = ttt_loss(self.head, ids, feats, logits, answer, self.t.ttt_steps,
+                                             self.t.step_decay)
+            loss_sum += float(loss) * len(idx)
+            loss_n += len(idx)
+            for j in range(self.t.ttt_steps):
+                if st.entries[j]:
+                    hits[j] += st.top1[j] * st.entries[j]
+                    n_ent[j] += st.entries[j]
+            valid = entry_mask(answer)
+            for k in self.t.eval_k:
+                tau, n = simulated_tau(matches, valid, k)
+                if n:
+                    taus[k][0] += tau * n
+                    taus[k][1] += n
+        self.head.train()
+        out = {"eval/loss": loss_sum / max(loss_n, 1)}
+        out.update({f"eval/top1_step{j}": hits[j] / n_ent[j] for j in range(self.t.ttt_steps) if n_ent[j]})
+        out.update({f"eval/sim_tau_k{k}": s / n for k, (s, n) in taus.items() if n})
+        return out
+
+    # -- training ------------------------------------------------------------------------------------
+    def train(self, logger) -> dict:
+        t = self.t
+        head = self.head
+        params = [p for p in head.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95))
+        rng = random.Random(self.cfg.seed)
+        per_epoch = len(D.batches(self.train_ex, t.tokens_per_batch, self.max_len))
+        total = min(t.max_steps or per_epoch * t.epochs, per_epoch * t.epochs)
+        step, tokens, epoch, start_batch = 0, 0, 0, 0
+        ckpt = Path(t.resume) / "checkpoint.pt" if t.resume else None
+        if ckpt is not None and ckpt.is_file():
+            state = torch.load(ckpt, weights_only=False)
+            head.load_state_dict(state["head"])
+            opt.load_state_dict(state["opt"])
+            step, tokens, epoch, start_batch = state["step"], state["tokens"], state["epoch"], state["batch"]
+            rng.setstate(state["rng"])
+            log.info("resumed from %s at step %d (epoch %d, batch %d)", ckpt, step, epoch, start_batch)
+        from tqdm.auto import tqdm
+
+        log_path = self.dir / "train_log.jsonl"
+        t0 = time.perf_counter()
+        last_eval: dict = {}
+        bar = tqdm(total=total, initial=step, desc="train eagle head", unit="step", disable=None)
+        head.train()
+        try:
+            while step < total:
+                order = D.batches(self.train_ex, t.tokens_per_batch, self.max_len, random.Random(rng.random()))
+                for b in range(start_batch, len(order)):
+                    if step >= total:
+                        break
+                    ids, answer, feats, logits = self._batch(self.train_ex, order[b])
+                    for g in opt.param_groups:
+                        g["lr"] = lr_at(step, total, t)
+                    with self._autocast():
+                        loss, st, _ = ttt_loss(head, ids, feats, logits, answer, t.ttt_steps, t.step_decay)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    gnorm = float(torch.nn.utils.clip_grad_norm_(params, t.grad_clip))
+                    opt.step()
+                    step += 1
+                    tokens += int(ids.numel())
+                    row = {"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": opt.param_groups[0]["lr"],
+                           "grad_norm": gnorm, "tokens": tokens, "elapsed_s": time.perf_counter() - t0,
+                           **{f"top1_step{j}": v for j, v in enumerate(st.top1)}}
+                    if t.eval_every and step % t.eval_every == 0 and step < total:
+                        last_eval = self.evaluate()
+                        row.update(last_eval)
+                    bar.update()
+                    bar.set_postfix(loss=f"{row['loss']:.3f}", top1=f"{st.top1[0]:.2f}",
+                                    tau4=f"{last_eval.get('eval/sim_tau_k4', float('nan')):.2f}")
+                    with log_path.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    logger.log_metrics(row)
+                    if t.checkpoint_every and step % t.checkpoint_every == 0:
+                        self.checkpoint(opt, step, tokens, epoch, b + 1, rng)
+                start_batch = 0
+                epoch += 1
+        finally:
+            bar.close()
+        train_s = time.perf_counter() - t0
+        final = self.evaluate()
+        self.checkpoint(opt, step, tokens, epoch, 0, rng)
+        return {"steps": step, "tokens": tokens, "train_s": train_s, "tokens_per_s": tokens / max(train_s, 1e-9),
+                **final}
+
+    def checkpoint(self, opt, step, tokens, epoch, batch, rng) -> None:
+        state = {"head": self.head.state_dict(), "opt": opt.state_dict(), "step": step, "tokens": tokens,
+                 "epoch": epoch, "batch": batch, "rng": rng.getstate()}
+        tmp = self.dir / "checkpoint.pt.tmp"
+        torch.save(state, tmp)
+        tmp.replace(self.dir / "checkpoint.pt")
+
+    def save(self, result: dict) -> Path:
+        from attnlab.models.eagle_io import save_head
+
+        head = self.head
+        head.config.meta = {"command": " ".join(["python -m attnlab.train_draft", *sys.argv[1:]]),
+                            "data": self.data_summary, "result": result}
+        out = save_head(_cast_copy(head, torch.bfloat16), self.dir / "head")
+        if self.t.export:
+            save_head(_cast_copy(head, torch.bfloat16), self.t.export)
+        return out
+
+
+def _cast_copy(head, dtype):
+    """A detached copy of the head's own weights in ``dtype`` (the shared embedding is not copied)."""
+    from attnlab.models.eagle import EagleHead
+
+    out = EagleHead(head.config, dtype=dtype)
+    out.load_state_dict({k: v.detach().to("cpu", dtype) for k, v in head.state_dict().items()})
+    return out
+
+
+def run(cfg, run_dir: Path, device: str, dtype: str, logger, target=None) -> dict:
+    """``target``: an already built target side (tests); None = build it from cfg.model."""
+    tr = Trainer(cfg, run_dir, device, dtype)
+    t0 = time.perf_counter()
+    tr.build_target(target)
+    tr.make_data()
+    tr.make_head()
+    before = tr.evaluate()
+    result = tr.train(logger)
+    result["eval_before"] = before
+    result["wall_s"] = time.perf_counter() - t0
+    path = tr.save(result)
+    summary = {"head": str(path), "data": tr.data_summary, **result}
+    write_json(run_dir / "summary.json", summary)
+    logger.log_metrics({k: v for k, v in result.items() if isinstance(v, (int, float))})
+    return summary

@@ -1,0 +1,100 @@
+"""attnlab.train_draft on CPU: a head trained on a tiny target learns its greedy continuations, saves, loads,
+drafts losslessly, resumes, and is refused by another target."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from attnlab.errors import ModelLoadError
+from attnlab.metrics.loggers import NoneLogger
+from attnlab.models.byte_tokenizer import ByteTokenizer
+from attnlab.models.eagle_io import load_head, read_head_config
+from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
+from attnlab.spec.drafters import NoDrafter
+from attnlab.spec.eagle import EagleDrafter
+from attnlab.train_draft.loop import run
+from attnlab.train_draft.schema import TrainConfig
+from tests.spec.tiny import eagle_runner, runner, tiny_config, tiny_eagle, tiny_model
+from tests.train.sample import write_sample
+
+CFG = tiny_config(vocab=260, layers=2)  # >= 258 ids: the byte tokenizer's
+
+
+def target_side(model):
+    r = runner(model, CFG, 16, max_context=128, max_batch=32)
+    r.tokenizer = ByteTokenizer(256, 257)
+    return r
+
+
+def train_config(sample, **train):
+    cfg = OmegaConf.structured(TrainConfig)
+    cfg.model.name = "tiny"
+    t = cfg.train
+    t.data.source = str(sample)
+    t.data.num_train, t.data.num_eval = 96, 4
+    t.data.regen_max_new_tokens, t.data.regen_batch_size, t.data.max_prompt_tokens = 24, 32, 64
+    t.tokens_per_batch, t.epochs, t.eval_every, t.checkpoint_every = 768, 4, 0, 0
+    t.ttt_steps, t.eval_k, t.lr, t.warmup_steps = 3, [2, 3], 3e-3, 5
+    for k, v in train.items():
+        OmegaConf.update(cfg, f"train.{k}", v)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    d = tmp_path_factory.mktemp("train")
+    sample = write_sample(d / "sharegpt.json", 120)
+    model = tiny_model(CFG, seed=0)
+    summary = run(train_config(sample), d, "cpu", "fp32", NoneLogger(), target=target_side(model))
+    return model, d, summary
+
+
+def test_training_learns_the_target(trained):
+    _, _, s = trained
+    before = s["eval_before"]
+    assert s["eval/loss"] < 0.85 * before["eval/loss"]
+    assert s["eval/top1_step0"] > 0.3 > 50 / CFG.vocab_size  # chance is 1/260
+    assert s["eval/sim_tau_k2"] > 1.3 and before["eval/sim_tau_k2"] < 1.1
+    assert s["data"]["source"]["truncated"] and s["data"]["source"]["conversations"] == 120
+
+
+def test_trained_head_drafts_losslessly_and_better_than_untrained(trained):
+    model, d, _ = trained
+    head = load_head(d / "head", model, dtype=torch.float32, device="cpu")
+    tok = ByteTokenizer(256, 257)  # prompts like the training ones (not seen in training: other seeds)
+    ps = [tok.apply_chat_template([{"role": "user", "content": f"Tell me about {t}."}])
+          for t in ("warm bread", "old maps", "blue boats", "the moon")]
+    ref = SpeculativeDecoder(target_side(model), NoDrafter("cpu"), SpecParams(0)).generate(ps, 24)
+    taus = []
+    for h in (head, tiny_eagle(model, CFG, seed=9)):
+        out = SpeculativeDecoder(target_side(model), EagleDrafter(eagle_runner(h)), SpecParams(3)).generate(ps, 24)
+        assert [r.output_ids for r in out.requests] == [r.output_ids for r in ref.requests]
+        taus.append(sum(t for r in out.requests for t in r.accept_lens) / sum(len(r.accept_lens) for r in out.requests))
+    assert taus[0] > taus[1] + 0.2, taus
+
+
+def test_head_for_another_target_is_refused(trained):
+    _, d, _ = trained
+    other = tiny_model(CFG, seed=1)
+    with pytest.raises(ModelLoadError, match="fingerprint"):
+        load_head(d / "head", other, dtype=torch.float32, device="cpu")
+    cfg = read_head_config(d / "head")
+    assert cfg.target == "tiny" and cfg.meta["result"]["steps"] > 0
+
+
+def test_resume_continues_from_the_checkpoint(tmp_path):
+    sample = write_sample(tmp_path / "s.json", 60)
+    model = tiny_model(CFG, seed=0)
+    first = tmp_path / "a"
+    first.mkdir()
+    s1 = run(train_config(sample, max_steps=4, **{"data.num_train": 40}), first, "cpu", "fp32", NoneLogger(),
+             target=target_side(model))
+    second = tmp_path / "b"
+    second.mkdir()
+    s2 = run(train_config(sample, max_steps=7, resume=str(first), **{"data.num_train": 40}), second, "cpu",
+             "fp32", NoneLogger(), target=target_side(model))
+    assert s1["steps"] == 4 and s2["steps"] == 7
+    assert s2["tokens"] > s1["tokens"]
+    assert s2["data"] == s1["data"]  # the same sequences: read back from the first run's data.pt
