@@ -58,8 +58,11 @@ def original_example(tokenizer, prompt: str, answer: str, chat_template: bool) -
 
 
 def regenerate(target, prompts: list[list[int]], max_new: int, batch: int, temperature: float, eos: set[int],
-               seed: int, desc: str = "regenerate") -> list[list[int]]:
-    """The target's own answers to ``prompts`` through attnlab's engine (target-only decoding, batched)."""
+               seed: int, desc: str = "regenerate", max_minutes: float | None = None) -> list[list[int]]:
+    """The target's own answers to ``prompts`` through attnlab's engine (target-only decoding, batched).
+    After ``max_minutes`` no new batch starts: the remaining prompts get no answer ([])."""
+    import time
+
     from tqdm.auto import tqdm
 
     from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
@@ -69,8 +72,12 @@ def regenerate(target, prompts: list[list[int]], max_new: int, batch: int, tempe
     # longest prompts first: a batch's requests then end at similar times and the batch stays full longer
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     answers: list[list[int]] = [[] for _ in prompts]
+    deadline = time.perf_counter() + 60 * max_minutes if max_minutes else None
     with tqdm(total=len(prompts) * max_new, desc=desc, unit="tok", leave=False, disable=None) as bar:
         for s in range(0, len(order), batch):
+            if deadline is not None and time.perf_counter() > deadline:
+                log.warning("%s: regen_max_minutes reached after %d of %d prompts", desc, s, len(prompts))
+                break
             idx = order[s:s + batch]
             out = dec.generate([prompts[i] for i in idx], max_new, eos, progress=bar.update)
             for i, r in zip(idx, out.requests):
@@ -93,14 +100,18 @@ def build_examples(turns, tokenizer, *, target, cfg, eos: set[int], seed: int, d
     examples: list[Example] = []
     if d.regen:
         answers = regenerate(target, prompts, d.regen_max_new_tokens, d.regen_batch_size, d.regen_temperature,
-                             eos, seed, desc=f"{desc}: regenerate")
+                             eos, seed, desc=f"{desc}: regenerate", max_minutes=d.regen_max_minutes)
         examples += [Example(p + a, len(p)) for p, a in zip(prompts, answers) if len(a) > 1]
+        regenerated = sum(len(a) > 0 for a in answers)
+    else:
+        regenerated = 0
     if d.original:
         for t in kept:
             ex = original_example(tokenizer, t.prompt, t.answer, d.chat_template)
             if ex is not None:
                 examples.append(ex)
     summary = {"turns": len(turns), "prompts": len(prompts), "skipped_long_prompts": skipped_long,
+               "regenerated": regenerated,
                "examples": len(examples), "tokens": sum(len(e.ids) for e in examples),
                "answer_tokens": sum(len(e.ids) - e.answer_start for e in examples)}
     return examples, summary

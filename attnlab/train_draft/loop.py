@@ -176,11 +176,14 @@ class Trainer:
         last_eval: dict = {}
         bar = tqdm(total=total, initial=step, desc="train eagle head", unit="step", disable=None)
         head.train()
+        deadline = t0 + 60 * t.max_minutes if t.max_minutes else None
+        planned = total
         try:
             while step < total:
                 order = D.batches(self.train_ex, t.tokens_per_batch, self.max_len, random.Random(rng.random()))
                 for b in range(start_batch, len(order)):
-                    if step >= total:
+                    if step >= total or (deadline is not None and time.perf_counter() > deadline):
+                        total = step  # the time budget ends training here (then evaluate and save)
                         break
                     ids, answer, feats, logits = self._batch(self.train_ex, order[b])
                     for g in opt.param_groups:
@@ -214,8 +217,8 @@ class Trainer:
         train_s = time.perf_counter() - t0
         final = self.evaluate()
         self.checkpoint(opt, step, tokens, epoch, 0, rng)
-        return {"steps": step, "tokens": tokens, "train_s": train_s, "tokens_per_s": tokens / max(train_s, 1e-9),
-                **final}
+        return {"steps": step, "planned_steps": planned, "stopped_by_time": step < planned, "tokens": tokens,
+                "train_s": train_s, "tokens_per_s": tokens / max(train_s, 1e-9), "epochs_done": epoch, **final}
 
     def checkpoint(self, opt, step, tokens, epoch, batch, rng) -> None:
         state = {"head": self.head.state_dict(), "opt": opt.state_dict(), "step": step, "tokens": tokens,

@@ -19,6 +19,7 @@ class TrainDataSchema:
     regen_max_new_tokens: int = 256
     regen_batch_size: int = 64
     regen_temperature: float = 0.0  # 0 = greedy, the regime drafts are verified in by default
+    regen_max_minutes: float | None = None  # stop regenerating after this long (the rest: no answer)
     original: bool = False  # also train on ShareGPT's recorded answers (another model's text)
     max_prompt_tokens: int = 768  # longer prompts are skipped (counted in the summary)
     chat_template: bool = True
@@ -37,6 +38,7 @@ class TrainSchema:
     grad_clip: float = 1.0
     epochs: int = 2
     max_steps: int | None = None  # stop after this many optimizer steps (null = all epochs)
+    max_minutes: float | None = None  # stop training after this long (then evaluate and save)
     tokens_per_batch: int = 8192  # padded tokens per batch (sequences bucketed by length)
     eval_every: int = 200  # steps between held-out evaluations (0 = only at the end)
     eval_k: list[int] = field(default_factory=lambda: [2, 4, 6])  # simulated chain acceptance at these k

@@ -117,3 +117,60 @@ def test_forward_does_not_sync(backend, fused):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert logits.shape == (8, CFG.vocab_size) and torch.isfinite(logits).all()
+
+
+def _eagle(target, backend, dtype, graphs, k):
+    from attnlab.spec.eagle import EagleDrafter
+    from tests.spec.tiny import tiny_eagle
+
+    head = tiny_eagle(target, CFG, seed=2).to("cuda")
+    r = gpu_runner(head, backend, dtype, graphs, name="draft")
+    r.model_config = head.config.as_model_config()
+    return EagleDrafter(r)
+
+
+@pytest.mark.parametrize("backend,dtype", [("triton", torch.float32), ("triton", torch.bfloat16),
+                                           ("flashinfer", torch.bfloat16)])
+@pytest.mark.parametrize("k", [1, 4])
+def test_eagle_graphs_match_eager(backend, dtype, k):
+    """draft=eagle in CUDA graphs (target with features, draft-extend at q_len k + 1, k - 1 steps) vs eager."""
+    target = tiny_model(CFG, seed=0).to("cuda", dtype)
+    ps = prompts(3, CFG.vocab_size)  # batch 3 -> padded to the graph bucket 4; requests finish apart
+    outs = []
+    for graphs in (False, True):
+        t = gpu_runner(target, backend, dtype, graphs)
+        d = _eagle(target, backend, dtype, graphs, k)
+        if graphs:
+            t.capture_graphs(q_lens=sorted({1, k + 1}))
+            assert d.capture_graphs(t, k) > 0
+        out = SpeculativeDecoder(t, d, SpecParams(k)).generate(ps, 24)
+        assert d.runner.allocator.num_free == d.runner.allocator.num_pages
+        outs.append(out)
+    ref = SpeculativeDecoder(gpu_runner(target, backend, dtype, False), NoDrafter("cuda"), SpecParams(0)).generate(ps, 24)
+    eager, graphed, base = ([r.output_ids for r in o.requests] for o in (*outs, ref))
+    if dtype == torch.float32:
+        assert graphed == eager == base
+        assert [r.accept_lens for r in outs[1].requests] == [r.accept_lens for r in outs[0].requests]
+    else:  # bf16: see test_cuda_graphs_match_eager
+        same = sum(a == b for x, y in zip(graphed, eager) for a, b in zip(x, y))
+        assert same / sum(map(len, eager)) >= 0.9
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+def test_eagle_at_most_one_sync_per_iteration(backend, graphs):
+    from attnlab.engine.syncs import count_syncs
+
+    target = tiny_model(CFG, seed=0).to("cuda", torch.bfloat16)
+    t = gpu_runner(target, backend, torch.bfloat16, graphs)
+    d = _eagle(target, backend, torch.bfloat16, graphs, 3)
+    if graphs:
+        t.capture_graphs(q_lens=[1, 4])
+        d.capture_graphs(t, 3)
+    dec = SpeculativeDecoder(t, d, SpecParams(3))
+    ps = prompts(3, CFG.vocab_size)
+    dec.generate(ps, 8)
+    with count_syncs("cuda") as c:
+        out = dec.generate(ps, 32)
+    assert len(out.iterations) >= 8
+    assert c.n <= len(out.iterations) + 1, (c.n, len(out.iterations))

@@ -101,3 +101,26 @@ def test_eagle_sampling_matches_target():
 
 def np_rates(taus):
     return {t: float((taus == t).mean()) for t in (1, 2, 3)}
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_padded_head_pass_equals_unpadded(page_size):
+    """The graph-bucket padding path on CPU (no graph to replay: the runner pads eagerly): dummy requests
+    with zero features and slot -1 change no real row of the head's draft-extend pass."""
+    head = tiny_eagle(TARGET, CFG, seed=4)
+    feats = torch.randn(3 * 4, head.config.feature_dim)
+    ids = torch.randint(0, CFG.vocab_size, (12,))
+    outs = []
+    for pad in (None, 8):
+        torch.manual_seed(0)
+        r = eagle_runner(head, page_size)
+        pre = r.prepare([0, 1, 2], [0, 0, 0], [5, 7, 3], Mode.PREFILL)
+        r.plan(pre)
+        r.forward(pre, torch.arange(15) % CFG.vocab_size, features=torch.ones(15, head.config.feature_dim))
+        p = r.prepare([0, 1, 2], [5, 7, 3], [4, 4, 4], Mode.VERIFY, pad_to=pad, pad_q_len=4 if pad else None)
+        r.plan(p)
+        logits = r.forward(p, ids, features=feats)
+        outs.append((logits, r.aux.clone()))
+        assert (p.padded_to == pad) and r.aux.shape[0] == 12
+    torch.testing.assert_close(outs[1][0], outs[0][0])
+    torch.testing.assert_close(outs[1][1], outs[0][1])
