@@ -56,6 +56,7 @@ class Row:
     speedup: float | None = None
     same_as_target_only: float | None = None
     batch: int = 1
+    k: int = 0
     repeats_s: list[float] = field(default_factory=list)  # every repeat's seconds
     phase_ms: dict[str, float] = field(default_factory=dict)  # per speculative iteration, CUDA events
 
@@ -101,13 +102,14 @@ def attnlab_rows(base, a, prompts, eos: set[int]) -> list[Row]:
 
     dev, rows = base.device, []
     graphs = a.graphs and dev.type == "cuda"
-    max_ctx = max(map(len, prompts)) + a.new + a.k + 2
+    kmax = max(a.ks)
+    max_ctx = max(map(len, prompts)) + a.new + kmax + 2
     model_cfg = {"name": a.model, "init": "pretrained" if a.weights == "real" else "random"}
 
     def side(backend, batch, layers=None, name="target"):
         return build_side(model_cfg, backend, a.dtype, a.dtype, 16, None, batch, max_ctx, str(dev), layers=layers,
                           share_weights_with=base, progress=False, name=name, cuda_graph=graphs,
-                          max_q_len=a.k + 1)
+                          max_q_len=kmax + 1)
 
     def make_drafter(kind, draft_backend, target, batch):
         if kind == "ngram":
@@ -116,7 +118,7 @@ def attnlab_rows(base, a, prompts, eos: set[int]) -> list[Row]:
             return ModelDrafter(side(draft_backend, batch, layers=list(range(a.draft_layers)), name="draft"), "self")
         head = build_eagle_side(target, a.eagle_head, a.model, backend=draft_backend, dtype=a.dtype, kv_dtype=a.dtype,
                                 page_size=16, num_pages=None, max_batch=batch, max_context=max_ctx,
-                                cuda_graph=graphs, max_q_len=a.k + 1)
+                                cuda_graph=graphs, max_q_len=kmax + 1)
         return EagleDrafter(head)
 
     def timed(target, drafter, k, drafter_name, pair, batch):
@@ -139,24 +141,25 @@ def attnlab_rows(base, a, prompts, eos: set[int]) -> list[Row]:
             times.append(time.perf_counter() - t0)
         med = sorted(times)[len(times) // 2]
         return Row("attnlab", drafter_name, pair, med, sum(map(len, outs)), passes, outs,
-                   tau=sum(taus) / max(1, len(taus)) if k else None, batch=batch, repeats_s=times,
+                   tau=sum(taus) / max(1, len(taus)) if k else None, batch=batch, k=k, repeats_s=times,
                    phase_ms={ph: sum(v) / len(v) for ph, v in phases.items() if v})
 
     for batch in a.batches:
         for verify in a.backends:
             target = side(verify, batch)
             if graphs:
-                target.capture_graphs(q_lens=sorted({1, a.k + 1}))
+                target.capture_graphs(q_lens=sorted({1, *(k + 1 for k in a.ks)}))
             ref = timed(target, NoDrafter(dev), 0, "none", f"- / {verify}", batch)
             rows.append(ref)
             for drafter_name in a.drafters:
                 pairs = a.backends if drafter_name in ("self", "eagle") else ["-"]
                 for draft_backend in pairs:
-                    drafter = make_drafter(drafter_name, draft_backend, target, batch)
-                    if graphs:
-                        drafter.capture_graphs(target, a.k)
-                    row = timed(target, drafter, a.k, drafter_name, f"{draft_backend} / {verify}", batch)
-                    rows.append(finish(row, ref))
+                    for k in a.ks:
+                        drafter = make_drafter(drafter_name, draft_backend, target, batch)
+                        if graphs:
+                            drafter.capture_graphs(target, k)
+                        row = timed(target, drafter, k, drafter_name, f"{draft_backend} / {verify}", batch)
+                        rows.append(finish(row, ref))
     return rows
 
 
@@ -175,8 +178,8 @@ def hf_rows(model, a, prompts, eos: set[int]) -> list[Row]:
     eos_list = sorted(eos) or None
     base = {"do_sample": False, "max_new_tokens": a.new, "eos_token_id": eos_list,
             "pad_token_id": eos_list[0] if eos_list else 0}
-    modes = {"none": {}, "ngram": {"prompt_lookup_num_tokens": a.k, "max_matching_ngram_size": NGRAM_N},
-             "self": {"assistant_model": draft, "num_assistant_tokens": a.k,
+    modes = {"none": {}, "ngram": {"prompt_lookup_num_tokens": a.ks[0], "max_matching_ngram_size": NGRAM_N},
+             "self": {"assistant_model": draft, "num_assistant_tokens": a.ks[0],
                       "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}}
 
     def timed(name):
@@ -211,14 +214,14 @@ def finish(row: Row, ref: Row) -> Row:
 
 
 def table(rows: list[Row]) -> list[str]:
-    out = [("| engine | batch | drafter | draft / verify | tok/s (min-max) | tokens per target pass | tau | "
+    out = [("| engine | batch | drafter | k | draft / verify | tok/s (min-max) | tokens per target pass | tau | "
             "speedup vs own target-only | outputs = own target-only | ms per iteration: draft / extend / verify / "
-            "accept / other |"), "|---|---|---|---|---|---|---|---|---|---|"]
+            "accept / other |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = r.public()
         spread = f" ({p['tok_s_min']:.0f}-{p['tok_s_max']:.0f})" if len(r.repeats_s) > 1 else ""
         ph = " / ".join(f"{r.phase_ms.get(k, 0.0):.2f}" for k in PHASES) if r.phase_ms else ""
-        out.append(f"| {r.engine} | {r.batch} | {r.drafter} | {r.pair} | {p['tok_s']:.1f}{spread} | "
+        out.append(f"| {r.engine} | {r.batch} | {r.drafter} | {r.k or ''} | {r.pair} | {p['tok_s']:.1f}{spread} | "
                    f"{p['tokens_per_target_pass']:.2f} | {'' if r.tau is None else f'{r.tau:.2f}'} | "
                    f"{'' if r.speedup is None else f'{r.speedup:.2f}x'} | "
                    f"{'' if r.same_as_target_only is None else f'{r.same_as_target_only:.0%}'} | {ph} |")
@@ -238,7 +241,7 @@ def parse(argv=None):
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per row (default: 3 on CUDA, 1 on CPU)")
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--k", default="4", help="draft tokens per verify pass; comma-separated for several (attnlab)")
     ap.add_argument("--draft-layers", type=int, default=10)
     ap.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="attnlab eager (CUDA graphs are on)")
@@ -250,6 +253,12 @@ def parse(argv=None):
     a.drafters = [d for d in a.drafters.split(",") if d]
     a.dtype = a.dtype or ("bf16" if cuda else "fp32")
     a.repeats = a.repeats or (3 if cuda else 1)
+    try:
+        a.ks = [int(k) for k in str(a.k).split(",") if k]
+    except ValueError:
+        ap.error(f"--k {a.k!r}: comma-separated draft lengths")
+    if not a.ks or min(a.ks) < 1:
+        ap.error("--k values must be >= 1")
     try:
         a.batches = [int(b) for b in a.batch.split(",") if b]
     except ValueError:
@@ -297,7 +306,7 @@ def run(a) -> dict:
     rows = [] if a.skip_hf else hf_rows(model, a, prompts, eos)
     rows += attnlab_rows(base, a, prompts, eos)
     head = (f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}; {versions()}; {a.model} "
-            f"({a.weights} weights), {a.dtype}, k={a.k}, self-draft layers={a.draft_layers}, {len(prompts)} "
+            f"({a.weights} weights), {a.dtype}, k={','.join(map(str, a.ks))}, self-draft layers={a.draft_layers}, {len(prompts)} "
             f"{a.prompts} prompts x <= {a.new} new tokens, batch {','.join(map(str, a.batches))}, "
             f"{a.repeats} timed repeat(s) (tok/s: median, min-max), attnlab CUDA graphs "
             f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}")

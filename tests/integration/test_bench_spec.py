@@ -21,7 +21,7 @@ def test_spec_bench_on_cpu_is_lossless_and_matches_hf():
     # fp32 greedy: attnlab decodes exactly what HF generate decodes from the same tensors
     assert outs[3] == outs[0]
     assert rows[4]["tau"] >= 1.0
-    assert "| attnlab | 1 | self | torch / torch |" in res["markdown"] and "Random weights" in res["markdown"]
+    assert "| attnlab | 1 | self | 3 | torch / torch |" in res["markdown"] and "Random weights" in res["markdown"]
     assert "= HF generate, token for token: 2 of 2 prompts" in res["markdown"]
 
 
@@ -30,16 +30,17 @@ def test_spec_bench_eagle_rows_at_two_batch_sizes(tmp_path):
 
     head = _head_for_tiny_llama(tmp_path / "head")
     a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--num-prompts", "2",
-                    "--new", "10", "--k", "3", "--drafters", "eagle", "--eagle-head", str(head), "--batch", "1,2",
+                    "--new", "10", "--k", "2,3", "--drafters", "eagle", "--eagle-head", str(head), "--batch", "1,2",
                     "--repeats", "2"])
     assert a.skip_hf and a.batches == [1, 2]
     res = spec.run(a)
     rows = res["rows"]
-    assert [(r["batch"], r["drafter"]) for r in rows] == [(1, "none"), (1, "eagle"), (2, "none"), (2, "eagle")]
+    assert [(r["batch"], r["drafter"], r["k"]) for r in rows] == [
+        (1, "none", 0), (1, "eagle", 2), (1, "eagle", 3), (2, "none", 0), (2, "eagle", 2), (2, "eagle", 3)]
     for r in rows:
         assert len(r["repeats_s"]) == 2 and r["tok_s_min"] <= r["tok_s"] <= r["tok_s_max"]
         if r["drafter"] == "eagle":
-            assert r["same_as_target_only"] == 1.0 and 1.0 <= r["tau"] <= 4.0
+            assert r["same_as_target_only"] == 1.0 and 1.0 <= r["tau"] <= r["k"] + 1
             assert set(r["phase_ms"]) == set(spec.PHASES) and r["phase_ms"]["draft_extend"] > 0
 
 
