@@ -33,6 +33,19 @@ def test_load_prompts_and_export_round_trip(tmp_path):
     assert [p.text for p in again] == [p.text for p in sharegpt.load_sharegpt(5, "train", str(path))]
 
 
+def test_export_keeps_texts_with_unicode_line_separators(tmp_path):
+    import json
+
+    convs = [{"id": "u", "conversations": [{"from": "human", "value": "line one\u2028line two\x85three"},
+                                           {"from": "gpt", "value": "an answer\u2029here"}]}]
+    src = tmp_path / "u.json"
+    src.write_text(json.dumps(convs))
+    out = tmp_path / "u.jsonl"
+    sharegpt.export(str(out), None, None, path=str(src))
+    sharegpt.read_turns.cache_clear()
+    assert sharegpt.read_turns(str(out))[0][0].prompt == "line one\u2028line two\x85three"
+
+
 def test_bad_split_and_empty_split_are_one_line(tmp_path):
     path = write_sample(tmp_path / "s.json", 10)
     with pytest.raises(ConfigError, match="workload.split='test'"):

@@ -95,7 +95,8 @@ def read_turns(path: str | None = None) -> tuple[tuple[Turn, ...], dict]:
     except OSError as e:
         raise ConfigError(f"workload.path={src!r}: cannot read ({type(e).__name__}: {e})") from None
     if src.removesuffix(".gz").endswith(".jsonl"):  # an export: one Turn per line
-        turns = tuple(Turn(**json.loads(line)) for line in text.splitlines() if line.strip())
+        # split on "\n" only: str.splitlines() also splits at U+2028 / U+0085 inside the JSON strings
+        turns = tuple(Turn(**json.loads(line)) for line in text.split("\n") if line.strip())
         return turns, {"source": src, "conversations": len(turns), "kept": len(turns), "truncated": False}
     try:
         convs, truncated = decode_prefix(text)
