@@ -87,6 +87,7 @@ class WarmupSchema:
 class SpecSchema:
     num_draft_tokens: int = 4  # k
     topk: int = 1  # branches per draft step (1 = chain)
+    num_steps: int | None = None  # tree depth (draft steps); null = num_draft_tokens, chains (topk 1) only
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0
     top_p: float = 1.0
@@ -327,6 +328,10 @@ def validate(cfg: DictConfig) -> dict:
                           f"(or use draft=none for target-only decoding)")
     if s.topk < 1:
         raise ConfigError(f"spec.topk={s.topk}: must be >= 1 (1 = chain drafting)")
+    if d.kind != "none":  # impossible tree shapes (attnlab.spec.tree.check_tree_shape says which)
+        from attnlab.spec.tree import check_tree_shape
+
+        check_tree_shape(s.topk, s.num_steps, s.num_draft_tokens)
     if s.temperature < 0:
         raise ConfigError(f"spec.temperature={s.temperature}: must be >= 0 (0 = greedy)")
     if s.top_k < 0:
