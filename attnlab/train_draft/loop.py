@@ -105,6 +105,8 @@ class Trainer:
         with torch.no_grad():
             for mod in (head.qkv_proj, head.o_proj, head.gate_up_proj, head.down_proj, head.fc):
                 mod.weight.normal_(0.0, 0.02)
+            # the final norm feeds the target's LM head: start at the target's own scale
+            head.norm.weight.copy_(target.norm.weight.float())
         self.head = head.bind(target.embed_tokens, target.lm_head)
         return self.head
 
