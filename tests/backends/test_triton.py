@@ -205,7 +205,8 @@ def test_small_batch_decode_splits_fill_two_programs_per_sm(hkv, group, d, block
     # 128-token chunks cover 4096 tokens in 32 splits (the 33rd would be empty)
     assert p.num_splits == 32
     # every split holds work: the kernel's chunk (a multiple of BLOCK_N) times the splits covers the KV once
-    chunk = -(-(-(-4096 // p.num_splits)) // block_n) * block_n
+    per_split = -(-4096 // p.num_splits)
+    chunk = -(-per_split // block_n) * block_n
     assert (p.num_splits - 1) * chunk < 4096 <= p.num_splits * chunk
     # already enough programs, long contexts and short ones keep their old counts
     assert plan_params(q_lens=[1] * 8, kv_lens=[4096] * 8, **kw).num_splits == (16 if hkv == 3 else 8)
