@@ -21,6 +21,7 @@ BACKENDS: dict[str, str] = {
     "triton": "attnlab.backends.triton:TritonBackend",
     "flashinfer": "attnlab.backends.flashinfer:FlashInferBackend",
     "fa": "attnlab.backends.flash_attn:FlashAttnBackend",
+    "hybrid": "attnlab.backends.hybrid:HybridBackend",
 }
 
 
