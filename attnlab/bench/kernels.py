@@ -419,19 +419,27 @@ def main(argv=None) -> int:
             shown = cell_text(cell) if not args.compile_only else (cell.kernel if cell.status == "ok" else cell.status)
             print(f"{phase:8s} {model:8s} b={batch:<3d} ctx={ctx:<6d} q={q_len:<5d} {cell.backend:24s} {shown}",
                   flush=True)
+        if args.out and not args.compile_only:  # after every shape: a run cut short keeps what it measured
+            write(args.out, info, header, cells, list(classes), args)
     if args.compile_only:
         print(f"compiled in {time.perf_counter() - t0:.0f} s: {sum(c.status == 'ok' for c in cells)} cells ok, "
               f"{sum(c.status.startswith('error') for c in cells)} errors", flush=True)
         return 0
-    add_ratios(cells, args.baseline)
-    table = markdown(cells, list(classes), args.baseline, args.copy_gb_s, args.repeats)
+    table = write(args.out, info, header, cells, list(classes), args)
     print("\n" + header + "\n\n" + table + f"\n\nbench time {time.perf_counter() - t0:.0f} s")
-    if args.out:
-        with open(args.out + ".json", "w") as f:
-            json.dump({"info": info, "cells": [asdict(c) for c in cells]}, f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(header + "\n\n" + table + "\n")
     return 0
+
+
+def write(out: str | None, info: dict, header: str, cells: list[Cell], labels: list[str], args) -> str:
+    """Ratios, the markdown table, and FILE.json / FILE.md when ``out`` is set; returns the table."""
+    add_ratios(cells, args.baseline)
+    table = markdown(cells, labels, args.baseline, args.copy_gb_s, args.repeats)
+    if out:
+        with open(out + ".json", "w") as f:
+            json.dump({"info": info, "cells": [asdict(c) for c in cells]}, f, indent=1)
+        with open(out + ".md", "w") as f:
+            f.write(header + "\n\n" + table + "\n")
+    return table
 
 
 if __name__ == "__main__":

@@ -110,3 +110,52 @@ def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
     cells = run_shape({"fa": classes["fa"], "triton": classes["triton"]}, "verify", "smollm2", 1, 40, 5,
                       argparse.Namespace(page_size=16, reps=5, iters=10, repeats=1, copy_gb_s=1000.0), torch.float16)
     assert cells[0].status.startswith("error: ConfigError: fa (fa3_fwd") and cells[1].status == "ok"
+
+
+def test_floors_script_on_fake_results(tmp_path):
+    """experiments/fair-backends/floors.py turns a bench JSON and sweep folders into the floors table."""
+    import importlib.util
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).parents[2] / "experiments" / "fair-backends" / "floors.py"
+    spec = importlib.util.spec_from_file_location("floors", path)
+    floors = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floors)
+
+    def c(phase, model, backend, ms, batch=1, kernel=""):
+        q = 1 if phase == "decode" else 5
+        return asdict(Cell(phase, model, batch, 4096, q, backend, ms=ms, kernel=kernel))
+
+    bench = [c("decode", "smollm2", "flashinfer", 0.008), c("verify", "smollm2", "flashinfer", 0.009, kernel="fa2"),
+             c("decode", "smollm2", "flashinfer/verify_backend=auto", 0.008),
+             c("verify", "smollm2", "flashinfer/verify_backend=auto", 0.060),
+             c("decode", "smollm2", "triton", 0.004, kernel="splits 32"),
+             c("decode", "smollm2", "triton/num_splits=16", 0.007, kernel="splits 16")]
+    (tmp_path / "k.json").write_text(json.dumps({"info": {}, "cells": bench}))
+
+    def job(root, i, verify, graphs, batch, tok_s, lats):
+        d = root / str(i)
+        (d / ".hydra").mkdir(parents=True)
+        (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
+            {"verify": {"name": verify}, "engine": {"cuda_graph": graphs}, "workload": {"batch_size": batch}}))
+        (d / "metrics.json").write_text(json.dumps({"output_tokens_per_s": tok_s, "tpot_ms_p50": 2.0, "verify_ms": 1.5,
+                                                    "attn_kernels_target": {"verify": "fa2"}}))
+        (d / "requests.jsonl").write_text("".join(json.dumps({"prompt_tokens": n, "latency_ms": t}) + "\n"
+                                                  for n, t in lats))
+
+    job(tmp_path / "fa", 0, "triton", True, 1, 660.0, [])
+    job(tmp_path / "fa", 1, "fa", True, 1, 600.0, [])
+    job(tmp_path / "fa", 2, "fa", False, 1, 100.0, [])
+    job(tmp_path / "hy", 0, "hybrid", True, 1, 500.0, [(200, 90.0), (4000, 150.0), (200, 110.0)])
+    out = tmp_path / "floors.md"
+    assert floors.main(["--kernels", str(tmp_path / "k.json"), "--e2e", str(tmp_path / "fa"), "--hybrid",
+                        str(tmp_path / "hy"), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| FlashInfer verify / own decode <= 1.3x | smollm2 b1 ctx4096 | 7.50x" in text and "1.12x" in text
+    assert "1.75x faster | pass" in text and "n/a" in text  # llama8b cells missing: n/a, not a crash
+    assert "| batch 1, triton 660 tok/s | 6.60x (100 tok/s eager) | 1.10x (600 tok/s) | pass |" in text
+    assert "| hybrid | 1 | 500.0 | 2.0 | 1.5 | 100.0 | 150.0 | verify=fa2 |" in text

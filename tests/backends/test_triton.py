@@ -243,7 +243,7 @@ def test_warmup_runs_every_variant():
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch,context", [(1, 32768), (8, 32768), (64, 4096), (16, 8192)])
+@pytest.mark.parametrize("batch,context", [(1, 4096), (1, 32768), (8, 32768), (64, 4096), (16, 8192)])
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("heads", [(9, 3, 64), (32, 8, 128)], ids=["smollm2", "llama8b"])
 def test_gpu_decode_scale(batch, context, page_size, heads):
