@@ -236,13 +236,16 @@ def test_cli_run_with_hybrid_verify(tmp_path):
 
     # prompts of 4 and 40 tokens: the first stays at or under 12 tokens of context for its first steps
     proc = run_cli([*TINY, "workload=synthetic", "workload.lengths=[4,40]", "verify=hybrid",
-                    "verify.options.short=torch", "verify.options.threshold=12", "parity=off",
+                    "verify.options.short=torch", "verify.options.threshold=12", "parity.logits=false",
+                    "parity.tokens=false",
                     f"hydra.run.dir={tmp_path}"], cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     m = read_json(tmp_path / "metrics.json")
     info = m["attn_kernels_target"]
     assert info["short"] == "torch" and info["long"] == "triton" and info["threshold"] == "12"
     assert int(info["routed_short"]) > 0 and int(info["routed_long"]) > 0, info
+    kernel = read_json(tmp_path / "parity.json")["kernel"]["verify"]  # level-1 parity of the hybrid as configured
+    assert kernel["backend"] == "hybrid" and all(v["max_abs_err"] < 1e-3 for k, v in kernel.items() if k != "backend")
 
 
 @pytest.mark.gpu
