@@ -44,9 +44,10 @@ def run_layers(be, q, num_layers):
     return torch.stack([be.run(q, layer).float() for layer in range(num_layers)])
 
 
+# (page size, GQA) pairs and (head_dim, dtype) pairs rather than the full product: each backend has its own
+# product grid; here what is tested is the routing (sub-batches, gathers, disjoint rows) on every pass kind.
 @pytest.mark.parametrize("head_dim,dtype", [(64, torch.float32), (128, torch.bfloat16)], ids=["d64-fp32", "d128-bf16"])
-@pytest.mark.parametrize("gqa", [1, 3])
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("page_size,gqa", [(1, 3), (16, 1)], ids=["p1-gqa3", "p16-gqa1"])
 @pytest.mark.parametrize("kind", list(PASSES))
 def test_matches_reference(kind, page_size, gqa, head_dim, dtype):
     q_lens, contexts, mode, tree = PASSES[kind]
