@@ -53,8 +53,9 @@ class DraftSchema:
 
 @dataclass
 class BackendSchema:
-    name: str = "torch"  # torch | triton | flashinfer | fa
-    options: dict[str, Any] = field(default_factory=dict)  # backend-specific knobs (documented per file)
+    name: str = "torch"  # torch | triton | flashinfer | fa | hybrid
+    # backend-specific knobs: the OPTIONS of the backend class (docs/backends.md), checked at config time
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -277,14 +278,29 @@ def _check_model(prefix: str, m) -> None:
 
 
 def check_backend(side: str, name: str, *, device: str, dtype: str, kv_dtype: str, page_size: int,
-                  max_context: int, topk: int, head_dim: int | None = None) -> None:
-    """Raise ConfigError if backend ``name`` cannot run this combination (head_dim None = not known yet)."""
+                  max_context: int, topk: int, head_dim: int | None = None, options: dict | None = None,
+                  options_field: str | None = None) -> None:
+    """Raise ConfigError if backend ``name`` (with ``options``, found at ``options_field``, default
+    ``<side>.options``) cannot run this combination (head_dim None = not known yet). A hybrid is checked as
+    its two backends."""
     from attnlab.backends.registry import backend_names, get_backend_class
 
     _choice(f"{side}.name", name, backend_names())
+    if name == "hybrid":
+        from attnlab.backends.hybrid import parse_hybrid_options
+
+        field = options_field or f"{side}.options"
+        spec = parse_hybrid_options(options, field)
+        for role, sub, sub_options in spec.sides():
+            check_backend(f"{field}.{role}", sub, device=device, dtype=dtype, kv_dtype=kv_dtype,
+                          page_size=page_size, max_context=max_context, topk=topk, head_dim=head_dim,
+                          options=sub_options, options_field=f"{field}.{role}_options")
+        return
     try:
-        cls = get_backend_class(name)
+        cls = get_backend_class(name, options, options_field or f"{side}.options")
         reason = cls.available()
+    except ConfigError:
+        raise
     except AttnlabError as e:
         raise ConfigError(f"{side}={name}: {e}") from e
     caps = cls.capabilities()
@@ -380,23 +396,24 @@ def validate(cfg: DictConfig) -> dict:
     # Backend capabilities with what is known now; max_context is re-checked after tokenization.
     k = s.num_draft_tokens if d.kind != "none" else 0
     ctx = kv.max_context or (max(w.lengths) if w.kind == "synthetic" else 1) + w.max_new_tokens + k + 1
-    sides = [("verify", cfg.verify.name, prec["target"], prec["kv_target"])]
+    sides = [("verify", cfg.verify, prec["target"], prec["kv_target"])]
     if d.kind in ("self", "model", "eagle"):  # ngram and none run no attention on the draft side
-        sides.append(("backend", cfg.backend.name, prec["draft"], prec["kv_draft"]))
+        sides.append(("backend", cfg.backend, prec["draft"], prec["kv_draft"]))
     else:
         from attnlab.backends.registry import backend_names
 
         _choice("backend.name", cfg.backend.name, backend_names())
     page_size = ctx if kv.layout == "contiguous" else kv.page_size
-    for side, name, dt, kvdt in sides:
+    for side, be, dt, kvdt in sides:
+        name, options = be.name, be.get("options")
         check_backend(side, name, device=device, dtype=dt, kv_dtype=kvdt, page_size=page_size,
-                      max_context=ctx if kv.max_context else max(ctx, page_size), topk=s.topk)
+                      max_context=ctx if kv.max_context else max(ctx, page_size), topk=s.topk, options=options)
         if graphs:
             from attnlab.backends.registry import get_backend_class
 
-            if not get_backend_class(name).capabilities().cuda_graph:
+            if not get_backend_class(name, options, f"{side}.options").capabilities().cuda_graph:
                 raise ConfigError(f"{side}={name} cannot run inside CUDA graphs; use engine.cuda_graph=false and "
-                                  f"warmup=none|jit, or a graph-capable backend (triton, flashinfer)")
+                                  f"warmup=none|jit, or a graph-capable backend (triton, flashinfer, fa)")
     return {"device": device, "precision": prec, "draft_layers": layers, "k": k, "cuda_graph": graphs}
 
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from attnlab.config import check_backend, to_container, validate
 from attnlab.errors import AttnlabError, ConfigError
-from attnlab.metrics.env import env_info
+from attnlab.metrics.env import add_to_env_json, attention_kernels, env_info
 from attnlab.metrics.outputs import StatusFile, write_json
 from attnlab.parity_pass import run_parity
 from attnlab.spec.drafters import make_drafter
@@ -81,11 +81,11 @@ def check_sides(cfg: DictConfig, resolved: dict, *, max_context: int, page_size:
     prec, k = resolved["precision"], resolved["k"]
     check_backend("verify", cfg.verify.name, device=resolved["device"], dtype=prec["target"],
                   kv_dtype=prec["kv_target"], page_size=page_size, max_context=max_context, topk=cfg.spec.topk,
-                  head_dim=target_head_dim)
+                  head_dim=target_head_dim, options=cfg.verify.get("options"))
     if draft_head_dim is not None:
         check_backend("backend", cfg.backend.name, device=resolved["device"], dtype=prec["draft"],
                       kv_dtype=prec["kv_draft"], page_size=page_size, max_context=max_context,
-                      topk=cfg.spec.topk, head_dim=draft_head_dim)
+                      topk=cfg.spec.topk, head_dim=draft_head_dim, options=cfg.backend.get("options"))
     if k and cfg.spec.topk > 1:
         raise ConfigError(f"spec.topk={cfg.spec.topk}: tree drafting is not implemented yet (use spec.topk=1)")
 
@@ -184,24 +184,34 @@ class SpecJob:
                                     dtype=self.prec["draft"], kv_dtype=self.prec["kv_draft"],
                                     page_size=self.page_size, num_pages=kv.num_pages,
                                     max_batch=self.cfg.workload.batch_size, max_context=self.max_context,
-                                    name=name, kv_scale=self.cfg.precision.kv_scale, **extra)
+                                    name=name, kv_scale=self.cfg.precision.kv_scale,
+                                    backend_options=self._options(self.cfg.backend, backend), **extra)
 
     def build_pair(self, verify: str, backend: str, target=None, tag: str = ""):
         """(target runner, drafter) for a backend pair; reuses ``target`` when given."""
         cfg, prec = self.cfg, self.prec
         if target is None:
-            target = self.build(cfg.model, verify, prec["target"], prec["kv_target"], "target" + tag, graphs=not tag)
+            target = self.build(cfg.model, verify, prec["target"], prec["kv_target"], "target" + tag, graphs=not tag,
+                                backend_options=self._options(cfg.verify, verify))
         kind, draft_runner = cfg.draft.kind, None
         if kind == "self":
             draft_runner = self.build(cfg.model, backend, prec["draft"], prec["kv_draft"], "draft" + tag,
-                                      layers=self.r["draft_layers"], share_weights_with=target, graphs=not tag)
+                                      layers=self.r["draft_layers"], share_weights_with=target, graphs=not tag,
+                                      backend_options=self._options(cfg.backend, backend))
         elif kind == "model":
             share = self.runners.get("draft") if tag else None
             draft_runner = self.build(cfg.draft, backend, prec["draft"], prec["kv_draft"], "draft" + tag,
-                                      share_weights_with=share, graphs=not tag)
+                                      share_weights_with=share, graphs=not tag,
+                                      backend_options=self._options(cfg.backend, backend))
         elif kind == "eagle":
             draft_runner = self.build_eagle(target, backend, "draft" + tag, graphs=not tag)
         return target, make_drafter(kind, draft_runner=draft_runner, ngram_n=cfg.draft.ngram_n, device=target.device)
+
+    @staticmethod
+    def _options(side_cfg, name: str) -> dict | None:
+        """The side's backend.options / verify.options when ``name`` is that side's configured backend (a
+        parity reference side builds another backend, without them)."""
+        return side_cfg.get("options") if name == side_cfg.name else None
 
     def decode(self, target, drafter, prompts, *, k: int | None = None, record_logits=False, desc="workload"):
         """Run ``prompts`` in batches of workload.batch_size; one merged GenerateOutput."""
@@ -252,6 +262,9 @@ class SpecJob:
         from attnlab.metrics.perf import memory_metrics
 
         m.update(memory_metrics({"target": target, "draft": drafter.runner}))
+        kernels = attention_kernels({"target": target, "draft": drafter.runner})
+        m.update(kernels)
+        add_to_env_json(self.dir, "attention_kernels", kernels)
         m.update(page_size=self.page_size, max_context=self.max_context, device=self.device,
                  **{f"precision_{k}": v for k, v in self.prec.items()})
         m.update(self.metrics)

@@ -104,7 +104,8 @@ def kernel_parity_pass(job) -> dict:
         if name == cfg.parity.reference:
             out[side] = {"backend": name, "note": "is the reference"}
             continue
-        res = kernel_parity(get_backend_class(name), num_q_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads,
+        cls = get_backend_class(name, cfg[side].get("options"), f"{side}.options")  # as the run built it
+        res = kernel_parity(cls, num_q_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads,
                             head_dim=mc.head_dim, dtype=compute_dtype(dt), kv_dtype=kvdt,
                             page_size=job.page_size,
                             device=job.device, prompt_len=min(longest, 256), k=job.k,

@@ -65,7 +65,7 @@ def test_typo_or_wrong_type_fails_at_compose(override, needle):
 def test_unknown_group_option_is_one_line():
     with pytest.raises(Exception) as e:
         _compose("verify=flashattn")
-    assert one_line(e.value) == "verify=flashattn: unknown option (choose from: fa, flashinfer, torch, triton)"
+    assert one_line(e.value) == "verify=flashattn: unknown option (choose from: fa, flashinfer, hybrid, torch, triton)"
 
 
 def _validate(*overrides):

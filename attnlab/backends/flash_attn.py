@@ -16,6 +16,13 @@ K/V of this pass are already in the pool when ``run`` is called (``KVPool.store`
 the cache (bottom-right), which is our rule. FA's kvcache API takes ``q: [B, q_len, Hq, D]`` with one q_len
 per call, so the plan groups requests by q_len (decode and chain verify: one group, a free view; ragged
 prefill: one call per distinct q_len). Tree masks are not supported.
+
+CUDA graphs (``cuda_graph=True``, every flavor): a decode / verify pass with one q_len for the whole batch
+plans into static buffers of its (slot, batch, q_len): ``cache_seqlens`` [B] and the table (``cache_batch_idx``
+[B], or a [B, pages(max_context)] page table padded with the scratch page), rewritten in place by each later
+plan, so a captured ``flash_attn_with_kvcache`` replays any later pass of that key. What FlashAttention
+decides on the host (tile sizes, the KV split count) depends only on shapes that stay fixed: q's shape and
+the cache's ``seqlen_k`` (the contiguous page size, or table width x page size), never the lengths' values.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnlab.backends.base import DTYPE_TO_NAME, AttentionBackend, AttnMeta, Capabilities
+from attnlab.backends.base import DTYPE_TO_NAME, AttentionBackend, AttnMeta, Capabilities, Mode
 from attnlab.errors import BackendUnavailable, ConfigError
 from attnlab.kvcache.layout import pages_needed
 
@@ -112,8 +119,16 @@ class _Plan:
 class FlashAttnBackend(AttentionBackend):
     name = "fa"
 
-    def __init__(self, pool, num_q_heads, num_kv_heads, head_dim, scale, dtype, *, flavor: FAFlavor | None = None):
+    def __init__(self, pool, num_q_heads, num_kv_heads, head_dim, scale, dtype, *, flavor: FAFlavor | None = None,
+                 cuda_graph: bool = False, max_batch_size: int | None = None, max_q_len: int = 16,
+                 max_context: int | None = None):
+        """cuda_graph: uniform-q_len decode / verify passes plan into static buffers per (slot, batch, q_len)
+        (module doc); max_batch_size / max_q_len are the engine's graph sizes (unused here: buffers are sized
+        per captured batch), max_context bounds the paged flavors' table width."""
         super().__init__(pool, num_q_heads, num_kv_heads, head_dim, scale, dtype)
+        self.cuda_graph = cuda_graph
+        self.max_context = max_context or pool.capacity_tokens()
+        self._static: dict[tuple[int, int, int], _Group] = {}
         self.flavor = flavor or detect_flash_attn()
         if self.flavor is None:
             raise BackendUnavailable(f"no FlashAttention build importable; {INSTALL_HINT}")
@@ -138,9 +153,9 @@ class FlashAttnBackend(AttentionBackend):
                                 head_dims=frozenset(), notes="no FlashAttention build importable")
         return Capabilities(
             devices=frozenset({"cuda"}), dtypes=f.dtypes, kv_dtypes=f.dtypes, head_dims=f.head_dims,
-            page_sizes=f.page_sizes, custom_mask=False, cuda_graph=frozenset(),
-            notes=f"{f.name} via {f.module} {f.version}; causal only (decode, chain verify, prefill); "
-                  "plans allocate fresh index tensors, so not graph-capturable yet",
+            page_sizes=f.page_sizes, custom_mask=False, cuda_graph=frozenset({Mode.DECODE, Mode.VERIFY}),
+            notes=f"{f.name} via {f.module} {f.version}; causal only (decode, chain verify, prefill); CUDA graphs "
+                  "for uniform-q_len decode / verify (static cache_seqlens and table per batch and q_len)",
         )
 
     @classmethod
@@ -176,6 +191,9 @@ class FlashAttnBackend(AttentionBackend):
         if f.table_arg is None and meta.max_kv_len > ps:
             raise ConfigError(f"fa ({f.name}, {f.module}) has no paged KV: the contiguous layout needs "
                               f"page_size >= max context, got page_size {ps} and a request of {meta.max_kv_len} tokens")
+        if self.cuda_graph and meta.mode != Mode.PREFILL and meta.q_lens and len(set(meta.q_lens)) == 1 \
+                and meta.q_lens[0] > 0:
+            return _Plan([self._graph_group(meta, slot)], meta.num_tokens)
         lay, dev = meta.layout, meta.layout.kv_indices.device
         by_len: dict[int, list[int]] = {}
         for i, n in enumerate(meta.q_lens):
@@ -199,6 +217,36 @@ class FlashAttnBackend(AttentionBackend):
                 table = page_table(lay.kv_indices, starts, npages, pad=self.pool.num_pages)
             groups.append(_Group(q_len, len(reqs), rows, seqlens.contiguous(), table.contiguous()))
         return _Plan(groups, meta.num_tokens)
+
+    def kernel_info(self) -> dict[str, str]:
+        """Which FlashAttention build runs every pass (one function for decode, verify and prefill)."""
+        f = self.flavor
+        return {"all": f"{f.name} ({f.module} {f.version}){' graphs' if self.cuda_graph else ''}"}
+
+    def _graph_group(self, meta: AttnMeta, slot: int) -> _Group:
+        """The static group of (slot, batch, q_len), its buffers overwritten with this pass's values (device
+        copies, no host sync): what a CUDA graph captured on an earlier plan of the same key reads."""
+        f, lay, ps = self.flavor, meta.layout, meta.page_size
+        b, q_len = meta.batch_size, meta.q_lens[0]
+        key = (slot, b, q_len)
+        g = self._static.get(key)
+        if g is None:
+            width = 0 if f.table_arg is None else pages_needed(self.max_context, ps)
+            table = torch.empty((b,) if f.table_arg is None else (b, width), dtype=torch.int32, device=self.device)
+            g = self._static[key] = _Group(q_len, b, None, torch.empty(b, dtype=torch.int32, device=self.device),
+                                           table)
+        g.cache_seqlens.copy_(lay.kv_lens)
+        if f.table_arg is None:
+            g.table.copy_(lay.kv_indices[lay.kv_indptr[:-1].long()])  # each request's single page
+        else:
+            npages = [pages_needed(n, ps) for n in meta.kv_lens_host]
+            if max(npages) > g.table.shape[1]:
+                raise ConfigError(f"fa ({f.name}) graph mode: a request of {meta.max_kv_len} tokens exceeds "
+                                  f"max_context {self.max_context}")
+            t = page_table(lay.kv_indices, lay.kv_indptr[:-1], npages, pad=self.pool.num_pages)
+            g.table.fill_(self.pool.num_pages)
+            g.table[:, : t.shape[1]].copy_(t)
+        return g
 
     def run(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         """q: [num_tokens, Hq, D] -> [num_tokens, Hq, D]; one FA call per q_len group, no host sync."""

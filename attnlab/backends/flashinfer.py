@@ -6,18 +6,28 @@
   ``BatchPrefillWithPagedKVCacheWrapper`` with ``causal=True`` (bottom-right, as our rule) or the
   flattened bool ``custom_mask`` of :class:`~attnlab.backends.base.AttnMeta` (same format as FlashInfer's).
 
+Which FlashInfer kernel family a prefill wrapper runs is chosen per pass, as SGLang does it (its flashinfer
+backend builds every paged prefill / verify wrapper with ``backend="fa2"``): :func:`prefill_family`.
+Verify, draft catch-up and other short extends (max q_len < ``prefill_min_q_len``) run ``fa2``, whose
+planner packs q_len x GQA-group rows into one query tile and splits long KV across CTAs; long prefills run
+``auto`` (FA3 on Hopper: one work item per query head and 128-row tile, no GQA packing and no split-KV,
+which only pays once a pass has enough rows); tree masks always run ``fa2`` (FA3 has no custom mask). In
+CUDA-graph mode an fa2 plan of a uniform-q_len pass passes ``uniform_q_len``, so the graph-mode scheduler
+sizes its query tile for q_len x group rows instead of the ragged worst case. ``kernel_info()`` reports what
+each wrapper resolved to (``w.resolved_backend`` / the prefill wrapper's resolved ``_backend``).
+
 The pool layer ``[2, num_pages + 1, page_size, Hkv, D]`` is handed over as the tuple ``(layer[0], layer[1])``
 (two NHD ``[pages, page_size, Hkv, D]`` views, no copy): FlashInfer's single-tensor form is
 ``[pages, 2, page_size, Hkv, D]``, which is not our layout.
 
-Wrappers are stateful (``plan()`` writes into them), so there is one wrapper per (slot, kind[, batch size]):
-slot 0 is the per-pass plan, slots 1..k the multi-step draft plans; they are created lazily and re-planned
-every iteration. Causal and custom-mask prefill get separate wrappers because FlashInfer's ``backend="auto"``
-resolves once per wrapper (fa3 on Hopper, which has no custom mask; fa2 with a mask).
+Wrappers are stateful (``plan()`` writes into them), so there is one wrapper per (slot, kind, kernel family
+[, batch size, q_len]): slot 0 is the per-pass plan, slots 1..k the multi-step draft plans; they are created
+lazily and re-planned every iteration (a wrapper's ``backend`` is fixed at construction).
 
 CUDA graphs (``cuda_graph=True``): every slot owns preallocated int32 index buffers sized for
 ``max_batch_size`` requests and every page of the pool; wrappers are created with ``use_cuda_graph=True`` and
-slices of those buffers, one wrapper per (slot, kind, batch size) bucket. What the capturing caller must do:
+slices of those buffers, one wrapper per (slot, kind, family, batch size, q_len) bucket, for decode and verify
+passes (prefills are never captured and plan plain wrappers). What the capturing caller must do:
 
 1. pad the batch to the bucket's batch size (padded requests: q_len as the others, kv_len = q_len, every page
    the scratch page ``pool.num_pages``; their outputs are ignored) and ``plan(meta)`` (or ``plan_steps``)
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -46,8 +57,14 @@ WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-k
 INSTALL_HINT = "pip install 'attnlab[gpu]' (package flashinfer-python)"
 TENSOR_CORE_MIN_GROUP = 4  # GQA ratio from which the tensor-core (prefill-kernel) decode wins, as in SGLang
 CUDA_CORE_GROUPS = (1, 2, 3, 4, 6, 8, 16)  # GQA ratios compiled into the CUDA-core decode (DISPATCH_GQA_GROUP_SIZE)
-
-
+PREFILL_FAMILIES = ("fa2", "fa3", "auto")  # BatchPrefillWithPagedKVCacheWrapper(backend=...) values we allow
+# A causal pass whose longest request has at least this many new tokens is a "long prefill" and runs
+# prefill_backend (auto: FA3 on Hopper). FA3's paged planner makes one work item per (query head, 128-row
+# tile) with no GQA packing and no split-KV: at 512 rows a request fills 4 tiles per head, 128 items per
+# request for 32 query heads (~ one wave of an H200's 132 SMs); shorter passes leave most tile rows or
+# most SMs idle, where fa2's GQA-packed, split-KV plan wins (H200, 2026-12-01: verify q_len 5 ran 6x
+# slower under FA3 than the Triton kernel; a 4096-token prefill ran 2x faster).
+PREFILL_MIN_Q_LEN = 512
 def import_flashinfer():
     """The flashinfer module, or BackendUnavailable naming the fix."""
     try:
@@ -71,6 +88,15 @@ def wrapper_kind(meta: AttnMeta) -> str:
     if meta.mode == Mode.DECODE and all(n == 1 for n in meta.q_lens):
         return "decode"
     return "causal"
+
+
+def prefill_family(kind: str, max_q_len: int, *, verify_backend: str = "fa2", prefill_backend: str = "auto",
+                   prefill_min_q_len: int = PREFILL_MIN_Q_LEN) -> str:
+    """The ``backend=`` of the prefill wrapper for a pass: fa2 for tree masks (FA3 has none), ``prefill_backend``
+    for causal passes with max q_len >= ``prefill_min_q_len``, ``verify_backend`` for shorter ones."""
+    if kind == "mask":
+        return "fa2"
+    return prefill_backend if max_q_len >= prefill_min_q_len else verify_backend
 
 
 def host_csr(meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -105,19 +131,39 @@ class _GraphBuffers:
 class _Plan:
     wrapper: object
     kind: str
+    family: str  # the wrapper's requested backend ("decode" for the decode wrapper)
     batch_size: int
     num_tokens: int
 
 
 class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
+    # backend.options / verify.options keys (constructor keyword arguments)
+    OPTIONS: ClassVar[dict[str, str]] = {
+        "decode_tensor_cores": "true/false: force the tensor-core (prefill-kernel) decode on or off; null = rule",
+        "verify_backend": "fa2 (default) | auto | fa3: kernel family of causal passes shorter than "
+                          "prefill_min_q_len (verify, draft catch-up, short extends); auto = FlashInfer's pick",
+        "prefill_backend": "auto (default: FA3 on Hopper) | fa2 | fa3: kernel family of long causal prefills",
+        "prefill_min_q_len": f"int >= 1 (default {PREFILL_MIN_Q_LEN}): a causal pass whose longest request has "
+                             "this many new tokens runs prefill_backend",
+        "workspace_bytes": f"float workspace per backend instance (default {WORKSPACE_BYTES})",
+    }
 
     def __init__(self, pool, num_q_heads, num_kv_heads, head_dim, scale, dtype, *,
-                 decode_tensor_cores: bool | None = None, cuda_graph: bool = False,
-                 max_batch_size: int | None = None, max_q_len: int = 16, max_context: int | None = None,
-                 workspace_bytes: int = WORKSPACE_BYTES):
+                 decode_tensor_cores: bool | None = None, verify_backend: str = "fa2",
+                 prefill_backend: str = "auto", prefill_min_q_len: int = PREFILL_MIN_Q_LEN,
+                 cuda_graph: bool = False, max_batch_size: int | None = None, max_q_len: int = 16,
+                 max_context: int | None = None, workspace_bytes: int = WORKSPACE_BYTES):
         super().__init__(pool, num_q_heads, num_kv_heads, head_dim, scale, dtype)
         check_shapes(dtype, pool.dtype, head_dim)
+        self.check_options({"verify_backend": verify_backend, "prefill_backend": prefill_backend,
+                            "prefill_min_q_len": prefill_min_q_len}, "flashinfer")
+        fa3 = [n for n, v in (("verify_backend", verify_backend), ("prefill_backend", prefill_backend)) if v == "fa3"]
+        if fa3 and pool.dtype in FP8_DTYPES:
+            raise ConfigError(f"flashinfer: {fa3[0]}=fa3 with fp8 KV: FlashInfer's FA3 kernels need an fp8 query "
+                              "for fp8 KV; use fa2 or auto")
+        if fa3 and self.device.type == "cuda" and torch.cuda.get_device_capability(self.device)[0] != 9:
+            raise ConfigError(f"flashinfer: {fa3[0]}=fa3 needs a Hopper GPU (sm_90); use fa2 or auto")
         self._fi = import_flashinfer()
         self.use_tensor_cores = decode_uses_tensor_cores(num_q_heads, num_kv_heads, pool.dtype,
                                                          decode_tensor_cores)
@@ -125,6 +171,8 @@ class FlashInferBackend(AttentionBackend):
         if not self.use_tensor_cores and group not in CUDA_CORE_GROUPS:
             raise ConfigError(f"flashinfer: CUDA-core decode has no kernel for GQA ratio {group} "
                               f"(compiled: {list(CUDA_CORE_GROUPS)}); leave decode_tensor_cores unset or True")
+        self.verify_backend, self.prefill_backend = verify_backend, prefill_backend
+        self.prefill_min_q_len = int(prefill_min_q_len)
         self.cuda_graph = cuda_graph
         if cuda_graph and not max_batch_size:
             raise ConfigError("flashinfer with cuda_graph=True needs max_batch_size (the largest graph bucket)")
@@ -136,23 +184,39 @@ class FlashInferBackend(AttentionBackend):
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
         self._wrappers: dict[tuple, object] = {}
         self._graph_bufs: dict[int, _GraphBuffers] = {}
+        self._resolved: dict[str, set[str]] = {}  # pass label -> kernel families its wrappers resolved to
         # fp8 KV stores value / scale; FlashInfer folds k_scale into sm_scale and multiplies out by v_scale.
         self._k_scale = pool.k_scale if pool.is_fp8 else None
         self._v_scale = pool.v_scale if pool.is_fp8 else None
+
+    @classmethod
+    def check_options(cls, options: dict, field: str) -> None:
+        """ConfigError (one line, naming ``field.key``) for option values FlashInfer cannot take."""
+        for key in ("verify_backend", "prefill_backend"):
+            if key in options and options[key] not in PREFILL_FAMILIES:
+                raise ConfigError(f"{field}.{key}={options[key]!r}: choose from {', '.join(PREFILL_FAMILIES)}")
+        n = options.get("prefill_min_q_len", PREFILL_MIN_Q_LEN)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"{field}.prefill_min_q_len={n!r}: must be an int >= 1 (query tokens)")
+        tc = options.get("decode_tensor_cores")
+        if tc is not None and not isinstance(tc, bool):
+            raise ConfigError(f"{field}.decode_tensor_cores={tc!r}: must be true, false or null")
 
     @classmethod
     def capabilities(cls) -> Capabilities:
         return Capabilities(
             devices=frozenset({"cuda"}),
             dtypes=frozenset({"fp16", "bf16"}),
-            kv_dtypes=frozenset({"fp16", "bf16"}),
+            # fp8 KV (k_scale / v_scale at run): tests/backends/test_fp8_kv.py's flashinfer cases passed on an
+            # H200 (2026-12-01, e4m3 and e5m2, decode and verify) against the reference on the same fp8 values
+            kv_dtypes=frozenset({"fp16", "bf16", "fp8_e4m3", "fp8_e5m2"}),
             head_dims=frozenset(HEAD_DIMS),
             page_sizes="any",
             custom_mask=True,
             cuda_graph=frozenset({Mode.DECODE, Mode.VERIFY}),
-            notes="decode: BatchDecode (tensor cores at GQA>=4); prefill/verify: BatchPrefill causal or custom "
-                  "mask; CUDA graphs need cuda_graph=True (caller-owned buffers, one wrapper per batch size); "
-                  "fp8 KV is wired (k_scale/v_scale) but not validated",
+            notes="decode: BatchDecode (tensor cores at GQA>=4 or fp8 KV); verify / short extends: BatchPrefill "
+                  "fa2 (GQA-packed, split-KV), long prefills: auto (FA3 on Hopper), tree masks: fa2; CUDA graphs "
+                  "need cuda_graph=True (caller-owned buffers, one wrapper per batch size and q_len)",
         )
 
     @classmethod
@@ -174,6 +238,20 @@ class FlashInferBackend(AttentionBackend):
             return {"module": "flashinfer", "version": None, "error": str(e)}
         return {"module": "flashinfer", "version": getattr(fi, "__version__", "unknown")}
 
+    def family_for(self, meta: AttnMeta) -> str:
+        """"decode" or the prefill wrapper's ``backend=`` for this pass."""
+        kind = wrapper_kind(meta)
+        if kind == "decode":
+            return "decode"
+        return prefill_family(kind, meta.max_q_len, verify_backend=self.verify_backend,
+                              prefill_backend=self.prefill_backend, prefill_min_q_len=self.prefill_min_q_len)
+
+    def kernel_info(self) -> dict[str, str]:
+        """What the wrappers planned so far resolved to, per pass label (``decode``, ``verify``, ``prefill``,
+        ``verify_tree``...): FlashInfer's kernel family (fa2 / fa3 / cudnn / ...; ``cuda-core`` for the
+        CUDA-core decode kernel), several joined by ``+`` (e.g. short and long prefills)."""
+        return {label: "+".join(sorted(v)) for label, v in sorted(self._resolved.items())}
+
     # -- wrappers ---------------------------------------------------------------------------------------
 
     def _buffers(self, slot: int) -> _GraphBuffers:
@@ -189,11 +267,11 @@ class FlashInferBackend(AttentionBackend):
         # per request at most ceil(max_q_len * max_context / 8) packed bytes (segment_packbits pads each)
         return self.max_batch_size * -(-self.max_q_len * self.max_context // 8)
 
-    def _wrapper(self, slot: int, kind: str, batch_size: int, graph_q_len: int | None):
-        """graph_q_len: the uniform q_len of a graph-mode pass (its wrapper's row count is fixed at the
-        first plan), or None for a plain wrapper (graph mode off, or a ragged pass such as a prefill)."""
+    def _wrapper(self, slot: int, kind: str, family: str, batch_size: int, graph_q_len: int | None):
+        """graph_q_len: the uniform q_len of a graph-mode decode / verify pass (its wrapper's row count is fixed
+        at the first plan), or None for a plain wrapper (graph mode off, or a prefill / ragged pass)."""
         graph = self.cuda_graph and graph_q_len is not None
-        key = (slot, kind, batch_size, graph_q_len) if graph else (slot, kind)
+        key = (slot, kind, family, batch_size, graph_q_len) if graph else (slot, kind, family)
         if key in self._wrappers:
             return self._wrappers[key]
         fi = self._fi
@@ -202,7 +280,7 @@ class FlashInferBackend(AttentionBackend):
                 w = fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD",
                                                           use_tensor_cores=self.use_tensor_cores)
             else:
-                w = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+                w = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=family)
         else:
             if batch_size > self.max_batch_size:
                 raise ConfigError(f"flashinfer graph bucket: batch {batch_size} > max_batch_size {self.max_batch_size}")
@@ -222,7 +300,7 @@ class FlashInferBackend(AttentionBackend):
                 w = fi.BatchPrefillWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=buf.qo_indptr[:b + 1],
                     paged_kv_indptr_buf=buf.kv_indptr[:b + 1], paged_kv_indices_buf=buf.kv_indices,
-                    paged_kv_last_page_len_buf=buf.kv_last_page_len[:b], **mask_args)
+                    paged_kv_last_page_len_buf=buf.kv_last_page_len[:b], backend=family, **mask_args)
         self._wrappers[key] = w
         return w
 
@@ -232,13 +310,15 @@ class FlashInferBackend(AttentionBackend):
         if meta.page_size != self.pool.page_size:
             raise ConfigError(f"flashinfer: meta.page_size {meta.page_size} != pool page_size {self.pool.page_size}")
         kind = wrapper_kind(meta)
+        family = self.family_for(meta)
         if kind == "mask" and self.cuda_graph:
             need = sum(-(-q * k // 8) for q, k in zip(meta.q_lens, meta.kv_lens_host))
             if need > self._mask_capacity_bytes():
                 raise ConfigError(f"flashinfer graph mode: tree mask needs {need} bytes, buffer holds "
                                   f"{self._mask_capacity_bytes()}; raise max_q_len / max_context")
         uniform = meta.q_lens[0] if meta.q_lens and len(set(meta.q_lens)) == 1 else None
-        wrapper = self._wrapper(slot, kind, meta.batch_size, uniform)
+        graph_q_len = uniform if meta.mode != Mode.PREFILL else None  # prefills are never captured
+        wrapper = self._wrapper(slot, kind, family, meta.batch_size, graph_q_len)
         qo_indptr, kv_indptr, last_page_len = host_csr(meta)
         common = {"q_data_type": self.dtype, "kv_data_type": self.pool.dtype, "sm_scale": self.scale}
         shape = (self.num_q_heads, self.num_kv_heads, self.head_dim, meta.page_size)
@@ -246,16 +326,33 @@ class FlashInferBackend(AttentionBackend):
             wrapper.plan(kv_indptr, meta.layout.kv_indices, last_page_len, *shape, pos_encoding_mode="NONE",
                          **common)
         else:
+            if self.cuda_graph and graph_q_len is not None and family == "fa2":
+                # fa2's graph-mode scheduler otherwise sizes the query tile for the ragged worst case
+                # (total rows - batch + 1 rows per request); the hint is exact here (every request has it)
+                common["uniform_q_len"] = graph_q_len
             wrapper.plan(qo_indptr, kv_indptr, meta.layout.kv_indices, last_page_len, *shape,
                          causal=kind == "causal", custom_mask=meta.custom_mask if kind == "mask" else None,
                          **common)
-        return _Plan(wrapper, kind, meta.batch_size, meta.num_tokens)
+        label = meta.mode.value + ("_tree" if kind == "mask" else "")
+        self._resolved.setdefault(label, set()).add(resolved_family(wrapper, kind, family))
+        return _Plan(wrapper, kind, family, meta.batch_size, meta.num_tokens)
 
     def run(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         """q: [num_tokens, Hq, D] fp16/bf16 -> [num_tokens, Hq, D]; the active wrapper's run(), no host sync."""
         plan = self.active_plan
         kv = self.pool.layer(layer)  # [2, num_pages + 1, page_size, Hkv, D]
         return plan.wrapper.run(q, (kv[0], kv[1]), k_scale=self._k_scale, v_scale=self._v_scale)
+
+
+def resolved_family(wrapper, kind: str, requested: str) -> str:
+    """The kernel family a planned wrapper runs. Decode: ``resolved_backend`` (FlashInfer 0.7.2's property),
+    or ``cuda-core`` for the CUDA-core kernel; prefill: the wrapper's ``_backend``, which ``plan()`` turns from
+    ``auto`` into its pick (0.7.2 has no public accessor for it)."""
+    if kind == "decode":
+        if not getattr(wrapper, "use_tensor_cores", False):
+            return "cuda-core"
+        return str(getattr(wrapper, "resolved_backend", None) or getattr(wrapper, "_backend", requested))
+    return str(getattr(wrapper, "_backend", None) or requested)
 
 
 def check_shapes(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> None:

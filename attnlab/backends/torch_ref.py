@@ -68,6 +68,9 @@ class TorchBackend(AttentionBackend):
             notes="fp32 reference: gathers pages per request; not graph-capturable (host-built plan)",
         )
 
+    def kernel_info(self) -> dict[str, str]:
+        return {"all": "torch fp32 reference (gathered pages, explicit mask)"}
+
     def make_plan(self, meta: AttnMeta, slot: int = 0) -> list[_Plan]:
         ps = meta.page_size
         lay = meta.layout

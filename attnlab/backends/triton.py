@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from attnlab.backends.base import AttentionBackend, AttnMeta, Capabilities, Mode
+from attnlab.errors import ConfigError
 
 
 @dataclass
@@ -38,6 +40,13 @@ def _int32(t: torch.Tensor, device) -> torch.Tensor:
 
 class TritonBackend(AttentionBackend):
     name = "triton"
+    OPTIONS: ClassVar[dict[str, str]] = {"num_splits": "int >= 1: force the split-KV count of every pass (tuning); null = heuristic"}
+
+    @classmethod
+    def check_options(cls, options: dict, field: str) -> None:
+        n = options.get("num_splits")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(f"{field}.num_splits={n!r}: must be an int >= 1 or null (heuristic)")
 
     def __init__(self, *args, num_splits: int | None = None, cuda_graph: bool = False,
                  max_batch_size: int | None = None, max_q_len: int = 16, max_context: int | None = None, **kwargs):
@@ -54,6 +63,7 @@ class TritonBackend(AttentionBackend):
         self.max_context = max_context or self.pool.capacity_tokens()
         self.max_q_len = max_q_len
         self._static: dict[tuple[int, int, int], TritonPlan] = {}
+        self._kernels: dict[str, str] = {}  # pass label -> last launch parameters (kernel_info)
 
     @classmethod
     def capabilities(cls) -> Capabilities:
@@ -86,8 +96,18 @@ class TritonBackend(AttentionBackend):
     def make_plan(self, meta: AttnMeta, slot: int = 0) -> TritonPlan:
         q_lens = meta.q_lens
         if self.cuda_graph and meta.custom_mask is None and q_lens and len(set(q_lens)) == 1:
-            return self._graph_plan(meta, slot)
-        return self._plan_for(meta, meta.kv_lens_host)
+            plan = self._graph_plan(meta, slot)
+        else:
+            plan = self._plan_for(meta, meta.kv_lens_host)
+        p = plan.params
+        label = meta.mode.value + ("_tree" if meta.custom_mask is not None else "")
+        self._kernels[label] = (f"{p.kind} BLOCK_M={p.block_m} BLOCK_N={p.block_n} splits={p.num_splits} "
+                                f"warps={p.num_warps} stages={p.num_stages}")
+        return plan
+
+    def kernel_info(self) -> dict[str, str]:
+        """The kernel and launch parameters of the last plan per pass label (decode, verify, prefill, ..._tree)."""
+        return dict(sorted(self._kernels.items()))
 
     def _graph_plan(self, meta: AttnMeta, slot: int) -> TritonPlan:
         """The static plan of (slot, batch, q_len), its index buffers overwritten with this pass's values."""

@@ -1,14 +1,27 @@
-"""Attention kernels side by side: time, achieved KV bandwidth and its fraction of copy bandwidth.
+"""Attention kernels side by side: time with its spread, the ratio to a baseline backend, achieved KV bandwidth
+(or TFLOP/s for prefill) and the kernel each backend actually ran, per cell.
 
     python -m attnlab.bench.kernels [--backends torch,triton,flashinfer,fa] [--phases decode,verify,prefill]
-                                    [--quick] [--page-size 16] [--out FILE]
+        [--models smollm2,llama8b] [--batches 1,16,64] [--contexts 512,4096,16384] [--quick] [--repeats 3]
+        [--baseline triton] [--page-size 16] [--compile-only] [--out FILE]
 
-Every backend runs through the common interface (registry -> plan(meta) -> run(q, layer)) on the same
-paged pool (shuffled pages). Time: CUDA events around ``reps`` back-to-back runs (replayed from a CUDA
-graph where the backend supports graphs for the mode, as an engine would run them), median of ``iters``
-samples after warmup; successive runs walk over enough layers that the KV read is not L2-resident.
-Bandwidth counts K+V bytes read (every request's whole context) plus q and o. A backend that fails a
-shape gets an error cell; an unavailable backend is skipped with its reason. CUDA only.
+A backend spec is a registry name, optionally with options as in ``backend.options``: ``name/key=value/...``.
+``flashinfer/verify_backend=auto`` is FlashInfer as attnlab ran it before 2026-12 (FA3 for verify on Hopper),
+``triton/num_splits=16`` the old split count at batch 1 x 4k, ``hybrid/short=flashinfer/long=triton/threshold=1024``
+a hybrid. Every backend runs through the common interface (registry -> plan(meta) -> run(q, layer)) on the
+same random paged KV (shuffled pages); a backend whose capabilities want another layout gets its own pool
+of the same values' shape (contiguous: one page of the context's size per request; FA2: pages of 256).
+
+Time: CUDA events around ``reps`` back-to-back runs, replayed from a CUDA graph where the backend declares
+graph support for the mode (built with ``cuda_graph=True`` and the bucket's sizes, as the engine builds it),
+else eager launches (marked *); the median of ``iters`` samples is one measurement, taken ``repeats`` times
+with the backends interleaved (so drift hits them alike): cells give the median measurement and the spread
+(max - min over the repeats, % of the median). Successive runs walk over enough layers that the KV read is not
+L2-resident. Bandwidth counts K+V bytes read (every request's whole context) plus q and o. An unsupported
+cell is skipped with its reason; a failing one is an error cell; the bench goes on. CUDA only.
+``--compile-only`` plans and runs every (backend, phase, model, context) once at batch 1 and times nothing:
+the warmup that JIT-compiles FlashInfer's and Triton's kernel variants (run several at once, split by
+``--backends`` / ``--models`` / ``--phases``).
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ import importlib.metadata
 import json
 import statistics
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -28,13 +42,14 @@ from attnlab.backends.registry import require_available
 
 HEADS = {"smollm2": (9, 3, 64), "llama8b": (32, 8, 128)}  # (q heads, kv heads, head_dim)
 PHASES = {"decode": [0], "verify": [4, 8], "prefill": [None]}  # k draft tokens (q_len k+1); None = prefill
-CONTEXTS = [512, 2048, 8192, 32768]
-BATCHES = [1, 8, 32, 64]
-QUICK_CONTEXTS, QUICK_BATCHES = [4096], [1, 16]
+CONTEXTS = [512, 4096, 16384]
+BATCHES = [1, 16, 64]
+QUICK_CONTEXTS, QUICK_BATCHES, QUICK_K = [4096], [1, 16], [4]
 MAX_POOL_BYTES = 24 << 30  # skip shapes whose KV is larger than this
 MIN_WALK_BYTES = 256 << 20  # enough layers that consecutive runs read > 4x the L2
 MAX_PREFILL_TOKENS = 64 * 1024  # batch * context for prefill
 TORCH_MAX_SCORE_BYTES = 8 << 30  # the reference materializes fp32 scores per request
+SAMPLE_BUDGET_MS = 400.0  # per measurement: fewer reps / iters for slow cells (the torch reference, prefill)
 
 
 @dataclass
@@ -44,13 +59,50 @@ class Cell:
     batch: int
     context: int
     q_len: int
-    backend: str
-    ms: float | None = None
+    backend: str  # the spec label, e.g. "flashinfer" or "flashinfer/verify_backend=auto"
+    ms: float | None = None  # median over repeats of the median over iters
+    spread_pct: float | None = None  # (max - min) / median over repeats, %
+    samples_ms: list[float] = field(default_factory=list)  # one per repeat
+    ratio: float | None = None  # ms / baseline's ms (same shape)
     kv_gb_s: float | None = None
     frac_copy: float | None = None
     tflops: float | None = None
+    page_size: int | None = None
+    kernel: str = ""  # short tag of what ran (FlashInfer family, Triton split count, FA flavor)
     status: str = "ok"
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # cuda_graph, kernels (the backend's kernel_info), reps, iters
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """``name/key=value/...`` -> (name, options); values parse as int, float, true/false/null or a string."""
+    name, *pairs = spec.split("/")
+    options = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"backend spec {spec!r}: {pair!r} is not key=value")
+        key, value = pair.split("=", 1)
+        options[key] = _value(value)
+    if name == "hybrid":  # short_options / long_options as short.key=value
+        for role in ("short", "long"):
+            sub = {k.split(".", 1)[1]: v for k, v in options.items() if k.startswith(f"{role}.")}
+            options = {k: v for k, v in options.items() if not k.startswith(f"{role}.")}
+            if sub:
+                options[f"{role}_options"] = sub
+    return name, options
+
+
+def _value(v: str):
+    low = v.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "none"):
+        return None
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return v
 
 
 def copy_bandwidth_gb_s(nbytes: int = 2 << 30, iters: int = 10) -> float:
@@ -70,6 +122,18 @@ def copy_bandwidth_gb_s(nbytes: int = 2 << 30, iters: int = 10) -> float:
     return 2 * nbytes / statistics.median(times) / 1e9
 
 
+def layout_page_size(rule: str, default: int, context: int) -> int | None:
+    """The page size a backend's page-size rule wants for this context (None: no single rule to follow)."""
+    if rule == "any":
+        return default
+    if rule == "contiguous":
+        return context
+    if rule.startswith("multiple:"):
+        n = int(rule.split(":")[1])
+        return default if default % n == 0 else n
+    return None
+
+
 def build(model: str, batch: int, context: int, q_len: int, page_size: int, dtype, seed: int = 0):
     """A pool (several layers to walk over) holding ``batch`` requests of ``context`` tokens, the last
     ``q_len`` of which are this pass's new tokens; returns (pool, meta, q, num_layers)."""
@@ -84,55 +148,76 @@ def build(model: str, batch: int, context: int, q_len: int, page_size: int, dtyp
     return pool, meta, q, num_layers
 
 
-def time_backend(cls, pool, meta, q, num_layers, model, iters: int, reps: int) -> tuple[float, bool]:
-    """Median ms per run; CUDA-graph replay of ``reps`` runs where the backend declares graph support for
-    this mode (what an engine does; takes launch overhead out), else eager. Returns (ms, graphed)."""
+def make_backend(cls, pool, meta, q, model: str):
+    """The backend as the engine builds it: graph mode (bucket = this batch) where it has one for the mode."""
     hq, hkv, d = HEADS[model]
-    be = cls(pool, hq, hkv, d, d ** -0.5, q.dtype)
-    be.plan(meta)
-    for layer in range(num_layers):  # warmup (JIT, autotune, caches)
-        out = be.run(q, layer)
-    if not torch.isfinite(out.float()).all():
-        raise RuntimeError("non-finite output")
-    torch.cuda.synchronize()
-    graph = None
+    kw = {}
     if meta.mode in cls.capabilities().cuda_graph:
-        try:
-            graph = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for r in range(reps):  # side-stream warmup as torch.cuda.graphs recommends
-                    be.run(q, r % num_layers)
-            torch.cuda.current_stream().wait_stream(stream)
-            with torch.cuda.graph(graph):
-                for r in range(reps):
-                    be.run(q, r % num_layers)
-            graph.replay()
-            torch.cuda.synchronize()
-        except Exception:  # noqa: BLE001 - a backend that cannot be captured here is timed eagerly
-            graph = None
-            torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        if graph is not None:
-            graph.replay()
-        else:
-            for r in range(reps):
-                be.run(q, r % num_layers)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    return statistics.median(times), graph is not None
+        kw = {"cuda_graph": True, "max_batch_size": meta.batch_size, "max_q_len": max(meta.max_q_len, 1),
+              "max_context": meta.max_kv_len}
+    be = cls(pool, hq, hkv, d, d ** -0.5, q.dtype, **kw)
+    be.plan(meta)
+    return be
 
 
-def shapes(phases, quick: bool):
-    contexts, batches = (QUICK_CONTEXTS, QUICK_BATCHES) if quick else (CONTEXTS, BATCHES)
+class Timer:
+    """One backend on one shape: warm, captured (if it can be), then timed on demand."""
+
+    def __init__(self, be, q, num_layers: int, graphable: bool, reps: int, iters: int):
+        self.be, self.q, self.num_layers = be, q, num_layers
+        for layer in range(num_layers):  # warmup (JIT, autotune, caches)
+            out = be.run(q, layer)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for layer in range(num_layers):  # one warm pass: how many runs fit a measurement's budget
+            be.run(q, layer)
+        torch.cuda.synchronize()
+        one_ms = (time.perf_counter() - t0) * 1e3 / num_layers
+        if not torch.isfinite(out.float()).all():
+            raise RuntimeError("non-finite output")
+        self.reps = max(1, min(reps, int(SAMPLE_BUDGET_MS / iters / max(one_ms, 1e-3))))
+        self.iters = iters if one_ms * self.reps * iters <= SAMPLE_BUDGET_MS else max(3, int(SAMPLE_BUDGET_MS / one_ms))
+        self.graph, self.graph_error = None, None
+        if graphable:
+            try:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):  # side-stream warmup as torch.cuda.graphs recommends
+                    for r in range(self.reps):
+                        be.run(q, r % num_layers)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for r in range(self.reps):
+                        be.run(q, r % num_layers)
+                graph.replay()
+                torch.cuda.synchronize()
+                self.graph = graph
+            except Exception as e:  # noqa: BLE001 - a backend that cannot be captured here is timed eagerly
+                self.graph_error = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+                torch.cuda.synchronize()
+
+    def measure(self) -> float:
+        """Median ms per run over ``iters`` samples of ``reps`` runs."""
+        times = []
+        for _ in range(self.iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                for r in range(self.reps):
+                    self.be.run(self.q, r % self.num_layers)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / self.reps)
+        return statistics.median(times)
+
+
+def shapes(phases, models, batches, contexts, ks):
     for phase in phases:
-        for k in PHASES[phase]:
-            for model in HEADS:
+        for k in (PHASES[phase] if phase != "verify" else ks):
+            for model in models:
                 for batch in batches:
                     for ctx in contexts:
                         q_len = ctx if k is None else k + 1
@@ -141,74 +226,140 @@ def shapes(phases, quick: bool):
                         yield phase, model, batch, ctx, q_len
 
 
-def load_backends(names):
+def load_backends(specs: list[str]) -> dict:
+    """spec label -> bound backend class; an unavailable or mis-specified backend is skipped with its reason."""
     classes = {}
-    for name in names:
+    for spec in specs:
         try:
-            classes[name] = require_available(name)
-        except Exception as e:  # noqa: BLE001 - any import/availability problem: skip with its reason
-            print(f"skipping backend {name}: {e}", file=sys.stderr)
+            name, options = parse_spec(spec)
+            classes[spec] = require_available(name, options, f"--backends {spec}")
+        except Exception as e:  # noqa: BLE001 - any import/availability/option problem: skip with its reason
+            print(f"skipping backend {spec}: {e}", file=sys.stderr)
     return classes
 
 
-def run_cell(name, cls, pool, meta, q, num_layers, phase, model, batch, ctx, q_len, page_size, dtype_name,
-             iters, reps) -> Cell:
+def kernel_tag(info: dict, label: str) -> str:
+    """A short tag of what ran for a pass label, from a backend's kernel_info()."""
+    if "routed_short" in info:  # hybrid: the side(s) that got requests
+        sides = [r for r in ("short", "long") if int(info.get(f"routed_{r}", 0))]
+        return "+".join(f"{info[r]}:" + kernel_tag({k.split(".", 1)[1]: v for k, v in info.items()
+                                                     if k.startswith(f"{r}.")}, label) for r in sides)
+    v = info.get(label) or info.get("all", "")
+    if " splits=" in v:  # triton: the split count is what differs between cells
+        return "splits " + v.split(" splits=")[1].split()[0]
+    return v.split(" (")[0]
+
+
+def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_only: bool = False) -> list[Cell]:
+    """Every backend on one shape: build (one pool per page size), check capabilities, warm, capture, then
+    ``args.repeats`` interleaved measurements."""
     hq, hkv, d = HEADS[model]
-    cell = Cell(phase, model, batch, ctx, q_len, name)
-    problems = cls.capabilities().problems(device="cuda", dtype=dtype_name, kv_dtype=dtype_name, head_dim=d,
-                                           page_size=page_size, max_context=ctx)
-    if problems:
-        cell.status = "unsupported: " + "; ".join(problems)
-        return cell
-    if name == "torch" and q_len * ctx * hq * 4 > TORCH_MAX_SCORE_BYTES:
-        cell.status = "skipped: reference too large"
-        return cell
-    try:
-        cell.ms, cell.extra["cuda_graph"] = time_backend(cls, pool, meta, q, num_layers, model, iters, reps)
-    except Exception as e:  # noqa: BLE001 - one failing shape is an error cell, not a crash
-        cell.status = f"error: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-        torch.cuda.synchronize()
-        return cell
+    pools: dict[int, tuple] = {}
+    cells, timers = [], {}
+    for label, cls in classes.items():
+        cell = Cell(phase, model, batch, ctx, q_len, label)
+        cells.append(cell)
+        caps = cls.capabilities()
+        ps = layout_page_size(caps.page_sizes, args.page_size, ctx) or args.page_size
+        cell.page_size = ps
+        problems = caps.problems(device="cuda", dtype="bf16", kv_dtype="bf16", head_dim=d, page_size=ps,
+                                 max_context=ctx)
+        if problems:
+            cell.status = "unsupported: " + "; ".join(problems)
+            continue
+        if cls.name == "torch" and q_len * ctx * hq * 4 > TORCH_MAX_SCORE_BYTES:
+            cell.status = "skipped: reference too large"
+            continue
+        try:
+            if ps not in pools:
+                pools[ps] = build(model, batch, ctx, q_len, ps, dtype)
+            pool, meta, q, num_layers = pools[ps]
+            be = make_backend(cls, pool, meta, q, model)
+            info = getattr(be, "kernel_info", dict)()
+            cell.extra["kernels"] = info
+            cell.kernel = kernel_tag(info, meta.mode.value)
+            if compile_only:
+                for layer in range(num_layers):
+                    be.run(q, layer)
+                torch.cuda.synchronize()
+                continue
+            timers[label] = Timer(be, q, num_layers, meta.mode in cls.capabilities().cuda_graph, args.reps,
+                                  args.iters)
+            cell.extra.update(cuda_graph=timers[label].graph is not None, reps=timers[label].reps,
+                              iters=timers[label].iters)
+            if timers[label].graph_error:
+                cell.extra["graph_error"] = timers[label].graph_error
+        except Exception as e:  # noqa: BLE001 - one failing shape is an error cell, not a crash
+            cell.status = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            timers.pop(label, None)
+            torch.cuda.synchronize()
+    by_label = {c.backend: c for c in cells}
+    for _ in range(0 if compile_only else args.repeats):
+        for label, t in timers.items():
+            try:
+                by_label[label].samples_ms.append(t.measure())
+            except Exception as e:  # noqa: BLE001
+                by_label[label].status = f"error: {type(e).__name__}: {str(e)[:160]}"
+    for c in cells:
+        if c.samples_ms and c.status == "ok":
+            finish(c, pools[c.page_size][2], hkv, d, args.copy_gb_s)
+    del timers, pools
+    torch.cuda.empty_cache()
+    return cells
+
+
+def finish(cell: Cell, q, hkv: int, d: int, copy_gb_s: float) -> None:
+    """Median, spread, bandwidth, TFLOP/s of a timed cell."""
+    s = cell.samples_ms
+    cell.ms = statistics.median(s)
+    cell.spread_pct = 100 * (max(s) - min(s)) / cell.ms
     elem = q.element_size()
-    kv_bytes = 2 * batch * ctx * hkv * d * elem
-    qo_bytes = 2 * q.numel() * elem
-    cell.kv_gb_s = (kv_bytes + qo_bytes) / (cell.ms / 1e3) / 1e9
-    # causal pairs: each new token j sees ctx - q_len + j + 1 positions
-    pairs = batch * (q_len * (ctx - q_len) + q_len * (q_len + 1) // 2)
-    cell.tflops = 4 * pairs * hq * d / (cell.ms / 1e3) / 1e12
-    return cell
+    kv_bytes = 2 * cell.batch * cell.context * hkv * d * elem
+    cell.kv_gb_s = (kv_bytes + 2 * q.numel() * elem) / (cell.ms / 1e3) / 1e9
+    cell.frac_copy = cell.kv_gb_s / copy_gb_s
+    q_len, ctx = cell.q_len, cell.context
+    pairs = cell.batch * (q_len * (ctx - q_len) + q_len * (q_len + 1) // 2)  # causal: token j sees ctx-q+j+1
+    cell.tflops = 4 * pairs * q.shape[1] * d / (cell.ms / 1e3) / 1e12
 
 
-def markdown(cells: list[Cell], names: list[str], copy_gb_s: float) -> str:
-    rows = {}
+def add_ratios(cells: list[Cell], baseline: str) -> None:
+    base = {(c.phase, c.model, c.batch, c.context, c.q_len): c.ms for c in cells if c.backend == baseline}
+    for c in cells:
+        b = base.get((c.phase, c.model, c.batch, c.context, c.q_len))
+        if c.ms is not None and b:
+            c.ratio = c.ms / b
+
+
+def cell_text(c: Cell) -> str:
+    if c.ms is None:
+        return c.status
+    mark = "" if c.extra.get("cuda_graph") else "*"
+    ratio = f" · {c.ratio:.2f}x" if c.ratio is not None else ""
+    rate = f"{c.tflops:.0f} TF/s" if c.phase == "prefill" else f"{100 * c.frac_copy:.0f}%"
+    tag = f" · {c.kernel}" if c.kernel else ""
+    return f"{c.ms:.3f} ms{mark} ±{c.spread_pct:.0f}%{ratio} · {rate}{tag}"
+
+
+def markdown(cells: list[Cell], labels: list[str], baseline: str, copy_gb_s: float, repeats: int) -> str:
+    rows: dict = {}
     for c in cells:
         rows.setdefault((c.phase, c.model, c.batch, c.context, c.q_len), {})[c.backend] = c
-    head = "| phase | model | batch | context | q_len | " + " | ".join(names) + " |"
-    lines = [head, "|" + " --- |" * (5 + len(names))]
+    lines = ["| phase | model | batch | context | q_len | " + " | ".join(labels) + " |",
+             "|" + " --- |" * (5 + len(labels))]
     for (phase, model, batch, ctx, q_len), by in rows.items():
-        cols = []
-        for n in names:
-            c = by.get(n)
-            if c is None:
-                cols.append("-")
-            elif c.ms is None:
-                cols.append(c.status)
-            else:
-                mark = "" if c.extra.get("cuda_graph") else "*"
-                main = f"{c.ms:.3f} ms{mark} · {c.kv_gb_s:.0f} GB/s · " \
-                       f"{100 * c.frac_copy:.0f}%"
-                cols.append(main + (f" · {c.tflops:.0f} TF/s" if phase == "prefill" else ""))
+        cols = [cell_text(by[n]) if n in by else "-" for n in labels]
         lines.append(f"| {phase} | {model} | {batch} | {ctx} | {q_len} | " + " | ".join(cols) + " |")
-    lines.append(f"\ncells: median time per run (* = eager launches, else CUDA-graph replay) · "
-                 f"(K+V+q+o) bytes / time · fraction of copy bandwidth "
-                 f"({copy_gb_s:.0f} GB/s){' · TFLOP/s' if any(c.phase == 'prefill' for c in cells) else ''}")
+    lines.append(f"\ncells: median time per run over {repeats} measurements (* = eager launches, else CUDA-graph "
+                 f"replay) · spread (max - min) / median · ratio to {baseline} · decode/verify: (K+V+q+o) bytes "
+                 f"/ time as a fraction of copy bandwidth ({copy_gb_s:.0f} GB/s), prefill: TFLOP/s · the kernel "
+                 f"that ran (FlashInfer family, Triton split count, FlashAttention build)")
     return "\n".join(lines)
 
 
 def versions() -> dict:
     out = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
            "cuda": torch.version.cuda}
-    for dist in ("triton", "flashinfer-python", "flash-attn", "flash_attn_3"):
+    for dist in ("triton", "flashinfer-python", "flash-attn", "flash_attn_3", "fa3_fwd"):
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -216,55 +367,79 @@ def versions() -> dict:
     return out
 
 
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backends", default="torch,triton,flashinfer,fa")
+    ap.add_argument("--backends", default="torch,triton,flashinfer,fa",
+                    help="comma-separated specs: name or name/key=value/... (backend options)")
     ap.add_argument("--phases", default="decode,verify,prefill")
-    ap.add_argument("--quick", action="store_true", help="one context, two batch sizes")
+    ap.add_argument("--models", default=",".join(HEADS))
+    ap.add_argument("--batches", type=_ints, default=None, help=f"default {BATCHES} ({QUICK_BATCHES} with --quick)")
+    ap.add_argument("--contexts", type=_ints, default=None,
+                    help=f"default {CONTEXTS} ({QUICK_CONTEXTS} with --quick)")
+    ap.add_argument("--ks", type=_ints, default=None, help="verify draft tokens (q_len k+1); default 4,8 (4 quick)")
+    ap.add_argument("--quick", action="store_true", help="context 4096, batches 1 and 16, verify k=4")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3, help="measurements per cell, backends interleaved")
+    ap.add_argument("--baseline", default="triton", help="the spec whose time the ratios divide by")
+    ap.add_argument("--compile-only", action="store_true", help="plan and run each variant once at batch 1")
     ap.add_argument("--out", help="write FILE.json and FILE.md")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("attnlab.bench.kernels needs a CUDA GPU (none found); nothing to measure", file=sys.stderr)
         return 2
-    names = [n for n in args.backends.split(",") if n]
+    specs = [s for s in args.backends.split(",") if s]
     phases = [p for p in args.phases.split(",") if p]
-    bad = [p for p in phases if p not in PHASES]
+    models = [m for m in args.models.split(",") if m]
+    bad = [p for p in phases if p not in PHASES] + [m for m in models if m not in HEADS]
     if bad:
-        ap.error(f"unknown phase(s) {bad}; choose from {list(PHASES)}")
-    classes = load_backends(names)
-    copy_gb_s = copy_bandwidth_gb_s()
-    info = versions() | {"copy_gb_s": copy_gb_s, "page_size": args.page_size, "dtype": "bf16"}
-    print(" · ".join(f"{k} {v}" for k, v in info.items()), flush=True)
+        ap.error(f"unknown phase(s) / model(s) {bad}; choose from {list(PHASES)} / {list(HEADS)}")
+    batches = args.batches or ([1] if args.compile_only else QUICK_BATCHES if args.quick else BATCHES)
+    contexts = args.contexts or (QUICK_CONTEXTS if args.quick else CONTEXTS)
+    ks = args.ks or (QUICK_K if args.quick else PHASES["verify"])
+    classes = load_backends(specs)
+    args.copy_gb_s = 1.0 if args.compile_only else copy_bandwidth_gb_s()
+    info = versions() | {"copy_gb_s": args.copy_gb_s, "page_size": args.page_size, "dtype": "bf16",
+                         "repeats": args.repeats, "baseline": args.baseline}
+    header = f"GPU: {info['gpu']} · " + " · ".join(f"{k} {v}" for k, v in info.items() if k != "gpu")
+    print(header, flush=True)
+    t0 = time.perf_counter()
     cells: list[Cell] = []
-    for phase, model, batch, ctx, q_len in shapes(phases, args.quick):
+    for phase, model, batch, ctx, q_len in shapes(phases, models, batches, contexts, ks):
         _hq, hkv, d = HEADS[model]
         if 2 * batch * ctx * hkv * d * 2 > MAX_POOL_BYTES:
             continue
-        pool, meta, q, num_layers = build(model, batch, ctx, q_len, args.page_size, torch.bfloat16)
-        for name, cls in classes.items():
-            cell = run_cell(name, cls, pool, meta, q, num_layers, phase, model, batch, ctx, q_len,
-                            args.page_size,
-                            "bf16", args.iters, args.reps)
-            if cell.kv_gb_s is not None:
-                cell.frac_copy = cell.kv_gb_s / copy_gb_s
+        for cell in run_shape(classes, phase, model, batch, ctx, q_len, args, torch.bfloat16, args.compile_only):
             cells.append(cell)
-            shown = f"{cell.ms:.3f} ms {cell.kv_gb_s:.0f} GB/s" if cell.ms is not None else cell.status
-            print(f"{phase:8s} {model:8s} b={batch:<3d} ctx={ctx:<6d} q={q_len:<5d} {name:10s} {shown}",
+            shown = cell_text(cell) if not args.compile_only else (cell.kernel if cell.status == "ok" else cell.status)
+            print(f"{phase:8s} {model:8s} b={batch:<3d} ctx={ctx:<6d} q={q_len:<5d} {cell.backend:24s} {shown}",
                   flush=True)
-        del pool, meta, q
-        torch.cuda.empty_cache()
-    table = markdown(cells, list(classes), copy_gb_s)
-    header = f"GPU: {info['gpu']} · " + " · ".join(f"{k} {v}" for k, v in info.items() if k != "gpu")
-    print("\n" + header + "\n\n" + table)
-    if args.out:
-        with open(args.out + ".json", "w") as f:
-            json.dump({"info": info, "cells": [asdict(c) for c in cells]}, f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(header + "\n\n" + table + "\n")
+        if args.out and not args.compile_only:  # after every shape: a run cut short keeps what it measured
+            write(args.out, info, header, cells, list(classes), args)
+    if args.compile_only:
+        print(f"compiled in {time.perf_counter() - t0:.0f} s: {sum(c.status == 'ok' for c in cells)} cells ok, "
+              f"{sum(c.status.startswith('error') for c in cells)} errors", flush=True)
+        return 0
+    table = write(args.out, info, header, cells, list(classes), args)
+    print("\n" + header + "\n\n" + table + f"\n\nbench time {time.perf_counter() - t0:.0f} s")
     return 0
+
+
+def write(out: str | None, info: dict, header: str, cells: list[Cell], labels: list[str], args) -> str:
+    """Ratios, the markdown table, and FILE.json / FILE.md when ``out`` is set; returns the table."""
+    add_ratios(cells, args.baseline)
+    table = markdown(cells, labels, args.baseline, args.copy_gb_s, args.repeats)
+    if out:
+        with open(out + ".json", "w") as f:
+            json.dump({"info": info, "cells": [asdict(c) for c in cells]}, f, indent=1)
+        with open(out + ".md", "w") as f:
+            f.write(header + "\n\n" + table + "\n")
+    return table
 
 
 if __name__ == "__main__":

@@ -31,16 +31,19 @@ def build_side(model_cfg: dict, backend: str, dtype: str, kv_dtype: str, page_si
                max_batch: int, max_context: int, device: str, layers: list[int] | None = None,
                share_weights_with: ModelRunner | None = None, progress: bool = True,
                name: str = "target", cuda_graph: bool = False, max_q_len: int = 16,
-               kv_scale: float | None = None, fused_ops: bool = False, prebuilt: tuple | None = None) -> ModelRunner:
+               kv_scale: float | None = None, fused_ops: bool = False,
+               backend_options: dict | None = None, prebuilt: tuple | None = None) -> ModelRunner:
     """Build one side. ``share_weights_with`` reuses another side's model (``draft=self``): the same
     module when dtype matches, else a cast copy; ``layers`` keeps a subset of its layers.
 
     ``dtype="fp8_e4m3"`` (weights): the model is built in bf16, then its layer projections are swapped for
     FP8Linear (attnlab.models.fp8); with ``share_weights_with`` that is a copy sharing every other tensor.
     ``kv_scale``: the per-tensor K and V scale of an fp8 KV pool (None = DEFAULT_KV_SCALE, 1.0; ignored for
-    other KV dtypes). ``fused_ops``: this side's passes run attnlab.kernels.fused (engine.fused_ops); a property of the side,
-    so another side sharing the weights (a parity reference) still runs unfused. ``prebuilt``: (model,
-    ModelConfig, tokenizer) of a model built elsewhere (an EAGLE head, attnlab.engine.eagle_side)."""
+    other KV dtypes). ``fused_ops``: this side's passes run attnlab.kernels.fused (engine.fused_ops); a property
+    of the side, so another side sharing the weights (a parity reference) still runs unfused.
+    ``backend_options``: the side's ``backend.options`` / ``verify.options`` (the backend's constructor options).
+    ``prebuilt``: (model, ModelConfig, tokenizer) of a model built elsewhere (an EAGLE head,
+    attnlab.engine.eagle_side)."""
     from attnlab.models.loading import load_model, load_tokenizer  # heavy imports only when building
 
     dev = torch.device(device)
@@ -77,7 +80,7 @@ def build_side(model_cfg: dict, backend: str, dtype: str, kv_dtype: str, page_si
     scale = (DEFAULT_KV_SCALE if kv_scale is None else float(kv_scale)) if kv_torch_dtype in FP8_DTYPES else 1.0
     pool = KVPool(num_layers, pages, page_size, mcfg.num_kv_heads, mcfg.head_dim, kv_torch_dtype, dev,
                   k_scale=scale, v_scale=scale)
-    cls = require_available(backend)
+    cls = require_available(backend, backend_options, f"{name} backend options")
     kw = {}
     if cuda_graph:
         if not cls.capabilities().cuda_graph:

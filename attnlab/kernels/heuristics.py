@@ -20,6 +20,10 @@ import torch
 # accumulators) like 8 per SM. No split once the programs without it already reach half that.
 DECODE_PROGRAMS_PER_SM = 4
 EXTEND_PROGRAMS_PER_SM = 8
+# Small-batch decode (batch x kv_heads far below the SM count): the MIN_TOKENS_PER_SPLIT floor left e.g.
+# SmolLM2 shapes at batch 1 x 4k with 3 x 16 = 48 programs on 132 SMs (36% of the SMs, 10% of copy
+# bandwidth on an H200). Below this many programs per SM the split shrinks, down to one BLOCK_N tile.
+DECODE_MIN_PROGRAMS_PER_SM = 2
 # A split must hold at least this many KV tokens, or the second reduction pass costs more than it saves.
 MIN_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 64
@@ -67,14 +71,25 @@ def sm_count(device_index: int = 0) -> int:
     return INTERPRETER_SM_COUNT
 
 
-def choose_num_splits(base_programs: int, max_kv_len: int, sms: int, block_n: int, per_sm: int) -> int:
+def choose_num_splits(base_programs: int, max_kv_len: int, sms: int, block_n: int, per_sm: int,
+                      min_per_sm: int = 0) -> int:
     """Largest split count with base_programs * splits <= per_sm * sms (never more than the KV holds
-    MIN_TOKENS_PER_SPLIT-token pieces, nor MAX_SPLITS); 1 when base_programs >= per_sm * sms / 2."""
+    MIN_TOKENS_PER_SPLIT-token pieces, nor MAX_SPLITS); 1 when base_programs >= per_sm * sms / 2.
+
+    min_per_sm > 0 (decode): when that still leaves base_programs * splits < min_per_sm * sms, the split
+    shrinks below MIN_TOKENS_PER_SPLIT (down to one block_n tile) until the programs reach min_per_sm per SM
+    (a KV too short to split at all stays unsplit). Splits the kernel's chunking would leave empty (each split
+    covers a multiple of block_n tokens) are dropped."""
     if base_programs <= 0 or max_kv_len <= 0 or 2 * base_programs >= per_sm * sms:
         return 1
     fit = (per_sm * sms) // base_programs
     most = max(1, cdiv(max_kv_len, max(MIN_TOKENS_PER_SPLIT, block_n)))
-    return max(1, min(fit, most, MAX_SPLITS))
+    splits = max(1, min(fit, most, MAX_SPLITS))
+    if splits > 1 and base_programs * splits < min_per_sm * sms:
+        want = cdiv(min_per_sm * sms, base_programs)
+        splits = max(splits, min(want, cdiv(max_kv_len, block_n), fit, MAX_SPLITS))
+    chunk = cdiv(cdiv(max_kv_len, splits), block_n) * block_n  # as the kernels split a request's KV
+    return cdiv(max_kv_len, chunk)
 
 
 def decode_params(*, batch: int, num_kv_heads: int, group: int, head_dim: int, max_kv_len: int, sms: int,
@@ -86,7 +101,7 @@ def decode_params(*, batch: int, num_kv_heads: int, group: int, head_dim: int, m
     # take the fast path (one page id per tile, contiguous rows); any other page size gathers per token.
     block_n = {16: 128, 32: 128, 64: 128, 128: 64}.get(block_d, 32)
     splits = num_splits or choose_num_splits(batch * num_kv_heads, max_kv_len, sms, block_n,
-                                                   DECODE_PROGRAMS_PER_SM)
+                                             DECODE_PROGRAMS_PER_SM, DECODE_MIN_PROGRAMS_PER_SM)
     return LaunchParams("decode", block_m, block_n, block_d, 1, splits, num_warps=4,
                         num_stages=2 if block_d >= 256 else 3)
 

@@ -84,6 +84,33 @@ def backend_builds() -> dict:
     return out
 
 
+def attention_kernels(runners: dict) -> dict:
+    """What each side's attention backend actually ran (runners: {"target": ModelRunner, "draft": ... | None}):
+    ``attn_kernels_<side>`` = the backend's ``kernel_info()`` (flashinfer: the kernel family each pass label
+    resolved to, e.g. {"decode": "fa2", "verify": "fa2", "prefill": "fa3"}; hybrid: its routing and both
+    sides'), plus ``attn_backend_<side>`` = the backend's name. For metrics.json and env.json."""
+    out: dict = {}
+    for side, r in runners.items():
+        if r is None:
+            continue
+        be = r.backend
+        out[f"attn_backend_{side}"] = be.name
+        info = getattr(be, "kernel_info", None)
+        out[f"attn_kernels_{side}"] = dict(info()) if info is not None else {}
+    return out
+
+
+def add_to_env_json(run_dir: Path, key: str, value) -> None:
+    """Add one key to a run folder's env.json (written at the start of the run) once it is known."""
+    import json
+
+    from attnlab.metrics.outputs import write_json
+
+    path = Path(run_dir) / "env.json"
+    env = json.loads(path.read_text()) if path.exists() else {}
+    write_json(path, {**env, key: value})
+
+
 def env_info() -> dict:
     dirty = _git("status", "--porcelain", "--untracked-files=no")
     return {

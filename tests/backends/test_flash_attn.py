@@ -1,17 +1,10 @@
-"""The ``fa`` backend: CPU tests with FlashAttention mocked at the module boundary, GPU parity vs torch.
-
-The CPU fake is a module that stands in for ``flash_attn_interface`` / ``fa3_fwd_interface`` / ``flash_attn``:
-its ``flash_attn_with_kvcache`` checks argument shapes and dtypes the way the real one documents them and
-computes attention from exactly what it was given (page_table / block_table / cache_batch_idx,
-cache_seqlens, FA's bottom-right causal rule). If the adapter builds any of those wrong, the result differs
-from the torch reference.
-"""
+"""The ``fa`` backend: CPU tests with FlashAttention mocked at the module boundary (fakes.py, fixture
+``use_flavor``), GPU parity and CUDA graphs vs torch. If the adapter builds the fake's arguments wrong, the result
+differs from the torch reference."""
 
 from __future__ import annotations
 
-import math
 import sys
-import types
 
 import pytest
 import torch
@@ -20,69 +13,14 @@ from attnlab.backends import flash_attn as fa_mod
 from attnlab.backends.base import Mode
 from attnlab.backends.flash_attn import FlashAttnBackend, detect_flash_attn
 from attnlab.backends.registry import require_available
-from attnlab.backends.torch_ref import reference_attention
+from attnlab.backends.torch_ref import TorchBackend
 from attnlab.errors import BackendUnavailable, ConfigError
 from tests.backends.cases import GPU_FULL_GRID as FULL
 from tests.backends.cases import GPU_K as K
 from tests.backends.cases import GPU_SHAPES as SHAPES
 from tests.backends.cases import GPU_TOL as TOL
 from tests.backends.cases import make_case
-
-MODULES = {"fa3": "flash_attn_interface", "fa3_fwd": "fa3_fwd_interface", "fa2": "flash_attn"}
-TABLE_ARG = {"fa3": "page_table", "fa3_fwd": "cache_batch_idx", "fa2": "block_table"}
-
-
-def fake_fa_module(flavor: str, calls: list) -> types.ModuleType:
-    mod = types.ModuleType(MODULES[flavor])
-    mod.__version__ = f"0.0.0+fake-{flavor}"
-    table_arg = TABLE_ARG[flavor]
-
-    def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, softmax_scale=None,
-                                causal=False, **kw):
-        assert set(kw) == {table_arg}, f"{flavor} got table kwargs {sorted(kw)}"
-        table = kw[table_arg]
-        assert k is None and v is None, "KV is already in the pool: no append"
-        assert q.dim() == 4 and k_cache.dim() == 4 and k_cache.stride(-1) == 1
-        b, q_len = q.shape[:2]
-        assert cache_seqlens.dtype == torch.int32 and tuple(cache_seqlens.shape) == (b,)
-        assert table.dtype == torch.int32 and table.is_contiguous()
-        if flavor == "fa2":
-            assert k_cache.shape[1] % 256 == 0, "FA2 paged KV: page size multiple of 256"
-        calls.append({"q": tuple(q.shape), "q_dtype": q.dtype, "table": table.clone(),
-                      "seqlens": cache_seqlens.clone(), "causal": causal, "scale": softmax_scale})
-        out = torch.zeros(q.shape, dtype=torch.float32)
-        for i in range(b):
-            n = int(cache_seqlens[i])
-            if flavor == "fa3_fwd":  # [batch_cache, seqlen_cache, H, D], row picked by cache_batch_idx
-                assert table.shape == (b,) and n <= k_cache.shape[1]
-                kk, vv = k_cache[int(table[i])][:n], v_cache[int(table[i])][:n]
-            else:  # [num_blocks, page, H, D] through a [b, max_blocks] table
-                assert table.dim() == 2 and table.shape[0] == b
-                assert table.shape[1] >= math.ceil(n / k_cache.shape[1])
-                pages = table[i].long()
-                kk = k_cache[pages].reshape(-1, *k_cache.shape[2:])[:n]
-                vv = v_cache[pages].reshape(-1, *v_cache.shape[2:])[:n]
-            # FA's documented causal rule: query row r sees keys j <= r + seqlen_k - seqlen_q (bottom-right)
-            r = torch.arange(q_len)[:, None]
-            mask = torch.arange(n)[None, :] <= r + n - q_len if causal else torch.ones(q_len, n, dtype=torch.bool)
-            out[i] = reference_attention(q[i], kk, vv, mask, softmax_scale)
-        return out.to(q.dtype)
-
-    mod.flash_attn_with_kvcache = flash_attn_with_kvcache
-    return mod
-
-
-@pytest.fixture
-def use_flavor(monkeypatch):
-    """use_flavor(name) installs that fake and hides the higher-priority modules; returns the call log."""
-
-    def install(flavor: str | None) -> list:
-        calls: list = []
-        for name, module in MODULES.items():
-            monkeypatch.setitem(sys.modules, module, fake_fa_module(name, calls) if name == flavor else None)
-        return calls
-
-    return install
+from tests.backends.fakes import MODULES, fake_fa_module
 
 
 def cpu_case(flavor, q_lens, kv_lens, page_size=16, gqa=2, head_dim=64, tree=False):
@@ -136,7 +74,7 @@ def test_capabilities_follow_flavor(use_flavor, flavor, page_sizes, dtypes):
     use_flavor(flavor)
     caps = FlashAttnBackend.capabilities()
     assert caps.page_sizes == page_sizes and caps.dtypes == dtypes and caps.devices == {"cuda"}
-    assert not caps.custom_mask and not caps.cuda_graph
+    assert not caps.custom_mask and caps.cuda_graph == {Mode.DECODE, Mode.VERIFY}
     assert caps.problems(device="cuda", dtype="bf16", kv_dtype="bf16", head_dim=128, page_size=256,
                          max_context=256) == []
 
@@ -215,6 +153,68 @@ def test_errors_name_the_problem(use_flavor):
                   dtype=torch.bfloat16).backend(FlashAttnBackend)
 
 
+# -- CUDA-graph mode: static buffers per (slot, batch, q_len) (CPU, through the fake) -------------------------
+
+
+def padded_meta(case, reqs, q_len, pad_to, mode=Mode.VERIFY, device="cpu"):
+    """A pass over requests ``reqs`` = [(request index in the case, kv_len)], padded to ``pad_to`` requests as
+    ModelRunner.prepare pads a CUDA-graph bucket: dummy requests of q_len new tokens on the scratch page."""
+    from attnlab.backends.base import AttnMeta
+    from attnlab.kvcache import build_layout, pages_needed
+
+    lay, ps = case.meta.layout, case.meta.page_size
+    ptr, idx = lay.kv_indptr.tolist(), lay.kv_indices.tolist()
+    tables = [idx[ptr[i]:ptr[i + 1]] for i, _ in reqs]
+    n_pad = pad_to - len(reqs)
+    tables += [[case.pool.num_pages] * pages_needed(q_len, ps)] * n_pad
+    kv = [n for _, n in reqs] + [q_len] * n_pad
+    qo = [i * q_len for i in range(pad_to + 1)]
+    return AttnMeta(mode, torch.tensor(qo, dtype=torch.int32, device=device), build_layout(tables, kv, ps, device),
+                    [q_len] * pad_to, kv, ps)
+
+
+def torch_reference(case, meta, q):
+    ref = case.backend(TorchBackend)
+    ref.plan(meta)
+    return torch.stack([ref.run(q.float(), layer) for layer in range(case.pool.num_layers)])
+
+
+@pytest.mark.parametrize("flavor", ["fa3", "fa3_fwd", "fa2"])
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_graph_mode_reuses_static_buffers(use_flavor, flavor, q_len):
+    """Graph mode: a padded bucket of 4 plans into static buffers; a later pass (other lengths and requests)
+    rewrites the same buffers, every call reads them, and both passes match the reference on the real rows."""
+    calls = use_flavor(flavor)
+    kv_lens = [q_len + 40, q_len + 290, q_len + 7]
+    case = cpu_case(flavor, [q_len] * 3, kv_lens)
+    max_context = case.meta.page_size if flavor == "fa3_fwd" else 512
+    be = FlashAttnBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale,
+                          torch.bfloat16, cuda_graph=True, max_batch_size=4, max_q_len=8, max_context=max_context)
+    mode = Mode.DECODE if q_len == 1 else Mode.VERIFY
+    q = torch.randn(4 * q_len, case.num_q_heads, case.head_dim, generator=torch.Generator().manual_seed(1)).bfloat16()
+    for reqs in ([(0, kv_lens[0]), (1, kv_lens[1])], [(2, kv_lens[2]), (0, kv_lens[0] - 3), (1, kv_lens[1])]):
+        be.plan(padded_meta(case, reqs, q_len, 4, mode))
+        out = torch.stack([be.run(q, layer).float() for layer in range(case.pool.num_layers)])
+        assert torch.isfinite(out).all()  # dummy rows read the scratch page: finite, ignored
+        rows = len(reqs) * q_len
+        ref = torch_reference(case, padded_meta(case, reqs, q_len, len(reqs), mode), q[:rows])
+        torch.testing.assert_close(out[:, :rows], ref, atol=2e-2, rtol=2e-2)
+    assert len({c["ptrs"] for c in calls}) == 1, "every call reads the same static table / seqlens buffers"
+    assert calls[-1]["seqlens"].tolist() == [kv_lens[2], kv_lens[0] - 3, kv_lens[1], q_len]
+    if flavor != "fa3_fwd":  # the table's width is fixed by max_context, not by this pass
+        assert calls[-1]["table"].shape == (4, -(-512 // case.meta.page_size))
+
+
+def test_graph_mode_ragged_and_prefill_passes_plan_as_usual(use_flavor):
+    calls = use_flavor("fa3")
+    case = cpu_case("fa3", [5, 1, 3], [5, 40, 260])
+    be = FlashAttnBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale,
+                          torch.bfloat16, cuda_graph=True, max_batch_size=4, max_context=512)
+    out = run_all_layers(be, case)
+    torch.testing.assert_close(out, case.reference(), atol=2e-2, rtol=2e-2)
+    assert not be._static and len(calls) == 3 * case.pool.num_layers  # one call per q_len group, nothing static
+
+
 # -- GPU parity vs the torch reference --------------------------------------------------------------------
 
 GPU_REASON = FlashAttnBackend.available()
@@ -272,3 +272,42 @@ def test_gpu_parity(mode, shape, ps_name, gqa, head_dim, dtype_name):
 def test_module_imports_without_flash_attn(use_flavor):
     use_flavor(None)
     assert fa_mod.FlashAttnBackend.name == "fa"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU_REASON is not None, reason=f"fa backend unavailable: {GPU_REASON}")
+@pytest.mark.parametrize("q_len", [1, K + 1], ids=["decode", "verify"])
+def test_gpu_cuda_graph_replay_equals_eager(q_len):
+    """Capture run() of every layer for a padded bucket of 8 after one plan; replay == eager bit for bit; plan a
+    later pass (other lengths, same bucket) outside the graph, replay == the torch reference."""
+    flavor = detect_flash_attn()
+    dtype = torch.bfloat16
+    kv_lens = [37, 1000, 5, 260, 64, 9, 130, 17]
+    kv_lens = [max(n, q_len) for n in kv_lens]
+    ps = flavor_page_size(flavor, "p16", [1024])  # contiguous: one 1024-token page per request
+    case = make_case(kv_lens=kv_lens, q_lens=[q_len] * 8, page_size=ps, num_kv_heads=2, gqa=4, head_dim=128,
+                     dtype=dtype, device="cuda", num_layers=3, mode=Mode.DECODE if q_len == 1 else Mode.VERIFY)
+    be = FlashAttnBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale, dtype,
+                          cuda_graph=True, max_batch_size=8, max_q_len=K + 1, max_context=1024)
+    q = case.q.clone()  # static input buffer
+    be.plan(case.meta)
+    eager = torch.stack([be.run(q, layer).float() for layer in range(case.pool.num_layers)])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the capture (lazy allocations, FA's scheduler metadata)
+        for layer in range(case.pool.num_layers):
+            be.run(q, layer)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [be.run(q, layer) for layer in range(case.pool.num_layers)]
+    graph.replay()
+    torch.testing.assert_close(torch.stack(outs).float(), eager, atol=0, rtol=0)  # same kernels, same plan
+    mode = Mode.DECODE if q_len == 1 else Mode.VERIFY
+    reqs = [(i, max(n - 1 - i % 3, q_len)) for i, n in enumerate(kv_lens)]
+    m2 = padded_meta(case, reqs, q_len, 8, mode, device="cuda")
+    q.copy_(torch.randn_like(q))
+    be.plan(m2)
+    graph.replay()
+    tol = TOL[dtype]
+    torch.testing.assert_close(torch.stack(outs).float(), torch_reference(case, m2, q), atol=tol, rtol=tol)

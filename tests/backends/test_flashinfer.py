@@ -1,23 +1,22 @@
-"""The ``flashinfer`` backend: CPU tests through a fake flashinfer module, GPU parity and CUDA graphs.
-
-The fake wrappers check plan() arguments the way FlashInfer documents them and attend with exactly what
-was planned (indptr / indices / last_page_len, causal bottom-right or the flattened custom mask); in CUDA-graph
-mode they copy the plan into the caller-owned buffers and read it back from there, as the real ones do.
-"""
+"""The ``flashinfer`` backend: CPU tests through the fake flashinfer module of fakes.py (fixture ``fake_fi``),
+GPU parity and CUDA graphs."""
 
 from __future__ import annotations
 
 import sys
-import types
-from typing import ClassVar
 
 import pytest
 import torch
 
 from attnlab.backends.base import AttnMeta, Mode
-from attnlab.backends.flashinfer import FlashInferBackend, decode_uses_tensor_cores, wrapper_kind
-from attnlab.backends.registry import require_available
-from attnlab.backends.torch_ref import TorchBackend, causal_mask, reference_attention
+from attnlab.backends.flashinfer import (
+    FlashInferBackend,
+    decode_uses_tensor_cores,
+    prefill_family,
+    wrapper_kind,
+)
+from attnlab.backends.registry import get_backend_class, require_available
+from attnlab.backends.torch_ref import TorchBackend, causal_mask
 from attnlab.errors import BackendUnavailable, ConfigError
 from attnlab.kvcache import build_layout
 from tests.backends.cases import GPU_FULL_GRID as FULL
@@ -25,110 +24,9 @@ from tests.backends.cases import GPU_K as K
 from tests.backends.cases import GPU_SHAPES as SHAPES
 from tests.backends.cases import GPU_TOL as TOL
 from tests.backends.cases import make_case
+from tests.backends.fakes import FakeDecode, FakePrefill
 
 SMALL_WS = 1 << 16  # the fake never touches the workspace
-
-
-class _FakeWrapper:
-    def __init__(self, workspace, kv_layout="NHD", use_cuda_graph=False, **kw):
-        assert workspace.dtype == torch.uint8 and kv_layout == "NHD"
-        self.workspace, self.use_cuda_graph, self.init_kw = workspace, use_cuda_graph, kw
-        self.plans = []
-        self.created.append(self)
-
-    def _store(self, qo, kv_indptr, indices, last, hq, hkv, d, ps, causal, mask, q_dtype, kv_dtype, scale):
-        for t in (qo, kv_indptr, indices, last):
-            assert t.dtype == torch.int32
-        assert len(kv_indptr) == len(last) + 1 == len(qo) and len(indices) == int(kv_indptr[-1])
-        if self.use_cuda_graph:  # as FlashInfer: copy into the caller's buffers (fixed batch), read from them
-            b = self.bufs
-            assert len(b["kv_indptr"]) == len(kv_indptr) and len(b["last"]) == len(last)
-            b["kv_indptr"].copy_(kv_indptr)
-            b["last"].copy_(last)
-            b["indices"][:len(indices)].copy_(indices)
-            if "qo" in b:
-                b["qo"].copy_(qo)
-            kv_indptr, last, indices = b["kv_indptr"], b["last"], b["indices"]
-            qo = b.get("qo", qo)
-            if mask is not None:
-                assert self.init_kw.get("custom_mask_buf") is not None, "graph mode mask needs custom_mask_buf"
-        self.plans.append({"hq": hq, "hkv": hkv, "d": d, "ps": ps, "causal": causal, "mask": mask is not None,
-                           "q_dtype": q_dtype, "kv_dtype": kv_dtype})
-        self.state = (qo, kv_indptr, indices, last, ps, causal, mask, q_dtype, scale)
-
-    def run(self, q, paged_kv_cache, k_scale=None, v_scale=None):
-        qo, kv_indptr, indices, last, ps, causal, mask, q_dtype, scale = self.state
-        k_cache, v_cache = paged_kv_cache
-        assert k_cache.dim() == 4 and k_cache.shape[1] == ps and q.dtype == q_dtype
-        out = torch.zeros(q.shape, dtype=torch.float32)
-        mask_off = 0
-        for i in range(len(last)):
-            pages = indices[int(kv_indptr[i]):int(kv_indptr[i + 1])].long()
-            n = (len(pages) - 1) * ps + int(last[i]) if len(pages) else 0
-            q0, q1 = int(qo[i]), int(qo[i + 1])
-            kk = k_cache[pages].reshape(-1, *k_cache.shape[2:])[:n]
-            vv = v_cache[pages].reshape(-1, *v_cache.shape[2:])[:n]
-            if mask is not None:
-                m = mask[mask_off:mask_off + (q1 - q0) * n].view(q1 - q0, n)
-                mask_off += (q1 - q0) * n
-            elif causal:
-                m = torch.arange(n)[None] <= torch.arange(q1 - q0)[:, None] + n - (q1 - q0)  # bottom-right
-            else:
-                m = torch.ones(q1 - q0, n, dtype=torch.bool)
-            out[q0:q1] = reference_attention(q[q0:q1], kk, vv, m, scale)
-        return out.to(q.dtype)
-
-
-class FakeDecode(_FakeWrapper):
-    created: ClassVar[list] = []
-
-    def __init__(self, workspace, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
-                 paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None):
-        super().__init__(workspace, kv_layout, use_cuda_graph)
-        self.use_tensor_cores = use_tensor_cores
-        self.bufs = {"kv_indptr": paged_kv_indptr_buffer, "indices": paged_kv_indices_buffer,
-                     "last": paged_kv_last_page_len_buffer}
-
-    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
-             pos_encoding_mode="NONE", q_data_type="float16", kv_data_type=None, sm_scale=None):
-        qo = torch.arange(len(last_page_len) + 1, dtype=torch.int32)
-        self._store(qo, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-                    False, None, q_data_type, kv_data_type, sm_scale)
-
-
-class FakePrefill(_FakeWrapper):
-    created: ClassVar[list] = []
-
-    def __init__(self, workspace, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
-                 paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
-                 custom_mask_buf=None, mask_indptr_buf=None):
-        super().__init__(workspace, kv_layout, use_cuda_graph, custom_mask_buf=custom_mask_buf,
-                         mask_indptr_buf=mask_indptr_buf)
-        self.bufs = {"qo": qo_indptr_buf, "kv_indptr": paged_kv_indptr_buf, "indices": paged_kv_indices_buf,
-                     "last": paged_kv_last_page_len_buf}
-
-    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
-             num_kv_heads, head_dim_qk, page_size, *, causal=False, custom_mask=None, q_data_type="float16",
-             kv_data_type=None, sm_scale=None):
-        if self.use_cuda_graph:  # as FlashInfer: a graph-mode prefill wrapper's row count is fixed by its first plan
-            rows = int(qo_indptr[-1])
-            self.rows = getattr(self, "rows", rows)
-            if rows > self.rows:
-                raise ValueError(f"The total number of rows in qo_indptr {rows} in cuda graph mode cannot exceed "
-                                 f"the number of rows set during initialization {self.rows}.")
-        self._store(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
-                    num_kv_heads, head_dim_qk, page_size, causal, custom_mask, q_data_type, kv_data_type, sm_scale)
-
-
-@pytest.fixture
-def fake_fi(monkeypatch):
-    mod = types.ModuleType("flashinfer")
-    mod.__version__ = "0.0.0+fake"
-    FakeDecode.created, FakePrefill.created = [], []
-    mod.BatchDecodeWithPagedKVCacheWrapper = FakeDecode
-    mod.BatchPrefillWithPagedKVCacheWrapper = FakePrefill
-    monkeypatch.setitem(sys.modules, "flashinfer", mod)
-    return mod
 
 
 def cpu_case(q_lens, kv_lens, page_size=16, gqa=4, tree=False, mode=None, num_layers=2):
@@ -315,6 +213,121 @@ def test_graph_mask_capacity_error(fake_fi):
         be.plan(case.meta)
 
 
+# -- kernel family per pass (fa2 for verify / short extends, auto for long prefills), options ---------------
+
+
+@pytest.mark.parametrize("kind,max_q_len,expected", [
+    ("causal", 5, "fa2"), ("causal", 511, "fa2"), ("causal", 512, "auto"), ("mask", 5, "fa2"), ("mask", 4096, "fa2"),
+])
+def test_prefill_family_rule(kind, max_q_len, expected):
+    assert prefill_family(kind, max_q_len) == expected
+    assert prefill_family("causal", max_q_len, verify_backend="auto", prefill_backend="fa2",
+                          prefill_min_q_len=100) == ("fa2" if max_q_len >= 100 else "auto")
+
+
+def test_verify_runs_fa2_long_prefill_auto_and_kernel_info(fake_fi):
+    """Verify and a short prefill plan fa2 wrappers, a long prefill an auto one (the fake resolves it to fa3 as
+    an H200 does); kernel_info says what each pass label resolved to."""
+    case = cpu_case([3, 3], [20, 33])
+    be = backend(case, prefill_min_q_len=16)
+    be.plan(case.meta)  # verify, q_len 3
+    assert be.active_plan.family == "fa2" and be.active_plan.wrapper._backend == "fa2"
+    torch.testing.assert_close(run_all_layers(be, case), case.reference(), atol=2e-2, rtol=2e-2)
+    long_ = meta_over(case, [20, 33], [20, 33], mode=Mode.PREFILL)  # max q_len 33 >= 16: long
+    be.plan(long_)
+    assert be.active_plan.family == "auto" and be.active_plan.wrapper._backend == "fa3"
+    q = torch.randn(53, case.num_q_heads, case.head_dim, generator=torch.Generator().manual_seed(0)).bfloat16()
+    torch.testing.assert_close(run_all_layers(be, case, q), reference(case, long_, q), atol=2e-2, rtol=2e-2)
+    be.plan(meta_over(case, [20, 33], [4, 9], mode=Mode.PREFILL))  # short prefill (chunk): fa2
+    assert be.active_plan.family == "fa2"
+    be.plan(meta_over(case, [20, 33], [1, 1]))
+    assert be.kernel_info() == {"decode": "fa2", "prefill": "fa2+fa3", "verify": "fa2"}  # GQA 4: tensor cores
+    gqa2 = cpu_case([1, 1], [20, 33], gqa=2)
+    be2 = backend(gqa2)
+    be2.plan(gqa2.meta)
+    assert be2.kernel_info() == {"decode": "cuda-core"}  # GQA 2, bf16 KV: the CUDA-core decode kernel
+    assert [w.init_kw for w in FakePrefill.created] and {w._backend for w in FakePrefill.created} == {"fa2", "fa3"}
+
+
+def test_tree_mask_runs_fa2_even_when_verify_backend_is_auto(fake_fi):
+    case = cpu_case([3, 3], [20, 33], tree=True)
+    be = backend(case, verify_backend="auto")
+    be.plan(case.meta)
+    assert be.active_plan.family == "fa2" and be.kernel_info() == {"verify_tree": "fa2"}
+    torch.testing.assert_close(run_all_layers(be, case), case.reference(), atol=2e-2, rtol=2e-2)
+
+
+def test_old_mode_verify_backend_auto_resolves_like_before(fake_fi):
+    case = cpu_case([3, 3], [20, 33])
+    be = backend(case, verify_backend="auto")
+    be.plan(case.meta)
+    assert be.kernel_info() == {"verify": "fa3"}  # what attnlab ran before (FA3 template on Hopper)
+
+
+@pytest.mark.parametrize("kind", ["decode", "causal", "mask"])
+def test_graph_mode_passes_uniform_q_len_to_fa2(fake_fi, kind):
+    q_lens = [1, 1, 1] if kind == "decode" else [3, 3, 3]
+    case = cpu_case(q_lens, [20, 7, 33], tree=kind == "mask")
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_q_len=4, max_context=64)
+    be.plan(case.meta)
+    p = be.active_plan.wrapper.plans[-1]
+    if kind != "decode":
+        assert p["uniform_q_len"] == 3 and p["backend"] == "fa2"
+    eager = backend(case)
+    eager.plan(case.meta)
+    if kind != "decode":
+        assert eager.active_plan.wrapper.plans[-1]["uniform_q_len"] is None  # the hint is for graph mode only
+
+
+def test_graph_mode_prefill_uses_plain_wrappers_without_hint(fake_fi):
+    case = cpu_case([3, 3], [20, 33])
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_q_len=4, max_context=64)
+    be.plan(meta_over(case, [20, 33], [20, 20], mode=Mode.PREFILL))  # uniform, but a prefill: never captured
+    w = be.active_plan.wrapper
+    assert not w.use_cuda_graph and w.plans[-1]["uniform_q_len"] is None
+
+
+def test_fp8_kv_through_the_fake(fake_fi):
+    """fp8 KV: kv_data_type is the pool's fp8 dtype, k_scale / v_scale reach run(), tensor-core decode."""
+    for q_lens, kv_lens in (([1, 1], [20, 33]), ([3, 3], [20, 33])):
+        case = make_case(kv_lens=kv_lens, q_lens=q_lens, page_size=16, num_kv_heads=2, gqa=1, head_dim=64,
+                         dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn)
+        case.pool.k_scale, case.pool.v_scale = 0.5, 2.0
+        be = backend(case)
+        be.plan(case.meta)
+        assert be.active_plan.wrapper.plans[-1]["kv_dtype"] == torch.float8_e4m3fn
+        if q_lens[0] == 1:
+            assert be.use_tensor_cores  # fp8 KV: the tensor-core decode, whatever the GQA ratio
+        torch.testing.assert_close(run_all_layers(be, case), case.reference(), atol=2e-2, rtol=2e-2)
+
+
+def test_capabilities_include_fp8_kv():
+    caps = FlashInferBackend.capabilities()
+    assert {"fp8_e4m3", "fp8_e5m2"} <= caps.kv_dtypes
+    assert caps.problems(device="cuda", dtype="bf16", kv_dtype="fp8_e4m3", head_dim=128, page_size=16,
+                         max_context=4096) == []
+
+
+def test_options_bind_and_fail_one_line(fake_fi):
+    cls = get_backend_class("flashinfer", {"verify_backend": "auto", "prefill_min_q_len": 64}, "verify.options")
+    assert issubclass(cls, FlashInferBackend) and cls.name == "flashinfer"
+    case = cpu_case([3, 3], [20, 33])
+    be = cls(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale, torch.bfloat16,
+             workspace_bytes=SMALL_WS)
+    assert (be.verify_backend, be.prefill_min_q_len, be.prefill_backend) == ("auto", 64, "auto")
+    for options, needle in [({"verify_backend": "fa4"}, "verify.options.verify_backend='fa4': choose from fa2, fa3"),
+                            ({"prefil_backend": "fa2"}, "verify.options.prefil_backend: unknown option"),
+                            ({"prefill_min_q_len": 0}, "verify.options.prefill_min_q_len=0: must be an int"),
+                            ({"decode_tensor_cores": "yes"}, "decode_tensor_cores='yes'")]:
+        with pytest.raises(ConfigError) as e:
+            get_backend_class("flashinfer", options, "verify.options")
+        assert needle in str(e.value) and "\n" not in str(e.value)
+    fp8 = make_case(kv_lens=[5], q_lens=[1], page_size=16, num_kv_heads=2, gqa=1, head_dim=64,
+                    dtype=torch.bfloat16, kv_dtype=torch.float8_e5m2)
+    with pytest.raises(ConfigError, match="fa3 with fp8 KV"):
+        backend(fp8, prefill_backend="fa3")
+
+
 # -- GPU: parity vs the torch reference, CUDA graphs --------------------------------------------------------
 
 GPU_REASON = FlashInferBackend.available()
@@ -398,3 +411,23 @@ def test_gpu_cuda_graph_capture_replay(mode, gqa):
     be.plan(m2)
     graph.replay()
     torch.testing.assert_close(torch.stack(outs).float(), reference(case, m2, q), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@needs_flashinfer_gpu
+def test_gpu_kernel_families():
+    """On the GPU: verify and tree masks run fa2, a long prefill auto (fa3 on Hopper); each matches the
+    reference; kernel_info reports what the wrappers resolved to."""
+    case = make_case(kv_lens=[700, 1200], q_lens=[4, 4], page_size=16, num_kv_heads=2, gqa=4, head_dim=128,
+                     dtype=torch.bfloat16, device="cuda", num_layers=2)
+    be = case.backend(FlashInferBackend)
+    be.plan(case.meta)
+    torch.testing.assert_close(run_all_layers(be, case), case.reference(), atol=TOL[torch.bfloat16],
+                               rtol=TOL[torch.bfloat16])
+    prefill = meta_over(case, [700, 1200], [600, 1200], mode=Mode.PREFILL)
+    q = torch.randn(1800, case.num_q_heads, case.head_dim, device="cuda").bfloat16()
+    be.plan(prefill)
+    torch.testing.assert_close(run_all_layers(be, case, q), reference(case, prefill, q), atol=TOL[torch.bfloat16],
+                               rtol=TOL[torch.bfloat16])
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    assert be.kernel_info() == {"verify": "fa2", "prefill": "fa3" if hopper else "fa2"}, be.kernel_info()

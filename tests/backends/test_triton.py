@@ -194,6 +194,41 @@ def test_heuristic_splits_for_bandwidth():
     assert prefill.num_splits == 1 and prefill.block_m >= 64
 
 
+@pytest.mark.parametrize("hkv,group,d,block_n", [(3, 3, 64, 128), (8, 4, 128, 64)], ids=["smollm2", "llama8b"])
+def test_small_batch_decode_splits_fill_two_programs_per_sm(hkv, group, d, block_n):
+    """Batch 1 x 4k on 132 SMs: the 256-token split floor gave 16 splits (48 / 128 programs); the split now
+    shrinks (down to one BLOCK_N tile) while batch x kv_heads x splits < 2 x SMs."""
+    kw = {"num_kv_heads": hkv, "group": group, "head_dim": d, "has_mask": False, "sms": 132}
+    p = plan_params(q_lens=[1], kv_lens=[4096], **kw)
+    assert p.block_n == block_n
+    # smollm2: 3 x 88 wanted, capped at one 128-token tile per split (32); llama8b: 8 x 33 = 264 wanted, whose
+    # 128-token chunks cover 4096 tokens in 32 splits (the 33rd would be empty)
+    assert p.num_splits == 32
+    # every split holds work: the kernel's chunk (a multiple of BLOCK_N) times the splits covers the KV once
+    per_split = -(-4096 // p.num_splits)
+    chunk = -(-per_split // block_n) * block_n
+    assert (p.num_splits - 1) * chunk < 4096 <= p.num_splits * chunk
+    # already enough programs, long contexts and short ones keep their old counts
+    assert plan_params(q_lens=[1] * 8, kv_lens=[4096] * 8, **kw).num_splits == (16 if hkv == 3 else 8)
+    assert plan_params(q_lens=[1], kv_lens=[32768], **kw).num_splits == 64  # MAX_SPLITS
+    assert plan_params(q_lens=[1], kv_lens=[256], **kw).num_splits == 1  # one 256-token piece: never split
+    assert plan_params(q_lens=[1] * 64, kv_lens=[4096] * 64, **kw).num_splits <= 2
+    # verify keeps its own rule (no shrinking below 256 tokens per split)
+    assert plan_params(q_lens=[5], kv_lens=[4096], **kw).num_splits <= 16
+
+
+def test_shrunk_splits_stay_correct(monkeypatch):
+    """Under the interpreter, with the heuristic told there are 132 SMs: batch 1 decode over 1100 tokens gets
+    one-tile splits (plus a shorter request whose later splits are empty), and still matches the reference."""
+    from attnlab.kernels import heuristics
+
+    monkeypatch.setattr(heuristics, "sm_count", lambda device_index=0: 132)
+    case = make_case(kv_lens=[1100, 70], q_lens=[1, 1], page_size=16, num_kv_heads=2, gqa=2, head_dim=64,
+                     dtype=torch.float32, device=DEVICE)
+    be = check(case)
+    assert be.active_plan.params.num_splits == -(-1100 // be.active_plan.params.block_n)
+
+
 def test_warmup_runs_every_variant():
     case = make_case(kv_lens=[9], q_lens=[1], page_size=16, num_kv_heads=1, gqa=2, head_dim=32,
                      dtype=torch.float32, device=DEVICE)
@@ -208,7 +243,7 @@ def test_warmup_runs_every_variant():
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch,context", [(1, 32768), (8, 32768), (64, 4096), (16, 8192)])
+@pytest.mark.parametrize("batch,context", [(1, 4096), (1, 32768), (8, 32768), (64, 4096), (16, 8192)])
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("heads", [(9, 3, 64), (32, 8, 128)], ids=["smollm2", "llama8b"])
 def test_gpu_decode_scale(batch, context, page_size, heads):

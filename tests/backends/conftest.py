@@ -1,0 +1,34 @@
+"""Fixtures of the backend tests: the fake flashinfer / FlashAttention modules of fakes.py, installed."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from tests.backends.fakes import MODULES, FakeDecode, FakePrefill, fake_fa_module
+
+
+@pytest.fixture
+def fake_fi(monkeypatch):
+    mod = types.ModuleType("flashinfer")
+    mod.__version__ = "0.0.0+fake"
+    FakeDecode.created, FakePrefill.created = [], []
+    mod.BatchDecodeWithPagedKVCacheWrapper = FakeDecode
+    mod.BatchPrefillWithPagedKVCacheWrapper = FakePrefill
+    monkeypatch.setitem(sys.modules, "flashinfer", mod)
+    return mod
+
+
+@pytest.fixture
+def use_flavor(monkeypatch):
+    """use_flavor(name) installs that fake and hides the higher-priority modules; returns the call log."""
+
+    def install(flavor: str | None) -> list:
+        calls: list = []
+        for name, module in MODULES.items():
+            monkeypatch.setitem(sys.modules, module, fake_fa_module(name, calls) if name == flavor else None)
+        return calls
+
+    return install

@@ -1,0 +1,178 @@
+"""Fake flashinfer and FlashAttention modules for the CPU tests of the library backends.
+
+The fake flashinfer wrappers check plan() arguments the way FlashInfer 0.7.2 documents them (the keyword names
+are the real ones) and attend with exactly what was planned (indptr / indices / last_page_len, causal
+bottom-right or the flattened custom mask); in CUDA-graph mode they copy the plan into the caller-owned buffers
+and read it back from there, as the real ones do. The fake ``flash_attn_with_kvcache`` checks argument shapes and
+dtypes as the real one documents them and computes attention from exactly what it was given (page_table /
+block_table / cache_batch_idx, cache_seqlens, FA's bottom-right causal rule). The fixtures that install them
+(``fake_fi``, ``use_flavor``) are in conftest.py.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from typing import ClassVar
+
+import torch
+
+from attnlab.backends.torch_ref import reference_attention
+
+FAMILIES = ("auto", "fa2", "fa3", "cudnn", "trtllm-gen", "cute-dsl")  # FlashInfer 0.7.2's backend= values
+
+
+class _FakeWrapper:
+    def __init__(self, workspace, kv_layout="NHD", use_cuda_graph=False, backend="auto", **kw):
+        assert workspace.dtype == torch.uint8 and kv_layout == "NHD"
+        assert backend in FAMILIES, backend
+        self.workspace, self.use_cuda_graph, self.init_kw = workspace, use_cuda_graph, kw
+        self._backend = backend
+        self.plans = []
+        self.created.append(self)
+
+    def _store(self, qo, kv_indptr, indices, last, hq, hkv, d, ps, causal, mask, q_dtype, kv_dtype, scale, **extra):
+        for t in (qo, kv_indptr, indices, last):
+            assert t.dtype == torch.int32
+        assert len(kv_indptr) == len(last) + 1 == len(qo) and len(indices) == int(kv_indptr[-1])
+        if self.use_cuda_graph:  # as FlashInfer: copy into the caller's buffers (fixed batch), read from them
+            b = self.bufs
+            assert len(b["kv_indptr"]) == len(kv_indptr) and len(b["last"]) == len(last)
+            b["kv_indptr"].copy_(kv_indptr)
+            b["last"].copy_(last)
+            b["indices"][:len(indices)].copy_(indices)
+            if "qo" in b:
+                b["qo"].copy_(qo)
+            kv_indptr, last, indices = b["kv_indptr"], b["last"], b["indices"]
+            qo = b.get("qo", qo)
+            if mask is not None:
+                assert self.init_kw.get("custom_mask_buf") is not None, "graph mode mask needs custom_mask_buf"
+        self.plans.append({"hq": hq, "hkv": hkv, "d": d, "ps": ps, "causal": causal, "mask": mask is not None,
+                           "q_dtype": q_dtype, "kv_dtype": kv_dtype, **extra})
+        self.state = (qo, kv_indptr, indices, last, ps, causal, mask, q_dtype, kv_dtype, scale)
+
+    def run(self, q, paged_kv_cache, k_scale=None, v_scale=None):
+        qo, kv_indptr, indices, last, ps, causal, mask, q_dtype, kv_dtype, scale = self.state
+        k_cache, v_cache = paged_kv_cache
+        assert k_cache.dim() == 4 and k_cache.shape[1] == ps and q.dtype == q_dtype and k_cache.dtype == kv_dtype
+        if kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # as FlashInfer: sm_scale * k_scale, out * v_scale
+            assert k_scale is not None and v_scale is not None, "fp8 KV needs k_scale and v_scale"
+        out = torch.zeros(q.shape, dtype=torch.float32)
+        mask_off = 0
+        for i in range(len(last)):
+            pages = indices[int(kv_indptr[i]):int(kv_indptr[i + 1])].long()
+            n = (len(pages) - 1) * ps + int(last[i]) if len(pages) else 0
+            q0, q1 = int(qo[i]), int(qo[i + 1])
+            kk = k_cache[pages].reshape(-1, *k_cache.shape[2:])[:n].float()
+            vv = v_cache[pages].reshape(-1, *v_cache.shape[2:])[:n].float()
+            if mask is not None:
+                m = mask[mask_off:mask_off + (q1 - q0) * n].view(q1 - q0, n)
+                mask_off += (q1 - q0) * n
+            elif causal:
+                m = torch.arange(n)[None] <= torch.arange(q1 - q0)[:, None] + n - (q1 - q0)  # bottom-right
+            else:
+                m = torch.ones(q1 - q0, n, dtype=torch.bool)
+            o = reference_attention(q[q0:q1], kk, vv, m, scale * (k_scale or 1.0))
+            out[q0:q1] = o * (v_scale or 1.0)
+        return out.to(q.dtype)
+
+
+class FakeDecode(_FakeWrapper):
+    created: ClassVar[list] = []
+
+    def __init__(self, workspace, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
+                 paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
+                 backend="auto"):
+        super().__init__(workspace, kv_layout, use_cuda_graph, backend)
+        self.use_tensor_cores = use_tensor_cores
+        self.bufs = {"kv_indptr": paged_kv_indptr_buffer, "indices": paged_kv_indices_buffer,
+                     "last": paged_kv_last_page_len_buffer}
+
+    @property
+    def resolved_backend(self):  # FlashInfer 0.7.2: "fa2" for the CUDA-core kernel and the tensor-core auto pick
+        return "fa2" if self._backend == "auto" else self._backend
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
+             pos_encoding_mode="NONE", q_data_type="float16", kv_data_type=None, sm_scale=None):
+        qo = torch.arange(len(last_page_len) + 1, dtype=torch.int32)
+        self._store(qo, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+                    False, None, q_data_type, kv_data_type, sm_scale)
+
+
+class FakePrefill(_FakeWrapper):
+    created: ClassVar[list] = []
+
+    def __init__(self, workspace, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
+                 paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
+                 custom_mask_buf=None, mask_indptr_buf=None, backend="auto"):
+        super().__init__(workspace, kv_layout, use_cuda_graph, backend, custom_mask_buf=custom_mask_buf,
+                         mask_indptr_buf=mask_indptr_buf)
+        self.bufs = {"qo": qo_indptr_buf, "kv_indptr": paged_kv_indptr_buf, "indices": paged_kv_indices_buf,
+                     "last": paged_kv_last_page_len_buf}
+
+    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
+             num_kv_heads, head_dim_qk, page_size, *, causal=False, custom_mask=None, q_data_type="float16",
+             kv_data_type=None, sm_scale=None, uniform_q_len=None):
+        if self.use_cuda_graph:  # as FlashInfer: a graph-mode prefill wrapper's row count is fixed by its first plan
+            rows = int(qo_indptr[-1])
+            self.rows = getattr(self, "rows", rows)
+            if rows > self.rows:
+                raise ValueError(f"The total number of rows in qo_indptr {rows} in cuda graph mode cannot exceed "
+                                 f"the number of rows set during initialization {self.rows}.")
+        masked = custom_mask is not None or self.init_kw.get("custom_mask_buf") is not None
+        if self._backend == "auto":  # as determine_attention_backend on an H200: fa3 unless a mask or fp8 KV
+            fp8 = kv_data_type in (torch.float8_e4m3fn, torch.float8_e5m2)
+            self._backend = "fa2" if masked or fp8 else "fa3"
+        if masked:
+            assert self._backend == "fa2", "FlashInfer's fa3 prefill has no custom mask"
+        if uniform_q_len is not None:  # FlashInfer drops a hint that does not describe the batch
+            q_lens = (qo_indptr[1:] - qo_indptr[:-1]).tolist()
+            assert all(n == uniform_q_len for n in q_lens), (uniform_q_len, q_lens)
+        self._store(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
+                    num_kv_heads, head_dim_qk, page_size, causal, custom_mask, q_data_type, kv_data_type, sm_scale,
+                    uniform_q_len=uniform_q_len, backend=self._backend)
+
+
+MODULES = {"fa3": "flash_attn_interface", "fa3_fwd": "fa3_fwd_interface", "fa2": "flash_attn"}
+TABLE_ARG = {"fa3": "page_table", "fa3_fwd": "cache_batch_idx", "fa2": "block_table"}
+
+
+def fake_fa_module(flavor: str, calls: list) -> types.ModuleType:
+    mod = types.ModuleType(MODULES[flavor])
+    mod.__version__ = f"0.0.0+fake-{flavor}"
+    table_arg = TABLE_ARG[flavor]
+
+    def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, softmax_scale=None,
+                                causal=False, **kw):
+        assert set(kw) == {table_arg}, f"{flavor} got table kwargs {sorted(kw)}"
+        table = kw[table_arg]
+        assert k is None and v is None, "KV is already in the pool: no append"
+        assert q.dim() == 4 and k_cache.dim() == 4 and k_cache.stride(-1) == 1
+        b, q_len = q.shape[:2]
+        assert cache_seqlens.dtype == torch.int32 and tuple(cache_seqlens.shape) == (b,)
+        assert table.dtype == torch.int32 and table.is_contiguous()
+        if flavor == "fa2":
+            assert k_cache.shape[1] % 256 == 0, "FA2 paged KV: page size multiple of 256"
+        calls.append({"q": tuple(q.shape), "q_dtype": q.dtype, "table": table.clone(),
+                      "seqlens": cache_seqlens.clone(), "causal": causal, "scale": softmax_scale,
+                      "ptrs": (table.data_ptr(), cache_seqlens.data_ptr())})
+        out = torch.zeros(q.shape, dtype=torch.float32)
+        for i in range(b):
+            n = int(cache_seqlens[i])
+            if flavor == "fa3_fwd":  # [batch_cache, seqlen_cache, H, D], row picked by cache_batch_idx
+                assert table.shape == (b,) and n <= k_cache.shape[1]
+                kk, vv = k_cache[int(table[i])][:n], v_cache[int(table[i])][:n]
+            else:  # [num_blocks, page, H, D] through a [b, max_blocks] table
+                assert table.dim() == 2 and table.shape[0] == b
+                assert table.shape[1] >= math.ceil(n / k_cache.shape[1])
+                pages = table[i].long()
+                kk = k_cache[pages].reshape(-1, *k_cache.shape[2:])[:n]
+                vv = v_cache[pages].reshape(-1, *v_cache.shape[2:])[:n]
+            # FA's documented causal rule: query row r sees keys j <= r + seqlen_k - seqlen_q (bottom-right)
+            r = torch.arange(q_len)[:, None]
+            mask = torch.arange(n)[None, :] <= r + n - q_len if causal else torch.ones(q_len, n, dtype=torch.bool)
+            out[i] = reference_attention(q[i], kk, vv, mask, softmax_scale)
+        return out.to(q.dtype)
+
+    mod.flash_attn_with_kvcache = flash_attn_with_kvcache
+    return mod

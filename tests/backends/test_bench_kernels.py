@@ -1,0 +1,161 @@
+"""attnlab.bench.kernels' pure parts on CPU: backend specs with options, layouts per capability, kernel tags,
+ratios and the table (the timing itself is GPU-only)."""
+
+import pytest
+
+from attnlab.bench.kernels import Cell, add_ratios, kernel_tag, layout_page_size, markdown, parse_spec, shapes
+
+
+def test_parse_spec():
+    assert parse_spec("triton") == ("triton", {})
+    assert parse_spec("flashinfer/verify_backend=auto/prefill_min_q_len=64") == (
+        "flashinfer", {"verify_backend": "auto", "prefill_min_q_len": 64})
+    assert parse_spec("triton/num_splits=16") == ("triton", {"num_splits": 16})
+    assert parse_spec("hybrid/short=flashinfer/long=triton/threshold=1024/short.verify_backend=auto") == (
+        "hybrid", {"short": "flashinfer", "long": "triton", "threshold": 1024,
+                   "short_options": {"verify_backend": "auto"}})
+    assert parse_spec("flashinfer/decode_tensor_cores=false")[1] == {"decode_tensor_cores": False}
+    with pytest.raises(ValueError, match="not key=value"):
+        parse_spec("triton/num_splits")
+
+
+def test_layout_page_size():
+    assert layout_page_size("any", 16, 4096) == 16
+    assert layout_page_size("contiguous", 16, 4096) == 4096  # fa3_fwd: one page per request
+    assert layout_page_size("multiple:256", 16, 4096) == 256 and layout_page_size("multiple:256", 512, 4096) == 512
+    assert layout_page_size("contiguous and multiple:256", 16, 4096) is None
+
+
+def test_kernel_tags():
+    assert kernel_tag({"decode": "fa2", "verify": "fa2", "prefill": "fa3"}, "prefill") == "fa3"
+    assert kernel_tag({"decode": "decode BLOCK_M=16 BLOCK_N=128 splits=32 warps=4 stages=3"}, "decode") == "splits 32"
+    assert kernel_tag({"all": "fa3_fwd (fa3_fwd_interface 0.0.3) graphs"}, "verify") == "fa3_fwd"
+    hybrid = {"short": "flashinfer", "long": "triton", "threshold": "1024", "routed_short": "0", "routed_long": "16",
+              "long.verify": "extend BLOCK_M=32 BLOCK_N=64 splits=4 warps=4 stages=3"}
+    assert kernel_tag(hybrid, "verify") == "triton:splits 4"
+
+
+def test_shapes_cover_the_grid_and_cap_prefill():
+    grid = list(shapes(["decode", "verify", "prefill"], ["smollm2"], [1, 16, 64], [512, 4096, 16384], [4]))
+    assert ("decode", "smollm2", 64, 16384, 1) in grid and ("verify", "smollm2", 1, 512, 5) in grid
+    prefill = {(b, c) for p, _, b, c, _ in grid if p == "prefill"}
+    assert prefill == {(1, 512), (1, 4096), (1, 16384), (16, 512), (16, 4096), (64, 512)}  # batch x ctx <= 64k
+
+
+def test_ratios_and_table():
+    cells = [Cell("decode", "smollm2", 1, 4096, 1, "triton", ms=0.004, spread_pct=3.0, kv_gb_s=800, frac_copy=0.2,
+                  tflops=1.0, kernel="splits 32", extra={"cuda_graph": True}),
+             Cell("decode", "smollm2", 1, 4096, 1, "flashinfer", ms=0.008, spread_pct=1.0, kv_gb_s=400,
+                  frac_copy=0.1, tflops=0.5, kernel="cuda-core", extra={"cuda_graph": True}),
+             Cell("decode", "smollm2", 1, 4096, 1, "fa", status="unsupported: page_size 16 (supported: ...)")]
+    add_ratios(cells, "triton")
+    assert cells[0].ratio == 1.0 and cells[1].ratio == 2.0 and cells[2].ratio is None
+    md = markdown(cells, ["triton", "flashinfer", "fa"], "triton", 4000.0, 3)
+    row = md.splitlines()[2]
+    assert "0.004 ms ±3% · 1.00x · 20% · splits 32" in row and "0.008 ms ±1% · 2.00x · 10% · cuda-core" in row
+    assert "unsupported: page_size 16" in row and "ratio to triton" in md
+
+
+def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
+    """run_shape end to end with CPU stand-ins (timing faked): every backend gets its layout's pool, graph-mode
+    backends are built as the engine builds them, kernel tags and derived figures are filled in."""
+    import argparse
+
+    import torch
+
+    from attnlab.backends.cases import random_paged_case
+    from attnlab.backends.registry import get_backend_class
+    from attnlab.bench import kernels
+    from attnlab.bench.kernels import run_shape
+
+    use_flavor("fa3_fwd")
+    built = []
+
+    def cpu_build(model, batch, context, q_len, page_size, dtype, seed=0):
+        hq, hkv, d = kernels.HEADS[model]
+        built.append(page_size)
+        pool, meta, q = random_paged_case(kv_lens=[context] * batch, q_lens=[q_len] * batch, page_size=page_size,
+                                          num_q_heads=hq, num_kv_heads=hkv, head_dim=d, dtype=dtype, spare_pages=0)
+        return pool, meta, q, 1
+
+    class FakeTimer:
+        def __init__(self, be, q, num_layers, graphable, reps, iters):
+            self.out = be.run(q, 0)
+            assert torch.isfinite(self.out.float()).all()
+            self.graph, self.graph_error, self.reps, self.iters = (object() if graphable else None), None, reps, iters
+            self.graphable_cuda = getattr(be, "cuda_graph", False)
+
+        def measure(self):
+            return 0.5
+
+    monkeypatch.setattr(kernels, "build", cpu_build)
+    monkeypatch.setattr(kernels, "Timer", FakeTimer)
+    specs = ["torch", "triton", "flashinfer/workspace_bytes=65536", "fa", "hybrid/short=torch/long=triton/threshold=8",
+             "triton/num_splits=7"]
+    classes = {s: get_backend_class(*parse_spec(s)) for s in specs}  # load_backends would ask for CUDA
+    args = argparse.Namespace(page_size=16, reps=5, iters=10, repeats=2, copy_gb_s=1000.0)
+    cells = run_shape(classes, "verify", "smollm2", 2, 40, 5, args, torch.bfloat16)
+    by = {c.backend: c for c in cells}
+    assert all(c.status == "ok" for c in cells), [(c.backend, c.status) for c in cells]
+    assert sorted(set(built)) == [16, 40]  # the shared paged pool, and fa3_fwd's contiguous one
+    assert by["fa"].page_size == 40 and by["triton"].page_size == 16
+    assert by["flashinfer/workspace_bytes=65536"].kernel == "fa2" and by["fa"].kernel == "fa3_fwd"
+    assert by["triton/num_splits=7"].kernel == "splits 7" and by["hybrid/short=torch/long=triton/threshold=8"].kernel \
+        == "triton:splits 1"
+    assert by["triton"].extra["cuda_graph"] and not by["torch"].extra["cuda_graph"]
+    assert by["triton"].samples_ms == [0.5, 0.5] and by["triton"].ms == 0.5 and by["triton"].spread_pct == 0
+    assert by["triton"].kv_gb_s > 0 and by["triton"].tflops > 0
+    # a backend that fails on a shape is an error cell and the others go on (fa3_fwd has no fp16)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    cells = run_shape({"fa": classes["fa"], "triton": classes["triton"]}, "verify", "smollm2", 1, 40, 5,
+                      argparse.Namespace(page_size=16, reps=5, iters=10, repeats=1, copy_gb_s=1000.0), torch.float16)
+    assert cells[0].status.startswith("error: ConfigError: fa (fa3_fwd") and cells[1].status == "ok"
+
+
+def test_floors_script_on_fake_results(tmp_path):
+    """experiments/fair-backends/floors.py turns a bench JSON and sweep folders into the floors table."""
+    import importlib.util
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).parents[2] / "experiments" / "fair-backends" / "floors.py"
+    spec = importlib.util.spec_from_file_location("floors", path)
+    floors = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floors)
+
+    def c(phase, model, backend, ms, batch=1, kernel=""):
+        q = 1 if phase == "decode" else 5
+        return asdict(Cell(phase, model, batch, 4096, q, backend, ms=ms, kernel=kernel))
+
+    bench = [c("decode", "smollm2", "flashinfer", 0.008), c("verify", "smollm2", "flashinfer", 0.009, kernel="fa2"),
+             c("decode", "smollm2", "flashinfer/verify_backend=auto", 0.008),
+             c("verify", "smollm2", "flashinfer/verify_backend=auto", 0.060),
+             c("decode", "smollm2", "triton", 0.004, kernel="splits 32"),
+             c("decode", "smollm2", "triton/num_splits=16", 0.007, kernel="splits 16")]
+    (tmp_path / "k.json").write_text(json.dumps({"info": {}, "cells": bench}))
+
+    def job(root, i, verify, graphs, batch, tok_s, lats):
+        d = root / str(i)
+        (d / ".hydra").mkdir(parents=True)
+        (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
+            {"verify": {"name": verify}, "engine": {"cuda_graph": graphs}, "workload": {"batch_size": batch}}))
+        (d / "metrics.json").write_text(json.dumps({"output_tokens_per_s": tok_s, "tpot_ms_p50": 2.0, "verify_ms": 1.5,
+                                                    "attn_kernels_target": {"verify": "fa2"}}))
+        (d / "requests.jsonl").write_text("".join(json.dumps({"prompt_tokens": n, "latency_ms": t}) + "\n"
+                                                  for n, t in lats))
+
+    job(tmp_path / "fa", 0, "triton", True, 1, 660.0, [])
+    job(tmp_path / "fa", 1, "fa", True, 1, 600.0, [])
+    job(tmp_path / "fa", 2, "fa", False, 1, 100.0, [])
+    job(tmp_path / "hy", 0, "hybrid", True, 1, 500.0, [(200, 90.0), (4000, 150.0), (200, 110.0)])
+    out = tmp_path / "floors.md"
+    assert floors.main(["--kernels", str(tmp_path / "k.json"), "--e2e", str(tmp_path / "fa"), "--hybrid",
+                        str(tmp_path / "hy"), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| FlashInfer verify / own decode <= 1.3x | smollm2 b1 ctx4096 | 7.50x" in text and "1.12x" in text
+    assert "1.75x faster | pass" in text and "n/a" in text  # llama8b cells missing: n/a, not a crash
+    assert "| batch 1, triton 660 tok/s | 6.60x (100 tok/s eager) | 1.10x (600 tok/s) | pass |" in text
+    assert "| hybrid | 1 | 500.0 | 2.0 | 1.5 | 100.0 | 150.0 | verify=fa2 |" in text
