@@ -26,6 +26,9 @@ def one_line(exc: BaseException) -> str:
         if m:
             return (f"{m.group(1).replace('/', '.')}={m.group(2)}: unknown option "
                     f"(choose from: {', '.join(sorted(exc.options))})")
+    unknown = _unknown_key(exc)
+    if unknown:
+        return unknown
     parts = []
     e: BaseException | None = exc
     while e is not None and len(parts) < 3:
@@ -39,6 +42,19 @@ def one_line(exc: BaseException) -> str:
         e = e.__cause__
     text = ": ".join(parts) or type(exc).__name__
     return text.replace("\n", " ")
+
+
+def _unknown_key(exc: BaseException) -> str | None:
+    """Hydra's "Could not override 'kv.pagesize'. To append to your config use +kv.pagesize=4" suggests the
+    ``+`` that would make the typo silently accepted: say it is an unknown key and suggest the right one."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    m = re.match(r"Could not override '([^']+)'", str(exc))
+    if m and isinstance(exc.__cause__, (ConfigKeyError, ConfigAttributeError)) and "not in" in str(exc.__cause__):
+        from attnlab.keys import suggest
+
+        return f"{m.group(1)}: unknown key{suggest(m.group(1))}"
+    return None
 
 
 def _is_user_error(exc: BaseException) -> bool:

@@ -15,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from attnlab import preflight
 from attnlab.config import check_backend, to_container, validate
 from attnlab.errors import AttnlabError, ConfigError
 from attnlab.metrics.env import env_info
@@ -132,6 +133,8 @@ class SpecJob:
             self.prompts = synthetic_prompts(list(w.lengths), w.num_prompts, self.mcfg.vocab_size, cfg.seed,
                                              {t for t in special if t is not None})
         tokenize_prompts(self.prompts, self.tokenizer, w.chat_template)
+        if len(self.prompts) < w.num_prompts:  # the source had fewer usable rows (logged): metrics say so
+            self.metrics["num_prompts_requested"] = w.num_prompts
         longest = max(len(p.token_ids) for p in self.prompts)
         if cfg.warmup.plan in ("jit", "full"):
             longest = max(longest, *cfg.warmup.lengths)
@@ -141,13 +144,15 @@ class SpecJob:
             raise ConfigError(f"kv.max_context={self.max_context}: the longest prompt ({longest} tokens) + "
                               f"max_new_tokens + k + 1 needs {need} (raise it or leave it null = auto)")
         self.mcfg.check_context(self.max_context)  # a sliding window shorter than the run: refuse
-        if self.max_context > self.mcfg.max_position_embeddings:
-            log.warning("max context %d > the model's max_position_embeddings %d", self.max_context,
-                        self.mcfg.max_position_embeddings)
+        self.metrics.update(preflight.context_limit(cfg, need, self.mcfg, self.dcfg))
         self.page_size = self.max_context if cfg.kv.layout == "contiguous" else cfg.kv.page_size
+        if (page := preflight.page_size(cfg, self.page_size, self.max_context)) != self.page_size:
+            self.metrics["page_size_requested"], self.page_size = self.page_size, page
         draft_hd = {"self": self.mcfg.head_dim, "model": self.dcfg.head_dim if self.dcfg else None}
         check_sides(cfg, self.r, max_context=self.max_context, page_size=self.page_size,
                     target_head_dim=self.mcfg.head_dim, draft_head_dim=draft_hd.get(cfg.draft.kind))
+        self.pools = preflight.kv_pools(cfg, self.r, self.mcfg, self.dcfg, self.page_size, self.max_context)
+        preflight.check_memory(cfg, self.pools, self.device)  # before any weights are read
         self.eos_ids = set(self.mcfg.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             self.eos_ids.add(int(self.tokenizer.eos_token_id))

@@ -15,8 +15,7 @@ TINY = ["model=tiny-llama", "device=cpu", "logger=none", "workload.num_prompts=2
 
 def run_cli(args: list[str], cwd: Path, timeout: int = 240, module: str = "attnlab",
             env: dict | None = None) -> subprocess.CompletedProcess:
-    e = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    e.update({"WANDB_SILENT": "true", "TOKENIZERS_PARALLELISM": "false"}, **(env or {}))
+    e = _env(env)
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=e, check=False)
 
@@ -27,3 +26,10 @@ def read_json(path: Path):
 
 def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
     return [ln for ln in proc.stderr.splitlines() if ln.strip()]
+
+
+def _env(env: dict | None = None) -> dict:
+    """The child's environment: ours plus ``env``; a value of None removes that variable."""
+    e = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    e.update({"WANDB_SILENT": "true", "TOKENIZERS_PARALLELISM": "false"}, **(env or {}))
+    return {k: v for k, v in e.items() if v is not None}

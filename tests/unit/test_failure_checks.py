@@ -1,0 +1,87 @@
+"""The pure parts of issue 15's checks: unknown-key detection and suggestions, KV pool bytes against free
+memory, the page-size clamp."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from attnlab.cli import CONF_DIR
+from attnlab.errors import ConfigError
+from attnlab.keys import check_keys, suggest, unknown_keys
+from attnlab.kvcache import budget
+from attnlab.kvcache.pool import KVPool
+
+
+def compose(overrides):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+GROUPS = ("model", "draft", "backend", "verify", "precision", "kv", "warmup", "spec", "workload", "logger",
+          "parity", "experiment")
+
+
+@pytest.mark.parametrize("key,hint", [
+    ("kv.pagesize", "did you mean kv.page_size?"),
+    ("kvv.page_size", "did you mean kv.page_size?"),
+    ("page_size", "did you mean kv.page_size?"),  # the right name in the wrong place
+    ("spec.k", "did you mean spec.num_draft_tokens?"),  # not topk: the paper's name for k
+    ("workload.feild", "did you mean workload.field?"),
+    ("kv.zzz", "valid keys of kv: layout, page_size"),
+])
+def test_suggest_names_the_closest_valid_key(key, hint):
+    assert hint in suggest(key)
+
+
+def test_unknown_keys_are_found_where_plus_put_them():
+    cfg = compose(["model=tiny-llama", "+kv.pagesize=4", "+foo=1", "+verify.options.x=1",
+                   "+model.overrides.num_layers=1", "+draft.overrides.anything=2"])
+    assert sorted(unknown_keys(cfg)) == ["foo", "kv.pagesize", "verify.options.x"]  # overrides are free-form
+    with pytest.raises(ConfigError, match=r"unknown key.*\(and 2 more: "):
+        check_keys(cfg)
+
+
+@pytest.mark.parametrize("group,option", [(g, p.stem) for g in GROUPS for p in sorted((CONF_DIR / g).glob("*.yaml"))])
+def test_every_shipped_config_has_only_known_keys(group, option):
+    assert unknown_keys(compose([f"{group}={option}"])) == []
+
+
+def test_hydra_typo_error_suggests_the_key_not_the_plus():
+    from attnlab.cli import one_line
+
+    with pytest.raises(Exception) as e:
+        compose(["kv.pagesize=4"])
+    assert one_line(e.value) == "kv.pagesize: unknown key (did you mean kv.page_size?)"
+
+
+def test_pool_bytes_is_the_pool_tensor_size():
+    pool = KVPool(3, 5, 4, 2, 8, torch.bfloat16, "cpu")
+    assert budget.pool_bytes(3, 5, 4, 2, 8, torch.bfloat16) == pool.kv.numel() * pool.kv.element_size()
+
+
+def test_a_pool_larger_than_free_memory_is_refused_before_allocation(monkeypatch):
+    monkeypatch.setattr(budget, "free_bytes", lambda device: 10 * 2**30)
+    with pytest.raises(ConfigError, match=r"would take 1\.5 TiB, but only 10\.0 GiB is free on cpu"):
+        KVPool(2, 100_000_000, 16, 2, 32, torch.float32, "cpu")  # 1.5 TiB: torch.zeros never runs
+
+
+def test_free_bytes_on_cpu_is_positive():
+    free = budget.free_bytes("cpu")
+    assert free is None or free > 0
+
+
+def test_page_size_is_clamped_to_the_max_context_at_the_backends_step(monkeypatch):
+    from attnlab import preflight
+
+    cfg = OmegaConf.create({"verify": {"name": "fa"}, "backend": {"name": "torch"}, "draft": {"kind": "ngram"}})
+    monkeypatch.setattr(preflight, "_granule", lambda b: 256 if b == "fa" else 1)  # FA2: pages of 256·n
+    assert preflight.page_size(cfg, 1024, 300) == 512
+    assert preflight.page_size(cfg, 256, 300) == 256  # not larger than needed: kept
+    monkeypatch.setattr(preflight, "_granule", lambda b: 1)
+    assert preflight.page_size(cfg, 100_000_000, 300) == 300
+    assert preflight.page_size(cfg, 16, 300) == 16
