@@ -1,7 +1,9 @@
 """One job: validate -> tokenize -> build sides -> warmup -> speculative run -> parity passes -> outputs.
 
 ``run_job`` is the Hydra task function. In a sweep (``-m``) a failing job records status "failed" and
-returns normally so the other jobs run; in a single run the error propagates (the CLI prints it).
+returns normally so the other jobs run; in a single run the error propagates (the CLI prints it). An
+interrupt (Ctrl-C, SIGTERM) records status "interrupted" with the requests finished so far and propagates
+in both (attnlab/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from omegaconf import DictConfig
 from attnlab import preflight
 from attnlab.config import check_backend, to_container, validate
 from attnlab.errors import AttnlabError, ConfigError
+from attnlab.lifecycle import Progress, record_interrupt
 from attnlab.metrics.env import env_info
 from attnlab.metrics.outputs import StatusFile, write_json
 from attnlab.parity_pass import run_parity
@@ -33,7 +36,7 @@ def run_job(cfg: DictConfig) -> dict | None:
     run_dir.mkdir(parents=True, exist_ok=True)
     status = StatusFile(run_dir)
     sweep = hc.mode == RunMode.MULTIRUN
-    logger = None
+    logger = job = None
     try:
         assign_gpu()
         write_json(run_dir / "env.json", env_info())
@@ -52,6 +55,9 @@ def run_job(cfg: DictConfig) -> dict | None:
         log.info("run folder: %s", run_dir)
         return metrics
     except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C or SIGTERM: keep what finished, then stop (also a sweep)
+            record_interrupt(e, run_dir, status, job, logger)
+            raise
         user = isinstance(e, AttnlabError)
         msg = str(e).splitlines()[0] if user and str(e) else f"{type(e).__name__}: {e}"
         status.finish("failed", error=msg, error_type=type(e).__name__)
@@ -110,6 +116,7 @@ class SpecJob:
         self.k = resolved["k"]
         self.metrics: dict = {}
         self.runners: dict = {}
+        self.progress = Progress()  # the workload's finished batches, kept if the run is interrupted
 
     # -- before weights ----------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -190,8 +197,10 @@ class SpecJob:
                                       share_weights_with=share, graphs=not tag)
         return target, make_drafter(kind, draft_runner=draft_runner, ngram_n=cfg.draft.ngram_n, device=target.device)
 
-    def decode(self, target, drafter, prompts, *, k: int | None = None, record_logits=False, desc="workload"):
-        """Run ``prompts`` in batches of workload.batch_size; one merged GenerateOutput."""
+    def decode(self, target, drafter, prompts, *, k: int | None = None, record_logits=False, desc="workload",
+               track=False):
+        """Run ``prompts`` in batches of workload.batch_size; one merged GenerateOutput. ``track``: add each
+        finished batch to ``self.progress`` (the workload pass, whose requests an interrupt keeps)."""
         from tqdm.auto import tqdm
 
         from attnlab.metrics.perf import merge_outputs
@@ -207,6 +216,8 @@ class SpecJob:
                 batch = [p.token_ids for p in prompts[i:i + w.batch_size]]
                 outs.append(dec.generate(batch, w.max_new_tokens, self.eos_ids, record_logits=record_logits,
                                          progress=bar.update))
+                if track:
+                    self.progress.add(prompts[i:i + w.batch_size], outs[-1], planned=len(prompts))
         return merge_outputs(outs)
 
     # -- the run ------------------------------------------------------------------------------------------
@@ -223,7 +234,7 @@ class SpecJob:
         self.runners = {"target": target, "draft": drafter.runner}
         self.warmup(target, drafter)
         record = par.enabled and par.logits
-        out = self.decode(target, drafter, self.prompts, record_logits=record)
+        out = self.decode(target, drafter, self.prompts, record_logits=record, track=True)
         # First-request latency after this run's warmup plan (cold) vs the same batch once everything is
         # compiled and captured (warm): the gap is what the plan failed to take out of the first request.
         cold = out.requests[0].latency_ms

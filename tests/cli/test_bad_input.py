@@ -1,15 +1,17 @@
 """Failure behaviour, as a user meets it (python -m attnlab in a subprocess): bad input ends with exit code 2 and
 exactly one line on stderr naming the field and the allowed values, no traceback; degenerate values that can
-run are said on the log and recorded in metrics.json."""
+run are said on the log and recorded in metrics.json; SIGINT / SIGTERM end a run as `interrupted` with the
+requests finished so far; a sweep with failed jobs exits 3; a run folder is never mixed with an older run."""
 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
 
-from tests.cli.helpers import TINY, read_json, run_cli, stderr_lines
+from tests.cli.helpers import TINY, interrupt_cli, read_json, run_cli, stderr_lines
 
 CASES = {
     "unknown backend": (["backend=foo"], ["backend=foo", "torch", "triton", "flashinfer", "fa"]),
@@ -187,7 +189,7 @@ def test_chat_template_failure_is_a_config_error():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# typos with +, degenerate values that run
+# typos with +, re-used folders, degenerate values that run
 
 
 def test_plus_key_typo_is_refused_with_a_suggestion(tmp_path):
@@ -195,6 +197,16 @@ def test_plus_key_typo_is_refused_with_a_suggestion(tmp_path):
     proc = _run(tmp_path, "+kv.pagesize=4")
     _assert_one_line_exit_2(proc, ["kv.pagesize: unknown key", "did you mean kv.page_size?"])
     assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_run_folder_in_use_is_refused_untouched(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "status.json").write_text('{"status": "complete"}')
+    (run / "metrics.json").write_text('{"output_tokens_per_s": 1.0}')
+    _assert_one_line_exit_2(_run(tmp_path), ["hydra.run.dir=", "not empty", "status 'complete'", "deletes nothing"])
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.json", "status.json"]  # no .hydra/, no log
+    assert read_json(run / "metrics.json") == {"output_tokens_per_s": 1.0}
 
 
 def test_degenerate_values_that_run_are_said_and_recorded(tmp_path):
@@ -213,3 +225,99 @@ def test_degenerate_values_that_run_are_said_and_recorded(tmp_path):
     assert m["num_requests"] == 2 and m["num_prompts_requested"] == 4
     assert m["page_size_requested"] == 100000000 and m["page_size"] == m["max_context"] < 100
     assert m["past_model_context"] is True and m["model_max_position_embeddings"] == 16
+
+
+# ---------------------------------------------------------------------------------------------------------
+# interrupts
+
+LONG = ["workload=synthetic", "workload.lengths=[16]", "workload.num_prompts=40", "workload.batch_size=1",
+        "workload.max_new_tokens=32", "parity=off"]
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_interrupt_keeps_finished_requests(sig, code, tmp_path):
+    """SIGTERM (timeout, Slurm, docker stop) and Ctrl-C after the first batch: status interrupted, the finished
+    requests in requests.jsonl, partial metrics, one line, exit 128 + signal."""
+    run = tmp_path / "run"
+    rc, out, err, seen = interrupt_cli([*TINY, *LONG, f"hydra.run.dir={run}"], tmp_path, sig,
+                                       after="1 of 40 requests finished")
+    assert seen, out[-2000:] + err[-2000:]
+    assert rc == code, err[-3000:]
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    name = "SIGTERM" if sig == signal.SIGTERM else "SIGINT"
+    assert lines[0].startswith(f"attnlab: interrupted by {name}: ") and "of 40 requests finished" in lines[0]
+    status = read_json(run / "status.json")
+    assert status["status"] == "interrupted" and name in status["error"]
+    rows = [json.loads(ln) for ln in (run / "requests.jsonl").read_text().splitlines()]
+    assert 1 <= len(rows) < 40 and status["requests_completed"] == len(rows)
+    assert all(r["output_tokens"] == 32 for r in rows)  # finished requests only, each whole
+    m = read_json(run / "metrics.json")
+    assert m["partial"] is True and m["interrupted_by"] == name and m["num_requests"] == len(rows)
+    assert m["requests_planned"] == 40 and m["output_tokens_per_s"] > 0
+
+
+def test_interrupted_sweep_prints_its_summary(tmp_path):
+    sweep = tmp_path / "sweep"
+    rc, out, err, seen = interrupt_cli(["-m", *TINY, *LONG, "workload.num_prompts=2,40,2",
+                                        f"hydra.sweep.dir={sweep}"], tmp_path, signal.SIGINT,
+                                       after="1 of 40 requests finished")
+    assert seen and rc == 130, err[-3000:]
+    assert "attnlab sweep: interrupted by SIGINT after 2 of 3 jobs: 1 complete, 0 failed, 1 interrupted, " \
+           "1 not started" in out, out[-2000:]
+    assert len([ln for ln in err.splitlines() if ln.strip()]) == 1 and "Traceback" not in err
+    assert read_json(sweep / "0" / "status.json")["status"] == "complete"
+    assert read_json(sweep / "1" / "status.json")["status"] == "interrupted"
+    assert not (sweep / "2").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sweeps, dry-run, help
+
+
+def test_sweep_with_a_failed_job_exits_3(tmp_path):
+    """One job passes, one fails: exit 3 (not 0), the passing job's files intact, the report lists both."""
+    from attnlab.report import report
+
+    sweep = tmp_path / "sweep"
+    proc = run_cli(["-m", *TINY, "parity=off", "verify=torch,flashinfer", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    lines = stderr_lines(proc)
+    assert lines == [("attnlab: sweep: 1 of 2 jobs failed (each job's status.json says why; the summary line is "
+                      "above)")], proc.stderr[-3000:]
+    assert "attnlab sweep: 2 jobs, 1 complete, 1 failed (1: verify=flashinfer" in proc.stdout
+    assert read_json(sweep / "0" / "status.json")["status"] == "complete"
+    assert len((sweep / "0" / "requests.jsonl").read_text().splitlines()) == 2
+    assert read_json(sweep / "0" / "metrics.json")["output_tokens_per_s"] > 0
+    assert read_json(sweep / "1" / "status.json")["status"] == "failed"
+    table = [ln for ln in report(sweep, plots=False).splitlines() if ln.startswith("| ")]
+    assert len(table) == 1 + 2 and "complete" in table[1] and "failed: verify=flashinfer" in table[2]
+
+
+def test_dry_run_prints_the_resolved_plan(tmp_path):
+    proc = _run(tmp_path, "dry_run=true", "draft=self", "draft.layers=1", "kv.page_size=100000")
+    assert proc.returncode == 0 and stderr_lines(proc) == [], proc.stderr[-3000:]
+    out = proc.stdout
+    assert "attnlab dry run: valid" in out
+    for needle in ("device       cpu", "verify       torch: weights fp32, KV fp32", "backend      torch",
+                   "layers [0]", "(clamped from 100000)", "kv pools     target ", "draft ", "free on cpu",
+                   "cuda graphs  off", "parity       kernel, logits, tokens"):
+        assert needle in out, (needle, out)
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_dry_run_of_a_sweep_names_the_invalid_job(tmp_path):
+    proc = run_cli(["-m", *TINY, "dry_run=true", "verify=torch,flashinfer"], tmp_path)
+    line = _assert_one_line_exit_2(proc, ["job 1 (verify=flashinfer)", "device 'cpu'"])
+    assert "job 0" not in line and "attnlab dry run - job 0 (verify=torch): valid" in proc.stdout
+    assert "attnlab dry run: 2 jobs, 1 valid, 1 invalid" in proc.stdout
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_help_describes_attnlab(tmp_path):
+    proc = run_cli(["--help"], tmp_path, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == ""
+    for needle in ("speculative decoding", "Examples:", "dry_run=true", "docs/usage.md", "python -m attnlab.report",
+                   "verify: fa, flashinfer, torch, triton", "Exit codes"):
+        assert needle in proc.stdout, needle
+    assert "Powered by Hydra" not in proc.stdout

@@ -1,26 +1,20 @@
 """The pure parts of issue 15's checks: unknown-key detection and suggestions, KV pool bytes against free
-memory, the page-size clamp."""
+memory, the page-size clamp, the sweep summary."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from attnlab.cli import CONF_DIR
+from attnlab.compose import CONF_DIR, compose
 from attnlab.errors import ConfigError
 from attnlab.keys import check_keys, suggest, unknown_keys
 from attnlab.kvcache import budget
 from attnlab.kvcache.pool import KVPool
-
-
-def compose(overrides):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides))
-
 
 GROUPS = ("model", "draft", "backend", "verify", "precision", "kv", "warmup", "spec", "workload", "logger",
           "parity", "experiment")
@@ -85,3 +79,22 @@ def test_page_size_is_clamped_to_the_max_context_at_the_backends_step(monkeypatc
     monkeypatch.setattr(preflight, "_granule", lambda b: 1)
     assert preflight.page_size(cfg, 100_000_000, 300) == 300
     assert preflight.page_size(cfg, 16, 300) == 16
+
+
+def _job(folder: Path, name: str, status: str, error: str | None = None):
+    (folder / name).mkdir(parents=True)
+    (folder / name / "status.json").write_text(json.dumps({"status": status, "error": error}))
+
+
+def test_sweep_summary_counts_and_interrupted_wording(tmp_path):
+    from attnlab.sweep import count_jobs, summary_line
+
+    _job(tmp_path, "0", "complete")
+    _job(tmp_path, "1", "failed", "verify=fa runs on CUDA GPUs only")
+    _job(tmp_path, "2", "running")
+    line, done, failed = summary_line(tmp_path)  # a finished sweep: a job left "running" crashed
+    assert (done, failed) == (1, 2) and line.startswith("attnlab sweep: 3 jobs, 1 complete, 2 failed (1: verify=fa")
+    line, done, failed = summary_line(tmp_path, planned=5, interrupted="SIGTERM")
+    assert line.startswith("attnlab sweep: interrupted by SIGTERM after 3 of 5 jobs: 1 complete, 1 failed, "
+                           "1 interrupted, 2 not started")
+    assert count_jobs(["verify=torch,triton", "kv.page_size=1,16,64", "device=cpu"]) == 6
