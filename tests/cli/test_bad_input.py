@@ -272,7 +272,7 @@ def test_interrupted_sweep_prints_its_summary(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# sweeps, dry-run, help
+# sweeps, dry-run, help, benchmarks
 
 
 def test_sweep_with_a_failed_job_exits_3(tmp_path):
@@ -321,3 +321,14 @@ def test_help_describes_attnlab(tmp_path):
                    "verify: fa, flashinfer, torch, triton", "Exit codes"):
         assert needle in proc.stdout, needle
     assert "Powered by Hydra" not in proc.stdout
+
+
+def test_bench_spec_skips_an_unsupported_cell(tmp_path):
+    proc = run_cli(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch,flashinfer", "--drafters",
+                    "ngram", "--dtype", "fp32", "--num-prompts", "1", "--new", "4", "--k", "2", "--skip-hf"],
+                   tmp_path, module="attnlab.bench.spec")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = stderr_lines(proc)
+    assert len(lines) == 1 and lines[0].startswith("skipped verify=flashinfer does not support"), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "| attnlab | ngram | - / torch |" in proc.stdout and "Skipped (cannot run here)" in proc.stdout
