@@ -258,6 +258,7 @@ class SpecJob:
         write_json(self.dir / "metrics.json", m)
         write_jsonl(self.dir / "requests.jsonl", rows)
         write_json(self.dir / "parity.json", parity)
+        self.progress.files_written = True  # an interrupt from here on keeps these files as they are
         logger.log_metrics(m)
         logger.log_requests(rows)
         logger.log_parity(parity)

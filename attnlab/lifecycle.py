@@ -10,6 +10,7 @@ the workload requests finished so far (``Progress``, filled batch by batch by ``
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
@@ -71,6 +72,7 @@ class Progress:
 
     prompts: list = field(default_factory=list)  # workload Prompts, in request order
     outputs: list = field(default_factory=list)  # one GenerateOutput per finished batch
+    files_written: bool = False  # the job wrote its full metrics.json / requests.jsonl (only logging was left)
 
     def add(self, prompts, out, planned: int | None = None) -> None:
         """One finished batch; logs the count (a progress line where no progress bar shows: Slurm logs)."""
@@ -102,18 +104,23 @@ def record_interrupt(exc: BaseException, run_dir: Path, status, job=None, logger
     planned = len(job.prompts) if job is not None and hasattr(job, "prompts") else None
     done = progress.num_requests if progress is not None else 0
     with signals_ignored():
-        rows, metrics = [], {}
-        if done:
-            out = merge_outputs(progress.outputs)
-            metrics.update(summarize(out, getattr(job, "page_size", None)))
-            rows = request_rows(progress.prompts, out.requests, job.decode_text)
-        metrics.update(getattr(job, "metrics", None) or {})
-        metrics.update(partial=True, interrupted_by=sig, requests_completed=done, requests_planned=planned)
-        write_jsonl(Path(run_dir) / "requests.jsonl", rows)
-        write_json(Path(run_dir) / "metrics.json", metrics)
         of = f" of {planned}" if planned is not None else ""
-        msg = (f"interrupted by {sig}: {done}{of} requests finished, kept in {Path(run_dir) / 'requests.jsonl'} "
-               f"(metrics.json partial; status.json: interrupted)")
+        if progress is not None and progress.files_written:  # measured and written; only logging was cut
+            metrics = json.loads((Path(run_dir) / "metrics.json").read_text())
+            msg = (f"interrupted by {sig} after the run's files were written ({done}{of} requests in "
+                   f"{Path(run_dir) / 'requests.jsonl'}; status.json: interrupted)")
+        else:
+            rows, metrics = [], {}
+            if done:
+                out = merge_outputs(progress.outputs)
+                metrics.update(summarize(out, getattr(job, "page_size", None)))
+                rows = request_rows(progress.prompts, out.requests, job.decode_text)
+            metrics.update(getattr(job, "metrics", None) or {})
+            metrics.update(partial=True, interrupted_by=sig, requests_completed=done, requests_planned=planned)
+            write_jsonl(Path(run_dir) / "requests.jsonl", rows)
+            write_json(Path(run_dir) / "metrics.json", metrics)
+            msg = (f"interrupted by {sig}: {done}{of} requests finished, kept in {Path(run_dir) / 'requests.jsonl'} "
+                   f"(metrics.json partial; status.json: interrupted)")
         status.update(requests_completed=done, requests_planned=planned)
         status.finish("interrupted", error=f"by {sig}; {done}{of} requests finished", error_type=type(exc).__name__)
         if logger is not None:

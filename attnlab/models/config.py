@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +53,7 @@ class ModelConfig:
     def __post_init__(self):
         for name in POSITIVE_FIELDS:
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not _positive_int(value):
                 raise ModelLoadError(f"model config {name}={value!r}: must be an integer >= 1")
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
@@ -139,6 +140,10 @@ class ModelConfig:
         )
 
 
+def _positive_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
+
+
 def check_overrides(prefix: str, overrides) -> None:
     """``model.overrides`` / ``draft.overrides``: ModelConfig field names, positive shape values (before any
     model config is read, so a typo or a 0 fails at config time with the field named)."""
@@ -150,5 +155,5 @@ def check_overrides(prefix: str, overrides) -> None:
             close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
             hint = f"did you mean {prefix}.{close[0]}?" if close else f"fields: {', '.join(names)}"
             raise ConfigError(f"{prefix}.{key}: unknown model config field ({hint})")
-        if key in POSITIVE_FIELDS and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        if key in POSITIVE_FIELDS and not _positive_int(value):
             raise ConfigError(f"{prefix}.{key}={value!r}: must be an integer >= 1")

@@ -98,3 +98,70 @@ def test_sweep_summary_counts_and_interrupted_wording(tmp_path):
     assert line.startswith("attnlab sweep: interrupted by SIGTERM after 3 of 5 jobs: 1 complete, 1 failed, "
                            "1 interrupted, 2 not started")
     assert count_jobs(["verify=torch,triton", "kv.page_size=1,16,64", "device=cpu"]) == 6
+
+
+class _Job:
+    """What record_interrupt reads of a SpecJob."""
+
+    def __init__(self, n_prompts: int):
+        from attnlab.lifecycle import Progress
+        from attnlab.workloads import Prompt
+
+        self.prompts = [Prompt(f"p{i}", "test", f"prompt {i}", token_ids=[1, 2, 3]) for i in range(n_prompts)]
+        self.progress, self.page_size, self.metrics = Progress(), 4, {"warmup_jit_s": 0.5}
+
+    def decode_text(self, ids):
+        return " ".join(map(str, ids))
+
+    def finish_batch(self, i: int):
+        from attnlab.spec.records import GenerateOutput, IterRecord, RequestOutput
+
+        req = RequestOutput([1, 2, 3], [7, 8, 9], [2, 1], "length", 1.0, 3.0, [1.0, 2.0, 3.0])
+        it = IterRecord(1, 2, [2], 0.1, 0.2, 0.0, 0.0, 0.3)
+        self.progress.add(self.prompts[i:i + 1], GenerateOutput([req], [it, it], 0.1, 0.5, 2), planned=3)
+
+
+@pytest.mark.parametrize("exc,name", [("KeyboardInterrupt", "SIGINT"), ("Terminated", "SIGTERM")])
+def test_record_interrupt_keeps_the_finished_batches(tmp_path, exc, name):
+    from attnlab import lifecycle
+    from attnlab.metrics.outputs import StatusFile
+
+    job = _Job(3)
+    job.finish_batch(0)
+    error = lifecycle.Terminated() if exc == "Terminated" else KeyboardInterrupt()
+    msg = lifecycle.record_interrupt(error, tmp_path, StatusFile(tmp_path), job)
+    assert msg.startswith(f"interrupted by {name}: 1 of 3 requests finished")
+    assert lifecycle.exit_code(error) == (143 if name == "SIGTERM" else 130)
+    rows = [json.loads(ln) for ln in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["p0"] and rows[0]["output_token_ids"] == [7, 8, 9]
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["partial"] is True and m["interrupted_by"] == name and m["num_requests"] == 1
+    assert m["requests_completed"] == 1 and m["requests_planned"] == 3 and m["warmup_jit_s"] == 0.5
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["status"] == "interrupted" and status["error"] == f"by {name}; 1 of 3 requests finished"
+
+
+def test_record_interrupt_after_the_files_were_written_keeps_them(tmp_path):
+    from attnlab import lifecycle
+    from attnlab.metrics.outputs import StatusFile
+
+    job = _Job(1)
+    job.finish_batch(0)
+    (tmp_path / "metrics.json").write_text('{"output_tokens_per_s": 5.0, "parity_token_match": 1.0}')
+    (tmp_path / "requests.jsonl").write_text('{"id": "p0", "first_divergence_vs_target_only": null}\n')
+    job.progress.files_written = True
+    lifecycle.record_interrupt(KeyboardInterrupt(), tmp_path, StatusFile(tmp_path), job)
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"output_tokens_per_s": 5.0,
+                                                                   "parity_token_match": 1.0}
+    assert "first_divergence" in (tmp_path / "requests.jsonl").read_text()
+    assert json.loads((tmp_path / "status.json").read_text())["status"] == "interrupted"
+
+
+def test_a_run_without_a_job_records_the_interrupt(tmp_path):
+    from attnlab import lifecycle
+    from attnlab.metrics.outputs import StatusFile
+
+    msg = lifecycle.record_interrupt(lifecycle.Terminated(), tmp_path, StatusFile(tmp_path), None)
+    assert msg.startswith("interrupted by SIGTERM: 0 requests finished")
+    assert (tmp_path / "requests.jsonl").read_text() == ""
+    assert json.loads((tmp_path / "metrics.json").read_text())["requests_completed"] == 0
