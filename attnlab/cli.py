@@ -1,8 +1,14 @@
 """``python -m attnlab [overrides]``: compose the config (Hydra) -> validate -> run -> write outputs.
 
-User errors (a bad override, an unknown group option, a value a backend cannot run) end the process with
-one line on stderr and exit code 2, without a traceback. Set HYDRA_FULL_ERROR=1 to see the traceback.
-Bugs keep their traceback (exit code 1).
+Exit codes (docs/usage.md, "Exit codes"):
+  0    the run completed; a sweep whose every job completed; a dry-run whose every job is valid
+  1    a bug: the traceback is printed
+  2    a user error (a bad override, an unknown group option or key, a value a backend cannot run, a run
+       folder that is not empty): one line on stderr, no traceback (HYDRA_FULL_ERROR=1 shows it)
+  3    a sweep finished but one or more of its jobs failed (each job's status.json says why)
+  130  interrupted by SIGINT (Ctrl-C); 143: by SIGTERM. The run folder says "interrupted" and keeps the
+       requests finished so far; a sweep prints its summary first
+``dry_run=true`` validates and prints the resolved plan instead of running (attnlab/dryrun.py).
 """
 
 from __future__ import annotations
@@ -10,10 +16,15 @@ from __future__ import annotations
 import os
 import re
 import sys
-from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from attnlab.compose import CONF_DIR
+
 EXIT_USAGE = 2
+# Hydra flags that print something and run no job: passed straight to Hydra
+HYDRA_INFO_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc",
+                    "--experimental-rerun", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+                    "--version")
+DRY_RUN = re.compile(r"^\+*dry_run=(true|false|True|False|1|0)$")
 
 
 def one_line(exc: BaseException) -> str:
@@ -26,6 +37,9 @@ def one_line(exc: BaseException) -> str:
         if m:
             return (f"{m.group(1).replace('/', '.')}={m.group(2)}: unknown option "
                     f"(choose from: {', '.join(sorted(exc.options))})")
+    unknown = _unknown_key(exc)
+    if unknown:
+        return unknown
     parts = []
     e: BaseException | None = exc
     while e is not None and len(parts) < 3:
@@ -41,7 +55,20 @@ def one_line(exc: BaseException) -> str:
     return text.replace("\n", " ")
 
 
-def _is_user_error(exc: BaseException) -> bool:
+def _unknown_key(exc: BaseException) -> str | None:
+    """Hydra's "Could not override 'kv.pagesize'. To append to your config use +kv.pagesize=4" suggests the
+    ``+`` that would make the typo silently accepted: say it is an unknown key and suggest the right one."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    m = re.match(r"Could not override '([^']+)'", str(exc))
+    if m and isinstance(exc.__cause__, (ConfigKeyError, ConfigAttributeError)) and "not in" in str(exc.__cause__):
+        from attnlab.keys import suggest
+
+        return f"{m.group(1)}: unknown key{suggest(m.group(1))}"
+    return None
+
+
+def is_user_error(exc: BaseException) -> bool:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -50,32 +77,75 @@ def _is_user_error(exc: BaseException) -> bool:
     return isinstance(exc, (AttnlabError, HydraException, OmegaConfBaseException))
 
 
+def _pop_dry_run(args: list[str]) -> tuple[bool, list[str]]:
+    dry, rest = False, []
+    for a in args:
+        m = DRY_RUN.match(a)
+        if m:
+            dry = m.group(1).lower() in ("true", "1")
+        else:
+            rest.append(a)
+    return dry, rest
+
+
 def main(argv: list[str] | None = None) -> int:
-    import hydra
+    from attnlab import lifecycle, sweep
 
-    from attnlab import config  # noqa: F401  registers the schema in the ConfigStore
-    from attnlab.job import run_job, take_user_error
-
-    if argv is not None:
-        sys.argv = [sys.argv[0], *argv]
+    args = list(sys.argv[1:] if argv is None else argv)
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Make Hydra re-raise instead of printing a multi-line report and exiting 1: we print one line, exit 2.
     os.environ["HYDRA_FULL_ERROR"] = "1"
-    task = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(run_job)
     try:
-        task()
-        err = take_user_error()
-        if err is not None:
-            if user_full_error:
-                raise err
-            print(f"attnlab: error: {one_line(err)}", file=sys.stderr)
-            return EXIT_USAGE
+        with lifecycle.raise_on_sigterm():
+            return _main(args, user_full_error)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the job has recorded what it finished
+        sig = lifecycle.signal_name(exc)
+        if sweep.STATE.sweep_dir is not None and not sweep.STATE.ended:
+            print(sweep.summary_line(sweep.STATE.sweep_dir, sweep.STATE.planned, interrupted=sig)[0], flush=True)
+        print(f"attnlab: {lifecycle.last_message() or f'interrupted by {sig}'}", file=sys.stderr)
+        return lifecycle.exit_code(exc)
     except Exception as exc:
-        if user_full_error or not _is_user_error(exc):
+        if user_full_error or not is_user_error(exc):
             raise
         print(f"attnlab: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     finally:
         if not user_full_error:
             os.environ.pop("HYDRA_FULL_ERROR", None)
+
+
+def _main(args: list[str], user_full_error: bool) -> int:
+    import hydra
+
+    from attnlab import (
+        config,  # noqa: F401  registers the schema in the ConfigStore
+        sweep,
+    )
+    from attnlab.compose import check_run_folder
+    from attnlab.job import run_job, take_user_error
+
+    dry, args = _pop_dry_run(args)
+    info = any(a.split("=")[0] in HYDRA_INFO_FLAGS for a in args)
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    overrides = [a for a in args if a not in ("-m", "--multirun")]
+    if dry and not info:
+        from attnlab import dryrun
+
+        return dryrun.main(overrides, multirun)
+    if not info:
+        check_run_folder(overrides, multirun)  # before Hydra writes .hydra/ into it
+    sys.argv = [sys.argv[0], *args]
+    task = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(run_job)
+    task()
+    err = take_user_error()
+    if err is not None:
+        if user_full_error:
+            raise err
+        print(f"attnlab: error: {one_line(err)}", file=sys.stderr)
+        return EXIT_USAGE
+    if multirun and sweep.STATE.ended and sweep.STATE.failed:
+        n = sweep.STATE.failed + sweep.STATE.complete
+        print(f"attnlab: sweep: {sweep.STATE.failed} of {n} jobs failed (each job's status.json says why; the "
+              f"summary line is above)", file=sys.stderr)
+        return sweep.EXIT_SOME_FAILED
     return 0

@@ -75,6 +75,9 @@ class KVSchema:
     page_size: int = 16
     num_pages: int | None = None  # None = batch_size * pages for max_context (+1 per request slack)
     max_context: int | None = None  # None = longest prompt + max_new_tokens + k + 1
+    # run past a model's max_position_embeddings (positions it was never trained on): refused unless true;
+    # metrics.json records past_model_context
+    allow_past_model_context: bool = False
 
 
 @dataclass
@@ -244,16 +247,16 @@ def self_draft_layers(layers, num_layers: int | None = None) -> list[int] | None
         raise ConfigError(f"draft.layers={layers!r}: expected null, a layer count or a list of layer indices")
     if isinstance(layers, int):
         if layers < 1 or (num_layers is not None and layers > num_layers):
-            hi = num_layers if num_layers is not None else "num_layers"
-            raise ConfigError(f"draft.layers={layers}: a layer count must be in 1..{hi}")
+            rng = f"in 1..{num_layers}" if num_layers is not None else ">= 1"
+            raise ConfigError(f"draft.layers={layers}: a layer count must be {rng}")
         return list(range(layers))
     try:
         idx = [int(x) for x in layers]
     except (TypeError, ValueError):
         raise ConfigError(f"draft.layers={layers!r}: expected null, a layer count or a list of layer indices")
     if not idx or len(set(idx)) != len(idx) or min(idx) < 0 or (num_layers is not None and max(idx) >= num_layers):
-        hi = num_layers - 1 if num_layers is not None else "num_layers-1"
-        raise ConfigError(f"draft.layers={idx}: need distinct layer indices in 0..{hi}")
+        rng = f"in 0..{num_layers - 1}" if num_layers is not None else ">= 0"
+        raise ConfigError(f"draft.layers={idx}: need one or more distinct layer indices {rng}")
     return sorted(idx)
 
 
@@ -264,17 +267,26 @@ def _local_path_like(path: str) -> bool:
 
 def _check_model(prefix: str, m) -> None:
     """name must be a preset unless path is given; a local-looking path must exist."""
+    from attnlab.models.config import check_overrides
     from attnlab.models.presets import PRESETS
 
     _choice(f"{prefix}.init", m.init, MODEL_INITS)
+    check_overrides(f"{prefix}.overrides", m.overrides)
     if not m.path:
         if m.name not in PRESETS:
             raise ConfigError(f"{prefix}={m.name}: unknown model preset (choose from: {', '.join(PRESETS)}; "
                               f"or set {prefix}.path=<HF folder | hub id | file.gguf>)")
+        if m.init == "pretrained" and PRESETS[m.name].random_only:
+            raise ConfigError(f"{prefix}={m.name} has no pretrained weights (a random-only preset): use "
+                              f"{prefix}.init=random, or {prefix}.path=<checkpoint> to load real weights")
         return
     p = os.path.expanduser(str(m.path))
     if _local_path_like(str(m.path)) and not os.path.exists(p):
         raise ConfigError(f"{prefix}.path={m.path!r}: no such file or folder")
+    if m.init == "random":  # a given path must be loaded, not silently replaced by random weights
+        raise ConfigError(f"{prefix}.path={m.path!r} is given but {prefix}.init=random would not read its weights "
+                          f"({prefix}={m.name} defaults to init=random): add {prefix}.init=pretrained to load them, "
+                          f"or drop {prefix}.path (random weights of another shape: +{prefix}.overrides.<field>=...)")
 
 
 def check_backend(side: str, name: str, *, device: str, dtype: str, kv_dtype: str, page_size: int,
@@ -305,6 +317,9 @@ def check_backend(side: str, name: str, *, device: str, dtype: str, kv_dtype: st
         raise ConfigError(f"{side}={name}: {e}") from e
     caps = cls.capabilities()
     if reason and not caps.devices:  # nothing usable detected (e.g. no FlashAttention build): say why
+        if device != "cuda":  # the device is the first problem: only the torch backend runs on CPU
+            raise ConfigError(f"{side}={name} runs on CUDA GPUs only, and this run is on device {device!r} "
+                              f"(use {side}=torch on CPU)")
         raise ConfigError(f"{side}={name} is unavailable here: {reason}")
     problems = caps.problems(device=device, dtype=compute_dtype(dtype), kv_dtype=kv_dtype,
                              head_dim=head_dim if head_dim is not None else -1,
@@ -323,6 +338,9 @@ def validate(cfg: DictConfig) -> dict:
     Backend checks that depend on the prompt lengths or the model's head_dim run again in the job, after
     tokenization and before any weights are read (``check_backend`` with the real numbers).
     """
+    from attnlab.keys import check_keys
+
+    check_keys(cfg)  # +kv.pagesize=4 and friends: refused with the closest valid key
     device = resolve_device(cfg.device)
     prec = resolve_precision(cfg.precision, device)
     _check_model("model", cfg.model)
@@ -338,7 +356,7 @@ def validate(cfg: DictConfig) -> dict:
     if d.kind == "ngram" and d.ngram_n < 1:
         raise ConfigError(f"draft.ngram_n={d.ngram_n}: must be >= 1")
 
-    s = cfg.spec
+    s, w = cfg.spec, cfg.workload
     if d.kind != "none" and s.num_draft_tokens <= 0:
         raise ConfigError(f"spec.num_draft_tokens={s.num_draft_tokens}: must be >= 1 with draft={d.kind} "
                           f"(or use draft=none for target-only decoding)")
@@ -364,11 +382,14 @@ def validate(cfg: DictConfig) -> dict:
     if kv.max_context is not None and kv.max_context < 2:
         raise ConfigError(f"kv.max_context={kv.max_context}: must be >= 2 or null (auto)")
 
-    w = cfg.workload
     _choice("workload.kind", w.kind, WORKLOAD_KINDS)
     for key in ("num_prompts", "batch_size", "max_new_tokens"):
         if getattr(w, key) < 1:
             raise ConfigError(f"workload.{key}={getattr(w, key)}: must be >= 1")
+    if d.kind != "none" and s.num_draft_tokens >= w.max_new_tokens:
+        raise ConfigError(f"spec.num_draft_tokens={s.num_draft_tokens}: must be < workload.max_new_tokens="
+                          f"{w.max_new_tokens} (one verify pass emits at most k + 1 tokens; more drafts are never "
+                          f"used)")
     if w.kind == "hf":
         if not w.path:
             raise ConfigError("workload.path is required with workload=hf (a json/jsonl/parquet/csv file or a "

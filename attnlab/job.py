@@ -1,7 +1,9 @@
 """One job: validate -> tokenize -> build sides -> warmup -> speculative run -> parity passes -> outputs.
 
 ``run_job`` is the Hydra task function. In a sweep (``-m``) a failing job records status "failed" and
-returns normally so the other jobs run; in a single run the error propagates (the CLI prints it).
+returns normally so the other jobs run; in a single run the error propagates (the CLI prints it). An
+interrupt (Ctrl-C, SIGTERM) records status "interrupted" with the requests finished so far and propagates
+in both (attnlab/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from attnlab import preflight
 from attnlab.config import check_backend, to_container, validate
 from attnlab.errors import AttnlabError, ConfigError
+from attnlab.lifecycle import Progress, record_interrupt
 from attnlab.metrics.env import add_to_env_json, attention_kernels, env_info
 from attnlab.metrics.outputs import StatusFile, write_json
 from attnlab.parity_pass import run_parity
@@ -32,7 +36,7 @@ def run_job(cfg: DictConfig) -> dict | None:
     run_dir.mkdir(parents=True, exist_ok=True)
     status = StatusFile(run_dir)
     sweep = hc.mode == RunMode.MULTIRUN
-    logger = None
+    logger = job = None
     try:
         assign_gpu()
         write_json(run_dir / "env.json", env_info())
@@ -51,6 +55,9 @@ def run_job(cfg: DictConfig) -> dict | None:
         log.info("run folder: %s", run_dir)
         return metrics
     except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C or SIGTERM: keep what finished, then stop (also a sweep)
+            record_interrupt(e, run_dir, status, job, logger)
+            raise
         user = isinstance(e, AttnlabError)
         msg = str(e).splitlines()[0] if user and str(e) else f"{type(e).__name__}: {e}"
         status.finish("failed", error=msg, error_type=type(e).__name__)
@@ -109,6 +116,7 @@ class SpecJob:
         self.k = resolved["k"]
         self.metrics: dict = {}
         self.runners: dict = {}
+        self.progress = Progress()  # the workload's finished batches, kept if the run is interrupted
 
     # -- before weights ----------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -132,6 +140,8 @@ class SpecJob:
             self.prompts = synthetic_prompts(list(w.lengths), w.num_prompts, self.mcfg.vocab_size, cfg.seed,
                                              {t for t in special if t is not None})
         tokenize_prompts(self.prompts, self.tokenizer, w.chat_template)
+        if len(self.prompts) < w.num_prompts:  # the source had fewer usable rows (logged): metrics say so
+            self.metrics["num_prompts_requested"] = w.num_prompts
         longest = max(len(p.token_ids) for p in self.prompts)
         if cfg.warmup.plan in ("jit", "full"):
             longest = max(longest, *cfg.warmup.lengths)
@@ -141,14 +151,16 @@ class SpecJob:
             raise ConfigError(f"kv.max_context={self.max_context}: the longest prompt ({longest} tokens) + "
                               f"max_new_tokens + k + 1 needs {need} (raise it or leave it null = auto)")
         self.mcfg.check_context(self.max_context)  # a sliding window shorter than the run: refuse
-        if self.max_context > self.mcfg.max_position_embeddings:
-            log.warning("max context %d > the model's max_position_embeddings %d", self.max_context,
-                        self.mcfg.max_position_embeddings)
+        self.metrics.update(preflight.context_limit(cfg, need, self.mcfg, self.dcfg))
         self.page_size = self.max_context if cfg.kv.layout == "contiguous" else cfg.kv.page_size
+        if (page := preflight.page_size(cfg, self.page_size, self.max_context)) != self.page_size:
+            self.metrics["page_size_requested"], self.page_size = self.page_size, page
         draft_hd = {"self": self.mcfg.head_dim, "eagle": self.mcfg.head_dim,
                     "model": self.dcfg.head_dim if self.dcfg else None}
         check_sides(cfg, self.r, max_context=self.max_context, page_size=self.page_size,
                     target_head_dim=self.mcfg.head_dim, draft_head_dim=draft_hd.get(cfg.draft.kind))
+        self.pools = preflight.kv_pools(cfg, self.r, self.mcfg, self.dcfg, self.page_size, self.max_context)
+        preflight.check_memory(cfg, self.pools, self.device)  # before any weights are read
         self.eos_ids = set(self.mcfg.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             self.eos_ids.add(int(self.tokenizer.eos_token_id))
@@ -213,8 +225,10 @@ class SpecJob:
         parity reference side builds another backend, without them)."""
         return side_cfg.get("options") if name == side_cfg.name else None
 
-    def decode(self, target, drafter, prompts, *, k: int | None = None, record_logits=False, desc="workload"):
-        """Run ``prompts`` in batches of workload.batch_size; one merged GenerateOutput."""
+    def decode(self, target, drafter, prompts, *, k: int | None = None, record_logits=False, desc="workload",
+               track=False):
+        """Run ``prompts`` in batches of workload.batch_size; one merged GenerateOutput. ``track``: add each
+        finished batch to ``self.progress`` (the workload pass, whose requests an interrupt keeps)."""
         from tqdm.auto import tqdm
 
         from attnlab.metrics.perf import merge_outputs
@@ -230,6 +244,8 @@ class SpecJob:
                 batch = [p.token_ids for p in prompts[i:i + w.batch_size]]
                 outs.append(dec.generate(batch, w.max_new_tokens, self.eos_ids, record_logits=record_logits,
                                          progress=bar.update))
+                if track:
+                    self.progress.add(prompts[i:i + w.batch_size], outs[-1], planned=len(prompts))
         return merge_outputs(outs)
 
     # -- the run ------------------------------------------------------------------------------------------
@@ -246,7 +262,7 @@ class SpecJob:
         self.runners = {"target": target, "draft": drafter.runner}
         self.warmup(target, drafter)
         record = par.enabled and par.logits
-        out = self.decode(target, drafter, self.prompts, record_logits=record)
+        out = self.decode(target, drafter, self.prompts, record_logits=record, track=True)
         # First-request latency after this run's warmup plan (cold) vs the same batch once everything is
         # compiled and captured (warm): the gap is what the plan failed to take out of the first request.
         cold = out.requests[0].latency_ms
@@ -273,6 +289,7 @@ class SpecJob:
         write_json(self.dir / "metrics.json", m)
         write_jsonl(self.dir / "requests.jsonl", rows)
         write_json(self.dir / "parity.json", parity)
+        self.progress.files_written = True  # an interrupt from here on keeps these files as they are
         logger.log_metrics(m)
         logger.log_requests(rows)
         logger.log_parity(parity)

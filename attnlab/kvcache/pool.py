@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.kvcache.budget import check_fits, pool_bytes
+
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
@@ -36,6 +38,9 @@ class KVPool:
         # Dequantization scales for fp8 KV (stored = value / scale); 1.0 for other dtypes.
         self.k_scale = float(k_scale)
         self.v_scale = float(v_scale)
+        shape = (num_layers, 2, num_pages + 1, page_size, num_kv_heads, head_dim)
+        check_fits(pool_bytes(num_layers, num_pages, page_size, num_kv_heads, head_dim, dtype), self.device,
+                   f"a KV pool of shape {list(shape)} {str(dtype).removeprefix('torch.')}")
         self.kv = torch.zeros(
             num_layers, 2, num_pages + 1, page_size, num_kv_heads, head_dim, dtype=dtype, device=self.device
         )

@@ -68,9 +68,16 @@ class WandbLogger(RunLogger):
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(project=project, entity=entity, mode=mode, dir=str(run_dir), config=config,
-                              group=group, tags=list(tags) or None, name=name, reinit="finish_previous",
-                              settings=wandb.Settings(console="off", silent=True))
+        try:
+            self.run = wandb.init(project=project, entity=entity, mode=mode, dir=str(run_dir), config=config,
+                                  group=group, tags=list(tags) or None, name=name, reinit="finish_previous",
+                                  settings=wandb.Settings(console="off", silent=True))
+        except wandb.errors.Error as e:  # no API key, no network, unknown entity: the user's setup
+            from attnlab.errors import ConfigError
+
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"logger.mode={mode}: wandb cannot start: {first} (run `wandb login` or set "
+                              f"WANDB_API_KEY, or use logger.mode=offline / logger=jsonl)") from None
 
     def log_metrics(self, metrics: dict) -> None:
         flat = {k: v for k, v in flatten(metrics).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnlab.errors import ModelLoadError
+from attnlab.errors import ConfigError, ModelLoadError
 
 # HF `architectures[0]` (or `model_type`) -> our arch name.
 HF_ARCHS: dict[str, str] = {
@@ -17,6 +18,9 @@ HF_ARCHS: dict[str, str] = {
 }
 MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
 ROPE_TYPES = ("default", "llama3", "linear")
+# shape fields: positive integers (a 0 here builds an empty model that "runs")
+POSITIVE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                   "head_dim", "max_position_embeddings")
 
 
 @dataclass
@@ -47,6 +51,10 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self):
+        for name in POSITIVE_FIELDS:
+            value = getattr(self, name)
+            if not _positive_int(value):
+                raise ModelLoadError(f"model config {name}={value!r}: must be an integer >= 1")
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if self.rope_scaling is not None:
@@ -130,3 +138,22 @@ class ModelConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
+
+
+def check_overrides(prefix: str, overrides) -> None:
+    """``model.overrides`` / ``draft.overrides``: ModelConfig field names, positive shape values (before any
+    model config is read, so a typo or a 0 fails at config time with the field named)."""
+    import difflib
+
+    names = [f.name for f in dataclasses.fields(ModelConfig)]
+    for key, value in dict(overrides or {}).items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+            hint = f"did you mean {prefix}.{close[0]}?" if close else f"fields: {', '.join(names)}"
+            raise ConfigError(f"{prefix}.{key}: unknown model config field ({hint})")
+        if key in POSITIVE_FIELDS and not _positive_int(value):
+            raise ConfigError(f"{prefix}.{key}={value!r}: must be an integer >= 1")

@@ -27,14 +27,26 @@ def open_reader(path: str | Path):
     return _parse(str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
 
 
+GGUF_MAGIC = b"GGUF"
+
+
 @functools.lru_cache(maxsize=2)
 def _parse(path: str, mtime_ns: int, size: int):
     import gguf
 
+    if size == 0:
+        raise ModelLoadError(f"cannot read GGUF file {path}: the file is empty (0 bytes)")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(f"cannot read GGUF file {path}: not a GGUF file (starts with {magic!r}, "
+                             f"expected {GGUF_MAGIC!r})")
     try:
         return gguf.GGUFReader(path)
-    except Exception as e:
-        raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from e
+    except Exception as e:  # noqa: BLE001 - numpy errors from reading past the end: the file is cut short
+        raise ModelLoadError(f"cannot read GGUF file {path}: truncated or corrupt ({size} bytes; the parser "
+                             f"failed with {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                             f"download it again") from None
 
 
 def _field(reader, key: str, default=None):
@@ -43,6 +55,14 @@ def _field(reader, key: str, default=None):
 
 
 def gguf_config(reader) -> ModelConfig:
+    try:
+        return _gguf_config(reader)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:  # metadata missing or of the wrong type
+        raise ModelLoadError(f"cannot read the model config from GGUF metadata: {type(e).__name__}: {e} "
+                             f"(an incomplete or non-LLM GGUF file?)") from None
+
+
+def _gguf_config(reader) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in GGUF_ARCHS:
         raise ModelLoadError(f"unsupported GGUF architecture {arch!r} (supported: {', '.join(GGUF_ARCHS)})")

@@ -108,9 +108,23 @@ def read_config(src: Source) -> ModelConfig:
         return src.preset.config()
     if src.kind == "gguf":
         return gguf_config(src.gguf_reader())
-    d = json.loads((src.path / "config.json").read_text())
+    d = _read_json(src.path / "config.json")
     gen = src.path / "generation_config.json"
-    return ModelConfig.from_hf_dict(d, json.loads(gen.read_text()) if gen.is_file() else None)
+    try:
+        return ModelConfig.from_hf_dict(d, _read_json(gen) if gen.is_file() else None)
+    except (KeyError, TypeError) as e:  # a config.json without a field every Llama-family config has
+        raise ModelLoadError(f"{src.path / 'config.json'}: missing or malformed field {e} "
+                             f"(not a Llama-family HF config?)") from None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ModelLoadError(f"cannot read {path}: {type(e).__name__}: {e}") from None
+    if not isinstance(d, dict):
+        raise ModelLoadError(f"cannot read {path}: expected a JSON object, got {type(d).__name__}")
+    return d
 
 
 def empty_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> Decoder:
@@ -137,7 +151,10 @@ def init_random(model: Decoder, seed: int) -> None:
 def _hf_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ModelLoadError(f"{index}: no 'weight_map' object (a corrupt shard index?)")
+        names = sorted(set(weight_map.values()))
         return [folder / n for n in names]
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -150,15 +167,29 @@ def _load_hf(model: Decoder, folder: Path, progress: bool) -> WeightSink:
     from safetensors import safe_open
 
     sink = WeightSink(model)
-    handles = [safe_open(str(f), framework="pt", device="cpu") for f in _hf_files(folder)]
+    files = _hf_files(folder)
+    handles = [_safetensors_call(f, lambda f=f: safe_open(str(f), framework="pt", device="cpu")) for f in files]
     total = sum(len(h.keys()) for h in handles)
     with tqdm(total=total, desc=f"loading {folder.name}", unit="tensor", leave=False,
               disable=not progress or total < 64) as bar:
-        for h in handles:
+        for f, h in zip(files, handles):
             for key in h.keys():  # noqa: SIM118 - a safetensors handle, not a dict
-                sink.put(hf_to_ours(key), h.get_tensor(key), key)
+                sink.put(hf_to_ours(key), _safetensors_call(f, lambda h=h, key=key: h.get_tensor(key)), key)
                 bar.update()
     return sink
+
+
+def _safetensors_call(path: Path, fn):
+    """``fn()`` with a corrupt, truncated or missing .safetensors file reported as a ModelLoadError naming it
+    (safetensors raises SafetensorError "header too large", OSError, ...)."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - anything safetensors raises here is the file, not our code
+        size = path.stat().st_size if path.is_file() else None
+        what = f"{size} bytes" if size is not None else "missing"
+        raise ModelLoadError(f"cannot read weights file {path} ({what}): {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''} (corrupt or partly downloaded? fetch it "
+                             f"again)") from None
 
 
 @torch.no_grad()

@@ -38,7 +38,21 @@ def load_prompts(w) -> list[Prompt]:
 def tokenize_prompts(prompts: list[Prompt], tokenizer, chat_template: bool) -> list[Prompt]:
     for p in prompts:
         if not p.token_ids:
-            p.token_ids = encode(tokenizer, p, chat_template)
+            try:
+                p.token_ids = encode(tokenizer, p, chat_template)
+            except _template_errors() as e:  # the tokenizer's chat template refused these messages
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                raise ConfigError(f"workload: prompt {p.id!r}: the tokenizer's chat template failed "
+                                  f"({type(e).__name__}: {first}); fix the messages or set "
+                                  f"workload.chat_template=false") from None
         if not p.token_ids:
             raise ConfigError(f"workload: prompt {p.id!r} tokenizes to 0 tokens (chat_template={chat_template})")
     return prompts
+
+
+def _template_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from jinja2.exceptions import TemplateError  # transformers renders chat templates with jinja2
+    except ImportError:
+        return ()
+    return (TemplateError,)

@@ -1,0 +1,114 @@
+"""``python -m attnlab ... dry_run=true``: compose, validate against the backends' capabilities, print the
+resolved plan (device, backends, dtypes, shapes, page size, KV pool sizes against free memory, CUDA-graph
+buckets, parity passes) and exit 0, or print the first problem as one line and exit 2.
+
+Everything a run checks before reading weights runs here too (prompts are loaded and tokenized, the model
+config is read, ``auto`` values are resolved), so a dry-run that passes fails later only on the weights
+themselves or at run time. Nothing is written: no run folder, no W&B run. With ``-m`` every job of the
+sweep is planned.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+
+def _graphs(job) -> str:
+    from attnlab.engine.graphs import DEFAULT_BUCKETS
+
+    if not job.r.get("cuda_graph"):
+        return "off (engine.cuda_graph=false, warmup plan without graphs)"
+    bs = job.cfg.workload.batch_size
+    buckets = [b for b in DEFAULT_BUCKETS if b < bs] + [next((b for b in DEFAULT_BUCKETS if b >= bs), bs)]
+    q_target = sorted({1, job.k + 1})
+    n = len(buckets) * len(q_target)
+    line = f"batch buckets {buckets}; target q_len {q_target}"
+    if job.cfg.draft.kind in ("self", "model"):
+        n += len(buckets) * (1 + max(1, job.k))
+        line += f"; draft q_len 2 (catch-up) + q_len 1 x {max(1, job.k)} plan slots"
+    elif job.cfg.draft.kind == "eagle":  # the target again with features, draft-extend, k - 1 steps
+        n += len(buckets) * (len(q_target) + 1 + max(0, job.k - 1))
+        line += (f"; target again with its features captured; head q_len {job.k + 1} (draft-extend) + q_len 1 "
+                 f"x {max(0, job.k - 1)} plan slots")
+    return f"{line}: {n} graphs"
+
+
+def plan(cfg) -> tuple[list[tuple[str, str]], object]:
+    """(rows of the printed plan, the prepared SpecJob). Raises a user error (AttnlabError, Hydra's) on the first problem."""
+    from attnlab.config import validate
+    from attnlab.job import SpecJob
+    from attnlab.kvcache.budget import fmt_bytes, free_bytes
+
+    resolved = validate(cfg)
+    job = SpecJob(cfg, resolved, None)
+    job.prepare()
+    m, d, prec, w = job.mcfg, cfg.draft, job.prec, cfg.workload
+    rows = [("device", job.device)]
+    rows.append(("target", (f"{cfg.model.path or cfg.model.name} ({cfg.model.init}): {m.arch}, {m.num_layers} "
+                            f"layers, {m.num_heads} heads / {m.num_kv_heads} KV heads, head_dim {m.head_dim}, vocab "
+                            f"{m.vocab_size}, max positions {m.max_position_embeddings}")))
+    rows.append(("verify", f"{cfg.verify.name}: weights {prec['target']}, KV {prec['kv_target']}"))
+    if d.kind == "none":
+        rows.append(("drafter", "none (target-only decoding)"))
+    elif d.kind == "ngram":
+        rows.append(("drafter", f"ngram (n <= {d.ngram_n}), k = {job.k}; no draft-side attention"))
+    else:
+        what = (f"self, layers {job.r.get('draft_layers') or 'all'}" if d.kind == "self"
+                else f"eagle head {d.path or '(bundled for ' + cfg.model.name + ')'}" if d.kind == "eagle"
+                else f"model {d.path or d.name} ({d.init}): {job.dcfg.num_layers} layers")
+        rows.append(("drafter", f"{what}, k = {job.k}, topk {cfg.spec.topk}"))
+        rows.append(("backend", f"{cfg.backend.name}: weights {prec['draft']}, KV {prec['kv_draft']}"))
+    rows.append(("sampling", "greedy" if cfg.spec.temperature == 0 else
+                 f"temperature {cfg.spec.temperature}, top_k {cfg.spec.top_k}, top_p {cfg.spec.top_p}"))
+    longest = max(len(p.token_ids) for p in job.prompts)
+    rows.append(("workload", (f"{w.kind}: {len(job.prompts)} prompts (longest {longest} tokens), batch "
+                              f"{w.batch_size}, max_new_tokens {w.max_new_tokens}")))
+    page = f"page_size {job.page_size}"
+    if "page_size_requested" in job.metrics:
+        page += f" (clamped from {job.metrics['page_size_requested']})"
+    rows.append(("kv", f"{cfg.kv.layout}, {page}, max context {job.max_context}, {job.pools[0].num_pages} pages per side"))
+    free = free_bytes(job.device)
+    pools = ", ".join(f"{p.side} {fmt_bytes(p.bytes)} ({p.num_layers} layer{'s' * (p.num_layers != 1)}, "
+                      f"{p.kv_dtype})" for p in job.pools)
+    rows.append(("kv pools", f"{pools}; free on {job.device}: {fmt_bytes(free) if free is not None else 'unknown'}"))
+    rows.append(("cuda graphs", _graphs(job)))
+    rows.append(("warmup", cfg.warmup.plan + (f" (lengths {list(cfg.warmup.lengths)})"
+                                              if cfg.warmup.plan in ("jit", "full") else "")))
+    par = cfg.parity
+    levels = [name for name in ("kernel", "logits", "tokens", "acceptance") if par.enabled and par[name]]
+    rows.append(("parity", f"{', '.join(levels)} vs {par.reference} at {par.reference_precision} precision"
+                 if levels else "off"))
+    if job.metrics.get("past_model_context"):
+        rows.append(("context", "past the model's max_position_embeddings (kv.allow_past_model_context=true)"))
+    rows.append(("logger", cfg.logger.kind + (f" ({cfg.logger.mode})" if cfg.logger.kind == "wandb" else "")))
+    return rows, job
+
+
+def main(overrides: list[str], multirun: bool = False) -> int:
+    """Print the plan of each job; 0 if every job is valid, else 2 (one stderr line per invalid job)."""
+    from attnlab.cli import EXIT_USAGE, is_user_error, one_line
+    from attnlab.compose import compose, sweep_jobs
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="[%(levelname)s] %(message)s")
+    jobs = sweep_jobs(overrides) if multirun else [list(overrides)]
+    common = set.intersection(*(set(j) for j in jobs)) if len(jobs) > 1 else set()
+    bad = 0
+    for i, job_overrides in enumerate(jobs):
+        own = [o for o in job_overrides if o not in common]  # what this job of the sweep changes
+        label = f"job {i} ({' '.join(own) or 'defaults'})" if multirun else ""
+        try:
+            rows, _ = plan(compose(job_overrides))
+        except Exception as e:
+            if not is_user_error(e):
+                raise
+            bad += 1
+            print(f"attnlab: error: {label + ': ' if label else ''}{one_line(e)}", file=sys.stderr)
+            continue
+        print(f"attnlab dry run{' - ' + label if label else ''}: valid (no weights read, nothing written)")
+        width = max(len(k) for k, _ in rows)
+        for key, value in rows:
+            print(f"  {key:<{width}}  {value}")
+    if multirun:
+        print(f"attnlab dry run: {len(jobs)} jobs, {len(jobs) - bad} valid, {bad} invalid")
+    return EXIT_USAGE if bad else 0

@@ -1,0 +1,118 @@
+"""Checks that need the tokenized prompts and the model shapes, run in ``SpecJob.prepare`` before any weights
+are read (and by the dry-run): the context against the model's trained positions, the page size against the
+max context, and every side's KV pool against the device's free memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+from attnlab.errors import ConfigError
+
+log = logging.getLogger("attnlab")
+
+
+def context_limit(cfg, positions: int, mcfg, dcfg=None) -> dict:
+    """Refuse a run whose positions reach past a model's ``max_position_embeddings`` (RoPE positions it was
+    never trained on) unless ``kv.allow_past_model_context=true``; returns the metrics.json keys that record
+    the choice. ``positions``: the longest prompt + max_new_tokens + k + 1."""
+    models = [("model", cfg.model, mcfg)] + ([("draft", cfg.draft, dcfg)] if dcfg is not None else [])
+    past = [(prefix, m, c) for prefix, m, c in models if positions > c.max_position_embeddings]
+    allow = bool(cfg.kv.get("allow_past_model_context", False))
+    if past and not allow:
+        prefix, m, c = past[0]
+        raise ConfigError(
+            f"{prefix}={m.path or m.name}: the run reaches position {positions} (longest prompt + max_new_tokens + "
+            f"k + 1) but the model was trained on {c.max_position_embeddings} (max_position_embeddings); shorten "
+            f"the prompts or workload.max_new_tokens, or set kv.allow_past_model_context=true to run anyway "
+            f"(metrics.json then says so)")
+    for prefix, m, c in past:
+        log.warning("%s=%s: running to position %d, past max_position_embeddings %d "
+                    "(kv.allow_past_model_context=true)", prefix, m.path or m.name, positions, c.max_position_embeddings)
+    out = {"past_model_context": bool(past)}
+    if past:
+        out["model_max_position_embeddings"] = min(c.max_position_embeddings for _, _, c in past)
+    return out
+
+
+def _granule(side_cfg, field: str) -> int:
+    """The page-size step a side's backend needs (``multiple:N`` capabilities), 1 for any page size."""
+    from attnlab.backends.registry import get_backend_class
+
+    spec = get_backend_class(side_cfg.name, side_cfg.get("options"), f"{field}.options").capabilities().page_sizes
+    return int(spec.split(":")[1]) if spec.startswith("multiple:") else 1
+
+
+def page_size(cfg, requested: int, max_context: int) -> int:
+    """A page larger than the max context holds slots no request can use: clamp it to the max context, rounded
+    up to the page-size step every side's backend needs (FA2 takes pages of 256·n only), and say so."""
+    sides = [(cfg.verify, "verify")] + ([(cfg.backend, "backend")] if cfg.draft.kind in ("self", "model", "eagle")
+                                         else [])
+    step = 1
+    for side_cfg, field in sides:
+        step = math.lcm(step, _granule(side_cfg, field))
+    fitted = -(-max_context // step) * step
+    if requested <= fitted:
+        return requested
+    log.warning("kv.page_size=%d is larger than the max context %d: using page_size=%d (one page per request; "
+                "metrics.json records page_size_requested)", requested, max_context, fitted)
+    return fitted
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One side's KV pool, before it is allocated."""
+
+    side: str  # "target" | "draft"
+    num_layers: int
+    num_pages: int
+    page_size: int
+    num_kv_heads: int
+    head_dim: int
+    kv_dtype: str
+
+    @property
+    def bytes(self) -> int:
+        from attnlab.backends.base import DTYPE_NAMES
+        from attnlab.kvcache.budget import pool_bytes
+
+        return pool_bytes(self.num_layers, self.num_pages, self.page_size, self.num_kv_heads, self.head_dim,
+                          DTYPE_NAMES[self.kv_dtype])
+
+
+def kv_pools(cfg, resolved: dict, mcfg, dcfg, page: int, max_context: int) -> list[PoolSpec]:
+    """The pools ``SpecJob.build_pair`` will allocate (parity reference sides come later and are checked when
+    they are built)."""
+    from attnlab.engine.build import auto_num_pages
+
+    pages = cfg.kv.num_pages or auto_num_pages(cfg.workload.batch_size, max_context, page)
+    prec = resolved["precision"]
+    out = [PoolSpec("target", mcfg.num_layers, pages, page, mcfg.num_kv_heads, mcfg.head_dim, prec["kv_target"])]
+    if cfg.draft.kind == "self":
+        layers = resolved.get("draft_layers")
+        out.append(PoolSpec("draft", len(layers) if layers else mcfg.num_layers, pages, page, mcfg.num_kv_heads,
+                            mcfg.head_dim, prec["kv_draft"]))
+    elif cfg.draft.kind == "eagle":  # one layer at the target's attention shapes
+        out.append(PoolSpec("draft", 1, pages, page, mcfg.num_kv_heads, mcfg.head_dim, prec["kv_draft"]))
+    elif cfg.draft.kind == "model" and dcfg is not None:
+        out.append(PoolSpec("draft", dcfg.num_layers, pages, page, dcfg.num_kv_heads, dcfg.head_dim,
+                            prec["kv_draft"]))
+    return out
+
+
+def check_memory(cfg, pools: list[PoolSpec], device: str) -> None:
+    """Every pool together against the device's free memory, naming both numbers and the fields to change."""
+    from attnlab.kvcache.budget import check_fits, fmt_bytes
+
+    shape = f"{pools[0].num_pages} pages of {pools[0].page_size} tokens"
+    if len(pools) > 1:
+        shape = " + ".join(f"{p.side} {fmt_bytes(p.bytes)}" for p in pools) + f"; {shape} each"
+    what = f"the {pools[0].side} KV pool ({shape})" if len(pools) == 1 else f"the KV pools ({shape})"
+    if cfg.kv.num_pages:
+        what = f"kv.num_pages={cfg.kv.num_pages}: {what}"
+        hint = "lower kv.num_pages, or null = enough pages for one batch at max context"
+    else:
+        hint = "lower workload.batch_size, the prompt lengths or workload.max_new_tokens"
+    check_fits(sum(p.bytes for p in pools), device, what, hint)
