@@ -74,10 +74,10 @@ def test_page_size_is_clamped_to_the_max_context_at_the_backends_step(monkeypatc
     from attnlab import preflight
 
     cfg = OmegaConf.create({"verify": {"name": "fa"}, "backend": {"name": "torch"}, "draft": {"kind": "ngram"}})
-    monkeypatch.setattr(preflight, "_granule", lambda b: 256 if b == "fa" else 1)  # FA2: pages of 256·n
+    monkeypatch.setattr(preflight, "_granule", lambda side, field: 256 if side.name == "fa" else 1)  # FA2: 256·n
     assert preflight.page_size(cfg, 1024, 300) == 512
     assert preflight.page_size(cfg, 256, 300) == 256  # not larger than needed: kept
-    monkeypatch.setattr(preflight, "_granule", lambda b: 1)
+    monkeypatch.setattr(preflight, "_granule", lambda side, field: 1)
     assert preflight.page_size(cfg, 100_000_000, 300) == 300
     assert preflight.page_size(cfg, 16, 300) == 16
 
