@@ -24,6 +24,7 @@ from attnlab.train_draft.teacher import teacher_forward
 from attnlab.train_draft.ttt import entry_mask, simulated_tau, ttt_loss
 
 log = logging.getLogger("attnlab.train")
+FIT_AFTER = 20  # steps timed before a time budget (train.max_minutes) fixes the schedule's length
 
 
 def lr_at(step: int, total: int, t) -> float:
@@ -179,7 +180,7 @@ class Trainer:
         bar = tqdm(total=total, initial=step, desc="train eagle head", unit="step", disable=None)
         head.train()
         deadline = t0 + 60 * t.max_minutes if t.max_minutes else None
-        planned = total
+        planned, first_step = total, step
         try:
             while step < total:
                 order = D.batches(self.train_ex, t.tokens_per_batch, self.max_len, random.Random(rng.random()))
@@ -198,6 +199,14 @@ class Trainer:
                     opt.step()
                     step += 1
                     tokens += int(ids.numel())
+                    if deadline is not None and step - first_step == FIT_AFTER:
+                        # fit the schedule to the time budget, so the cosine decay completes inside it
+                        now = time.perf_counter()
+                        fit = step + int(0.95 * (deadline - now) / ((now - t0) / FIT_AFTER))
+                        if fit < total:
+                            log.info("train.max_minutes: %d of %d planned steps fit (%.3f s/step)", fit, total,
+                                     (now - t0) / FIT_AFTER)
+                            total = bar.total = max(fit, step + 1)
                     row = {"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": opt.param_groups[0]["lr"],
                            "grad_norm": gnorm, "tokens": tokens, "elapsed_s": time.perf_counter() - t0,
                            **{f"top1_step{j}": v for j, v in enumerate(st.top1)}}

@@ -98,3 +98,11 @@ def test_resume_continues_from_the_checkpoint(tmp_path):
     assert s1["steps"] == 4 and s2["steps"] == 7
     assert s2["tokens"] > s1["tokens"]
     assert s2["data"] == s1["data"]  # the same sequences: read back from the first run's data.pt
+
+
+def test_time_budget_fits_the_schedule_and_still_saves(tmp_path):
+    sample = write_sample(tmp_path / "s.json", 60)
+    cfg = train_config(sample, epochs=200, max_minutes=0.05, tokens_per_batch=256, **{"data.num_train": 40})
+    s = run(cfg, tmp_path, "cpu", "fp32", NoneLogger(), target=target_side(tiny_model(CFG, seed=0)))
+    assert s["stopped_by_time"] and 0 < s["steps"] < s["planned_steps"]
+    assert (tmp_path / "head" / "eagle3.safetensors").is_file() and "eval/loss" in s
