@@ -85,9 +85,12 @@ def regenerate(target, prompts: list[list[int]], max_new: int, batch: int, tempe
     return answers
 
 
-def build_examples(turns, tokenizer, *, target, cfg, eos: set[int], seed: int, desc: str):
-    """Examples for ``turns`` and a summary (kept / skipped counts, tokens)."""
+def build_examples(turns, tokenizer, *, target, cfg, eos: set[int], seed: int, desc: str,
+                   original: bool | None = None):
+    """Examples for ``turns`` and a summary (kept / skipped counts, tokens). ``original``: override
+    cfg.original (the held-out set uses the target's own answers only)."""
     d = cfg
+    use_original = d.original if original is None else original
     prompts, kept = [], []
     skipped_long = 0
     for t in turns:
@@ -105,7 +108,7 @@ def build_examples(turns, tokenizer, *, target, cfg, eos: set[int], seed: int, d
         regenerated = sum(len(a) > 0 for a in answers)
     else:
         regenerated = 0
-    if d.original:
+    if use_original:
         for t in kept:
             ex = original_example(tokenizer, t.prompt, t.answer, d.chat_template)
             if ex is not None:

@@ -84,8 +84,9 @@ class Trainer:
             tok = self.target.tokenizer
             self.train_ex, s_train = D.build_examples(train, tok, target=self.target, cfg=d, eos=self.eos,
                                                       seed=self.cfg.seed, desc="train")
+            # held-out examples: the target's own answers only (what drafting at inference sees)
             self.eval_ex, s_eval = D.build_examples(heldout, tok, target=self.target, cfg=d, eos=self.eos,
-                                                    seed=self.cfg.seed + 1, desc="heldout")
+                                                    seed=self.cfg.seed + 1, desc="heldout", original=False)
             self.data_summary = {"source": info, "train": s_train, "heldout": s_eval,
                                  "data_s": time.perf_counter() - t0}
             log.info("data: %s", json.dumps({"train": s_train, "heldout": s_eval}))
