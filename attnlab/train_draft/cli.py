@@ -10,9 +10,10 @@ import os
 import sys
 from pathlib import Path
 
-from attnlab.cli import CONF_DIR, EXIT_USAGE, _is_user_error, one_line
+from attnlab.cli import CONF_DIR, EXIT_USAGE, is_user_error, one_line
 
 log = logging.getLogger("attnlab.train")
+_USER_ERRORS: list[BaseException] = []  # the task's user error: printed by main as one line (Hydra would print more)
 
 
 def _task(cfg) -> dict:
@@ -50,6 +51,9 @@ def _task(cfg) -> dict:
         status.finish("failed", error=msg, error_type=type(e).__name__)
         if logger is not None:
             logger.finish("failed", msg)
+        if isinstance(e, AttnlabError):
+            _USER_ERRORS.append(e)
+            return {}
         raise
 
 
@@ -65,8 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     task = hydra.main(config_path=str(CONF_DIR), config_name="train_draft", version_base="1.3")(_task)
     try:
         task()
+        if _USER_ERRORS:
+            err = _USER_ERRORS.pop()
+            if full:
+                raise err
+            print(f"attnlab.train_draft: error: {one_line(err)}", file=sys.stderr)
+            return EXIT_USAGE
     except Exception as exc:
-        if full or not _is_user_error(exc):
+        if full or not is_user_error(exc):
             raise
         print(f"attnlab.train_draft: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE

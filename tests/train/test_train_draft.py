@@ -3,6 +3,8 @@ drafts losslessly, resumes, and is refused by another target."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -106,3 +108,29 @@ def test_time_budget_fits_the_schedule_and_still_saves(tmp_path):
     s = run(cfg, tmp_path, "cpu", "fp32", NoneLogger(), target=target_side(tiny_model(CFG, seed=0)))
     assert s["stopped_by_time"] and 0 < s["steps"] < s["planned_steps"]
     assert (tmp_path / "head" / "eagle3.safetensors").is_file() and "eval/loss" in s
+
+
+def test_cli_bad_input_is_one_line(tmp_path):
+    from tests.cli.helpers import run_cli, stderr_lines
+
+    proc = run_cli(["model=tiny-llama", "device=cpu", "logger=none", "train.eval_k=[9]", "train.ttt_steps=3",
+                    f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, module="attnlab.train_draft", timeout=120)
+    lines = stderr_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("attnlab.train_draft: error: train.eval_k=[9]") and "ttt_steps=3" in lines[0]
+
+
+def test_cli_trains_a_head_for_a_preset(tmp_path):
+    """The whole entry point on the tiny random preset: data from a ShareGPT-format file, a head saved."""
+    from tests.cli.helpers import run_cli
+
+    sample = write_sample(tmp_path / "s.json", 40)
+    run = tmp_path / "run"
+    proc = run_cli(["model=tiny-llama", "device=cpu", "logger=jsonl", f"train.data.source={sample}",
+                    "train.data.num_train=8", "train.data.num_eval=2", "train.data.regen_max_new_tokens=8",
+                    "train.data.max_prompt_tokens=64", "train.epochs=1", "train.ttt_steps=2", "train.eval_k=[2]",
+                    "train.tokens_per_batch=512", f"hydra.run.dir={run}"], tmp_path, module="attnlab.train_draft",
+                   timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (run / "head" / "eagle3.json").is_file() and (run / "train_log.jsonl").is_file()
+    assert json.loads((run / "status.json").read_text())["status"] == "complete"
