@@ -118,10 +118,33 @@ def test_kernel_parity_bf16_has_small_error():
     assert all(0 <= r["max_rel_err"] < 0.05 for r in res.values())
 
 
+def test_gpu_clocks_from_nvidia_smi(monkeypatch):
+    """GPU clocks come from nvidia-smi when present (parsed per GPU), else null."""
+    import subprocess
+
+    from attnlab.metrics import env
+
+    out = "0, NVIDIA H200, 1980, 2619, 1980, 2619, 0x0000000000000000, 120.5, 700.00, 35, 0, P0\n"
+    monkeypatch.setattr(env.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, out, ""))
+    clocks = env.gpu_clocks()
+    assert clocks == [{"index": 0, "name": "NVIDIA H200", "clocks.sm": 1980, "clocks.mem": 2619,
+                       "clocks.max.sm": 1980, "clocks.max.mem": 2619,
+                       "clocks_throttle_reasons.active": "0x0000000000000000", "power.draw": 120.5,
+                       "power.limit": 700.0, "temperature.gpu": 35, "utilization.gpu": 0, "pstate": "P0"}]
+
+    def missing(*a, **k):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(env.subprocess, "run", missing)
+    assert env.gpu_clocks() is None
+
+
 def test_env_info():
     env = env_info()
-    for key in ("git_sha", "git_dirty", "command", "packages", "cpu", "gpu_name", "cuda", "driver", "python"):
+    for key in ("git_sha", "git_dirty", "command", "packages", "cpu", "gpu_name", "cuda", "driver", "python",
+                "load_avg", "gpu_clocks"):
         assert key in env
+    assert len(env["load_avg"]) == 3 and all(x >= 0 for x in env["load_avg"])
     for pkg in ("torch", "triton", "flashinfer-python", "flash-attn", "transformers", "hydra-core"):
         assert pkg in env["packages"]
     json.dumps(env)
