@@ -64,6 +64,22 @@ def test_kv_waste_and_accept_rates():
     assert accept_rates([], 3) == {}
 
 
+def test_accept_rate_divides_by_the_passes_that_drafted_the_position():
+    """Near max context k shrinks: a pass with k = 1 says nothing about positions 2..4 (today's code counts it
+    as a rejection there: pos2 = 2/3 here)."""
+    from attnlab.metrics.perf import accept_rates_by_pass
+
+    its = [_it([5, 3], 1, 1, 1, 1), _it([2], 1, 1, 1, 1)]
+    its[0].num_draft_tokens, its[1].num_draft_tokens = 4, 1
+    reqs = [_req(4, range(7), [5, 2], 1.0, 2.0), _req(4, range(3), [3], 1.0, 2.0)]
+    out = SimpleNamespace(requests=reqs, iterations=its, wall_s=1.0, num_draft_tokens=4)
+    m = summarize(out)
+    assert m["accept_rate_pos1"] == 1.0  # all three passes accepted position 1
+    assert m["accept_rate_pos2"] == 1.0 and m["accept_rate_pos3"] == 0.5 and m["accept_rate_pos4"] == 0.5
+    assert accept_rates_by_pass([(4, 5), (4, 3), (1, 2)]) == {k: m[k] for k in m if k.startswith("accept_rate")}
+    assert accept_rates_by_pass([]) == {}
+
+
 def test_merge_outputs_adds_wall_time():
     merged = merge_outputs([_out(), _out()])
     assert len(merged.requests) == 4 and len(merged.iterations) == 4 and merged.wall_s == 1.0

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnlab.engine.build import build_side
+from attnlab.engine.build import SideSpec, build_side
+from attnlab.plan import ModelSource
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import ModelDrafter, NgramDrafter, NoDrafter
 
@@ -80,12 +81,13 @@ def attnlab_rows(base, a, prompts, eos: set[int]) -> list[Row]:
     dev, rows = base.device, []
     graphs = a.graphs and dev.type == "cuda"
     max_ctx = max(map(len, prompts)) + a.new + a.k + 2
-    model_cfg = {"name": a.model, "init": "pretrained" if a.weights == "real" else "random"}
+    model = ModelSource(a.model, init="pretrained" if a.weights == "real" else "random")
 
     def side(backend, layers=None, name="target"):
-        return build_side(model_cfg, backend, a.dtype, a.dtype, 16, None, 1, max_ctx, str(dev), layers=layers,
-                          share_weights_with=base, progress=False, name=name, cuda_graph=graphs,
-                          max_q_len=a.k + 1)
+        spec = SideSpec(model, backend, a.dtype, a.dtype, page_size=16, max_context=max_ctx, max_batch=1,
+                        device=str(dev), name=name, layers=tuple(layers) if layers else None, cuda_graph=graphs,
+                        max_q_len=a.k + 1)
+        return build_side(spec, share_weights_with=base, progress=False)
 
     def timed(target, drafter, k, drafter_name, pair):
         dec = SpeculativeDecoder(target, drafter, SpecParams(k))
@@ -233,8 +235,8 @@ def run(a) -> dict:
 
     dev = torch.device(a.device)
     init = "pretrained" if a.weights == "real" else "random"
-    base = build_side({"name": a.model, "init": init}, a.backends[0], a.dtype, a.dtype, 16, None, 1, 64, a.device,
-                      progress=False)
+    base = build_side(SideSpec(ModelSource(a.model, init=init), a.backends[0], a.dtype, a.dtype, page_size=16,
+                               max_context=64, max_batch=1, device=a.device), progress=False)
     cfg, model = base.model_config, base.model
     tok = load_tokenizer(a.model, init=init, config=cfg) if a.weights == "real" else None
     prompts = load_prompts(a.weights, a.num_prompts, cfg.vocab_size, tok)
