@@ -208,7 +208,7 @@ def test_report(tmp_path):
     _fake_job(tmp_path, "10", "complete", "triton", 150.0, 2.4)
     table = report(tmp_path).splitlines()
     assert len(table) == 5 and [ln.split("|")[1].strip() for ln in table[2:]] == ["0", "1", "10"]
-    assert "| -/torch | ngram | fp32/fp32 | 16 | 3 | no | 2.50 | 100.0 | 1.50 | 1.000 | complete |" in table[2]
+    assert "| -/torch | ngram | fp32/fp32 | 16 | 3 | no | - | 2.50 | 100.0 | - | - | 1.50 | - |" in table[2]
     assert "failed: x" in table[3]
     for png in ("throughput_tau.png", "accept_rate_pos.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
