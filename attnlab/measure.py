@@ -116,11 +116,12 @@ def _timed_spec(plan: RunPlan, work: Prepared, pair: Pair, prompts, desc: str):
 
 def cold_kind(cold: dict | None) -> dict:
     """Which cold start first_request_ms_cold is (metrics.json ``cold_start``)."""
-    if cold is not None:
-        return {"cold_start": "fresh_process_empty_caches" if cold.get("empty_caches") else "fresh_process"}
     before = _JOBS_MEASURED[0]
-    return {"cold_start": "first_job_in_process" if before == 0 else "after_jobs_in_process",
-            "jobs_before_in_process": before}
+    if cold is not None:
+        kind = "fresh_process_empty_caches" if cold.get("empty_caches") else "fresh_process"
+    else:
+        kind = "first_job_in_process" if before == 0 else "after_jobs_in_process"
+    return {"cold_start": kind, "jobs_before_in_process": before}
 
 
 def measure(plan: RunPlan, work: Prepared, pair: Pair, cold: dict | None = None) -> Measured:

@@ -260,8 +260,12 @@ def key_table(jobs: list[dict], keys: list[str]) -> str:
         row = {"job": j["name"], **{k: j["overrides"].get(k, "-") for k in varying}}
         for k in keys:
             v = m.get(k)
-            row[k] = _num(v, ".4g") if isinstance(v, (int, float)) and not isinstance(v, bool) else \
-                ("-" if v is None else str(v))
+            if isinstance(v, list):  # e.g. <key>_repeats
+                row[k] = ", ".join(_num(x, ".4g") if isinstance(x, (int, float)) else str(x) for x in v) or "-"
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                row[k] = _num(v, ".4g")
+            else:
+                row[k] = "-" if v is None else str(v)
         rows.append(row)
     return markdown_table(rows, ("job", *varying, *keys))
 

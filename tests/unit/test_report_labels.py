@@ -96,13 +96,15 @@ def test_key_table(tmp_path):
     for i, w in enumerate(("none", "full")):
         _sweep_job(tmp_path, str(i), [f"warmup={w}", "bench.cold=process"],
                    {"first_request_ms_cold": 1005.0 / (i + 1), "first_request_ms_warm": 544.0,
-                    "cold_start": "fresh_process"})
+                    "cold_start": "fresh_process", "speedup_vs_target_only_repeats": [1.0, 1.25]})
     import contextlib
     import io
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        assert main([str(tmp_path), "--keys", "cold_start,first_request_ms_cold,first_request_ms_warm"]) == 0
+        keys = "cold_start,first_request_ms_cold,first_request_ms_warm,speedup_vs_target_only_repeats"
+        assert main([str(tmp_path), "--keys", keys]) == 0
     lines = buf.getvalue().splitlines()
-    assert lines[0] == "| job | warmup | cold_start | first_request_ms_cold | first_request_ms_warm |"
-    assert lines[2] == "| 0 | none | fresh_process | 1005 | 544 |" and lines[3].startswith("| 1 | full |")
+    assert lines[0] == ("| job | warmup | cold_start | first_request_ms_cold | first_request_ms_warm | "
+                        "speedup_vs_target_only_repeats |")
+    assert lines[2] == "| 0 | none | fresh_process | 1005 | 544 | 1, 1.25 |" and lines[3].startswith("| 1 | full |")
