@@ -15,7 +15,9 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from attnlab import plan as pl
 from attnlab.errors import AttnlabError, ConfigError
+from attnlab.plan import RunPlan
 
 DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
 DEVICES = ("auto", "cpu", "cuda")
@@ -25,6 +27,7 @@ WORKLOAD_KINDS = ("builtin", "hf", "sharegpt", "humaneval", "synthetic")
 LOGGER_KINDS = ("wandb", "jsonl", "none")
 WARMUP_PLANS = ("none", "jit", "graphs", "full")
 WANDB_MODES = ("offline", "online", "disabled")
+BENCH_COLD = ("inline", "process", "empty_caches")
 
 
 @dataclass
@@ -147,6 +150,16 @@ class EngineSchema:
 
 
 @dataclass
+class BenchSchema:
+    # Timed runs of the workload after warmup, spec and target-only interleaved (null = 3 on GPU, 1 on CPU).
+    repeats: int | None = None
+    noisy_ratio: float = 1.1  # max / min of tok/s, ms per iteration or speedup over the repeats above this: noisy
+    # first_request_ms_cold: inline (the first timed request of this process) | process (a fresh process) |
+    # empty_caches (a fresh process with empty Triton / FlashInfer / CUDA caches); see attnlab/coldstart.py
+    cold: str = "inline"
+
+
+@dataclass
 class Config:
     model: ModelSchema = field(default_factory=ModelSchema)
     draft: DraftSchema = field(default_factory=DraftSchema)
@@ -160,6 +173,7 @@ class Config:
     logger: LoggerSchema = field(default_factory=LoggerSchema)
     parity: ParitySchema = field(default_factory=ParitySchema)
     engine: EngineSchema = field(default_factory=EngineSchema)
+    bench: BenchSchema = field(default_factory=BenchSchema)
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
     study: str | None = None  # experiment files set their name here; reports group by it
@@ -332,8 +346,8 @@ def check_backend(side: str, name: str, *, device: str, dtype: str, kv_dtype: st
         raise ConfigError(f"{side}={name} is unavailable here: {reason}")
 
 
-def validate(cfg: DictConfig) -> dict:
-    """Check the composed config and return the resolved values the job needs (device, dtypes, layers).
+def validate(cfg: DictConfig) -> RunPlan:
+    """Check the composed config and return it as a frozen, typed run plan (device, dtypes, k resolved).
 
     Backend checks that depend on the prompt lengths or the model's head_dim run again in the job, after
     tokenization and before any weights are read (``check_backend`` with the real numbers).
@@ -435,7 +449,47 @@ def validate(cfg: DictConfig) -> dict:
             if not get_backend_class(name, options, f"{side}.options").capabilities().cuda_graph:
                 raise ConfigError(f"{side}={name} cannot run inside CUDA graphs; use engine.cuda_graph=false and "
                                   f"warmup=none|jit, or a graph-capable backend (triton, flashinfer, fa)")
-    return {"device": device, "precision": prec, "draft_layers": layers, "k": k, "cuda_graph": graphs}
+    b = cfg.bench
+    if b.repeats is not None and b.repeats < 1:
+        raise ConfigError(f"bench.repeats={b.repeats}: must be >= 1 or null (3 on GPU, 1 on CPU)")
+    if not (math.isfinite(b.noisy_ratio) and b.noisy_ratio >= 1):
+        raise ConfigError(f"bench.noisy_ratio={b.noisy_ratio}: must be a number >= 1 (max / min over the repeats)")
+    _choice("bench.cold", b.cold, BENCH_COLD)
+    return make_plan(cfg, device=device, precision=prec, layers=layers, k=k, graphs=graphs)
+
+
+def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, graphs: bool) -> RunPlan:
+    """The composed config + the values ``validate`` resolved, as a RunPlan (attnlab/plan.py)."""
+    from attnlab.spec.tree import check_tree_shape
+
+    def source(m) -> pl.ModelSource:
+        return pl.ModelSource(m.name, m.path, m.init, m.seed, pl.frozen_mapping(to_container(m.overrides)))
+
+    d, s, kv, w, p, lg, wu = cfg.draft, cfg.spec, cfg.kv, cfg.workload, cfg.parity, cfg.logger, cfg.warmup
+    num_steps = check_tree_shape(s.topk, s.num_steps, k) if k else 0
+    return RunPlan(
+        device=device, seed=cfg.seed, model=source(cfg.model),
+        draft=pl.DraftPlan(d.kind, tuple(layers) if layers is not None else None, d.ngram_n,
+                           source(d) if d.kind == "model" else None, d.path if d.kind == "eagle" else None),
+        backend=cfg.backend.name, verify=cfg.verify.name,
+        backend_options=pl.frozen_mapping(to_container(cfg.backend.get("options")) or {}),
+        verify_options=pl.frozen_mapping(to_container(cfg.verify.get("options")) or {}),
+        precision=pl.Precision(**precision, kv_scale=float(cfg.precision.kv_scale)),
+        kv=pl.KVPlan(kv.layout, kv.page_size, kv.num_pages, kv.max_context,
+                     bool(kv.get("allow_past_model_context", False))),
+        spec=pl.SpecPlan(k, s.topk, float(s.temperature), s.top_k, float(s.top_p), num_steps),
+        warmup=pl.WarmupPlan(wu.plan, tuple(wu.lengths), wu.max_new_tokens),
+        workload=pl.WorkloadPlan(w.kind, w.num_prompts, w.batch_size, w.max_new_tokens, w.chat_template,
+                                 w.ignore_eos, tuple(w.categories), w.path, w.name, w.split, tuple(w.lengths),
+                                 w.field),
+        parity=pl.ParityPlan(p.enabled, p.enabled and p.kernel, p.enabled and p.logits, p.enabled and p.tokens,
+                             p.enabled and p.acceptance, p.reference, p.reference_precision, p.max_prompts),
+        engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops)),
+        bench=pl.BenchPlan(cfg.bench.repeats or (3 if device == "cuda" else 1), float(cfg.bench.noisy_ratio),
+                           cfg.bench.cold),
+        logger=pl.LoggerPlan(lg.kind, lg.project, lg.entity, lg.mode, lg.group, tuple(lg.tags)),
+        study=cfg.study,
+    )
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -14,75 +14,78 @@ import logging
 import sys
 
 
-def _graphs(job) -> str:
+def _graphs(plan, work) -> str:
     from attnlab.engine.graphs import DEFAULT_BUCKETS
 
-    if not job.r.get("cuda_graph"):
+    if not plan.engine.cuda_graph:
         return "off (engine.cuda_graph=false, warmup plan without graphs)"
-    bs = job.cfg.workload.batch_size
+    bs = plan.workload.batch_size
     buckets = [b for b in DEFAULT_BUCKETS if b < bs] + [next((b for b in DEFAULT_BUCKETS if b >= bs), bs)]
-    q_target = sorted({1, job.k + 1})
+    q_target = sorted({1, plan.k + 1})
     n = len(buckets) * len(q_target)
     line = f"batch buckets {buckets}; target q_len {q_target}"
-    if job.cfg.draft.kind in ("self", "model"):
-        n += len(buckets) * (1 + max(1, job.k))
-        line += f"; draft q_len 2 (catch-up) + q_len 1 x {max(1, job.k)} plan slots"
-    elif job.cfg.draft.kind == "eagle":  # the target again with features, draft-extend, k - 1 steps
-        n += len(buckets) * (len(q_target) + 1 + max(0, job.k - 1))
-        line += (f"; target again with its features captured; head q_len {job.k + 1} (draft-extend) + q_len 1 "
-                 f"x {max(0, job.k - 1)} plan slots")
+    if plan.draft.kind in ("self", "model"):
+        n += len(buckets) * (1 + max(1, plan.k))
+        line += f"; draft q_len 2 (catch-up) + q_len 1 x {max(1, plan.k)} plan slots"
+    elif plan.draft.kind == "eagle":  # the target again with features, draft-extend, k - 1 steps
+        n += len(buckets) * (len(q_target) + 1 + max(0, plan.k - 1))
+        line += (f"; target again with its features captured; head q_len {plan.k + 1} (draft-extend) + q_len 1 "
+                 f"x {max(0, plan.k - 1)} plan slots")
     return f"{line}: {n} graphs"
 
 
 def plan(cfg) -> tuple[list[tuple[str, str]], object]:
-    """(rows of the printed plan, the prepared SpecJob). Raises a user error (AttnlabError, Hydra's) on the first problem."""
+    """(rows of the printed plan, the Prepared work). Raises a user error (AttnlabError, Hydra's) on the first
+    problem."""
     from attnlab.config import validate
-    from attnlab.job import SpecJob
     from attnlab.kvcache.budget import fmt_bytes, free_bytes
+    from attnlab.prepare import prepare
 
-    resolved = validate(cfg)
-    job = SpecJob(cfg, resolved, None)
-    job.prepare()
-    m, d, prec, w = job.mcfg, cfg.draft, job.prec, cfg.workload
-    rows = [("device", job.device)]
-    rows.append(("target", (f"{cfg.model.path or cfg.model.name} ({cfg.model.init}): {m.arch}, {m.num_layers} "
+    run = validate(cfg)
+    work = prepare(run)
+    m, d, prec, w = work.model_config, run.draft, run.precision, run.workload
+    rows = [("device", run.device)]
+    rows.append(("target", (f"{run.model.source} ({run.model.init}): {m.arch}, {m.num_layers} "
                             f"layers, {m.num_heads} heads / {m.num_kv_heads} KV heads, head_dim {m.head_dim}, vocab "
                             f"{m.vocab_size}, max positions {m.max_position_embeddings}")))
-    rows.append(("verify", f"{cfg.verify.name}: weights {prec['target']}, KV {prec['kv_target']}"))
+    rows.append(("verify", f"{run.verify}: weights {prec.target}, KV {prec.kv_target}"))
     if d.kind == "none":
         rows.append(("drafter", "none (target-only decoding)"))
     elif d.kind == "ngram":
-        rows.append(("drafter", f"ngram (n <= {d.ngram_n}), k = {job.k}; no draft-side attention"))
+        rows.append(("drafter", f"ngram (n <= {d.ngram_n}), k = {run.k}; no draft-side attention"))
     else:
-        what = (f"self, layers {job.r.get('draft_layers') or 'all'}" if d.kind == "self"
-                else f"eagle head {d.path or '(bundled for ' + cfg.model.name + ')'}" if d.kind == "eagle"
-                else f"model {d.path or d.name} ({d.init}): {job.dcfg.num_layers} layers")
-        rows.append(("drafter", f"{what}, k = {job.k}, topk {cfg.spec.topk}"))
-        rows.append(("backend", f"{cfg.backend.name}: weights {prec['draft']}, KV {prec['kv_draft']}"))
-    rows.append(("sampling", "greedy" if cfg.spec.temperature == 0 else
-                 f"temperature {cfg.spec.temperature}, top_k {cfg.spec.top_k}, top_p {cfg.spec.top_p}"))
-    longest = max(len(p.token_ids) for p in job.prompts)
-    rows.append(("workload", (f"{w.kind}: {len(job.prompts)} prompts (longest {longest} tokens), batch "
+        what = (f"self, layers {list(work.draft_layers) if work.draft_layers else 'all'}" if d.kind == "self"
+                else f"eagle head {d.head or '(bundled for ' + str(run.model.name) + ')'}" if d.kind == "eagle"
+                else f"model {d.model.source} ({d.model.init}): {work.draft_config.num_layers} layers")
+        rows.append(("drafter", f"{what}, k = {run.k}, topk {run.spec.topk}"))
+        rows.append(("backend", f"{run.backend}: weights {prec.draft}, KV {prec.kv_draft}"))
+    rows.append(("sampling", "greedy" if run.spec.temperature == 0 else
+                 f"temperature {run.spec.temperature}, top_k {run.spec.top_k}, top_p {run.spec.top_p}"))
+    longest = max(len(p.token_ids) for p in work.prompts)
+    rows.append(("workload", (f"{w.kind}: {len(work.prompts)} prompts (longest {longest} tokens), batch "
                               f"{w.batch_size}, max_new_tokens {w.max_new_tokens}")))
-    page = f"page_size {job.page_size}"
-    if "page_size_requested" in job.metrics:
-        page += f" (clamped from {job.metrics['page_size_requested']})"
-    rows.append(("kv", f"{cfg.kv.layout}, {page}, max context {job.max_context}, {job.pools[0].num_pages} pages per side"))
-    free = free_bytes(job.device)
+    page = f"page_size {work.page_size}"
+    if "page_size_requested" in work.notes:
+        page += f" (clamped from {work.notes['page_size_requested']})"
+    kv_row = f"{run.kv.layout}, {page}, max context {work.max_context}, {work.pools[0].num_pages} pages per side"
+    rows.append(("kv", kv_row))
+    free = free_bytes(run.device)
     pools = ", ".join(f"{p.side} {fmt_bytes(p.bytes)} ({p.num_layers} layer{'s' * (p.num_layers != 1)}, "
-                      f"{p.kv_dtype})" for p in job.pools)
-    rows.append(("kv pools", f"{pools}; free on {job.device}: {fmt_bytes(free) if free is not None else 'unknown'}"))
-    rows.append(("cuda graphs", _graphs(job)))
-    rows.append(("warmup", cfg.warmup.plan + (f" (lengths {list(cfg.warmup.lengths)})"
-                                              if cfg.warmup.plan in ("jit", "full") else "")))
-    par = cfg.parity
-    levels = [name for name in ("kernel", "logits", "tokens", "acceptance") if par.enabled and par[name]]
+                      f"{p.kv_dtype})" for p in work.pools)
+    rows.append(("kv pools", f"{pools}; free on {run.device}: {fmt_bytes(free) if free is not None else 'unknown'}"))
+    rows.append(("cuda graphs", _graphs(run, work)))
+    rows.append(("warmup", run.warmup.plan + (f" (lengths {list(work.warmup_lengths)})" if run.warmup.generates
+                                              else "")))
+    rows.append(("timing", f"{run.bench.repeats} timed repeat(s), cold start {run.bench.cold}"))
+    par = run.parity
+    levels = [name for name in ("kernel", "logits", "tokens", "acceptance") if getattr(par, name)]
     rows.append(("parity", f"{', '.join(levels)} vs {par.reference} at {par.reference_precision} precision"
                  if levels else "off"))
-    if job.metrics.get("past_model_context"):
+    if work.notes.get("past_model_context"):
         rows.append(("context", "past the model's max_position_embeddings (kv.allow_past_model_context=true)"))
-    rows.append(("logger", cfg.logger.kind + (f" ({cfg.logger.mode})" if cfg.logger.kind == "wandb" else "")))
-    return rows, job
+    lg = run.logger
+    rows.append(("logger", lg.kind + (f" ({lg.mode})" if lg.kind == "wandb" else "")))
+    return rows, work
 
 
 def main(overrides: list[str], multirun: bool = False) -> int:

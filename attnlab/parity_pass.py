@@ -1,114 +1,163 @@
-"""The parity passes of one job (DESIGN.md levels 1-4) and the target-only baseline behind the speedup.
+"""The parity passes of one job (DESIGN.md levels 1-4): untimed, after the timed runs (attnlab.measure).
 
-Functions of a prepared ``SpecJob`` (attnlab.job): they build the reference sides and decode through it.
+Inputs are explicit: the plan, the prepared workload, the run's pair and its timed outputs (tokens only:
+timed runs record no logits). What needs more than tokens runs here as its own pass:
+
+- tokens: the timed spec run vs the timed target-only run of the same job, and vs the reference (target-only
+  decoding with parity.reference at the run's precision or fp32). When the run's verify side *is* that
+  reference, the timed target-only run is the reference run. draft=none is not compared with itself.
+- logits: an untimed spec run that records the target's logits at every emitted position, vs the reference
+  model's logits for the same prefixes (one teacher-forced prefill of prompt + output per batch), so every
+  position is compared, also after a token divergence. Skipped (with a note) when the run's verify side is
+  the reference: only the shapes of the passes would differ.
+- acceptance: the run's pair vs (reference, reference), same drafter, on the parity prompts.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import logging
 
 from attnlab.config import compute_dtype
-from attnlab.spec.drafters import make_drafter
+from attnlab.plan import RunPlan
+from attnlab.prepare import Prepared
+from attnlab.sides import Pair, build, build_pair, decode, reference_spec, target_only
+
+log = logging.getLogger("attnlab")
 
 
-def _subset(out, n: int):
-    """The first n requests of a GenerateOutput, for summaries over the parity prompts only."""
-    return SimpleNamespace(requests=out.requests[:n], iterations=[], wall_s=out.wall_s,
-                           num_draft_tokens=out.num_draft_tokens)
+def reference_is_run(plan: RunPlan) -> bool:
+    """The run's target side is the reference: parity.reference backend at the reference precision."""
+    p, par = plan.precision, plan.parity
+    ref_prec = (p.target, p.kv_target) if par.reference_precision == "same" else ("fp32", "fp32")
+    return (plan.verify, p.target, p.kv_target) == (par.reference, *ref_prec)
 
 
-def run_parity(job, target, out, m: dict) -> tuple[dict, list[dict]]:
-    """Levels 1-4 of DESIGN.md, plus the target-only baseline behind speedup_vs_target_only.
+def reference_logits(runner, prompts: list[list[int]], outputs: list[list[int]], batch_size: int) -> list:
+    """Teacher forcing: the logits ``runner`` gives each output token of each request, from one prefill of
+    prompt + output[:-1] per batch (only the output rows go through the LM head). -> [len(output), V] fp32 CPU."""
+    import torch
 
-    The reference is target-only decoding with the torch backend at the run's precision (or fp32, per
-    parity.reference_precision). It doubles as the baseline when the run's verify side is exactly that
-    (torch, same precision); otherwise the baseline is a target-only pass with the run's verify backend.
-    """
+    from attnlab.backends.base import Mode
+
+    out = []
+    for b in range(0, len(prompts), batch_size):
+        ps, os_ = prompts[b:b + batch_size], outputs[b:b + batch_size]
+        reqs = [("teacher_forced", b + i) for i in range(len(ps))]
+        seqs = [list(p) + list(o[:-1]) for p, o in zip(ps, os_)]
+        rows, offset = [], 0
+        for p, o, s in zip(ps, os_, seqs):
+            rows += range(offset + len(p) - 1, offset + len(p) - 1 + len(o))
+            offset += len(s)
+        dev = runner.device
+        ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=dev)
+        p = runner.prepare(reqs, [0] * len(seqs), [len(s) for s in seqs], Mode.PREFILL)
+        runner.plan(p)
+        logits = runner.forward(p, ids, torch.tensor(rows, dtype=torch.long, device=dev)).float().cpu()
+        for r in reqs:
+            runner.release(r)
+        start = 0
+        for o in os_:
+            out.append(logits[start:start + len(o)])
+            start += len(o)
+    return out
+
+
+def run_parity(plan: RunPlan, work: Prepared, pair: Pair, spec_out, base_out) -> tuple[dict, dict, list[dict]]:
+    """-> (parity.json, metrics.json keys, per-request rows). ``spec_out``/``base_out``: the first timed spec
+    and target-only runs (``base_out`` None with draft=none)."""
     from attnlab.metrics.parity import acceptance_parity, logits_parity, token_parity
     from attnlab.metrics.perf import summarize
 
-    cfg, par, prec = job.cfg, job.cfg.parity, job.prec
-    ref_prec, ref_kv = ((prec["target"], prec["kv_target"]) if par.reference_precision == "same"
-                        else ("fp32", "fp32"))
-    result: dict = {"reference": {"backend": par.reference, "precision": ref_prec, "kv_precision": ref_kv}}
+    par = plan.parity
+    ref = reference_spec(plan, work)
+    result: dict = {"reference": {"backend": par.reference, "precision": ref.dtype, "kv_precision": ref.kv_dtype}}
+    m: dict = {}
     if par.kernel:
-        result["kernel"] = kernel_parity_pass(job)
-    prompts = job._parity_prompts()
-    n = len(prompts)
-    run_ids = [r.output_ids for r in out.requests[:n]]
+        result["kernel"] = kernel_parity_pass(plan, work)
+    prompts = list(work.prompts[: par.max_prompts] if par.max_prompts else work.prompts)
+    n, none = len(prompts), plan.draft.kind == "none"
     per_request: list[dict] = [{} for _ in range(n)]
-    none = make_drafter("none", device=target.device)
+    run_ids = [r.output_ids for r in spec_out.requests[:n]]
+    same = reference_is_run(plan)
+    ref_target = None
 
-    same_as_run = (cfg.verify.name, prec["target"], prec["kv_target"]) == (par.reference, ref_prec, ref_kv)
-    ref_target = ref_out = None
-    if par.tokens or par.logits or par.acceptance:
-        if same_as_run:
-            ref_target = target
-        else:  # same dtype: share the loaded weights; fp32 reference: load again in fp32
-            share = target if ref_prec == prec["target"] else None
-            ref_target = job.build(cfg.model, par.reference, ref_prec, ref_kv, "reference",
-                                    share_weights_with=share, graphs=False)
-    if par.tokens or par.logits:
-        ref_out = job.decode(ref_target, none, prompts, k=0, record_logits=par.logits, desc="reference")
-
-    base_out = None
-    if cfg.draft.kind != "none":
-        if same_as_run and ref_out is not None and n == len(job.prompts):
-            base_out = ref_out
-        else:
-            base_out = job.decode(target, none, job.prompts, k=0, desc="target-only")
-        base_tps = summarize(base_out)["output_tokens_per_s"]
-        m["target_only_tokens_per_s"] = base_tps
-        m["speedup_vs_target_only"] = m["output_tokens_per_s"] / base_tps if base_tps else None
+    def reference_target():
+        nonlocal ref_target
+        if ref_target is None:  # same dtype: share the loaded weights; an fp32 reference loads them again
+            share = pair.target if ref.dtype == plan.precision.target else None
+            ref_target = build(ref, share_weights_with=share)
+        return ref_target
 
     if par.tokens:
-        ref_ids = [r.output_ids for r in ref_out.requests]
-        base_ids = [r.output_ids for r in base_out.requests[:n]] if base_out is not None else run_ids
-        vs_base, vs_ref = token_parity(run_ids, base_ids), token_parity(run_ids, ref_ids)
-        result["tokens"] = {"greedy": cfg.spec.temperature == 0, "vs_target_only": vs_base,
-                            "vs_reference": vs_ref}
-        for i in range(n):
-            per_request[i]["first_divergence_vs_target_only"] = vs_base["first_divergence"][i]
-            per_request[i]["first_divergence_vs_reference"] = vs_ref["first_divergence"][i]
-        m["parity_token_match"] = vs_base["match_rate"]
-        m["parity_token_match_ref"] = vs_ref["match_rate"]
-    if par.logits:
-        result["logits"] = logits_parity([r.logits for r in out.requests[:n]],
-                                         [r.logits for r in ref_out.requests], run_ids,
-                                         [r.output_ids for r in ref_out.requests])
+        if none:
+            vs_base = {"note": "draft=none: the run is target-only decoding; nothing to compare it with"}
+        else:
+            vs_base = token_parity(run_ids, [r.output_ids for r in base_out.requests[:n]])
+        if same and none:
+            vs_ref = {"note": "the run is target-only decoding with the reference backend and precision"}
+        elif same:  # the timed target-only run used the reference backend at the reference precision
+            vs_ref = {**vs_base, "reference_run": "the timed target-only run"}
+        else:
+            ref_out = decode(target_only(reference_target()), plan, work, prompts, k=0, desc="reference")
+            vs_ref = token_parity(run_ids, [r.output_ids for r in ref_out.requests])
+        result["tokens"] = {"greedy": plan.spec.temperature == 0, "vs_target_only": vs_base, "vs_reference": vs_ref}
+        for key, tp in (("first_divergence_vs_target_only", vs_base), ("first_divergence_vs_reference", vs_ref)):
+            for i, d in enumerate(tp.get("first_divergence", ())):  # none where nothing was compared
+                per_request[i][key] = d
+        m["parity_token_match"] = vs_base.get("match_rate")
+        m["parity_token_match_ref"] = vs_ref.get("match_rate")
+
+    recorded = None
+    if par.logits and same:
+        result["logits"] = {"note": f"verify={plan.verify} at {plan.precision.target} is the reference: nothing to "
+                                    f"compare (use another verify backend or parity.reference_precision=fp32)"}
+    elif par.logits:
+        recorded = decode(pair, plan, work, prompts, record_logits=True, desc="parity (logits)")
+        ids = [r.output_ids for r in recorded.requests]
+        ref_logits = reference_logits(reference_target(), [p.token_ids for p in prompts], ids,
+                                      plan.workload.batch_size)
+        result["logits"] = {**logits_parity([r.logits for r in recorded.requests], ref_logits, ids, ids),
+                            "reference_run": "teacher-forced on the run's tokens"}
         m["parity_logits_max_abs_err"] = result["logits"]["max_abs_err"]
         m["parity_logits_mean_kl"] = result["logits"]["mean_kl"]
         m["parity_logits_top1_agree"] = result["logits"]["top1_agree"]
-    if par.acceptance and job.k:
-        if (cfg.backend.name, cfg.verify.name) == (par.reference, par.reference) and same_as_run:
+
+    if par.acceptance and plan.k:
+        if (plan.backend, plan.verify) == (par.reference, par.reference) and same:
             result["acceptance"] = {"note": "the run is the reference pair"}
         else:
-            acc_target = ref_target if ref_prec == prec["target"] and ref_kv == prec["kv_target"] else None
-            t2, d2 = job.build_pair(par.reference, par.reference, acc_target, tag="_acc")
-            acc_out = job.decode(t2, d2, prompts, desc="acceptance ref")
-            run_m = summarize(out) if n == len(job.prompts) else summarize(_subset(out, n))
-            result["acceptance"] = acceptance_parity(run_m, summarize(acc_out))
-    return result, per_request
+            p = plan.precision
+            acc_target = reference_target() if (ref.dtype, ref.kv_dtype) == (p.target, p.kv_target) else None
+            acc = build_pair(plan, work, par.reference, par.reference, target=acc_target, graphs=False, tag="_acc",
+                             draft_weights=pair.draft_runner)
+            acc_out = decode(acc, plan, work, prompts, desc="acceptance ref")
+            if n == len(work.prompts):
+                run_out = spec_out
+            else:  # per-position rates need the iterations of a run over exactly these prompts
+                run_out = recorded or decode(pair, plan, work, prompts, desc="parity (acceptance)")
+            result["acceptance"] = acceptance_parity(summarize(run_out), summarize(acc_out))
+    return result, m, per_request
 
-def kernel_parity_pass(job) -> dict:
+
+def kernel_parity_pass(plan: RunPlan, work: Prepared) -> dict:
+    """Level 1: each side's backend vs the reference on a random paged case of the run's shapes and dtypes."""
     from attnlab.backends.registry import get_backend_class
     from attnlab.metrics.kernel_parity import kernel_parity
 
-    cfg, out = job.cfg, {}
-    sides = [("verify", cfg.verify.name, job.mcfg, job.prec["target"], job.prec["kv_target"])]
-    if cfg.draft.kind in ("self", "model", "eagle"):  # an EAGLE head has the target's attention shapes
-        dm = job.dcfg or job.mcfg
-        sides.append(("backend", cfg.backend.name, dm, job.prec["draft"], job.prec["kv_draft"]))
-    longest = max(len(p.token_ids) for p in job.prompts)
+    p, out = plan.precision, {}
+    sides = [("verify", plan.verify, work.model_config, p.target, p.kv_target)]
+    if plan.draft.runs_attention:  # an EAGLE head has the target's attention shapes
+        sides.append(("backend", plan.backend, work.draft_config or work.model_config, p.draft, p.kv_draft))
+    longest = max(len(q.token_ids) for q in work.prompts)
     for side, name, mc, dt, kvdt in sides:
-        if name == cfg.parity.reference:
+        if name == plan.parity.reference:
             out[side] = {"backend": name, "note": "is the reference"}
             continue
-        cls = get_backend_class(name, cfg[side].get("options"), f"{side}.options")  # as the run built it
+        options = plan.options_for("target" if side == "verify" else "draft", name)
+        cls = get_backend_class(name, options, f"{side}.options")  # as the run built it
         res = kernel_parity(cls, num_q_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads,
-                            head_dim=mc.head_dim, dtype=compute_dtype(dt), kv_dtype=kvdt,
-                            page_size=job.page_size,
-                            device=job.device, prompt_len=min(longest, 256), k=job.k,
-                            batch=min(cfg.workload.batch_size, 4), seed=cfg.seed)
+                            head_dim=mc.head_dim, dtype=compute_dtype(dt), kv_dtype=kvdt, page_size=work.page_size,
+                            device=plan.device, prompt_len=min(longest, 256), k=plan.k,
+                            batch=min(plan.workload.batch_size, 4), seed=plan.seed)
         out[side] = {"backend": name, **res}
     return out

@@ -14,13 +14,13 @@ from attnlab.errors import ConfigError
 log = logging.getLogger("attnlab")
 
 
-def context_limit(cfg, positions: int, mcfg, dcfg=None) -> dict:
+def context_limit(plan, positions: int, mcfg, dcfg=None) -> dict:
     """Refuse a run whose positions reach past a model's ``max_position_embeddings`` (RoPE positions it was
     never trained on) unless ``kv.allow_past_model_context=true``; returns the metrics.json keys that record
-    the choice. ``positions``: the longest prompt + max_new_tokens + k + 1."""
-    models = [("model", cfg.model, mcfg)] + ([("draft", cfg.draft, dcfg)] if dcfg is not None else [])
+    the choice. ``positions``: the longest prompt + max_new_tokens + k + 1. ``plan``: the RunPlan."""
+    models = [("model", plan.model, mcfg)] + ([("draft", plan.draft.model, dcfg)] if dcfg is not None else [])
     past = [(prefix, m, c) for prefix, m, c in models if positions > c.max_position_embeddings]
-    allow = bool(cfg.kv.get("allow_past_model_context", False))
+    allow = plan.kv.allow_past_model_context
     if past and not allow:
         prefix, m, c = past[0]
         raise ConfigError(
@@ -37,22 +37,23 @@ def context_limit(cfg, positions: int, mcfg, dcfg=None) -> dict:
     return out
 
 
-def _granule(side_cfg, field: str) -> int:
+def _granule(name: str, options, field: str) -> int:
     """The page-size step a side's backend needs (``multiple:N`` capabilities), 1 for any page size."""
     from attnlab.backends.registry import get_backend_class
 
-    spec = get_backend_class(side_cfg.name, side_cfg.get("options"), f"{field}.options").capabilities().page_sizes
+    spec = get_backend_class(name, dict(options or {}), f"{field}.options").capabilities().page_sizes
     return int(spec.split(":")[1]) if spec.startswith("multiple:") else 1
 
 
-def page_size(cfg, requested: int, max_context: int) -> int:
+def page_size(plan, requested: int, max_context: int) -> int:
     """A page larger than the max context holds slots no request can use: clamp it to the max context, rounded
     up to the page-size step every side's backend needs (FA2 takes pages of 256·n only), and say so."""
-    sides = [(cfg.verify, "verify")] + ([(cfg.backend, "backend")] if cfg.draft.kind in ("self", "model", "eagle")
-                                         else [])
+    sides = [(plan.verify, plan.verify_options, "verify")]
+    if plan.draft.runs_attention:
+        sides.append((plan.backend, plan.backend_options, "backend"))
     step = 1
-    for side_cfg, field in sides:
-        step = math.lcm(step, _granule(side_cfg, field))
+    for name, options, field in sides:
+        step = math.lcm(step, _granule(name, options, field))
     fitted = -(-max_context // step) * step
     if requested <= fitted:
         return requested
@@ -82,27 +83,25 @@ class PoolSpec:
                           DTYPE_NAMES[self.kv_dtype])
 
 
-def kv_pools(cfg, resolved: dict, mcfg, dcfg, page: int, max_context: int) -> list[PoolSpec]:
-    """The pools ``SpecJob.build_pair`` will allocate (parity reference sides come later and are checked when
-    they are built)."""
+def kv_pools(plan, mcfg, dcfg, page: int, max_context: int, draft_layers=None) -> list[PoolSpec]:
+    """The pools ``sides.build_pair`` will allocate (parity reference sides come later and are checked when
+    they are built). ``draft_layers``: draft=self's layer indices (None = all)."""
     from attnlab.engine.build import auto_num_pages
 
-    pages = cfg.kv.num_pages or auto_num_pages(cfg.workload.batch_size, max_context, page)
-    prec = resolved["precision"]
-    out = [PoolSpec("target", mcfg.num_layers, pages, page, mcfg.num_kv_heads, mcfg.head_dim, prec["kv_target"])]
-    if cfg.draft.kind == "self":
-        layers = resolved.get("draft_layers")
-        out.append(PoolSpec("draft", len(layers) if layers else mcfg.num_layers, pages, page, mcfg.num_kv_heads,
-                            mcfg.head_dim, prec["kv_draft"]))
-    elif cfg.draft.kind == "eagle":  # one layer at the target's attention shapes
-        out.append(PoolSpec("draft", 1, pages, page, mcfg.num_kv_heads, mcfg.head_dim, prec["kv_draft"]))
-    elif cfg.draft.kind == "model" and dcfg is not None:
-        out.append(PoolSpec("draft", dcfg.num_layers, pages, page, dcfg.num_kv_heads, dcfg.head_dim,
-                            prec["kv_draft"]))
+    pages = plan.kv.num_pages or auto_num_pages(plan.workload.batch_size, max_context, page)
+    prec, kind = plan.precision, plan.draft.kind
+    out = [PoolSpec("target", mcfg.num_layers, pages, page, mcfg.num_kv_heads, mcfg.head_dim, prec.kv_target)]
+    if kind == "self":
+        out.append(PoolSpec("draft", len(draft_layers) if draft_layers else mcfg.num_layers, pages, page,
+                            mcfg.num_kv_heads, mcfg.head_dim, prec.kv_draft))
+    elif kind == "eagle":  # one layer at the target's attention shapes
+        out.append(PoolSpec("draft", 1, pages, page, mcfg.num_kv_heads, mcfg.head_dim, prec.kv_draft))
+    elif kind == "model" and dcfg is not None:
+        out.append(PoolSpec("draft", dcfg.num_layers, pages, page, dcfg.num_kv_heads, dcfg.head_dim, prec.kv_draft))
     return out
 
 
-def check_memory(cfg, pools: list[PoolSpec], device: str) -> None:
+def check_memory(plan, pools: list[PoolSpec]) -> None:
     """Every pool together against the device's free memory, naming both numbers and the fields to change."""
     from attnlab.kvcache.budget import check_fits, fmt_bytes
 
@@ -110,9 +109,9 @@ def check_memory(cfg, pools: list[PoolSpec], device: str) -> None:
     if len(pools) > 1:
         shape = " + ".join(f"{p.side} {fmt_bytes(p.bytes)}" for p in pools) + f"; {shape} each"
     what = f"the {pools[0].side} KV pool ({shape})" if len(pools) == 1 else f"the KV pools ({shape})"
-    if cfg.kv.num_pages:
-        what = f"kv.num_pages={cfg.kv.num_pages}: {what}"
+    if plan.kv.num_pages:
+        what = f"kv.num_pages={plan.kv.num_pages}: {what}"
         hint = "lower kv.num_pages, or null = enough pages for one batch at max context"
     else:
         hint = "lower workload.batch_size, the prompt lengths or workload.max_new_tokens"
-    check_fits(sum(p.bytes for p in pools), device, what, hint)
+    check_fits(sum(p.bytes for p in pools), plan.device, what, hint)

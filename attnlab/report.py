@@ -1,9 +1,11 @@
 """``python -m attnlab.report <run or sweep folder>``: a markdown table across jobs + PNG plots.
 
-Finds every job folder (one holding status.json) under the given folder, prints one row per job
-(backend pair, drafter, precision, page size, k, tau, tok/s, speedup, parity token match, status) and
-writes report.md, throughput_tau.png (tok/s and tau per backend pair) and accept_rate_pos.png (acceptance
-rate per draft position) into the folder (or --out).
+Finds every job folder (one holding status.json) under the given folder and prints one row per job: a column
+for each override the sweep varied (from .hydra/overrides.yaml), then the backend pair, drafter, precision,
+page size, k, repeats, tau, tok/s with its min-max over the repeats, ms per iteration, speedup with its
+min-max, TTFT and TPOT p50, peak memory, the logits error, the token match and the status. It writes
+report.md, throughput_tau.png (tok/s and tau, one bar per job) and accept_rate_pos.png (acceptance rate per
+draft position, one line per job) into the folder (or --out).
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import json
 import math
 import re
 import sys
-from collections import defaultdict
+import textwrap
 from pathlib import Path
 
-COLUMNS = ("job", "draft/verify", "drafter", "precision", "page", "k", "graphs", "tau", "tok/s", "speedup",
-           "token match", "status")
+FIXED_COLUMNS = ("draft/verify", "drafter", "precision", "page", "k", "graphs", "repeats", "tau", "tok/s",
+                 "tok/s min-max", "ms/iter", "speedup", "speedup min-max", "TTFT p50 ms", "TPOT p50 ms", "peak mem",
+                 "logits err", "token match", "status")
+COLUMNS = ("job", *FIXED_COLUMNS)  # + one column per varied override, after "job"
 
 
 def _read_json(path: Path) -> dict:
@@ -66,17 +70,37 @@ def load_job(job: Path, root: Path) -> dict:
             "overrides": _read_overrides(job)}
 
 
-def sweep_labels(jobs: list[dict]) -> list[str]:
-    """Per job, the overrides that differ between the jobs (what the sweep varied), e.g. "draft.layers=10";
-    the job name where nothing varies."""
+def varied_overrides(jobs: list[dict]) -> list[str]:
+    """The override keys whose value differs between the jobs (what the sweep varied), sorted."""
     keys = sorted({k for j in jobs for k in j["overrides"]})
-    varying = [k for k in keys if len({j["overrides"].get(k) for j in jobs}) > 1]
+    return [k for k in keys if len({j["overrides"].get(k) for j in jobs}) > 1]
+
+
+def sweep_labels(jobs: list[dict]) -> list[str]:
+    """Per job, the overrides that differ between the jobs, e.g. "draft.layers=10"; the job name where nothing
+    varies."""
+    varying = varied_overrides(jobs)
     return [", ".join(f"{k}={j['overrides'][k]}" for k in varying if k in j["overrides"]) or j["name"]
             for j in jobs]
 
 
 def _num(x, fmt: str) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+    return "-" if x is None or not isinstance(x, (int, float)) or (isinstance(x, float) and math.isnan(x)) \
+        else format(x, fmt)
+
+
+def _range(m: dict, key: str, fmt: str) -> str:
+    """min-max over the repeats ("-" for one repeat: no spread)."""
+    lo, hi = m.get(f"{key}_min"), m.get(f"{key}_max")
+    if (m.get("bench_repeats") or 1) < 2 or lo is None or hi is None:
+        return "-"
+    return f"{_num(lo, fmt)}-{_num(hi, fmt)}"
+
+
+def _bytes(x) -> str:
+    if not isinstance(x, (int, float)):
+        return "-"
+    return f"{x / 2 ** 30:.2f} GiB" if x >= 2 ** 30 else f"{x / 2 ** 20:.0f} MiB"
 
 
 def job_row(job: dict) -> dict:
@@ -99,9 +123,17 @@ def job_row(job: dict) -> dict:
         "page": str(m.get("page_size", c.get("kv", {}).get("page_size", "?"))),
         "k": str(k if k is not None else "?"),
         "graphs": "yes" if m.get("cuda_graphs") or c.get("engine", {}).get("cuda_graph") else "no",
+        "repeats": (str(m["bench_repeats"]) + (" noisy" if m.get("noisy") else "")) if "bench_repeats" in m else "-",
         "tau": _num(m.get("accept_len_mean"), ".2f"),
         "tok/s": _num(m.get("output_tokens_per_s"), ".1f"),
+        "tok/s min-max": _range(m, "output_tokens_per_s", ".1f"),
+        "ms/iter": _num(m.get("iteration_ms"), ".2f"),
         "speedup": _num(m.get("speedup_vs_target_only"), ".2f"),
+        "speedup min-max": _range(m, "speedup_vs_target_only", ".2f"),
+        "TTFT p50 ms": _num(m.get("ttft_ms_p50"), ".1f"),
+        "TPOT p50 ms": _num(m.get("tpot_ms_p50"), ".2f"),
+        "peak mem": _bytes(m.get("peak_mem_bytes")),
+        "logits err": _num(m.get("parity_logits_max_abs_err"), ".1e"),
         "token match": _num(m.get("parity_token_match"), ".3f"),
         "status": st.get("status", "?") + (f": {st['error']}" if st.get("error") else ""),
     }
@@ -113,78 +145,146 @@ def _layers(layers) -> str:
     return f"[{layers}]" if isinstance(layers, int) else f"[{len(layers)}L]"
 
 
-def markdown_table(rows: list[dict]) -> str:
+def markdown_table(rows: list[dict], columns=COLUMNS) -> str:
     def esc(s: str) -> str:
         return str(s).replace("|", "\\|").replace("\n", " ")
 
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
-    lines += ["| " + " | ".join(esc(r[c]) for c in COLUMNS) + " |" for r in rows]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(esc(r.get(c, "-")) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
-def plot(jobs: list[dict], rows: list[dict], out_dir: Path) -> list[Path]:
-    """tok/s and tau per backend pair (mean over jobs); acceptance rate per position (one line per job)."""
+def table_rows(jobs: list[dict]) -> tuple[list[dict], tuple[str, ...]]:
+    """One row per job with a column per varied override (after "job"); returns (rows, columns)."""
+    varying = varied_overrides(jobs)
+    rows = []
+    for j in jobs:
+        row = job_row(j)
+        row.update({k: j["overrides"].get(k, "-") for k in varying})
+        rows.append(row)
+    return rows, ("job", *varying, *FIXED_COLUMNS)
+
+
+def _wrap(text: str, width: int) -> str:
+    return "\n".join(textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)) or text
+
+
+def _plt():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    label_of = dict(zip((j["name"] for j in jobs), sweep_labels(jobs)))
-    done = [(j, r) for j, r in zip(jobs, rows) if j["metrics"].get("output_tokens_per_s") is not None]
+    return plt
+
+
+def throughput_figure(jobs: list[dict], rows: list[dict]):
+    """tok/s (median; the bar's whisker spans min-max over the repeats) and tau: one bar per job, labelled by
+    what the sweep varied, or by backend pair and drafter when nothing did. Nothing is averaged."""
+    plt = _plt()
+
+    names = sweep_labels(jobs)
+    if len(jobs) > 1 and names == [j["name"] for j in jobs]:  # nothing varied (or no overrides files)
+        names = [f"{j['name']}: {r['draft/verify']} {r['drafter']}" for j, r in zip(jobs, rows)]
+    done = [(n, j["metrics"]) for n, j in zip(names, jobs) if j["metrics"].get("output_tokens_per_s") is not None]
     if not done:
-        return []
-    paths = []
-    by_pair: dict[str, list[dict]] = defaultdict(list)
-    for j, r in done:
-        graphs = " graphs" if r["graphs"] == "yes" else ""
-        by_pair[f"{r['draft/verify']}{graphs}\n{r['drafter']} {r['precision']}"].append(j["metrics"])
-    labels = list(by_pair)
-    fig, axes = plt.subplots(1, 2, figsize=(max(6, 1.6 * len(labels) + 3), 4))
-    for ax, key, title in ((axes[0], "output_tokens_per_s", "output tokens/s"), (axes[1], "accept_len_mean", "tau")):
-        vals = [sum(m.get(key) or 0 for m in ms) / len(ms) for ms in by_pair.values()]
-        ax.bar(range(len(labels)), vals, color="tab:blue" if key.startswith("output") else "tab:orange")
-        ax.set_xticks(range(len(labels)), labels, fontsize=7)
-        ax.set_title(title + " per backend pair (draft/verify)")
+        return None
+    labels = [_wrap(n, 24) for n, _ in done]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.1 * len(done) + 5), 4.8))
+    panels = ((axes[0], "output_tokens_per_s", "output tokens/s (median; whiskers: min-max over the repeats)",
+               "tab:blue"), (axes[1], "accept_len_mean", "tau: tokens per verify pass", "tab:orange"))
+    for ax, key, title, color in panels:
+        vals = [m.get(key) or 0.0 for _, m in done]
+        err = None
+        if key == "output_tokens_per_s":
+            lo = [v - (m.get(key + "_min") if m.get(key + "_min") is not None else v) for v, (_, m) in zip(vals, done)]
+            hi = [(m.get(key + "_max") if m.get(key + "_max") is not None else v) - v for v, (_, m) in zip(vals, done)]
+            err = [lo, hi] if any(lo) or any(hi) else None
+        ax.bar(range(len(done)), vals, yerr=err, capsize=4 if err else 0, color=color)
+        ax.set_xticks(range(len(done)), labels, fontsize=7, rotation=30, ha="right")
+        ax.set_title(_wrap(title, 40), fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    paths.append(out_dir / "throughput_tau.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    return fig
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+
+def accept_figure(jobs: list[dict]):
+    """Acceptance rate per draft position, one line per job."""
+    plt = _plt()
+
+    label_of = dict(zip((j["name"] for j in jobs), sweep_labels(jobs)))
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
     drawn, last = 0, 0
-    for j, r in done:
+    for j in jobs:
         m = j["metrics"]
-        pos = sorted((int(k[len("accept_rate_pos"):]), v) for k, v in m.items() if k.startswith("accept_rate_pos"))
+        pos = sorted((int(k[len("accept_rate_pos"):]), v) for k, v in m.items()
+                     if re.fullmatch(r"accept_rate_pos\d+", k))
         if pos:
-            ax.plot([p for p, _ in pos], [v for _, v in pos], marker="o", label=label_of[j["name"]])
+            ax.plot([p for p, _ in pos], [v for _, v in pos], marker="o", label=_wrap(label_of[j["name"]], 40))
             drawn, last = drawn + 1, max(last, pos[-1][0])
     if last:
         ax.set_xticks(range(1, last + 1))
     ax.set_xlabel("draft position i")
-    ax.set_ylabel("fraction of verify passes accepting draft token i")
+    ax.set_ylabel("acceptance rate of draft token i")
+    ax.set_title("per verify pass that drafted position i", fontsize=9)
     ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3)
     if drawn:
         ax.legend(fontsize=7)
     fig.tight_layout()
-    paths.append(out_dir / "accept_rate_pos.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    return fig
+
+
+def plot(jobs: list[dict], rows: list[dict], out_dir: Path) -> list[Path]:
+    """throughput_tau.png and accept_rate_pos.png (saved with every artist inside the image)."""
+    plt = _plt()
+    if not any(j["metrics"].get("output_tokens_per_s") is not None for j in jobs):
+        return []
+    paths = []
+    for name, fig in (("throughput_tau.png", throughput_figure(jobs, rows)), ("accept_rate_pos.png",
+                                                                             accept_figure(jobs))):
+        if fig is None:
+            continue
+        paths.append(out_dir / name)
+        fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
+        plt.close(fig)
     return paths
 
 
-def report(root: Path, out_dir: Path | None = None, plots: bool = True) -> str:
+def key_table(jobs: list[dict], keys: list[str]) -> str:
+    """job, the varied overrides, then the given metrics.json keys as they are (e.g. a cold-start table)."""
+    varying = varied_overrides(jobs)
+    rows = []
+    for j in jobs:
+        m = j["metrics"]
+        row = {"job": j["name"], **{k: j["overrides"].get(k, "-") for k in varying}}
+        for k in keys:
+            v = m.get(k)
+            if isinstance(v, list):  # e.g. <key>_repeats
+                row[k] = ", ".join(_num(x, ".4g") if isinstance(x, (int, float)) else str(x) for x in v) or "-"
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                row[k] = _num(v, ".4g")
+            else:
+                row[k] = "-" if v is None else str(v)
+        rows.append(row)
+    return markdown_table(rows, ("job", *varying, *keys))
+
+
+def report(root: Path, out_dir: Path | None = None, plots: bool = True, keys: list[str] | None = None) -> str:
+    """The job table (or, with ``keys``, a table of those metrics.json keys) -> report.md (+ plots)."""
     root = Path(root)
     jobs = [load_job(j, root) for j in find_jobs(root)]
     if not jobs:
         raise FileNotFoundError(f"no attnlab job folders (with status.json) under {root}")
-    rows = [job_row(j) for j in jobs]
-    table = markdown_table(rows)
+    if keys:
+        table = key_table(jobs, keys)
+    else:
+        rows, columns = table_rows(jobs)
+        table = markdown_table(rows, columns)
     out_dir = Path(out_dir or root)
     out_dir.mkdir(parents=True, exist_ok=True)
     text = f"# attnlab report: {root}\n\n{table}\n"
-    if plots:
+    if plots and not keys:
         for p in plot(jobs, rows, out_dir):
             text += f"\n![{p.stem}]({p.name})\n"
     (out_dir / "report.md").write_text(text)
@@ -196,12 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder", type=Path, help="a run folder or a sweep folder")
     ap.add_argument("--out", type=Path, default=None, help="where report.md and the PNGs go (default: folder)")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--keys", default=None, help="comma-separated metrics.json keys: print a table of those "
+                                                 "instead (e.g. first_request_ms_cold,first_request_ms_warm)")
     args = ap.parse_args(argv)
     if not args.folder.is_dir():
         print(f"attnlab.report: error: {args.folder}: no such folder", file=sys.stderr)
         return 2
     try:
-        print(report(args.folder, args.out, plots=not args.no_plots))
+        keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
+        print(report(args.folder, args.out, plots=not args.no_plots, keys=keys))
     except FileNotFoundError as e:
         print(f"attnlab.report: error: {e}", file=sys.stderr)
         return 2

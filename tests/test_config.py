@@ -13,7 +13,7 @@ from attnlab.config import resolve_precision, self_draft_layers, validate
 from attnlab.errors import ConfigError
 
 GROUPS = ("draft", "backend", "verify", "precision", "kv", "warmup", "spec", "workload", "logger", "parity",
-          "experiment")
+          "bench", "experiment")
 
 
 def _compose(*overrides: str):
@@ -74,9 +74,34 @@ def _validate(*overrides):
 
 def test_validate_resolves_auto():
     r = _validate()
-    assert r["device"] == "cpu" and r["k"] == 4
-    assert r["precision"] == {"target": "fp32", "draft": "fp32", "kv_target": "fp32", "kv_draft": "fp32"}
-    assert _validate("draft=none")["k"] == 0
+    assert r.device == "cpu" and r.k == 4 and r.bench.repeats == 1  # null repeats: 1 on CPU (3 on GPU)
+    p = r.precision
+    assert (p.target, p.draft, p.kv_target, p.kv_draft) == ("fp32", "fp32", "fp32", "fp32")
+    assert _validate("draft=none").k == 0
+
+
+def test_the_run_plan_is_frozen_and_typed():
+    """validate returns the config as frozen dataclasses (attnlab/plan.py), not a string-keyed dict."""
+    import dataclasses
+
+    from attnlab.plan import BenchPlan, DraftPlan, ModelSource, Precision, RunPlan, plan_dict
+
+    plan = _validate("draft=self", "draft.layers=[1,0]", "bench.repeats=4", "+model.overrides.num_layers=2")
+    assert isinstance(plan, RunPlan) and dataclasses.is_dataclass(plan)
+    assert isinstance(plan.model, ModelSource) and isinstance(plan.draft, DraftPlan)
+    assert isinstance(plan.precision, Precision) and isinstance(plan.bench, BenchPlan)
+    assert plan.draft.layers == (0, 1) and plan.bench.repeats == 4 and plan.workload.categories == ()
+    assert plan.model.overrides["num_layers"] == 2
+    for obj, name, value in ((plan, "device", "cuda"), (plan.spec, "k", 8), (plan.bench, "repeats", 1),
+                             (plan.precision, "target", "bf16")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, name, value)
+    with pytest.raises(TypeError):
+        plan.model.overrides["num_layers"] = 3  # a read-only mapping: the plan cannot change through it
+    d = plan_dict(plan)
+    assert d["draft"]["layers"] == [0, 1] and d["model"]["overrides"] == {"num_layers": 2}
+    with pytest.raises(TypeError):
+        plan["k"]  # no string keys: not subscriptable
 
 
 @pytest.mark.parametrize("overrides,needle", [
@@ -101,6 +126,9 @@ def test_validate_resolves_auto():
     (["engine.cuda_graph=true"], "engine.cuda_graph"),
     (["engine.fused_ops=true"], "engine.fused_ops"),
     (["logger.mode=sometimes"], "logger.mode"),
+    (["bench.repeats=0"], "bench.repeats=0"),
+    (["bench.noisy_ratio=0.5"], "bench.noisy_ratio=0.5"),
+    (["bench.cold=lukewarm"], "bench.cold='lukewarm'"),
 ])
 def test_validation_errors_name_the_field(overrides, needle):
     with pytest.raises(ConfigError) as e:
@@ -110,7 +138,7 @@ def test_validation_errors_name_the_field(overrides, needle):
 
 def test_ngram_drafter_ignores_the_draft_backend():
     # the draft side runs no attention with ngram: a GPU-only draft backend is fine on CPU
-    assert _validate("backend=flashinfer")["k"] == 4
+    assert _validate("backend=flashinfer").k == 4
 
 
 def test_precision_auto_on_gpu_is_bf16():

@@ -64,6 +64,22 @@ def test_kv_waste_and_accept_rates():
     assert accept_rates([], 3) == {}
 
 
+def test_accept_rate_divides_by_the_passes_that_drafted_the_position():
+    """Near max context k shrinks: a pass with k = 1 says nothing about positions 2..4 (today's code counts it
+    as a rejection there: pos2 = 2/3 here)."""
+    from attnlab.metrics.perf import accept_rates_by_pass
+
+    its = [_it([5, 3], 1, 1, 1, 1), _it([2], 1, 1, 1, 1)]
+    its[0].num_draft_tokens, its[1].num_draft_tokens = 4, 1
+    reqs = [_req(4, range(7), [5, 2], 1.0, 2.0), _req(4, range(3), [3], 1.0, 2.0)]
+    out = SimpleNamespace(requests=reqs, iterations=its, wall_s=1.0, num_draft_tokens=4)
+    m = summarize(out)
+    assert m["accept_rate_pos1"] == 1.0  # all three passes accepted position 1
+    assert m["accept_rate_pos2"] == 1.0 and m["accept_rate_pos3"] == 0.5 and m["accept_rate_pos4"] == 0.5
+    assert accept_rates_by_pass([(4, 5), (4, 3), (1, 2)]) == {k: m[k] for k in m if k.startswith("accept_rate")}
+    assert accept_rates_by_pass([]) == {}
+
+
 def test_merge_outputs_adds_wall_time():
     merged = merge_outputs([_out(), _out()])
     assert len(merged.requests) == 4 and len(merged.iterations) == 4 and merged.wall_s == 1.0
@@ -118,10 +134,33 @@ def test_kernel_parity_bf16_has_small_error():
     assert all(0 <= r["max_rel_err"] < 0.05 for r in res.values())
 
 
+def test_gpu_clocks_from_nvidia_smi(monkeypatch):
+    """GPU clocks come from nvidia-smi when present (parsed per GPU), else null."""
+    import subprocess
+
+    from attnlab.metrics import env
+
+    out = "0, NVIDIA H200, 1980, 2619, 1980, 2619, 0x0000000000000000, 120.5, 700.00, 35, 0, P0\n"
+    monkeypatch.setattr(env.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, out, ""))
+    clocks = env.gpu_clocks()
+    assert clocks == [{"index": 0, "name": "NVIDIA H200", "clocks.sm": 1980, "clocks.mem": 2619,
+                       "clocks.max.sm": 1980, "clocks.max.mem": 2619,
+                       "clocks_throttle_reasons.active": "0x0000000000000000", "power.draw": 120.5,
+                       "power.limit": 700.0, "temperature.gpu": 35, "utilization.gpu": 0, "pstate": "P0"}]
+
+    def missing(*a, **k):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(env.subprocess, "run", missing)
+    assert env.gpu_clocks() is None
+
+
 def test_env_info():
     env = env_info()
-    for key in ("git_sha", "git_dirty", "command", "packages", "cpu", "gpu_name", "cuda", "driver", "python"):
+    for key in ("git_sha", "git_dirty", "command", "packages", "cpu", "gpu_name", "cuda", "driver", "python",
+                "load_avg", "gpu_clocks"):
         assert key in env
+    assert len(env["load_avg"]) == 3 and all(x >= 0 for x in env["load_avg"])
     for pkg in ("torch", "triton", "flashinfer-python", "flash-attn", "transformers", "hydra-core"):
         assert pkg in env["packages"]
     json.dumps(env)
@@ -169,7 +208,7 @@ def test_report(tmp_path):
     _fake_job(tmp_path, "10", "complete", "triton", 150.0, 2.4)
     table = report(tmp_path).splitlines()
     assert len(table) == 5 and [ln.split("|")[1].strip() for ln in table[2:]] == ["0", "1", "10"]
-    assert "| -/torch | ngram | fp32/fp32 | 16 | 3 | no | 2.50 | 100.0 | 1.50 | 1.000 | complete |" in table[2]
+    assert "| -/torch | ngram | fp32/fp32 | 16 | 3 | no | - | 2.50 | 100.0 | - | - | 1.50 | - |" in table[2]
     assert "failed: x" in table[3]
     for png in ("throughput_tau.png", "accept_rate_pos.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"

@@ -25,15 +25,16 @@ import time
 import torch
 
 from attnlab.bench.kernels import copy_bandwidth_gb_s, versions
-from attnlab.engine.build import build_side
+from attnlab.engine.build import SideSpec, build_side
+from attnlab.plan import ModelSource
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import NoDrafter
 
 
 def side(model: str, backend: str, batch: int, graphs: bool, max_context: int, dtype="bf16", fused=False):
-    cfg = {"name": model, "path": None, "init": "random", "seed": 0, "overrides": None}
-    r = build_side(cfg, backend, dtype, dtype, 16, None, batch, max_context, "cuda", progress=False,
-                   cuda_graph=graphs, max_q_len=1, fused_ops=fused)
+    spec = SideSpec(ModelSource(model, init="random"), backend, dtype, dtype, page_size=16, max_context=max_context,
+                    max_batch=batch, device="cuda", cuda_graph=graphs, max_q_len=1, fused_ops=fused)
+    r = build_side(spec, progress=False)
     if graphs:
         r.capture_graphs(q_lens=(1,))
     return r

@@ -36,7 +36,8 @@ import torch
 
 from attnlab.bench.cells import skip_unsupported
 from attnlab.config import check_backend
-from attnlab.engine.build import build_side
+from attnlab.engine.build import SideSpec, build_side
+from attnlab.plan import ModelSource
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import ModelDrafter, NgramDrafter, NoDrafter
 
@@ -109,24 +110,27 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
     graphs = a.graphs and dev.type == "cuda"
     kmax = max(a.ks)
     max_ctx = max(map(len, prompts)) + a.new + kmax + 2
-    model_cfg = {"name": a.model, "init": "pretrained" if a.weights == "real" else "random"}
+    model = ModelSource(a.model, init="pretrained" if a.weights == "real" else "random")
+
+    def spec_for(backend, batch, layers=None, name="target"):
+        return SideSpec(model, backend, a.dtype, a.dtype, page_size=16, max_context=max_ctx, max_batch=batch,
+                        device=str(dev), name=name, layers=tuple(layers) if layers else None, cuda_graph=graphs,
+                        max_q_len=kmax + 1)
 
     def side(backend, batch, layers=None, name="target"):
         check_backend("verify" if name == "target" else "backend", backend, device=dev.type, dtype=a.dtype,
                       kv_dtype=a.dtype, page_size=16, max_context=max_ctx, topk=1,
                       head_dim=base.model_config.head_dim)  # unsupported: ConfigError before anything is built
-        return build_side(model_cfg, backend, a.dtype, a.dtype, 16, None, batch, max_ctx, str(dev), layers=layers,
-                          share_weights_with=base, progress=False, name=name, cuda_graph=graphs,
-                          max_q_len=kmax + 1)
+        return build_side(spec_for(backend, batch, layers, name), share_weights_with=base, progress=False)
 
     def make_drafter(kind, draft_backend, target, batch):
         if kind == "ngram":
             return NgramDrafter(dev, max_n=NGRAM_N)
         if kind == "self":
             return ModelDrafter(side(draft_backend, batch, layers=list(range(a.draft_layers)), name="draft"), "self")
-        head = build_eagle_side(target, a.eagle_head, a.model, backend=draft_backend, dtype=a.dtype, kv_dtype=a.dtype,
-                                page_size=16, num_pages=None, max_batch=batch, max_context=max_ctx,
-                                cuda_graph=graphs, max_q_len=kmax + 1)
+        check_backend("backend", draft_backend, device=dev.type, dtype=a.dtype, kv_dtype=a.dtype, page_size=16,
+                      max_context=max_ctx, topk=1, head_dim=base.model_config.head_dim)
+        head = build_eagle_side(target, a.eagle_head, a.model, spec_for(draft_backend, batch, name="draft"))
         return EagleDrafter(head)
 
     def timed(target, drafter, k, drafter_name, pair, batch):
@@ -312,8 +316,8 @@ def run(a) -> dict:
     dev = torch.device(a.device)
     init = "pretrained" if a.weights == "real" else "random"
     # the weights every side shares; the torch backend runs everywhere (a.backends may not: they are checked per cell)
-    base = build_side({"name": a.model, "init": init}, "torch", a.dtype, a.dtype, 16, None, 1, 64, a.device,
-                      progress=False)
+    base = build_side(SideSpec(ModelSource(a.model, init=init), "torch", a.dtype, a.dtype, page_size=16,
+                               max_context=64, max_batch=1, device=a.device), progress=False)
     cfg, model = base.model_config, base.model
     tok = load_tokenizer(a.model, init=init, config=cfg) if a.weights == "real" else None
     prompts = load_prompts(a.weights, a.num_prompts, cfg.vocab_size, tok, a.prompts)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -14,6 +16,7 @@ from attnlab.kvcache import KVPool, PageAllocator, pages_needed
 from attnlab.kvcache.quant import DEFAULT_KV_SCALE, FP8_DTYPES
 from attnlab.models.fp8 import has_fp8_linears, quantize_linears
 from attnlab.models.subset import LayerSubset
+from attnlab.plan import ModelSource
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -27,28 +30,53 @@ def auto_num_pages(max_batch: int, max_context: int, page_size: int) -> int:
     return max_batch * pages_needed(max_context, page_size)
 
 
-def build_side(model_cfg: dict, backend: str, dtype: str, kv_dtype: str, page_size: int, num_pages: int | None,
-               max_batch: int, max_context: int, device: str, layers: list[int] | None = None,
-               share_weights_with: ModelRunner | None = None, progress: bool = True,
-               name: str = "target", cuda_graph: bool = False, max_q_len: int = 16,
-               kv_scale: float | None = None, fused_ops: bool = False,
-               backend_options: dict | None = None, prebuilt: tuple | None = None) -> ModelRunner:
-    """Build one side. ``share_weights_with`` reuses another side's model (``draft=self``): the same
-    module when dtype matches, else a cast copy; ``layers`` keeps a subset of its layers.
+@dataclass(frozen=True)
+class SideSpec:
+    """One model side: which weights, backend, dtypes and KV sizes ``build_side`` assembles into a runner.
 
-    ``dtype="fp8_e4m3"`` (weights): the model is built in bf16, then its layer projections are swapped for
-    FP8Linear (attnlab.models.fp8); with ``share_weights_with`` that is a copy sharing every other tensor.
-    ``kv_scale``: the per-tensor K and V scale of an fp8 KV pool (None = DEFAULT_KV_SCALE, 1.0; ignored for
-    other KV dtypes). ``fused_ops``: this side's passes run attnlab.kernels.fused (engine.fused_ops); a property
-    of the side, so another side sharing the weights (a parity reference) still runs unfused.
-    ``backend_options``: the side's ``backend.options`` / ``verify.options`` (the backend's constructor options).
+    ``dtype`` is the side's weights (fp8_e4m3: fp8 layer projections, bf16 compute); ``kv_dtype`` its KV pool.
+    ``num_pages`` None = enough pages for ``max_batch`` requests at ``max_context``. ``layers`` keeps a subset
+    of the model's layers (``draft=self``). ``kv_scale``: the per-tensor K and V scale of an fp8 KV pool
+    (None = DEFAULT_KV_SCALE, 1.0; ignored for other KV dtypes). ``cuda_graph``: a graph-capable backend for
+    batches up to ``max_batch`` and q_len up to ``max_q_len``. ``fused_ops``: the side's passes run
+    attnlab.kernels.fused (engine.fused_ops, CUDA): a property of the side, so another side sharing the weights
+    (a parity reference) still runs unfused. ``backend_options``: the side's ``backend.options`` /
+    ``verify.options`` (the backend's constructor options; None for a parity reference side).
+    """
+
+    model: ModelSource
+    backend: str
+    dtype: str
+    kv_dtype: str
+    page_size: int
+    max_context: int
+    max_batch: int
+    device: str
+    name: str = "target"
+    num_pages: int | None = None
+    layers: tuple[int, ...] | None = None
+    kv_scale: float | None = None
+    cuda_graph: bool = False
+    max_q_len: int = 16
+    fused_ops: bool = False
+    backend_options: Mapping | None = None
+
+
+def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, progress: bool = True,
+               prebuilt: tuple | None = None) -> ModelRunner:
+    """Build one side. ``share_weights_with`` reuses another side's model (``draft=self``, parity reference
+    sides): the same module when the dtype matches, else a cast copy; ``spec.model`` is then unused.
     ``prebuilt``: (model, ModelConfig, tokenizer) of a model built elsewhere (an EAGLE head,
-    attnlab.engine.eagle_side)."""
+    attnlab.engine.eagle_side); ``spec.model`` is then unused too.
+
+    fp8 weights: the model is built in bf16, then its layer projections are swapped for FP8Linear
+    (attnlab.models.fp8); with ``share_weights_with`` that is a copy sharing every other tensor."""
     from attnlab.models.loading import load_model, load_tokenizer  # heavy imports only when building
 
-    dev = torch.device(device)
-    fp8_weights = dtype == "fp8_e4m3"
-    wdtype = torch.bfloat16 if fp8_weights else resolve_dtype(dtype)  # compute dtype of the side
+    dev = torch.device(spec.device)
+    layers = list(spec.layers) if spec.layers else None
+    fp8_weights = spec.dtype == "fp8_e4m3"
+    wdtype = torch.bfloat16 if fp8_weights else resolve_dtype(spec.dtype)  # compute dtype of the side
     if prebuilt is not None:
         model, mcfg, tok = prebuilt
     elif share_weights_with is not None:
@@ -63,26 +91,27 @@ def build_side(model_cfg: dict, backend: str, dtype: str, kv_dtype: str, page_si
             model = base if next(base.parameters()).dtype == wdtype else copy.deepcopy(base).to(wdtype)
         mcfg, tok = share_weights_with.model_config, share_weights_with.tokenizer
     else:
-        source = model_cfg.get("path") or model_cfg["name"]
-        model, mcfg = load_model(source, dtype=wdtype, device=dev, init=model_cfg.get("init", "pretrained"),
-                                 seed=model_cfg.get("seed", 0), overrides=model_cfg.get("overrides") or None,
-                                 progress=progress)
-        tok = load_tokenizer(source, init=model_cfg.get("init", "pretrained"), config=mcfg)
+        m = spec.model
+        model, mcfg = load_model(m.source, dtype=wdtype, device=dev, init=m.init, seed=m.seed,
+                                 overrides=m.overrides_dict(), progress=progress)
+        tok = load_tokenizer(m.source, init=m.init, config=mcfg)
         if fp8_weights:
             model = quantize_linears(model, inplace=True)
-    if fused_ops and dev.type != "cuda":
+    if spec.fused_ops and dev.type != "cuda":
         raise ConfigError("engine.fused_ops=true needs device=cuda")
     if layers:
         model = LayerSubset(model, list(layers))
     num_layers = len(layers) if layers else mcfg.num_layers
-    pages = num_pages or auto_num_pages(max_batch, max_context, page_size)
-    kv_torch_dtype = resolve_dtype(kv_dtype)
-    scale = (DEFAULT_KV_SCALE if kv_scale is None else float(kv_scale)) if kv_torch_dtype in FP8_DTYPES else 1.0
+    max_batch, max_context, page_size, backend = spec.max_batch, spec.max_context, spec.page_size, spec.backend
+    pages = spec.num_pages or auto_num_pages(max_batch, max_context, page_size)
+    kv_torch_dtype = resolve_dtype(spec.kv_dtype)
+    scale = ((DEFAULT_KV_SCALE if spec.kv_scale is None else float(spec.kv_scale)) if kv_torch_dtype in FP8_DTYPES
+             else 1.0)
     pool = KVPool(num_layers, pages, page_size, mcfg.num_kv_heads, mcfg.head_dim, kv_torch_dtype, dev,
                   k_scale=scale, v_scale=scale)
-    cls = require_available(backend, backend_options, f"{name} backend options")
+    cls = require_available(backend, dict(spec.backend_options or {}), f"{spec.name} backend options")
     kw = {}
-    if cuda_graph:
+    if spec.cuda_graph:
         if not cls.capabilities().cuda_graph:
             raise ConfigError(f"engine.cuda_graph=true: backend {backend!r} cannot be captured in CUDA graphs "
                               f"(capabilities: no graph-safe mode); use engine.cuda_graph=false")
@@ -91,7 +120,8 @@ def build_side(model_cfg: dict, backend: str, dtype: str, kv_dtype: str, page_si
         from attnlab.engine.graphs import DEFAULT_BUCKETS
 
         graph_batch = next((b for b in DEFAULT_BUCKETS if b >= max_batch), max_batch)
-        kw = {"cuda_graph": True, "max_batch_size": graph_batch, "max_q_len": max_q_len, "max_context": max_context}
+        kw = {"cuda_graph": True, "max_batch_size": graph_batch, "max_q_len": spec.max_q_len,
+              "max_context": max_context}
     be = cls(pool, mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim, mcfg.head_dim ** -0.5, wdtype, **kw)
-    return ModelRunner(model.eval(), mcfg, tok, pool, PageAllocator(pages, page_size), be, max_context, name,
-                       max_batch=max_batch, fused_ops=fused_ops)
+    return ModelRunner(model.eval(), mcfg, tok, pool, PageAllocator(pages, page_size), be, max_context, spec.name,
+                       max_batch=max_batch, fused_ops=spec.fused_ops)

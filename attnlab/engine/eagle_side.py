@@ -8,28 +8,29 @@ head trained for another checkpoint is refused with one line instead of drafting
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import torch
 
-from attnlab.engine.build import build_side, resolve_dtype
+from attnlab.engine.build import SideSpec, build_side, resolve_dtype
 from attnlab.engine.runner import ModelRunner
 from attnlab.errors import ConfigError
 
 
-def build_eagle_side(target: ModelRunner, head_path: str | None, target_name: str, *, backend: str, dtype: str,
-                     kv_dtype: str, page_size: int, num_pages: int | None, max_batch: int, max_context: int,
-                     name: str = "draft", check: bool = True, **side_kw) -> ModelRunner:
+def build_eagle_side(target: ModelRunner, head_path: str | None, target_name: str, spec: SideSpec,
+                     check: bool = True) -> ModelRunner:
     """``head_path``: a folder written by ``python -m attnlab.train_draft`` (None = the head bundled for
-    preset ``target_name``). ``side_kw``: build_side's graph / KV-scale / fused options."""
+    preset ``target_name``). ``spec``: the draft side's SideSpec (backend, dtypes, KV sizes, graphs; its
+    ``model`` and ``layers`` are unused: the head is one layer on the target's weights)."""
     from attnlab.models.eagle_io import head_folder, load_head
 
     base = target.model
     if getattr(base, "parent", None) is not None:
         raise ConfigError("draft=eagle reads the full target's features; the target side cannot be a layer subset")
-    wdtype = resolve_dtype(dtype)
+    wdtype = resolve_dtype(spec.dtype)
     if wdtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ConfigError(f"draft=eagle: precision.draft={dtype!r} unsupported (fp32, fp16 or bf16; fp8 weights "
-                          f"are for draft=self and draft=model)")
+        raise ConfigError(f"draft=eagle: precision.draft={spec.dtype!r} unsupported (fp32, fp16 or bf16; fp8 "
+                          f"weights are for draft=self and draft=model)")
     head = load_head(head_folder(head_path, target_name), base, dtype=wdtype, device=target.device, check=check)
     if next(base.parameters()).dtype != wdtype:  # the head computes in its own dtype: cast the shared pair
         embed = copy.deepcopy(base.embed_tokens).to(wdtype)
@@ -39,6 +40,4 @@ def build_eagle_side(target: ModelRunner, head_path: str | None, target_name: st
         else:
             lm_head = copy.deepcopy(base.lm_head).to(wdtype)
         head.bind(embed, lm_head)
-    return build_side({}, backend, dtype, kv_dtype, page_size, num_pages, max_batch, max_context,
-                      str(target.device), name=name, prebuilt=(head, head.config.as_model_config(), target.tokenizer),
-                      **side_kw)
+    return build_side(replace(spec, layers=None), prebuilt=(head, head.config.as_model_config(), target.tokenizer))

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
 
 

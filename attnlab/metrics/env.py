@@ -61,6 +61,43 @@ def gpu_info() -> dict:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
+GPU_CLOCK_FIELDS = ("index", "name", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem",
+                    "clocks_throttle_reasons.active", "power.draw", "power.limit", "temperature.gpu",
+                    "utilization.gpu", "pstate")
+
+
+def gpu_clocks() -> list[dict] | None:
+    """Per GPU, the clocks and what limits them now (nvidia-smi --query-gpu; MHz, W, C, %); None without
+    nvidia-smi. A GPU held below its max clocks (power, thermal, another process) makes timings drift."""
+    try:
+        r = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(GPU_CLOCK_FIELDS)}", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0 or not r.stdout.strip():
+        return None
+    rows = []
+    for line in r.stdout.strip().splitlines():
+        vals = [v.strip() for v in line.split(",")]
+        rows.append({k: _number(v) for k, v in zip(GPU_CLOCK_FIELDS, vals)})
+    return rows
+
+
+def _number(v: str):
+    try:
+        return int(v) if v.isdigit() else float(v)
+    except ValueError:
+        return None if v in ("[N/A]", "N/A", "[Not Supported]") else v
+
+
+def load_average() -> list[float] | None:
+    """The host's 1, 5 and 15 minute load averages (other work on the machine skews CPU timings)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def command_line() -> str:
     """How this process was started, as a shell command (python -m attnlab ... when run that way)."""
     argv = list(sys.argv)
@@ -123,6 +160,8 @@ def env_info() -> dict:
         "hostname": platform.node(),
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
+        "load_avg": load_average(),
+        "gpu_clocks": gpu_clocks(),
         "packages": package_versions(),
         "backends": backend_builds(),
         **gpu_info(),

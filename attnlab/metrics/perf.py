@@ -1,9 +1,11 @@
 """Performance summary of one generation: pure functions over GenerateOutput-like records.
 
 Keys follow DESIGN.md (units in the name). Phase times are per-iteration means (CUDA events on GPU).
-accept_rate_pos{i} (i = 1..k) is the fraction of verify passes in which draft token i was accepted
-(unconditional: it includes passes that stopped earlier), so pos1 >= pos2 >= ... and
-accept_len_mean = 1 + sum_i accept_rate_pos{i} when k is constant.
+accept_rate_pos{i} (i = 1..k) is the fraction of the verify passes that drafted at least i tokens in which
+draft token i was accepted (unconditional on the earlier positions: a pass that stopped before i counts as
+not accepting it), so pos1 >= pos2 >= ... while k is constant, and then accept_len_mean =
+1 + sum_i accept_rate_pos{i}. k shrinks near max context; those passes do not count against the positions
+they did not draft.
 """
 
 from __future__ import annotations
@@ -40,10 +42,19 @@ def kv_waste_frac(final_lens: Sequence[int], page_size: int) -> float:
 
 
 def accept_rates(taus: Sequence[int], k: int) -> dict[str, float]:
-    """accept_rate_pos{i} for i = 1..k from per-verify-pass tau (= accepted drafts + 1)."""
-    if not taus or k <= 0:
-        return {}
-    return {f"accept_rate_pos{i}": sum(t - 1 >= i for t in taus) / len(taus) for i in range(1, k + 1)}
+    """accept_rate_pos{i} for i = 1..k from per-verify-pass tau (= accepted drafts + 1), every pass with k drafts."""
+    return accept_rates_by_pass([(k, t) for t in taus])
+
+
+def accept_rates_by_pass(passes: Sequence[tuple[int, int]]) -> dict[str, float]:
+    """accept_rate_pos{i} from (k of the pass, tau) per request per verify pass: position i divides by the
+    passes whose k reached i."""
+    k_max = max((k for k, _ in passes), default=0)
+    out = {}
+    for i in range(1, k_max + 1):
+        drafted = [t for k, t in passes if k >= i]
+        out[f"accept_rate_pos{i}"] = sum(t - 1 >= i for t in drafted) / len(drafted)
+    return out
 
 
 def summarize(out, page_size: int | None = None) -> dict[str, float]:
@@ -65,10 +76,15 @@ def summarize(out, page_size: int | None = None) -> dict[str, float]:
         m[f"tpot_ms_p{q}"] = percentile(tpot, q)
     taus = [t for r in reqs for t in r.accept_lens]
     m["accept_len_mean"] = _mean(taus) if taus else 1.0
-    m.update(accept_rates(taus, out.num_draft_tokens))
-    for key, attr in (("draft_ms", "draft_ms"), ("verify_ms", "verify_ms"), ("accept_ms", "accept_ms"),
-                      ("overhead_ms", "other_ms"), ("iteration_ms", "total_ms")):
-        m[key] = _mean([getattr(it, attr) for it in iters])
+    if iters:  # each iteration carries its own k (it shrinks near max context)
+        m.update(accept_rates_by_pass([(it.num_draft_tokens, t) for it in iters for t in it.accept_lens]))
+    else:  # requests alone (a subset of a run): every pass counted with the configured k
+        m.update(accept_rates(taus, out.num_draft_tokens))
+    # the drafter's prefill of one batch (not part of ttft_ms): GenerateOutput.draft_prefill_ms per batch
+    m["draft_prefill_ms"] = getattr(out, "draft_prefill_ms", 0.0) / max(getattr(out, "num_batches", 1), 1)
+    for key, attr in (("draft_ms", "draft_ms"), ("draft_extend_ms", "draft_extend_ms"), ("verify_ms", "verify_ms"),
+                      ("accept_ms", "accept_ms"), ("overhead_ms", "other_ms"), ("iteration_ms", "total_ms")):
+        m[key] = _mean([getattr(it, attr, 0.0) for it in iters])  # draft_extend_ms: EAGLE iterations only
     if page_size:
         m["kv_waste_frac"] = kv_waste_frac([len(r.prompt_ids) + len(r.output_ids) for r in reqs], page_size)
     return m
@@ -83,6 +99,8 @@ def merge_outputs(outs: list) -> object:
         iterations=[it for o in outs for it in o.iterations],
         wall_s=sum(o.wall_s for o in outs),
         prefill_ms=sum(o.prefill_ms for o in outs),
+        draft_prefill_ms=sum(getattr(o, "draft_prefill_ms", 0.0) for o in outs),
+        num_batches=sum(getattr(o, "num_batches", 1) for o in outs),
         num_draft_tokens=outs[0].num_draft_tokens if outs else 0,
     )
 

@@ -49,8 +49,9 @@ class Trainer:
 
     # -- the target ---------------------------------------------------------------------------------
     def build_target(self, prebuilt=None):
-        from attnlab.engine.build import build_side
-        from attnlab.job import _model_dict
+        from attnlab.config import to_container
+        from attnlab.engine.build import SideSpec, build_side
+        from attnlab.plan import ModelSource, frozen_mapping
 
         t, d = self.t, self.t.data
         backend = t.regen_backend if t.regen_backend != "auto" else ("triton" if self.device.type == "cuda" else "torch")
@@ -58,9 +59,12 @@ class Trainer:
         if prebuilt is not None:
             self.target = prebuilt
         else:
-            self.target = build_side(_model_dict(self.cfg.model), backend, self.dtype, self.dtype, 16, None,
-                                     d.regen_batch_size, self.max_len + 2, str(self.device), name="target",
-                                     cuda_graph=graphs, max_q_len=1)
+            m = self.cfg.model
+            model = ModelSource(m.name, m.path, m.init, m.seed, frozen_mapping(to_container(m.overrides)))
+            self.target = build_side(SideSpec(model, backend, self.dtype, self.dtype, page_size=16,
+                                              max_context=self.max_len + 2, max_batch=d.regen_batch_size,
+                                              device=str(self.device), name="target", cuda_graph=graphs,
+                                              max_q_len=1))
             if graphs:
                 self.target.capture_graphs(q_lens=(1,))
         m = self.target.model

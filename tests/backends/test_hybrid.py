@@ -228,7 +228,7 @@ def test_config_validation_checks_both_sides(overrides, needle):
 
 
 def test_config_validation_accepts_torch_and_triton():
-    assert _validate("verify=hybrid", "verify.options.short=torch", "verify.options.threshold=16")["k"] == 4
+    assert _validate("verify=hybrid", "verify.options.short=torch", "verify.options.threshold=16").k == 4
 
 
 def test_cli_run_with_hybrid_verify(tmp_path):

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from attnlab.compose import CONF_DIR, compose
 from attnlab.errors import ConfigError
@@ -71,13 +70,16 @@ def test_free_bytes_on_cpu_is_positive():
 
 
 def test_page_size_is_clamped_to_the_max_context_at_the_backends_step(monkeypatch):
+    from types import SimpleNamespace
+
     from attnlab import preflight
 
-    cfg = OmegaConf.create({"verify": {"name": "fa"}, "backend": {"name": "torch"}, "draft": {"kind": "ngram"}})
-    monkeypatch.setattr(preflight, "_granule", lambda side, field: 256 if side.name == "fa" else 1)  # FA2: 256·n
+    cfg = SimpleNamespace(verify="fa", verify_options={}, backend="torch", backend_options={},
+                          draft=SimpleNamespace(runs_attention=False))  # the RunPlan fields page_size reads
+    monkeypatch.setattr(preflight, "_granule", lambda name, options, field: 256 if name == "fa" else 1)  # FA2: 256·n
     assert preflight.page_size(cfg, 1024, 300) == 512
     assert preflight.page_size(cfg, 256, 300) == 256  # not larger than needed: kept
-    monkeypatch.setattr(preflight, "_granule", lambda side, field: 1)
+    monkeypatch.setattr(preflight, "_granule", lambda name, options, field: 1)
     assert preflight.page_size(cfg, 100_000_000, 300) == 300
     assert preflight.page_size(cfg, 16, 300) == 16
 

@@ -209,15 +209,15 @@ def test_build_side_fp8_draft_shares_target_weights():
     """draft=self with fp8 weights: a copy of the target's projections in fp8, everything else shared.
     Runs the real torch._scaled_mm path on CPU where torch has it (config refuses fp8 weights on CPU; this
     calls build_side directly)."""
-    from attnlab.engine.build import build_side
+    from attnlab.engine.build import SideSpec, build_side
     from attnlab.metrics.perf import memory_metrics, weight_bytes
+    from attnlab.plan import ModelSource
 
-    common = {"page_size": 16, "num_pages": 8, "max_batch": 2, "max_context": 64, "device": "cpu",
-              "progress": False}
-    tiny = {"name": "tiny-llama", "init": "random", "seed": 0}
-    target = build_side(tiny, "torch", "bf16", "bf16", **common)
-    draft = build_side(tiny, "torch", "fp8_e4m3", "fp8_e4m3", name="draft", layers=[0],
-                       share_weights_with=target, kv_scale=0.5, **common)
+    common = {"page_size": 16, "num_pages": 8, "max_batch": 2, "max_context": 64, "device": "cpu"}
+    tiny = ModelSource("tiny-llama", init="random")
+    target = build_side(SideSpec(tiny, "torch", "bf16", "bf16", **common), progress=False)
+    draft = build_side(SideSpec(tiny, "torch", "fp8_e4m3", "fp8_e4m3", name="draft", layers=(0,), kv_scale=0.5,
+                                **common), share_weights_with=target, progress=False)
     assert not has_fp8_linears(target.model)
     qkv = draft.model.parent.layers[0].self_attn.qkv_proj
     assert isinstance(qkv, FP8Linear) and not isinstance(draft.model.parent.layers[1].self_attn.qkv_proj,
@@ -274,7 +274,8 @@ def test_unsupported_precision_fails_at_config_time(overrides, needle):
 def test_fp8_kv_validates_on_cpu_with_torch():
     r = _validate("precision=fp8-kv", "precision.target=fp32", "precision.draft=fp32", "draft=self",
                   "precision.kv_scale=0.25")
-    assert r["precision"] == {"target": "fp32", "draft": "fp32", "kv_target": "fp8_e4m3", "kv_draft": "fp8_e4m3"}
+    p = r.precision
+    assert (p.target, p.draft, p.kv_target, p.kv_draft, p.kv_scale) == ("fp32", "fp32", "fp8_e4m3", "fp8_e4m3", 0.25)
 
 
 def test_backend_check_uses_the_compute_dtype_of_fp8_weights():
