@@ -38,6 +38,7 @@ def lr_at(step: int, total: int, t) -> float:
 class Trainer:
     def __init__(self, cfg, run_dir: Path, device: str, dtype: str):
         self.cfg, self.t, self.dir = cfg, cfg.train, Path(run_dir)
+        self.interrupted: KeyboardInterrupt | None = None  # set when Ctrl-C / SIGTERM ended training early
         self.device, self.dtype = torch.device(device), dtype
         self.max_len = self.t.data.max_prompt_tokens + self.t.data.regen_max_new_tokens
         if max(self.t.eval_k, default=0) > self.t.ttt_steps:
@@ -228,12 +229,16 @@ class Trainer:
                         self.checkpoint(opt, step, tokens, epoch, b + 1, rng)
                 start_batch = 0
                 epoch += 1
+        except KeyboardInterrupt as e:  # Ctrl-C / SIGTERM: keep what was trained (checkpoint, head), then stop
+            self.interrupted = e
+            log.warning("training interrupted at step %d: saving the checkpoint and the head so far", step)
         finally:
             bar.close()
         train_s = time.perf_counter() - t0
-        final = self.evaluate()
+        final = {} if self.interrupted else self.evaluate()
         self.checkpoint(opt, step, tokens, epoch, 0, rng)
-        return {"steps": step, "planned_steps": planned, "stopped_by_time": step < planned, "tokens": tokens,
+        return {"steps": step, "planned_steps": planned, "stopped_by_time": step < planned and not self.interrupted,
+                "interrupted": self.interrupted is not None, "tokens": tokens,
                 "train_s": train_s, "tokens_per_s": tokens / max(train_s, 1e-9), "epochs_done": epoch, **final}
 
     def checkpoint(self, opt, step, tokens, epoch, batch, rng) -> None:
@@ -279,4 +284,6 @@ def run(cfg, run_dir: Path, device: str, dtype: str, logger, target=None) -> dic
     summary = {"head": str(path), "data": tr.data_summary, **result}
     write_json(run_dir / "summary.json", summary)
     logger.log_metrics({k: v for k, v in result.items() if isinstance(v, (int, float))})
+    if tr.interrupted is not None:  # saved: now let the interrupt end the run
+        raise tr.interrupted
     return summary
