@@ -106,9 +106,11 @@ class Trainer:
         target = self.target.model
         name = self.cfg.model.name if not self.cfg.model.path else str(self.cfg.model.path)
         ecfg = EagleConfig.for_target(target.config, name, weights_fingerprint(target), self.t.capture_layers,
-                                      self.t.intermediate_size)
+                                      self.t.intermediate_size, self.t.draft_vocab_size)
         torch.manual_seed(self.cfg.seed)
         head = EagleHead(ecfg, dtype=torch.float32).to(self.device)  # fp32 master weights (autocast on GPU)
+        if ecfg.draft_vocab_size:
+            head.set_draft_vocab(D.frequent_tokens(self.train_ex, ecfg.draft_vocab_size, ecfg.vocab_size))
         with torch.no_grad():
             for mod in (head.qkv_proj, head.o_proj, head.gate_up_proj, head.down_proj, head.fc):
                 mod.weight.normal_(0.0, 0.02)
@@ -174,6 +176,8 @@ class Trainer:
         if ckpt is not None and ckpt.is_file():
             state = torch.load(ckpt, weights_only=False)
             head.load_state_dict(state["head"])
+            if head.config.draft_vocab_size:
+                head.set_draft_vocab(head.d2t.clone())  # re-derive the LM-head rows of the loaded d2t
             opt.load_state_dict(state["opt"])
             step, tokens, epoch, start_batch = state["step"], state["tokens"], state["epoch"], state["batch"]
             rng.setstate(state["rng"])
@@ -265,7 +269,8 @@ def _cast_copy(head, dtype):
     from attnlab.models.eagle import EagleHead
 
     out = EagleHead(head.config, dtype=dtype)
-    out.load_state_dict({k: v.detach().to("cpu", dtype) for k, v in head.state_dict().items()})
+    out.load_state_dict({k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype)
+                         for k, v in head.state_dict().items()})  # d2t stays int64
     return out
 
 

@@ -156,3 +156,15 @@ def test_interrupt_saves_the_checkpoint_and_the_head(tmp_path, monkeypatch):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["interrupted"] and summary["steps"] >= 1  # the evaluation before training runs it too
     assert (tmp_path / "checkpoint.pt").is_file() and (tmp_path / "head" / "eagle3.safetensors").is_file()
+
+
+def test_reduced_draft_vocabulary_trains_on_the_frequent_answer_tokens(tmp_path):
+    from attnlab.train_draft.data import Example, frequent_tokens
+
+    assert frequent_tokens([Example([9, 9, 5, 5, 5, 7], 2)], 2, 12).tolist() == [5, 7]  # answer tokens only
+    sample = write_sample(tmp_path / "s.json", 60)
+    cfg = train_config(sample, draft_vocab_size=64, **{"data.num_train": 40})
+    s = run(cfg, tmp_path, "cpu", "fp32", NoneLogger(), target=target_side(tiny_model(CFG, seed=0)))
+    head = load_head(tmp_path / "head", tiny_model(CFG, seed=0), dtype=torch.float32, device="cpu")
+    assert head.config.draft_vocab_size == 64 and head.d2t.numel() == 64
+    assert s["eval/loss"] < s["eval_before"]["eval/loss"] and s["eval/top1_step0"] > 0.1
