@@ -160,3 +160,16 @@ def test_reduced_draft_vocabulary_round_trips_through_save_and_load(tmp_path):
     assert back.d2t.dtype == torch.long and torch.equal(back.d2t, torch.arange(5, 22))
     h = torch.randn(3, CFG.hidden_size)
     torch.testing.assert_close(back.draft_logits(h), TARGET.lm_head(h)[:, 5:22])
+
+
+def test_fused_target_captures_the_same_features():
+    """engine.fused_ops defers the residual add to the next norm: the captured stream is h + residual, the same
+    features as the unfused layers give (Triton kernels under the interpreter on CPU)."""
+    ids = torch.tensor([5, 7, 9, 11, 2, 3])
+    feats = []
+    for fused in (False, True):
+        tgt = runner(TARGET, CFG, 16, fused_ops=fused)
+        tgt.capture_layers = (1, 3)
+        tgt.run([0], [0], [6], ids, Mode.PREFILL)
+        feats.append(tgt.aux)
+    torch.testing.assert_close(feats[1], feats[0], rtol=1e-4, atol=1e-4)
