@@ -20,7 +20,7 @@ import torch
 from attnlab.errors import ConfigError
 from attnlab.metrics.outputs import write_json
 from attnlab.train_draft import data as D
-from attnlab.train_draft.loss import TargetDist, loss_rows, ttt_loss
+from attnlab.train_draft.loss import TargetDist, loss_rows, loss_weight, ttt_loss
 from attnlab.train_draft.teacher import teacher_forward
 from attnlab.train_draft.ttt import simulated_tau
 
@@ -125,13 +125,20 @@ class Trainer:
             return torch.autocast("cuda", dtype=torch.bfloat16 if self.dtype == "bf16" else torch.float16)
         return torch.autocast("cpu", enabled=False)
 
+    def _mm_dtype(self) -> torch.dtype:
+        """The LM-head matmul's dtype in the loss: autocast's (GPU bf16 / fp16), else fp32 (the head's)."""
+        if self.device.type == "cuda" and self.dtype in ("bf16", "fp16"):
+            return torch.bfloat16 if self.dtype == "bf16" else torch.float16
+        return torch.float32
+
     def _batch(self, examples, idx):
         """-> (ids, features, TargetDist): the teacher's LM head and softmax run once, at the loss rows only."""
         ids, answer = D.collate(examples, idx, self.max_len, self.device)
         valid, rows = loss_rows(answer)
-        feats, logits = teacher_forward(self.target.model, ids, tuple(self.head.config.capture_layers), rows)
+        feats, hidden = teacher_forward(self.target.model, ids, tuple(self.head.config.capture_layers), rows)
         d2t = self.head.d2t if self.head.config.draft_vocab_size else None
-        return ids, feats, TargetDist.from_logits(logits, valid, d2t, self.t.loss_chunk_rows)
+        weight = loss_weight(self.head, self._mm_dtype())
+        return ids, feats, TargetDist.build(self.target.model, hidden, valid, weight, d2t, self.t.loss_chunk_rows)
 
     def _loss(self, ids, feats, dist):
         return ttt_loss(self.head, ids, feats, dist, self.t.ttt_steps, self.t.step_decay, self.t.loss_chunk_rows)

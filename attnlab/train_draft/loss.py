@@ -1,14 +1,26 @@
-"""The training-time-test loss (see ttt.py), computed so the [rows, vocab] tensors never all live at once.
+"""The training-time-test loss (see ttt.py), computed without any [rows, vocab] tensor but one chunk's.
 
-- The target side is made once per batch (``TargetDist``): the teacher's LM head runs only at the rows that
-  are loss entries, their distributions are softmaxed once (over the draft vocabulary when there is one:
-  the target's distribution renormalised over it, EAGLE-3's t2d), and shared by every step (step j's entries
-  are a subset of step 0's).
-- Each step's cross-entropy against that soft target runs in row chunks of ``chunk_rows`` inside one autograd
-  Function (``_ChunkedCE``): per chunk the head's logits, their log-sum-exp, the loss and the gradient with
-  respect to the head's normed hidden state ((softmax - p) W / n, computed in the same pass, as a fused
-  linear cross-entropy does); only [n, H] gradients are kept for backward. The LM head is the target's and
-  is not trained. The math equals reference.ttt_loss (tests/train/test_loss.py).
+Forward KL to the target = cross-entropy against its distribution p (the entropy term is constant):
+
+    CE_r = lse(h_r W^T) - p_r . (h_r W^T) = lse(h_r W^T) - h_r . (p_r W)
+    dCE_r / dh_r = (softmax(h_r W^T) - p_r) W = softmax(h_r W^T) W - p_r W
+
+so the target enters both only through PW_r = p_r W, an [H] vector per entry (W: the LM-head rows the head
+scores; the target's distribution is renormalised over a reduced draft vocabulary, EAGLE-3's t2d).
+
+- ``TargetDist`` is made once per batch, shared by every step (step j's entries are a subset of step 0's):
+  the target's LM head runs only at the loss rows, in row chunks: logits -> argmax (top-1 statistics, target
+  ids) and PW. Nothing [rows, vocab] outlives a chunk.
+- ``_ChunkedCE`` (one autograd Function per step), per row chunk: the head's logits (matmul in the autocast
+  dtype, as before), their softmax (in the logits' dtype; fp32 accumulation), argmax, the log-sum-exp read
+  off the softmax at the argmax (lse = z_max - log softmax_max), the loss, and the gradient with respect to
+  the head's normed hidden state, computed in the same pass (as a fused linear cross-entropy does); only
+  [n, H] gradients are kept for backward. The LM head is the target's and is not trained.
+
+Per step that is one [n, V'] matmul write, one softmax read + write and one argmax read (bf16 on GPU), where
+the reference path (reference.py) moved about ten fp32 [n, V] tensors. Equal to it in fp32
+(tests/train/test_loss.py); in bf16 the one difference is that softmax and p W are rounded separately
+before the gradient matmul, where the reference rounded their difference.
 """
 
 from __future__ import annotations
@@ -22,31 +34,32 @@ from attnlab.train_draft.ttt import StepStats, entry_mask, unroll
 
 @dataclass
 class TargetDist:
-    """The target's side of one batch: ``probs`` [N, V'] fp32 (V' = the draft vocabulary's size when there
-    is one) and ``argmax`` [N] (target ids, over the whole vocabulary) at the N loss entries, in the
-    row-major order of ``valid`` [B, S-1]; ``order`` [B, S-1]: each entry's row (-1 elsewhere)."""
+    """The target's side of one batch, at the N loss entries (row-major order of ``valid`` [B, S-1]):
+    ``pw`` [N, H] fp32 (p W), ``argmax`` [N] (target ids, over the whole vocabulary); ``order`` [B, S-1]:
+    each entry's row (-1 elsewhere)."""
 
-    probs: torch.Tensor
+    pw: torch.Tensor
     argmax: torch.Tensor
     valid: torch.Tensor
     order: torch.Tensor
 
     @classmethod
-    def from_logits(cls, logits: torch.Tensor, valid: torch.Tensor, d2t: torch.Tensor | None = None,
-                    chunk_rows: int = 4096) -> TargetDist:
-        """logits [N, V] (fp32, the target's at the entries of ``valid``, row-major) -> the distributions,
-        softmaxed in row chunks (the [N, V] logits may be freed afterwards)."""
-        n = logits.shape[0]
-        V = logits.shape[1] if d2t is None else d2t.numel()
-        probs = torch.empty(n, V, dtype=torch.float32, device=logits.device)
-        argmax = torch.empty(n, dtype=torch.long, device=logits.device)
+    @torch.no_grad()
+    def build(cls, target, hidden: torch.Tensor, valid: torch.Tensor, weight: torch.Tensor,
+              d2t: torch.Tensor | None = None, chunk_rows: int = 4096) -> TargetDist:
+        """hidden [N, H]: the target's final hidden states at the positions whose distributions the entries of
+        ``valid`` need (teacher_forward's ``rows``); weight [V', H]: the head's LM-head rows (loss weight)."""
+        n = hidden.shape[0]
+        pw = torch.empty(n, weight.shape[1], dtype=torch.float32, device=hidden.device)
+        argmax = torch.empty(n, dtype=torch.long, device=hidden.device)
         for s in range(0, n, chunk_rows):
-            t = logits[s:s + chunk_rows].float()
+            t = target.compute_logits(hidden[s:s + chunk_rows])  # [c, V] fp32
             argmax[s:s + chunk_rows] = t.argmax(-1)
-            probs[s:s + chunk_rows] = torch.softmax(t if d2t is None else t[:, d2t], dim=-1)
+            p = torch.softmax(t if d2t is None else t[:, d2t], dim=-1)
+            pw[s:s + chunk_rows] = (p.to(weight.dtype) @ weight).float()
         order = torch.full(valid.shape, -1, dtype=torch.long, device=valid.device)
         order[valid] = torch.arange(n, device=valid.device)
-        return cls(probs, argmax, valid, order)
+        return cls(pw, argmax, valid, order)
 
 
 def loss_rows(answer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,7 +75,7 @@ class _ChunkedCE(torch.autograd.Function):
     """mean_r CE(p_r, softmax(h_r W^T)) over rows r, in chunks; -> (loss, argmax of the head's logits)."""
 
     @staticmethod
-    def forward(ctx, h, weight, probs, rows, chunk_rows):
+    def forward(ctx, h, weight, pw, rows, chunk_rows):
         n = h.shape[0]
         need_grad = ctx.needs_input_grad[0]
         total = torch.zeros((), dtype=torch.float32, device=h.device)
@@ -70,15 +83,18 @@ class _ChunkedCE(torch.autograd.Function):
         grad = torch.empty_like(h) if need_grad else None
         for s in range(0, n, chunk_rows):
             e = min(n, s + chunk_rows)
-            logits = (h[s:e] @ weight.T).float()  # [c, V'], matmul in h's dtype (the autocast dtype on GPU)
-            lse = torch.logsumexp(logits, dim=-1)
-            p = probs[rows[s:e]]
-            # -sum p log q = lse * sum p - <p, logits>
-            total += (lse * p.sum(-1) - (p * logits).sum(-1)).sum()
-            arg[s:e] = logits.argmax(-1)
+            hc = h[s:e]
+            logits = hc @ weight.T  # [c, V'] in the matmul dtype (the autocast dtype on GPU)
+            a = logits.argmax(-1)
+            zmax = logits.gather(1, a[:, None]).squeeze(1).float()
+            sm = torch.softmax(logits, dim=-1)  # fp32 accumulation, stored in the logits' dtype
+            del logits
+            lse = zmax - torch.log(sm.gather(1, a[:, None]).squeeze(1).float())  # softmax_max = e^(z_max - lse)
+            pwc = pw[rows[s:e]]
+            total += (lse - (hc.float() * pwc).sum(-1)).sum()  # sum_r lse_r - h_r . (p_r W)
+            arg[s:e] = a
             if need_grad:
-                d = torch.exp(logits.sub_(lse[:, None])).sub_(p).div_(n)  # (softmax - p) / n, in place
-                grad[s:e] = (d.to(weight.dtype) @ weight).to(h.dtype)
+                grad[s:e] = (((sm @ weight).float() - pwc) / n).to(h.dtype)
         ctx.mark_non_differentiable(arg)
         ctx.save_for_backward(grad if need_grad else h.new_empty(0))
         return total / n, arg
@@ -89,20 +105,21 @@ class _ChunkedCE(torch.autograd.Function):
         return grad * g_loss.to(grad.dtype), None, None, None, None
 
 
-def _lm_weight(head, dtype: torch.dtype) -> torch.Tensor:
+def loss_weight(head, dtype: torch.dtype) -> torch.Tensor:
     """The LM-head rows the head scores (the draft vocabulary's, or the target's whole head), untrained."""
     w = head._rows if head.config.draft_vocab_size else head.shared[1].weight
     return w.detach().to(dtype)
 
 
-def _mm_dtype(h: torch.Tensor) -> torch.dtype:
+def mm_dtype(h: torch.Tensor) -> torch.dtype:
+    """The dtype the LM-head matmul runs in: autocast's, else h's (what nn.Linear under autocast does)."""
     dev = h.device.type
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
 
 
 def ttt_loss(head, ids, feats, dist: TargetDist, steps: int, decay: float, chunk_rows: int = 4096):
     """-> (weighted mean loss (a tensor with grad), StepStats, per-step [B, S-1] top-1 match (bool, detached)).
-    ``dist``: TargetDist.from_logits over the teacher's logits at the loss rows."""
+    ``dist``: TargetDist.build at the loss rows, with loss_weight(head, ...)."""
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows={chunk_rows}: must be >= 1")
     outs = unroll(head, ids, feats, steps)
@@ -124,10 +141,10 @@ def ttt_loss(head, ids, feats, dist: TargetDist, steps: int, decay: float, chunk
             matches.append(match)
             continue
         h = head.norm(a[vj])
-        mm = _mm_dtype(h)
+        mm = mm_dtype(h)
         if weight is None:
-            weight = _lm_weight(head, mm)
-        ce, arg = _ChunkedCE.apply(h.to(mm), weight, dist.probs, dist.order[vj], chunk_rows)
+            weight = loss_weight(head, mm)
+        ce, arg = _ChunkedCE.apply(h.to(mm), weight, dist.pw, dist.order[vj], chunk_rows)
         w = decay ** j
         total = total + w * ce
         wsum += w

@@ -12,7 +12,8 @@ SmolLM2-135M shape (``init=random``: the speed does not depend on the values), r
 
 CPU (scaled down):  python experiments/eagle-smollm2/bench_train_step.py --layers 4 --batch 2 --seq 128
 GPU (H200, < 1 min): python experiments/eagle-smollm2/bench_train_step.py --device cuda --batch 16 --seq 1024
-Prints tokens/s (padded tokens per second, as the trainer's summary counts them), ms per step and, on CUDA,
+Paths: reference (whole vocabulary), trainer (whole vocabulary), trainer:16384 (conf/train/eagle3_fast's
+reduced draft vocabulary; random d2t: the speed does not depend on which ids). Prints tokens/s (padded tokens per second, as the trainer's summary counts them), ms per step and, on CUDA,
 peak memory, per path; ``--profile`` adds the top operators of one step of each path.
 """
 
@@ -25,33 +26,37 @@ import torch
 
 
 def build(args):
-    from attnlab.models.eagle import EagleConfig, EagleHead, weights_fingerprint
     from attnlab.models.loading import load_model
 
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     overrides = {"num_layers": args.layers} if args.layers else None
     target, cfg = load_model("smollm2-135m", dtype=dtype, device=args.device, init="random", overrides=overrides,
                              progress=False)
-    ecfg = EagleConfig.for_target(cfg, "smollm2-135m", weights_fingerprint(target), None, None,
-                                  args.draft_vocab or None)
-    torch.manual_seed(0)
-    head = EagleHead(ecfg, dtype=torch.float32).to(args.device)
-    with torch.no_grad():
-        for mod in (head.qkv_proj, head.o_proj, head.gate_up_proj, head.down_proj, head.fc):
-            mod.weight.normal_(0.0, 0.02)
-    head.bind(target.embed_tokens, target.lm_head)
-    if args.draft_vocab:
-        head.set_draft_vocab(torch.randperm(cfg.vocab_size)[:args.draft_vocab])
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(100, cfg.vocab_size, (args.batch, args.seq), generator=g).to(args.device)
     answer = torch.zeros_like(ids, dtype=torch.bool)
     answer[:, int(args.seq * (1 - args.answer_frac)):] = True
-    return target, head, ids, answer
+    return target, cfg, ids, answer
+
+
+def make_head(target, cfg, draft_vocab: int, device: str):
+    from attnlab.models.eagle import EagleConfig, EagleHead, weights_fingerprint
+
+    ecfg = EagleConfig.for_target(cfg, "smollm2-135m", weights_fingerprint(target), None, None, draft_vocab or None)
+    torch.manual_seed(0)
+    head = EagleHead(ecfg, dtype=torch.float32).to(device)
+    with torch.no_grad():
+        for mod in (head.qkv_proj, head.o_proj, head.gate_up_proj, head.down_proj, head.fc):
+            mod.weight.normal_(0.0, 0.02)
+    head.bind(target.embed_tokens, target.lm_head)
+    if draft_vocab:
+        head.set_draft_vocab(torch.randperm(cfg.vocab_size)[:draft_vocab])
+    return head
 
 
 def step_fn(path: str, target, head, ids, answer, args):
     from attnlab.train_draft import reference
-    from attnlab.train_draft.loss import TargetDist, loss_rows, ttt_loss
+    from attnlab.train_draft.loss import TargetDist, loss_rows, loss_weight, ttt_loss
     from attnlab.train_draft.teacher import teacher_forward
 
     capture = tuple(head.config.capture_layers)
@@ -64,10 +69,10 @@ def step_fn(path: str, target, head, ids, answer, args):
                 loss, _, _ = reference.ttt_loss(head, ids, feats, logits, answer, args.ttt_steps, 0.8)
             else:
                 valid, rows = loss_rows(answer)
-                feats, logits = teacher_forward(target, ids, capture, rows)
+                feats, hidden = teacher_forward(target, ids, capture, rows)
                 d2t = head.d2t if head.config.draft_vocab_size else None
-                dist = TargetDist.from_logits(logits, valid, d2t, args.chunk_rows)
-                del logits
+                weight = loss_weight(head, torch.bfloat16 if cuda else torch.float32)
+                dist = TargetDist.build(target, hidden, valid, weight, d2t, args.chunk_rows)
                 loss, _, _ = ttt_loss(head, ids, feats, dist, args.ttt_steps, 0.8, args.chunk_rows)
         head.zero_grad(set_to_none=True)
         loss.backward()
@@ -92,7 +97,8 @@ def measure(path, target, head, ids, answer, args) -> dict:
         step()
     sync(args)
     dt = (time.perf_counter() - t0) / args.iters
-    out = {"path": path, "loss": loss, "ms_per_step": 1e3 * dt, "tokens_per_s": ids.numel() / dt}
+    out = {"path": path, "draft_vocab": head.config.draft_vocab_size or "full", "loss": loss,
+           "ms_per_step": 1e3 * dt, "tokens_per_s": ids.numel() / dt}
     if args.device == "cuda":
         out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if args.profile:
@@ -115,24 +121,29 @@ def main(argv=None):
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--layers", type=int, default=0, help="target layers (0 = SmolLM2's 30; >= 4 for the default capture)")
     p.add_argument("--ttt-steps", type=int, default=6)
-    p.add_argument("--draft-vocab", type=int, default=0, help="reduced draft vocabulary (0 = the whole 49,152)")
     p.add_argument("--chunk-rows", type=int, default=4096)
     p.add_argument("--answer-frac", type=float, default=0.68)
     p.add_argument("--iters", type=int, default=3)
-    p.add_argument("--paths", default="reference,trainer")
+    p.add_argument("--paths", default="reference,trainer,trainer:16384",
+                   help="path[:draft vocabulary size] (default: the whole 49,152), comma-separated")
     p.add_argument("--profile", type=int, default=0, help="print the top N operators of one step per path")
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    target, head, ids, answer = build(args)
+    target, cfg, ids, answer = build(args)
     rows = []
-    for path in args.paths.split(","):
+    for spec in args.paths.split(","):
+        path, _, vocab = spec.partition(":")
+        if path not in ("reference", "trainer"):
+            p.error(f"--paths: unknown path {path!r} (reference | trainer)")
+        head = make_head(target, cfg, int(vocab or 0), args.device)
         r = measure(path, target, head, ids, answer, args)
         rows.append(r)
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()), flush=True)
-    if len(rows) == 2:
-        print(f"speedup {rows[1]['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x "
-              f"(B={args.batch} S={args.seq} ttt_steps={args.ttt_steps} draft_vocab={args.draft_vocab or 'full'} "
-              f"device={args.device})")
+        del head
+    base = rows[0]["tokens_per_s"]
+    print(f"vs {args.paths.split(',')[0]}: " + ", ".join(f"{r['path']}/{r['draft_vocab']} {r['tokens_per_s'] / base:.2f}x"
+                                                       for r in rows[1:])
+          + f" (B={args.batch} S={args.seq} ttt_steps={args.ttt_steps} device={args.device})")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import torch
 
 from attnlab.models.eagle import EagleConfig, EagleHead, weights_fingerprint
 from attnlab.train_draft import reference
-from attnlab.train_draft.loss import TargetDist, loss_rows, ttt_loss
+from attnlab.train_draft.loss import TargetDist, loss_rows, loss_weight, ttt_loss
 from attnlab.train_draft.teacher import teacher_forward
 from attnlab.train_draft.ttt import ttt_attention, ttt_attention_sdpa
 from tests.spec.tiny import tiny_config, tiny_model
@@ -77,9 +77,10 @@ def test_loss_and_grads_equal_reference(draft_vocab, chunk_rows):
     ref_g = torch.autograd.grad(ref_loss, list(head.parameters()))
 
     valid, rows = loss_rows(answer)
-    feats2, row_logits = teacher_forward(TARGET, ids, capture, rows)  # the LM head at the loss rows only
-    torch.testing.assert_close(row_logits, logits[:, 1:][valid])
-    dist = TargetDist.from_logits(row_logits, valid, head.d2t if draft_vocab else None, chunk_rows=5)
+    feats2, hidden = teacher_forward(TARGET, ids, capture, rows)  # the LM head at the loss rows only
+    torch.testing.assert_close(TARGET.compute_logits(hidden), logits[:, 1:][valid])
+    dist = TargetDist.build(TARGET, hidden, valid, loss_weight(head, torch.float32),
+                            head.d2t if draft_vocab else None, chunk_rows=5)
     loss, st, m = ttt_loss(head, ids, feats2, dist, steps=4, decay=0.8, chunk_rows=chunk_rows)
     new_g = torch.autograd.grad(loss, list(head.parameters()))
 
@@ -97,8 +98,8 @@ def test_chunked_loss_under_no_grad_keeps_no_gradient():
     head = _head()
     ids, answer = _batch(seed=3)
     valid, rows = loss_rows(answer)
-    feats, logits = teacher_forward(TARGET, ids, tuple(head.config.capture_layers), rows)
-    dist = TargetDist.from_logits(logits, valid)
+    feats, hidden = teacher_forward(TARGET, ids, tuple(head.config.capture_layers), rows)
+    dist = TargetDist.build(TARGET, hidden, valid, loss_weight(head, torch.float32))
     loss, _, _ = ttt_loss(head, ids, feats, dist, steps=3, decay=0.8, chunk_rows=4)
     with torch.no_grad():
         loss_ng, _, _ = ttt_loss(head, ids, feats, dist, steps=3, decay=0.8, chunk_rows=4)
