@@ -105,3 +105,23 @@ def test_chunked_loss_under_no_grad_keeps_no_gradient():
         loss_ng, _, _ = ttt_loss(head, ids, feats, dist, steps=3, decay=0.8, chunk_rows=4)
     assert loss.requires_grad and not loss_ng.requires_grad
     torch.testing.assert_close(loss_ng, loss.detach())
+
+
+def test_fast_preset_composes_and_chunk_rows_is_checked(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import attnlab.train_draft.schema  # noqa: F401  (registers the schema)
+    from attnlab.compose import CONF_DIR
+    from attnlab.errors import ConfigError
+    from attnlab.train_draft.loop import Trainer
+    from attnlab.train_draft.schema import TrainConfig
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train_draft", ["train=eagle3_fast"])
+    t = cfg.train
+    assert (t.draft_vocab_size, t.tokens_per_batch, t.max_minutes, t.ttt_steps) == (16384, 32768, 8.0, 6)
+    bad = OmegaConf.structured(TrainConfig)
+    bad.train.loss_chunk_rows = 0
+    with pytest.raises(ConfigError, match="train.loss_chunk_rows=0"):
+        Trainer(bad, tmp_path, "cpu", "fp32")
