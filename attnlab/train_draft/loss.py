@@ -81,23 +81,28 @@ class _ChunkedCE(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float32, device=h.device)
         arg = torch.empty(n, dtype=torch.long, device=h.device)
         grad = torch.empty_like(h) if need_grad else None
-        for s in range(0, n, chunk_rows):
-            e = min(n, s + chunk_rows)
-            hc = h[s:e]
-            logits = hc @ weight.T  # [c, V'] in the matmul dtype (the autocast dtype on GPU)
-            a = logits.argmax(-1)
-            zmax = logits.gather(1, a[:, None]).squeeze(1).float()
-            sm = torch.softmax(logits, dim=-1)  # fp32 accumulation, stored in the logits' dtype
-            del logits
-            lse = zmax - torch.log(sm.gather(1, a[:, None]).squeeze(1).float())  # softmax_max = e^(z_max - lse)
-            pwc = pw[rows[s:e]]
-            total += (lse - (hc.float() * pwc).sum(-1)).sum()  # sum_r lse_r - h_r . (p_r W)
-            arg[s:e] = a
-            if need_grad:
-                grad[s:e] = (((sm @ weight).float() - pwc) / n).to(h.dtype)
+        with torch.autocast(h.device.type, enabled=False):  # explicit dtypes (autocast would make softmax fp32)
+            for s in range(0, n, chunk_rows):
+                e = min(n, s + chunk_rows)
+                _ChunkedCE._chunk(h[s:e], weight, pw[rows[s:e]], n, arg[s:e], grad[s:e] if need_grad else None,
+                                  total)
         ctx.mark_non_differentiable(arg)
         ctx.save_for_backward(grad if need_grad else h.new_empty(0))
         return total / n, arg
+
+    @staticmethod
+    def _chunk(hc, weight, pwc, n, arg, grad, total) -> None:
+        """One row chunk: adds its summed CE to ``total``, writes its argmax and (if ``grad``) d mean CE / d h."""
+        logits = hc @ weight.T  # [c, V'] in the matmul dtype (the autocast dtype on GPU)
+        a = logits.argmax(-1)
+        zmax = logits.gather(1, a[:, None]).squeeze(1).float()
+        sm = torch.softmax(logits, dim=-1)  # fp32 accumulation, stored in the logits' dtype
+        del logits
+        lse = zmax - torch.log(sm.gather(1, a[:, None]).squeeze(1).float())  # softmax_max = e^(z_max - lse)
+        total += (lse - (hc.float() * pwc).sum(-1)).sum()  # sum_r lse_r - h_r . (p_r W)
+        arg.copy_(a)
+        if grad is not None:
+            grad.copy_((((sm @ weight).float() - pwc) / n).to(grad.dtype))
 
     @staticmethod
     def backward(ctx, g_loss, g_arg):

@@ -100,7 +100,9 @@ def ttt_attention_sdpa(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.T
     pos = torch.arange(L, device=q.device)
     kd = torch.stack([_rep(_shift(ks[i], j - i), g) for i in range(1, j + 1)], dim=-2)  # [B, L, Hq, j, D]
     vd = torch.stack([_rep(_shift(vs[i], j - i), g) for i in range(1, j + 1)], dim=-2)
-    sd = torch.einsum("blhd,blhjd->blhj", q.float(), kd.float()) * scale
+    fp32 = torch.autocast(q.device.type, enabled=False)  # the merge in fp32 (autocast would run it in bf16)
+    with fp32:
+        sd = torch.einsum("blhd,blhjd->blhj", q.float(), kd.float()) * scale
     valid = torch.stack([pos >= j - i for i in range(1, j + 1)], dim=-1)  # [L, j]; i = j is always valid
     sd = sd.masked_fill(~valid[None, :, None, :], float("-inf"))
     E = SINK_PAD
@@ -122,11 +124,12 @@ def ttt_attention_sdpa(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.T
         o = torch.cat([ox_head.to(o.dtype), o], dim=1)
     else:
         o = ox_head[:, :L]
-    ox = o[..., D].float()  # [B, L, Hq]
-    c = ox[..., None] * torch.exp(sd - sigma[..., None])  # [B, L, Hq, j]; masked keys: exp(-inf) = 0
-    num = o[..., :D].float() + torch.einsum("blhj,blhjd->blhd", c, vd.float())
-    den = 1 - ox + c.sum(-1)
-    return (num / den[..., None]).to(vs[0].dtype)
+    with fp32:
+        ox = o[..., D].float()  # [B, L, Hq]
+        c = ox[..., None] * torch.exp(sd - sigma[..., None])  # [B, L, Hq, j]; masked keys: exp(-inf) = 0
+        num = o[..., :D].float() + torch.einsum("blhj,blhjd->blhd", c, vd.float())
+        den = 1 - ox + c.sum(-1)
+        return (num / den[..., None]).to(vs[0].dtype)
 
 
 def unroll(head, ids: torch.Tensor, feats: torch.Tensor, steps: int, attention=ttt_attention_sdpa) -> list[torch.Tensor]:
