@@ -16,7 +16,7 @@ predecessors, weighted step_decay ** j.
 
 Two implementations of the step-j attention compute the same thing: ``ttt_attention`` (the reference: the
 [B, Hkv, g, L, L] fp32 scores, kept for backward) and ``ttt_attention_sdpa`` (what training runs: no L x L
-tensor; see its docstring). The loss (loss.py) is computed in row chunks from target probabilities made once
+tensor; see its docstring). The loss (loss.py) is computed in row chunks from the target's p W, made once
 per batch; reference.py keeps the original per-step loss for the tests and the microbench.
 """
 
