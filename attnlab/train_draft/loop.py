@@ -20,8 +20,9 @@ import torch
 from attnlab.errors import ConfigError
 from attnlab.metrics.outputs import write_json
 from attnlab.train_draft import data as D
+from attnlab.train_draft.loss import TargetDist, loss_rows, loss_weight, ttt_loss
 from attnlab.train_draft.teacher import teacher_forward
-from attnlab.train_draft.ttt import entry_mask, simulated_tau, ttt_loss
+from attnlab.train_draft.ttt import simulated_tau
 
 log = logging.getLogger("attnlab.train")
 FIT_AFTER = 20  # steps timed before a time budget (train.max_minutes) fixes the schedule's length
@@ -44,7 +45,7 @@ class Trainer:
         if max(self.t.eval_k, default=0) > self.t.ttt_steps:
             raise ConfigError(f"train.eval_k={list(self.t.eval_k)}: each k needs k unrolled steps "
                               f"(train.ttt_steps={self.t.ttt_steps})")
-        for key in ("ttt_steps", "epochs", "tokens_per_batch"):
+        for key in ("ttt_steps", "epochs", "tokens_per_batch", "loss_chunk_rows"):
             if getattr(self.t, key) < 1:
                 raise ConfigError(f"train.{key}={getattr(self.t, key)}: must be >= 1")
 
@@ -124,10 +125,23 @@ class Trainer:
             return torch.autocast("cuda", dtype=torch.bfloat16 if self.dtype == "bf16" else torch.float16)
         return torch.autocast("cpu", enabled=False)
 
+    def _mm_dtype(self) -> torch.dtype:
+        """The LM-head matmul's dtype in the loss: autocast's (GPU bf16 / fp16), else fp32 (the head's)."""
+        if self.device.type == "cuda" and self.dtype in ("bf16", "fp16"):
+            return torch.bfloat16 if self.dtype == "bf16" else torch.float16
+        return torch.float32
+
     def _batch(self, examples, idx):
+        """-> (ids, features, TargetDist): the teacher's LM head and softmax run once, at the loss rows only."""
         ids, answer = D.collate(examples, idx, self.max_len, self.device)
-        feats, logits = teacher_forward(self.target.model, ids, tuple(self.head.config.capture_layers))
-        return ids, answer, feats, logits
+        valid, rows = loss_rows(answer)
+        feats, hidden = teacher_forward(self.target.model, ids, tuple(self.head.config.capture_layers), rows)
+        d2t = self.head.d2t if self.head.config.draft_vocab_size else None
+        weight = loss_weight(self.head, self._mm_dtype())
+        return ids, feats, TargetDist.build(self.target.model, hidden, valid, weight, d2t, self.t.loss_chunk_rows)
+
+    def _loss(self, ids, feats, dist):
+        return ttt_loss(self.head, ids, feats, dist, self.t.ttt_steps, self.t.step_decay, self.t.loss_chunk_rows)
 
     # -- evaluation ----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -140,17 +154,16 @@ class Trainer:
         taus = {k: [0.0, 0] for k in self.t.eval_k}
         loss_sum = loss_n = 0.0
         for idx in D.batches(self.eval_ex, self.t.tokens_per_batch, self.max_len):
-            ids, answer, feats, logits = self._batch(self.eval_ex, idx)
+            ids, feats, dist = self._batch(self.eval_ex, idx)
             with self._autocast():
-                loss, st, matches = ttt_loss(self.head, ids, feats, logits, answer, self.t.ttt_steps,
-                                             self.t.step_decay)
+                loss, st, matches = self._loss(ids, feats, dist)
             loss_sum += float(loss) * len(idx)
             loss_n += len(idx)
             for j in range(self.t.ttt_steps):
                 if st.entries[j]:
                     hits[j] += st.top1[j] * st.entries[j]
                     n_ent[j] += st.entries[j]
-            valid = entry_mask(answer)
+            valid = dist.valid
             for k in self.t.eval_k:
                 tau, n = simulated_tau(matches, valid, k)
                 if n:
@@ -198,11 +211,11 @@ class Trainer:
                     if step >= total or (deadline is not None and time.perf_counter() > deadline):
                         total = step  # the time budget ends training here (then evaluate and save)
                         break
-                    ids, answer, feats, logits = self._batch(self.train_ex, order[b])
+                    ids, feats, dist = self._batch(self.train_ex, order[b])
                     for g in opt.param_groups:
                         g["lr"] = lr_at(step, total, t)
                     with self._autocast():
-                        loss, st, _ = ttt_loss(head, ids, feats, logits, answer, t.ttt_steps, t.step_decay)
+                        loss, st, _ = self._loss(ids, feats, dist)
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     gnorm = float(torch.nn.utils.clip_grad_norm_(params, t.grad_clip))

@@ -43,6 +43,9 @@ class TrainSchema:
     max_steps: int | None = None  # stop after this many optimizer steps (null = all epochs)
     max_minutes: float | None = None  # stop training after this long (then evaluate and save)
     tokens_per_batch: int = 8192  # padded tokens per batch (sequences bucketed by length)
+    # rows per chunk of the loss (head logits, log-sum-exp, gradient): bounds the [rows, vocab] fp32 tensors
+    # alive at once (each chunk: about 3 x rows x vocab x 4 bytes); the result does not depend on it
+    loss_chunk_rows: int = 4096
     eval_every: int = 200  # steps between held-out evaluations (0 = only at the end)
     eval_k: list[int] = field(default_factory=lambda: [2, 4, 6])  # simulated chain acceptance at these k
     checkpoint_every: int = 500  # steps between resumable checkpoints (0 = only at the end)

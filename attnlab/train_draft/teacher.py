@@ -34,13 +34,18 @@ class DenseCausalContext:
 
 
 @torch.no_grad()
-def teacher_forward(target, ids: torch.Tensor, capture: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+def teacher_forward(target, ids: torch.Tensor, capture: tuple[int, ...],
+                    rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [B, S] -> (features [B, S, len(capture) * H] in the target's dtype, logits [B, S, V] fp32).
-    Position t's logits predict token t + 1."""
+    Position t's logits predict token t + 1. With ``rows`` [B, S] bool, the second result is instead the final
+    hidden states at those positions, [rows.sum(), H] (row-major), for loss.TargetDist to run the LM head on
+    in chunks: the loss needs no distribution at prompt positions, and no [B, S, V] tensor."""
     B, S = ids.shape
     cfg = target.config
     ctx = DenseCausalContext(B, S, cfg.head_dim ** -0.5, tuple(capture))
     positions = torch.arange(S, device=ids.device).repeat(B)
     hidden = target(ids.reshape(-1), positions, ctx)
+    if rows is not None:
+        return ctx.captured.view(B, S, -1), hidden[rows.reshape(-1)]
     logits = target.compute_logits(hidden).view(B, S, -1)
     return ctx.captured.view(B, S, -1), logits

@@ -13,6 +13,11 @@ predicts x_{p+2}, whose target distribution is the target's softmax at position 
 The loss of step j is the forward KL from the target distribution (cross-entropy against the soft target;
 the entropy term is constant), over entries whose predicted token is an answer token and that have j
 predecessors, weighted step_decay ** j.
+
+Two implementations of the step-j attention compute the same thing: ``ttt_attention`` (the reference: the
+[B, Hkv, g, L, L] fp32 scores, kept for backward) and ``ttt_attention_sdpa`` (what training runs: no L x L
+tensor; see its docstring). The loss (loss.py) is computed in row chunks from the target's p W, made once
+per batch; reference.py keeps the original per-step loss for the tests and the microbench.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from attnlab.models import rope
 
@@ -28,6 +34,8 @@ def _shift(x: torch.Tensor, n: int) -> torch.Tensor:
     """x [B, L, ...] -> y with y[:, p] = x[:, p - n] (zeros for p < n)."""
     if n == 0:
         return x
+    if n >= x.shape[1]:  # a sequence shorter than the shift (short batches, late steps)
+        return torch.zeros_like(x)
     return torch.cat([x.new_zeros(x.shape[0], n, *x.shape[2:]), x[:, :-n]], dim=1)
 
 
@@ -58,8 +66,75 @@ def ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor
     return out.reshape(B, L, Hq, D)
 
 
-def unroll(head, ids: torch.Tensor, feats: torch.Tensor, steps: int) -> list[torch.Tensor]:
-    """ids [B, S], feats [B, S, F] (target features) -> the pre-norm outputs a_j [B, S-1, H], j < steps."""
+SINK_PAD = 8  # extra head dims carrying the sink (one used): keeps the head dim a multiple of 8 for flash
+
+
+def _rep(x: torch.Tensor, g: int) -> torch.Tensor:
+    return x.repeat_interleave(g, dim=2) if g > 1 else x
+
+
+def ttt_attention_sdpa(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], scale: float) -> torch.Tensor:
+    """``ttt_attention`` without an L x L tensor: the step-0 keys through ``scaled_dot_product_attention``
+    (flash / memory-efficient on GPU, the fused CPU kernel), the j diagonal keys merged exactly.
+
+    Step 0 is plain causal SDPA. For j > 0, query p sees the step-0 keys at positions <= p - j and one
+    diagonal key per earlier step. The merge needs the step-0 normaliser Z0 with its gradient, which SDPA does
+    not return; a sink key gives it: one extra key (head dims widened by SINK_PAD, the sink's key and value a
+    unit vector in the first extra dim) with score sigma_p per query (carried by the query's extra dim). The
+    SDPA output then holds o' = Z0 o0 / (Z0 + e^sigma) and, in the extra dim, o_x = e^sigma / (Z0 + e^sigma), and
+
+        out = (o' + sum_i c_i v_i) / (1 - o_x + sum_i c_i),   c_i = o_x e^(s_i - sigma)
+
+    equals softmax attention over both key sets for any sigma (so sigma is detached: its gradient is exactly 0).
+    sigma = the row's largest diagonal score keeps every term O(1) (no overflow, and 1 - o_x only matters
+    where it is not cancelled). Queries p >= j - 1 run as a square causal SDPA over [sink, k0[:L-j]]
+    (top-left causal: query p sees the sink and step-0 keys <= p - j); rows p < j - 1 see no step-0 key
+    (o' = 0, o_x = 1)."""
+    j = len(ks) - 1
+    B, L, Hq, D = q.shape
+    g = Hq // ks[0].shape[2]
+    if j == 0:
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), _rep(ks[0], g).transpose(1, 2),
+                                             _rep(vs[0], g).transpose(1, 2), is_causal=True, scale=scale)
+        return out.transpose(1, 2)
+    pos = torch.arange(L, device=q.device)
+    kd = torch.stack([_rep(_shift(ks[i], j - i), g) for i in range(1, j + 1)], dim=-2)  # [B, L, Hq, j, D]
+    vd = torch.stack([_rep(_shift(vs[i], j - i), g) for i in range(1, j + 1)], dim=-2)
+    fp32 = torch.autocast(q.device.type, enabled=False)  # the merge in fp32 (autocast would run it in bf16)
+    with fp32:
+        sd = torch.einsum("blhd,blhjd->blhj", q.float(), kd.float()) * scale
+    valid = torch.stack([pos >= j - i for i in range(1, j + 1)], dim=-1)  # [L, j]; i = j is always valid
+    sd = sd.masked_fill(~valid[None, :, None, :], float("-inf"))
+    E = SINK_PAD
+    sig_col = (sd.detach().amax(-1) / scale).to(q.dtype)  # [B, L, Hq]: sigma / scale, as the kernel reads it
+    sigma = sig_col.float() * scale
+    n = L - j + 1  # query rows p = j - 1 .. L - 1 go through SDPA
+    ox_head = q.new_zeros(B, j - 1, Hq, D + E)
+    ox_head[..., D] = 1  # rows p < j - 1: no step-0 key, o' = 0, o_x = 1
+    if n > 0:
+        qa = torch.cat([q[:, j - 1:], sig_col[:, j - 1:, :, None], q.new_zeros(B, n, Hq, E - 1)], dim=-1)
+        unit = q.new_zeros(B, 1, Hq, D + E)
+        unit[..., D] = 1
+        k0 = torch.cat([_rep(ks[0][:, :L - j], g), ks[0].new_zeros(B, L - j, Hq, E)], dim=-1)
+        v0 = torch.cat([_rep(vs[0][:, :L - j], g), vs[0].new_zeros(B, L - j, Hq, E)], dim=-1)
+        ka = torch.cat([unit.to(k0.dtype), k0], dim=1)
+        va = torch.cat([unit.to(v0.dtype), v0], dim=1)
+        o = F.scaled_dot_product_attention(qa.transpose(1, 2), ka.transpose(1, 2), va.transpose(1, 2),
+                                           is_causal=True, scale=scale).transpose(1, 2)
+        o = torch.cat([ox_head.to(o.dtype), o], dim=1)
+    else:
+        o = ox_head[:, :L]
+    with fp32:
+        ox = o[..., D].float()  # [B, L, Hq]
+        c = ox[..., None] * torch.exp(sd - sigma[..., None])  # [B, L, Hq, j]; masked keys: exp(-inf) = 0
+        num = o[..., :D].float() + torch.einsum("blhj,blhjd->blhd", c, vd.float())
+        den = 1 - ox + c.sum(-1)
+        return (num / den[..., None]).to(vs[0].dtype)
+
+
+def unroll(head, ids: torch.Tensor, feats: torch.Tensor, steps: int, attention=ttt_attention_sdpa) -> list[torch.Tensor]:
+    """ids [B, S], feats [B, S, F] (target features) -> the pre-norm outputs a_j [B, S-1, H], j < steps.
+    ``attention``: ttt_attention_sdpa (training) or ttt_attention (the reference)."""
     L = ids.shape[1] - 1
     tok = ids[:, 1:]
     f = head.fuse(feats[:, :L].to(head.fc.weight.dtype))
@@ -70,7 +145,7 @@ def unroll(head, ids: torch.Tensor, feats: torch.Tensor, steps: int) -> list[tor
         q, k, v = head.pre_attention(tok, f, cos, sin)
         ks.append(k)
         vs.append(v)
-        a = head.post_attention(f, ttt_attention(q, ks, vs, scale))
+        a = head.post_attention(f, attention(q, ks, vs, scale))
         outs.append(a)
         f = _shift(a, 1)  # step j + 1 at entry p reads this step's output at entry p - 1
     return outs
@@ -89,45 +164,6 @@ def entry_mask(answer: torch.Tensor, lengths_ok: torch.Tensor | None = None) -> 
     m = torch.zeros_like(answer[:, 1:])
     m[:, :-1] = answer[:, 2:]
     return m
-
-
-def ttt_loss(head, ids, feats, target_logits, answer, steps: int, decay: float):
-    """-> (weighted mean loss (a tensor with grad), StepStats, per-step [B, S-1] top-1 match (bool, detached))."""
-    outs = unroll(head, ids, feats, steps)
-    valid = entry_mask(answer)
-    pos = torch.arange(valid.shape[1], device=ids.device)
-    tgt = target_logits[:, 1:].float()  # entry p's target: the target's distribution at position p + 1
-    total, wsum = 0.0, 0.0
-    stats = StepStats([], [], [])
-    matches = []
-    for j, a in enumerate(outs):
-        vj = valid & (pos >= j)[None, :]
-        n = int(vj.sum())
-        match = torch.zeros_like(vj)
-        if n == 0:
-            stats.loss.append(float("nan"))
-            stats.top1.append(float("nan"))
-            stats.entries.append(0)
-            matches.append(match)
-            continue
-        logits = head.draft_logits(head.norm(a[vj]))  # [n, V or draft vocab] fp32
-        logq = torch.log_softmax(logits, dim=-1)
-        t = tgt[vj]
-        d2t = getattr(head, "d2t", None)
-        # a reduced draft vocabulary: the target's distribution renormalized over it (EAGLE-3's t2d)
-        pt = torch.softmax(t if d2t is None else t[:, d2t], dim=-1)
-        ce = -(pt * logq).sum(-1).mean()
-        w = decay ** j
-        total = total + w * ce
-        wsum += w
-        drafted = logits.argmax(-1) if d2t is None else d2t[logits.argmax(-1)]
-        hit = drafted == t.argmax(-1)  # in target ids: a target argmax outside the draft vocabulary is a miss
-        match[vj] = hit
-        matches.append(match.detach())
-        stats.loss.append(float(ce.detach()))
-        stats.top1.append(float(hit.float().mean()))
-        stats.entries.append(n)
-    return total / max(wsum, 1e-12), stats, matches
 
 
 def simulated_tau(matches: list[torch.Tensor], valid: torch.Tensor, k: int) -> tuple[float, int]:
