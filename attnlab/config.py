@@ -147,6 +147,10 @@ class EngineSchema:
     # Triton kernels for residual add + RMSNorm, RoPE, SiLU-mul and the KV store (attnlab/kernels/fused.py)
     # instead of 32 elementwise torch launches per layer; CUDA only. Parity reference sides always run unfused.
     fused_ops: bool = False
+    # cublas | triton: triton runs passes of <= 16 tokens (decode, verify) on attnlab's row-invariant small-M
+    # GEMM with RMSNorm / RoPE / SiLU-mul / residual adds fused into it (attnlab/models/gemm_path.py, ~5
+    # kernels a layer; implies the fused ops); longer passes stay on cuBLAS. CUDA only.
+    gemm: str = "cublas"
 
 
 @dataclass
@@ -210,6 +214,7 @@ def resolve_device(device: str) -> str:
     return device
 
 
+GEMM_KINDS = ("cublas", "triton")  # engine.gemm
 WEIGHT_DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3")  # fp8_e5m2 is a KV format only
 TARGET_WEIGHT_DTYPES = ("fp32", "fp16", "bf16")  # fp8 weights: draft side only (docs/precision.md)
 
@@ -424,6 +429,10 @@ def validate(cfg: DictConfig) -> RunPlan:
         what = "engine.cuda_graph=true" if cfg.engine.cuda_graph else f"warmup={cfg.warmup.plan}"
         raise ConfigError(f"{what} captures CUDA graphs and needs device=cuda (use warmup=jit or none on CPU)")
 
+    _choice("engine.gemm", cfg.engine.gemm, GEMM_KINDS)
+    if cfg.engine.gemm == "triton" and device != "cuda":
+        raise ConfigError("engine.gemm=triton runs attnlab's Triton GEMM and needs device=cuda (use "
+                          "engine.gemm=cublas on CPU)")
     if cfg.engine.fused_ops and device != "cuda":
         raise ConfigError("engine.fused_ops=true runs Triton kernels and needs device=cuda (use "
                           "engine.fused_ops=false on CPU)")
@@ -484,7 +493,7 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
                                  w.field),
         parity=pl.ParityPlan(p.enabled, p.enabled and p.kernel, p.enabled and p.logits, p.enabled and p.tokens,
                              p.enabled and p.acceptance, p.reference, p.reference_precision, p.max_prompts),
-        engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops)),
+        engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops), cfg.engine.gemm),
         bench=pl.BenchPlan(cfg.bench.repeats or (3 if device == "cuda" else 1), float(cfg.bench.noisy_ratio),
                            cfg.bench.cold),
         logger=pl.LoggerPlan(lg.kind, lg.project, lg.entity, lg.mode, lg.group, tuple(lg.tags)),

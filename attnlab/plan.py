@@ -125,6 +125,7 @@ class ParityPlan:
 class EnginePlan:
     cuda_graph: bool  # resolved: engine.cuda_graph, or a warmup plan that captures graphs
     fused_ops: bool = False
+    gemm: str = "cublas"  # cublas | triton (attnlab.models.gemm_path for passes of <= 16 tokens)
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,8 @@ def test_the_run_plan_is_frozen_and_typed():
     (["draft=self", "draft.layers=[]"], "draft.layers"),
     (["engine.cuda_graph=true"], "engine.cuda_graph"),
     (["engine.fused_ops=true"], "engine.fused_ops"),
+    (["engine.gemm=triton"], "engine.gemm=triton"),
+    (["engine.gemm=cutlass"], "engine.gemm='cutlass'"),
     (["logger.mode=sometimes"], "logger.mode"),
     (["bench.repeats=0"], "bench.repeats=0"),
     (["bench.noisy_ratio=0.5"], "bench.noisy_ratio=0.5"),

@@ -59,6 +59,7 @@ class SideSpec:
     cuda_graph: bool = False
     max_q_len: int = 16
     fused_ops: bool = False
+    gemm: str = "cublas"  # triton: passes of <= 16 tokens on attnlab.models.gemm_path (implies fused_ops)
     backend_options: Mapping | None = None
 
 
@@ -99,6 +100,12 @@ def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, pr
             model = quantize_linears(model, inplace=True)
     if spec.fused_ops and dev.type != "cuda":
         raise ConfigError("engine.fused_ops=true needs device=cuda")
+    if spec.gemm not in ("cublas", "triton"):
+        raise ConfigError(f"engine.gemm={spec.gemm!r}: choose from cublas, triton")
+    if spec.gemm == "triton" and dev.type != "cuda":
+        raise ConfigError("engine.gemm=triton needs device=cuda")
+    # the runner hands this to every pass's AttnContext: "gemm" selects attnlab.models.gemm_path
+    fused_ops = "gemm" if spec.gemm == "triton" else spec.fused_ops
     if layers:
         model = LayerSubset(model, list(layers))
     num_layers = len(layers) if layers else mcfg.num_layers
@@ -124,4 +131,4 @@ def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, pr
               "max_context": max_context}
     be = cls(pool, mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim, mcfg.head_dim ** -0.5, wdtype, **kw)
     return ModelRunner(model.eval(), mcfg, tok, pool, PageAllocator(pages, page_size), be, max_context, spec.name,
-                       max_batch=max_batch, fused_ops=spec.fused_ops)
+                       max_batch=max_batch, fused_ops=fused_ops)
