@@ -70,6 +70,10 @@ class PrecisionSchema:
     kv_draft: str = "auto"  # auto = draft's
     # fp8 KV pools store value / kv_scale (one per-tensor scale for K and V of both sides); see docs/precision.md
     kv_scale: float = 1.0
+    # How fp8 draft weights multiply: w8a8 (torch._scaled_mm, activations quantized per token, every M) |
+    # weight_only (passes of <= 16 tokens: attnlab.kernels.gemm dequantizes the e4m3 weights inside the GEMM,
+    # no activation quantization; W8A8 above 16). precision=fp8w-draft; docs/precision.md
+    fp8_gemm: str = "w8a8"
 
 
 @dataclass
@@ -214,6 +218,7 @@ def resolve_device(device: str) -> str:
     return device
 
 
+FP8_GEMMS = ("w8a8", "weight_only")  # precision.fp8_gemm
 GEMM_KINDS = ("cublas", "triton")  # engine.gemm
 WEIGHT_DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3")  # fp8_e5m2 is a KV format only
 TARGET_WEIGHT_DTYPES = ("fp32", "fp16", "bf16")  # fp8 weights: draft side only (docs/precision.md)
@@ -251,6 +256,11 @@ def resolve_precision(p, device: str) -> dict[str, str]:
         if problem:
             raise ConfigError(f"precision.draft='fp8_e4m3': {problem} (choose from: fp32, fp16, bf16 here; "
                               f"fp8 KV alone works everywhere: precision.kv_draft=fp8_e4m3)")
+    fp8_gemm = getattr(p, "fp8_gemm", "w8a8")
+    _choice("precision.fp8_gemm", fp8_gemm, FP8_GEMMS)
+    if fp8_gemm != "w8a8" and draft != "fp8_e4m3":
+        raise ConfigError(f"precision.fp8_gemm={fp8_gemm}: applies to fp8 draft weights only (precision.draft="
+                          f"{draft}; use precision=fp8w-draft, or precision.fp8_gemm=w8a8)")
     kv_scale = getattr(p, "kv_scale", 1.0)
     if not (isinstance(kv_scale, (int, float)) and math.isfinite(kv_scale) and kv_scale > 0):
         raise ConfigError(f"precision.kv_scale={kv_scale!r}: must be a finite number > 0 (fp8 KV stores "
@@ -483,7 +493,8 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
         backend=cfg.backend.name, verify=cfg.verify.name,
         backend_options=pl.frozen_mapping(to_container(cfg.backend.get("options")) or {}),
         verify_options=pl.frozen_mapping(to_container(cfg.verify.get("options")) or {}),
-        precision=pl.Precision(**precision, kv_scale=float(cfg.precision.kv_scale)),
+        precision=pl.Precision(**precision, kv_scale=float(cfg.precision.kv_scale),
+                               fp8_gemm=cfg.precision.get("fp8_gemm", "w8a8")),
         kv=pl.KVPlan(kv.layout, kv.page_size, kv.num_pages, kv.max_context,
                      bool(kv.get("allow_past_model_context", False))),
         spec=pl.SpecPlan(k, s.topk, float(s.temperature), s.top_k, float(s.top_p), num_steps),

@@ -56,6 +56,7 @@ class SideSpec:
     num_pages: int | None = None
     layers: tuple[int, ...] | None = None
     kv_scale: float | None = None
+    fp8_gemm: str = "w8a8"  # fp8 weights: w8a8 | weight_only (FP8Linear.small_m)
     cuda_graph: bool = False
     max_q_len: int = 16
     fused_ops: bool = False
@@ -87,7 +88,7 @@ def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, pr
             model = base  # already this side's fp8 model (a rebuilt drafter for the acceptance run)
         elif fp8_weights:
             src = base if next(base.parameters()).dtype == wdtype else copy.deepcopy(base).to(wdtype)
-            model = quantize_linears(src, layers=layers, inplace=src is not base)
+            model = quantize_linears(src, layers=layers, inplace=src is not base, small_m=spec.fp8_gemm)
         else:
             model = base if next(base.parameters()).dtype == wdtype else copy.deepcopy(base).to(wdtype)
         mcfg, tok = share_weights_with.model_config, share_weights_with.tokenizer
@@ -97,7 +98,7 @@ def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, pr
                                  overrides=m.overrides_dict(), progress=progress)
         tok = load_tokenizer(m.source, init=m.init, config=mcfg)
         if fp8_weights:
-            model = quantize_linears(model, inplace=True)
+            model = quantize_linears(model, inplace=True, small_m=spec.fp8_gemm)
     if spec.fused_ops and dev.type != "cuda":
         raise ConfigError("engine.fused_ops=true needs device=cuda")
     if spec.gemm not in ("cublas", "triton"):
