@@ -165,10 +165,10 @@ def _gemm_kernel(X, W, OUT, PART, SCALE, BIAS, NORM_W, RES, COS, SIN, M, N_LOG, 
                 acc2 = tl.dot(w2.to(tl.float32), xt.to(tl.float32), acc2, input_precision="ieee")
             else:
                 acc2 = tl.dot(w2, xt, acc2)
-    if SPLIT == 1:
+    if not SPLIT:
         _epilogue(acc1, acc2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN, stride_om, stride_rm,
                   stride_cm, G, ROPE_COLS, FP8, HAS_BIAS, EPI, PAIRED)
-    else:  # partials [SPLIT, 2 (pair), BLOCK_M, N_LOG] fp32, reduced in split order by _reduce_kernel
+    else:  # partials [splits, 2 (pair), BLOCK_M, N_LOG] fp32, reduced in split order by _reduce_kernel
         base = PART + pid_k * 2 * BLOCK_M * N_LOG + offs_m[None, :] * N_LOG + j[:, None]
         pmask = n_mask[:, None] & m_mask[None, :]
         tl.store(base, acc1, mask=pmask)
@@ -178,7 +178,7 @@ def _gemm_kernel(X, W, OUT, PART, SCALE, BIAS, NORM_W, RES, COS, SIN, M, N_LOG, 
 
 @triton.jit
 def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, M, N_LOG, stride_om, stride_rm, stride_cm, G,
-                   ROPE_COLS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                   ROPE_COLS, num_splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                    FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PAIRED: tl.constexpr):
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
@@ -188,7 +188,7 @@ def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, M, N_LOG, stride_om, s
     base = PART + offs_m[None, :] * N_LOG + j[:, None]
     a1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     a2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for s in tl.static_range(SPLIT):  # fixed order: split 0, 1, ...
+    for s in range(0, num_splits):  # fixed order: split 0, 1, ...
         a1 += tl.load(base + s * 2 * BLOCK_M * N_LOG, mask=pmask, other=0.0)
         if PAIRED:
             a2 += tl.load(base + s * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, mask=pmask, other=0.0)
@@ -248,7 +248,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     args = dict(M=m, N_LOG=n_log, stride_om=out.stride(0),
                 stride_rm=residual.stride(0) if residual is not None else 0,
                 stride_cm=cos.stride(0) if epilogue == "rope" else 0, G=group, ROPE_COLS=rope_cols,
-                BLOCK_M=BLOCK_M, BLOCK_N=block_n, SPLIT=splits, FP8=fp8, HAS_BIAS=bias is not None,
+                BLOCK_M=BLOCK_M, BLOCK_N=block_n, SPLIT=splits > 1, FP8=fp8, HAS_BIAS=bias is not None,
                 EPI=_EPI[epilogue], PAIRED=paired)
     ptrs = dict(SCALE=w_scale if fp8 else dummy, BIAS=bias if bias is not None else dummy,
                 RES=residual if residual is not None else dummy, COS=cos if cos is not None else dummy,
@@ -259,7 +259,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         stride_wn=w.stride(0), eps=eps, BLOCK_K=block_k, NORM=norm_weight is not None,
         IEEE=fp32_dot(x.dtype), num_warps=4, num_stages=3, **args)
     if splits > 1:
-        _reduce_kernel[(n_tiles,)](part, out, **ptrs, num_warps=4, **args)
+        _reduce_kernel[(n_tiles,)](part, out, **ptrs, num_splits=splits, num_warps=4, **args)
     return out
 
 
