@@ -188,7 +188,7 @@ def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, M, N_LOG, stride_om, s
     base = PART + offs_m[None, :] * N_LOG + j[:, None]
     a1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     a2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for s in range(0, num_splits):  # fixed order: split 0, 1, ...
+    for s in range(num_splits):  # fixed order: split 0, 1, ...
         a1 += tl.load(base + s * 2 * BLOCK_M * N_LOG, mask=pmask, other=0.0)
         if PAIRED:
             a2 += tl.load(base + s * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, mask=pmask, other=0.0)
@@ -245,14 +245,14 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     splits, per = split_k(n_tiles * (2 if paired else 1), k, block_k)
     part = (torch.empty(splits, 2, BLOCK_M, n_log, dtype=torch.float32, device=x.device) if splits > 1 else out)
     dummy = out
-    args = dict(M=m, N_LOG=n_log, stride_om=out.stride(0),
-                stride_rm=residual.stride(0) if residual is not None else 0,
-                stride_cm=cos.stride(0) if epilogue == "rope" else 0, G=group, ROPE_COLS=rope_cols,
-                BLOCK_M=BLOCK_M, BLOCK_N=block_n, SPLIT=splits > 1, FP8=fp8, HAS_BIAS=bias is not None,
-                EPI=_EPI[epilogue], PAIRED=paired)
-    ptrs = dict(SCALE=w_scale if fp8 else dummy, BIAS=bias if bias is not None else dummy,
-                RES=residual if residual is not None else dummy, COS=cos if cos is not None else dummy,
-                SIN=sin if sin is not None else dummy)
+    args = {"M": m, "N_LOG": n_log, "stride_om": out.stride(0),
+            "stride_rm": residual.stride(0) if residual is not None else 0,
+            "stride_cm": cos.stride(0) if epilogue == "rope" else 0, "G": group, "ROPE_COLS": rope_cols,
+            "BLOCK_M": BLOCK_M, "BLOCK_N": block_n, "SPLIT": splits > 1, "FP8": fp8, "HAS_BIAS": bias is not None,
+            "EPI": _EPI[epilogue], "PAIRED": paired}
+    ptrs = {"SCALE": w_scale if fp8 else dummy, "BIAS": bias if bias is not None else dummy,
+            "RES": residual if residual is not None else dummy, "COS": cos if cos is not None else dummy,
+            "SIN": sin if sin is not None else dummy}
     _gemm_kernel[(n_tiles, splits)](
         x, w, out, part, ptrs["SCALE"], ptrs["BIAS"], norm_weight if norm_weight is not None else dummy,
         ptrs["RES"], ptrs["COS"], ptrs["SIN"], K=k, k_per_split=per, stride_xm=x.stride(0),

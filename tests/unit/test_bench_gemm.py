@@ -8,7 +8,7 @@ from attnlab.bench import gemm as bench
 def test_layer_shapes_of_the_presets():
     assert bench.shapes("llama8b") == [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096),
                                        ("down", 4096, 14336), ("lm_head", 128256, 4096)]
-    assert dict((g, (n, k)) for g, n, k in bench.shapes("smollm2"))["qkv"] == (960, 576)
+    assert {g: (n, k) for g, n, k in bench.shapes("smollm2")}["qkv"] == (960, 576)
 
 
 def test_interpret_smoke(capsys, tmp_path):
