@@ -70,6 +70,10 @@ class PrecisionSchema:
     kv_draft: str = "auto"  # auto = draft's
     # fp8 KV pools store value / kv_scale (one per-tensor scale for K and V of both sides); see docs/precision.md
     kv_scale: float = 1.0
+    # How fp8 draft weights multiply: w8a8 (torch._scaled_mm, activations quantized per token, every M) |
+    # weight_only (passes of <= 16 tokens: attnlab.kernels.gemm dequantizes the e4m3 weights inside the GEMM,
+    # no activation quantization; W8A8 above 16). precision=fp8w-draft; docs/precision.md
+    fp8_gemm: str = "w8a8"
 
 
 @dataclass
@@ -147,6 +151,10 @@ class EngineSchema:
     # Triton kernels for residual add + RMSNorm, RoPE, SiLU-mul and the KV store (attnlab/kernels/fused.py)
     # instead of 32 elementwise torch launches per layer; CUDA only. Parity reference sides always run unfused.
     fused_ops: bool = False
+    # cublas | triton: triton runs passes of <= 16 tokens (decode, verify) on attnlab's row-invariant small-M
+    # GEMM with RMSNorm / RoPE / SiLU-mul / residual adds fused into it (attnlab/models/gemm_path.py, ~5
+    # kernels a layer; implies the fused ops); longer passes stay on cuBLAS. CUDA only.
+    gemm: str = "cublas"
 
 
 @dataclass
@@ -210,6 +218,8 @@ def resolve_device(device: str) -> str:
     return device
 
 
+FP8_GEMMS = ("w8a8", "weight_only")  # precision.fp8_gemm
+GEMM_KINDS = ("cublas", "triton")  # engine.gemm
 WEIGHT_DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3")  # fp8_e5m2 is a KV format only
 TARGET_WEIGHT_DTYPES = ("fp32", "fp16", "bf16")  # fp8 weights: draft side only (docs/precision.md)
 
@@ -246,6 +256,11 @@ def resolve_precision(p, device: str) -> dict[str, str]:
         if problem:
             raise ConfigError(f"precision.draft='fp8_e4m3': {problem} (choose from: fp32, fp16, bf16 here; "
                               f"fp8 KV alone works everywhere: precision.kv_draft=fp8_e4m3)")
+    fp8_gemm = getattr(p, "fp8_gemm", "w8a8")
+    _choice("precision.fp8_gemm", fp8_gemm, FP8_GEMMS)
+    if fp8_gemm != "w8a8" and draft != "fp8_e4m3":
+        raise ConfigError(f"precision.fp8_gemm={fp8_gemm}: applies to fp8 draft weights only (precision.draft="
+                          f"{draft}; use precision=fp8w-draft, or precision.fp8_gemm=w8a8)")
     kv_scale = getattr(p, "kv_scale", 1.0)
     if not (isinstance(kv_scale, (int, float)) and math.isfinite(kv_scale) and kv_scale > 0):
         raise ConfigError(f"precision.kv_scale={kv_scale!r}: must be a finite number > 0 (fp8 KV stores "
@@ -424,6 +439,10 @@ def validate(cfg: DictConfig) -> RunPlan:
         what = "engine.cuda_graph=true" if cfg.engine.cuda_graph else f"warmup={cfg.warmup.plan}"
         raise ConfigError(f"{what} captures CUDA graphs and needs device=cuda (use warmup=jit or none on CPU)")
 
+    _choice("engine.gemm", cfg.engine.gemm, GEMM_KINDS)
+    if cfg.engine.gemm == "triton" and device != "cuda":
+        raise ConfigError("engine.gemm=triton runs attnlab's Triton GEMM and needs device=cuda (use "
+                          "engine.gemm=cublas on CPU)")
     if cfg.engine.fused_ops and device != "cuda":
         raise ConfigError("engine.fused_ops=true runs Triton kernels and needs device=cuda (use "
                           "engine.fused_ops=false on CPU)")
@@ -474,7 +493,8 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
         backend=cfg.backend.name, verify=cfg.verify.name,
         backend_options=pl.frozen_mapping(to_container(cfg.backend.get("options")) or {}),
         verify_options=pl.frozen_mapping(to_container(cfg.verify.get("options")) or {}),
-        precision=pl.Precision(**precision, kv_scale=float(cfg.precision.kv_scale)),
+        precision=pl.Precision(**precision, kv_scale=float(cfg.precision.kv_scale),
+                               fp8_gemm=cfg.precision.get("fp8_gemm", "w8a8")),
         kv=pl.KVPlan(kv.layout, kv.page_size, kv.num_pages, kv.max_context,
                      bool(kv.get("allow_past_model_context", False))),
         spec=pl.SpecPlan(k, s.topk, float(s.temperature), s.top_k, float(s.top_p), num_steps),
@@ -484,7 +504,7 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
                                  w.field),
         parity=pl.ParityPlan(p.enabled, p.enabled and p.kernel, p.enabled and p.logits, p.enabled and p.tokens,
                              p.enabled and p.acceptance, p.reference, p.reference_precision, p.max_prompts),
-        engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops)),
+        engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops), cfg.engine.gemm),
         bench=pl.BenchPlan(cfg.bench.repeats or (3 if device == "cuda" else 1), float(cfg.bench.noisy_ratio),
                            cfg.bench.cold),
         logger=pl.LoggerPlan(lg.kind, lg.project, lg.entity, lg.mode, lg.group, tuple(lg.tags)),

@@ -60,6 +60,7 @@ class Precision:
     kv_target: str
     kv_draft: str
     kv_scale: float = 1.0  # per-tensor K/V scale of fp8 KV pools
+    fp8_gemm: str = "w8a8"  # fp8 draft weights: w8a8 | weight_only (attnlab.kernels.gemm at <= 16 rows)
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ class ParityPlan:
 class EnginePlan:
     cuda_graph: bool  # resolved: engine.cuda_graph, or a warmup plan that captures graphs
     fused_ops: bool = False
+    gemm: str = "cublas"  # cublas | triton (attnlab.models.gemm_path for passes of <= 16 tokens)
 
 
 @dataclass(frozen=True)

@@ -50,8 +50,9 @@ def side_spec(plan: RunPlan, work: Prepared, side: str, backend: str, *, graphs:
         page_size=work.page_size, max_context=work.max_context, max_batch=plan.workload.batch_size,
         device=plan.device, name=name or side, num_pages=plan.kv.num_pages,
         layers=work.draft_layers if draft and plan.draft.kind == "self" else None,
-        kv_scale=p.kv_scale, cuda_graph=fast, max_q_len=plan.k + 1 if fast else 16,
+        kv_scale=p.kv_scale, fp8_gemm=p.fp8_gemm, cuda_graph=fast, max_q_len=plan.k + 1 if fast else 16,
         fused_ops=graphs and plan.engine.fused_ops,
+        gemm=plan.engine.gemm if graphs else "cublas",
         backend_options=plan.options_for(side, backend),
     )
 

@@ -125,6 +125,11 @@ def test_the_run_plan_is_frozen_and_typed():
     (["draft=self", "draft.layers=[]"], "draft.layers"),
     (["engine.cuda_graph=true"], "engine.cuda_graph"),
     (["engine.fused_ops=true"], "engine.fused_ops"),
+    (["engine.gemm=triton"], "engine.gemm=triton"),
+    (["engine.gemm=cutlass"], "engine.gemm='cutlass'"),
+    (["precision.fp8_gemm=weight_only"], "precision.fp8_gemm=weight_only"),  # bf16 draft weights
+    (["precision.fp8_gemm=w4a16"], "precision.fp8_gemm='w4a16'"),
+    (["precision=fp8w-draft"], "precision.draft='fp8_e4m3'"),  # CPU: no fp8 matmul
     (["logger.mode=sometimes"], "logger.mode"),
     (["bench.repeats=0"], "bench.repeats=0"),
     (["bench.noisy_ratio=0.5"], "bench.noisy_ratio=0.5"),

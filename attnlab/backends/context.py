@@ -16,7 +16,8 @@ class AttnContext:
     """Per forward pass. slots: [num_tokens] int64 pool slots of the new tokens (-1 = skip).
 
     fused_ops: the layers run attnlab.kernels.fused and the K/V store is the Triton kernel (engine.fused_ops,
-    a property of the model side, not of the shared weights). capture: layer indices whose output (the
+    a property of the model side, not of the shared weights); the string "gemm" (engine.gemm=triton) also
+    runs the GEMMs of passes of <= 16 tokens on attnlab.kernels.gemm (attnlab.models.gemm_path). capture: layer indices whose output (the
     residual stream) the model concatenates into ``captured`` [num_tokens, len(capture) * hidden]; a draft
     head leaves its pre-norm output there instead.
     """
@@ -24,7 +25,7 @@ class AttnContext:
     backend: AttentionBackend
     pool: KVPool
     slots: torch.Tensor
-    fused_ops: bool = False
+    fused_ops: bool | str = False
     capture: tuple[int, ...] | None = None
     captured: torch.Tensor | None = None
 

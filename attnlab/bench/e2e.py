@@ -5,8 +5,9 @@
 1. target-only decode of SmolLM2-135M shapes at batch 1 and 16: attnlab eager vs attnlab with CUDA graphs
    (per backend) vs HF transformers ``generate`` on the same weights;
 2. Llama-3.2-1B (draft) and Llama-3.1-8B (target) shapes at batch 1 (random weights) with CUDA graphs,
-   unfused and with ``engine.fused_ops``
-   (attnlab/kernels/fused.py), vs the weight-bandwidth roofline: the bytes of weights one decode step reads
+   unfused, with ``engine.fused_ops`` (attnlab/kernels/fused.py) and with ``engine.gemm=triton`` (rows
+   ``-gemm``: attnlab's small-M GEMM with the norms, RoPE, SiLU-mul and residual adds fused in; attnlab/models/
+   gemm_path.py), vs the weight-bandwidth roofline: the bytes of weights one decode step reads
    (every parameter but an untied embedding table, of which a step reads one row) / the measured
    device-to-device copy bandwidth;
 3. the share of an iteration spent outside the model forward (per-iteration host overhead) at batch 1.
@@ -32,19 +33,26 @@ from attnlab.spec.drafters import NoDrafter
 
 
 def side(model: str, backend: str, batch: int, graphs: bool, max_context: int, dtype="bf16", fused=False):
+    """fused: False | True (engine.fused_ops) | "gemm" (engine.gemm=triton)."""
     spec = SideSpec(ModelSource(model, init="random"), backend, dtype, dtype, page_size=16, max_context=max_context,
-                    max_batch=batch, device="cuda", cuda_graph=graphs, max_q_len=1, fused_ops=fused)
+                    max_batch=batch, device="cuda", cuda_graph=graphs, max_q_len=1, fused_ops=bool(fused),
+                    gemm="triton" if fused == "gemm" else "cublas")
     r = build_side(spec, progress=False)
     if graphs:
         r.capture_graphs(q_lens=(1,))
     return r
 
 
-def set_fused(runner, on: bool) -> None:
-    """Switch a built side between the unfused and the fused layer path (same weights), re-capturing graphs."""
+def set_fused(runner, on) -> None:
+    """Switch a built side between the unfused, the fused (True) and the gemm ("gemm", engine.gemm=triton) layer
+    path (same weights), re-capturing graphs."""
     runner.fused_ops = on
     if runner.graphs is not None:
         runner.capture_graphs(q_lens=(1,))
+
+
+def _suffix(fused) -> str:
+    return {False: "", True: "-fused", "gemm": "-gemm"}[fused]
 
 
 def step_weight_bytes(model) -> int:
@@ -127,8 +135,8 @@ def main(argv=None) -> int:
         hf = hf_tok_s("smollm2-135m", batch, 32, new)
         row("smollm2-135m", batch, "hf-generate", hf)
         for be in a.backends.split(","):
-            for graphs, fused in ((False, False), (True, False), (True, True)):
-                name = f"attnlab-{be}{'-graphs' if graphs else '-eager'}{'-fused' if fused else ''}"
+            for graphs, fused in ((False, False), (True, False), (True, True), (True, "gemm")):
+                name = f"attnlab-{be}{'-graphs' if graphs else '-eager'}{_suffix(fused)}"
                 try:
                     r = attnlab_tok_s(side("smollm2-135m", be, batch, graphs, 32 + new + 16, fused=fused), batch,
                                       32, new)
@@ -142,12 +150,13 @@ def main(argv=None) -> int:
         rm = side(model, "triton", 1, True, 32 + new + 16)
         weight_bytes = step_weight_bytes(rm.model)
         roof = res["copy_gb_s"] * 1e9 / weight_bytes
-        for fused in (False, True):
+        for fused in (False, True, "gemm"):
             set_fused(rm, fused)
             r = attnlab_tok_s(rm, 1, 32, new)
             r["roofline_tok_s"], r["frac_roofline"], r["weight_bytes"] = roof, r["tok_s"] / roof, weight_bytes
-            row(model, 1, f"attnlab-triton-graphs{'-fused' if fused else ''}", r)
-            notes.append(f"{model} shapes, batch 1{', fused ops' if fused else ''}: {r['tok_s']:.1f} tok/s = "
+            row(model, 1, f"attnlab-triton-graphs{_suffix(fused)}", r)
+            what = {False: "", True: ", fused ops", "gemm": ", engine.gemm=triton"}[fused]
+            notes.append(f"{model} shapes, batch 1{what}: {r['tok_s']:.1f} tok/s = "
                          f"{r['frac_roofline']:.0%} of the weight-bandwidth roofline ({weight_bytes / 1e9:.2f} GB "
                          f"read per step / copy bw = {roof:.1f} tok/s)")
             print(notes[-1], flush=True)

@@ -56,9 +56,11 @@ class SideSpec:
     num_pages: int | None = None
     layers: tuple[int, ...] | None = None
     kv_scale: float | None = None
+    fp8_gemm: str = "w8a8"  # fp8 weights: w8a8 | weight_only (FP8Linear.small_m)
     cuda_graph: bool = False
     max_q_len: int = 16
     fused_ops: bool = False
+    gemm: str = "cublas"  # triton: passes of <= 16 tokens on attnlab.models.gemm_path (implies fused_ops)
     backend_options: Mapping | None = None
 
 
@@ -86,7 +88,7 @@ def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, pr
             model = base  # already this side's fp8 model (a rebuilt drafter for the acceptance run)
         elif fp8_weights:
             src = base if next(base.parameters()).dtype == wdtype else copy.deepcopy(base).to(wdtype)
-            model = quantize_linears(src, layers=layers, inplace=src is not base)
+            model = quantize_linears(src, layers=layers, inplace=src is not base, small_m=spec.fp8_gemm)
         else:
             model = base if next(base.parameters()).dtype == wdtype else copy.deepcopy(base).to(wdtype)
         mcfg, tok = share_weights_with.model_config, share_weights_with.tokenizer
@@ -96,9 +98,15 @@ def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, pr
                                  overrides=m.overrides_dict(), progress=progress)
         tok = load_tokenizer(m.source, init=m.init, config=mcfg)
         if fp8_weights:
-            model = quantize_linears(model, inplace=True)
+            model = quantize_linears(model, inplace=True, small_m=spec.fp8_gemm)
     if spec.fused_ops and dev.type != "cuda":
         raise ConfigError("engine.fused_ops=true needs device=cuda")
+    if spec.gemm not in ("cublas", "triton"):
+        raise ConfigError(f"engine.gemm={spec.gemm!r}: choose from cublas, triton")
+    if spec.gemm == "triton" and dev.type != "cuda":
+        raise ConfigError("engine.gemm=triton needs device=cuda")
+    # the runner hands this to every pass's AttnContext: "gemm" selects attnlab.models.gemm_path
+    fused_ops = "gemm" if spec.gemm == "triton" else spec.fused_ops
     if layers:
         model = LayerSubset(model, list(layers))
     num_layers = len(layers) if layers else mcfg.num_layers
@@ -124,4 +132,4 @@ def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, pr
               "max_context": max_context}
     be = cls(pool, mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim, mcfg.head_dim ** -0.5, wdtype, **kw)
     return ModelRunner(model.eval(), mcfg, tok, pool, PageAllocator(pages, page_size), be, max_context, spec.name,
-                       max_batch=max_batch, fused_ops=spec.fused_ops)
+                       max_batch=max_batch, fused_ops=fused_ops)

@@ -144,6 +144,32 @@ def compile_store_and_fused(quick: bool, arch: int = 90) -> None:
             fused.silu_mul(torch.zeros(2, 2 * inter, dtype=dtype), inter)
 
 
+def compile_gemm(quick: bool, arch: int = 90) -> None:
+    """attnlab.kernels.gemm: every prologue / epilogue the decoder's gemm path uses, split and unsplit, bf16 (and
+    fp16 / fp32 unless quick), and fp8 weights (sm_89+) at SmolLM2 and Llama-3.1-8B layer shapes."""
+    from attnlab.kernels import gemm
+
+    dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float16, torch.float32]
+    for dtype in dtypes:
+        for hidden, heads, kv_heads, d, inter in ((576, 9, 3, 64, 1536), (4096, 32, 8, 128, 14336)):
+            x = torch.zeros(4, hidden, dtype=dtype)
+            nw = torch.ones(hidden, dtype=dtype)
+            n_qkv = (heads + 2 * kv_heads) * d
+            cs = torch.zeros(4, d, dtype=dtype)
+            w_variants = [(torch.zeros(n_qkv, hidden, dtype=dtype), None)]
+            if arch >= 89 and dtype != torch.float32:
+                w_variants.append((torch.zeros(n_qkv, hidden, dtype=torch.float8_e4m3fn), torch.ones(n_qkv)))
+            for w, scale in w_variants:
+                gemm.gemm(x, w, w_scale=scale, norm_weight=nw, epilogue="rope", cos=cs, sin=cs, head_dim=d,
+                          rope_cols=(heads + kv_heads) * d)
+                gemm.linear(x, w, w_scale=scale)
+            o = torch.zeros(hidden, heads * d, dtype=dtype)
+            gemm.gemm(torch.zeros(4, heads * d, dtype=dtype), o, epilogue="residual", residual=x)
+            gemm.gemm(x, torch.zeros(2 * inter, hidden, dtype=dtype), norm_weight=nw, epilogue="silu_mul")
+            gemm.gemm(torch.zeros(4, inter, dtype=dtype), torch.zeros(hidden, inter, dtype=dtype),
+                      epilogue="residual", residual=x)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90 = Hopper, 80 = Ampere)")
@@ -152,6 +178,7 @@ def main(argv=None) -> int:
     try:
         with compile_only(a.arch) as log:
             compile_store_and_fused(a.quick, a.arch)
+            compile_gemm(a.quick, a.arch)
             compile_backend_grid(a.quick, a.arch)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -10,7 +10,9 @@ parity reference sharing these weights still runs unfused) goes through the Trit
 ``attnlab.kernels.fused`` (residual add + RMSNorm, RoPE on q and k, SiLU-mul): the same arithmetic in
 5 launches per layer instead of 32, besides the 4 GEMMs and attention. A context with ``capture`` set gets
 the residual stream after those layers back in ``ctx.captured`` (EAGLE-3 features), from inside the same
-forward: no extra pass, no sync, CUDA-graph safe.
+forward: no extra pass, no sync, CUDA-graph safe. ``fused_ops == "gemm"`` (``engine.gemm=triton``) runs passes of
+up to 16 tokens on attnlab's small-M GEMM with the norms, RoPE, SiLU-mul and residual adds fused into it
+(``attnlab.models.gemm_path``: about 5 kernels per layer); longer passes take the fused path above.
 """
 
 from __future__ import annotations
@@ -151,7 +153,21 @@ class Decoder(nn.Module):
         cos, sin = rope.cos_sin(positions, self.inv_freq, h.dtype)
         capture = getattr(ctx, "capture", None) or ()
         feats = []
-        if not getattr(ctx, "fused_ops", False):
+        mode = getattr(ctx, "fused_ops", False)
+        if mode == "gemm":  # attnlab.models.gemm_path.GEMM; imported here as the other Triton paths are
+            from attnlab.models import gemm_path
+
+            if not gemm_path.usable([self.layers[i] for i in indices], h.shape[0]):
+                mode = True  # prefill (> 16 tokens) or Qwen3's q/k norm: the fused path, cuBLAS GEMMs
+        if mode == "gemm":
+            from attnlab.kernels import fused
+
+            for i in indices:
+                h = gemm_path.layer_forward(self.layers[i], h, cos, sin, ctx)
+                if i in capture:
+                    feats.append(h)
+            out = fused.add_rmsnorm(h, None, self.norm.weight, self.norm.eps)[0]
+        elif not mode:
             for i in indices:
                 h = self.layers[i](h, cos, sin, ctx)
                 if i in capture:

@@ -9,6 +9,12 @@ W8A8 with row-wise scales, as vLLM's and torchao's "fp8 dynamic, per-row" recipe
 summation order, on any device (the CPU unit tests use it). Error bounds: docs/precision.md and
 tests/unit/test_fp8.py.
 
+Weight-only at small M (``small_m="weight_only"``, precision=fp8w-draft): a pass of <= 16 rows skips the
+activation quantization (about 8 small launches per linear, which made W8A8 slower than bf16 on a small
+drafter) and runs ``attnlab.kernels.gemm``, which loads the e4m3 weights (half of bf16's bytes), converts
+them exactly to the activation dtype inside the GEMM and applies the row scales to the fp32 sums; larger
+passes (prefill) stay W8A8.
+
 Only the decoder layers' projections are quantized (qkv_proj, o_proj, gate_up_proj, down_proj); the
 embeddings, norms and lm_head stay in the model dtype (bf16), as in the usual fp8 checkpoints.
 """
@@ -24,6 +30,7 @@ from attnlab.kvcache.quant import fp8_max
 
 WEIGHT_FP8 = torch.float8_e4m3fn
 LINEAR_NAMES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+SMALL_M = ("w8a8", "weight_only")  # FP8Linear.small_m (precision.fp8_gemm)
 _MIN_SCALE = 1e-12  # a zero row gets this scale (its fp8 values are 0 anyway), never a division by zero
 
 
@@ -42,12 +49,17 @@ class FP8Linear(nn.Module):
     weight_scale: [out] fp32
     bias:         [out] in the output dtype, or None
     forward: x [..., in] bf16 (fp16 / fp32 with emulate) -> [..., out] in x's dtype.
+    small_m: w8a8 (every M) | weight_only (<= 16 rows: attnlab.kernels.gemm, e4m3 weights dequantized inside,
+    x unquantized; more rows: W8A8).
     Dtype casts of the module (``model.to(bf16)``) do not apply to it (its buffers only follow device moves).
     """
 
     def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
-                 emulate: bool = False):
+                 emulate: bool = False, small_m: str = "w8a8"):
         super().__init__()
+        if small_m not in SMALL_M:
+            raise ValueError(f"small_m={small_m!r}: choose from {', '.join(SMALL_M)}")
+        self.small_m = small_m
         self.out_features, self.in_features = weight.shape
         self.register_buffer("weight", weight)
         self.register_buffer("weight_scale", weight_scale.float().reshape(-1))
@@ -55,12 +67,13 @@ class FP8Linear(nn.Module):
         self.emulate = emulate
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, dtype: torch.dtype = WEIGHT_FP8, emulate: bool = False) -> FP8Linear:
+    def from_linear(cls, linear: nn.Linear, dtype: torch.dtype = WEIGHT_FP8, emulate: bool = False,
+                    small_m: str = "w8a8") -> FP8Linear:
         if dtype != WEIGHT_FP8:
             raise ValueError(f"FP8Linear weights are float8_e4m3fn only (got {dtype}); e5m2 is a KV format")
         w8, sw = quantize_rows(linear.weight.detach(), dtype)
         bias = linear.bias.detach().clone() if linear.bias is not None else None
-        return cls(w8, sw, bias, emulate=emulate)
+        return cls(w8, sw, bias, emulate=emulate, small_m=small_m)
 
     def dequantized_weight(self) -> torch.Tensor:
         """[out, in] fp32: what the fp8 matmul effectively multiplies by."""
@@ -69,6 +82,11 @@ class FP8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        if self.small_m == "weight_only" and x2.shape[0] <= 16:  # attnlab.kernels.gemm.MAX_M
+            from attnlab.kernels import gemm
+
+            bias = self.bias.to(x.dtype) if self.bias is not None else None
+            return gemm.linear(x2, self.weight, bias, w_scale=self.weight_scale).reshape(*lead, self.out_features)
         a8, sa = quantize_rows(x2, self.weight.dtype)  # [M, K] fp8, [M, 1] fp32
         if self.emulate:
             y = (a8.float() * sa) @ self.dequantized_weight().t()
@@ -90,7 +108,7 @@ class FP8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, emulate={self.emulate}")
+                f"bias={self.bias is not None}, emulate={self.emulate}, small_m={self.small_m}")
 
 
 def scaled_mm_ok(in_features: int, out_features: int) -> bool:
@@ -99,13 +117,14 @@ def scaled_mm_ok(in_features: int, out_features: int) -> bool:
 
 
 def quantize_linears(model: nn.Module, dtype: torch.dtype = WEIGHT_FP8, *, layers: list[int] | None = None,
-                     emulate: bool = False, inplace: bool = False) -> nn.Module:
+                     emulate: bool = False, inplace: bool = False, small_m: str = "w8a8") -> nn.Module:
     """A Decoder whose layer projections (LINEAR_NAMES) are FP8Linear; embeddings / norms / lm_head untouched.
 
     ``inplace=False`` returns a copy that *shares* every other tensor with ``model`` (only the module
     objects are new, so the copy costs the fp8 weights alone) and leaves ``model`` as it was; ``layers``
     limits the swap to those layer indices (a self-drafter's subset). Projections whose shape
-    torch._scaled_mm cannot take (not multiples of 16) stay as they are unless ``emulate``.
+    torch._scaled_mm cannot take (not multiples of 16) stay as they are unless ``emulate``. ``small_m``: see
+    FP8Linear.
     """
     if not inplace:
         memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
@@ -119,7 +138,7 @@ def quantize_linears(model: nn.Module, dtype: torch.dtype = WEIGHT_FP8, *, layer
             parent = getattr(layer, parent_name)
             lin = getattr(parent, attr)
             if isinstance(lin, nn.Linear) and (emulate or scaled_mm_ok(lin.in_features, lin.out_features)):
-                setattr(parent, attr, FP8Linear.from_linear(lin, dtype, emulate=emulate))
+                setattr(parent, attr, FP8Linear.from_linear(lin, dtype, emulate=emulate, small_m=small_m))
     return model
 
 

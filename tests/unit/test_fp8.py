@@ -309,3 +309,40 @@ def test_cli_fp8_weights_on_cpu_is_one_line_exit_2(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = stderr_lines(proc)
     assert len(lines) == 1 and "precision.draft='fp8_e4m3'" in lines[0], lines
+
+
+# -- weight-only fp8 at small M (precision.fp8_gemm=weight_only) ----------------------------------------------
+
+@pytest.mark.parametrize("rows", [1, 7, 16])
+def test_weight_only_small_m_matches_the_dequantized_weights(rows):
+    """<= 16 rows: x (unquantized) times the dequantized e4m3 weights, through attnlab.kernels.gemm."""
+    g = torch.Generator().manual_seed(rows)
+    lin = nn.Linear(80, 48, bias=True).to(torch.bfloat16)
+    x = torch.randn(rows, 80, generator=g).to(torch.bfloat16)
+    wo = FP8Linear.from_linear(lin, small_m="weight_only", emulate=True)
+    w8a8 = FP8Linear.from_linear(lin, emulate=True)
+    ref = (x.float() @ wo.dequantized_weight().t() + wo.bias.float()).to(torch.bfloat16)
+    y = wo(x)
+    # fp32 sums in another order, one bf16 rounding (truncation under the interpreter): two bf16 ulps
+    torch.testing.assert_close(y, ref, atol=2e-2, rtol=2 * 2.0**-7)
+    assert not torch.equal(y, w8a8(x))  # it did not quantize the activations
+
+
+def test_weight_only_large_m_stays_w8a8():
+    lin = nn.Linear(32, 16, bias=False)
+    x = torch.randn(17, 32, generator=torch.Generator().manual_seed(1))
+    wo = FP8Linear.from_linear(lin, small_m="weight_only", emulate=True)
+    assert torch.equal(wo(x), FP8Linear.from_linear(lin, emulate=True)(x))
+    with pytest.raises(ValueError, match="small_m"):
+        FP8Linear.from_linear(lin, small_m="w4a16")
+
+
+def test_build_side_passes_fp8_gemm_to_the_projections():
+    from attnlab.engine.build import SideSpec, build_side
+    from attnlab.plan import ModelSource
+
+    common = {"page_size": 16, "num_pages": 8, "max_batch": 2, "max_context": 64, "device": "cpu"}
+    side = build_side(SideSpec(ModelSource("tiny-llama", init="random"), "torch", "fp8_e4m3", "bf16",
+                               fp8_gemm="weight_only", **common), progress=False)
+    linears = [m for m in side.model.modules() if isinstance(m, FP8Linear)]
+    assert linears and all(m.small_m == "weight_only" for m in linears)

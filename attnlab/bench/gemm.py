@@ -1,0 +1,221 @@
+"""Small-M GEMMs side by side: cuBLAS (``F.linear``) vs attnlab's Triton GEMM (attnlab.kernels.gemm), bf16
+and fp8 weights, per layer GEMM of real model shapes, with a row-invariance check.
+
+    python -m attnlab.bench.gemm [--models llama8b,llama1b,smollm2] [--ms 1,2,4,8,16] [--quick] [--repeats 3]
+        [--out FILE.json]
+    python -m attnlab.bench.gemm --interpret     # CPU, TRITON_INTERPRET=1, tiny shapes: a CI smoke
+
+Cells: model, GEMM (qkv, o, gate_up, down, lm_head: N x K), M; cuBLAS us and attnlab us (median over the
+repeats, +- spread = (max - min) / median), ratio = cuBLAS / attnlab (> 1: attnlab faster), each's share of
+copy bandwidth (weight + x + out bytes / time / device-to-device copy bandwidth), fp8w us (attnlab with e4m3
+weights and per-row scales) and its speedup over cuBLAS bf16, and ``inv``: whether rows of M = 1 equal, bit
+for bit, the same rows inside M = 5, 9, 16, for attnlab and for cuBLAS.
+
+Time: CUDA events around a CUDA graph that replays ``reps`` calls, each on its own copy of the weights (enough
+copies that the walk is > 4x the L2, so weights come from HBM as in a real step); the median of ``iters``
+replays is one measurement, repeated ``--repeats`` times with cuBLAS / attnlab / fp8 interleaved.
+Under --interpret everything runs eagerly on CPU (times are the interpreter's and mean nothing; the
+correctness and invariance columns are real).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+MODELS = {"llama8b": "llama-3.1-8b", "llama1b": "llama-3.2-1b", "smollm2": "smollm2-135m", "tiny": "tiny-llama"}
+GEMMS = ("qkv", "o", "gate_up", "down", "lm_head")
+MS = [1, 2, 4, 8, 16]
+QUICK_MS = [1, 4, 16]
+INVARIANCE_MS = (5, 9, 16)
+WALK_BYTES = 256 << 20  # > 4x the H200's 50 MB L2
+MAX_COPIES = 64
+
+
+def shapes(model: str) -> list[tuple[str, int, int]]:
+    """(gemm, N, K) of one layer (and the LM head) of a preset."""
+    from attnlab.models.presets import get_preset
+
+    c = get_preset(MODELS.get(model, model)).config()
+    return [("qkv", c.q_size + 2 * c.kv_size, c.hidden_size), ("o", c.hidden_size, c.q_size),
+            ("gate_up", 2 * c.intermediate_size, c.hidden_size), ("down", c.hidden_size, c.intermediate_size),
+            ("lm_head", c.vocab_size, c.hidden_size)]
+
+
+def row_invariant(fn, x16) -> bool:
+    """fn(x[:1]) per row r equals row r of fn(x[:m]) for m in 5, 9, 16 (first and last row)."""
+    for m in INVARIANCE_MS:
+        full = fn(x16[:m])
+        for r in (0, m - 1):
+            if not (full[r:r + 1] == fn(x16[r:r + 1])).all():
+                return False
+    return True
+
+
+class GraphTimer:
+    """``reps`` calls of fn(i) (i = weight copy) captured in one CUDA graph; measure() -> median us per call."""
+
+    def __init__(self, fn, copies: int, reps: int, iters: int):
+        import torch
+
+        self.iters, self.reps = iters, reps
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for i in range(reps):
+                fn(i % copies)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            for i in range(reps):
+                fn(i % copies)
+        self.graph.replay()
+        torch.cuda.synchronize()
+
+    def measure(self) -> float:
+        import torch
+
+        times = []
+        for _ in range(self.iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / self.reps)
+        return statistics.median(times)
+
+
+class EagerTimer:
+    def __init__(self, fn, copies: int, reps: int, iters: int):
+        self.fn, self.copies, self.iters = fn, copies, iters
+
+    def measure(self) -> float:
+        times = []
+        for i in range(self.iters):
+            t0 = time.perf_counter()
+            self.fn(i % self.copies)
+            times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times)
+
+
+def cell(model, name, n, k, m, args, device, copy_gb_s) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from attnlab.kernels import gemm
+    from attnlab.models.fp8 import quantize_rows
+
+    dt = torch.bfloat16
+    g = torch.Generator(device=device).manual_seed(n * 31 + k)
+    w_bytes = n * k * 2
+    copies = 1 if device == "cpu" else max(1, min(MAX_COPIES, WALK_BYTES // w_bytes))
+    ws = [(torch.randn(n, k, device=device, generator=g) / k**0.5).to(dt) for _ in range(copies)]
+    w8s = [quantize_rows(w) for w in ws]  # (e4m3 [N, K], fp32 [N, 1])
+    x16 = torch.randn(max(16, m), k, device=device, generator=g).to(dt)
+    x = x16[:m].clone()
+    row = {"model": model, "gemm": name, "n": n, "k": k, "m": m}
+    ref = F.linear(x.float(), ws[0].float())
+    fns = {"cublas": lambda i: F.linear(x, ws[i]),
+           "attnlab": lambda i: gemm.linear(x, ws[i]),
+           "fp8w": lambda i: gemm.linear(x, w8s[i][0], w_scale=w8s[i][1].view(-1))}
+    row["max_err_attnlab"] = (fns["attnlab"](0).float() - ref).abs().max().item()
+    row["max_err_fp8w"] = (fns["fp8w"](0).float() - x.float() @ (w8s[0][0].float() * w8s[0][1]).t()).abs().max().item()
+    row["inv_attnlab"] = row_invariant(lambda xx: gemm.linear(xx, ws[0]), x16)
+    row["inv_cublas"] = row_invariant(lambda xx: F.linear(xx, ws[0]), x16)
+    timer = GraphTimer if device == "cuda" else EagerTimer
+    timers = {key: timer(fn, copies, args.reps, args.iters) for key, fn in fns.items()}
+    samples = {key: [] for key in fns}
+    for _ in range(args.repeats):  # interleaved: drift hits all three alike
+        for key, t in timers.items():
+            samples[key].append(t.measure())
+    for key, s in samples.items():
+        med = statistics.median(s)
+        row[f"{key}_us"] = med
+        row[f"{key}_spread"] = (max(s) - min(s)) / med if med else 0.0
+        nbytes = (n * k * (1 if key == "fp8w" else 2) + (n * 4 if key == "fp8w" else 0) + m * (k + n) * 2)
+        row[f"{key}_bw"] = nbytes / (med * 1e-6) / 1e9 / copy_gb_s if copy_gb_s else None
+    row["ratio"] = row["cublas_us"] / row["attnlab_us"]
+    row["fp8w_speedup"] = row["cublas_us"] / row["fp8w_us"]
+    return row
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ("| model | gemm | N x K | M | cuBLAS us | attnlab us | ratio | BW cuBLAS | BW attnlab | fp8w us | "
+            "fp8w vs bf16 | inv attnlab | inv cuBLAS |")
+    lines = [head, "|" + "---|" * 13]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['gemm']} | {r['n']} x {r['k']} | {r['m']} | {r['cublas_us']:.1f} "
+            f"±{100 * r['cublas_spread']:.0f}% | {r['attnlab_us']:.1f} ±{100 * r['attnlab_spread']:.0f}% | "
+            f"{r['ratio']:.2f}x | {_pct(r['cublas_bw'])} | {_pct(r['attnlab_bw'])} | {r['fp8w_us']:.1f} | "
+            f"{r['fp8w_speedup']:.2f}x | {'yes' if r['inv_attnlab'] else 'NO'} | "
+            f"{'yes' if r['inv_cublas'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="llama8b,llama1b,smollm2", help=f"of {', '.join(MODELS)}")
+    ap.add_argument("--gemms", default=",".join(GEMMS))
+    ap.add_argument("--ms", default=None, help="rows per GEMM (default 1,2,4,8,16; --quick 1,4,16)")
+    ap.add_argument("--quick", action="store_true", help="M 1,4,16, 2 repeats: under a minute on an H200")
+    ap.add_argument("--interpret", action="store_true", help="CPU, Triton interpreter, tiny shapes (a smoke)")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--out", default=None, help="also write the rows and versions as JSON here")
+    a = ap.parse_args(argv)
+    if a.interpret:
+        os.environ["TRITON_INTERPRET"] = "1"  # before the first import of a @triton.jit module
+    import torch
+
+    from attnlab.bench.kernels import copy_bandwidth_gb_s, versions
+
+    device = "cpu" if a.interpret else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: bench.gemm needs CUDA (or --interpret on CPU)", file=sys.stderr)
+        return 2
+    models = ["tiny"] if a.interpret else [s for s in a.models.split(",") if s]
+    unknown = [s for s in models if s not in MODELS]
+    if unknown:
+        print(f"error: --models {','.join(unknown)}: choose from {', '.join(MODELS)}", file=sys.stderr)
+        return 2
+    ms = [int(s) for s in a.ms.split(",")] if a.ms else ([1, 4] if a.interpret else QUICK_MS if a.quick else MS)
+    if any(m < 1 or m > 16 for m in ms):
+        print("error: --ms: rows 1..16 (the small-M GEMM's range)", file=sys.stderr)
+        return 2
+    a.repeats = a.repeats or (1 if a.interpret else 2 if a.quick else 3)
+    a.reps, a.iters = (1, 1) if a.interpret else (20, 10 if a.quick else 20)
+    gemms = [s for s in a.gemms.split(",") if s]
+    copy_gb_s = copy_bandwidth_gb_s() if device == "cuda" else None
+    info = versions()
+    print(f"# bench.gemm on {info.get('gpu') or 'CPU (interpreter)'}: torch {info['torch']}, triton "
+          f"{info.get('triton')}, CUDA {info.get('cuda')}; copy bandwidth "
+          f"{f'{copy_gb_s:.0f} GB/s' if copy_gb_s else '-'}; {a.repeats} repeats")
+    rows = []
+    t0 = time.perf_counter()
+    for model in models:
+        for name, n, k in shapes(model):
+            if name not in gemms:
+                continue
+            for m in ms:
+                rows.append(cell(model, name, n, k, m, a, device, copy_gb_s))
+                print(f"  {model} {name} M={m}: cuBLAS {rows[-1]['cublas_us']:.1f} us, attnlab "
+                      f"{rows[-1]['attnlab_us']:.1f} us", file=sys.stderr, flush=True)
+    print(markdown(rows))
+    print(f"\n{len(rows)} cells in {time.perf_counter() - t0:.0f} s")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"versions": info, "copy_gb_s": copy_gb_s, "rows": rows}, f, indent=1)
+    return 0 if all(r["inv_attnlab"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""The decoder layer on attnlab's small-M GEMM (``engine.gemm=triton``): about 5 kernels per layer.
+
+    qkv_proj   RMSNorm prologue + RoPE epilogue (q, k rotated; v as projected)   -> qkv [T, (Hq + 2 Hkv) D]
+    store_kv   the Triton KV store (AttnContext with fused_ops)
+    attention  the side's backend
+    o_proj     residual-add epilogue                                            -> h + o(attn)
+    gate_up    RMSNorm prologue + SiLU·up epilogue                              -> act [T, I]
+    down_proj  residual-add epilogue                                            -> h + down(act)
+
+plus, per GEMM whose N tiles leave SMs idle, the split-K reduction pass. Rounding follows the unfused torch
+layer step by step (attnlab.kernels.gemm), so only fp32 summation orders differ, and rows are bit-identical
+whatever the number of tokens in the pass (decode vs verify). Passes of more than ``gemm.MAX_M`` tokens
+(prefill) take the fused cuBLAS path instead; a layer with Qwen3's q/k norm (between projection and RoPE)
+is not fused (``usable``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attnlab.kernels import gemm
+from attnlab.models.fp8 import FP8Linear
+
+GEMM = "gemm"  # the value of AttnContext.fused_ops that selects this path (engine.gemm=triton)
+
+
+def usable(layers, num_tokens: int) -> bool:
+    """Whether a pass of ``num_tokens`` through ``layers`` runs here (else the caller's fused cuBLAS path)."""
+    return num_tokens <= gemm.MAX_M and all(layer.self_attn.q_norm is None for layer in layers)
+
+
+def proj(linear: nn.Module, x: torch.Tensor, **kw) -> torch.Tensor:
+    """``linear(x)`` (nn.Linear or weight-only FP8Linear) through attnlab.kernels.gemm with prologue/epilogue ``kw``."""
+    if isinstance(linear, FP8Linear):
+        return gemm.gemm(x, linear.weight, linear.bias, w_scale=linear.weight_scale, **kw)
+    return gemm.gemm(x, linear.weight, linear.bias, **kw)
+
+
+def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx) -> torch.Tensor:
+    """h: [T <= 16, hidden], the residual stream (complete) -> the stream after this layer."""
+    attn, mlp = layer.self_attn, layer.mlp
+    t, d = h.shape[0], attn.head_dim
+    qk_cols = attn.q_size + attn.kv_size
+    norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
+    qkv = proj(attn.qkv_proj, h, norm_weight=norm1.weight, eps=norm1.eps, epilogue="rope", cos=cos, sin=sin,
+               head_dim=d, rope_cols=qk_cols)
+    q = qkv[:, :attn.q_size].view(t, attn.num_heads, d)  # views of one [T, N] row: strides (N, D, 1)
+    k = qkv[:, attn.q_size:qk_cols].view(t, attn.num_kv_heads, d)
+    v = qkv[:, qk_cols:].view(t, attn.num_kv_heads, d)
+    out = ctx.attend(attn.layer_idx, q, k, v)
+    h = proj(attn.o_proj, out.reshape(t, attn.q_size), epilogue="residual", residual=h)
+    act = proj(mlp.gate_up_proj, h, norm_weight=norm2.weight, eps=norm2.eps, epilogue="silu_mul")
+    return proj(mlp.down_proj, act, epilogue="residual", residual=h)

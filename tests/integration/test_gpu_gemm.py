@@ -1,0 +1,79 @@
+"""attnlab.kernels.gemm on the GPU: real layer shapes against cuBLAS, bitwise row invariance (tensor cores,
+split-K), fp8 weights, and the gemm layer path in CUDA graphs with speculative decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.kernels import gemm
+from attnlab.models.fp8 import quantize_rows
+from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
+from attnlab.spec.drafters import ModelDrafter, NoDrafter
+from tests.integration.test_gpu_engine import CFG, gpu_runner
+from tests.spec.tiny import perturbed, prompts, tiny_model
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+# (N, K): SmolLM2 qkv / down, Llama-3.2-1B o, Llama-3.1-8B qkv / down (split-K 1..16 across these)
+SHAPES = [(960, 576), (576, 1536), (2048, 2048), (6144, 4096), (4096, 14336)]
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_matches_cublas_and_rows_are_bit_identical(n, k, dtype):
+    g = torch.Generator(device="cuda").manual_seed(n + k)
+    x = torch.randn(16, k, device="cuda", generator=g).to(dtype)
+    w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(dtype)
+    ref = F.linear(x.double(), w.double())
+    y = gemm.linear(x, w)
+    tol = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]  # ~2 ulps of O(1) outputs
+    torch.testing.assert_close(y.double(), ref, atol=tol, rtol=tol)
+    for m in (1, 2, 5, 9, 16):
+        ym = gemm.linear(x[:m], w)
+        assert torch.equal(ym, y[:m]), f"M={m}: rows differ from the same rows at M=16"
+    for r in range(16):
+        assert torch.equal(gemm.linear(x[r:r + 1], w), y[r:r + 1]), f"row {r} alone differs"
+
+
+@pytest.mark.parametrize("n,k", SHAPES[:3])
+def test_fp8_weights_and_fused_variants_are_row_invariant(n, k):
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(16, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16)
+    w8, sw = quantize_rows(w)
+    nw = (torch.rand(k, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
+    res = torch.randn(16, n, device="cuda", generator=g).to(torch.bfloat16)
+    fns = {"fp8": lambda xx: gemm.linear(xx, w8, w_scale=sw.view(-1)),
+           "norm-silu": lambda xx: gemm.gemm(xx, w, norm_weight=nw, epilogue="silu_mul"),
+           "residual": lambda xx: gemm.gemm(xx, w, epilogue="residual", residual=res[:xx.shape[0]])}
+    ref8 = (x.float() @ (w8.float() * sw).t()).to(torch.bfloat16)
+    torch.testing.assert_close(fns["fp8"](x), ref8, atol=3e-2, rtol=2 * 2.0**-8)
+    for name, fn in fns.items():
+        full = fn(x)
+        for m in (1, 5, 9):
+            assert torch.equal(fn(x[:m]), full[:m]), f"{name}: M={m}"
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_gemm_path_in_graphs_matches_unfused_eager(k):
+    """bf16, CUDA graphs, engine.gemm=triton on both sides vs the unfused eager engine: the same greedy tokens
+    up to late near-ties (as the fused-ops test allows). Exact spec == target-only output also needs a
+    row-invariant attention (decode vs verify kernels): the strict-parity issue's part, not tested here."""
+    target = tiny_model(CFG, seed=0).to("cuda", torch.bfloat16)
+    draft = perturbed(target, seed=1, noise=0.2)
+    ps = prompts(3, CFG.vocab_size)
+    outs = []
+    for mode, graphs in ((False, False), ("gemm", True)):
+        t = gpu_runner(target, "triton", torch.bfloat16, graphs, fused_ops=mode)
+        d = ModelDrafter(gpu_runner(draft, "triton", torch.bfloat16, graphs, name="draft", fused_ops=mode)) \
+            if k else NoDrafter("cuda")
+        if graphs:
+            t.capture_graphs(q_lens=sorted({1, k + 1}))
+            if k:
+                d.runner.capture_graphs(q_lens=(1,), num_slots=k)
+        outs.append([r.output_ids for r in SpeculativeDecoder(t, d, SpecParams(k)).generate(ps, 24).requests])
+    same = sum(a == b for x, y in zip(outs[0], outs[1]) for a, b in zip(x, y))
+    assert same / sum(map(len, outs[0])) >= 0.9
+

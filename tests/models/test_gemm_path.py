@@ -1,0 +1,71 @@
+"""The decoder on attnlab's small-M GEMM (engine.gemm=triton -> AttnContext.fused_ops == "gemm") against the
+unfused layers, on a tiny random model under the interpreter (CPU) or on the GPU.
+
+fp32: the gemm path rounds nowhere the torch layers do not, but sums K in its own order (tile by tile, split by
+split) where torch's matmul uses another: outputs differ by a few fp32 ulps of the partial sums (~1e-6
+relative), so the fp32 check is 1e-5, not bitwise. bf16: those ulps can flip a bf16 rounding of an
+intermediate (projection output, norm, SiLU) by one bf16 ulp (2^-8 relative), which propagates through two
+layers: 3 bf16 ulps of the logits' scale.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.backends.base import Mode
+from attnlab.backends.registry import get_backend_class
+from attnlab.engine.runner import ModelRunner
+from attnlab.kvcache import KVPool, PageAllocator
+from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
+from attnlab.spec.drafters import NoDrafter
+from tests.spec.tiny import prompts, tiny_config, tiny_model
+
+CFG = tiny_config(heads=4, kv_heads=2, head_dim=32, hidden=64, layers=2)
+
+
+def _runner(model, dtype, fused_ops, page_size=16, max_context=64):
+    pages = 4 * max_context // page_size
+    pool = KVPool(CFG.num_layers, pages, page_size, CFG.num_kv_heads, CFG.head_dim, dtype, "cpu")
+    be = get_backend_class("torch")(pool, CFG.num_heads, CFG.num_kv_heads, CFG.head_dim, CFG.head_dim ** -0.5,
+                                    dtype)
+    return ModelRunner(model, CFG, None, pool, PageAllocator(pages, page_size), be, max_context, "target",
+                       fused_ops=fused_ops)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemm_layers_match_unfused_layers(dtype, monkeypatch):
+    model = tiny_model(CFG, seed=7).to(dtype)
+    ps = prompts(3, CFG.vocab_size, lengths=(1, 5, 3))  # 9 tokens: one pass on the gemm path
+    ids = torch.tensor([t for p in ps for t in p])
+    outs = []
+    for mode in (False, "gemm"):
+        r = _runner(model, dtype, mode)
+        outs.append(r.run(list(range(3)), [0] * 3, [len(p) for p in ps], ids, mode=Mode.PREFILL, rows="all"))
+    tol = (1e-5, 1e-5) if dtype == torch.float32 else (3 * 2.0**-8 * outs[0].abs().max().item(), 3 * 2.0**-8)
+    torch.testing.assert_close(outs[1], outs[0], atol=tol[0], rtol=tol[1])
+
+
+def test_gemm_path_runs_the_gemm_and_falls_back_above_16_tokens(monkeypatch):
+    from attnlab.kernels import gemm
+
+    model = tiny_model(CFG, seed=8)
+    calls = []
+    real = gemm.gemm
+    monkeypatch.setattr(gemm, "gemm", lambda x, *a, **k: calls.append(x.shape[0]) or real(x, *a, **k))
+    r = _runner(model, torch.float32, "gemm")
+    r.run([0], [0], [4], torch.arange(4), mode=Mode.PREFILL)
+    assert calls == [4] * 4 * CFG.num_layers  # qkv, o, gate_up, down per layer
+    calls.clear()
+    r.run([1], [0], [17], torch.arange(17), mode=Mode.PREFILL)  # > 16 tokens: cuBLAS (the fused path)
+    assert calls == []
+
+
+def test_gemm_path_greedy_output_identical():
+    """fp32 greedy decoding, target-only: the gemm side emits the tokens the unfused side emits
+    (prompts of 11 and 5 tokens: the 16-token prefill and the decode steps run on the gemm path)."""
+    model = tiny_model(CFG, seed=9)
+    ps = prompts(2, CFG.vocab_size, lengths=(11, 5))
+    ref = SpeculativeDecoder(_runner(model, torch.float32, False), NoDrafter("cpu"), SpecParams(0)).generate(ps, 4)
+    out = SpeculativeDecoder(_runner(model, torch.float32, "gemm"), NoDrafter("cpu"), SpecParams(0)).generate(ps, 4)
+    assert [r.output_ids for r in out.requests] == [r.output_ids for r in ref.requests]

@@ -1,0 +1,146 @@
+"""The small-M GEMM (attnlab/kernels/gemm.py) against torch, and its row invariance, under the interpreter.
+
+Shapes are small but cover a split-K shape (few N tiles, long K: the two-pass reduction), a single-split one,
+N and K that are not multiples of the tile, and each fused prologue / epilogue.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.kernels import gemm
+from attnlab.models import rope
+from attnlab.models.decoder import RMSNorm
+from attnlab.models.fp8 import quantize_rows
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SHAPES = [(96, 80), (200, 300), (64, 1100)]  # (N, K): one split; 2 splits, ragged; 8+ splits of a 1-tile N
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    # The kernel and torch sum K in different orders in fp32, then round once: the outputs differ by at most
+    # about an ulp of the output dtype (two here: the interpreter rounds fp32 -> bf16 by truncation, a GPU to
+    # nearest even), on values of size ~sqrt(K); fp32: a few ulps of the sum's magnitude.
+    tol = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-2, 2e-3), torch.bfloat16: (1e-1, 2 * 2.0**-7)}[dtype]
+    torch.testing.assert_close(a, b, atol=tol[0], rtol=tol[1])
+
+
+def _data(m, n, k, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed * 7919 + m * 131 + n + k)
+    return torch.randn(m, k, generator=g).to(dtype), (torch.randn(n, k, generator=g) / k**0.5).to(dtype), g
+
+
+def test_split_k_is_a_function_of_n_and_k_only():
+    assert gemm.split_k(448, 4096, 128) == (1, 4096)  # 8B gate_up: N fills the SMs
+    s, per = gemm.split_k(64, 4096, 128)  # 8B o_proj: 64 tiles -> split 2
+    assert s == 2 and per * s >= 4096
+    s, per = gemm.split_k(1, 1100, 64)
+    assert s > 1 and (s - 1) * per < 1100 <= s * per  # every split gets K, none is empty
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", [1, 2, 5, 16])
+def test_linear_matches_torch(m, n, k, dtype):
+    x, w, g = _data(m, n, k, dtype)
+    bias = torch.randn(n, generator=g).to(dtype) if m == 2 else None
+    y = gemm.linear(x, w, bias)
+    assert y.shape == (m, n) and y.dtype == dtype
+    ref = F.linear(x.float(), w.float(), bias.float() if bias is not None else None).to(dtype)
+    _close(y, ref, dtype)
+
+
+def test_zero_rows_and_too_many_rows():
+    x, w, _ = _data(1, 64, 32, torch.float32)
+    assert gemm.linear(x[:0], w).shape == (0, 64)
+    with pytest.raises(ValueError, match="M=17"):
+        gemm.linear(torch.zeros(17, 32), w)
+    with pytest.raises(ValueError, match="epilogue"):
+        gemm.gemm(x, w, epilogue="gelu")
+
+
+def _variants(dtype):
+    """(name, fn(x) -> y) for every kernel variant, on one (N, K) with split-K and one without."""
+    out = []
+    for n, k in ((256, 96), (64, 520)):
+        _, w, g = _data(1, n, k, dtype, seed=1)
+        nw = (torch.rand(k, generator=g) + 0.5).to(dtype)
+        out.append((f"linear-{n}x{k}", lambda x, w=w: gemm.linear(x, w)))
+        out.append((f"norm-silu-{n}x{k}", lambda x, w=w, nw=nw: gemm.gemm(x, w, norm_weight=nw,
+                                                                            epilogue="silu_mul")))
+        w8, sw = quantize_rows(w)
+        out.append((f"fp8-{n}x{k}", lambda x, w8=w8, sw=sw: gemm.linear(x, w8, w_scale=sw.reshape(-1))))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_bit_identical_whatever_m(dtype):
+    """A row computed alone (decode, M = 1) equals, bit for bit, the same row inside M = 5, 9, 16 (verify),
+    wherever it sits and whatever the other rows hold."""
+    g = torch.Generator().manual_seed(5)
+    for name, fn in _variants(dtype):
+        k = int(name.rsplit("x", 1)[1])
+        for m in (5, 9, 16):
+            xs = torch.randn(m, k, generator=g).to(dtype) * 3
+            ys = fn(xs)
+            for r in (0, m - 1):
+                assert torch.equal(ys[r:r + 1], fn(xs[r:r + 1])), f"{name}: row {r} of M={m} differs from M=1"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", [(96, 80), (64, 1100)])
+@pytest.mark.parametrize("m", [1, 7])
+def test_norm_prologue_and_residual_epilogue(m, n, k, dtype):
+    x, w, g = _data(m, n, k, dtype, seed=2)
+    norm = RMSNorm(k, 1e-5, dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(k, generator=g) + 0.5)
+    h = norm(x)  # the unfused path: RMSNorm, then the GEMM
+    _close(gemm.gemm(x, w, norm_weight=norm.weight, eps=norm.eps), F.linear(h.float(), w.float()).to(dtype), dtype)
+    res = torch.randn(m, n, generator=g).to(dtype)
+    y = gemm.gemm(x, w, epilogue="residual", residual=res)
+    _close(y, res + F.linear(x.float(), w.float()).to(dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("inter,k", [(48, 64), (40, 1100)])
+@pytest.mark.parametrize("m", [1, 5])
+def test_silu_mul_epilogue(m, inter, k, dtype):
+    x, w, _ = _data(m, 2 * inter, k, dtype, seed=3)
+    y = gemm.gemm(x, w, epilogue="silu_mul")
+    assert y.shape == (m, inter)
+    gate, up = F.linear(x.float(), w.float()).to(dtype).split(inter, dim=-1)
+    _close(y, F.silu(gate) * up, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 32), (3, 1, 64)])
+@pytest.mark.parametrize("m", [1, 6])
+def test_rope_epilogue(m, heads, kv_heads, head_dim, dtype):
+    n, k = (heads + 2 * kv_heads) * head_dim, 96
+    x, w, g = _data(m, n, k, dtype, seed=4)
+    positions = torch.randint(0, 4000, (m,), generator=g)
+    cos, sin = rope.cos_sin(positions, rope.inv_freq(head_dim, 500000.0), dtype)
+    q_cols, kv_cols = heads * head_dim, kv_heads * head_dim
+    y = gemm.gemm(x, w, epilogue="rope", cos=cos, sin=sin, head_dim=head_dim, rope_cols=q_cols + kv_cols)
+    q, kk, v = F.linear(x.float(), w.float()).to(dtype).split([q_cols, kv_cols, kv_cols], dim=-1)
+    _close(y[:, :q_cols].reshape(m, heads, head_dim), rope.apply_rope(q.view(m, heads, head_dim), cos, sin), dtype)
+    _close(y[:, q_cols:q_cols + kv_cols].reshape(m, kv_heads, head_dim),
+           rope.apply_rope(kk.view(m, kv_heads, head_dim), cos, sin), dtype)
+    _close(y[:, q_cols + kv_cols:], v, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,k", [(96, 80), (64, 1100)])
+@pytest.mark.parametrize("m", [1, 9])
+def test_fp8_weights_match_dequantized_reference(m, n, k, dtype):
+    x, w, g = _data(m, n, k, dtype, seed=6)
+    w8, sw = quantize_rows(w)  # e4m3 [N, K], fp32 [N, 1]
+    bias = torch.randn(n, generator=g).to(dtype)
+    y = gemm.linear(x, w8, bias, w_scale=sw.reshape(-1))
+    ref = (x.float() @ (w8.float() * sw).t() + bias.float()).to(dtype)  # what the kernel should compute
+    _close(y, ref, dtype)
+    with pytest.raises(ValueError, match="w_scale"):
+        gemm.linear(x, w8)
