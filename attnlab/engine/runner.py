@@ -15,7 +15,9 @@ import torch
 from attnlab.backends.base import AttentionBackend, AttnMeta, Mode
 from attnlab.backends.context import AttnContext
 from attnlab.errors import PromptTooLong
-from attnlab.kvcache import KVPool, PageAllocator, build_layout, pages_needed, slot_mapping
+from attnlab.engine.staging import HostStaging
+from attnlab.kvcache import KVPool, PageAllocator, PagedLayout, pages_needed, slot_mapping
+from attnlab.kvcache.layout import layout_lists
 
 
 @dataclass
@@ -61,6 +63,8 @@ class ModelRunner:
         # features, or a draft head's pre-norm output; None when the model left none. A view of a graph's
         # static buffer after a replay: read it before the next replay of that graph.
         self.aux: torch.Tensor | None = None
+        # Every pass's int metadata goes to the device in one pinned copy (engine/staging.py).
+        self.staging = HostStaging(self.device)
 
     def kv_len(self, req: Hashable) -> int:
         return self.allocator.lengths.get(req, 0)
@@ -107,11 +111,15 @@ class ModelRunner:
         qo = [0]
         for q in q_lens:
             qo.append(qo[-1] + q)
-        dev = self.device
-        t = lambda x, dt=torch.int64: torch.tensor(x, dtype=dt).to(dev, non_blocking=True)
-        meta = AttnMeta(mode=mode, qo_indptr=t(qo, torch.int32), layout=build_layout(tables, ends, ps, dev),
+        # One packed host buffer, one non-blocking copy; every tensor below is a view of one device buffer.
+        indptr, indices, last = layout_lists(tables, ends, ps)
+        i32, i64 = torch.int32, torch.int64
+        slots_t, pos_t, last_t, qo_t, kv_indptr, kv_indices, kv_last, kv_lens = self.staging.stage(
+            [(slots, i64), (positions, i64), (last_rows, i64), (qo, i32), (indptr, i32), (indices, i32),
+             (last, i32), (ends, i32)])
+        meta = AttnMeta(mode=mode, qo_indptr=qo_t, layout=PagedLayout(kv_indptr, kv_indices, kv_last, kv_lens),
                         q_lens=list(q_lens), kv_lens_host=ends, page_size=ps, custom_mask=custom_mask)
-        return Pass(list(reqs), meta, t(slots), t(positions), t(last_rows), uniform, padded)
+        return Pass(list(reqs), meta, slots_t, pos_t, last_t, uniform, padded)
 
     def plan(self, p: Pass) -> None:
         self.backend.plan(p.meta)
