@@ -10,6 +10,10 @@ the smaller ones reuse the pool's blocks. A graph records the runner's ``capture
 replays only while they are the same: a target captured for an EAGLE drafter (features out of every pass)
 and the same target decoding alone (nothing captured) use different graphs, so the target-only baseline does
 not pay for the drafter's features.
+
+Every graph also returns the argmax of its logits rows (``tokens``): greedy decode and greedy verify read
+the target's choices from the graph's output, with no argmax launch after the replay. A sampling pass pays
+that one reduction over [rows, vocab] unused.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class _Graph:
     positions: torch.Tensor  # [bs * q_len] int64
     slots: torch.Tensor  # [bs * q_len] int64
     logits: torch.Tensor  # [bs * q_len, vocab] fp32
+    tokens: torch.Tensor  # [bs * q_len] int64 the argmax of each logits row, computed inside the graph
     features: torch.Tensor | None = None  # [bs * q_len, F] a draft head's per-token input
     aux: torch.Tensor | None = None  # [bs * q_len, F'] the captured layers / the head's pre-norm output
 
@@ -89,7 +94,7 @@ class GraphCache:
             # buffer by a captured kernel, so a replay with new slots stores where they say.
             ctx = AttnContext(r.backend, r.pool, slots, fused_ops=r.fused_ops, capture=r.capture_layers)
             logits = r.model.compute_logits(r.model(ids, positions, ctx, **extra))
-            return logits, ctx.captured
+            return logits, ctx.captured, logits.argmax(dim=-1)
 
         with torch.inference_mode():
             stream = torch.cuda.Stream()
@@ -100,14 +105,15 @@ class GraphCache:
             torch.cuda.current_stream().wait_stream(stream)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool):
-                logits, aux = forward()
-        self.graphs[(bs, q, slot, r.capture_layers)] = _Graph(g, ids, positions, slots, logits, features, aux)
+                logits, aux, tokens = forward()
+        self.graphs[(bs, q, slot, r.capture_layers)] = _Graph(g, ids, positions, slots, logits, tokens, features,
+                                                              aux)
 
     def replay(self, bs: int, q: int, slot: int, p, input_ids: torch.Tensor,
-               features: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+               features: torch.Tensor | None = None):
         """Copy the pass's inputs into the graph's buffers and replay; returns ([bs * q, vocab] logits,
-        [bs * q, F'] aux or None), views of the graph's output buffers: consume them before the next replay
-        of the same graph."""
+        [bs * q, F'] aux or None, [bs * q] argmax tokens), views of the graph's output buffers: consume them
+        before the next replay of the same graph."""
         g = self.graphs[(bs, q, slot, self.runner.capture_layers)]
         g.ids[: input_ids.shape[0]].copy_(input_ids)
         if features is not None:
@@ -115,4 +121,4 @@ class GraphCache:
         g.positions.copy_(p.positions)
         g.slots.copy_(p.slots)
         g.graph.replay()
-        return g.logits, g.aux
+        return g.logits, g.aux, g.tokens

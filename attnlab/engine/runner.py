@@ -145,12 +145,24 @@ class ModelRunner:
 
         features: [T, F] per-token inputs of a draft head (EAGLE); None for a plain decoder. After the call,
         ``self.aux`` holds the pass's auxiliary output for all T tokens (see __init__)."""
+        return self._forward(p, input_ids, rows, features)[0]
+
+    @torch.inference_mode()
+    def forward_greedy(self, p: Pass, input_ids: torch.Tensor, rows: torch.Tensor | None = None,
+                       features: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` plus the argmax of every returned logits row: (logits [R, vocab] fp32, tokens [R] int64).
+        Under a CUDA graph the argmax is part of the graph (no launch after the replay)."""
+        logits, tokens = self._forward(p, input_ids, rows, features)
+        return logits, tokens if tokens is not None else logits.argmax(dim=-1)
+
+    def _forward(self, p: Pass, input_ids: torch.Tensor, rows, features):
+        """-> (logits, argmax tokens of those rows when a graph computed them, else None)."""
         g = self.graphs
         n = input_ids.shape[0]
         if g is not None and p.padded_to is not None and g.has(p.padded_to, p.q_len, self._slot, features):
-            logits, aux = g.replay(p.padded_to, p.q_len, self._slot, p, input_ids, features)
+            logits, aux, tokens = g.replay(p.padded_to, p.q_len, self._slot, p, input_ids, features)
             self.aux = aux[:n] if aux is not None else None
-            return logits[rows] if rows is not None else logits[:n]
+            return (logits[rows], tokens[rows]) if rows is not None else (logits[:n], tokens[:n])
         ctx = AttnContext(self.backend, self.pool, p.slots, fused_ops=self.fused_ops, capture=self.capture_layers)
         if p.padded_to is not None and p.positions.shape[0] > n:  # padded, but no graph for this slot: eager
             pad = p.positions.shape[0] - n
@@ -162,7 +174,7 @@ class ModelRunner:
         self.aux = ctx.captured[:n] if ctx.captured is not None else None
         if rows is not None:
             hidden = hidden[rows]
-        return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden), None
 
     def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None, keep: bool = False,
                        feature_dim: int | None = None, first_slot: int = 0) -> int:

@@ -21,7 +21,7 @@ from attnlab.engine.runner import ModelRunner
 from attnlab.engine.sampler import SamplingParams, next_tokens, probs_from_logits
 from attnlab.engine.timers import PhaseTimer
 from attnlab.errors import ConfigError
-from attnlab.spec.acceptance import greedy_accept, rejection_accept
+from attnlab.spec.acceptance import greedy_accept_top, rejection_accept
 from attnlab.spec.drafters import Drafter
 from attnlab.spec.records import GenerateOutput, IterRecord, RequestOutput
 
@@ -119,11 +119,15 @@ class SpeculativeDecoder:
             p = tgt.prepare(reqs, [n - 1 for n in n_before], [k + 1] * len(reqs),
                             Mode.VERIFY if k else Mode.DECODE)
             tgt.plan(p)
-            logits = tgt.forward(p, ids).view(len(reqs), k + 1, -1)
+            if sp.greedy:  # the argmax comes out of the verify graph
+                logits, top = tgt.forward_greedy(p, ids)
+                logits = logits.view(len(reqs), k + 1, -1)
+            else:
+                logits = tgt.forward(p, ids).view(len(reqs), k + 1, -1)
 
             timer.mark("accept")
             if sp.greedy:
-                n_acc, nxt = greedy_accept(draft, logits)
+                n_acc, nxt = greedy_accept_top(draft, top.view(len(reqs), k + 1))
             else:
                 tprobs = probs_from_logits(logits, sp)
                 if dprobs is None:  # deterministic drafter: q is one-hot on the proposed token

@@ -174,3 +174,19 @@ def test_eagle_at_most_one_sync_per_iteration(backend, graphs):
         out = dec.generate(ps, 32)
     assert len(out.iterations) >= 8
     assert c.n <= len(out.iterations) + 1, (c.n, len(out.iterations))
+
+
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_graph_returns_its_argmax(q_len):
+    """The greedy tokens of a replayed pass are the graph's own output buffer (no argmax launch after the
+    replay) and equal the argmax of the replayed logits."""
+    target = tiny_model(CFG, seed=0).to("cuda", torch.float32)
+    t = gpu_runner(target, "triton", torch.float32, graphs=True)
+    t.capture_graphs(q_lens=(q_len,))
+    t.run([0, 1, 2], [0, 0, 0], [5, 3, 7], torch.randint(0, CFG.vocab_size, (15,), device="cuda"), Mode.PREFILL)
+    p = t.prepare([0, 1, 2], [5, 3, 7], [q_len] * 3, Mode.DECODE if q_len == 1 else Mode.VERIFY)
+    t.plan(p)
+    logits, tokens = t.forward_greedy(p, torch.randint(0, CFG.vocab_size, (3 * q_len,), device="cuda"))
+    g = t.graphs.graphs[(4, q_len, 0, None)]
+    assert tokens.untyped_storage().data_ptr() == g.tokens.untyped_storage().data_ptr()
+    assert torch.equal(tokens, logits.argmax(-1))
