@@ -147,6 +147,9 @@ class EngineSchema:
     # Triton kernels for residual add + RMSNorm, RoPE, SiLU-mul and the KV store (attnlab/kernels/fused.py)
     # instead of 32 elementwise torch launches per layer; CUDA only. Parity reference sides always run unfused.
     fused_ops: bool = False
+    # Target-only greedy decode: this many steps per launch and host sync (engine/multistep.py; one CUDA graph
+    # of N steps with engine.cuda_graph). 1 = one step per sync, as the speculative loop's iterations.
+    decode_steps_per_sync: int = 1
 
 
 @dataclass
@@ -424,6 +427,13 @@ def validate(cfg: DictConfig) -> RunPlan:
         what = "engine.cuda_graph=true" if cfg.engine.cuda_graph else f"warmup={cfg.warmup.plan}"
         raise ConfigError(f"{what} captures CUDA graphs and needs device=cuda (use warmup=jit or none on CPU)")
 
+    n_steps = cfg.engine.decode_steps_per_sync
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
+        raise ConfigError(f"engine.decode_steps_per_sync={n_steps!r}: must be an integer >= 1")
+    if n_steps > 1 and s.temperature > 0:
+        raise ConfigError(f"engine.decode_steps_per_sync={n_steps} runs greedy steps on the device: it needs "
+                          f"spec.temperature=0 (got {s.temperature})")
+
     if cfg.engine.fused_ops and device != "cuda":
         raise ConfigError("engine.fused_ops=true runs Triton kernels and needs device=cuda (use "
                           "engine.fused_ops=false on CPU)")
@@ -484,7 +494,7 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
                                  w.field),
         parity=pl.ParityPlan(p.enabled, p.enabled and p.kernel, p.enabled and p.logits, p.enabled and p.tokens,
                              p.enabled and p.acceptance, p.reference, p.reference_precision, p.max_prompts),
-        engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops)),
+        engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops), cfg.engine.decode_steps_per_sync),
         bench=pl.BenchPlan(cfg.bench.repeats or (3 if device == "cuda" else 1), float(cfg.bench.noisy_ratio),
                            cfg.bench.cold),
         logger=pl.LoggerPlan(lg.kind, lg.project, lg.entity, lg.mode, lg.group, tuple(lg.tags)),

@@ -125,6 +125,7 @@ class ParityPlan:
 class EnginePlan:
     cuda_graph: bool  # resolved: engine.cuda_graph, or a warmup plan that captures graphs
     fused_ops: bool = False
+    decode_steps_per_sync: int = 1  # target-only greedy decode steps per launch and host sync
 
 
 @dataclass(frozen=True)

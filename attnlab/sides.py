@@ -52,6 +52,7 @@ def side_spec(plan: RunPlan, work: Prepared, side: str, backend: str, *, graphs:
         layers=work.draft_layers if draft and plan.draft.kind == "self" else None,
         kv_scale=p.kv_scale, cuda_graph=fast, max_q_len=plan.k + 1 if fast else 16,
         fused_ops=graphs and plan.engine.fused_ops,
+        decode_steps_per_sync=1 if draft else plan.engine.decode_steps_per_sync,
         backend_options=plan.options_for(side, backend),
     )
 

@@ -78,6 +78,8 @@ def test_validate_resolves_auto():
     p = r.precision
     assert (p.target, p.draft, p.kv_target, p.kv_draft) == ("fp32", "fp32", "fp32", "fp32")
     assert _validate("draft=none").k == 0
+    assert r.engine.decode_steps_per_sync == 1
+    assert _validate("draft=none", "engine.decode_steps_per_sync=4").engine.decode_steps_per_sync == 4
 
 
 def test_the_run_plan_is_frozen_and_typed():
@@ -125,6 +127,8 @@ def test_the_run_plan_is_frozen_and_typed():
     (["draft=self", "draft.layers=[]"], "draft.layers"),
     (["engine.cuda_graph=true"], "engine.cuda_graph"),
     (["engine.fused_ops=true"], "engine.fused_ops"),
+    (["engine.decode_steps_per_sync=0"], "engine.decode_steps_per_sync=0"),
+    (["engine.decode_steps_per_sync=4", "spec.temperature=0.7"], "engine.decode_steps_per_sync=4"),
     (["logger.mode=sometimes"], "logger.mode"),
     (["bench.repeats=0"], "bench.repeats=0"),
     (["bench.noisy_ratio=0.5"], "bench.noisy_ratio=0.5"),

@@ -60,6 +60,7 @@ class SideSpec:
     max_q_len: int = 16
     fused_ops: bool = False
     backend_options: Mapping | None = None
+    decode_steps_per_sync: int = 1  # engine.decode_steps_per_sync (target-only greedy decode, multistep.py)
 
 
 def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, progress: bool = True,
@@ -123,5 +124,7 @@ def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, pr
         kw = {"cuda_graph": True, "max_batch_size": graph_batch, "max_q_len": spec.max_q_len,
               "max_context": max_context}
     be = cls(pool, mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim, mcfg.head_dim ** -0.5, wdtype, **kw)
-    return ModelRunner(model.eval(), mcfg, tok, pool, PageAllocator(pages, page_size), be, max_context, spec.name,
-                       max_batch=max_batch, fused_ops=spec.fused_ops)
+    r = ModelRunner(model.eval(), mcfg, tok, pool, PageAllocator(pages, page_size), be, max_context, spec.name,
+                    max_batch=max_batch, fused_ops=spec.fused_ops)
+    r.decode_steps_per_sync = spec.decode_steps_per_sync
+    return r

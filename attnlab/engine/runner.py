@@ -14,8 +14,8 @@ import torch
 
 from attnlab.backends.base import AttentionBackend, AttnMeta, Mode
 from attnlab.backends.context import AttnContext
-from attnlab.errors import PromptTooLong
 from attnlab.engine.staging import HostStaging
+from attnlab.errors import PromptTooLong
 from attnlab.kvcache import KVPool, PageAllocator, PagedLayout, pages_needed, slot_mapping
 from attnlab.kvcache.layout import layout_lists
 
@@ -63,6 +63,9 @@ class ModelRunner:
         # features, or a draft head's pre-norm output; None when the model left none. A view of a graph's
         # static buffer after a replay: read it before the next replay of that graph.
         self.aux: torch.Tensor | None = None
+        # engine.decode_steps_per_sync: greedy target-only decode runs this many steps per launch and host
+        # sync (engine/multistep.py); capture_graphs also captures that multi-step graph when > 1.
+        self.decode_steps_per_sync = 1
         # Every pass's int metadata goes to the device in one pinned copy (engine/staging.py).
         self.staging = HostStaging(self.device)
 
@@ -191,7 +194,16 @@ class ModelRunner:
             buckets.append(next((b for b in DEFAULT_BUCKETS if b >= self.max_batch), self.max_batch))
         if not (keep and self.graphs):
             self.graphs = GraphCache(self)
-        return self.graphs.capture(buckets, q_lens, range(first_slot, num_slots), feature_dim)
+        n = self.graphs.capture(buckets, q_lens, range(first_slot, num_slots), feature_dim)
+        if self.decode_steps_per_sync > 1 and 1 in q_lens and feature_dim is None:
+            n += self.graphs.capture_steps(buckets, self.decode_steps_per_sync)
+        return n
+
+    def decode_greedy_steps(self, reqs, starts, last: torch.Tensor, n: int) -> torch.Tensor:
+        """n greedy decode steps in one launch (see engine/multistep.py): -> tokens [B, n] int64."""
+        from attnlab.engine.multistep import decode_steps
+
+        return decode_steps(self, reqs, starts, last, n)
 
     def run(self, reqs, starts, q_lens, input_ids, mode: Mode, rows: str = "last") -> torch.Tensor:
         """prepare + plan + forward in one call. rows: "last" (one row per request) or "all"."""

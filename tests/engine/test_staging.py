@@ -51,7 +51,7 @@ def test_staged_values_match_the_per_tensor_build():
         assert a.dtype == b.dtype == torch.int32 and torch.equal(a, b)
     assert p.meta.qo_indptr.tolist() == [0, 5, 7, 16] and p.meta.qo_indptr.dtype == torch.int32
     assert p.slots.dtype == p.positions.dtype == p.last_rows.dtype == torch.int64
-    assert p.slots.tolist() == sum((slot_mapping(t, 0, n, 4) for t, n in zip(tables, [5, 2, 9])), [])
+    assert p.slots.tolist() == [s for t, n in zip(tables, [5, 2, 9]) for s in slot_mapping(t, 0, n, 4)]
     assert p.positions.tolist() == [*range(5), *range(2), *range(9)]
     assert p.last_rows.tolist() == [4, 6, 15]
 
