@@ -16,7 +16,7 @@ not pay for the drafter's features.
 
 Every graph also returns the argmax of its logits rows (``tokens``): greedy decode and greedy verify read
 the target's choices from the graph's output, with no argmax launch after the replay. A sampling pass pays
-that one reduction over [rows, vocab] unused.
+that one reduction over [rows, vocab] unused (``runner.graph_argmax = False`` at capture leaves it out).
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ class _Graph:
     positions: torch.Tensor  # [bs * q_len] int64
     slots: torch.Tensor  # [bs * q_len] int64
     logits: torch.Tensor | None  # [bs * q_len, vocab] fp32; None in a multi-step graph (tokens only)
-    tokens: torch.Tensor  # [bs * q_len] int64 the argmax of each logits row, inside the graph ([n, bs]: n steps)
+    # [bs * q_len] int64 the argmax of each logits row, inside the graph ([n, bs]: n steps); None when the runner's
+    # graph_argmax was off at capture (bench.e2e's legacy host path)
+    tokens: torch.Tensor | None
     features: torch.Tensor | None = None  # [bs * q_len, F] a draft head's per-token input
     aux: torch.Tensor | None = None  # [bs * q_len, F'] the captured layers / the head's pre-norm output
 
@@ -97,7 +99,7 @@ class GraphCache:
             # buffer by a captured kernel, so a replay with new slots stores where they say.
             ctx = AttnContext(r.backend, r.pool, slots, fused_ops=r.fused_ops, capture=r.capture_layers)
             logits = r.model.compute_logits(r.model(ids, positions, ctx, **extra))
-            return logits, ctx.captured, logits.argmax(dim=-1)
+            return logits, ctx.captured, logits.argmax(dim=-1) if r.graph_argmax else None
 
         with torch.inference_mode():
             stream = torch.cuda.Stream()

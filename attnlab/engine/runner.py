@@ -66,6 +66,9 @@ class ModelRunner:
         # engine.decode_steps_per_sync: greedy target-only decode runs this many steps per launch and host
         # sync (engine/multistep.py); capture_graphs also captures that multi-step graph when > 1.
         self.decode_steps_per_sync = 1
+        # Graphs captured while True compute the argmax of their logits (forward_greedy reads it); False: the
+        # previous path, an argmax launched after the replay (bench.e2e's "legacy" host path).
+        self.graph_argmax = True
         # Every pass's int metadata goes to the device in one pinned copy (engine/staging.py).
         self.staging = HostStaging(self.device)
 
@@ -165,6 +168,8 @@ class ModelRunner:
         if g is not None and p.padded_to is not None and g.has(p.padded_to, p.q_len, self._slot, features):
             logits, aux, tokens = g.replay(p.padded_to, p.q_len, self._slot, p, input_ids, features)
             self.aux = aux[:n] if aux is not None else None
+            if tokens is None:
+                return logits[rows] if rows is not None else logits[:n], None
             return (logits[rows], tokens[rows]) if rows is not None else (logits[:n], tokens[:n])
         ctx = AttnContext(self.backend, self.pool, p.slots, fused_ops=self.fused_ops, capture=self.capture_layers)
         if p.padded_to is not None and p.positions.shape[0] > n:  # padded, but no graph for this slot: eager

@@ -30,15 +30,21 @@ class HostStaging:
     """Packs int segments into one host buffer and moves it to ``device`` in one copy.
 
     ``copies`` counts the host-to-device copies made (one per ``stage`` call), for tests and benchmarks.
+    ``packed=False`` is the previous path, one pageable tensor and copy per segment: bench.e2e's "legacy"
+    host path, measured beside this one in the same process.
     """
 
-    def __init__(self, device: torch.device | str):
+    def __init__(self, device: torch.device | str, packed: bool = True):
         self.device = torch.device(device)
         self.pin = self.device.type == "cuda"
+        self.packed = packed
         self.copies = 0
 
     def stage(self, segments: Sequence[tuple[Sequence[int], torch.dtype]]) -> list[torch.Tensor]:
         """[(values, int32 | int64), ...] -> one 1-D device tensor per segment, views of one device buffer."""
+        if not self.packed:
+            self.copies += len(segments)
+            return [torch.tensor(list(v), dtype=dt).to(self.device, non_blocking=True) for v, dt in segments]
         offsets, off = [], 0
         for values, dt in segments:
             offsets.append(off)

@@ -69,3 +69,14 @@ def test_empty_segments_and_cpu_buffer():
     st = HostStaging("cpu")
     a, b, c = st.stage([([], torch.int64), ([7, 8, 9], torch.int32), ([-1], torch.int64)])
     assert a.numel() == 0 and b.tolist() == [7, 8, 9] and c.tolist() == [-1] and st.copies == 1
+
+
+def test_unpacked_staging_is_the_per_tensor_path():
+    # bench.e2e's "legacy" host path: the same values, one copy per tensor
+    a, b = runner(MODEL, CFG, page_size=4), runner(MODEL, CFG, page_size=4)
+    b.staging.packed = False
+    pa, pb = (r.prepare([0, 1], [0, 0], [5, 3], Mode.PREFILL) for r in (a, b))
+    assert a.staging.copies == 1 and b.staging.copies == 8
+    for x, y in zip(_pass_tensors(pa), _pass_tensors(pb)):
+        assert x.dtype == y.dtype and torch.equal(x, y)
+    assert len({t.untyped_storage().data_ptr() for t in _pass_tensors(pb)}) == 8
