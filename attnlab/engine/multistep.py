@@ -1,7 +1,7 @@
 """Multi-step greedy decode: N single-token target passes per launch, one host sync per N tokens.
 
 Target-only greedy decoding (``engine.decode_steps_per_sync = N``) prepares the N passes up front (pages
-for N more tokens, plan slots 1..N as the multi-step draft does), then runs them back to back, each step's
+for N more tokens, their metadata in one copy, plan slots 1..N as the multi-step draft does), then runs them back to back, each step's
 argmax feeding the next step's input on the device. Under CUDA graphs the N steps are one graph (a replay
 per N tokens); without graphs ``greedy_steps`` runs eagerly, the same code minus the capture.
 
@@ -15,7 +15,6 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from attnlab.backends.base import Mode
 from attnlab.backends.context import AttnContext
 
 
@@ -39,7 +38,7 @@ def decode_steps(r, reqs: Sequence[Hashable], starts: Sequence[int], last: torch
     """Feed ``last`` [B] (each request's last committed token, at position ``starts[i]``) and decode ``n``
     greedy tokens per request: -> [B, n] int64 on device. Allocates KV for the n new positions."""
     b = len(reqs)
-    passes = [r.prepare(reqs, [s + j for s in starts], [1] * b, Mode.DECODE) for j in range(n)]
+    passes = r.prepare_steps(reqs, starts, n)  # one host-to-device copy for the n passes
     r.plan_steps(passes)
     bs = passes[0].padded_to
     if r.graphs is not None and bs is not None and r.graphs.has_steps(bs, n):

@@ -83,6 +83,23 @@ class ModelRunner:
         Positions ``starts[i] .. starts[i] + q_lens[i] - 1`` get new K/V; earlier positions must already be
         in the pool. Allocation only grows a request (a multi-step draft prepares all steps up front).
         """
+        segments, finish = self._host_pass(reqs, starts, q_lens, mode, custom_mask, pad_to, pad_q_len)
+        return finish(self.staging.stage(segments))
+
+    def prepare_steps(self, reqs: Sequence[Hashable], starts: Sequence[int], n: int) -> list[Pass]:
+        """``n`` single-token decode passes, step j feeding position ``starts[i] + j`` of request i (a multi-step
+        draft, a multi-step decode): ``prepare`` each, their metadata staged together in one copy."""
+        if n < 1:
+            return []
+        parts = [self._host_pass(reqs, [s + j for s in starts], [1] * len(reqs), Mode.DECODE)
+                 for j in range(n)]
+        views = self.staging.stage([seg for segments, _ in parts for seg in segments])
+        m = len(views) // n
+        return [finish(views[j * m:(j + 1) * m]) for j, (_, finish) in enumerate(parts)]
+
+    def _host_pass(self, reqs, starts, q_lens, mode, custom_mask=None, pad_to=None, pad_q_len=None):
+        """The host half of ``prepare``: allocation and the int lists -> (segments to stage, a function of
+        their device views that builds the Pass)."""
         ps = self.allocator.page_size
         ends = [s + q for s, q in zip(starts, q_lens)]
         for r, e in zip(reqs, ends):
@@ -117,15 +134,20 @@ class ModelRunner:
         qo = [0]
         for q in q_lens:
             qo.append(qo[-1] + q)
-        # One packed host buffer, one non-blocking copy; every tensor below is a view of one device buffer.
+        # Staged in one packed host buffer and one non-blocking copy: the Pass's tensors are views of one
+        # device buffer (engine/staging.py).
         indptr, indices, last = layout_lists(tables, ends, ps)
         i32, i64 = torch.int32, torch.int64
-        slots_t, pos_t, last_t, qo_t, kv_indptr, kv_indices, kv_last, kv_lens = self.staging.stage(
-            [(slots, i64), (positions, i64), (last_rows, i64), (qo, i32), (indptr, i32), (indices, i32),
-             (last, i32), (ends, i32)])
-        meta = AttnMeta(mode=mode, qo_indptr=qo_t, layout=PagedLayout(kv_indptr, kv_indices, kv_last, kv_lens),
-                        q_lens=list(q_lens), kv_lens_host=ends, page_size=ps, custom_mask=custom_mask)
-        return Pass(list(reqs), meta, slots_t, pos_t, last_t, uniform, padded)
+        segments = [(slots, i64), (positions, i64), (last_rows, i64), (qo, i32), (indptr, i32), (indices, i32),
+                    (last, i32), (ends, i32)]
+
+        def finish(views: list[torch.Tensor]) -> Pass:
+            slots_t, pos_t, last_t, qo_t, kv_indptr, kv_indices, kv_last, kv_lens = views
+            meta = AttnMeta(mode=mode, qo_indptr=qo_t, layout=PagedLayout(kv_indptr, kv_indices, kv_last, kv_lens),
+                            q_lens=list(q_lens), kv_lens_host=ends, page_size=ps, custom_mask=custom_mask)
+            return Pass(list(reqs), meta, slots_t, pos_t, last_t, uniform, padded)
+
+        return segments, finish
 
     def plan(self, p: Pass) -> None:
         self.backend.plan(p.meta)

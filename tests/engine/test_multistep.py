@@ -18,6 +18,7 @@ def decode(n_steps, ps, max_new, eos=frozenset(), page_size=4, max_context=256, 
     r.decode_steps_per_sync = n_steps
     out = SpeculativeDecoder(r, NoDrafter("cpu"), SpecParams(0, temperature=temperature)).generate(ps, max_new, eos)
     assert r.allocator.num_free == r.allocator.num_pages  # every page back, including those past a stop
+    assert r.staging.copies == 1 + len(out.iterations)  # the prefill's, then one per iteration (N passes)
     return out
 
 

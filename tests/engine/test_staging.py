@@ -80,3 +80,18 @@ def test_unpacked_staging_is_the_per_tensor_path():
     for x, y in zip(_pass_tensors(pa), _pass_tensors(pb)):
         assert x.dtype == y.dtype and torch.equal(x, y)
     assert len({t.untyped_storage().data_ptr() for t in _pass_tensors(pb)}) == 8
+
+
+def test_prepare_steps_stages_n_passes_in_one_copy():
+    a, b = runner(MODEL, CFG, page_size=4), runner(MODEL, CFG, page_size=4)
+    for r in (a, b):
+        r.prepare([0, 1], [0, 0], [3, 6], Mode.PREFILL)
+    before = a.staging.copies
+    steps = a.prepare_steps([0, 1], [3, 6], 5)
+    assert a.staging.copies - before == 1 and a.prepare_steps([0, 1], [8, 11], 0) == []
+    assert len({t.untyped_storage().data_ptr() for s in steps for t in _pass_tensors(s)}) == 1
+    for j, s in enumerate(steps):
+        ref = b.prepare([0, 1], [3 + j, 6 + j], [1, 1], Mode.DECODE)
+        assert s.meta.q_lens == ref.meta.q_lens and s.meta.kv_lens_host == ref.meta.kv_lens_host
+        for x, y in zip(_pass_tensors(s), _pass_tensors(ref)):
+            assert x.dtype == y.dtype and torch.equal(x, y)
