@@ -73,3 +73,15 @@ def test_sampling_keeps_one_step_per_sync():
     ps = prompts(2, CFG.vocab_size)
     out = decode(4, ps, 9, temperature=0.8)
     assert len(out.iterations) == 8 and all(it.accept_lens == [1, 1] for it in out.iterations)
+
+
+def test_config_reaches_the_target_side_only():
+    from types import SimpleNamespace
+
+    from attnlab.sides import side_spec
+    from tests.test_config import _validate
+
+    plan = _validate("draft=self", "engine.decode_steps_per_sync=6")
+    work = SimpleNamespace(page_size=16, max_context=64, draft_layers=(0,))
+    assert side_spec(plan, work, "target", "torch").decode_steps_per_sync == 6
+    assert side_spec(plan, work, "draft", "torch").decode_steps_per_sync == 1
