@@ -155,6 +155,9 @@ class EngineSchema:
     # GEMM with RMSNorm / RoPE / SiLU-mul / residual adds fused into it (attnlab/models/gemm_path.py, ~5
     # kernels a layer; implies the fused ops); longer passes stay on cuBLAS. CUDA only.
     gemm: str = "cublas"
+    # Target-only greedy decode: this many steps per launch and host sync (engine/multistep.py; one CUDA graph
+    # of N steps with engine.cuda_graph). 1 = one step per sync, as the speculative loop's iterations.
+    decode_steps_per_sync: int = 1
 
 
 @dataclass
@@ -443,6 +446,14 @@ def validate(cfg: DictConfig) -> RunPlan:
     if cfg.engine.gemm == "triton" and device != "cuda":
         raise ConfigError("engine.gemm=triton runs attnlab's Triton GEMM and needs device=cuda (use "
                           "engine.gemm=cublas on CPU)")
+
+    n_steps = cfg.engine.decode_steps_per_sync
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
+        raise ConfigError(f"engine.decode_steps_per_sync={n_steps!r}: must be an integer >= 1")
+    if n_steps > 1 and s.temperature > 0:
+        raise ConfigError(f"engine.decode_steps_per_sync={n_steps} runs greedy steps on the device: it needs "
+                          f"spec.temperature=0 (got {s.temperature})")
+
     if cfg.engine.fused_ops and device != "cuda":
         raise ConfigError("engine.fused_ops=true runs Triton kernels and needs device=cuda (use "
                           "engine.fused_ops=false on CPU)")
@@ -504,7 +515,8 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
                                  w.field),
         parity=pl.ParityPlan(p.enabled, p.enabled and p.kernel, p.enabled and p.logits, p.enabled and p.tokens,
                              p.enabled and p.acceptance, p.reference, p.reference_precision, p.max_prompts),
-        engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops), cfg.engine.gemm),
+        engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops), cfg.engine.gemm,
+                             cfg.engine.decode_steps_per_sync),
         bench=pl.BenchPlan(cfg.bench.repeats or (3 if device == "cuda" else 1), float(cfg.bench.noisy_ratio),
                            cfg.bench.cold),
         logger=pl.LoggerPlan(lg.kind, lg.project, lg.entity, lg.mode, lg.group, tuple(lg.tags)),

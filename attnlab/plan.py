@@ -127,6 +127,7 @@ class EnginePlan:
     cuda_graph: bool  # resolved: engine.cuda_graph, or a warmup plan that captures graphs
     fused_ops: bool = False
     gemm: str = "cublas"  # cublas | triton (attnlab.models.gemm_path for passes of <= 16 tokens)
+    decode_steps_per_sync: int = 1  # target-only greedy decode steps per launch and host sync
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ def side_spec(plan: RunPlan, work: Prepared, side: str, backend: str, *, graphs:
         kv_scale=p.kv_scale, fp8_gemm=p.fp8_gemm, cuda_graph=fast, max_q_len=plan.k + 1 if fast else 16,
         fused_ops=graphs and plan.engine.fused_ops,
         gemm=plan.engine.gemm if graphs else "cublas",
+        decode_steps_per_sync=1 if draft else plan.engine.decode_steps_per_sync,
         backend_options=plan.options_for(side, backend),
     )
 

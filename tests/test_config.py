@@ -78,6 +78,8 @@ def test_validate_resolves_auto():
     p = r.precision
     assert (p.target, p.draft, p.kv_target, p.kv_draft) == ("fp32", "fp32", "fp32", "fp32")
     assert _validate("draft=none").k == 0
+    assert r.engine.decode_steps_per_sync == 1
+    assert _validate("draft=none", "engine.decode_steps_per_sync=4").engine.decode_steps_per_sync == 4
 
 
 def test_the_run_plan_is_frozen_and_typed():
@@ -130,6 +132,8 @@ def test_the_run_plan_is_frozen_and_typed():
     (["precision.fp8_gemm=weight_only"], "precision.fp8_gemm=weight_only"),  # bf16 draft weights
     (["precision.fp8_gemm=w4a16"], "precision.fp8_gemm='w4a16'"),
     (["precision=fp8w-draft"], "precision.draft='fp8_e4m3'"),  # CPU: no fp8 matmul
+    (["engine.decode_steps_per_sync=0"], "engine.decode_steps_per_sync=0"),
+    (["engine.decode_steps_per_sync=4", "spec.temperature=0.7"], "engine.decode_steps_per_sync=4"),
     (["logger.mode=sometimes"], "logger.mode"),
     (["bench.repeats=0"], "bench.repeats=0"),
     (["bench.noisy_ratio=0.5"], "bench.noisy_ratio=0.5"),

@@ -1,6 +1,6 @@
 """End-to-end decode benchmarks, side by side in one process (CUDA only).
 
-    python -m attnlab.bench.e2e [--quick] [--backends triton,flashinfer] [--out PREFIX]
+    python -m attnlab.bench.e2e [--quick] [--backends triton,flashinfer] [--host legacy,thin,thin8] [--out PREFIX]
 
 1. target-only decode of SmolLM2-135M shapes at batch 1 and 16: attnlab eager vs attnlab with CUDA graphs
    (per backend) vs HF transformers ``generate`` on the same weights;
@@ -12,6 +12,12 @@
    device-to-device copy bandwidth;
 3. the share of an iteration spent outside the model forward (per-iteration host overhead) at batch 1.
 
+Every CUDA-graph row runs once per host path (``--host``, the ``host`` column), same weights, same process:
+``legacy`` is the previous path (one pageable host-to-device copy per metadata tensor, about 8 per pass; the
+argmax launched after the replay; one step per sync), ``thin`` one pinned copy per pass and the argmax inside
+the graph, ``thinN`` thin plus N greedy steps per graph replay and host sync (engine.decode_steps_per_sync=N).
+The ``H2D/token`` column counts the metadata copies per decoded token (ModelRunner.staging).
+
 Weights are random (``init=random``): decode speed does not depend on their values, and no checkpoint is
 needed. Speculative pairs with real acceptance are measured by the runner (``python -m attnlab``), whose
 metrics.json has tau, speedup and per-phase times.
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 
 import torch
@@ -33,26 +40,33 @@ from attnlab.spec.drafters import NoDrafter
 
 
 def side(model: str, backend: str, batch: int, graphs: bool, max_context: int, dtype="bf16", fused=False):
-    """fused: False | True (engine.fused_ops) | "gemm" (engine.gemm=triton)."""
+    """A target side; with ``graphs`` its backend is graph-capable and ``set_host_path`` captures the graphs.
+    fused: False | True (engine.fused_ops) | "gemm" (engine.gemm=triton)."""
     spec = SideSpec(ModelSource(model, init="random"), backend, dtype, dtype, page_size=16, max_context=max_context,
                     max_batch=batch, device="cuda", cuda_graph=graphs, max_q_len=1, fused_ops=bool(fused),
                     gemm="triton" if fused == "gemm" else "cublas")
-    r = build_side(spec, progress=False)
-    if graphs:
-        r.capture_graphs(q_lens=(1,))
-    return r
-
-
-def set_fused(runner, on) -> None:
-    """Switch a built side between the unfused, the fused (True) and the gemm ("gemm", engine.gemm=triton) layer
-    path (same weights), re-capturing graphs."""
-    runner.fused_ops = on
-    if runner.graphs is not None:
-        runner.capture_graphs(q_lens=(1,))
+    return build_side(spec, progress=False)
 
 
 def _suffix(fused) -> str:
     return {False: "", True: "-fused", "gemm": "-gemm"}[fused]
+
+
+def check_host(names: str) -> list[str]:
+    """--host value -> host path names; each is legacy, thin or thinN (N >= 2)."""
+    out = [h.strip() for h in names.split(",") if h.strip()]
+    for h in out:
+        if not re.fullmatch(r"legacy|thin([2-9]|[1-9][0-9]+)?", h):
+            raise argparse.ArgumentTypeError(f"{h!r} is not legacy, thin or thinN (N >= 2)")
+    return out
+
+
+def set_host_path(runner, host: str) -> None:
+    """Switch a built side to a host path (see the module doc), re-capturing its graphs."""
+    runner.staging.packed = runner.graph_argmax = host != "legacy"
+    runner.decode_steps_per_sync = int(host[4:]) if host.startswith("thin") and host != "thin" else 1
+    if getattr(runner.backend, "cuda_graph", False):  # a graph side (built with cuda_graph=True)
+        runner.capture_graphs(q_lens=(1,))
 
 
 def step_weight_bytes(model) -> int:
@@ -71,13 +85,17 @@ def attnlab_tok_s(runner, batch: int, prompt_len: int, new: int, reps: int = 3) 
     best = None
     for _ in range(reps):
         torch.cuda.synchronize()
+        copies = runner.staging.copies
         out = dec.generate(prompts, new)
         decode_ms = sum(i.total_ms for i in out.iterations)
         model_ms = sum(i.verify_ms for i in out.iterations)
         tok_s = batch * (new - 1) / (decode_ms / 1e3)  # decode tokens only: prefill excluded
         if best is None or tok_s > best["tok_s"]:
-            best = {"tok_s": tok_s, "ms_per_step": decode_ms / len(out.iterations),
-                    "overhead_frac": 1 - model_ms / decode_ms}
+            # per decoded token (one iteration = N tokens with decode_steps_per_sync = N); the prefill's copy
+            # is in h2d_per_token
+            best = {"tok_s": tok_s, "ms_per_step": decode_ms / (new - 1), "overhead_frac": 1 - model_ms / decode_ms,
+                    "h2d_per_token": (runner.staging.copies - copies) / (new - 1),
+                    "syncs_per_token": len(out.iterations) / (new - 1)}
     return best
 
 
@@ -112,6 +130,8 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default="triton,flashinfer")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-8b", action="store_true")
+    ap.add_argument("--host", type=check_host, default=check_host("legacy,thin,thin8"),
+                    help="host paths of every CUDA-graph row: legacy, thin, thinN (default legacy,thin,thin8)")
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -122,13 +142,15 @@ def main(argv=None) -> int:
                  "rows": []}
     rows = res["rows"]
     lines = [f"GPU {res['gpu']}; copy bandwidth {res['copy_gb_s']:.0f} GB/s; {res['versions']}", "",
-             "| model | batch | engine | tok/s | ms/step | outside-forward share | vs HF |", "|---|---|---|---|---|---|---|"]
+             "| model | batch | engine | host | tok/s | ms/step | outside-forward share | H2D/token | vs HF |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    nan = float("nan")
 
-    def row(model, batch, engine, r, hf=None):
-        rows.append({"model": model, "batch": batch, "engine": engine, **r})
+    def row(model, batch, engine, r, hf=None, host=""):
+        rows.append({"model": model, "batch": batch, "engine": engine, "host": host, **r})
         vs = f"{r['tok_s'] / hf:.1f}x" if hf else ""
-        lines.append(f"| {model} | {batch} | {engine} | {r['tok_s']:.0f} | {r.get('ms_per_step', float('nan')):.2f} | "
-                     f"{r.get('overhead_frac', float('nan')):.0%} | {vs} |")
+        lines.append(f"| {model} | {batch} | {engine} | {host} | {r['tok_s']:.0f} | {r.get('ms_per_step', nan):.2f} | "
+                     f"{r.get('overhead_frac', nan):.0%} | {r.get('h2d_per_token', nan):.2f} | {vs} |")
         print(lines[-1], flush=True)
 
     for batch in (1, 16):
@@ -138,12 +160,19 @@ def main(argv=None) -> int:
             for graphs, fused in ((False, False), (True, False), (True, True), (True, "gemm")):
                 name = f"attnlab-{be}{'-graphs' if graphs else '-eager'}{_suffix(fused)}"
                 try:
-                    r = attnlab_tok_s(side("smollm2-135m", be, batch, graphs, 32 + new + 16, fused=fused), batch,
-                                      32, new)
-                    row("smollm2-135m", batch, name, r, hf["tok_s"])
+                    rs = side("smollm2-135m", be, batch, graphs, 32 + new + 16, fused=fused)
                 except Exception as e:  # noqa: BLE001 - one engine failing must not lose the table
-                    lines.append(f"| smollm2-135m | {batch} | {name} | error: {e!r} |||")
+                    lines.append(f"| smollm2-135m | {batch} | {name} | | error: {e!r} |||||")
                     print(lines[-1], flush=True)
+                    continue
+                for host in a.host if graphs else ["thin"]:
+                    try:
+                        set_host_path(rs, host)
+                        row("smollm2-135m", batch, name, attnlab_tok_s(rs, batch, 32, new), hf["tok_s"], host)
+                    except Exception as e:  # noqa: BLE001 - one engine failing must not lose the table
+                        lines.append(f"| smollm2-135m | {batch} | {name} | {host} | error: {e!r} |||||")
+                        print(lines[-1], flush=True)
+                del rs
                 torch.cuda.empty_cache()
     notes = []
     for model in ([] if a.skip_8b else ["llama-3.2-1b", "llama-3.1-8b"]):  # the issue's draft / target shapes
@@ -151,15 +180,17 @@ def main(argv=None) -> int:
         weight_bytes = step_weight_bytes(rm.model)
         roof = res["copy_gb_s"] * 1e9 / weight_bytes
         for fused in (False, True, "gemm"):
-            set_fused(rm, fused)
-            r = attnlab_tok_s(rm, 1, 32, new)
-            r["roofline_tok_s"], r["frac_roofline"], r["weight_bytes"] = roof, r["tok_s"] / roof, weight_bytes
-            row(model, 1, f"attnlab-triton-graphs{_suffix(fused)}", r)
-            what = {False: "", True: ", fused ops", "gemm": ", engine.gemm=triton"}[fused]
-            notes.append(f"{model} shapes, batch 1{what}: {r['tok_s']:.1f} tok/s = "
-                         f"{r['frac_roofline']:.0%} of the weight-bandwidth roofline ({weight_bytes / 1e9:.2f} GB "
-                         f"read per step / copy bw = {roof:.1f} tok/s)")
-            print(notes[-1], flush=True)
+            rm.fused_ops = fused  # the runner hands it to each pass's AttnContext ("gemm": models/gemm_path)
+            for host in a.host:
+                set_host_path(rm, host)  # re-captures the graphs: fused or not, this host path
+                r = attnlab_tok_s(rm, 1, 32, new)
+                r["roofline_tok_s"], r["frac_roofline"], r["weight_bytes"] = roof, r["tok_s"] / roof, weight_bytes
+                row(model, 1, f"attnlab-triton-graphs{_suffix(fused)}", r, host=host)
+                what = {False: "", True: ", fused ops", "gemm": ", engine.gemm=triton"}[fused]
+                notes.append(f"{model} shapes, batch 1{what}, host {host}: "
+                             f"{r['tok_s']:.1f} tok/s = {r['frac_roofline']:.0%} of the weight-bandwidth roofline "
+                             f"({weight_bytes / 1e9:.2f} GB read per step / copy bw = {roof:.1f} tok/s)")
+                print(notes[-1], flush=True)
         del rm
         torch.cuda.empty_cache()
     lines += [""] + notes if notes else []

@@ -62,6 +62,7 @@ class SideSpec:
     fused_ops: bool = False
     gemm: str = "cublas"  # triton: passes of <= 16 tokens on attnlab.models.gemm_path (implies fused_ops)
     backend_options: Mapping | None = None
+    decode_steps_per_sync: int = 1  # engine.decode_steps_per_sync (target-only greedy decode, multistep.py)
 
 
 def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, progress: bool = True,
@@ -131,5 +132,7 @@ def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, pr
         kw = {"cuda_graph": True, "max_batch_size": graph_batch, "max_q_len": spec.max_q_len,
               "max_context": max_context}
     be = cls(pool, mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim, mcfg.head_dim ** -0.5, wdtype, **kw)
-    return ModelRunner(model.eval(), mcfg, tok, pool, PageAllocator(pages, page_size), be, max_context, spec.name,
-                       max_batch=max_batch, fused_ops=fused_ops)
+    r = ModelRunner(model.eval(), mcfg, tok, pool, PageAllocator(pages, page_size), be, max_context, spec.name,
+                    max_batch=max_batch, fused_ops=fused_ops)
+    r.decode_steps_per_sync = spec.decode_steps_per_sync
+    return r

@@ -1,5 +1,8 @@
 """CUDA graphs of whole forward passes, per (batch-size bucket, q_len per request, plan slot, captured layers).
 
+A multi-step graph (``capture_steps``, key slot ``("steps", n)``) holds n greedy single-token passes under plan
+slots 1..n, each step's argmax the next one's input (engine/multistep.py): one replay per n decoded tokens.
+
 Contract with the backend (``caps.cuda_graph`` non-empty, built with ``cuda_graph=True``): a plan for the
 same (slot, batch size, q_len) reuses the same device buffers and launch parameters, so a graph captured
 after one ``plan`` stays valid after the next ``plan`` rewrote those buffers in place. Padded requests
@@ -10,6 +13,10 @@ the smaller ones reuse the pool's blocks. A graph records the runner's ``capture
 replays only while they are the same: a target captured for an EAGLE drafter (features out of every pass)
 and the same target decoding alone (nothing captured) use different graphs, so the target-only baseline does
 not pay for the drafter's features.
+
+Every graph also returns the argmax of its logits rows (``tokens``): greedy decode and greedy verify read
+the target's choices from the graph's output, with no argmax launch after the replay. A sampling pass pays
+that one reduction over [rows, vocab] unused (``runner.graph_argmax = False`` at capture leaves it out).
 """
 
 from __future__ import annotations
@@ -34,7 +41,10 @@ class _Graph:
     ids: torch.Tensor  # [bs * q_len] int64
     positions: torch.Tensor  # [bs * q_len] int64
     slots: torch.Tensor  # [bs * q_len] int64
-    logits: torch.Tensor  # [bs * q_len, vocab] fp32
+    logits: torch.Tensor | None  # [bs * q_len, vocab] fp32; None in a multi-step graph (tokens only)
+    # [bs * q_len] int64 the argmax of each logits row, inside the graph ([n, bs]: n steps); None when the runner's
+    # graph_argmax was off at capture (bench.e2e's legacy host path)
+    tokens: torch.Tensor | None
     features: torch.Tensor | None = None  # [bs * q_len, F] a draft head's per-token input
     aux: torch.Tensor | None = None  # [bs * q_len, F'] the captured layers / the head's pre-norm output
 
@@ -89,7 +99,7 @@ class GraphCache:
             # buffer by a captured kernel, so a replay with new slots stores where they say.
             ctx = AttnContext(r.backend, r.pool, slots, fused_ops=r.fused_ops, capture=r.capture_layers)
             logits = r.model.compute_logits(r.model(ids, positions, ctx, **extra))
-            return logits, ctx.captured
+            return logits, ctx.captured, logits.argmax(dim=-1) if r.graph_argmax else None
 
         with torch.inference_mode():
             stream = torch.cuda.Stream()
@@ -100,14 +110,59 @@ class GraphCache:
             torch.cuda.current_stream().wait_stream(stream)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool):
-                logits, aux = forward()
-        self.graphs[(bs, q, slot, r.capture_layers)] = _Graph(g, ids, positions, slots, logits, features, aux)
+                logits, aux, tokens = forward()
+        self.graphs[(bs, q, slot, r.capture_layers)] = _Graph(g, ids, positions, slots, logits, tokens, features,
+                                                              aux)
+
+    def has_steps(self, bs: int, n: int) -> bool:
+        return (bs, 1, ("steps", n), self.runner.capture_layers) in self.graphs
+
+    def capture_steps(self, buckets, n: int) -> int:
+        """Capture the n-step greedy decode graph (engine/multistep.py) of every bucket not captured yet."""
+        before = len(self.graphs)
+        self.pool = self.pool or torch.cuda.graph_pool_handle()
+        for bs in sorted(set(buckets), reverse=True):
+            if not self.has_steps(bs, n):
+                self._capture_steps(self.runner, bs, n)
+        return len(self.graphs) - before
+
+    def _capture_steps(self, r, bs: int, n: int) -> None:
+        from attnlab.backends.base import Mode
+        from attnlab.engine.multistep import greedy_steps
+
+        dummies = [r.prepare([], [], [], Mode.DECODE, pad_to=bs, pad_q_len=1) for _ in range(n)]
+        r.plan_steps(dummies)
+        ids = torch.zeros(bs, dtype=torch.long, device=r.device)
+        positions = torch.stack([d.positions for d in dummies])  # [n, bs]
+        slots = torch.stack([d.slots for d in dummies])
+        with torch.inference_mode():
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    greedy_steps(r, ids, positions, slots)
+            torch.cuda.current_stream().wait_stream(stream)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool):
+                tokens = greedy_steps(r, ids, positions, slots)
+        # logits are not kept: a multi-step pass returns tokens only (greedy, target-only)
+        self.graphs[(bs, 1, ("steps", n), r.capture_layers)] = _Graph(g, ids, positions, slots, None, tokens)
+
+    def replay_steps(self, bs: int, n: int, passes, last: torch.Tensor) -> torch.Tensor:
+        """Replay the n-step graph for n prepared, planned single-token passes; -> tokens [n, bs] (a view of
+        the graph's output buffer)."""
+        g = self.graphs[(bs, 1, ("steps", n), self.runner.capture_layers)]
+        g.ids[: last.shape[0]].copy_(last)
+        torch.stack([p.positions for p in passes], out=g.positions)
+        torch.stack([p.slots for p in passes], out=g.slots)
+        g.graph.replay()
+        return g.tokens
 
     def replay(self, bs: int, q: int, slot: int, p, input_ids: torch.Tensor,
-               features: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+               features: torch.Tensor | None = None):
         """Copy the pass's inputs into the graph's buffers and replay; returns ([bs * q, vocab] logits,
-        [bs * q, F'] aux or None), views of the graph's output buffers: consume them before the next replay
-        of the same graph."""
+        [bs * q, F'] aux or None, [bs * q] argmax tokens), views of the graph's output buffers: consume them
+        before the next replay of the same graph."""
         g = self.graphs[(bs, q, slot, self.runner.capture_layers)]
         g.ids[: input_ids.shape[0]].copy_(input_ids)
         if features is not None:
@@ -115,4 +170,4 @@ class GraphCache:
         g.positions.copy_(p.positions)
         g.slots.copy_(p.slots)
         g.graph.replay()
-        return g.logits, g.aux
+        return g.logits, g.aux, g.tokens

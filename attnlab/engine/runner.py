@@ -14,8 +14,10 @@ import torch
 
 from attnlab.backends.base import AttentionBackend, AttnMeta, Mode
 from attnlab.backends.context import AttnContext
+from attnlab.engine.staging import HostStaging
 from attnlab.errors import PromptTooLong
-from attnlab.kvcache import KVPool, PageAllocator, build_layout, pages_needed, slot_mapping
+from attnlab.kvcache import KVPool, PageAllocator, PagedLayout, pages_needed, slot_mapping
+from attnlab.kvcache.layout import layout_lists
 
 
 @dataclass
@@ -61,6 +63,14 @@ class ModelRunner:
         # features, or a draft head's pre-norm output; None when the model left none. A view of a graph's
         # static buffer after a replay: read it before the next replay of that graph.
         self.aux: torch.Tensor | None = None
+        # engine.decode_steps_per_sync: greedy target-only decode runs this many steps per launch and host
+        # sync (engine/multistep.py); capture_graphs also captures that multi-step graph when > 1.
+        self.decode_steps_per_sync = 1
+        # Graphs captured while True compute the argmax of their logits (forward_greedy reads it); False: the
+        # previous path, an argmax launched after the replay (bench.e2e's "legacy" host path).
+        self.graph_argmax = True
+        # Every pass's int metadata goes to the device in one pinned copy (engine/staging.py).
+        self.staging = HostStaging(self.device)
 
     def kv_len(self, req: Hashable) -> int:
         return self.allocator.lengths.get(req, 0)
@@ -73,6 +83,23 @@ class ModelRunner:
         Positions ``starts[i] .. starts[i] + q_lens[i] - 1`` get new K/V; earlier positions must already be
         in the pool. Allocation only grows a request (a multi-step draft prepares all steps up front).
         """
+        segments, finish = self._host_pass(reqs, starts, q_lens, mode, custom_mask, pad_to, pad_q_len)
+        return finish(self.staging.stage(segments))
+
+    def prepare_steps(self, reqs: Sequence[Hashable], starts: Sequence[int], n: int) -> list[Pass]:
+        """``n`` single-token decode passes, step j feeding position ``starts[i] + j`` of request i (a multi-step
+        draft, a multi-step decode): ``prepare`` each, their metadata staged together in one copy."""
+        if n < 1:
+            return []
+        parts = [self._host_pass(reqs, [s + j for s in starts], [1] * len(reqs), Mode.DECODE)
+                 for j in range(n)]
+        views = self.staging.stage([seg for segments, _ in parts for seg in segments])
+        m = len(views) // n
+        return [finish(views[j * m:(j + 1) * m]) for j, (_, finish) in enumerate(parts)]
+
+    def _host_pass(self, reqs, starts, q_lens, mode, custom_mask=None, pad_to=None, pad_q_len=None):
+        """The host half of ``prepare``: allocation and the int lists -> (segments to stage, a function of
+        their device views that builds the Pass)."""
         ps = self.allocator.page_size
         ends = [s + q for s, q in zip(starts, q_lens)]
         for r, e in zip(reqs, ends):
@@ -107,11 +134,20 @@ class ModelRunner:
         qo = [0]
         for q in q_lens:
             qo.append(qo[-1] + q)
-        dev = self.device
-        t = lambda x, dt=torch.int64: torch.tensor(x, dtype=dt).to(dev, non_blocking=True)
-        meta = AttnMeta(mode=mode, qo_indptr=t(qo, torch.int32), layout=build_layout(tables, ends, ps, dev),
-                        q_lens=list(q_lens), kv_lens_host=ends, page_size=ps, custom_mask=custom_mask)
-        return Pass(list(reqs), meta, t(slots), t(positions), t(last_rows), uniform, padded)
+        # Staged in one packed host buffer and one non-blocking copy: the Pass's tensors are views of one
+        # device buffer (engine/staging.py).
+        indptr, indices, last = layout_lists(tables, ends, ps)
+        i32, i64 = torch.int32, torch.int64
+        segments = [(slots, i64), (positions, i64), (last_rows, i64), (qo, i32), (indptr, i32), (indices, i32),
+                    (last, i32), (ends, i32)]
+
+        def finish(views: list[torch.Tensor]) -> Pass:
+            slots_t, pos_t, last_t, qo_t, kv_indptr, kv_indices, kv_last, kv_lens = views
+            meta = AttnMeta(mode=mode, qo_indptr=qo_t, layout=PagedLayout(kv_indptr, kv_indices, kv_last, kv_lens),
+                            q_lens=list(q_lens), kv_lens_host=ends, page_size=ps, custom_mask=custom_mask)
+            return Pass(list(reqs), meta, slots_t, pos_t, last_t, uniform, padded)
+
+        return segments, finish
 
     def plan(self, p: Pass) -> None:
         self.backend.plan(p.meta)
@@ -137,12 +173,26 @@ class ModelRunner:
 
         features: [T, F] per-token inputs of a draft head (EAGLE); None for a plain decoder. After the call,
         ``self.aux`` holds the pass's auxiliary output for all T tokens (see __init__)."""
+        return self._forward(p, input_ids, rows, features)[0]
+
+    @torch.inference_mode()
+    def forward_greedy(self, p: Pass, input_ids: torch.Tensor, rows: torch.Tensor | None = None,
+                       features: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` plus the argmax of every returned logits row: (logits [R, vocab] fp32, tokens [R] int64).
+        Under a CUDA graph the argmax is part of the graph (no launch after the replay)."""
+        logits, tokens = self._forward(p, input_ids, rows, features)
+        return logits, tokens if tokens is not None else logits.argmax(dim=-1)
+
+    def _forward(self, p: Pass, input_ids: torch.Tensor, rows, features):
+        """-> (logits, argmax tokens of those rows when a graph computed them, else None)."""
         g = self.graphs
         n = input_ids.shape[0]
         if g is not None and p.padded_to is not None and g.has(p.padded_to, p.q_len, self._slot, features):
-            logits, aux = g.replay(p.padded_to, p.q_len, self._slot, p, input_ids, features)
+            logits, aux, tokens = g.replay(p.padded_to, p.q_len, self._slot, p, input_ids, features)
             self.aux = aux[:n] if aux is not None else None
-            return logits[rows] if rows is not None else logits[:n]
+            if tokens is None:
+                return logits[rows] if rows is not None else logits[:n], None
+            return (logits[rows], tokens[rows]) if rows is not None else (logits[:n], tokens[:n])
         ctx = AttnContext(self.backend, self.pool, p.slots, fused_ops=self.fused_ops, capture=self.capture_layers)
         if p.padded_to is not None and p.positions.shape[0] > n:  # padded, but no graph for this slot: eager
             pad = p.positions.shape[0] - n
@@ -154,7 +204,7 @@ class ModelRunner:
         self.aux = ctx.captured[:n] if ctx.captured is not None else None
         if rows is not None:
             hidden = hidden[rows]
-        return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden), None
 
     def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None, keep: bool = False,
                        feature_dim: int | None = None, first_slot: int = 0) -> int:
@@ -171,7 +221,16 @@ class ModelRunner:
             buckets.append(next((b for b in DEFAULT_BUCKETS if b >= self.max_batch), self.max_batch))
         if not (keep and self.graphs):
             self.graphs = GraphCache(self)
-        return self.graphs.capture(buckets, q_lens, range(first_slot, num_slots), feature_dim)
+        n = self.graphs.capture(buckets, q_lens, range(first_slot, num_slots), feature_dim)
+        if self.decode_steps_per_sync > 1 and 1 in q_lens and feature_dim is None:
+            n += self.graphs.capture_steps(buckets, self.decode_steps_per_sync)
+        return n
+
+    def decode_greedy_steps(self, reqs, starts, last: torch.Tensor, n: int) -> torch.Tensor:
+        """n greedy decode steps in one launch (see engine/multistep.py): -> tokens [B, n] int64."""
+        from attnlab.engine.multistep import decode_steps
+
+        return decode_steps(self, reqs, starts, last, n)
 
     def run(self, reqs, starts, q_lens, input_ids, mode: Mode, rows: str = "last") -> torch.Tensor:
         """prepare + plan + forward in one call. rows: "last" (one row per request) or "all"."""

@@ -46,6 +46,17 @@ def build_layout(
     device: torch.device | str = "cpu",
 ) -> PagedLayout:
     """Page tables (one per request, possibly longer than needed) -> indptr / indices / last_page_len."""
+    indptr, indices, last = layout_lists(page_tables, kv_lens, page_size)
+
+    def as_t(x: list[int]) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.int32).to(device, non_blocking=True)
+
+    return PagedLayout(as_t(indptr), as_t(indices), as_t(last), as_t(list(kv_lens)))
+
+
+def layout_lists(page_tables: Sequence[Sequence[int]], kv_lens: Sequence[int],
+                 page_size: int) -> tuple[list[int], list[int], list[int]]:
+    """The host values of ``build_layout``: (kv_indptr, kv_indices, kv_last_page_len) as lists."""
     if len(page_tables) != len(kv_lens):
         raise ValueError(f"{len(page_tables)} page tables for {len(kv_lens)} lengths")
     indptr = [0]
@@ -58,10 +69,7 @@ def build_layout(
         indices.extend(table[:need])
         indptr.append(len(indices))
         last.append(n - (need - 1) * page_size if need else 0)
-    def as_t(x: list[int]) -> torch.Tensor:
-        return torch.tensor(x, dtype=torch.int32).to(device, non_blocking=True)
-
-    return PagedLayout(as_t(indptr), as_t(indices), as_t(last), as_t(list(kv_lens)))
+    return indptr, indices, last
 
 
 def slot_mapping(page_table: Sequence[int], start: int, end: int, page_size: int) -> list[int]:

@@ -24,7 +24,11 @@ def accepted_prefix_len(accept: torch.Tensor) -> torch.Tensor:
 
 def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor):
     """Accept the longest prefix where the target's argmax equals the draft token."""
-    target_top = target_logits.argmax(dim=-1)  # [B, k + 1]
+    return greedy_accept_top(draft_tokens, target_logits.argmax(dim=-1))
+
+
+def greedy_accept_top(draft_tokens: torch.Tensor, target_top: torch.Tensor):
+    """``greedy_accept`` given the target's argmax tokens [B, k + 1] (computed inside a CUDA graph)."""
     k = draft_tokens.shape[1]
     n = accepted_prefix_len(target_top[:, :k] == draft_tokens)
     next_tok = target_top.gather(1, n[:, None]).squeeze(1)

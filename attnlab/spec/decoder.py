@@ -21,7 +21,7 @@ from attnlab.engine.runner import ModelRunner
 from attnlab.engine.sampler import SamplingParams, next_tokens, probs_from_logits
 from attnlab.engine.timers import PhaseTimer
 from attnlab.errors import ConfigError
-from attnlab.spec.acceptance import greedy_accept, rejection_accept
+from attnlab.spec.acceptance import greedy_accept_top, rejection_accept
 from attnlab.spec.drafters import Drafter
 from attnlab.spec.records import GenerateOutput, IterRecord, RequestOutput
 
@@ -115,26 +115,37 @@ class SpeculativeDecoder:
             draft, dprobs = drafter.propose(reqs, [seqs[r] for r in reqs], k, sp, self.gen)
 
             timer.mark("verify")
-            ids = torch.cat([last[:, None], draft], dim=1).reshape(-1)
-            p = tgt.prepare(reqs, [n - 1 for n in n_before], [k + 1] * len(reqs),
-                            Mode.VERIFY if k else Mode.DECODE)
-            tgt.plan(p)
-            logits = tgt.forward(p, ids).view(len(reqs), k + 1, -1)
-
-            timer.mark("accept")
-            if sp.greedy:
-                n_acc, nxt = greedy_accept(draft, logits)
+            steps = tgt.decode_steps_per_sync if (self.k == 0 and sp.greedy and not record_logits) else 1
+            if 1 < steps <= room + 1:  # target-only greedy: N steps per launch and sync (engine/multistep.py)
+                emitted = tgt.decode_greedy_steps(reqs, [n - 1 for n in n_before], last, steps)
+                n_acc, nxt = torch.full_like(last, steps - 1), emitted[:, -1]
+                host = torch.cat([emitted, n_acc[:, None]], dim=1).tolist()  # the one sync per N tokens
+                logits = None
             else:
-                tprobs = probs_from_logits(logits, sp)
-                if dprobs is None:  # deterministic drafter: q is one-hot on the proposed token
-                    dprobs = F.one_hot(draft, logits.shape[-1]).float()
-                n_acc, nxt = rejection_accept(draft, dprobs, tprobs, self.gen)
-            emitted = torch.cat([draft, draft.new_zeros(draft.shape[0], 1)], dim=1)
-            emitted.scatter_(1, n_acc[:, None], nxt[:, None])
+                ids = torch.cat([last[:, None], draft], dim=1).reshape(-1)
+                p = tgt.prepare(reqs, [n - 1 for n in n_before], [k + 1] * len(reqs),
+                                Mode.VERIFY if k else Mode.DECODE)
+                tgt.plan(p)
+                if sp.greedy:  # the argmax comes out of the verify graph
+                    logits, top = tgt.forward_greedy(p, ids)
+                    logits = logits.view(len(reqs), k + 1, -1)
+                else:
+                    logits = tgt.forward(p, ids).view(len(reqs), k + 1, -1)
 
-            timer.mark("draft_extend")  # EAGLE: the head reads what was accepted, before the sync
-            drafter.extend(reqs, n_before, k, emitted, n_acc, tgt)
-            host = torch.cat([emitted, n_acc[:, None]], dim=1).tolist()  # the iteration's one sync
+                timer.mark("accept")
+                if sp.greedy:
+                    n_acc, nxt = greedy_accept_top(draft, top.view(len(reqs), k + 1))
+                else:
+                    tprobs = probs_from_logits(logits, sp)
+                    if dprobs is None:  # deterministic drafter: q is one-hot on the proposed token
+                        dprobs = F.one_hot(draft, logits.shape[-1]).float()
+                    n_acc, nxt = rejection_accept(draft, dprobs, tprobs, self.gen)
+                emitted = torch.cat([draft, draft.new_zeros(draft.shape[0], 1)], dim=1)
+                emitted.scatter_(1, n_acc[:, None], nxt[:, None])
+
+                timer.mark("draft_extend")  # EAGLE: the head reads what was accepted, before the sync
+                drafter.extend(reqs, n_before, k, emitted, n_acc, tgt)
+                host = torch.cat([emitted, n_acc[:, None]], dim=1).tolist()  # the iteration's one sync
             if pending:
                 _fill_times(*pending)
 

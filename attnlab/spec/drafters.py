@@ -136,7 +136,7 @@ class ModelDrafter(Drafter):
         q0 = [len(c) for c in catch]
         # Prepare every pass first: step 0 catches up, steps 1..k-1 feed one draft token each.
         first = r.prepare(reqs, starts, q0, Mode.DECODE if max(q0) == 1 else Mode.VERIFY)
-        steps = [r.prepare(reqs, [n + j - 1 for n in ns], [1] * len(ns), Mode.DECODE) for j in range(1, k)]
+        steps = r.prepare_steps(reqs, ns, k - 1)  # step j feeds position n + j - 1; one metadata copy
         r.plan_steps(steps)
         r.plan(first)
         ids0 = torch.tensor([t for c in catch for t in c], dtype=torch.long).to(dev, non_blocking=True)

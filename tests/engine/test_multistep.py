@@ -1,0 +1,87 @@
+"""Multi-step greedy decode (engine.decode_steps_per_sync = N): the same tokens as one step per sync, one
+iteration (one host sync) per N tokens, EOS / max_new_tokens honoured, the KV past a stop freed. CPU, eager:
+the same step code the CUDA graph captures."""
+
+import pytest
+import torch
+
+from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
+from attnlab.spec.drafters import NoDrafter
+from tests.spec.tiny import prompts, runner, tiny_config, tiny_model
+
+CFG = tiny_config()
+MODEL = tiny_model(CFG, seed=0)
+
+
+def decode(n_steps, ps, max_new, eos=frozenset(), page_size=4, max_context=256, temperature=0.0):
+    r = runner(MODEL, CFG, page_size, max_context=max_context)
+    r.decode_steps_per_sync = n_steps
+    out = SpeculativeDecoder(r, NoDrafter("cpu"), SpecParams(0, temperature=temperature)).generate(ps, max_new, eos)
+    assert r.allocator.num_free == r.allocator.num_pages  # every page back, including those past a stop
+    assert r.staging.copies == 1 + len(out.iterations)  # the prefill's, then one per iteration (N passes)
+    return out
+
+
+@pytest.mark.parametrize("n_steps", [2, 3, 5])
+def test_same_tokens_as_one_step_per_sync(n_steps):
+    ps = prompts(4, CFG.vocab_size)
+    ref = decode(1, ps, 13)
+    out = decode(n_steps, ps, 13)
+    assert [o.output_ids for o in out.requests] == [o.output_ids for o in ref.requests]
+    assert all(len(o.output_ids) == 13 and o.finish_reason == "length" for o in out.requests)
+    # the first token comes from prefill, then ceil(12 / N) iterations of N steps (one sync each)
+    assert len(out.iterations) == -(-12 // n_steps)
+    assert all(it.accept_lens == [n_steps] * 4 for it in out.iterations)
+
+
+def test_stops_at_eos_inside_a_multi_step_launch():
+    ps = prompts(3, CFG.vocab_size)
+    ref = decode(1, ps, 20)
+    eos = ref.requests[0].output_ids[5]  # emitted mid-launch for N=4 (tokens 2..5 are the second launch)
+    ref = decode(1, ps, 20, {eos})
+    out = decode(4, ps, 20, {eos})
+    assert [o.output_ids for o in out.requests] == [o.output_ids for o in ref.requests]
+    r0 = out.requests[0]
+    assert r0.finish_reason == "eos" and r0.output_ids[-1] == eos and len(r0.output_ids) <= 6
+
+
+def test_falls_back_to_single_steps_near_max_context():
+    ps = [prompts(1, CFG.vocab_size)[0][:5], [1, 2]]
+    ref = decode(1, ps, 50, max_context=16)
+    out = decode(4, ps, 50, max_context=16)
+    assert [o.output_ids for o in out.requests] == [o.output_ids for o in ref.requests]
+    assert all(len(o.prompt_ids) + len(o.output_ids) == 16 and o.finish_reason == "context" for o in out.requests)
+
+
+def test_kv_after_multi_step_equals_single_step():
+    ps = prompts(2, CFG.vocab_size, seed=4)
+    kv = {}
+    for n in (1, 3):
+        r = runner(MODEL, CFG, page_size=4)
+        r.decode_steps_per_sync = n
+        dec = SpeculativeDecoder(r, NoDrafter("cpu"), SpecParams(0))
+        dec._release = lambda req, r=r, n=n: kv.setdefault(n, []).append(
+            (r.kv_len(req), r.pool.gather(0, r.allocator.page_tables[req], r.kv_len(req))[0].clone()))
+        dec.generate(ps, 10)
+    for (n1, k1), (n3, k3) in zip(kv[1], kv[3]):
+        # a finished request holds at least its committed tokens minus the last; up to N - 1 more past a stop
+        assert n3 >= n1
+        torch.testing.assert_close(k1, k3[:n1], rtol=1e-5, atol=1e-5)
+
+
+def test_sampling_keeps_one_step_per_sync():
+    ps = prompts(2, CFG.vocab_size)
+    out = decode(4, ps, 9, temperature=0.8)
+    assert len(out.iterations) == 8 and all(it.accept_lens == [1, 1] for it in out.iterations)
+
+
+def test_config_reaches_the_target_side_only():
+    from types import SimpleNamespace
+
+    from attnlab.sides import side_spec
+    from tests.test_config import _validate
+
+    plan = _validate("draft=self", "engine.decode_steps_per_sync=6")
+    work = SimpleNamespace(page_size=16, max_context=64, draft_layers=(0,))
+    assert side_spec(plan, work, "target", "torch").decode_steps_per_sync == 6
+    assert side_spec(plan, work, "draft", "torch").decode_steps_per_sync == 1
