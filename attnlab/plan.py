@@ -119,6 +119,8 @@ class ParityPlan:
     reference: str = "torch"
     reference_precision: str = "same"  # same | fp32
     max_prompts: int | None = None
+    near_tie_eps: float = 0.25  # resolved: a divergence whose gap is below it is a near-tie (nats)
+    noise_floor: bool = False  # target-only at batch 1 vs at workload.batch_size
 
 
 @dataclass(frozen=True)
