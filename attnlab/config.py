@@ -152,6 +152,11 @@ class EngineSchema:
     # Triton kernels for residual add + RMSNorm, RoPE, SiLU-mul and the KV store (attnlab/kernels/fused.py)
     # instead of 32 elementwise torch launches per layer; CUDA only. Parity reference sides always run unfused.
     fused_ops: bool = False
+    # The target side computes each token row with a reduction order fixed by the model shape and the row's
+    # context length, never by q_len, batch, padding or graph bucket, so greedy speculative output is bit-identical
+    # to target-only (docs/design.md, "Invariant mode"); any mismatch fails the run. Needs an invariant verify
+    # backend (triton), device=cuda, chains (spec.topk=1); implies fused ops on the target side.
+    invariant: bool = False
 
 
 @dataclass
@@ -308,6 +313,32 @@ def _check_model(prefix: str, m) -> None:
                           f"or drop {prefix}.path (random weights of another shape: +{prefix}.overrides.<field>=...)")
 
 
+def check_invariant(verify: str, options, *, device: str, topk: int) -> None:
+    """engine.invariant=true: the verify backend must declare an invariant mode (Capabilities.invariant), the
+    run must be on CUDA (the target's norms and elementwise ops are attnlab's fused Triton kernels) and draft
+    chains (a tree mask puts ancestors at tree slots: not one code path with decode). The draft side's backend
+    is free: proposals never change the target's output, only how fast it comes."""
+    from attnlab.backends.registry import backend_names, get_backend_class
+
+    _choice("verify.name", verify, backend_names())
+    try:
+        caps = get_backend_class(verify, options, "verify.options").capabilities()
+    except ConfigError:
+        raise
+    except AttnlabError:  # not importable here: check_backend names why
+        caps = None
+    if caps is not None and not caps.invariant:
+        why = {"flashinfer": "its verify runs the prefill kernel and decode another one",
+               "fa": "its verify and decode calls split the KV by a heuristic of the batch",
+               "hybrid": "requests route to two backends by context"}.get(verify, "it declares no invariant mode")
+        raise ConfigError(f"engine.invariant=true: verify={verify} cannot be invariant ({why}); use verify=triton "
+                          f"or engine.invariant=false")
+    if topk > 1:
+        raise ConfigError(f"engine.invariant=true: spec.topk={topk}: tree verify is not invariant; use spec.topk=1")
+    if device != "cuda":
+        raise ConfigError("engine.invariant=true runs Triton kernels (attention, fused norms) and needs device=cuda")
+
+
 def check_backend(side: str, name: str, *, device: str, dtype: str, kv_dtype: str, page_size: int,
                   max_context: int, topk: int, head_dim: int | None = None, options: dict | None = None,
                   options_field: str | None = None) -> None:
@@ -437,6 +468,9 @@ def validate(cfg: DictConfig) -> RunPlan:
         raise ConfigError("engine.fused_ops=true runs Triton kernels and needs device=cuda (use "
                           "engine.fused_ops=false on CPU)")
 
+    if cfg.engine.get("invariant", False):
+        check_invariant(cfg.verify.name, cfg.verify.get("options"), device=device, topk=s.topk)
+
     # Backend capabilities with what is known now; max_context is re-checked after tokenization.
     k = s.num_draft_tokens if d.kind != "none" else 0
     ctx = kv.max_context or (max(w.lengths) if w.kind == "synthetic" else 1) + w.max_new_tokens + k + 1
@@ -497,7 +531,7 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
                              float(p.near_tie_eps) if p.get("near_tie_eps") is not None
                              else default_near_tie_eps(precision["target"]),
                              p.enabled and p.tokens and bool(p.get("noise_floor", False))),
-        engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops)),
+        engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops), bool(cfg.engine.get("invariant", False))),
         bench=pl.BenchPlan(cfg.bench.repeats or (3 if device == "cuda" else 1), float(cfg.bench.noisy_ratio),
                            cfg.bench.cold),
         logger=pl.LoggerPlan(lg.kind, lg.project, lg.entity, lg.mode, lg.group, tuple(lg.tags)),

@@ -56,11 +56,12 @@ def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
 def _forward(runner, p, ids: torch.Tensor, recording: Recording | None) -> torch.Tensor:
     """runner.forward's eager path with a recording context; logits for every row of the pass (a graph
     replay computes the padded rows too)."""
-    ctx = RecordingContext(runner.backend, runner.pool, p.slots, fused_ops=runner.fused_ops, recording=recording)
+    ctx = RecordingContext(runner.backend, runner.pool, p.slots, fused_ops=runner.fused_ops,
+                           invariant=getattr(runner, "invariant", False), recording=recording)
     pad = p.positions.shape[0] - ids.shape[0]
     if pad > 0:
         ids = torch.cat([ids, ids.new_zeros(pad)])
-    return runner.model.compute_logits(runner.model(ids, p.positions, ctx))
+    return runner.logits(runner.model(ids, p.positions, ctx))
 
 
 @torch.inference_mode()

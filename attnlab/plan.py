@@ -127,6 +127,7 @@ class ParityPlan:
 class EnginePlan:
     cuda_graph: bool  # resolved: engine.cuda_graph, or a warmup plan that captures graphs
     fused_ops: bool = False
+    invariant: bool = False  # engine.invariant: the target side is invariant (fused, invariant verify backend)
 
 
 @dataclass(frozen=True)

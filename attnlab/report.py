@@ -21,7 +21,7 @@ from pathlib import Path
 
 FIXED_COLUMNS = ("draft/verify", "drafter", "precision", "page", "k", "graphs", "repeats", "tau", "tok/s",
                  "tok/s min-max", "ms/iter", "speedup", "speedup min-max", "TTFT p50 ms", "TPOT p50 ms", "peak mem",
-                 "logits err", "token match", "divergences", "noise floor", "status")
+                 "logits err", "token match", "divergences", "noise floor", "invariant", "status")
 COLUMNS = ("job", *FIXED_COLUMNS)  # + one column per varied override, after "job"
 
 
@@ -138,8 +138,16 @@ def job_row(job: dict) -> dict:
         "token match": _num(m.get("parity_token_match"), ".3f"),
         "divergences": _divergences(m),
         "noise floor": _num(m.get("parity_noise_floor_token_match"), ".3f"),
+        "invariant": _invariant(m),
         "status": st.get("status", "?") + (f": {st['error']}" if st.get("error") else ""),
     }
+
+
+def _invariant(m: dict) -> str:
+    """engine.invariant runs: "exact", or "BROKEN: n req." (the job failed); "-" elsewhere."""
+    if "invariant_exact" not in m or m["invariant_exact"] is None:
+        return "-"
+    return "exact" if m["invariant_exact"] else f"BROKEN: {m.get('invariant_mismatched_requests', '?')} req."
 
 
 def _divergences(m: dict) -> str:

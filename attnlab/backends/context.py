@@ -16,7 +16,8 @@ class AttnContext:
     """Per forward pass. slots: [num_tokens] int64 pool slots of the new tokens (-1 = skip).
 
     fused_ops: the layers run attnlab.kernels.fused and the K/V store is the Triton kernel (engine.fused_ops,
-    a property of the model side, not of the shared weights). capture: layer indices whose output (the
+    a property of the model side, not of the shared weights). invariant: the layers' GEMMs go through
+    attnlab.models.linear.invariant_linear (engine.invariant; the side is fused and its backend invariant). capture: layer indices whose output (the
     residual stream) the model concatenates into ``captured`` [num_tokens, len(capture) * hidden]; a draft
     head leaves its pre-norm output there instead.
     """
@@ -25,6 +26,7 @@ class AttnContext:
     pool: KVPool
     slots: torch.Tensor
     fused_ops: bool = False
+    invariant: bool = False
     capture: tuple[int, ...] | None = None
     captured: torch.Tensor | None = None
 

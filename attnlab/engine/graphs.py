@@ -87,8 +87,9 @@ class GraphCache:
         def forward():
             # The context is built inside the capture: its store index is derived from the static ``slots``
             # buffer by a captured kernel, so a replay with new slots stores where they say.
-            ctx = AttnContext(r.backend, r.pool, slots, fused_ops=r.fused_ops, capture=r.capture_layers)
-            logits = r.model.compute_logits(r.model(ids, positions, ctx, **extra))
+            ctx = AttnContext(r.backend, r.pool, slots, fused_ops=r.fused_ops, invariant=r.invariant,
+                              capture=r.capture_layers)
+            logits = r.logits(r.model(ids, positions, ctx, **extra))
             return logits, ctx.captured
 
         with torch.inference_mode():
