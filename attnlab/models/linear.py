@@ -9,6 +9,10 @@ k = 15 at batch 1 but is a measurement, not a guarantee (cuBLAS may pick another
 another GPU or another version). The row-invariant small-M Triton GEMM (``attnlab.kernels.gemm``, another
 branch) replaces it here when it lands: its rows do not depend on M by construction.
 
+On CPU (tests, the Triton interpreter) BLAS rows do round by M: the divergence locator names layer 0's qkv
+when a fp32 decode pass is compared with a q_len 5 verify pass through torch F.linear. There each row is its
+own GEMV (M = 1 whatever the pass), invariant by construction and slow, which CPU tests can afford.
+
 The layer is called as a module (``layer(x)``), not through its weight, so forward hooks (the divergence
 locator's ``attnlab.probe.Recorder``) see it; a replacement must keep that (call the kernel from a hook-
 visible place, or record it as the probe does the fused norms).
@@ -22,7 +26,13 @@ from torch import nn
 
 def invariant_linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """x [M, in] -> [M, out] through ``layer`` (nn.Linear / FP8Linear) with rows independent of M."""
-    return layer(x)
+    if x.device.type != "cpu" or x.shape[0] <= 1:
+        return layer(x)
+    out = torch.cat([layer.forward(x[i:i + 1]) for i in range(x.shape[0])])
+    for hook in layer._forward_hooks.values():  # as layer(x) would: the locator's recorder sees the whole output
+        res = hook(layer, (x,), out)
+        out = out if res is None else res
+    return out
 
 
 def project(layer: nn.Module, x: torch.Tensor, ctx) -> torch.Tensor:

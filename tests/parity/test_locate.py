@@ -57,6 +57,7 @@ def test_rowwise_passes_agree_to_the_bit_and_a_verify_only_change_is_named(monke
     verify = Passes(r, (k + 1,), label="verify")
     same = locate(decode, verify, SEQ, start, start + row)
     assert same["first"] is None, format_result(same)  # the premise: nothing differs by pass shape here
+    assert "bitwise identical: every op at every compared position" in format_result(same)
     assert all(e["equal"] for e in same["at_position"]) and len(same["positions"]) == row + 1
     # perturb one op on q_len > 1 passes only: layer 1's down projection
     down = r.model.layers[1].mlp.down_proj
@@ -137,3 +138,23 @@ def test_cli_on_a_run_folder(tmp_path):
     assert res["request"] == 1 and res["output_index"] == 3 and res["position"] == 12 + 3 - 1
     assert res["verify_row"] == verify_row(rows[1]["accept_lens"], 3)
     assert res["positions"][0] == res["position"] - res["verify_row"] and res["at_position"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_an_invariant_side_is_bitwise_identical_decode_vs_verify(dtype):
+    """engine.invariant's target side on CPU (the interpreter): the invariant triton kernel with a split of 16
+    tokens (two splits at these positions), the fused one-row-per-program ops, the GEMMs through
+    invariant_linear (on CPU one GEMV per row: through BLAS at M = 15 the locator names qkv instead). Decode at q_len 1 and one q_len 5 verify pass, at batch 1 and batch 3: no op differs."""
+    from attnlab.backends.triton import TritonBackend
+
+    cfg = tiny_config(layers=1)  # one layer: every op kind once, small enough for the interpreter
+    model = tiny_model(cfg, 0).to(dtype)
+    r = runner(model, cfg, backend="triton", max_context=128, fused_ops=True)
+    r.backend = TritonBackend(r.pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5, dtype,
+                              invariant=True, split_tokens=16)
+    r.invariant = True
+    start, k = 27, 4
+    res = locate(Passes(r, (1,) * (k + 1), label="decode"), Passes(r, (k + 1,), batch=3, label="verify"), SEQ,
+                 start, start + k)
+    assert res["first"] is None, format_result(res)
+    assert r.backend.active_plan.params.kind == "invariant"
