@@ -210,8 +210,15 @@ class TritonBackend(AttentionBackend):
                             mask_indptr=plan.mask_indptr, **common)
 
     def warmup(self, *, batch_sizes=(1,), q_lens=(1,), kv_lens=(1,), custom_mask: bool = False) -> list:
-        """Compile every kernel variant the given shapes will use (see attnlab.kernels.warmup)."""
+        """Compile every kernel variant the given shapes will use (see attnlab.kernels.warmup); an invariant
+        backend has one, whatever the shapes."""
         from attnlab.kernels.warmup import WarmupShape, warmup
+
+        if self.invariant:
+            from attnlab.kernels.invariant import warmup_invariant
+
+            return warmup_invariant(self.num_q_heads, self.num_kv_heads, self.head_dim, self.pool.page_size,
+                                    self.dtype, self.pool.dtype, self.device, self.split_tokens)
 
         shape = WarmupShape(self.num_q_heads, self.num_kv_heads, self.head_dim, self.pool.page_size,
                             self.dtype, self.pool.dtype, tuple(batch_sizes), tuple(q_lens), tuple(kv_lens),

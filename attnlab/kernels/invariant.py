@@ -209,3 +209,33 @@ def paged_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     )
     merge_ordered(out, o_part, lse_part)
     return out
+
+
+def warmup_invariant(num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, dtype: torch.dtype,
+                     kv_dtype: torch.dtype, device, split_tokens: int | None = None) -> list[dict]:
+    """Compile the invariant kernel and its merge (one variant per model shape: the split count is a runtime
+    value) by one launch on a tiny dummy pool; -> one record as attnlab.kernels.warmup's."""
+    import time
+
+    from attnlab.kernels.extend import query_blocks
+    from attnlab.kvcache import KVPool, build_layout
+
+    device = torch.device(device)
+    params = invariant_params(group=num_q_heads // num_kv_heads, head_dim=head_dim, max_kv_len=1,
+                              split_tokens=split_tokens)
+    pool = KVPool(1, 1, page_size, num_kv_heads, head_dim, kv_dtype, device)
+    layout = build_layout([[0]], [1], page_size, device)
+    k_cache = pool.layer(0)[0].view(-1, num_kv_heads, head_dim)
+    v_cache = pool.layer(0)[1].view(-1, num_kv_heads, head_dim)
+    q = torch.zeros(1, num_q_heads, head_dim, dtype=dtype, device=device)
+    as_t = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
+    reqs, starts = query_blocks([1], params.tokens_per_block)
+    t0 = time.perf_counter()
+    paged_invariant(q, k_cache, v_cache, torch.empty_like(q), as_t([0, 1]), layout.kv_indptr, layout.kv_indices,
+                    layout.kv_lens, as_t(reqs), as_t(starts), page_size=page_size, scale=head_dim ** -0.5,
+                    params=params, o_part=torch.empty(1, num_q_heads, 1, head_dim, dtype=torch.float32, device=device),
+                    lse_part=torch.empty(1, num_q_heads, 1, dtype=torch.float32, device=device),
+                    k_scale=pool.k_scale, v_scale=pool.v_scale)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return [{"params": params, "custom_mask": False, "example": (1, 1, 1), "seconds": time.perf_counter() - t0}]

@@ -137,6 +137,14 @@ def test_params_depend_on_the_shape_only():
     assert big.block_m == 128 and big.tokens_per_block == 1
 
 
+def test_warmup_compiles_the_invariant_kernel():
+    pool, _, _ = random_paged_case(kv_lens=[20], q_lens=[1], page_size=16, num_q_heads=HQ, num_kv_heads=HKV,
+                                   head_dim=D, dtype=torch.float32)
+    be = TritonBackend(pool, HQ, HKV, D, D ** -0.5, torch.float32, invariant=True, split_tokens=SPLIT)
+    (rec,) = be.warmup(batch_sizes=(1, 4), q_lens=(1, 5), kv_lens=(20, 4000))
+    assert rec["params"].kind == "invariant" and rec["params"].split_tokens == SPLIT
+
+
 def test_tree_masks_are_refused():
     from attnlab.errors import ConfigError
 
