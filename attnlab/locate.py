@@ -259,7 +259,15 @@ def locate_run(run: Path, overrides: list[str], request: int | None, divergence:
         b = Passes(target, (1,), b_size, pad(b_size), f"decode (q_len 1) at batch {b_size} on {desc}")
         return {**locate(a, b, seq, position, position), "request": i, "output_index": d}
     if against:
-        other = build(side_spec(plan, work, "target", against, name="against"), share_weights_with=target)
+        spec = side_spec(plan, work, "target", against, name="against")
+        if spec.invariant:  # an invariant run against a backend without the mode: that backend as it normally runs
+            from dataclasses import replace
+
+            from attnlab.backends.registry import get_backend_class
+
+            if not get_backend_class(against).capabilities().invariant:
+                spec = replace(spec, invariant=False)
+        other = build(spec, share_weights_with=target)
         a = Passes(target, (1,), b_size, pad(b_size), f"decode (q_len 1) at batch {b_size} on {desc}")
         b = Passes(other, (1,), b_size, pad(b_size), f"decode (q_len 1) at batch {b_size} on {against}")
         return {**locate(a, b, seq, position, position), "request": i, "output_index": d}
