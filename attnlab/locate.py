@@ -70,7 +70,7 @@ def record_passes(path: Passes, seq: list[int], start: int) -> list[Recording]:
     ``path.q_lens`` tokens each, recorded; the requests are released after."""
     r = path.runner
     reqs = [("locate", next(_IDS)) for _ in range(path.batch)]
-    ids = lambda a, b: torch.tensor(seq[a:b] * path.batch, dtype=torch.long, device=r.device)  # noqa: E731
+    ids = lambda a, b: torch.tensor(seq[a:b] * path.batch, dtype=torch.long, device=r.device)
     out = []
     try:
         with Recorder(r.model, r.fused_ops) as rec:
@@ -252,7 +252,7 @@ def locate_run(run: Path, overrides: list[str], request: int | None, divergence:
     b_size = batch or plan.workload.batch_size
     buckets = [x for x in DEFAULT_BUCKETS if x < plan.workload.batch_size]
     buckets.append(next((x for x in DEFAULT_BUCKETS if x >= plan.workload.batch_size), plan.workload.batch_size))
-    pad = (lambda n: bucket_for(n, buckets)) if plan.engine.cuda_graph else (lambda n: None)  # noqa: E731
+    pad = (lambda n: bucket_for(n, buckets)) if plan.engine.cuda_graph else (lambda n: None)
     desc = f"{plan.verify} {plan.precision.target}"
     if divergence == "noise_floor":
         a = Passes(target, (1,), 1, pad(1), f"decode (q_len 1) at batch 1 on {desc}")

@@ -82,8 +82,7 @@ def _batches_of(indices, batch_size: int, total: int) -> list[list[int]]:
 def _diagnose(logits, rerun: list[int], base: list[int], other: list[int], eps: float) -> dict | None:
     """The first divergence of ``other`` from ``base``, with the margin of ``logits`` [len(rerun), V] there
     (``rerun``: the tokens of the pass that recorded them, which must repeat ``base`` up to it)."""
-    from attnlab.metrics.parity import (divergence_entry, first_divergence, length_entry,
-                                        not_reproduced_entry)
+    from attnlab.metrics.parity import divergence_entry, first_divergence, length_entry, not_reproduced_entry
 
     d = first_divergence(other, base)
     if d is None:

@@ -83,7 +83,7 @@ class Recorder:
             self._put(op, layer, args[0] if what == "in" else out)
         return hook
 
-    def __enter__(self) -> Recorder:
+    def __enter__(self):  # -> this Recorder
         m, hook = self.model, self._hook
         mods = [(m.embed_tokens, "embed", None, "out"), (m.norm, "final_norm", None, "out"),
                 (m.lm_head, "logits", None, "out")]

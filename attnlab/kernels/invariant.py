@@ -152,12 +152,12 @@ def _merge_ordered_kernel(O, O_PART, LSE_PART, num_splits,
     lse_row = LSE_PART + t * stride_lt + h * stride_lh
     part_row = O_PART + t * stride_pt + h * stride_ph
     m = tl.full([BLOCK_D], float("-inf"), tl.float32)  # every lane holds the same value
-    for s in range(0, num_splits):
+    for s in range(num_splits):
         m = tl.maximum(m, tl.load(lse_row + s))
     m = tl.where(m == float("-inf"), 0.0, m)
     acc = tl.zeros([BLOCK_D], tl.float32)
     denom = tl.zeros([BLOCK_D], tl.float32)
-    for s in range(0, num_splits):  # in split order, one at a time: the same sums for any grid
+    for s in range(num_splits):  # in split order, one at a time: the same sums for any grid
         lse = tl.load(lse_row + s)
         w = tl.math.exp2(lse - m)
         o = tl.load(part_row + s * stride_ps + offs_d, mask=d_mask, other=0.0)
@@ -228,7 +228,7 @@ def warmup_invariant(num_q_heads: int, num_kv_heads: int, head_dim: int, page_si
     k_cache = pool.layer(0)[0].view(-1, num_kv_heads, head_dim)
     v_cache = pool.layer(0)[1].view(-1, num_kv_heads, head_dim)
     q = torch.zeros(1, num_q_heads, head_dim, dtype=dtype, device=device)
-    as_t = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
+    as_t = lambda x: torch.tensor(x, dtype=torch.int32, device=device)
     reqs, starts = query_blocks([1], params.tokens_per_block)
     t0 = time.perf_counter()
     paged_invariant(q, k_cache, v_cache, torch.empty_like(q), as_t([0, 1]), layout.kv_indptr, layout.kv_indices,

@@ -82,7 +82,7 @@ def test_divergences_are_explained_by_the_target_only_margin(monkeypatch, bug):
                             "parity.near_tie_eps=1e-3" if bug else "parity.near_tie_eps=100")
     margins = _target_only_margins(plan, work, pair)
     delta = margins[len(margins) // 3]  # a third of the positions are closer races than delta
-    verify = lambda p: p.meta.mode == Mode.VERIFY  # noqa: E731 - the spec run's passes, not target-only's
+    verify = lambda p: p.meta.mode == Mode.VERIFY
     if bug:  # verify passes favour one fixed token by a lot: the spec run emits it whatever the margins say
         def change(logits):
             logits[:, 5] += 1000.0
@@ -122,7 +122,7 @@ def test_reference_margins_come_from_the_reference_decode(monkeypatch):
                             "parity.kernel=false")
     _perturb(pair.target, monkeypatch, lambda p: p.meta.mode == Mode.VERIFY, _boost_runner_up(1.0))
     measured = measure(plan, work, pair)
-    parity, m, rows = run_parity(plan, work, pair, measured.spec[0], measured.base[0])
+    parity, m, _ = run_parity(plan, work, pair, measured.spec[0], measured.base[0])
     ref = parity["tokens"]["vs_reference"]
     assert ref["divergences"]["divergences"] == sum(d is not None for d in ref["first_divergence"]) >= 1
     assert m["parity_divergences_ref"] == ref["divergences"]["divergences"]
@@ -143,7 +143,7 @@ def test_noise_floor_batch_1_vs_batch_b(monkeypatch):
     assert m["parity_noise_floor_divergences"] == noise["divergences"]["divergences"]
     # batched decode passes favour each row's runner-up a little: batch 2 now differs from batch 1 at near-ties
     margins = _target_only_margins(plan, work, pair)
-    batched = lambda p: p.meta.mode == Mode.DECODE and len(p.reqs) > 1  # noqa: E731
+    batched = lambda p: p.meta.mode == Mode.DECODE and len(p.reqs) > 1
     _perturb(pair.target, monkeypatch, batched, _boost_runner_up(margins[len(margins) // 3]))
     measured = measure(plan, work, pair)
     parity, m, rows = run_parity(plan, work, pair, measured.spec[0], measured.base[0])

@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-from attnlab.backends.base import Mode
 from attnlab.backends.torch_ref import TorchBackend, reference_attention
 from attnlab.locate import Passes, format_result, locate, pick_request, verify_row
 from attnlab.probe import LAYER_OPS, Recorder
