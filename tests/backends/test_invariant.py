@@ -148,7 +148,7 @@ def test_warmup_compiles_the_invariant_kernel():
 def test_tree_masks_are_refused():
     from attnlab.errors import ConfigError
 
-    pool, meta, q = random_paged_case(kv_lens=[20], q_lens=[4], page_size=16, num_q_heads=HQ, num_kv_heads=HKV,
+    pool, meta, _ = random_paged_case(kv_lens=[20], q_lens=[4], page_size=16, num_q_heads=HQ, num_kv_heads=HKV,
                                       head_dim=D, dtype=torch.float32, tree_mask=True)
     be = TritonBackend(pool, HQ, HKV, D, D ** -0.5, torch.float32, invariant=True)
     with pytest.raises(ConfigError, match="tree"):
