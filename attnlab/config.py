@@ -143,6 +143,11 @@ class ParitySchema:
     reference: str = "torch"  # the oracle backend
     reference_precision: str = "same"  # same (isolates the backend) | fp32 (backend + precision)
     max_prompts: int | None = None  # reference passes on the first n prompts only (None = all)
+    # A divergence is a near-tie (rounding can explain it) when the other run's token trails the winner by less
+    # than this many nats in the logits that chose the winner; null = 2 ulps of the target dtype at a logit
+    # of 16 (bf16 0.25, fp16 1/32, fp32 2^-18: attnlab.metrics.parity.default_near_tie_eps says why)
+    near_tie_eps: float | None = None
+    noise_floor: bool = False  # target-only at batch 1 vs at workload.batch_size (an untimed pass; tokens level)
 
 
 @dataclass
@@ -158,6 +163,11 @@ class EngineSchema:
     # Target-only greedy decode: this many steps per launch and host sync (engine/multistep.py; one CUDA graph
     # of N steps with engine.cuda_graph). 1 = one step per sync, as the speculative loop's iterations.
     decode_steps_per_sync: int = 1
+    # The target side computes each token row with a reduction order fixed by the model shape and the row's
+    # context length, never by q_len, batch, padding or graph bucket, so greedy speculative output is bit-identical
+    # to target-only (docs/design.md, "Invariant mode"); any mismatch fails the run. Needs an invariant verify
+    # backend (triton), device=cuda, chains (spec.topk=1); implies fused ops on the target side.
+    invariant: bool = False
 
 
 @dataclass
@@ -321,6 +331,32 @@ def _check_model(prefix: str, m) -> None:
                           f"or drop {prefix}.path (random weights of another shape: +{prefix}.overrides.<field>=...)")
 
 
+def check_invariant(verify: str, options, *, device: str, topk: int) -> None:
+    """engine.invariant=true: the verify backend must declare an invariant mode (Capabilities.invariant), the
+    run must be on CUDA (the target's norms and elementwise ops are attnlab's fused Triton kernels) and draft
+    chains (a tree mask puts ancestors at tree slots: not one code path with decode). The draft side's backend
+    is free: proposals never change the target's output, only how fast it comes."""
+    from attnlab.backends.registry import backend_names, get_backend_class
+
+    _choice("verify.name", verify, backend_names())
+    try:
+        caps = get_backend_class(verify, options, "verify.options").capabilities()
+    except ConfigError:
+        raise
+    except AttnlabError:  # not importable here: check_backend names why
+        caps = None
+    if caps is not None and not caps.invariant:
+        why = {"flashinfer": "its verify runs the prefill kernel and decode another one",
+               "fa": "its verify and decode calls split the KV by a heuristic of the batch",
+               "hybrid": "requests route to two backends by context"}.get(verify, "it declares no invariant mode")
+        raise ConfigError(f"engine.invariant=true: verify={verify} cannot be invariant ({why}); use verify=triton "
+                          f"or engine.invariant=false")
+    if topk > 1:
+        raise ConfigError(f"engine.invariant=true: spec.topk={topk}: tree verify is not invariant; use spec.topk=1")
+    if device != "cuda":
+        raise ConfigError("engine.invariant=true runs Triton kernels (attention, fused norms) and needs device=cuda")
+
+
 def check_backend(side: str, name: str, *, device: str, dtype: str, kv_dtype: str, page_size: int,
                   max_context: int, topk: int, head_dim: int | None = None, options: dict | None = None,
                   options_field: str | None = None) -> None:
@@ -437,6 +473,10 @@ def validate(cfg: DictConfig) -> RunPlan:
     _choice("logger.kind", cfg.logger.kind, LOGGER_KINDS)
     _choice("logger.mode", cfg.logger.mode, WANDB_MODES)
     _choice("parity.reference_precision", cfg.parity.reference_precision, ("same", "fp32"))
+    eps = cfg.parity.get("near_tie_eps")
+    if eps is not None and not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+        raise ConfigError(f"parity.near_tie_eps={eps!r}: must be a number > 0 (nats) or null (by the target "
+                          f"dtype: bf16 0.25)")
     graphs = cfg.engine.cuda_graph or cfg.warmup.plan in ("graphs", "full")
     if graphs and device != "cuda":
         what = "engine.cuda_graph=true" if cfg.engine.cuda_graph else f"warmup={cfg.warmup.plan}"
@@ -457,6 +497,12 @@ def validate(cfg: DictConfig) -> RunPlan:
     if cfg.engine.fused_ops and device != "cuda":
         raise ConfigError("engine.fused_ops=true runs Triton kernels and needs device=cuda (use "
                           "engine.fused_ops=false on CPU)")
+
+    if cfg.engine.get("invariant", False):
+        check_invariant(cfg.verify.name, cfg.verify.get("options"), device=device, topk=s.topk)
+        if cfg.engine.gemm == "triton":  # two GEMM routes for one side: invariant_linear is the invariant one
+            raise ConfigError("engine.invariant=true routes every GEMM through invariant_linear; it does not combine "
+                              "with engine.gemm=triton yet (use engine.gemm=cublas)")
 
     # Backend capabilities with what is known now; max_context is re-checked after tokenization.
     k = s.num_draft_tokens if d.kind != "none" else 0
@@ -490,6 +536,7 @@ def validate(cfg: DictConfig) -> RunPlan:
 
 def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, graphs: bool) -> RunPlan:
     """The composed config + the values ``validate`` resolved, as a RunPlan (attnlab/plan.py)."""
+    from attnlab.metrics.parity import default_near_tie_eps
     from attnlab.spec.tree import check_tree_shape
 
     def source(m) -> pl.ModelSource:
@@ -514,9 +561,12 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
                                  w.ignore_eos, tuple(w.categories), w.path, w.name, w.split, tuple(w.lengths),
                                  w.field),
         parity=pl.ParityPlan(p.enabled, p.enabled and p.kernel, p.enabled and p.logits, p.enabled and p.tokens,
-                             p.enabled and p.acceptance, p.reference, p.reference_precision, p.max_prompts),
-        engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops), cfg.engine.gemm,
-                             cfg.engine.decode_steps_per_sync),
+                             p.enabled and p.acceptance, p.reference, p.reference_precision, p.max_prompts,
+                             float(p.near_tie_eps) if p.get("near_tie_eps") is not None
+                             else default_near_tie_eps(precision["target"]),
+                             p.enabled and p.tokens and bool(p.get("noise_floor", False))),
+        engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops), cfg.engine.gemm, cfg.engine.decode_steps_per_sync,
+                             bool(cfg.engine.get("invariant", False))),
         bench=pl.BenchPlan(cfg.bench.repeats or (3 if device == "cuda" else 1), float(cfg.bench.noisy_ratio),
                            cfg.bench.cold),
         logger=pl.LoggerPlan(lg.kind, lg.project, lg.entity, lg.mode, lg.group, tuple(lg.tags)),

@@ -130,6 +130,16 @@ def execute(plan: RunPlan, work: Prepared, run_dir: Path, logger, config: dict, 
         parity, extra, per_request = run_parity(plan, work, pair, measured.spec[0],
                                                 measured.base[0] if measured.base else None)
         m.update(extra)
+    check = None
+    if plan.engine.invariant:  # exact, not a rate: checked on every timed run, whatever parity.* says
+        from attnlab.metrics.invariance import invariance_check
+
+        check = invariance_check([[r.output_ids for r in o.requests] for o in measured.spec],
+                                 [r.output_ids for r in measured.base[0].requests] if measured.base else None,
+                                 plan.spec.temperature == 0, parity.get("noise_floor"))
+        parity["invariance"] = check
+        m["invariant_exact"] = check["exact"]
+        m["invariant_mismatched_requests"] = len({x["request"] for x in check.get("mismatched", ())})
     rows = request_rows(work.prompts, measured.spec[0].requests, work.decode_text, per_request)
     write_json(run_dir / "metrics.json", m)
     write_jsonl(run_dir / "requests.jsonl", rows)
@@ -142,6 +152,10 @@ def execute(plan: RunPlan, work: Prepared, run_dir: Path, logger, config: dict, 
              m["output_tokens_per_s"], _fmt(m.get("speedup_vs_target_only"), m.get("speedup_vs_target_only_min"),
                                             m.get("speedup_vs_target_only_max")),
              _fmt(m.get("parity_token_match")), " | NOISY" if m.get("noisy") else "")
+    if check is not None:  # after every output is written: the run folder shows what differed
+        from attnlab.metrics.invariance import raise_if_broken
+
+        raise_if_broken(check)
     return m
 
 

@@ -11,11 +11,22 @@ timed runs record no logits). What needs more than tokens runs here as its own p
   position is compared, also after a token divergence. Skipped (with a note) when the run's verify side is
   the reference: only the shapes of the passes would differ.
 - acceptance: the run's pair vs (reference, reference), same drafter, on the parity prompts.
+- divergences (greedy): for each request whose output differs from the run it is compared with, the margin
+  of that run's logits at the first divergence (attnlab.metrics.parity.divergence_entry), so that a rounding
+  flip at a near-tie is told from a bug. The logits read are the ones that *chose* the base run's token
+  there: for the timed target-only run, its own q_len-1 decode step at that position, in its own batch
+  (timed runs record nothing, so the batches holding a divergence are decoded again, untimed, with logits
+  recorded, and must repeat the timed tokens); for the reference, its decode records them as it runs. A
+  teacher-forced prefill would give other logits: another pass shape (q_len = the whole prefix) rounds
+  differently, the very effect being diagnosed.
+- noise floor (parity.noise_floor): target-only at batch 1 vs the timed target-only run at batch B, same
+  prompts and target runner: what batching alone changes.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from attnlab.config import compute_dtype
 from attnlab.plan import RunPlan
@@ -62,10 +73,71 @@ def reference_logits(runner, prompts: list[list[int]], outputs: list[list[int]],
     return out
 
 
+def _batches_of(indices, batch_size: int, total: int) -> list[list[int]]:
+    """The workload batches (prompt indices, as ``decode`` cut them from 0) that hold any of ``indices``."""
+    starts = sorted({i // batch_size * batch_size for i in indices})
+    return [list(range(s, min(s + batch_size, total))) for s in starts]
+
+
+def _diagnose(logits, rerun: list[int], base: list[int], other: list[int], eps: float) -> dict | None:
+    """The first divergence of ``other`` from ``base``, with the margin of ``logits`` [len(rerun), V] there
+    (``rerun``: the tokens of the pass that recorded them, which must repeat ``base`` up to it)."""
+    from attnlab.metrics.parity import divergence_entry, first_divergence, length_entry, not_reproduced_entry
+
+    d = first_divergence(other, base)
+    if d is None:
+        return None
+    if d >= len(base) or d >= len(other):
+        return length_entry(d)
+    j = first_divergence(rerun[: d + 1], base[: d + 1])
+    if j is not None:
+        return not_reproduced_entry(d, j)
+    return divergence_entry(logits[d], d, base[d], other[d], eps)
+
+
+def recorded_divergences(pair: Pair, plan: RunPlan, work: Prepared, batches: list[list[int]],
+                         against: dict[str, dict[int, list[int]]], desc: str,
+                         expect: list[list[int]] | None = None) -> tuple[dict[int, list[int]], dict[str, dict]]:
+    """Decode each batch (indices into work.prompts, one generate call each) through ``pair`` with k = 0 and
+    the target's logits recorded; for each query ``name -> {prompt index: another run's tokens}``, diagnose
+    that run's first divergence from this decode (or from ``expect[i]``, the timed run this decode repeats).
+    Logits are reduced batch by batch: at most one batch's [tokens, vocab] rows are held at a time.
+    -> ({index: tokens decoded}, {name: {index: entry}})."""
+    eps = plan.parity.near_tie_eps
+    ids: dict[int, list[int]] = {}
+    found: dict[str, dict] = {name: {} for name in against}
+    for batch in batches:
+        out = decode(pair, plan, work, [work.prompts[i] for i in batch], k=0, record_logits=True, desc=desc)
+        for i, r in zip(batch, out.requests):
+            ids[i] = list(r.output_ids)
+            base = expect[i] if expect is not None else ids[i]
+            for name, others in against.items():
+                if i in others:
+                    entry = _diagnose(r.logits, ids[i], base, others[i], eps)
+                    if entry is not None:
+                        found[name][i] = entry
+            r.logits = None
+    return ids, found
+
+
+def noise_floor_pass(plan: RunPlan, work: Prepared, pair: Pair, prompts, base_ids: list[list[int]]) -> tuple[dict, list]:
+    """Target-only at batch 1 vs the timed target-only run (batch workload.batch_size): -> (the level's
+    token parity, batch-1 tokens)."""
+    from attnlab.metrics.parity import token_parity
+
+    one = replace(plan, workload=replace(plan.workload, batch_size=1))
+    b1 = [r.output_ids for r in decode(pair.target_only(), one, work, prompts, k=0,
+                                       desc="noise floor (batch 1)").requests]
+    res = {"batch_sizes": [1, plan.workload.batch_size], **token_parity(b1, base_ids)}
+    if plan.workload.batch_size == 1:
+        res["note"] = "workload.batch_size=1: both runs are at batch 1, this is run-to-run repeatability"
+    return res, b1
+
+
 def run_parity(plan: RunPlan, work: Prepared, pair: Pair, spec_out, base_out) -> tuple[dict, dict, list[dict]]:
     """-> (parity.json, metrics.json keys, per-request rows). ``spec_out``/``base_out``: the first timed spec
     and target-only runs (``base_out`` None with draft=none)."""
-    from attnlab.metrics.parity import acceptance_parity, logits_parity, token_parity
+    from attnlab.metrics.parity import acceptance_parity, divergence_summary, logits_parity, token_parity
     from attnlab.metrics.perf import summarize
 
     par = plan.parity
@@ -88,19 +160,66 @@ def run_parity(plan: RunPlan, work: Prepared, pair: Pair, spec_out, base_out) ->
             ref_target = build(ref, share_weights_with=share)
         return ref_target
 
+    greedy = plan.spec.temperature == 0
+    # the timed target-only run: with draft=none the timed run itself is target-only decoding
+    base_all = [r.output_ids for r in (spec_out if none else base_out).requests]
     if par.tokens:
+        ref_found: dict = {}
         if none:
             vs_base = {"note": "draft=none: the run is target-only decoding; nothing to compare it with"}
         else:
-            vs_base = token_parity(run_ids, [r.output_ids for r in base_out.requests[:n]])
+            vs_base = token_parity(run_ids, base_all[:n])
         if same and none:
             vs_ref = {"note": "the run is target-only decoding with the reference backend and precision"}
         elif same:  # the timed target-only run used the reference backend at the reference precision
             vs_ref = {**vs_base, "reference_run": "the timed target-only run"}
+        else:  # the reference decode records its logits as it goes: its margins cost no extra pass
+            queries = {"ref": dict(enumerate(run_ids))} if greedy else {}
+            batches = _batches_of(range(n), plan.workload.batch_size, n)
+            ref_ids, ref_found = recorded_divergences(target_only(reference_target()), plan, work, batches,
+                                                      queries, "reference")
+            vs_ref = token_parity(run_ids, [ref_ids[i] for i in range(n)])
+        result["tokens"] = {"greedy": greedy, "vs_target_only": vs_base, "vs_reference": vs_ref}
+        noise = None
+        if par.noise_floor:
+            noise, b1_ids = noise_floor_pass(plan, work, pair, prompts, base_all[:n])
+            result["noise_floor"] = noise
+            m["parity_noise_floor_token_match"] = noise["match_rate"]
+        if not greedy:
+            for level in (vs_base, vs_ref, noise or {}):
+                if "match_rate" in level:
+                    level["divergences"] = {"note": "sampling (spec.temperature > 0): outputs are random, a "
+                                                    "mismatch is no divergence to explain"}
         else:
-            ref_out = decode(target_only(reference_target()), plan, work, prompts, k=0, desc="reference")
-            vs_ref = token_parity(run_ids, [r.output_ids for r in ref_out.requests])
-        result["tokens"] = {"greedy": plan.spec.temperature == 0, "vs_target_only": vs_base, "vs_reference": vs_ref}
+            # the timed target-only batches that hold a divergence, decoded again with their logits recorded
+            queries = {}
+            if not none:
+                queries["base"] = {i: run_ids[i] for i, d in enumerate(vs_base["first_divergence"]) if d is not None}
+            if noise is not None:
+                queries["noise"] = {i: b1_ids[i] for i, d in enumerate(noise["first_divergence"]) if d is not None}
+            wanted = set().union(*queries.values()) if queries else set()
+            batches = _batches_of(wanted, plan.workload.batch_size, len(work.prompts))
+            _, found = recorded_divergences(pair.target_only(), plan, work, batches, queries,
+                                            "target-only again (margins)", expect=base_all)
+            found["ref"] = found.get("base", {}) if same else ref_found.get("ref", {})
+            levels = [("base", vs_base, "vs_target_only", ""), ("ref", vs_ref, "vs_reference", "_ref")]
+            if noise is not None:
+                levels.append(("noise", noise, "noise_floor", "_noise_floor"))
+            for name, level, row_key, suffix in levels:
+                if "match_rate" not in level:
+                    continue
+                summary = divergence_summary([found.get(name, {}).get(i) for i in range(n)], par.near_tie_eps)
+                level["divergences"] = summary
+                if name == "noise":
+                    keys = ("parity_noise_floor_divergences", "parity_noise_floor_near_tie",
+                            "parity_noise_floor_unexplained")
+                else:
+                    keys = tuple(f"parity_divergences{x}{suffix}" for x in ("", "_near_tie", "_unexplained"))
+                m.update(zip(keys, (summary["divergences"], summary["near_tie"], summary["unexplained"])))
+                for i, e in enumerate(summary["per_request"]):
+                    if e is not None:
+                        per_request[i][f"divergence_{row_key}"] = e
+            m["parity_near_tie_eps"] = par.near_tie_eps
         for key, tp in (("first_divergence_vs_target_only", vs_base), ("first_divergence_vs_reference", vs_ref)):
             for i, d in enumerate(tp.get("first_divergence", ())):  # none where nothing was compared
                 per_request[i][key] = d

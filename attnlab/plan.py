@@ -120,6 +120,8 @@ class ParityPlan:
     reference: str = "torch"
     reference_precision: str = "same"  # same | fp32
     max_prompts: int | None = None
+    near_tie_eps: float = 0.25  # resolved: a divergence whose gap is below it is a near-tie (nats)
+    noise_floor: bool = False  # target-only at batch 1 vs at workload.batch_size
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ class EnginePlan:
     fused_ops: bool = False
     gemm: str = "cublas"  # cublas | triton (attnlab.models.gemm_path for passes of <= 16 tokens)
     decode_steps_per_sync: int = 1  # target-only greedy decode steps per launch and host sync
+    invariant: bool = False  # engine.invariant: the target side is invariant (fused, invariant verify backend)
 
 
 @dataclass(frozen=True)

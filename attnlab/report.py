@@ -3,7 +3,8 @@
 Finds every job folder (one holding status.json) under the given folder and prints one row per job: a column
 for each override the sweep varied (from .hydra/overrides.yaml), then the backend pair, drafter, precision,
 page size, k, repeats, tau, tok/s with its min-max over the repeats, ms per iteration, speedup with its
-min-max, TTFT and TPOT p50, peak memory, the logits error, the token match and the status. It writes
+min-max, TTFT and TPOT p50, peak memory, the logits error, the token match, the divergences vs target-only
+(how many at near-ties, how many unexplained), the noise floor's token match and the status. It writes
 report.md, throughput_tau.png (tok/s and tau, one bar per job) and accept_rate_pos.png (acceptance rate per
 draft position, one line per job) into the folder (or --out).
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 
 FIXED_COLUMNS = ("draft/verify", "drafter", "precision", "page", "k", "graphs", "repeats", "tau", "tok/s",
                  "tok/s min-max", "ms/iter", "speedup", "speedup min-max", "TTFT p50 ms", "TPOT p50 ms", "peak mem",
-                 "logits err", "token match", "status")
+                 "logits err", "token match", "divergences", "noise floor", "invariant", "status")
 COLUMNS = ("job", *FIXED_COLUMNS)  # + one column per varied override, after "job"
 
 
@@ -135,8 +136,26 @@ def job_row(job: dict) -> dict:
         "peak mem": _bytes(m.get("peak_mem_bytes")),
         "logits err": _num(m.get("parity_logits_max_abs_err"), ".1e"),
         "token match": _num(m.get("parity_token_match"), ".3f"),
+        "divergences": _divergences(m),
+        "noise floor": _num(m.get("parity_noise_floor_token_match"), ".3f"),
+        "invariant": _invariant(m),
         "status": st.get("status", "?") + (f": {st['error']}" if st.get("error") else ""),
     }
+
+
+def _invariant(m: dict) -> str:
+    """engine.invariant runs: "exact", or "BROKEN: n req." (the job failed); "-" elsewhere."""
+    if "invariant_exact" not in m or m["invariant_exact"] is None:
+        return "-"
+    return "exact" if m["invariant_exact"] else f"BROKEN: {m.get('invariant_mismatched_requests', '?')} req."
+
+
+def _divergences(m: dict) -> str:
+    """"n: t tie, u unexpl." (requests diverging from target-only, at near-ties, not); "-" where not compared."""
+    n = m.get("parity_divergences")
+    if not isinstance(n, int):
+        return "-"
+    return f"{n}: {m.get('parity_divergences_near_tie', 0)} tie, {m.get('parity_divergences_unexplained', 0)} unexpl."
 
 
 def _layers(layers) -> str:

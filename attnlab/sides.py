@@ -38,10 +38,13 @@ def target_only(target) -> Pair:
 def side_spec(plan: RunPlan, work: Prepared, side: str, backend: str, *, graphs: bool = True,
               name: str | None = None) -> SideSpec:
     """The SideSpec of ``side`` ("target" | "draft") with ``backend``. ``graphs=False`` builds a parity
-    reference side: no CUDA graphs, never fused."""
+    reference side: no CUDA graphs, never fused, never invariant. engine.invariant makes the run's target side
+    invariant (and so fused); the draft side's proposals cannot change the target's output, so it stays as
+    configured."""
     p = plan.precision
     draft = side == "draft"
     fast = graphs and plan.engine.cuda_graph
+    invariant = graphs and not draft and plan.engine.invariant
     return SideSpec(
         model=plan.draft.model if draft and plan.draft.kind == "model" else plan.model,
         backend=backend,
@@ -51,7 +54,7 @@ def side_spec(plan: RunPlan, work: Prepared, side: str, backend: str, *, graphs:
         device=plan.device, name=name or side, num_pages=plan.kv.num_pages,
         layers=work.draft_layers if draft and plan.draft.kind == "self" else None,
         kv_scale=p.kv_scale, fp8_gemm=p.fp8_gemm, cuda_graph=fast, max_q_len=plan.k + 1 if fast else 16,
-        fused_ops=graphs and plan.engine.fused_ops,
+        fused_ops=graphs and plan.engine.fused_ops or invariant, invariant=invariant,
         gemm=plan.engine.gemm if graphs else "cublas",
         decode_steps_per_sync=1 if draft else plan.engine.decode_steps_per_sync,
         backend_options=plan.options_for(side, backend),

@@ -52,6 +52,9 @@ class Capabilities:
     custom_mask: bool = False  # tree verify
     cuda_graph: frozenset[Mode] = frozenset()
     notes: str = ""
+    # engine.invariant=true: built with invariant=True, a query row's attention output depends only on the
+    # model shape and its visible context length, never on q_len, batch, padding or graph bucket (docs/design.md)
+    invariant: bool = False
 
     def page_size_ok(self, page_size: int, max_context: int) -> bool:
         if self.page_sizes == "any":

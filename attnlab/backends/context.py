@@ -17,7 +17,9 @@ class AttnContext:
 
     fused_ops: the layers run attnlab.kernels.fused and the K/V store is the Triton kernel (engine.fused_ops,
     a property of the model side, not of the shared weights); the string "gemm" (engine.gemm=triton) also
-    runs the GEMMs of passes of <= 16 tokens on attnlab.kernels.gemm (attnlab.models.gemm_path). capture: layer indices whose output (the
+    runs the GEMMs of passes of <= 16 tokens on attnlab.kernels.gemm (attnlab.models.gemm_path). invariant: the
+    layers' GEMMs go through attnlab.models.linear.invariant_linear (engine.invariant; the side is fused and its
+    backend invariant). capture: layer indices whose output (the
     residual stream) the model concatenates into ``captured`` [num_tokens, len(capture) * hidden]; a draft
     head leaves its pre-norm output there instead.
     """
@@ -26,6 +28,7 @@ class AttnContext:
     pool: KVPool
     slots: torch.Tensor
     fused_ops: bool | str = False
+    invariant: bool = False
     capture: tuple[int, ...] | None = None
     captured: torch.Tensor | None = None
 

@@ -40,17 +40,27 @@ def _int32(t: torch.Tensor, device) -> torch.Tensor:
 
 class TritonBackend(AttentionBackend):
     name = "triton"
-    OPTIONS: ClassVar[dict[str, str]] = {"num_splits": "int >= 1: force the split-KV count of every pass (tuning); null = heuristic"}
+    OPTIONS: ClassVar[dict[str, str]] = {
+        "num_splits": "int >= 1: force the split-KV count of every pass (tuning); null = heuristic",
+        "split_tokens": "int >= 1: engine.invariant's fixed KV split size in tokens (rounded up to whole KV "
+                        "tiles); null = 256",
+    }
 
     @classmethod
     def check_options(cls, options: dict, field: str) -> None:
-        n = options.get("num_splits")
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ConfigError(f"{field}.num_splits={n!r}: must be an int >= 1 or null (heuristic)")
+        for key, what in (("num_splits", "heuristic"), ("split_tokens", "256")):
+            n = options.get(key)
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+                raise ConfigError(f"{field}.{key}={n!r}: must be an int >= 1 or null ({what})")
 
     def __init__(self, *args, num_splits: int | None = None, cuda_graph: bool = False,
-                 max_batch_size: int | None = None, max_q_len: int = 16, max_context: int | None = None, **kwargs):
+                 max_batch_size: int | None = None, max_q_len: int = 16, max_context: int | None = None,
+                 invariant: bool = False, split_tokens: int | None = None, **kwargs):
         """num_splits: force the split-KV count (tests, tuning); None = heuristic.
+
+        invariant (engine.invariant): every pass, prefill, decode and verify, runs attnlab.kernels.invariant
+        (fixed tiles, a fixed split size of ``split_tokens`` KV tokens, splits merged in order), so a row's
+        output is the same bits at any q_len, batch, padding or graph bucket; num_splits is then unused.
 
         cuda_graph: plans of uniform-q_len passes without a custom mask are graph-safe: for a given
         (slot, batch size, q_len) they reuse the same device buffers (rewritten in place) and the same
@@ -59,6 +69,8 @@ class TritonBackend(AttentionBackend):
         """
         super().__init__(*args, **kwargs)
         self.num_splits = num_splits
+        self.invariant = invariant
+        self.split_tokens = split_tokens
         self.cuda_graph = cuda_graph
         self.max_context = max_context or self.pool.capacity_tokens()
         self.max_q_len = max_q_len
@@ -80,7 +92,9 @@ class TritonBackend(AttentionBackend):
             custom_mask=True,
             cuda_graph=frozenset({Mode.DECODE, Mode.VERIFY}),
             notes="split-KV flash-decoding + GQA-packed extend kernel; fp8 KV dequantized after load "
-                  "(e4m3 needs sm_89+, e5m2 sm_80+); CPU only under TRITON_INTERPRET=1 (slow)",
+                  "(e4m3 needs sm_89+, e5m2 sm_80+); CPU only under TRITON_INTERPRET=1 (slow); "
+                  "invariant: one kernel for every pass (engine.invariant, causal masks only)",
+            invariant=True,
         )
 
     @classmethod
@@ -101,7 +115,8 @@ class TritonBackend(AttentionBackend):
             plan = self._plan_for(meta, meta.kv_lens_host)
         p = plan.params
         label = meta.mode.value + ("_tree" if meta.custom_mask is not None else "")
-        self._kernels[label] = (f"{p.kind} BLOCK_M={p.block_m} BLOCK_N={p.block_n} splits={p.num_splits} "
+        split = f"split_tokens={p.split_tokens} " if p.kind == "invariant" else ""
+        self._kernels[label] = (f"{p.kind} BLOCK_M={p.block_m} BLOCK_N={p.block_n} {split}splits={p.num_splits} "
                                 f"warps={p.num_warps} stages={p.num_stages}")
         return plan
 
@@ -135,13 +150,22 @@ class TritonBackend(AttentionBackend):
         lay = meta.layout
         has_mask = meta.custom_mask is not None
         sms = sm_count(dev.index or 0) if dev.type == "cuda" else sm_count()
-        params = plan_params(q_lens=meta.q_lens, kv_lens=kv_lens_for_params, num_kv_heads=self.num_kv_heads,
-                             group=self.num_q_heads // self.num_kv_heads, head_dim=self.head_dim,
-                             has_mask=has_mask, sms=sms, num_splits=self.num_splits)
+        group = self.num_q_heads // self.num_kv_heads
+        if self.invariant:
+            from attnlab.kernels.invariant import invariant_params
+
+            if has_mask:  # config refuses it; a direct caller gets the same one line
+                raise ConfigError("engine.invariant=true: tree (custom-mask) passes are not invariant (spec.topk=1)")
+            params = invariant_params(group=group, head_dim=self.head_dim, max_kv_len=max(kv_lens_for_params, default=0),
+                                      split_tokens=self.split_tokens)
+        else:
+            params = plan_params(q_lens=meta.q_lens, kv_lens=kv_lens_for_params, num_kv_heads=self.num_kv_heads,
+                                 group=group, head_dim=self.head_dim, has_mask=has_mask, sms=sms,
+                                 num_splits=self.num_splits)
         num_tokens = meta.num_tokens
         plan = TritonPlan(params, num_tokens, _int32(meta.qo_indptr, dev), _int32(lay.kv_indptr, dev),
                           _int32(lay.kv_indices, dev), _int32(lay.kv_lens, dev))
-        if params.kind == "extend":
+        if params.kind in ("extend", "invariant"):
             reqs, starts = query_blocks(meta.q_lens, params.tokens_per_block)
             plan.block_req = torch.tensor(reqs, dtype=torch.int32).to(dev, non_blocking=True)
             plan.block_qstart = torch.tensor(starts, dtype=torch.int32).to(dev, non_blocking=True)
@@ -152,7 +176,7 @@ class TritonBackend(AttentionBackend):
                     offs.append(off)
                     off += q_len * kv_len
                 plan.mask_indptr = torch.tensor(offs, dtype=torch.int64).to(dev, non_blocking=True)
-        if params.num_splits > 1:
+        if params.num_splits > 1 or params.kind == "invariant":  # the invariant kernel always merges
             plan.o_part = torch.empty(num_tokens, self.num_q_heads, params.num_splits, self.head_dim,
                                       dtype=torch.float32, device=dev)
             plan.lse_part = torch.empty(num_tokens, self.num_q_heads, params.num_splits, dtype=torch.float32,
@@ -171,6 +195,13 @@ class TritonBackend(AttentionBackend):
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         common = {"page_size": pool.page_size, "scale": self.scale, "params": plan.params, "k_scale": pool.k_scale,
                   "v_scale": pool.v_scale, "o_part": plan.o_part, "lse_part": plan.lse_part}
+        if plan.params.kind == "invariant":
+            from attnlab.kernels.invariant import paged_invariant
+
+            return paged_invariant(q, k_cache, v_cache, out, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
+                                   plan.kv_lens, plan.block_req, plan.block_qstart, page_size=pool.page_size,
+                                   scale=self.scale, params=plan.params, o_part=plan.o_part, lse_part=plan.lse_part,
+                                   k_scale=pool.k_scale, v_scale=pool.v_scale)
         if plan.params.kind == "decode":
             return paged_decode(q, k_cache, v_cache, out, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
                                 plan.kv_lens, **common)
@@ -179,8 +210,15 @@ class TritonBackend(AttentionBackend):
                             mask_indptr=plan.mask_indptr, **common)
 
     def warmup(self, *, batch_sizes=(1,), q_lens=(1,), kv_lens=(1,), custom_mask: bool = False) -> list:
-        """Compile every kernel variant the given shapes will use (see attnlab.kernels.warmup)."""
+        """Compile every kernel variant the given shapes will use (see attnlab.kernels.warmup); an invariant
+        backend has one, whatever the shapes."""
         from attnlab.kernels.warmup import WarmupShape, warmup
+
+        if self.invariant:
+            from attnlab.kernels.invariant import warmup_invariant
+
+            return warmup_invariant(self.num_q_heads, self.num_kv_heads, self.head_dim, self.pool.page_size,
+                                    self.dtype, self.pool.dtype, self.device, self.split_tokens)
 
         shape = WarmupShape(self.num_q_heads, self.num_kv_heads, self.head_dim, self.pool.page_size,
                             self.dtype, self.pool.dtype, tuple(batch_sizes), tuple(q_lens), tuple(kv_lens),

@@ -41,7 +41,9 @@ class SideSpec:
     batches up to ``max_batch`` and q_len up to ``max_q_len``. ``fused_ops``: the side's passes run
     attnlab.kernels.fused (engine.fused_ops, CUDA): a property of the side, so another side sharing the weights
     (a parity reference) still runs unfused. ``backend_options``: the side's ``backend.options`` /
-    ``verify.options`` (the backend's constructor options; None for a parity reference side).
+    ``verify.options`` (the backend's constructor options; None for a parity reference side). ``invariant``
+    (engine.invariant): the backend built with ``invariant=True`` (it must declare Capabilities.invariant), the
+    side fused, its GEMMs through attnlab.models.linear.invariant_linear.
     """
 
     model: ModelSource
@@ -61,6 +63,7 @@ class SideSpec:
     max_q_len: int = 16
     fused_ops: bool = False
     gemm: str = "cublas"  # triton: passes of <= 16 tokens on attnlab.models.gemm_path (implies fused_ops)
+    invariant: bool = False
     backend_options: Mapping | None = None
     decode_steps_per_sync: int = 1  # engine.decode_steps_per_sync (target-only greedy decode, multistep.py)
 
@@ -131,8 +134,25 @@ def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, pr
         graph_batch = next((b for b in DEFAULT_BUCKETS if b >= max_batch), max_batch)
         kw = {"cuda_graph": True, "max_batch_size": graph_batch, "max_q_len": spec.max_q_len,
               "max_context": max_context}
+    if spec.invariant:
+        check_invariant_side(spec, cls, mcfg)
+        kw["invariant"] = True
     be = cls(pool, mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim, mcfg.head_dim ** -0.5, wdtype, **kw)
     r = ModelRunner(model.eval(), mcfg, tok, pool, PageAllocator(pages, page_size), be, max_context, spec.name,
-                    max_batch=max_batch, fused_ops=fused_ops)
+                    max_batch=max_batch, fused_ops=fused_ops, invariant=spec.invariant)
     r.decode_steps_per_sync = spec.decode_steps_per_sync
     return r
+
+
+def check_invariant_side(spec: SideSpec, cls, mcfg) -> None:
+    """What engine.invariant needs of a side that only the built model can tell (config checked the rest)."""
+    if not cls.capabilities().invariant:
+        raise ConfigError(f"engine.invariant=true: backend {spec.backend!r} cannot be invariant; use triton")
+    if not spec.fused_ops:
+        raise ConfigError("engine.invariant=true: the invariant side runs the fused one-row-per-program kernels")
+    if spec.dtype == "fp8_e4m3":
+        raise ConfigError("engine.invariant=true: fp8 weights (torch._scaled_mm) are not measured row-invariant; "
+                          "use precision bf16/fp16/fp32")
+    if mcfg.qk_norm:  # Attention.forward_fused falls back to the unfused torch path for q/k norms
+        raise ConfigError("engine.invariant=true: models with q/k norms (Qwen3) run them as unfused torch ops, "
+                          "whose reductions are not row-invariant; not supported yet")

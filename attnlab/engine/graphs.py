@@ -97,8 +97,9 @@ class GraphCache:
         def forward():
             # The context is built inside the capture: its store index is derived from the static ``slots``
             # buffer by a captured kernel, so a replay with new slots stores where they say.
-            ctx = AttnContext(r.backend, r.pool, slots, fused_ops=r.fused_ops, capture=r.capture_layers)
-            logits = r.model.compute_logits(r.model(ids, positions, ctx, **extra))
+            ctx = AttnContext(r.backend, r.pool, slots, fused_ops=r.fused_ops, invariant=r.invariant,
+                              capture=r.capture_layers)
+            logits = r.logits(r.model(ids, positions, ctx, **extra))
             return logits, ctx.captured, logits.argmax(dim=-1) if r.graph_argmax else None
 
         with torch.inference_mode():

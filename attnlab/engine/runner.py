@@ -40,7 +40,7 @@ class Pass:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, model_config, tokenizer, pool: KVPool, allocator: PageAllocator,
                  backend: AttentionBackend, max_context: int, name: str = "target", max_batch: int = 1,
-                 fused_ops: bool = False):
+                 fused_ops: bool = False, invariant: bool = False):
         self.model = model
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -56,6 +56,9 @@ class ModelRunner:
         # engine.fused_ops for this side: its layers run attnlab.kernels.fused and the KV store joins them.
         # A side property, not the weights': a parity reference sharing the model still runs unfused.
         self.fused_ops = fused_ops
+        # engine.invariant for this side (the target): fused, an invariant backend, GEMMs and the LM head through
+        # attnlab.models.linear.invariant_linear; a row's logits do not depend on q_len, batch or padding.
+        self.invariant = invariant
         # Layers whose output stream every forward also returns in ``aux`` (an EAGLE drafter's features);
         # None = capture nothing. Set before capture_graphs: graphs hold what was set when captured.
         self.capture_layers: tuple[int, ...] | None = None
@@ -193,7 +196,8 @@ class ModelRunner:
             if tokens is None:
                 return logits[rows] if rows is not None else logits[:n], None
             return (logits[rows], tokens[rows]) if rows is not None else (logits[:n], tokens[:n])
-        ctx = AttnContext(self.backend, self.pool, p.slots, fused_ops=self.fused_ops, capture=self.capture_layers)
+        ctx = AttnContext(self.backend, self.pool, p.slots, fused_ops=self.fused_ops, invariant=self.invariant,
+                          capture=self.capture_layers)
         if p.padded_to is not None and p.positions.shape[0] > n:  # padded, but no graph for this slot: eager
             pad = p.positions.shape[0] - n
             input_ids = torch.cat([input_ids, input_ids.new_zeros(pad)])
@@ -204,7 +208,11 @@ class ModelRunner:
         self.aux = ctx.captured[:n] if ctx.captured is not None else None
         if rows is not None:
             hidden = hidden[rows]
-        return self.model.compute_logits(hidden), None
+        return self.logits(hidden), None
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head (through invariant_linear on an invariant side)."""
+        return self.model.compute_logits(hidden, invariant=True) if self.invariant else self.model.compute_logits(hidden)
 
     def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None, keep: bool = False,
                        feature_dim: int | None = None, first_slot: int = 0) -> int:

@@ -33,8 +33,10 @@ INTERPRETER_SM_COUNT = 2
 
 @dataclass(frozen=True)
 class LaunchParams:
-    """kind: "decode" | "extend". block_m: query rows per program (decode: the GQA group padded to
-    >= 16; extend: tokens_per_block * group padded); block_n: KV tokens per tile."""
+    """kind: "decode" | "extend" | "invariant" (attnlab.kernels.invariant). block_m: query rows per program
+    (decode: the GQA group padded to >= 16; extend: tokens_per_block * group padded); block_n: KV tokens per
+    tile; split_tokens: the invariant kernel's fixed split size in KV tokens (0 elsewhere: splits are
+    num_splits equal chunks of each request's KV)."""
 
     kind: str
     block_m: int
@@ -44,6 +46,7 @@ class LaunchParams:
     num_splits: int
     num_warps: int
     num_stages: int
+    split_tokens: int = 0
 
 
 def next_pow2(x: int) -> int:

@@ -84,3 +84,70 @@ def acceptance_parity(run: dict, ref: dict) -> dict:
         if key in ref:
             out[f"{key}_delta"] = run[key] - ref[key]
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# divergence diagnostics: is a token mismatch rounding at a near-tie, or something else?
+
+# Mantissa bits of each compute dtype (the LM head rounds every logit to it).
+_MANTISSA_BITS = {"bf16": 7, "fp16": 10, "fp32": 23}
+
+
+def default_near_tie_eps(dtype: str) -> float:
+    """parity.near_tie_eps=null: two ulps of the target's compute dtype at a logit of 16.
+
+    The LM head rounds every logit to the model dtype, and the top logits of chat LLMs lie around 15-30, where
+    one bf16 ulp is 0.125: two logits closer than 2 ulps (0.25 in bf16, 1/32 in fp16, 2^-18 in fp32) can swap
+    order after a single rounding difference upstream (a different reduction order in a GEMM or in attention).
+    A wrong kernel moves logits by whole units, far beyond it. The margin is a log-odds (nats): p1 / p2 =
+    exp(margin), so 0.25 is a 1.28 : 1 race between the two tokens."""
+    return 2.0 * 2.0 ** (4 - _MANTISSA_BITS.get(dtype, 7))
+
+
+def divergence_entry(logits: torch.Tensor, index: int, base_token: int, run_token: int, eps: float) -> dict:
+    """One divergence, seen from the run whose logits decided ``base_token`` at output ``index``.
+
+    logits: [V] that run's logits there. margin: its top-1 minus top-2 logit; gap: its top-1 minus the
+    logit of ``run_token`` (the other run's choice), = margin when run_token is the runner-up, and the
+    quantity a rounding difference must bridge. near_tie: gap < eps (so also margin < eps)."""
+    row = logits.float()
+    vals, ids = row.topk(2)
+    top1, top2 = vals[0].item(), vals[1].item()
+    run_logit = row[run_token].item()
+    return {
+        "index": index, "base_token": base_token, "run_token": run_token,
+        "margin": top1 - top2, "gap": top1 - run_logit,
+        "top1_logit": top1, "top2_logit": top2, "top2_token": int(ids[1]) if int(ids[0]) == base_token else int(ids[0]),
+        "run_token_rank": int((row > run_logit).sum().item()) + 1,  # 1 = the winner, 2 = the runner-up
+        "base_is_argmax": row[base_token].item() == top1,
+        "near_tie": top1 - run_logit < eps,
+    }
+
+
+def length_entry(index: int) -> dict:
+    """Outputs equal up to where one of them stops: no token was chosen differently, so no margin."""
+    return {"index": index, "margin": None, "gap": None, "near_tie": False, "note": "one output ends here"}
+
+
+def not_reproduced_entry(index: int, rerun_divergence: int) -> dict:
+    """The untimed re-run of the base did not repeat the timed one up to the divergence: no margin to read."""
+    return {"index": index, "margin": None, "gap": None, "near_tie": False,
+            "note": f"the untimed re-run differed from the timed run at token {rerun_divergence} "
+                    f"(run-to-run nondeterminism): no margin"}
+
+
+def divergence_summary(entries: Sequence[dict | None], eps: float) -> dict:
+    """"n divergences, n at near-ties (gap < eps), n unexplained" over per-request entries (None = identical).
+
+    Unexplained: no rounding-size explanation, i.e. not a near-tie (a margin >= eps, or none could be read:
+    ``not_reproduced`` counts those whose base run did not repeat itself)."""
+    found = [e for e in entries if e is not None]
+    near = sum(bool(e.get("near_tie")) for e in found)
+    margins = [e["margin"] for e in found if e.get("margin") is not None]
+    return {
+        "divergences": len(found), "near_tie": near, "unexplained": len(found) - near,
+        "not_reproduced": sum("re-run" in e.get("note", "") for e in found),
+        "eps": eps, "margin_max": max(margins) if margins else None,
+        "summary": f"{len(found)} divergences, {near} at near-ties (margin < {eps:g}), {len(found) - near} unexplained",
+        "per_request": list(entries),
+    }

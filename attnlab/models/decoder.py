@@ -13,6 +13,8 @@ the residual stream after those layers back in ``ctx.captured`` (EAGLE-3 feature
 forward: no extra pass, no sync, CUDA-graph safe. ``fused_ops == "gemm"`` (``engine.gemm=triton``) runs passes of
 up to 16 tokens on attnlab's small-M GEMM with the norms, RoPE, SiLU-mul and residual adds fused into it
 (``attnlab.models.gemm_path``: about 5 kernels per layer); longer passes take the fused path above.
+A context with ``invariant`` (``engine.invariant``: the target
+side, always fused) runs the fused path's GEMMs and the LM head through ``attnlab.models.linear.invariant_linear``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import nn
 from attnlab.backends.context import AttnContext
 from attnlab.models import rope
 from attnlab.models.config import ModelConfig
+from attnlab.models.linear import invariant_linear, project
 
 
 class RMSNorm(nn.Module):
@@ -69,9 +72,10 @@ class Attention(nn.Module):
 
         if self.q_norm is not None:  # Qwen3's q/k norm sits between projection and RoPE: not fused
             return self.forward(x, cos, sin, ctx)
-        q, k, v = fused.rope_qk(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads, self.head_dim)
+        q, k, v = fused.rope_qk(project(self.qkv_proj, x, ctx), cos, sin, self.num_heads, self.num_kv_heads,
+                                self.head_dim)
         out = ctx.attend(self.layer_idx, q, k, v)
-        return self.o_proj(out.reshape(x.shape[0], self.q_size))
+        return project(self.o_proj, out.reshape(x.shape[0], self.q_size), ctx)
 
 
 class MLP(nn.Module):
@@ -85,10 +89,10 @@ class MLP(nn.Module):
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
-    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_fused(self, x: torch.Tensor, ctx=None) -> torch.Tensor:
         from attnlab.kernels import fused
 
-        return self.down_proj(fused.silu_mul(self.gate_up_proj(x), self.intermediate_size))
+        return project(self.down_proj, fused.silu_mul(project(self.gate_up_proj, x, ctx), self.intermediate_size), ctx)
 
 
 class DecoderLayer(nn.Module):
@@ -113,7 +117,7 @@ class DecoderLayer(nn.Module):
         x, residual = fused.add_rmsnorm(x, residual, norm1.weight, norm1.eps)
         x, residual = fused.add_rmsnorm(self.self_attn.forward_fused(x, cos, sin, ctx), residual, norm2.weight,
                                         norm2.eps)
-        return self.mlp.forward_fused(x), residual
+        return self.mlp.forward_fused(x, ctx), residual
 
 
 class Decoder(nn.Module):
@@ -188,6 +192,7 @@ class Decoder(nn.Module):
             ctx.captured = torch.cat(feats, dim=-1)
         return out
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] -> logits [N, vocab] fp32 (matmul in the model dtype, as HF)."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, vocab] fp32 (matmul in the model dtype, as HF); ``invariant``: the
+        LM head through ``invariant_linear`` (engine.invariant)."""
+        return (invariant_linear(self.lm_head, hidden) if invariant else self.lm_head(hidden)).float()

@@ -1,0 +1,204 @@
+"""Divergence diagnostics (issue 18): each token mismatch vs target-only carries the target-only run's margin
+at the first divergence, so rounding at a near-tie is told from a bug; the noise floor (batch 1 vs batch B).
+
+Near-ties are constructed: the verify passes of the run's target boost each row's runner-up token by delta, so
+the speculative output flips exactly where the target-only margin is below delta (a rounding-sized change),
+while a "bug" (a large bias on one token) flips far from any tie."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.backends.base import Mode
+from attnlab.measure import measure
+from attnlab.metrics.parity import default_near_tie_eps, divergence_entry, divergence_summary
+from attnlab.parity_pass import _diagnose, run_parity
+from attnlab.sides import decode
+from tests.test_measure import _job
+
+
+def test_default_eps_is_two_ulps_at_a_logit_of_16():
+    assert default_near_tie_eps("bf16") == 0.25
+    assert default_near_tie_eps("fp16") == 1 / 32
+    assert default_near_tie_eps("fp32") == 2.0 ** -18
+    one_ulp_at_16 = torch.tensor(16.0, dtype=torch.bfloat16).float().nextafter(torch.tensor(32.0))
+    assert float(torch.tensor(16.125).to(torch.bfloat16)) == 16.125  # 16 + one bf16 ulp is representable
+    assert float(one_ulp_at_16.to(torch.bfloat16)) in (16.0, 16.125)
+
+
+def test_entry_reads_margin_gap_and_rank():
+    row = torch.tensor([1.0, 5.0, 4.9, 3.0])  # winner 1, runner-up 2 (margin 0.1), token 3 trails by 2
+    e = divergence_entry(row, 7, base_token=1, run_token=2, eps=0.25)
+    assert e["index"] == 7 and e["margin"] == pytest.approx(0.1) and e["gap"] == pytest.approx(0.1)
+    assert (e["run_token_rank"], e["top2_token"], e["near_tie"], e["base_is_argmax"]) == (2, 2, True, True)
+    far = divergence_entry(row, 7, base_token=1, run_token=3, eps=0.25)  # the top-2 race is close, token 3 is not
+    assert far["margin"] == pytest.approx(0.1) and far["gap"] == pytest.approx(2.0)
+    assert far["run_token_rank"] == 3 and not far["near_tie"]
+    s = divergence_summary([None, e, far, None], 0.25)
+    assert (s["divergences"], s["near_tie"], s["unexplained"]) == (2, 1, 1)
+    assert s["summary"] == "2 divergences, 1 at near-ties (margin < 0.25), 1 unexplained"
+    assert s["per_request"][0] is None and s["per_request"][1]["index"] == 7
+
+
+def test_diagnose_needs_the_rerun_to_repeat_the_base():
+    logits = torch.zeros(4, 5)
+    logits[2, 3], logits[2, 4] = 2.0, 1.9
+    ok = _diagnose(logits, [0, 1, 3, 0], [0, 1, 3, 0], [0, 1, 4, 4], eps=0.25)
+    assert ok["index"] == 2 and ok["near_tie"] and ok["margin"] == pytest.approx(0.1)
+    moved = _diagnose(logits, [0, 2, 3, 0], [0, 1, 3, 0], [0, 1, 4, 4], eps=0.25)  # re-run differs at token 1
+    assert moved["margin"] is None and "re-run" in moved["note"] and not moved["near_tie"]
+    assert _diagnose(logits, [0, 1, 3], [0, 1, 3], [0, 1, 3], eps=0.25) is None
+    assert divergence_summary([moved], 0.25)["not_reproduced"] == 1
+
+
+def _perturb(runner, monkeypatch, when, change):
+    """Wrap ``runner._forward`` (under both ``forward`` and ``forward_greedy``): ``change(logits)`` on the passes
+    where ``when(p)`` holds; their argmax tokens are then recomputed from the changed logits (tokens None)."""
+    real = runner._forward
+
+    def _forward(p, input_ids, rows, features):
+        logits, tokens = real(p, input_ids, rows, features)
+        return (change(logits.clone()), None) if when(p) else (logits, tokens)
+
+    monkeypatch.setattr(runner, "_forward", _forward)
+
+
+def _boost_runner_up(delta):
+    def change(logits):
+        second = logits.topk(2, dim=-1).indices[:, 1:]
+        return logits.scatter_add(1, second, torch.full_like(second, delta, dtype=logits.dtype))
+    return change
+
+
+def _target_only_margins(plan, work, pair) -> list[float]:
+    out = decode(pair.target_only(), plan, work, list(work.prompts), k=0, record_logits=True)
+    vals = torch.cat([r.logits for r in out.requests]).topk(2, dim=-1).values
+    return sorted((vals[:, 0] - vals[:, 1]).tolist())
+
+
+@pytest.mark.parametrize("bug", [False, True], ids=["near_tie", "bug"])
+def test_divergences_are_explained_by_the_target_only_margin(monkeypatch, bug):
+    plan, work, pair = _job("parity.logits=false", "parity.kernel=false",
+                            "parity.near_tie_eps=1e-3" if bug else "parity.near_tie_eps=100")
+    margins = _target_only_margins(plan, work, pair)
+    delta = margins[len(margins) // 3]  # a third of the positions are closer races than delta
+    verify = lambda p: p.meta.mode == Mode.VERIFY
+    if bug:  # verify passes favour one fixed token by a lot: the spec run emits it whatever the margins say
+        def change(logits):
+            logits[:, 5] += 1000.0
+            return logits
+        _perturb(pair.target, monkeypatch, verify, change)
+    else:
+        _perturb(pair.target, monkeypatch, verify, _boost_runner_up(delta))
+    measured = measure(plan, work, pair)
+    parity, m, rows = run_parity(plan, work, pair, measured.spec[0], measured.base[0])
+    div = parity["tokens"]["vs_target_only"]["divergences"]
+    firsts = parity["tokens"]["vs_target_only"]["first_divergence"]
+    assert div["divergences"] == sum(d is not None for d in firsts) >= 2
+    assert m["parity_divergences"] == div["divergences"] and m["parity_near_tie_eps"] == plan.parity.near_tie_eps
+    entries = [e for e in div["per_request"] if e is not None]
+    assert [e["index"] for e in entries] == [d for d in firsts if d is not None]
+    base = [r.output_ids for r in measured.base[0].requests]
+    for i, e in enumerate(div["per_request"]):
+        if e is None:
+            continue
+        assert rows[i]["divergence_vs_target_only"] == e and e["base_token"] == base[i][e["index"]]
+        assert e["base_is_argmax"] and e["margin"] <= e["gap"]
+        if bug:
+            assert e["run_token"] == 5 and e["gap"] >= 1e-3 and not e["near_tie"]
+        else:  # the flip happened at a race closer than delta, to the runner-up (fp32: verify = decode to ~1e-5)
+            assert e["run_token_rank"] == 2 and e["gap"] == e["margin"] < delta + 1e-4 and e["near_tie"]
+    if bug:
+        assert (m["parity_divergences_near_tie"], m["parity_divergences_unexplained"]) == (0, div["divergences"])
+    else:
+        assert (m["parity_divergences_near_tie"], m["parity_divergences_unexplained"]) == (div["divergences"], 0)
+    # torch fp32 is the reference: vs_reference is the same comparison, with the same diagnosis
+    assert parity["tokens"]["vs_reference"]["divergences"]["per_request"] == div["per_request"]
+
+
+def test_reference_margins_come_from_the_reference_decode(monkeypatch):
+    """bf16 run vs the fp32 reference: the reference decode records its own logits (no extra pass)."""
+    plan, work, pair = _job("precision=bf16", "parity.reference_precision=fp32", "parity.logits=false",
+                            "parity.kernel=false")
+    _perturb(pair.target, monkeypatch, lambda p: p.meta.mode == Mode.VERIFY, _boost_runner_up(1.0))
+    measured = measure(plan, work, pair)
+    parity, m, _ = run_parity(plan, work, pair, measured.spec[0], measured.base[0])
+    ref = parity["tokens"]["vs_reference"]
+    assert ref["divergences"]["divergences"] == sum(d is not None for d in ref["first_divergence"]) >= 1
+    assert m["parity_divergences_ref"] == ref["divergences"]["divergences"]
+    assert plan.parity.near_tie_eps == 0.25  # bf16 target: the default
+    for e in ref["divergences"]["per_request"]:
+        if e is not None and e.get("margin") is not None:
+            assert e["base_is_argmax"] and e["gap"] >= e["margin"] >= 0
+
+
+def test_noise_floor_batch_1_vs_batch_b(monkeypatch):
+    plan, work, pair = _job("parity.noise_floor=true", "parity.logits=false", "parity.kernel=false",
+                            "parity.near_tie_eps=100")
+    measured = measure(plan, work, pair)
+    parity, m, _ = run_parity(plan, work, pair, measured.spec[0], measured.base[0])
+    noise = parity["noise_floor"]
+    assert noise["batch_sizes"] == [1, 2] and noise["num_requests"] == 4
+    assert m["parity_noise_floor_token_match"] == noise["match_rate"]
+    assert m["parity_noise_floor_divergences"] == noise["divergences"]["divergences"]
+    # batched decode passes favour each row's runner-up a little: batch 2 now differs from batch 1 at near-ties
+    margins = _target_only_margins(plan, work, pair)
+    batched = lambda p: p.meta.mode == Mode.DECODE and len(p.reqs) > 1
+    _perturb(pair.target, monkeypatch, batched, _boost_runner_up(margins[len(margins) // 3]))
+    measured = measure(plan, work, pair)
+    parity, m, rows = run_parity(plan, work, pair, measured.spec[0], measured.base[0])
+    noise = parity["noise_floor"]
+    assert noise["match_rate"] < 1 and noise["divergences"]["divergences"] >= 1
+    assert m["parity_noise_floor_near_tie"] == noise["divergences"]["divergences"]  # eps 100: all near-ties
+    assert any("divergence_noise_floor" in r for r in rows)
+    off = _job()[0]
+    assert not off.parity.noise_floor
+
+
+def test_no_divergence_no_rerun(generate_calls_spy):
+    """fp32 on the torch backend: identical outputs, so no batch is decoded again."""
+    plan, work, pair = _job("parity.logits=false", "parity.kernel=false")
+    measured = measure(plan, work, pair)
+    generate_calls_spy.clear()
+    parity, m, _ = run_parity(plan, work, pair, measured.spec[0], measured.base[0])
+    assert parity["tokens"]["vs_target_only"]["divergences"]["divergences"] == 0 == m["parity_divergences"]
+    assert generate_calls_spy == []
+
+
+@pytest.fixture
+def generate_calls_spy(monkeypatch):
+    from attnlab.spec.decoder import SpeculativeDecoder
+
+    calls = []
+    real = SpeculativeDecoder.generate
+
+    def spy(self, prompts, *a, **kw):
+        calls.append(len(prompts))
+        return real(self, prompts, *a, **kw)
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", spy)
+    return calls
+
+
+def test_near_tie_eps_is_checked():
+    from attnlab.config import validate
+    from attnlab.errors import ConfigError
+    from tests.test_config import _compose
+    from tests.test_measure import TINY
+
+    with pytest.raises(ConfigError, match="parity.near_tie_eps"):
+        validate(_compose(*TINY, "parity.near_tie_eps=-1"))
+    assert validate(_compose(*TINY, "parity.near_tie_eps=0.5")).parity.near_tie_eps == 0.5
+    assert validate(_compose(*TINY)).parity.near_tie_eps == 2.0 ** -18  # fp32 on CPU
+
+
+def test_report_shows_divergences_and_noise_floor():
+    from attnlab.report import job_row
+
+    m = {"parity_divergences": 3, "parity_divergences_near_tie": 2, "parity_divergences_unexplained": 1,
+         "parity_noise_floor_token_match": 0.9876}
+    row = job_row({"name": "0", "config": {}, "metrics": m, "status": {"status": "complete"}})
+    assert (row["divergences"], row["noise floor"]) == ("3: 2 tie, 1 unexpl.", "0.988")
+    empty = job_row({"name": "0", "config": {}, "metrics": {}, "status": {}})
+    assert (empty["divergences"], empty["noise floor"]) == ("-", "-")
