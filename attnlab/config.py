@@ -380,8 +380,6 @@ def _check_lengths(w) -> None:
 def _check_arrivals(w) -> None:
     """workload.arrival with its rate / concurrency, warmup requests and SLOs."""
     _choice("workload.arrival", w.arrival, ARRIVALS)
-    if w.arrival != "batch":  # TEMP: the serving engine lands in the next commit
-        raise ConfigError(f"workload.arrival={w.arrival}: the serving engine is not wired in yet")
     if w.arrival == "poisson" and not (w.rate is not None and math.isfinite(w.rate) and w.rate > 0):
         raise ConfigError(f"workload.rate={w.rate}: arrival=poisson needs a finite rate > 0 (requests per second)")
     if w.rate is not None and w.arrival != "poisson":
