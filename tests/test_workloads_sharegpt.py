@@ -97,8 +97,8 @@ def test_missing_sharegpt_package_says_how_to_install(monkeypatch):
 def _recorded(**kw):
     from types import SimpleNamespace
 
-    base = dict(kind="sharegpt", num_prompts=5, max_new_tokens=60, min_len=4, max_prompt_len=1024,
-                max_total_len=2048)
+    base = {"kind": "sharegpt", "num_prompts": 5, "max_new_tokens": 60, "min_len": 4, "max_prompt_len": 1024,
+            "max_total_len": 2048}
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -113,7 +113,7 @@ def test_recorded_output_lengths_and_bench_serving_filters(tmp_path):
     cands = sharegpt.load_sharegpt(None, "train", str(write_sample(tmp_path / "s.json", 60)))
     assert len(cands) > 20 and all(p.answer for p in cands)  # None = the whole split, answers kept
     lens = [answer_tokens(tok, p.answer) for p in cands]
-    fill = lambda p: tokenize_prompts([p], tok, False)  # noqa: E731
+    fill = lambda p: tokenize_prompts([p], tok, False)
     kept, notes = select_by_length(list(cands), tok, fill, _recorded(max_new_tokens=60))
     assert [p.max_new_tokens for p in kept] == [min(n, 60) for n in lens[:5]]
     assert notes == {"prompts_skipped_too_short": 0, "prompts_skipped_too_long": 0}
