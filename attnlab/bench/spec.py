@@ -115,7 +115,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
     def spec_for(backend, batch, layers=None, name="target"):
         return SideSpec(model, backend, a.dtype, a.dtype, page_size=16, max_context=max_ctx, max_batch=batch,
                         device=str(dev), name=name, layers=tuple(layers) if layers else None, cuda_graph=graphs,
-                        max_q_len=kmax + 1)
+                        max_q_len=kmax + 1, fused_ops=a.fused_ops)
 
     def side(backend, batch, layers=None, name="target"):
         check_backend("verify" if name == "target" else "backend", backend, device=dev.type, dtype=a.dtype,
@@ -263,6 +263,8 @@ def parse(argv=None):
     ap.add_argument("--draft-layers", type=int, default=10)
     ap.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="attnlab eager (CUDA graphs are on)")
+    ap.add_argument("--fused-ops", action="store_true",
+                    help="attnlab layers through the fused Triton kernels (engine.fused_ops; CUDA only)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)
@@ -271,6 +273,8 @@ def parse(argv=None):
     a.drafters = [d for d in a.drafters.split(",") if d]
     a.dtype = a.dtype or ("bf16" if cuda else "fp32")
     a.repeats = a.repeats or (3 if cuda else 1)
+    if a.fused_ops and not cuda:
+        ap.error("--fused-ops needs --device cuda (the fused layer kernels are Triton kernels for the GPU)")
     try:
         a.ks = [int(k) for k in str(a.k).split(",") if k]
     except ValueError:
@@ -329,7 +333,7 @@ def run(a) -> dict:
             f"({a.weights} weights), {a.dtype}, k={','.join(map(str, a.ks))}, self-draft layers={a.draft_layers}, {len(prompts)} "
             f"{a.prompts} prompts x <= {a.new} new tokens, batch {','.join(map(str, a.batches))}, "
             f"{a.repeats} timed repeat(s) (tok/s: median, min-max), attnlab CUDA graphs "
-            f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}")
+            f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}, fused layer ops {'on' if a.fused_ops else 'off'}")
     lines = [head, ""] + table(rows)
     if not a.skip_hf:  # the two engines' target-only outputs (fp32: identical but for near-ties)
         hf_ref = rows[0].outputs

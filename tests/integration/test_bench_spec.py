@@ -48,3 +48,9 @@ def test_spec_bench_rejects_unknown_drafter():
     with pytest.raises(SystemExit) as e:
         spec.parse(["--device", "cpu", "--model", "tiny-llama", "--drafters", "medusa"])
     assert e.value.code == 2
+
+
+def test_spec_bench_refuses_fused_ops_off_cuda(capsys):
+    with pytest.raises(SystemExit) as e:
+        spec.parse(["--device", "cpu", "--model", "tiny-llama", "--fused-ops"])
+    assert e.value.code == 2 and "--fused-ops needs --device cuda" in capsys.readouterr().err
