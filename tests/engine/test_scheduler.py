@@ -38,8 +38,11 @@ def simulate(policy, *, n=1000, k=3, page_size=4, max_context=96, pages=(60, 45)
             arrived += 1
         if not s:
             continue
+        before = [(a.num_free, dict(a.lengths), {r: list(t) for r, t in a.page_tables.items()}) for a in allocs]
         d = s.schedule()
         steps += 1
+        # deciding only asks: no allocator changed (the engine allocates after, for what was decided)
+        assert before == [(a.num_free, dict(a.lengths), {r: list(t) for r, t in a.page_tables.items()}) for a in allocs]
         for r in d.preempt:  # the engine frees their KV on every side; their sequence stays
             for a in allocs:
                 a.free(r.id)
