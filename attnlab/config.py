@@ -28,6 +28,9 @@ LOGGER_KINDS = ("wandb", "jsonl", "none")
 WARMUP_PLANS = ("none", "jit", "graphs", "full")
 WANDB_MODES = ("offline", "online", "disabled")
 BENCH_COLD = ("inline", "process", "empty_caches")
+ARRIVALS = ("batch", "all_at_once", "poisson", "closed")
+OUTPUT_LENS = ("fixed", "recorded")
+KV_POLICIES = ("reserve", "preempt")
 
 
 @dataclass
@@ -119,6 +122,20 @@ class WorkloadSchema:
     name: str | None = None  # hf: hub dataset config name
     split: str = "train"  # hf: the dataset split; sharegpt: train | heldout | all (attnlab's fixed split)
     lengths: list[int] = field(default_factory=lambda: [512])  # synthetic: prompt lengths, cycled
+    # Output budget: fixed (max_new_tokens for every prompt) | recorded (the source's recorded answer length in
+    # tokens, capped at max_new_tokens: sharegpt, humaneval), with SGLang bench_serving's length filters (tokens)
+    output_len: str = "fixed"
+    min_len: int = 4  # recorded: skip a prompt or answer shorter than this
+    max_prompt_len: int = 1024  # recorded: skip a longer prompt
+    max_total_len: int = 2048  # recorded: skip when prompt + answer is longer
+    # Requests: batch (fixed batches of batch_size, each run to completion: the speculative loop alone) |
+    # all_at_once | poisson | closed (the serving engine: continuous batching, at most batch_size running)
+    arrival: str = "batch"
+    rate: float | None = None  # poisson: requests per second
+    concurrency: int | None = None  # closed: requests in the system (a new one as soon as one finishes)
+    warmup_requests: int = 0  # serving: the first n requests run but are left out of the statistics
+    slo_ttft_ms: float | None = None  # serving goodput: a request meets its SLO with TTFT <= this (null = any)
+    slo_tpot_ms: float | None = None  # ... and TPOT <= this (null = any)
     # hf: column with the prompt text (or a list of chat messages). Last: the name shadows dataclasses.field.
     field: str = "text"
 
@@ -168,6 +185,9 @@ class EngineSchema:
     # to target-only (docs/design.md, "Invariant mode"); any mismatch fails the run. Needs an invariant verify
     # backend (triton), device=cuda, chains (spec.topk=1); implies fused ops on the target side.
     invariant: bool = False
+    # serving (workload.arrival != batch): reserve (admit a request when every side can hold its whole budget;
+    # never preempts) | preempt (admit on its prompt and one iteration; preempt the newest and recompute it later)
+    kv_policy: str = "reserve"
 
 
 @dataclass
@@ -400,6 +420,42 @@ def check_backend(side: str, name: str, *, device: str, dtype: str, kv_dtype: st
         raise ConfigError(f"{side}={name} is unavailable here: {reason}")
 
 
+def _check_lengths(w) -> None:
+    """workload.output_len and its bench_serving filters."""
+    _choice("workload.output_len", w.output_len, OUTPUT_LENS)
+    if w.output_len == "recorded" and w.kind not in ("sharegpt", "humaneval"):
+        raise ConfigError(f"workload.output_len=recorded: workload={w.kind} records no answers (use sharegpt or "
+                          f"humaneval, or workload.output_len=fixed)")
+    for key in ("min_len", "max_prompt_len", "max_total_len"):
+        if getattr(w, key) < 1:
+            raise ConfigError(f"workload.{key}={getattr(w, key)}: must be >= 1")
+
+
+def _check_arrivals(w) -> None:
+    """workload.arrival with its rate / concurrency, warmup requests and SLOs."""
+    _choice("workload.arrival", w.arrival, ARRIVALS)
+    if w.arrival == "poisson" and not (w.rate is not None and math.isfinite(w.rate) and w.rate > 0):
+        raise ConfigError(f"workload.rate={w.rate}: arrival=poisson needs a finite rate > 0 (requests per second)")
+    if w.rate is not None and w.arrival != "poisson":
+        raise ConfigError(f"workload.rate={w.rate}: only arrival=poisson reads a rate (arrival={w.arrival}; "
+                          f"closed loops take workload.concurrency)")
+    if w.arrival == "closed" and (w.concurrency is None or w.concurrency < 1):
+        raise ConfigError(f"workload.concurrency={w.concurrency}: arrival=closed needs a concurrency >= 1")
+    if w.concurrency is not None and w.arrival != "closed":
+        raise ConfigError(f"workload.concurrency={w.concurrency}: only arrival=closed reads a concurrency "
+                          f"(arrival={w.arrival})")
+    if w.warmup_requests < 0 or (w.warmup_requests and w.warmup_requests >= w.num_prompts):
+        raise ConfigError(f"workload.warmup_requests={w.warmup_requests}: must be >= 0 and < workload.num_prompts="
+                          f"{w.num_prompts} (some requests must be measured)")
+    if w.warmup_requests and w.arrival == "batch":
+        raise ConfigError(f"workload.warmup_requests={w.warmup_requests}: for the serving arrivals only "
+                          f"(all_at_once, poisson, closed); arrival=batch warms up with warmup=jit|full")
+    for key in ("slo_ttft_ms", "slo_tpot_ms"):
+        v = getattr(w, key)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ConfigError(f"workload.{key}={v}: must be a number > 0 or null (no bound)")
+
+
 def validate(cfg: DictConfig) -> RunPlan:
     """Check the composed config and return it as a frozen, typed run plan (device, dtypes, k resolved).
 
@@ -466,6 +522,9 @@ def validate(cfg: DictConfig) -> RunPlan:
             raise ConfigError(f"workload.path={w.path!r}: no such file")
     if w.kind == "synthetic" and (not w.lengths or min(w.lengths) < 1):
         raise ConfigError(f"workload.lengths={list(w.lengths)}: need one or more prompt lengths >= 1")
+    _check_lengths(w)
+    _check_arrivals(w)
+    _choice("engine.kv_policy", cfg.engine.kv_policy, KV_POLICIES)
 
     _choice("warmup.plan", cfg.warmup.plan, WARMUP_PLANS)
     if cfg.warmup.plan != "none" and (not cfg.warmup.lengths or min(cfg.warmup.lengths) < 1):
@@ -559,14 +618,18 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
         warmup=pl.WarmupPlan(wu.plan, tuple(wu.lengths), wu.max_new_tokens),
         workload=pl.WorkloadPlan(w.kind, w.num_prompts, w.batch_size, w.max_new_tokens, w.chat_template,
                                  w.ignore_eos, tuple(w.categories), w.path, w.name, w.split, tuple(w.lengths),
-                                 w.field),
+                                 w.field, output_len=w.output_len, min_len=w.min_len,
+                                 max_prompt_len=w.max_prompt_len, max_total_len=w.max_total_len,
+                                 arrival=w.arrival, rate=w.rate, concurrency=w.concurrency,
+                                 warmup_requests=w.warmup_requests, slo_ttft_ms=w.slo_ttft_ms,
+                                 slo_tpot_ms=w.slo_tpot_ms),
         parity=pl.ParityPlan(p.enabled, p.enabled and p.kernel, p.enabled and p.logits, p.enabled and p.tokens,
                              p.enabled and p.acceptance, p.reference, p.reference_precision, p.max_prompts,
                              float(p.near_tie_eps) if p.get("near_tie_eps") is not None
                              else default_near_tie_eps(precision["target"]),
                              p.enabled and p.tokens and bool(p.get("noise_floor", False))),
         engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops), cfg.engine.gemm, cfg.engine.decode_steps_per_sync,
-                             bool(cfg.engine.get("invariant", False))),
+                             bool(cfg.engine.get("invariant", False)), cfg.engine.kv_policy),
         bench=pl.BenchPlan(cfg.bench.repeats or (3 if device == "cuda" else 1), float(cfg.bench.noisy_ratio),
                            cfg.bench.cold),
         logger=pl.LoggerPlan(lg.kind, lg.project, lg.entity, lg.mode, lg.group, tuple(lg.tags)),

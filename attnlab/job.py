@@ -106,7 +106,7 @@ def execute(plan: RunPlan, work: Prepared, run_dir: Path, logger, config: dict, 
     """Cold start (if asked) -> build the pair -> timed runs -> parity passes -> metrics.json, requests.jsonl,
     parity.json. ``config``: the composed config, for the cold-start process; ``live``: what an interrupt keeps."""
     from attnlab.measure import measure
-    from attnlab.metrics.outputs import request_rows, write_jsonl
+    from attnlab.metrics.outputs import append_jsonl, request_rows, write_jsonl
     from attnlab.parity_pass import run_parity
     from attnlab.sides import build_pair
 
@@ -143,6 +143,8 @@ def execute(plan: RunPlan, work: Prepared, run_dir: Path, logger, config: dict, 
     rows = request_rows(work.prompts, measured.spec[0].requests, work.decode_text, per_request)
     write_json(run_dir / "metrics.json", m)
     write_jsonl(run_dir / "requests.jsonl", rows)
+    if measured.events:  # a serving run's KV timeline, beside logger=jsonl's events
+        append_jsonl(run_dir / "events.jsonl", measured.events)
     write_json(run_dir / "parity.json", parity)
     live.progress.files_written = True  # an interrupt from here on keeps these files as they are
     logger.log_metrics(m)

@@ -26,9 +26,10 @@ _JOBS_MEASURED = [0]
 
 @dataclass
 class Measured:
-    spec: list  # merged GenerateOutput of each timed spec run, in order
+    spec: list  # merged GenerateOutput of each timed spec run, in order (a ServeOutput when serving)
     base: list  # of each timed target-only run ([] with draft=none: the spec run is target-only)
     metrics: dict = field(default_factory=dict)
+    events: list = field(default_factory=list)  # events.jsonl rows (a serving run's KV timeline)
 
 
 def _sync(device: str) -> None:
@@ -132,6 +133,10 @@ def measure(plan: RunPlan, work: Prepared, pair: Pair, cold: dict | None = None,
     from attnlab.metrics.perf import memory_metrics, summarize
     from attnlab.metrics.repeats import repeat_metrics
 
+    if plan.workload.serving:  # arrivals and continuous batching: the engine's own timed runs
+        from attnlab.measure_serving import measure_serving
+
+        return measure_serving(plan, work, pair, cold, on_batch)
     kind = cold_kind(cold)
     _JOBS_MEASURED[0] += 1
     m = warmup(plan, work, pair)

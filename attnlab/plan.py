@@ -108,6 +108,21 @@ class WorkloadPlan:
     split: str = "train"
     lengths: tuple[int, ...] = (512,)
     field: str = "text"
+    output_len: str = "fixed"  # fixed | recorded (the source's answer length in tokens, capped at max_new_tokens)
+    min_len: int = 4  # recorded: bench_serving's filters, in tokens
+    max_prompt_len: int = 1024
+    max_total_len: int = 2048
+    arrival: str = "batch"  # batch | all_at_once | poisson | closed
+    rate: float | None = None  # poisson: requests per second
+    concurrency: int | None = None  # closed: requests in the system
+    warmup_requests: int = 0  # serving: the first n requests are left out of the statistics
+    slo_ttft_ms: float | None = None  # serving goodput bounds (None = any)
+    slo_tpot_ms: float | None = None
+
+    @property
+    def serving(self) -> bool:
+        """The serving engine runs the workload (continuous batching with arrivals), not fixed batches."""
+        return self.arrival != "batch"
 
 
 @dataclass(frozen=True)
@@ -131,6 +146,7 @@ class EnginePlan:
     gemm: str = "cublas"  # cublas | triton (attnlab.models.gemm_path for passes of <= 16 tokens)
     decode_steps_per_sync: int = 1  # target-only greedy decode steps per launch and host sync
     invariant: bool = False  # engine.invariant: the target side is invariant (fused, invariant verify backend)
+    kv_policy: str = "reserve"  # serving admission: reserve (whole budgets, never preempts) | preempt (recompute)
 
 
 @dataclass(frozen=True)

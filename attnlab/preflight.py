@@ -101,6 +101,19 @@ def kv_pools(plan, mcfg, dcfg, page: int, max_context: int, draft_layers=None) -
     return out
 
 
+def serving_pages(pools: list[PoolSpec], max_context: int) -> None:
+    """Serving: every side's pool must hold one request at max context, so the scheduler can always run the
+    request at the head of the queue to its end (back-pressure, never a deadlock or an out-of-pages crash)."""
+    from attnlab.kvcache.layout import pages_needed
+
+    for p in pools:
+        need = pages_needed(max_context, p.page_size)
+        if p.num_pages < need:
+            raise ConfigError(f"kv.num_pages={p.num_pages}: the {p.side} pool cannot hold one request at max context "
+                              f"{max_context} ({need} pages of {p.page_size}); raise kv.num_pages or lower "
+                              f"workload.max_new_tokens / the prompt lengths")
+
+
 def check_memory(plan, pools: list[PoolSpec]) -> None:
     """Every pool together against the device's free memory, naming both numbers and the fields to change."""
     from attnlab.kvcache.budget import check_fits, fmt_bytes

@@ -132,16 +132,24 @@ def prepare(plan: RunPlan) -> Prepared:
         tokenizer = load_tokenizer_for(plan.model, mcfg)
     if w.kind == "synthetic":
         prompts = synthetic_prompts(list(w.lengths), w.num_prompts, mcfg.vocab_size, plan.seed, special_ids(mcfg))
-    tokenize_prompts(prompts, tokenizer, w.chat_template)
     notes: dict = {}
+    if w.output_len == "recorded":  # budgets from the recorded answers, bench_serving's length filters
+        from attnlab.workloads.lengths import select_by_length
+
+        prompts, skipped = select_by_length(prompts, tokenizer,
+                                            lambda p: tokenize_prompts([p], tokenizer, w.chat_template), w)
+        notes.update(skipped)
+    else:
+        tokenize_prompts(prompts, tokenizer, w.chat_template)
     if len(prompts) < w.num_prompts:  # the source had fewer usable rows (logged): metrics say so
         notes["num_prompts_requested"] = w.num_prompts
     longest = max(len(p.token_ids) for p in prompts)
-    need = longest + w.max_new_tokens + plan.k + 1
+    # the longest request: prompt + its output budget (workload.max_new_tokens unless recorded) + k + 1
+    need = max(len(p.token_ids) + (p.max_new_tokens or w.max_new_tokens) for p in prompts) + plan.k + 1
     max_context = plan.kv.max_context or need
     if max_context < need:
         raise ConfigError(f"kv.max_context={max_context}: the longest prompt ({longest} tokens) + "
-                          f"max_new_tokens + k + 1 needs {need} (raise it or leave it null = auto)")
+                          f"its max_new_tokens + k + 1 needs {need} (raise it or leave it null = auto)")
     mcfg.check_context(max_context)  # a sliding window shorter than the run: refuse
     notes.update(preflight.context_limit(plan, need, mcfg, dcfg))  # past max_position_embeddings: refused or noted
     page_size = max_context if plan.kv.layout == "contiguous" else plan.kv.page_size
@@ -152,14 +160,17 @@ def prepare(plan: RunPlan) -> Prepared:
     check_sides(plan, max_context=max_context, page_size=page_size, target_head_dim=mcfg.head_dim,
                 draft_head_dim=draft_hd)
     pools = preflight.kv_pools(plan, mcfg, dcfg, page_size, max_context, layers)
+    if w.serving:  # the scheduler can always run one request to its end (no deadlock, no crash)
+        preflight.serving_pages(pools, max_context)
     preflight.check_memory(plan, pools)  # before any weights are read
     eos = set(mcfg.eos_token_ids)
     if getattr(tokenizer, "eos_token_id", None) is not None:
         eos.add(int(tokenizer.eos_token_id))
     if w.ignore_eos:
         eos = set()
-    log.info("workload: %d prompts (%s), batch %d, max_new_tokens %d, max context %d, page size %d",
-             len(prompts), w.kind, w.batch_size, w.max_new_tokens, max_context, page_size)
+    log.info("workload: %d prompts (%s), %s %d, max_new_tokens %d%s, max context %d, page size %d",
+             len(prompts), w.kind, "max running" if w.serving else "batch", w.batch_size, w.max_new_tokens,
+             " (cap of the recorded lengths)" if w.output_len == "recorded" else "", max_context, page_size)
     return Prepared(tuple(prompts), tokenizer, mcfg, dcfg, max_context, page_size,
                     tuple(layers) if layers is not None else None, frozenset(eos), fit_warmup(plan, max_context),
                     tuple(pools), notes)

@@ -6,7 +6,8 @@ page size, k, repeats, tau, tok/s with its min-max over the repeats, ms per iter
 min-max, TTFT and TPOT p50, peak memory, the logits error, the token match, the divergences vs target-only
 (how many at near-ties, how many unexplained), the noise floor's token match and the status. It writes
 report.md, throughput_tau.png (tok/s and tau, one bar per job) and accept_rate_pos.png (acceptance rate per
-draft position, one line per job) into the folder (or --out).
+draft position, one line per job) into the folder (or --out); serving jobs add a latency table,
+latency_throughput.png and kv_timeline.png (attnlab.report_serving).
 """
 
 from __future__ import annotations
@@ -306,6 +307,10 @@ def report(root: Path, out_dir: Path | None = None, plots: bool = True, keys: li
     if plots and not keys:
         for p in plot(jobs, rows, out_dir):
             text += f"\n![{p.stem}]({p.name})\n"
+    if not keys:  # serving jobs (workload.arrival != batch): their latency table and plots
+        from attnlab.report_serving import serving_section
+
+        text += serving_section(jobs, out_dir, plots)
     (out_dir / "report.md").write_text(text)
     return table
 

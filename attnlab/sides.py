@@ -105,6 +105,8 @@ def decode(pair: Pair, plan: RunPlan, work: Prepared, prompts, *, k: int | None 
            desc: str = "workload", on_batch=None):
     """Run ``prompts`` through the pair in batches of workload.batch_size; one merged GenerateOutput.
 
+    Budgets: ``max_new_tokens`` for every prompt when given, else each prompt's own (``Prompt.max_new_tokens``,
+    workload.output_len=recorded) or workload.max_new_tokens.
     Each batch is one ``generate`` call, timed inside it (wall_s); the progress bar moves between batches,
     outside the timed span. ``on_batch(prompts, output)``: told of each finished batch (the workload pass
     whose requests an interrupt keeps, attnlab.lifecycle).
@@ -122,8 +124,11 @@ def decode(pair: Pair, plan: RunPlan, work: Prepared, prompts, *, k: int | None 
     outs = []
     with tqdm(total=len(prompts), desc=desc, unit="prompt", leave=False, disable=None) as bar:
         for i in range(0, len(prompts), w.batch_size):
-            batch = [p.token_ids for p in prompts[i:i + w.batch_size]]
-            outs.append(dec.generate(batch, new, eos, record_logits=record_logits))
+            chunk = prompts[i:i + w.batch_size]
+            batch = [p.token_ids for p in chunk]
+            # one budget per prompt where the workload recorded them (workload.output_len=recorded)
+            budget = new if max_new_tokens is not None else [p.max_new_tokens or new for p in chunk]
+            outs.append(dec.generate(batch, budget, eos, record_logits=record_logits))
             bar.update(len(batch))
             if on_batch is not None:
                 on_batch(prompts[i:i + w.batch_size], outs[-1])

@@ -138,6 +138,16 @@ def test_the_run_plan_is_frozen_and_typed():
     (["bench.repeats=0"], "bench.repeats=0"),
     (["bench.noisy_ratio=0.5"], "bench.noisy_ratio=0.5"),
     (["bench.cold=lukewarm"], "bench.cold='lukewarm'"),
+    (["workload.arrival=trickle"], "workload.arrival"),
+    (["workload.arrival=poisson"], "workload.rate=None"),
+    (["workload.arrival=poisson", "workload.rate=0"], "workload.rate=0"),
+    (["workload.arrival=closed"], "workload.concurrency=None"),
+    (["workload.arrival=all_at_once", "workload.rate=4"], "only arrival=poisson"),
+    (["workload.arrival=poisson", "workload.rate=4", "workload.concurrency=2"], "only arrival=closed"),
+    (["workload.arrival=closed", "workload.concurrency=2", "workload.warmup_requests=6"], "warmup_requests=6"),
+    (["workload.warmup_requests=1"], "for the serving arrivals only"),
+    (["workload.arrival=all_at_once", "workload.slo_ttft_ms=-1"], "workload.slo_ttft_ms=-1"),
+    (["workload.arrival=all_at_once", "engine.kv_policy=lru"], "engine.kv_policy"),
 ])
 def test_validation_errors_name_the_field(overrides, needle):
     with pytest.raises(ConfigError) as e:
@@ -170,3 +180,12 @@ def test_every_yaml_is_documented():
     for path in Path(CONF_DIR).glob("*/*.yaml"):
         if path.parent.name != "model":
             assert path.read_text().lstrip().startswith("#"), path
+
+
+def test_serving_arrivals_reach_the_plan():
+    plan = _validate("workload.arrival=poisson", "workload.rate=2.5", "workload.warmup_requests=1",
+                     "engine.kv_policy=preempt")
+    w = plan.workload
+    assert w.serving and (w.arrival, w.rate, w.warmup_requests) == ("poisson", 2.5, 1)
+    assert plan.engine.kv_policy == "preempt"
+    assert not _validate().workload.serving  # arrival=batch: the fixed batches of the speculative loop alone

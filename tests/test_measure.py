@@ -214,3 +214,24 @@ def test_cold_start_in_a_fresh_process(cold, tmp_path):
     json.dumps(m)
     docs = _docs()
     assert all(_documented(k, docs) for k in m), [k for k in m if not _documented(k, docs)]
+
+
+def test_a_serving_job_measures_through_the_engine_and_documents_its_keys():
+    """workload.arrival=poisson: measure() hands over to measure_serving (warmup, spec run, target-only run,
+    same arrival schedule), leaves the warmup requests out, and returns the KV timeline for events.jsonl."""
+    plan, work, pair = _job("workload.arrival=poisson", "workload.rate=50", "workload.warmup_requests=1",
+                            "bench.repeats=2")
+    measured = measure(plan, work, pair)
+    m = measured.metrics
+    assert m["arrival"] == "poisson" and m["measured_requests"] == plan.workload.num_prompts - 1
+    assert len(measured.spec) == len(measured.base) == 2 and m["speedup_vs_target_only"] > 0
+    arrivals = [[r.arrival_s for r in o.requests] for o in (*measured.spec, *measured.base)]
+    assert all(a == arrivals[0] for a in arrivals) and arrivals[0] == sorted(arrivals[0])  # one fixed schedule
+    assert not measured.spec[0].requests[0].measured and all(r.measured for r in measured.spec[0].requests[1:])
+    runs = {(e["run"], e["repeat"]) for e in measured.events}
+    assert runs == {("spec", 0), ("spec", 1), ("target_only", 0), ("target_only", 1)}
+    assert all(e["event"] == "kv_timeline" and "pages_target" in e for e in measured.events)
+    assert pair.target.allocator.num_used == 0
+    m.update(run_parity(plan, work, pair, measured.spec[0], measured.base[0])[1])
+    missing = [k for k in m if not _documented(k, _docs())]
+    assert not missing, f"metrics.json keys missing from docs/usage.md: {missing}"

@@ -35,19 +35,24 @@ class PageAllocator:
     def num_used(self) -> int:
         return self.num_pages - len(self._free)
 
-    def _extra_pages(self, req: Hashable, new_len: int) -> int:
+    def extra_pages(self, req: Hashable, new_len: int) -> int:
+        """Pages ``req`` (new or not) would take from the free list to hold ``new_len`` tokens (0 if it holds them)."""
         have = len(self.page_tables.get(req, ()))
         return max(0, pages_needed(new_len, self.page_size) - have)
 
     def can_allocate(self, req: Hashable, new_len: int) -> bool:
         """True if ``req`` can grow to ``new_len`` tokens without running out of pages."""
-        return self._extra_pages(req, new_len) <= len(self._free)
+        return self.extra_pages(req, new_len) <= len(self._free)
+
+    def pages_of(self, req: Hashable) -> int:
+        """Pages ``req`` holds (0 for an unknown request)."""
+        return len(self.page_tables.get(req, ()))
 
     def allocate(self, req: Hashable, new_len: int) -> list[int]:
         """Grow ``req`` (created if new) to hold ``new_len`` tokens; return the pages added."""
         if new_len < self.lengths.get(req, 0):
             raise ValueError(f"allocate cannot shrink request {req!r}: use truncate")
-        extra = self._extra_pages(req, new_len)
+        extra = self.extra_pages(req, new_len)
         if extra > len(self._free):
             raise OutOfPages(
                 f"KV pool out of pages: request {req!r} needs {extra} more page(s) of {self.page_size} tokens, "

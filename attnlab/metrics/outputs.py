@@ -71,6 +71,11 @@ def request_rows(prompts, outs, decode, parity_rows: list[dict] | None = None) -
             "tpot_ms": tpot_ms(o),
             "token_times_ms": list(o.token_times_ms),
         }
+        if getattr(o, "arrival_s", None) is not None:  # a serving run: times count from the arrival
+            from attnlab.metrics.serving import itl_ms
+
+            row.update(arrival_s=o.arrival_s, queue_wait_ms=o.queue_wait_ms, itl_ms=itl_ms(o),
+                       preemptions=o.preemptions, measured=o.measured, max_new_tokens=p.max_new_tokens)
         if parity_rows and i < len(parity_rows):
             row.update(parity_rows[i])
         rows.append(row)
@@ -79,4 +84,10 @@ def request_rows(prompts, outs, decode, parity_rows: list[dict] | None = None) -
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     with Path(path).open("w") as f:
+        f.writelines(json.dumps(_clean(r), ensure_ascii=False) + "\n" for r in rows)
+
+
+def append_jsonl(path: Path, rows: list[dict]) -> None:
+    """Add rows to a JSONL file (events.jsonl: the jsonl logger writes there too)."""
+    with Path(path).open("a") as f:
         f.writelines(json.dumps(_clean(r), ensure_ascii=False) + "\n" for r in rows)

@@ -4,14 +4,28 @@ Invariant between iterations, per request: the committed sequence ``S`` (prompt 
 the target KV holds ``S[:n-1]`` and ``S[n-1]`` (the last committed token) is the first verify input.
 A verify pass feeds ``[S[n-1], d_1 .. d_k]`` (q_len k + 1), accepts a drafts plus one bonus/correction
 token, and truncates the target KV back to ``n + a`` tokens. The host syncs once per iteration, when
-the emitted tokens are committed.
+the emitted tokens are committed, and once per prefill, when the first tokens are read.
+
+The loop is a step API over a ``Batch`` (the running requests, in row order, and their device state), which
+the serving engine (attnlab.engine.serve) drives between arrivals:
+
+- ``start(eos)`` opens an empty batch;
+- ``prefill(batch, new)`` runs new requests' sequences through the target and the drafter and appends them to
+  the batch (a request that joins between iterations; a preempted one resumes the same way, its sequence
+  being its prompt and the output so far);
+- ``step(batch)`` is one speculative iteration over every running request;
+- ``drop(batch, ids)`` takes requests out (preemption: their KV is freed on both sides);
+- ``close(batch)`` waits for the device and reads the last phase timers.
+
+Finished requests free their KV at once, inside ``prefill`` / ``step``. ``generate`` is the static case:
+every request arrives at t = 0 and the batch only shrinks.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +53,56 @@ class SpecParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p)
 
 
+@dataclass
+class LiveRequest:
+    """One request inside the loop. ``seq``: its committed sequence (prompt + output so far: also what a
+    preempted request's prefill recomputes); ``max_new``: its output budget; ``t0``: the perf_counter origin
+    of its times (its arrival), so ``out.ttft_ms`` / ``token_times_ms`` / ``latency_ms`` count from it."""
+
+    id: Hashable
+    seq: list[int]
+    max_new: int
+    out: RequestOutput
+    t0: float
+    logit_rows: list[torch.Tensor] = field(default_factory=list)  # record_logits only
+
+
+@dataclass
+class PrefillRecord:
+    """One prefill: how many requests and tokens; the target's and the drafter's time (filled at a later sync)."""
+
+    num_requests: int
+    num_tokens: int
+    target_ms: float = 0.0
+    draft_ms: float = 0.0
+
+    def fill(self, ms: dict[str, float]) -> None:
+        self.target_ms, self.draft_ms = ms.get("target", 0.0), ms.get("drafter", 0.0)
+
+
+@dataclass
+class Batch:
+    """The running requests between iterations. ``rows``: in row order (drafters with per-row device state,
+    ``Drafter.rows``, keep theirs in the same order); ``last``: [B] int64 on device, each row's last committed
+    token (the next verify input); ``pending``: phase timers read after the next sync (reading them adds none)."""
+
+    eos: frozenset
+    record_logits: bool = False
+    rows: list[LiveRequest] = field(default_factory=list)
+    last: torch.Tensor | None = None
+    pending: list[tuple[PhaseTimer, Callable[[dict], None]]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass
+class StepResult:
+    record: IterRecord
+    finished: list[LiveRequest]  # requests that finished in this iteration (their KV is already free)
+    new_tokens: int
+
+
 class SpeculativeDecoder:
     def __init__(self, target: ModelRunner, drafter: Drafter, params: SpecParams, seed: int = 0):
         if params.topk != 1:
@@ -55,155 +119,207 @@ class SpeculativeDecoder:
         self._next_id = 0
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int] | frozenset = frozenset(),
-                 record_logits: bool = False, progress: Callable[[int], None] | None = None) -> GenerateOutput:
-        """Run one batch of prompts to completion. ``progress(n)`` is told of n newly committed tokens.
+    def generate(self, prompts: list[list[int]], max_new_tokens: int | Sequence[int],
+                 eos_ids: set[int] | frozenset = frozenset(), record_logits: bool = False,
+                 progress: Callable[[int], None] | None = None) -> GenerateOutput:
+        """Run one batch of prompts to completion. ``max_new_tokens``: one budget for all, or one per prompt.
+        ``progress(n)`` is told of n newly committed tokens.
 
         ``record_logits`` copies the target's logits at every emitted position to the host (one blocking
         copy per iteration): for untimed parity passes only, never inside a timed run."""
         if any(len(p) == 0 for p in prompts):
             raise ConfigError("workload: empty prompt (0 tokens) cannot be decoded")
-        tgt, sp, dev, drafter = self.target, self.params.sampling, self.target.device, self.drafter
-        reqs = list(range(self._next_id, self._next_id + len(prompts)))
-        self._next_id += len(prompts)
-        outs = {r: RequestOutput(prompt_ids=list(p)) for r, p in zip(reqs, prompts)}
-        seqs = {r: list(p) for r, p in zip(reqs, prompts)}
-        logit_rows: dict[int, list[torch.Tensor]] = {r: [] for r in reqs}
-        tgt.capture_layers = drafter.capture_layers  # EAGLE features come out of the target's own passes
+        budgets = ([max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens))
         t_start = time.perf_counter()
-        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+        batch = self.start(eos_ids, record_logits)
+        new = [LiveRequest(r, list(p), m, RequestOutput(prompt_ids=list(p)), t_start)
+               for r, p, m in zip(self.new_ids(len(prompts)), prompts, budgets)]
 
         # Prefill: the target sees the whole prompt and emits the first token; the drafter fills its KV.
-        # Host-to-device copies are non-blocking (no sync); the iteration's one sync reads the first tokens.
-        timer = PhaseTimer(dev)
-        timer.mark("target")
-        ids = _to_device([t for p in prompts for t in p], dev)
-        logits = tgt.run(reqs, [0] * len(reqs), [len(p) for p in prompts], ids, Mode.PREFILL)
-        last, _ = next_tokens(logits, sp, self.gen)
-        timer.mark("drafter")
-        drafter.prefill(reqs, prompts, last, tgt)
-        timer.stop()
-        first = last.tolist()
-        sync()
+        rec, _ = self.prefill(batch, new)
+        self._sync()  # the drafter's prefill too: prefill_ms and the phase times are read now
         prefill_ms = (time.perf_counter() - t_start) * 1e3
-        phases = timer.read()
-        ttft_ms, draft_prefill_ms = phases["target"], phases["drafter"]
-        active = []
-        for i, r in enumerate(reqs):
-            outs[r].ttft_ms = ttft_ms
-            if record_logits:
-                logit_rows[r].append(logits[i:i + 1].float().cpu())
-            if self._commit(r, outs[r], seqs[r], [first[i]], max_new_tokens, eos_ids, t_start):
-                self._release(r)
-            else:
-                active.append(i)
+        self._read_pending(batch)
+        for r in new:
+            r.out.ttft_ms = rec.target_ms
         if progress:
-            progress(len(reqs))
-        reqs = self._shrink(reqs, active, len(reqs))
-        last = last[_to_device(active, dev)] if len(reqs) < len(first) else last
+            progress(len(new))
 
         iterations: list[IterRecord] = []
-        pending: tuple[PhaseTimer, IterRecord] | None = None  # read after the next sync: no extra sync
-        while reqs:
-            timer = PhaseTimer(dev)
-            timer.mark("other")
-            n_before = [len(seqs[r]) for r in reqs]
-            room = min(tgt.max_context - n for n in n_before)
-            k = max(0, min(self.k, room))
-
-            timer.mark("draft")
-            draft, dprobs = drafter.propose(reqs, [seqs[r] for r in reqs], k, sp, self.gen)
-
-            timer.mark("verify")
-            steps = tgt.decode_steps_per_sync if (self.k == 0 and sp.greedy and not record_logits) else 1
-            if 1 < steps <= room + 1:  # target-only greedy: N steps per launch and sync (engine/multistep.py)
-                emitted = tgt.decode_greedy_steps(reqs, [n - 1 for n in n_before], last, steps)
-                n_acc, nxt = torch.full_like(last, steps - 1), emitted[:, -1]
-                host = torch.cat([emitted, n_acc[:, None]], dim=1).tolist()  # the one sync per N tokens
-                logits = None
-            else:
-                ids = torch.cat([last[:, None], draft], dim=1).reshape(-1)
-                p = tgt.prepare(reqs, [n - 1 for n in n_before], [k + 1] * len(reqs),
-                                Mode.VERIFY if k else Mode.DECODE)
-                tgt.plan(p)
-                if sp.greedy:  # the argmax comes out of the verify graph
-                    logits, top = tgt.forward_greedy(p, ids)
-                    logits = logits.view(len(reqs), k + 1, -1)
-                else:
-                    logits = tgt.forward(p, ids).view(len(reqs), k + 1, -1)
-
-                timer.mark("accept")
-                if sp.greedy:
-                    n_acc, nxt = greedy_accept_top(draft, top.view(len(reqs), k + 1))
-                else:
-                    tprobs = probs_from_logits(logits, sp)
-                    if dprobs is None:  # deterministic drafter: q is one-hot on the proposed token
-                        dprobs = F.one_hot(draft, logits.shape[-1]).float()
-                    n_acc, nxt = rejection_accept(draft, dprobs, tprobs, self.gen)
-                emitted = torch.cat([draft, draft.new_zeros(draft.shape[0], 1)], dim=1)
-                emitted.scatter_(1, n_acc[:, None], nxt[:, None])
-
-                timer.mark("draft_extend")  # EAGLE: the head reads what was accepted, before the sync
-                drafter.extend(reqs, n_before, k, emitted, n_acc, tgt)
-                host = torch.cat([emitted, n_acc[:, None]], dim=1).tolist()  # the iteration's one sync
-            if pending:
-                _fill_times(*pending)
-
-            timer.mark("other")
-            keep, new_tokens, taus = [], 0, []
-            for i, r in enumerate(reqs):
-                a = host[i][-1]
-                taus.append(a + 1)
-                outs[r].accept_lens.append(a + 1)
-                if record_logits:
-                    logit_rows[r].append(logits[i, :a + 1].float().cpu())
-                tgt.truncate(r, n_before[i] + a)
-                drafter.commit(r, n_before[i], a)
-                before = len(outs[r].output_ids)
-                done = self._commit(r, outs[r], seqs[r], host[i][:a + 1], max_new_tokens, eos_ids, t_start)
-                new_tokens += len(outs[r].output_ids) - before
-                if done:
-                    self._release(r)
-                else:
-                    keep.append(i)
+        while batch.rows:
+            res = self.step(batch)
+            iterations.append(res.record)
             if progress:
-                progress(new_tokens)
-            timer.stop()
-            iterations.append(IterRecord(len(reqs), k, taus, 0.0, 0.0, 0.0, 0.0, 0.0))
-            pending = (timer, iterations[-1])
-            if len(keep) < len(reqs):
-                last = nxt[_to_device(keep, dev)]
+                progress(res.new_tokens)
+        self.close(batch)
+        if record_logits:
+            for r in new:
+                r.out.logits = torch.cat(r.logit_rows)[: len(r.out.output_ids)]
+        return GenerateOutput([r.out for r in new], iterations, prefill_ms, time.perf_counter() - t_start, self.k,
+                              rec.draft_ms)
+
+    # -- the step API ----------------------------------------------------------------------------------
+    def new_ids(self, n: int) -> list[int]:
+        """n request ids this decoder has not used (its runners' allocators key their pages by them)."""
+        ids = list(range(self._next_id, self._next_id + n))
+        self._next_id += n
+        return ids
+
+    def start(self, eos_ids=frozenset(), record_logits: bool = False) -> Batch:
+        """An empty running batch; the target returns the drafter's features from its passes until ``close``."""
+        self.target.capture_layers = self.drafter.capture_layers  # EAGLE features come out of the target's passes
+        return Batch(frozenset(eos_ids), record_logits)
+
+    def close(self, batch: Batch) -> None:
+        """After the last step: wait for the device, read the phase timers left, restore the target."""
+        if batch.pending:
+            self._sync()
+            self._read_pending(batch)
+        self.target.capture_layers = None
+
+    @torch.inference_mode()
+    def prefill(self, batch: Batch, new: list[LiveRequest]) -> tuple[PrefillRecord, list[LiveRequest]]:
+        """Prefill ``new`` (each over its whole ``seq``) and append them to the running batch; one host sync
+        (the first tokens). Returns the record and the requests that finished at their first token."""
+        if any(len(r.seq) == 0 for r in new):
+            raise ConfigError("workload: empty prompt (0 tokens) cannot be decoded")
+        tgt, sp, dev, drafter = self.target, self.params.sampling, self.target.device, self.drafter
+        reqs, seqs = [r.id for r in new], [r.seq for r in new]
+        # Host-to-device copies are non-blocking (no sync); the prefill's one sync reads the first tokens.
+        timer = PhaseTimer(dev)
+        timer.mark("target")
+        ids = _to_device([t for s in seqs for t in s], dev)
+        logits = tgt.run(reqs, [0] * len(reqs), [len(s) for s in seqs], ids, Mode.PREFILL)
+        last, _ = next_tokens(logits, sp, self.gen)
+        timer.mark("drafter")
+        running = drafter.rows() if batch.rows else None
+        drafter.prefill(reqs, seqs, last, tgt)
+        if batch.rows:  # joining a running batch: its rows first, then the new ones
+            drafter.join(running)
+        timer.stop()
+        first = last.tolist()  # the prefill's one sync
+        self._read_pending(batch)
+        rec = PrefillRecord(len(new), sum(len(s) for s in seqs))
+        batch.pending.append((timer, rec.fill))
+
+        n_run, finished = len(batch.rows), []
+        keep = list(range(n_run))
+        for i, r in enumerate(new):
+            if batch.record_logits:
+                r.logit_rows.append(logits[i:i + 1].float().cpu())
+            if self._commit(r, [first[i]], batch.eos):
+                self._release(r.id)
+                finished.append(r)
             else:
-                last = nxt
-            reqs = self._shrink(reqs, keep, len(reqs))
+                keep.append(n_run + i)
+        rows_last = last if not n_run else torch.cat([batch.last, last])
+        self._shrink(batch, batch.rows + new, rows_last, keep)
+        return rec, finished
 
-        if pending:
-            sync()
-            _fill_times(*pending)
-        tgt.capture_layers = None
-        for r, o in outs.items():
-            if record_logits:
-                o.logits = torch.cat(logit_rows[r])[: len(o.output_ids)]
-        return GenerateOutput(list(outs.values()), iterations, prefill_ms, time.perf_counter() - t_start, self.k,
-                              draft_prefill_ms)
+    @torch.inference_mode()
+    def step(self, batch: Batch) -> StepResult:
+        """One speculative iteration over every running request: draft, verify, accept, draft-extend, one
+        host sync, commit (rollback of the rejected drafts' KV on both sides; finished requests freed)."""
+        tgt, sp, drafter = self.target, self.params.sampling, self.drafter
+        rows, last = batch.rows, batch.last
+        reqs = [r.id for r in rows]
+        timer = PhaseTimer(tgt.device)
+        timer.mark("other")
+        n_before = [len(r.seq) for r in rows]
+        room = min(tgt.max_context - n for n in n_before)
+        k = max(0, min(self.k, room))
 
-    def _shrink(self, reqs: list, keep: list[int], n: int) -> list:
-        """The batch after some requests finished: rows ``keep`` of the previous ``n``; drafters with
-        per-row device state follow."""
-        if len(keep) < n:
+        timer.mark("draft")
+        draft, dprobs = drafter.propose(reqs, [r.seq for r in rows], k, sp, self.gen)
+
+        timer.mark("verify")
+        steps = tgt.decode_steps_per_sync if (self.k == 0 and sp.greedy and not batch.record_logits) else 1
+        if 1 < steps <= room + 1:  # target-only greedy: N steps per launch and sync (engine/multistep.py)
+            emitted = tgt.decode_greedy_steps(reqs, [n - 1 for n in n_before], last, steps)
+            n_acc, nxt = torch.full_like(last, steps - 1), emitted[:, -1]
+            host = torch.cat([emitted, n_acc[:, None]], dim=1).tolist()  # the one sync per N tokens
+            logits = None
+        else:
+            ids = torch.cat([last[:, None], draft], dim=1).reshape(-1)
+            p = tgt.prepare(reqs, [n - 1 for n in n_before], [k + 1] * len(reqs), Mode.VERIFY if k else Mode.DECODE)
+            tgt.plan(p)
+            if sp.greedy:  # the argmax comes out of the verify graph
+                logits, top = tgt.forward_greedy(p, ids)
+                logits = logits.view(len(reqs), k + 1, -1)
+            else:
+                logits = tgt.forward(p, ids).view(len(reqs), k + 1, -1)
+
+            timer.mark("accept")
+            if sp.greedy:
+                n_acc, nxt = greedy_accept_top(draft, top.view(len(reqs), k + 1))
+            else:
+                tprobs = probs_from_logits(logits, sp)
+                if dprobs is None:  # deterministic drafter: q is one-hot on the proposed token
+                    dprobs = F.one_hot(draft, logits.shape[-1]).float()
+                n_acc, nxt = rejection_accept(draft, dprobs, tprobs, self.gen)
+            emitted = torch.cat([draft, draft.new_zeros(draft.shape[0], 1)], dim=1)
+            emitted.scatter_(1, n_acc[:, None], nxt[:, None])
+
+            timer.mark("draft_extend")  # EAGLE: the head reads what was accepted, before the sync
+            drafter.extend(reqs, n_before, k, emitted, n_acc, tgt)
+            host = torch.cat([emitted, n_acc[:, None]], dim=1).tolist()  # the iteration's one sync
+        self._read_pending(batch)
+
+        timer.mark("other")
+        keep, new_tokens, taus, finished = [], 0, [], []
+        for i, r in enumerate(rows):
+            a = host[i][-1]
+            taus.append(a + 1)
+            r.out.accept_lens.append(a + 1)
+            if batch.record_logits:
+                r.logit_rows.append(logits[i, :a + 1].float().cpu())
+            tgt.truncate(r.id, n_before[i] + a)
+            drafter.commit(r.id, n_before[i], a)
+            before = len(r.out.output_ids)
+            done = self._commit(r, host[i][:a + 1], batch.eos)
+            new_tokens += len(r.out.output_ids) - before
+            if done:
+                self._release(r.id)
+                finished.append(r)
+            else:
+                keep.append(i)
+        timer.stop()
+        record = IterRecord(len(rows), k, taus, 0.0, 0.0, 0.0, 0.0, 0.0)
+        batch.pending.append((timer, lambda ms, rec=record: _fill_times(ms, rec)))
+        self._shrink(batch, rows, nxt, keep)
+        return StepResult(record, finished, new_tokens)
+
+    def drop(self, batch: Batch, ids) -> list[LiveRequest]:
+        """Take requests ``ids`` out of the running batch and free their KV on both sides (preemption); their
+        ``seq`` and output stay, so a later ``prefill`` of the same LiveRequest resumes them."""
+        ids = set(ids)
+        keep = [i for i, r in enumerate(batch.rows) if r.id not in ids]
+        dropped = [r for r in batch.rows if r.id in ids]
+        for r in dropped:
+            self._release(r.id)
+        self._shrink(batch, batch.rows, batch.last, keep)
+        return dropped
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _shrink(self, batch: Batch, rows: list[LiveRequest], last: torch.Tensor, keep: list[int]) -> None:
+        """The batch becomes rows ``keep`` of ``rows`` (with their ``last`` tokens); drafters with per-row
+        device state follow."""
+        if len(keep) < len(rows):
             self.drafter.retain(keep)
-        return [reqs[i] for i in keep]
+            batch.rows, batch.last = [rows[i] for i in keep], last[_to_device(keep, last.device)]
+        else:
+            batch.rows, batch.last = rows, last
 
-    def _commit(self, r, out: RequestOutput, seq: list[int], tokens: list[int], max_new: int, eos_ids,
-                t_start: float) -> bool:
-        """Append emitted tokens up to EOS / max_new_tokens / max context; True when the request is finished."""
-        now = (time.perf_counter() - t_start) * 1e3
+    def _commit(self, r: LiveRequest, tokens: list[int], eos_ids) -> bool:
+        """Append emitted tokens up to EOS / the request's budget / max context; True when it is finished."""
+        out, seq = r.out, r.seq
+        now = (time.perf_counter() - r.t0) * 1e3
         for t in tokens:
             out.output_ids.append(t)
             out.token_times_ms.append(now)
             seq.append(t)
-            if t in eos_ids or len(out.output_ids) >= max_new or len(seq) >= self.target.max_context:
-                out.finish_reason = ("eos" if t in eos_ids else "length" if len(out.output_ids) >= max_new
+            if t in eos_ids or len(out.output_ids) >= r.max_new or len(seq) >= self.target.max_context:
+                out.finish_reason = ("eos" if t in eos_ids else "length" if len(out.output_ids) >= r.max_new
                                      else "context")
                 break
         out.latency_ms = now
@@ -213,14 +329,24 @@ class SpeculativeDecoder:
         self.target.release(r)
         self.drafter.release(r)
 
+    def _sync(self) -> None:
+        if self.target.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    @staticmethod
+    def _read_pending(batch: Batch) -> None:
+        """Right after a sync: every event recorded before it has completed."""
+        for timer, fill in batch.pending:
+            fill(timer.read())
+        batch.pending.clear()
+
 
 def _to_device(values: list[int], dev: torch.device) -> torch.Tensor:
     """A host list -> int64 tensor on ``dev`` without a blocking copy (torch.tensor(..., device=cuda) syncs)."""
     return torch.tensor(values, dtype=torch.long).to(dev, non_blocking=True)
 
 
-def _fill_times(timer: PhaseTimer, rec: IterRecord) -> None:
-    ms = timer.read()
+def _fill_times(ms: dict[str, float], rec: IterRecord) -> None:
     rec.draft_ms, rec.verify_ms = ms.get("draft", 0.0), ms.get("verify", 0.0)
     rec.accept_ms, rec.other_ms = ms.get("accept", 0.0), ms.get("other", 0.0)
     rec.draft_extend_ms = ms.get("draft_extend", 0.0)

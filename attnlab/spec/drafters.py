@@ -30,8 +30,10 @@ class Drafter:
 
     One iteration calls, in order: ``propose`` (before verify), ``extend`` (after acceptance, before the
     iteration's one host sync: device work only), then per request ``commit`` (after the sync), and
-    ``retain`` when requests left the batch. ``capture_layers``: target layers whose outputs the drafter
-    reads (EAGLE); the target's prefill and verify passes then return them in ``target.aux``.
+    ``retain`` when requests left the batch. Requests that join a running batch are prefilled between
+    iterations: ``rows`` before their ``prefill``, ``join`` after it. ``capture_layers``: target layers whose
+    outputs the drafter reads (EAGLE); the target's prefill and verify passes then return them in
+    ``target.aux``.
     """
 
     kind = "base"
@@ -58,6 +60,15 @@ class Drafter:
 
     def retain(self, keep: list[int]) -> None:
         """The batch shrank to rows ``keep`` of the previous one (per-row device state follows)."""
+
+    def rows(self) -> object | None:
+        """The running batch's per-row device state (opaque), taken before a prefill of joining requests;
+        None for drafters that keep none (their state lives in the KV pool, keyed by request)."""
+        return None
+
+    def join(self, running: object | None) -> None:
+        """After ``prefill`` of requests joining a running batch: ``running`` (what ``rows`` returned before
+        it) goes in front, so the rows are the running requests, then the new ones, in that order."""
 
     def release(self, req: Hashable) -> None:
         """The request left the batch."""

@@ -16,6 +16,9 @@ output of entry n - 2: the distribution of d1 (a guess at S[n]) and the feature 
   last real entry (position n - 1 + a = n' - 2 for the new n'), picked on device, so nothing waits for the
   host. Rows past a are garbage at positions >= n' - 1: the next steps overwrite each before any query
   reads it, and ``commit`` truncates the head's KV to n' - 1 entries.
+- ``rows`` / ``join``: ``_logits`` / ``_feat`` are per-row state; requests prefilled while others run (the
+  serving engine) get theirs appended after the running rows'. A preempted request resumes as a prefill of
+  its whole committed sequence (the same entries a fresh prompt of that sequence gets).
 """
 
 from __future__ import annotations
@@ -115,6 +118,13 @@ class EagleDrafter(Drafter):
     def retain(self, keep):
         idx = _to_device(keep, self.runner.device)
         self._logits, self._feat = self._logits[idx], self._feat[idx]
+
+    def rows(self):
+        return self._logits, self._feat
+
+    def join(self, running):
+        logits, feat = running
+        self._logits, self._feat = torch.cat([logits, self._logits]), torch.cat([feat, self._feat])
 
     def release(self, req):
         self.runner.release(req)

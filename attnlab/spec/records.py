@@ -17,6 +17,11 @@ class RequestOutput:
     latency_ms: float = 0.0
     token_times_ms: list[float] = field(default_factory=list)  # commit time of each output token
     logits: torch.Tensor | None = None  # [len(output_ids), vocab] fp32 cpu, when recorded
+    # serving runs (attnlab.engine.serve): times count from arrival_s, the request's arrival on the run's clock
+    arrival_s: float | None = None
+    queue_wait_ms: float | None = None  # arrival -> its first admission (its prefill starts)
+    preemptions: int = 0  # times its KV was freed and its sequence recomputed later
+    measured: bool = True  # False for the workload.warmup_requests left out of the statistics
 
 
 @dataclass

@@ -17,7 +17,10 @@ __all__ = ["CATEGORIES", "Prompt", "encode", "has_chat_template", "load_prompts"
 
 
 def load_prompts(w) -> list[Prompt]:
-    """Text prompts of the workload config ``w`` (synthetic: an empty list, made after the model config)."""
+    """Text prompts of the workload config ``w`` (synthetic: an empty list, made after the model config). With
+    ``output_len=recorded`` every candidate of the source, in order: attnlab.workloads.lengths keeps the first
+    ``num_prompts`` that pass its length filters once the tokenizer is known."""
+    recorded = getattr(w, "output_len", "fixed") == "recorded"
     if w.kind == "builtin":
         return load_builtin(w.num_prompts, list(w.categories))
     if w.kind == "hf":
@@ -25,11 +28,11 @@ def load_prompts(w) -> list[Prompt]:
     if w.kind == "sharegpt":
         from attnlab.workloads.sharegpt import load_sharegpt
 
-        return load_sharegpt(w.num_prompts, w.split, w.path)
+        return load_sharegpt(None if recorded else w.num_prompts, w.split, w.path)
     if w.kind == "humaneval":
         from attnlab.workloads.humaneval import load_humaneval
 
-        return load_humaneval(w.num_prompts)
+        return load_humaneval(None if recorded else w.num_prompts)
     if w.kind == "synthetic":
         return []
     raise ConfigError(f"workload.kind={w.kind!r}: unknown (choose from: builtin, hf, sharegpt, humaneval, synthetic)")

@@ -13,6 +13,8 @@ class Prompt:
     text: str | None  # None for synthetic token prompts
     token_ids: list[int] = field(default_factory=list)
     messages: list[dict[str, Any]] | None = None  # a chat (hf rows whose field is a message list)
+    answer: str | None = None  # the source's recorded reply (sharegpt: the first gpt turn; humaneval: the solution)
+    max_new_tokens: int | None = None  # this prompt's output budget (workload.output_len=recorded); None = the run's
 
 
 def _ids(encoded) -> list[int]:

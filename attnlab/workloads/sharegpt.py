@@ -10,8 +10,9 @@ is ``heldout`` when i % HELDOUT_EVERY == 0, else ``train``. attnlab.train_draft 
 benchmarks of a trained drafter read ``heldout`` (the default of ``workload=sharegpt``).
 
 A prompt is a conversation's first human turn; ``answer`` keeps the recorded first reply (its length is what
-SGLang's bench_serving uses as the output budget). Conversations whose first turn is not human -> gpt, or
-whose texts are too short or too long (characters), are skipped and counted.
+SGLang's bench_serving uses as the output budget: ``workload.output_len=recorded``, with its token-length
+filters, attnlab.workloads.lengths). Conversations whose first turn is not human -> gpt, or whose texts are
+too short or too long (characters), are skipped here and counted.
 """
 
 from __future__ import annotations
@@ -128,15 +129,16 @@ def select(turns, split: str) -> list[Turn]:
     return [t for t in turns if split == "all" or t.split == split]
 
 
-def load_sharegpt(num_prompts: int, split: str = "heldout", path: str | None = None) -> list[Prompt]:
-    """The first ``num_prompts`` first-turn prompts of ``split`` (file order: reproducible)."""
+def load_sharegpt(num_prompts: int | None, split: str = "heldout", path: str | None = None) -> list[Prompt]:
+    """The first ``num_prompts`` first-turn prompts of ``split`` (file order: reproducible; None = all of it),
+    each with its recorded answer."""
     turns, _ = read_turns(path)
     chosen = select(turns, split)[:num_prompts]
     if not chosen:
         raise ConfigError(f"workload=sharegpt: no prompts in split {split!r} of {path or 'the package'}")
-    if len(chosen) < num_prompts:
+    if num_prompts is not None and len(chosen) < num_prompts:
         log.warning("workload=sharegpt: %d prompts asked for, split %r has %d", num_prompts, split, len(chosen))
-    return [Prompt(f"sharegpt-{t.id}", "sharegpt", t.prompt) for t in chosen]
+    return [Prompt(f"sharegpt-{t.id}", "sharegpt", t.prompt, answer=t.answer) for t in chosen]
 
 
 def export(out: str, train: int | None, heldout: int | None, path: str | None = None) -> dict:

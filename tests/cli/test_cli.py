@@ -148,3 +148,23 @@ def test_experiment_composes_and_smoke_runs(name, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert read_json(run / "status.json")["status"] == "complete"
     assert yaml.safe_load((run / ".hydra/config.yaml").read_text())["study"] == name
+
+
+def test_serving_run_writes_latencies_and_the_kv_timeline(tmp_path):
+    """A closed-loop serving job end to end: per-request arrival / queue wait / ITL rows, the serving keys, one
+    kv_timeline row per engine step in events.jsonl beside the jsonl logger's own events, a report section."""
+    run = tmp_path / "run"
+    proc = run_cli([*TINY, "logger=jsonl", "parity=off", "workload.num_prompts=4", "workload.arrival=closed",
+                    "workload.concurrency=2", "workload.warmup_requests=1", f"hydra.run.dir={run}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = read_json(run / "metrics.json")
+    assert m["arrival"] == "closed" and m["measured_requests"] == 3 and m["max_running"] <= 2
+    assert m["itl_ms_p50"] > 0 and m["kv_pages_used_max"] > 0
+    rows = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
+    assert [r["measured"] for r in rows] == [False, True, True, True]
+    assert all(r["queue_wait_ms"] >= 0 and isinstance(r["itl_ms"], list) for r in rows)
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    kv = [e for e in events if e.get("event") == "kv_timeline"]
+    assert kv and {e["run"] for e in kv} == {"spec", "target_only"} and len(kv) < len(events)
+    proc = run_cli([str(run)], tmp_path, module="attnlab.report")
+    assert proc.returncode == 0 and (run / "kv_timeline.png").is_file(), proc.stderr[-2000:]
