@@ -1,4 +1,5 @@
-"""CUDA graphs of whole forward passes, per (batch-size bucket, q_len per request, plan slot, captured layers).
+"""CUDA graphs of whole forward passes, per (batch-size bucket, q_len per request, plan slot, captured layers,
+tree mask or not).
 
 Contract with the backend (``caps.cuda_graph`` non-empty, built with ``cuda_graph=True``): a plan for the
 same (slot, batch size, q_len) reuses the same device buffers and launch parameters, so a graph captured
@@ -9,7 +10,9 @@ Every graph of a runner shares one memory pool; buckets are captured largest fir
 the smaller ones reuse the pool's blocks. A graph records the runner's ``capture_layers`` at capture time and
 replays only while they are the same: a target captured for an EAGLE drafter (features out of every pass)
 and the same target decoding alone (nothing captured) use different graphs, so the target-only baseline does
-not pay for the drafter's features.
+not pay for the drafter's features. Tree passes (a custom mask: tree verify, tree draft steps) have their own
+graphs, captured over a masked plan of the backend (``caps.cuda_graph_mask``); a causal pass of the same shape
+never replays one, nor the other way round.
 """
 
 from __future__ import annotations
@@ -42,38 +45,49 @@ class _Graph:
 class GraphCache:
     def __init__(self, runner):
         self.runner = runner
-        self.graphs: dict[tuple, _Graph] = {}  # (bs, q_len, slot, capture_layers) -> graph
+        self.graphs: dict[tuple, _Graph] = {}  # (bs, q_len, slot, capture_layers, masked) -> graph
         self.buckets: tuple[int, ...] = ()
-        self.q_lens: tuple[int, ...] = ()
+        self.q_lens: tuple[int, ...] = ()  # of causal passes
+        self.mask_q_lens: tuple[int, ...] = ()  # of tree passes
         self.pool = None
 
-    def has(self, bs: int, q_len: int, slot: int, features: torch.Tensor | None = None) -> bool:
+    def q_lens_for(self, masked: bool) -> tuple[int, ...]:
+        return self.mask_q_lens if masked else self.q_lens
+
+    def has(self, bs: int, q_len: int, slot: int, features: torch.Tensor | None = None, masked: bool = False) -> bool:
         """A graph for this key exists and takes the same kind of features (none, or the same width)."""
-        g = self.graphs.get((bs, q_len, slot, self.runner.capture_layers))
+        g = self.graphs.get((bs, q_len, slot, self.runner.capture_layers, masked))
         if g is None:
             return False
         if g.features is None or features is None:
             return g.features is None and features is None
         return g.features.shape[1] == features.shape[1]
 
-    def capture(self, buckets, q_lens, slots, feature_dim: int | None = None) -> int:
+    def capture(self, buckets, q_lens, slots, feature_dim: int | None = None, masked: bool = False) -> int:
         """Capture every (bucket, q_len, slot) not captured yet; returns how many were added."""
         r = self.runner
         before = len(self.graphs)
         self.buckets = tuple(sorted(set(self.buckets) | set(buckets)))
-        self.q_lens = tuple(sorted(set(self.q_lens) | set(q_lens)))
+        if masked:
+            self.mask_q_lens = tuple(sorted(set(self.mask_q_lens) | set(q_lens)))
+        else:
+            self.q_lens = tuple(sorted(set(self.q_lens) | set(q_lens)))
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         for bs in sorted(set(buckets), reverse=True):
             for q in sorted(set(q_lens)):
                 for slot in slots:
-                    if (bs, q, slot, r.capture_layers) not in self.graphs:
-                        self._capture_one(r, bs, q, slot, feature_dim)
+                    if (bs, q, slot, r.capture_layers, masked) not in self.graphs:
+                        self._capture_one(r, bs, q, slot, feature_dim, masked)
         return len(self.graphs) - before
 
-    def _capture_one(self, r, bs: int, q: int, slot: int, feature_dim: int | None) -> None:
+    def _capture_one(self, r, bs: int, q: int, slot: int, feature_dim: int | None, masked: bool = False) -> None:
         from attnlab.backends.base import Mode
 
-        dummy = r.prepare([], [], [], Mode.DECODE if q == 1 else Mode.VERIFY, pad_to=bs, pad_q_len=q)
+        # a tree pass is captured over a masked plan (the dummies' own blocks, all True): the backend's static
+        # mask buffers, which every later plan and update_mask of this key rewrite in place
+        mask = torch.ones(0, dtype=torch.bool, device=r.device) if masked else None
+        dummy = r.prepare([], [], [], Mode.DECODE if q == 1 and not masked else Mode.VERIFY, pad_to=bs,
+                          pad_q_len=q, custom_mask=mask)
         r.plan_slot(dummy, slot)
         n = bs * q
         ids = torch.zeros(n, dtype=torch.long, device=r.device)
@@ -101,14 +115,15 @@ class GraphCache:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool):
                 logits, aux = forward()
-        self.graphs[(bs, q, slot, r.capture_layers)] = _Graph(g, ids, positions, slots, logits, features, aux)
+        self.graphs[(bs, q, slot, r.capture_layers, masked)] = _Graph(g, ids, positions, slots, logits, features,
+                                                                        aux)
 
     def replay(self, bs: int, q: int, slot: int, p, input_ids: torch.Tensor,
-               features: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+               features: torch.Tensor | None = None, masked: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Copy the pass's inputs into the graph's buffers and replay; returns ([bs * q, vocab] logits,
         [bs * q, F'] aux or None), views of the graph's output buffers: consume them before the next replay
         of the same graph."""
-        g = self.graphs[(bs, q, slot, self.runner.capture_layers)]
+        g = self.graphs[(bs, q, slot, self.runner.capture_layers, masked)]
         g.ids[: input_ids.shape[0]].copy_(input_ids)
         if features is not None:
             g.features[: features.shape[0]].copy_(features)
