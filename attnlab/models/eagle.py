@@ -57,11 +57,14 @@ class EagleConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
     rope_freq_factors: list[float] | None = None
+    # A reduced draft vocabulary (EAGLE-3's d2t): the head scores only these many target tokens, the rows
+    # ``d2t`` (a buffer saved with the weights) of the target's LM head; None = the whole vocabulary.
+    draft_vocab_size: int | None = None
     meta: dict = field(default_factory=dict)  # how it was trained: command, tokens, steps, data
 
     @classmethod
     def for_target(cls, target: ModelConfig, name: str, fingerprint: str, capture_layers=None,
-                   intermediate_size: int | None = None) -> EagleConfig:
+                   intermediate_size: int | None = None, draft_vocab_size: int | None = None) -> EagleConfig:
         layers = list(capture_layers) if capture_layers else default_capture_layers(target.num_layers)
         if len(layers) < 2 or len(set(layers)) != len(layers) or min(layers) < 0 or max(layers) >= target.num_layers:
             raise ModelLoadError(f"eagle capture layers {layers}: need >= 2 distinct layer indices in "
@@ -70,7 +73,16 @@ class EagleConfig:
                    hidden_size=target.hidden_size, intermediate_size=intermediate_size or target.intermediate_size,
                    num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
                    capture_layers=sorted(layers), rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta,
-                   rope_scaling=target.rope_scaling, rope_freq_factors=target.rope_freq_factors)
+                   rope_scaling=target.rope_scaling, rope_freq_factors=target.rope_freq_factors,
+                   draft_vocab_size=cls._check_vocab(draft_vocab_size, target.vocab_size))
+
+    @staticmethod
+    def _check_vocab(n: int | None, vocab: int) -> int | None:
+        if n is None or n == vocab:
+            return None
+        if not 1 <= n < vocab:
+            raise ModelLoadError(f"eagle draft vocabulary {n}: must be in 1..{vocab} (the target's) or null")
+        return n
 
     @property
     def feature_dim(self) -> int:
@@ -84,7 +96,7 @@ class EagleConfig:
     def from_dict(cls, d: dict) -> EagleConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         missing = sorted(n for n in names - set(d) if n not in ("rope_scaling", "rope_freq_factors", "meta",
-                                                                   "rms_norm_eps", "rope_theta"))
+                                                                   "rms_norm_eps", "rope_theta", "draft_vocab_size"))
         if missing:
             raise ModelLoadError(f"eagle head config lacks {missing}")
         return cls(**{k: v for k, v in d.items() if k in names})
@@ -134,7 +146,10 @@ class EagleHead(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, H, bias=False, dtype=dtype)
         self.norm = RMSNorm(H, cfg.rms_norm_eps, dtype)
         self.register_buffer("inv_freq", torch.empty(0), persistent=False)
+        if cfg.draft_vocab_size:  # draft id -> target id, sorted; filled by training (or loading)
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self._bound: tuple[nn.Module, nn.Module] | None = None  # (embed_tokens, lm_head) of the target
+        self._rows: torch.Tensor | None = None  # the target's LM-head rows at d2t (derived on bind, not saved)
         self._finish()
 
     def _finish(self) -> None:
@@ -145,6 +160,8 @@ class EagleHead(nn.Module):
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         self._finish()  # fp32 RoPE frequencies survive a dtype cast
+        if self._bound is not None and self.config.draft_vocab_size:
+            self._derive_rows()
         return self
 
     # -- the target's shared modules ------------------------------------------------------------------
@@ -154,7 +171,24 @@ class EagleHead(nn.Module):
             raise ModelLoadError(f"eagle head: target embedding {tuple(embed_tokens.weight.shape)} != "
                                  f"({self.config.vocab_size}, {self.config.hidden_size})")
         object.__setattr__(self, "_bound", (embed_tokens, lm_head))
+        if self.config.draft_vocab_size:
+            self._derive_rows()
         return self
+
+    def set_draft_vocab(self, d2t: torch.Tensor) -> None:
+        """The draft vocabulary: sorted, distinct target token ids, as many as config.draft_vocab_size."""
+        d2t = torch.as_tensor(d2t, dtype=torch.long).reshape(-1)
+        n, V = self.config.draft_vocab_size, self.config.vocab_size
+        if d2t.numel() != n or d2t.unique().numel() != n or int(d2t.min()) < 0 or int(d2t.max()) >= V:
+            raise ValueError(f"draft vocabulary: need {n} distinct token ids in 0..{V - 1}")
+        self.d2t.copy_(d2t.sort().values.to(self.d2t.device))
+        if self._bound is not None:
+            self._derive_rows()
+
+    def _derive_rows(self) -> None:
+        # the LM-head rows of the draft vocabulary, gathered once (the head never trains them)
+        w = self.shared[1].weight
+        object.__setattr__(self, "_rows", w.detach()[self.d2t.to(w.device)].contiguous())
 
     @property
     def shared(self) -> tuple[nn.Module, nn.Module]:
@@ -202,6 +236,19 @@ class EagleHead(nn.Module):
         ctx.captured = a
         return self.norm(a)
 
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] (normed) -> fp32 logits over the draft vocabulary [N, draft_vocab_size] (the whole
+        vocabulary when there is no reduced one): what training scores."""
+        if not self.config.draft_vocab_size:
+            return self.shared[1](hidden).float()
+        return F.linear(hidden, self._rows.to(hidden.dtype)).float()
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, H] (normed) -> logits [N, vocab] fp32, through the target's LM head."""
-        return self.shared[1](hidden).float()
+        """hidden [N, H] (normed) -> logits [N, vocab] fp32 over the target's vocabulary: tokens outside a
+        reduced draft vocabulary get -inf (probability 0, never drafted), so every consumer of draft logits
+        (argmax, sampling, rejection sampling's q) works in target ids and stays lossless."""
+        if not self.config.draft_vocab_size:
+            return self.shared[1](hidden).float()
+        small = self.draft_logits(hidden)
+        full = small.new_full((small.shape[0], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(1, self.d2t, small)

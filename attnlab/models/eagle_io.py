@@ -94,7 +94,8 @@ def load_head(folder: str | Path, target_model, *, dtype: torch.dtype, device, c
         state = load_file(str(folder / WEIGHTS), device="cpu")
     except Exception as e:  # noqa: BLE001 - a truncated or foreign file is the user's input
         raise ModelLoadError(f"{folder / WEIGHTS}: cannot read ({type(e).__name__}: {e})") from None
-    missing, unexpected = head.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
+    missing, unexpected = head.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v
+                                                for k, v in state.items()}, strict=False)
     if missing or unexpected:
         raise ModelLoadError(f"{folder / WEIGHTS}: tensors do not match the head (missing {missing}, "
                              f"unexpected {unexpected})")

@@ -14,6 +14,7 @@ from attnlab.cli import CONF_DIR, EXIT_USAGE, is_user_error, one_line
 
 log = logging.getLogger("attnlab.train")
 _USER_ERRORS: list[BaseException] = []  # the task's user error: printed by main as one line (Hydra would print more)
+_INTERRUPT: list[str] = []  # what an interrupted run saved, for main's one line
 
 
 def _task(cfg) -> dict:
@@ -44,6 +45,17 @@ def _task(cfg) -> dict:
         log.info("head: %s | held-out sim tau %s | run folder: %s", summary["head"],
                  {k: round(v, 3) for k, v in summary.items() if k.startswith("eval/sim_tau")}, run_dir)
         return summary
+    except KeyboardInterrupt as e:  # the loop saved the checkpoint and the head (if training had started)
+        from attnlab.lifecycle import signal_name
+
+        saved = (run_dir / "head" / "eagle3.json").is_file()
+        status.finish("interrupted", error=f"interrupted by {signal_name(e)}" +
+                      (f"; the head so far is in {run_dir / 'head'}" if saved else ""))
+        if logger is not None:
+            logger.finish("interrupted")
+        _INTERRUPT.append(f"interrupted by {signal_name(e)}" + (
+            f": checkpoint and head so far saved in {run_dir} (resume: train.resume={run_dir})" if saved else ""))
+        raise
     except BaseException as e:
         from attnlab.errors import AttnlabError
 
@@ -67,14 +79,21 @@ def main(argv: list[str] | None = None) -> int:
     full = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
     task = hydra.main(config_path=str(CONF_DIR), config_name="train_draft", version_base="1.3")(_task)
+    from attnlab import lifecycle
+
     try:
-        task()
+        with lifecycle.raise_on_sigterm():
+            task()
         if _USER_ERRORS:
             err = _USER_ERRORS.pop()
             if full:
                 raise err
             print(f"attnlab.train_draft: error: {one_line(err)}", file=sys.stderr)
             return EXIT_USAGE
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, 130 / 143
+        msg = _INTERRUPT[-1] if _INTERRUPT else f"interrupted by {lifecycle.signal_name(exc)}"
+        print(f"attnlab.train_draft: {msg}", file=sys.stderr)
+        return lifecycle.exit_code(exc)
     except Exception as exc:
         if full or not is_user_error(exc):
             raise

@@ -152,6 +152,17 @@ def collate(examples: list[Example], idx: list[int], max_len: int, device) -> tu
     return ids.to(device), ans.to(device)
 
 
+def frequent_tokens(examples: list[Example], n: int, vocab: int) -> torch.Tensor:
+    """The n most frequent answer tokens of ``examples`` (ties: lower id first), for a reduced draft
+    vocabulary; padded with the lowest unused ids when the answers hold fewer distinct tokens."""
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for e in examples:
+        ids = torch.tensor(e.ids[e.answer_start:], dtype=torch.long)
+        counts.index_add_(0, ids, torch.ones_like(ids))
+    order = sorted(range(vocab), key=lambda t: (-int(counts[t]), t))
+    return torch.tensor(sorted(order[:n]), dtype=torch.long)
+
+
 def save_examples(path, train: list[Example], heldout: list[Example], summary: dict) -> None:
     torch.save({"train": [(e.ids, e.answer_start) for e in train],
                 "heldout": [(e.ids, e.answer_start) for e in heldout], "summary": summary}, path)

@@ -38,6 +38,7 @@ def lr_at(step: int, total: int, t) -> float:
 class Trainer:
     def __init__(self, cfg, run_dir: Path, device: str, dtype: str):
         self.cfg, self.t, self.dir = cfg, cfg.train, Path(run_dir)
+        self.interrupted: KeyboardInterrupt | None = None  # set when Ctrl-C / SIGTERM ended training early
         self.device, self.dtype = torch.device(device), dtype
         self.max_len = self.t.data.max_prompt_tokens + self.t.data.regen_max_new_tokens
         if max(self.t.eval_k, default=0) > self.t.ttt_steps:
@@ -105,9 +106,11 @@ class Trainer:
         target = self.target.model
         name = self.cfg.model.name if not self.cfg.model.path else str(self.cfg.model.path)
         ecfg = EagleConfig.for_target(target.config, name, weights_fingerprint(target), self.t.capture_layers,
-                                      self.t.intermediate_size)
+                                      self.t.intermediate_size, self.t.draft_vocab_size)
         torch.manual_seed(self.cfg.seed)
         head = EagleHead(ecfg, dtype=torch.float32).to(self.device)  # fp32 master weights (autocast on GPU)
+        if ecfg.draft_vocab_size:
+            head.set_draft_vocab(D.frequent_tokens(self.train_ex, ecfg.draft_vocab_size, ecfg.vocab_size))
         with torch.no_grad():
             for mod in (head.qkv_proj, head.o_proj, head.gate_up_proj, head.down_proj, head.fc):
                 mod.weight.normal_(0.0, 0.02)
@@ -173,6 +176,8 @@ class Trainer:
         if ckpt is not None and ckpt.is_file():
             state = torch.load(ckpt, weights_only=False)
             head.load_state_dict(state["head"])
+            if head.config.draft_vocab_size:
+                head.set_draft_vocab(head.d2t.clone())  # re-derive the LM-head rows of the loaded d2t
             opt.load_state_dict(state["opt"])
             step, tokens, epoch, start_batch = state["step"], state["tokens"], state["epoch"], state["batch"]
             rng.setstate(state["rng"])
@@ -228,12 +233,16 @@ class Trainer:
                         self.checkpoint(opt, step, tokens, epoch, b + 1, rng)
                 start_batch = 0
                 epoch += 1
+        except KeyboardInterrupt as e:  # Ctrl-C / SIGTERM: keep what was trained (checkpoint, head), then stop
+            self.interrupted = e
+            log.warning("training interrupted at step %d: saving the checkpoint and the head so far", step)
         finally:
             bar.close()
         train_s = time.perf_counter() - t0
-        final = self.evaluate()
+        final = {} if self.interrupted else self.evaluate()
         self.checkpoint(opt, step, tokens, epoch, 0, rng)
-        return {"steps": step, "planned_steps": planned, "stopped_by_time": step < planned, "tokens": tokens,
+        return {"steps": step, "planned_steps": planned, "stopped_by_time": step < planned and not self.interrupted,
+                "interrupted": self.interrupted is not None, "tokens": tokens,
                 "train_s": train_s, "tokens_per_s": tokens / max(train_s, 1e-9), "epochs_done": epoch, **final}
 
     def checkpoint(self, opt, step, tokens, epoch, batch, rng) -> None:
@@ -260,7 +269,8 @@ def _cast_copy(head, dtype):
     from attnlab.models.eagle import EagleHead
 
     out = EagleHead(head.config, dtype=dtype)
-    out.load_state_dict({k: v.detach().to("cpu", dtype) for k, v in head.state_dict().items()})
+    out.load_state_dict({k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype)
+                         for k, v in head.state_dict().items()})  # d2t stays int64
     return out
 
 
@@ -279,4 +289,6 @@ def run(cfg, run_dir: Path, device: str, dtype: str, logger, target=None) -> dic
     summary = {"head": str(path), "data": tr.data_summary, **result}
     write_json(run_dir / "summary.json", summary)
     logger.log_metrics({k: v for k, v in result.items() if isinstance(v, (int, float))})
+    if tr.interrupted is not None:  # saved: now let the interrupt end the run
+        raise tr.interrupted
     return summary

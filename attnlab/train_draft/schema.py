@@ -29,6 +29,9 @@ class TrainDataSchema:
 class TrainSchema:
     capture_layers: list[int] | None = None  # target layers whose outputs feed the head; null = [2, L//2, L-3]
     intermediate_size: int | None = None  # the head's MLP width; null = the target's
+    # a reduced draft vocabulary (EAGLE-3's d2t): the most frequent answer tokens of the training data; the head
+    # scores only those (the target's LM-head rows), which makes the LM head and softmax of every step cheaper
+    draft_vocab_size: int | None = None
     ttt_steps: int = 6  # draft steps unrolled per training example (EAGLE-3's training-time test)
     step_decay: float = 0.8  # loss weight of step j: step_decay ** j
     lr: float = 3e-4

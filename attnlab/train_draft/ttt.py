@@ -110,14 +110,18 @@ def ttt_loss(head, ids, feats, target_logits, answer, steps: int, decay: float):
             stats.entries.append(0)
             matches.append(match)
             continue
-        logits = head.compute_logits(head.norm(a[vj]))  # [n, V] fp32
+        logits = head.draft_logits(head.norm(a[vj]))  # [n, V or draft vocab] fp32
         logq = torch.log_softmax(logits, dim=-1)
-        pt = torch.softmax(tgt[vj], dim=-1)
+        t = tgt[vj]
+        d2t = getattr(head, "d2t", None)
+        # a reduced draft vocabulary: the target's distribution renormalized over it (EAGLE-3's t2d)
+        pt = torch.softmax(t if d2t is None else t[:, d2t], dim=-1)
         ce = -(pt * logq).sum(-1).mean()
         w = decay ** j
         total = total + w * ce
         wsum += w
-        hit = logits.argmax(-1) == pt.argmax(-1)
+        drafted = logits.argmax(-1) if d2t is None else d2t[logits.argmax(-1)]
+        hit = drafted == t.argmax(-1)  # in target ids: a target argmax outside the draft vocabulary is a miss
         match[vj] = hit
         matches.append(match.detach())
         stats.loss.append(float(ce.detach()))

@@ -124,3 +124,52 @@ def test_padded_head_pass_equals_unpadded(page_size):
         assert (p.padded_to == pad) and r.aux.shape[0] == 12
     torch.testing.assert_close(outs[1][0], outs[0][0])
     torch.testing.assert_close(outs[1][1], outs[0][1])
+
+
+def test_reduced_draft_vocabulary_drafts_only_its_tokens_and_stays_lossless():
+    """A head with a draft vocabulary (d2t) scores only those target tokens: the others get probability 0 and
+    are never drafted; greedy output still equals target-only."""
+    from attnlab.models.eagle import EagleConfig, EagleHead, weights_fingerprint
+
+    cfg = EagleConfig.for_target(CFG, "tiny", weights_fingerprint(TARGET), draft_vocab_size=40)
+    torch.manual_seed(0)
+    head = EagleHead(cfg).bind(TARGET.embed_tokens, TARGET.lm_head).eval().requires_grad_(False)
+    vocab = torch.arange(0, CFG.vocab_size, 2)[:40]
+    head.set_draft_vocab(vocab.flip(0))  # any order in: stored sorted
+    assert torch.equal(head.d2t, vocab)
+    h = torch.randn(5, CFG.hidden_size)
+    full, small = head.compute_logits(h), head.draft_logits(h)
+    assert small.shape == (5, 40) and torch.equal(full[:, vocab], small)
+    assert torch.isinf(full[:, 1::2]).all()  # outside the draft vocabulary: -inf
+    torch.testing.assert_close(small, TARGET.lm_head(h)[:, vocab])  # the target's own LM-head rows
+    ps = prompts(4, CFG.vocab_size)
+    ref = target_only(ps, 16)
+    out = SpeculativeDecoder(runner(TARGET, CFG, 16), EagleDrafter(eagle_runner(head)), SpecParams(3)).generate(ps, 16)
+    assert [r.output_ids for r in out.requests] == [r.output_ids for r in ref.requests]
+
+
+def test_reduced_draft_vocabulary_round_trips_through_save_and_load(tmp_path):
+    from attnlab.models.eagle import EagleConfig, EagleHead, weights_fingerprint
+    from attnlab.models.eagle_io import load_head, save_head
+
+    cfg = EagleConfig.for_target(CFG, "tiny", weights_fingerprint(TARGET), draft_vocab_size=17)
+    head = EagleHead(cfg).bind(TARGET.embed_tokens, TARGET.lm_head)
+    head.set_draft_vocab(torch.arange(5, 22))
+    save_head(head.to(torch.bfloat16), tmp_path)
+    back = load_head(tmp_path, TARGET, dtype=torch.float32, device="cpu")
+    assert back.d2t.dtype == torch.long and torch.equal(back.d2t, torch.arange(5, 22))
+    h = torch.randn(3, CFG.hidden_size)
+    torch.testing.assert_close(back.draft_logits(h), TARGET.lm_head(h)[:, 5:22])
+
+
+def test_fused_target_captures_the_same_features():
+    """engine.fused_ops defers the residual add to the next norm: the captured stream is h + residual, the same
+    features as the unfused layers give (Triton kernels under the interpreter on CPU)."""
+    ids = torch.tensor([5, 7, 9, 11, 2, 3])
+    feats = []
+    for fused in (False, True):
+        tgt = runner(TARGET, CFG, 16, fused_ops=fused)
+        tgt.capture_layers = (1, 3)
+        tgt.run([0], [0], [6], ids, Mode.PREFILL)
+        feats.append(tgt.aux)
+    torch.testing.assert_close(feats[1], feats[0], rtol=1e-4, atol=1e-4)

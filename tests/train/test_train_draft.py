@@ -134,3 +134,37 @@ def test_cli_trains_a_head_for_a_preset(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run / "head" / "eagle3.json").is_file() and (run / "train_log.jsonl").is_file()
     assert json.loads((run / "status.json").read_text())["status"] == "complete"
+
+
+def test_interrupt_saves_the_checkpoint_and_the_head(tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM, which attnlab raises as KeyboardInterrupt) mid-training keeps what was trained."""
+    from attnlab.train_draft import loop
+
+    real, calls = loop.ttt_loss, [0]
+
+    def interrupted_at_step_3(*a, **k):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(loop, "ttt_loss", interrupted_at_step_3)
+    sample = write_sample(tmp_path / "s.json", 40)
+    cfg = train_config(sample, epochs=50, **{"data.num_train": 24})
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path, "cpu", "fp32", NoneLogger(), target=target_side(tiny_model(CFG, seed=0)))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["interrupted"] and summary["steps"] >= 1  # the evaluation before training runs it too
+    assert (tmp_path / "checkpoint.pt").is_file() and (tmp_path / "head" / "eagle3.safetensors").is_file()
+
+
+def test_reduced_draft_vocabulary_trains_on_the_frequent_answer_tokens(tmp_path):
+    from attnlab.train_draft.data import Example, frequent_tokens
+
+    assert frequent_tokens([Example([9, 9, 5, 5, 5, 7], 2)], 2, 12).tolist() == [5, 7]  # answer tokens only
+    sample = write_sample(tmp_path / "s.json", 60)
+    cfg = train_config(sample, draft_vocab_size=64, **{"data.num_train": 40})
+    s = run(cfg, tmp_path, "cpu", "fp32", NoneLogger(), target=target_side(tiny_model(CFG, seed=0)))
+    head = load_head(tmp_path / "head", tiny_model(CFG, seed=0), dtype=torch.float32, device="cpu")
+    assert head.config.draft_vocab_size == 64 and head.d2t.numel() == 64
+    assert s["eval/loss"] < s["eval_before"]["eval/loss"] and s["eval/top1_step0"] > 0.1
