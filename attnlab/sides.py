@@ -110,7 +110,9 @@ def decode(pair: Pair, plan: RunPlan, work: Prepared, prompts, *, k: int | None 
     from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 
     s, w = plan.spec, plan.workload
-    params = SpecParams(plan.k if k is None else k, s.topk, s.temperature, s.top_k, s.top_p)
+    tree = s.topk > 1 and k in (None, plan.k)  # another k (e.g. 0, target-only) decodes without a tree
+    params = SpecParams(plan.k if k is None else k, s.topk if tree else 1, s.temperature, s.top_k, s.top_p,
+                        s.num_steps if tree else None)
     dec = SpeculativeDecoder(pair.target, pair.drafter, params, seed=plan.seed if seed is None else seed)
     new = w.max_new_tokens if max_new_tokens is None else max_new_tokens
     eos = work.eos_ids if eos_ids is None else eos_ids

@@ -33,6 +33,7 @@ class SpecParams:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    num_steps: int | None = None  # tree depth (topk > 1); None = num_draft_tokens (chains)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -41,8 +42,6 @@ class SpecParams:
 
 class SpeculativeDecoder:
     def __init__(self, target: ModelRunner, drafter: Drafter, params: SpecParams, seed: int = 0):
-        if params.topk != 1:
-            raise ConfigError(f"spec.topk={params.topk}: only chain drafting (topk=1) is implemented so far")
         if drafter.kind != "none" and params.num_draft_tokens < 1:
             raise ConfigError(f"spec.num_draft_tokens must be >= 1 with draft={drafter.kind}, "
                               f"got {params.num_draft_tokens}")
@@ -50,6 +49,12 @@ class SpeculativeDecoder:
         self.drafter = drafter
         self.params = params
         self.k = 0 if drafter.kind == "none" else params.num_draft_tokens
+        self.tree = None  # tree drafting (spec.topk > 1): attnlab.spec.tree_loop runs those iterations
+        if params.topk > 1 and self.k:
+            from attnlab.spec.tree_loop import TreeIteration, tree_shape
+
+            self.tree = TreeIteration(target, drafter, tree_shape(params.topk, params.num_steps, self.k),
+                                      params.sampling)
         self.gen = torch.Generator(device=target.device)
         self.gen.manual_seed(seed)
         self._next_id = 0
@@ -112,28 +117,33 @@ class SpeculativeDecoder:
             k = max(0, min(self.k, room))
 
             timer.mark("draft")
-            draft, dprobs = drafter.propose(reqs, [seqs[r] for r in reqs], k, sp, self.gen)
+            if self.tree is not None and k == self.k and self.tree.fits(n_before):
+                # --- tree drafting (spec.topk > 1): draft, verify, accept, rollback, draft-extend (tree_loop) ---
+                emitted, n_acc, nxt, logits = self.tree.step(reqs, [seqs[r] for r in reqs], n_before, last, sp,
+                                                             self.gen, timer, record_logits)
+            else:  # --- chain drafting (near the context end also for trees: what fits) ---
+                draft, dprobs = drafter.propose(reqs, [seqs[r] for r in reqs], k, sp, self.gen)
 
-            timer.mark("verify")
-            ids = torch.cat([last[:, None], draft], dim=1).reshape(-1)
-            p = tgt.prepare(reqs, [n - 1 for n in n_before], [k + 1] * len(reqs),
-                            Mode.VERIFY if k else Mode.DECODE)
-            tgt.plan(p)
-            logits = tgt.forward(p, ids).view(len(reqs), k + 1, -1)
+                timer.mark("verify")
+                ids = torch.cat([last[:, None], draft], dim=1).reshape(-1)
+                p = tgt.prepare(reqs, [n - 1 for n in n_before], [k + 1] * len(reqs),
+                                Mode.VERIFY if k else Mode.DECODE)
+                tgt.plan(p)
+                logits = tgt.forward(p, ids).view(len(reqs), k + 1, -1)
 
-            timer.mark("accept")
-            if sp.greedy:
-                n_acc, nxt = greedy_accept(draft, logits)
-            else:
-                tprobs = probs_from_logits(logits, sp)
-                if dprobs is None:  # deterministic drafter: q is one-hot on the proposed token
-                    dprobs = F.one_hot(draft, logits.shape[-1]).float()
-                n_acc, nxt = rejection_accept(draft, dprobs, tprobs, self.gen)
-            emitted = torch.cat([draft, draft.new_zeros(draft.shape[0], 1)], dim=1)
-            emitted.scatter_(1, n_acc[:, None], nxt[:, None])
+                timer.mark("accept")
+                if sp.greedy:
+                    n_acc, nxt = greedy_accept(draft, logits)
+                else:
+                    tprobs = probs_from_logits(logits, sp)
+                    if dprobs is None:  # deterministic drafter: q is one-hot on the proposed token
+                        dprobs = F.one_hot(draft, logits.shape[-1]).float()
+                    n_acc, nxt = rejection_accept(draft, dprobs, tprobs, self.gen)
+                emitted = torch.cat([draft, draft.new_zeros(draft.shape[0], 1)], dim=1)
+                emitted.scatter_(1, n_acc[:, None], nxt[:, None])
 
-            timer.mark("draft_extend")  # EAGLE: the head reads what was accepted, before the sync
-            drafter.extend(reqs, n_before, k, emitted, n_acc, tgt)
+                timer.mark("draft_extend")  # EAGLE: the head reads what was accepted, before the sync
+                drafter.extend(reqs, n_before, k, emitted, n_acc, tgt)
             host = torch.cat([emitted, n_acc[:, None]], dim=1).tolist()  # the iteration's one sync
             if pending:
                 _fill_times(*pending)
