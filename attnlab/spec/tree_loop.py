@@ -101,7 +101,7 @@ def capture_tree_graphs(target, drafter, shape: TreeShape) -> int:
     """CUDA graphs of a tree run: the target's decode (q_len 1: the target-only baseline), its tree verify (q_len
     N + 1, masked, with the drafter's captured layers), then the drafter's tree passes. Tree-masked passes are
     captured only where the side's backend replays them (caps.cuda_graph_mask); else they run eagerly."""
-    n = target.capture_graphs(q_lens=(1,), num_slots=1)
+    n = target.capture_graphs(q_lens=(1,), num_slots=1, keep=True)  # keep: a bench adds these to chain graphs
     if target.backend.capabilities().cuda_graph_mask:
         target.capture_layers = drafter.capture_layers
         try:

@@ -62,7 +62,7 @@ def custom_mask_index(num_rows: int, width: int, prefix_lens: Sequence[int], dev
 def flatten_custom_mask(tree_mask: torch.Tensor, prefix_lens: Sequence[int]) -> torch.Tensor:
     """tree_mask [B, Q, W] bool, prefix_lens host ints -> AttnMeta.custom_mask: flat bool, request by request,
     block [Q, prefix_len + W] row-major, prefix columns True. Plan-time work (the size follows the lengths)."""
-    B, Q, W = tree_mask.shape
+    _, Q, W = tree_mask.shape
     total, index = custom_mask_index(Q, W, prefix_lens, tree_mask.device)
     out = torch.ones(total, dtype=torch.bool, device=tree_mask.device)
     out[index] = tree_mask.reshape(-1)

@@ -74,7 +74,7 @@ def test_tree_greedy_equals_target_only_torch(kind, shape, page_size):
     ref = target_only(ps, 20)
     out, tgt, drafter, tree_iters = run_tree(kind, shape, page_size, ps, 20)
     assert [r.output_ids for r in out.requests] == [r.output_ids for r in ref.requests]
-    K, S, N = shape
+    _, S, _ = shape
     taus = [t for r in out.requests for t in r.accept_lens]
     assert all(1 <= t <= S + 1 for t in taus)
     assert tree_iters == len(out.iterations)  # every iteration drafted a tree (the context never ran short)
