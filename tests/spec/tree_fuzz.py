@@ -28,15 +28,15 @@ PAGE_SIZES = (1, 3, 16)
 
 
 def make_runner(model, cfg, backend: str, page_size: int, device, max_batch: int, max_context: int,
-                graphs: bool) -> ModelRunner:
+                graphs: bool, dtype=torch.float32) -> ModelRunner:
     pages = max_batch * -(-max_context // page_size)
-    pool = KVPool(cfg.num_layers, pages, page_size, cfg.num_kv_heads, cfg.head_dim, torch.float32, device)
+    pool = KVPool(cfg.num_layers, pages, page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     kw = {}
     if graphs:  # buffers sized as engine.build does, with the topk factor in max_q_len
         kw = {"cuda_graph": True, "max_batch_size": bucket_for(max_batch, DEFAULT_BUCKETS),
               "max_q_len": max(max(n + 1, k) for k, _, n in SHAPES), "max_context": max_context}
     be = get_backend_class(backend)(pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5,
-                                    torch.float32, **kw)
+                                    dtype, **kw)
     return ModelRunner(model, cfg, None, pool, PageAllocator(pages, page_size), be, max_context, "fuzz",
                        max_batch=max_batch)
 
