@@ -22,6 +22,7 @@ from attnlab.plan import RunPlan
 DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
 DEVICES = ("auto", "cpu", "cuda")
 DRAFT_KINDS = ("none", "self", "ngram", "model", "eagle")
+TREE_DRAFT_KINDS = ("self", "model", "eagle")  # spec.topk > 1 (Drafter.drafts_trees)
 MODEL_INITS = ("pretrained", "random")
 WORKLOAD_KINDS = ("builtin", "hf", "sharegpt", "humaneval", "synthetic")
 LOGGER_KINDS = ("wandb", "jsonl", "none")
@@ -490,6 +491,9 @@ def validate(cfg: DictConfig) -> RunPlan:
         from attnlab.spec.tree import check_tree_shape
 
         check_tree_shape(s.topk, s.num_steps, s.num_draft_tokens)
+    if s.topk > 1 and d.kind not in ("none", *TREE_DRAFT_KINDS):
+        raise ConfigError(f"spec.topk={s.topk}: draft={d.kind} drafts chains only (use spec.topk=1, or draft="
+                          f"{'|'.join(TREE_DRAFT_KINDS)} for trees)")
     if s.temperature < 0:
         raise ConfigError(f"spec.temperature={s.temperature}: must be >= 0 (0 = greedy)")
     if s.top_k < 0:

@@ -46,8 +46,14 @@ def capture_graphs(plan: RunPlan, pair: Pair) -> dict:
     workload.batch_size."""
     t0 = time.perf_counter()
     with step("capture CUDA graphs"):
-        n = pair.target.capture_graphs(q_lens=sorted({1, plan.k + 1}), num_slots=1)
-        n += pair.drafter.capture_graphs(pair.target, plan.k)
+        if plan.k and plan.spec.topk > 1:  # trees: the tree verify and the topk draft passes (spec.tree_loop)
+            from attnlab.spec.tree_loop import capture_tree_graphs, tree_shape
+
+            shape = tree_shape(plan.spec.topk, plan.spec.num_steps, plan.k)
+            n = capture_tree_graphs(pair.target, pair.drafter, shape)
+        else:
+            n = pair.target.capture_graphs(q_lens=sorted({1, plan.k + 1}), num_slots=1)
+            n += pair.drafter.capture_graphs(pair.target, plan.k)
     return {"warmup_graph_s": time.perf_counter() - t0, "cuda_graphs": n}
 
 

@@ -96,8 +96,6 @@ def check_sides(plan: RunPlan, *, max_context: int, page_size: int, target_head_
         check_backend("backend", plan.backend, device=plan.device, dtype=p.draft, kv_dtype=p.kv_draft,
                       page_size=page_size, max_context=max_context, topk=plan.spec.topk, head_dim=draft_head_dim,
                       options=dict(plan.backend_options))
-    if plan.k and plan.spec.topk > 1:
-        raise ConfigError(f"spec.topk={plan.spec.topk}: tree drafting is not implemented yet (use spec.topk=1)")
 
 
 def fit_warmup(plan: RunPlan, max_context: int) -> tuple[int, ...]:

@@ -53,7 +53,9 @@ def side_spec(plan: RunPlan, work: Prepared, side: str, backend: str, *, graphs:
         page_size=work.page_size, max_context=work.max_context, max_batch=plan.workload.batch_size,
         device=plan.device, name=name or side, num_pages=plan.kv.num_pages,
         layers=work.draft_layers if draft and plan.draft.kind == "self" else None,
-        kv_scale=p.kv_scale, fp8_gemm=p.fp8_gemm, cuda_graph=fast, max_q_len=plan.k + 1 if fast else 16,
+        kv_scale=p.kv_scale, fp8_gemm=p.fp8_gemm, cuda_graph=fast,
+        # graph buffers hold the longest pass: verify k + 1, a tree's topk-wide draft steps (sglang#27338)
+        max_q_len=max(plan.k + 1, plan.spec.topk) if fast else 16,
         fused_ops=graphs and plan.engine.fused_ops or invariant, invariant=invariant,
         gemm=plan.engine.gemm if graphs else "cublas",
         decode_steps_per_sync=1 if draft else plan.engine.decode_steps_per_sync,
@@ -117,7 +119,9 @@ def decode(pair: Pair, plan: RunPlan, work: Prepared, prompts, *, k: int | None 
     from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 
     s, w = plan.spec, plan.workload
-    params = SpecParams(plan.k if k is None else k, s.topk, s.temperature, s.top_k, s.top_p)
+    tree = s.topk > 1 and k in (None, plan.k)  # another k (e.g. 0, target-only) decodes without a tree
+    params = SpecParams(plan.k if k is None else k, s.topk if tree else 1, s.temperature, s.top_k, s.top_p,
+                        s.num_steps if tree else None)
     dec = SpeculativeDecoder(pair.target, pair.drafter, params, seed=plan.seed if seed is None else seed)
     new = w.max_new_tokens if max_new_tokens is None else max_new_tokens
     eos = work.eos_ids if eos_ids is None else eos_ids

@@ -49,8 +49,9 @@ class Capabilities:
     kv_dtypes: frozenset[str]
     head_dims: frozenset[int]
     page_sizes: str = "any"  # "any" | "multiple:N" | "contiguous" (page_size must equal max context)
-    custom_mask: bool = False  # tree verify
+    custom_mask: bool = False  # tree verify and tree draft steps (update_mask)
     cuda_graph: frozenset[Mode] = frozenset()
+    cuda_graph_mask: bool = False  # custom-mask (tree) passes replay from CUDA graphs too
     notes: str = ""
     # engine.invariant=true: built with invariant=True, a query row's attention output depends only on the
     # model shape and its visible context length, never on q_len, batch, padding or graph bucket (docs/design.md)
@@ -181,6 +182,20 @@ class AttentionBackend(ABC):
 
     def use_step(self, i: int) -> None:
         self._plan = self._slots[i + 1]
+
+    def update_mask(self, custom_mask: torch.Tensor, slot: int | None = None) -> None:
+        """New values for the custom (tree) mask of a planned pass (slot None = the active plan).
+
+        custom_mask: flat bool, the layout and length of the ``AttnMeta.custom_mask`` the pass was planned with.
+        Device work only (no host sync, no planning), written in place into the plan's buffers, so a CUDA graph
+        captured over that plan reads the new values. A multi-step tree draft needs it: every step is planned
+        before the draft loop, but which branches are each other's ancestors is known only once the previous
+        step ran (attnlab.spec.tree.draft_step_mask)."""
+        self.write_mask(self.active_plan if slot is None else self._slots[slot], custom_mask)
+
+    def write_mask(self, plan, custom_mask: torch.Tensor) -> None:
+        """Backend part of ``update_mask``: write ``custom_mask`` into ``plan`` (one of this backend's plans)."""
+        raise NotImplementedError(f"{self.name}: plans take no custom mask")
 
     @property
     def active_plan(self):

@@ -128,12 +128,52 @@ class _GraphBuffers:
 
 
 @dataclass
+class MaskPacking:
+    """How a flat bool custom mask becomes FlashInfer's packed uint8 mask (bit order "little", every request's
+    block starting on a byte, as ``flashinfer.segment_packbits``), as one device gather: no host sync.
+
+    src:        [num_bytes, 8] int64 flat-mask entry of each bit, num_bits (= a False pad) past a block's end
+    byte_indptr: [batch + 1] int32 (host) first byte of each request's block
+    """
+
+    src: torch.Tensor
+    byte_indptr: torch.Tensor
+    num_bits: int
+    num_bytes: int
+
+    @classmethod
+    def build(cls, q_lens, kv_lens, device) -> MaskPacking:
+        seg = [q * k for q, k in zip(q_lens, kv_lens)]
+        nbytes = [-(-n // 8) for n in seg]
+        bits_off, bytes_off = [0], [0]
+        for n, b in zip(seg, nbytes):
+            bits_off.append(bits_off[-1] + n)
+            bytes_off.append(bytes_off[-1] + b)
+        total_bits, total_bytes = bits_off[-1], bytes_off[-1]
+        host = torch.tensor([seg, bits_off[:-1], bytes_off[:-1], nbytes], dtype=torch.int64)
+        seg_t, bit0, byte0, nb = host.to(device, non_blocking=True)
+        req = torch.repeat_interleave(torch.arange(len(seg), device=device), nb, output_size=total_bytes)
+        j = torch.arange(total_bytes, device=device) - byte0[req]  # byte within its request's block
+        pos = j[:, None] * 8 + torch.arange(8, device=device)  # [num_bytes, 8] bit within the block
+        src = torch.where(pos < seg_t[req][:, None], bit0[req][:, None] + pos, total_bits)
+        return cls(src, torch.tensor(bytes_off, dtype=torch.int32), total_bits, total_bytes)
+
+    def pack(self, custom_mask: torch.Tensor) -> torch.Tensor:
+        """flat bool [num_bits] -> [num_bytes] uint8."""
+        flat = torch.cat([custom_mask.reshape(-1).to(torch.uint8), custom_mask.new_zeros(1, dtype=torch.uint8)])
+        weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8).to(flat.device, non_blocking=True)
+        return (flat[self.src] * weights).sum(-1, dtype=torch.uint8)
+
+
+@dataclass
 class _Plan:
     wrapper: object
     kind: str
     family: str  # the wrapper's requested backend ("decode" for the decode wrapper)
     batch_size: int
     num_tokens: int
+    mask_buf: torch.Tensor | None = None  # a tree pass's packed mask, in our buffer (update_mask writes it)
+    packing: MaskPacking | None = None
 
 
 class FlashInferBackend(AttentionBackend):
@@ -183,6 +223,7 @@ class FlashInferBackend(AttentionBackend):
         # after another on one stream, and the workspace only holds partials within one run().
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
         self._wrappers: dict[tuple, object] = {}
+        self._wrapper_bufs: dict[tuple, _GraphBuffers | None] = {}  # the buffers a fixed-buffer wrapper reads
         self._graph_bufs: dict[int, _GraphBuffers] = {}
         self._resolved: dict[str, set[str]] = {}  # pass label -> kernel families its wrappers resolved to
         # fp8 KV stores value / scale; FlashInfer folds k_scale into sm_scale and multiplies out by v_scale.
@@ -214,6 +255,7 @@ class FlashInferBackend(AttentionBackend):
             page_sizes="any",
             custom_mask=True,
             cuda_graph=frozenset({Mode.DECODE, Mode.VERIFY}),
+            cuda_graph_mask=True,
             notes="decode: BatchDecode (tensor cores at GQA>=4 or fp8 KV); verify / short extends: BatchPrefill "
                   "fa2 (GQA-packed, split-KV), long prefills: auto (FA3 on Hopper), tree masks: fa2; CUDA graphs "
                   "need cuda_graph=True (caller-owned buffers, one wrapper per batch size and q_len)",
@@ -254,27 +296,35 @@ class FlashInferBackend(AttentionBackend):
 
     # -- wrappers ---------------------------------------------------------------------------------------
 
-    def _buffers(self, slot: int) -> _GraphBuffers:
-        if slot not in self._graph_bufs:
-            b = self.max_batch_size
+    def _buffers(self, slot: int, batch: int | None = None) -> _GraphBuffers:
+        """Graph mode: the slot's buffers for max_batch_size requests (batch None). Otherwise the buffers of one
+        (slot, batch) tree-mask wrapper, sized for ``batch`` (a tree pass's mask lives in buffers we own)."""
+        key = slot if batch is None else (slot, batch)
+        if key not in self._graph_bufs:
+            b = self.max_batch_size if batch is None else batch
             # page ids: every pool page once, plus padded requests that repeat the scratch page
             pages = self.pool.num_pages + 1 + b * pages_needed(self.max_q_len, self.pool.page_size)
             z = [torch.zeros(n, dtype=torch.int32, device=self.device) for n in (b + 1, b + 1, pages, b, b + 1)]
-            self._graph_bufs[slot] = _GraphBuffers(*z)
-        return self._graph_bufs[slot]
+            self._graph_bufs[key] = _GraphBuffers(*z)
+        return self._graph_bufs[key]
 
-    def _mask_capacity_bytes(self) -> int:
-        # per request at most ceil(max_q_len * max_context / 8) packed bytes (segment_packbits pads each)
-        return self.max_batch_size * -(-self.max_q_len * self.max_context // 8)
+    def _mask_capacity_bytes(self, batch: int | None = None, q_len: int | None = None) -> int:
+        # per request at most ceil(q_len * max_context / 8) packed bytes (each request's bits start on a byte)
+        b, q = batch or self.max_batch_size, q_len or self.max_q_len
+        return b * -(-q * self.max_context // 8)
 
     def _wrapper(self, slot: int, kind: str, family: str, batch_size: int, graph_q_len: int | None):
-        """graph_q_len: the uniform q_len of a graph-mode decode / verify pass (its wrapper's row count is fixed
-        at the first plan), or None for a plain wrapper (graph mode off, or a prefill / ragged pass)."""
-        graph = self.cuda_graph and graph_q_len is not None
+        """graph_q_len: the uniform q_len of a graph-mode decode / verify pass or of any tree-mask pass (its
+        wrapper's row count is fixed at the first plan), or None for a plain wrapper (graph mode off, or a
+        prefill / ragged pass). A tree-mask pass of one q_len always gets a fixed-buffer wrapper over buffers
+        we own, graph mode or not: its packed mask is written there (``_pack_mask``, ``write_mask``)."""
+        own = kind == "mask" and graph_q_len is not None
+        graph = (self.cuda_graph or own) and graph_q_len is not None
         key = (slot, kind, family, batch_size, graph_q_len) if graph else (slot, kind, family)
         if key in self._wrappers:
-            return self._wrappers[key]
+            return self._wrappers[key], self._wrapper_bufs.get(key)
         fi = self._fi
+        buf = None
         if not graph:
             if kind == "decode":
                 w = fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD",
@@ -282,9 +332,10 @@ class FlashInferBackend(AttentionBackend):
             else:
                 w = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=family)
         else:
-            if batch_size > self.max_batch_size:
+            if self.cuda_graph and batch_size > self.max_batch_size:
                 raise ConfigError(f"flashinfer graph bucket: batch {batch_size} > max_batch_size {self.max_batch_size}")
-            buf, b = self._buffers(slot), batch_size
+            b = batch_size
+            buf = self._buffers(slot) if self.cuda_graph else self._buffers(slot, b)
             if kind == "decode":
                 w = fi.BatchDecodeWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.use_tensor_cores,
@@ -293,16 +344,17 @@ class FlashInferBackend(AttentionBackend):
             else:
                 mask_args = {}
                 if kind == "mask":
-                    if buf.custom_mask is None:
-                        buf.custom_mask = torch.zeros(self._mask_capacity_bytes(), dtype=torch.uint8,
-                                                      device=self.device)
+                    cap = self._mask_capacity_bytes() if self.cuda_graph else self._mask_capacity_bytes(b, graph_q_len)
+                    if buf.custom_mask is None or buf.custom_mask.numel() < cap:
+                        buf.custom_mask = torch.zeros(cap, dtype=torch.uint8, device=self.device)
                     mask_args = {"custom_mask_buf": buf.custom_mask, "mask_indptr_buf": buf.mask_indptr[:b + 1]}
                 w = fi.BatchPrefillWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=buf.qo_indptr[:b + 1],
                     paged_kv_indptr_buf=buf.kv_indptr[:b + 1], paged_kv_indices_buf=buf.kv_indices,
                     paged_kv_last_page_len_buf=buf.kv_last_page_len[:b], backend=family, **mask_args)
         self._wrappers[key] = w
-        return w
+        self._wrapper_bufs[key] = buf
+        return w, buf
 
     # -- plan / run -------------------------------------------------------------------------------------
 
@@ -311,31 +363,54 @@ class FlashInferBackend(AttentionBackend):
             raise ConfigError(f"flashinfer: meta.page_size {meta.page_size} != pool page_size {self.pool.page_size}")
         kind = wrapper_kind(meta)
         family = self.family_for(meta)
-        if kind == "mask" and self.cuda_graph:
-            need = sum(-(-q * k // 8) for q, k in zip(meta.q_lens, meta.kv_lens_host))
-            if need > self._mask_capacity_bytes():
-                raise ConfigError(f"flashinfer graph mode: tree mask needs {need} bytes, buffer holds "
-                                  f"{self._mask_capacity_bytes()}; raise max_q_len / max_context")
         uniform = meta.q_lens[0] if meta.q_lens and len(set(meta.q_lens)) == 1 else None
         graph_q_len = uniform if meta.mode != Mode.PREFILL else None  # prefills are never captured
-        wrapper = self._wrapper(slot, kind, family, meta.batch_size, graph_q_len)
+        if kind == "mask" and graph_q_len is not None:
+            need = sum(-(-q * k // 8) for q, k in zip(meta.q_lens, meta.kv_lens_host))
+            cap = self._mask_capacity_bytes() if self.cuda_graph else self._mask_capacity_bytes(meta.batch_size,
+                                                                                                graph_q_len)
+            if need > cap:
+                raise ConfigError(f"flashinfer graph mode: tree mask needs {need} bytes, buffer holds "
+                                  f"{cap}; raise max_q_len / max_context")
+        wrapper, buf = self._wrapper(slot, kind, family, meta.batch_size, graph_q_len)
         qo_indptr, kv_indptr, last_page_len = host_csr(meta)
         common = {"q_data_type": self.dtype, "kv_data_type": self.pool.dtype, "sm_scale": self.scale}
         shape = (self.num_q_heads, self.num_kv_heads, self.head_dim, meta.page_size)
+        packing = None
         if kind == "decode":
             wrapper.plan(kv_indptr, meta.layout.kv_indices, last_page_len, *shape, pos_encoding_mode="NONE",
                          **common)
         else:
-            if self.cuda_graph and graph_q_len is not None and family == "fa2":
+            if wrapper.use_cuda_graph and graph_q_len is not None and family == "fa2":
                 # fa2's graph-mode scheduler otherwise sizes the query tile for the ragged worst case
                 # (total rows - batch + 1 rows per request); the hint is exact here (every request has it)
                 common["uniform_q_len"] = graph_q_len
+            mask_args = {"custom_mask": meta.custom_mask} if kind == "mask" else {}
+            if kind == "mask" and buf is not None:
+                # Our own packing, on the device (FlashInfer's segment_packbits reads its output size back: a
+                # host sync per plan), into our buffer; update_mask rewrites it in place.
+                packing = MaskPacking.build(meta.q_lens, meta.kv_lens_host, self.device)
+                mask_args = {"packed_custom_mask": packing.pack(meta.custom_mask)}
             wrapper.plan(qo_indptr, kv_indptr, meta.layout.kv_indices, last_page_len, *shape,
-                         causal=kind == "causal", custom_mask=meta.custom_mask if kind == "mask" else None,
-                         **common)
+                         causal=kind == "causal", **mask_args, **common)
+            if packing is not None:
+                # The kernel reads request i's bits from byte mask_indptr[i]; with a packed mask FlashInfer's plan
+                # fills that buffer from the unpacked (bit) offsets, so write the byte offsets after it.
+                buf.mask_indptr[: meta.batch_size + 1].copy_(packing.byte_indptr, non_blocking=True)
         label = meta.mode.value + ("_tree" if kind == "mask" else "")
         self._resolved.setdefault(label, set()).add(resolved_family(wrapper, kind, family))
-        return _Plan(wrapper, kind, family, meta.batch_size, meta.num_tokens)
+        return _Plan(wrapper, kind, family, meta.batch_size, meta.num_tokens,
+                     buf.custom_mask if packing is not None else None, packing)
+
+    def write_mask(self, plan: _Plan, custom_mask: torch.Tensor) -> None:
+        """Re-pack the new values into the plan's own mask buffer, in place (graph-safe)."""
+        if plan.packing is None:
+            raise ValueError("flashinfer: update_mask needs a tree-mask pass with one q_len per request (its "
+                             "mask lives in a buffer we own); this plan has none")
+        if custom_mask.numel() != plan.packing.num_bits:
+            raise ValueError(f"flashinfer: update_mask got {custom_mask.numel()} mask entries for a plan of "
+                             f"{plan.packing.num_bits}")
+        plan.mask_buf[: plan.packing.num_bytes].copy_(plan.packing.pack(custom_mask))
 
     def run(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         """q: [num_tokens, Hq, D] fp16/bf16 -> [num_tokens, Hq, D]; the active wrapper's run(), no host sync."""

@@ -162,11 +162,27 @@ def sub_meta(meta: AttnMeta, keep: list[bool], scratch_page: int, dummies: bool)
     return AttnMeta(meta.mode, t(qo), layout, q_lens, kv_host, ps, mask)
 
 
+def _mask_entries(meta: AttnMeta, keep: list[bool]) -> torch.Tensor | None:
+    """[entries] int64 positions, in the pass's flat custom mask, of the kept requests' blocks (as sub_meta
+    concatenates them); None without a custom mask."""
+    if meta.custom_mask is None:
+        return None
+    idx, off = [], 0
+    for q_len, kv_len, k in zip(meta.q_lens, meta.kv_lens_host, keep):
+        if k:
+            idx.append(torch.arange(off, off + q_len * kv_len))
+        off += q_len * kv_len
+    idx = torch.cat(idx) if idx else torch.zeros(0, dtype=torch.int64)
+    return idx.to(meta.custom_mask.device, non_blocking=True)
+
+
 @dataclass
 class _Route:
     backend: AttentionBackend
     plan: object  # that backend's plan for its sub-batch (or its dummy-padded batch)
     rows: torch.Tensor | None  # [rows] int64 query rows of its requests; None = every row in order
+    mask_index: torch.Tensor | None = None  # [entries] int64 its sub-batch's entries of the pass's flat custom
+    # mask (update_mask gathers them); None = the whole mask (or no mask)
 
 
 @dataclass
@@ -256,8 +272,15 @@ class HybridBackend(AttentionBackend):
                 continue
             sub = sub_meta(meta, keep, self.pool.num_pages, dummies=False)
             rows_t = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
-            routes.append(_Route(backend, backend.make_plan(sub, slot), rows_t))
+            routes.append(_Route(backend, backend.make_plan(sub, slot), rows_t, _mask_entries(meta, keep)))
         return HybridPlan(routes, meta.num_tokens)
+
+    def write_mask(self, plan: HybridPlan, custom_mask: torch.Tensor) -> None:
+        """Each backend gets its sub-batch's entries (the eager plan's routes; graph plans take no mask)."""
+        if plan.select_long is not None:
+            raise ValueError("hybrid: update_mask on a graph-mode plan (tree passes plan eagerly)")
+        for r in plan.routes:
+            r.backend.write_mask(r.plan, custom_mask if r.mask_index is None else custom_mask[r.mask_index])
 
     def _graph_plan(self, meta: AttnMeta, slot: int, long_: list[bool]) -> HybridPlan:
         """Both backends plan the whole batch (the other side's requests as dummies) into their graph-mode

@@ -19,12 +19,16 @@ class _Plan:
     rows:  [B, max_q] int64 query row of each (request, new token), -1 = padding
     slots: [B, max_kv] int64 pool slot of each (request, KV position), scratch slot = padding
     mask:  [B, max_q, max_kv] bool, True = attend
+    mask_index: [B, max_q, max_kv] int64 position of each mask entry in the pass's flat custom mask (its length
+        = padding, False), or None for a causal pass: ``update_mask`` re-gathers ``mask`` through it
     """
 
     rows: torch.Tensor
     slots: torch.Tensor
     mask: torch.Tensor
     num_tokens: int
+    mask_index: torch.Tensor | None = None
+    mask_len: int = 0  # entries of the flat custom mask the pass was planned with
 
 
 # Above this many score elements (B * max_q * max_kv * heads) a pass is split into request groups.
@@ -83,8 +87,8 @@ class TorchBackend(AttentionBackend):
             if q_len:
                 pages = indices[indptr[i]:indptr[i + 1]]
                 slots = (pages[:, None] * ps + torch.arange(ps, device=dev)[None]).reshape(-1)[:kv_len]
-                if meta.custom_mask is not None:
-                    mask = meta.custom_mask[mask_off:mask_off + q_len * kv_len].view(q_len, kv_len).bool()
+                if meta.custom_mask is not None:  # where the block sits in the flat mask (update_mask)
+                    mask = torch.arange(mask_off, mask_off + q_len * kv_len, device=dev).view(q_len, kv_len)
                 else:
                     mask = causal_mask(q_len, kv_len, device=dev)
                 items.append((q_len, kv_len, q_off, slots, mask))
@@ -101,18 +105,35 @@ class TorchBackend(AttentionBackend):
             cur = trial
         if cur:
             groups.append(cur)
-        return [self._pad(g, q_off, dev) for g in groups]
+        plans = [self._pad(g, q_off, dev, meta.custom_mask is not None, mask_off) for g in groups]
+        if meta.custom_mask is not None:
+            self.write_mask(plans, meta.custom_mask)
+        return plans
 
-    def _pad(self, items, num_tokens: int, dev) -> _Plan:
+    def _pad(self, items, num_tokens: int, dev, custom: bool = False, mask_len: int = 0) -> _Plan:
+        """custom: the items' masks are index blocks into a flat custom mask of ``mask_len`` entries."""
         B, mq, mk = len(items), max(x[0] for x in items), max(x[1] for x in items)
         rows = torch.full((B, mq), -1, dtype=torch.long, device=dev)
         slots = torch.full((B, mk), self.pool.scratch_slot, dtype=torch.long, device=dev)
-        mask = torch.zeros(B, mq, mk, dtype=torch.bool, device=dev)
+        if custom:
+            mask = torch.full((B, mq, mk), mask_len, dtype=torch.long, device=dev)
+        else:
+            mask = torch.zeros(B, mq, mk, dtype=torch.bool, device=dev)
         for b, (q_len, kv_len, q0, s, m) in enumerate(items):
             rows[b, :q_len] = torch.arange(q0, q0 + q_len, device=dev)
             slots[b, :kv_len] = s
             mask[b, :q_len, :kv_len] = m
+        if custom:
+            return _Plan(rows, slots, torch.empty(0, dtype=torch.bool, device=dev), num_tokens, mask, mask_len)
         return _Plan(rows, slots, mask, num_tokens)
+
+    def write_mask(self, plan: list[_Plan], custom_mask: torch.Tensor) -> None:
+        flat = torch.cat([custom_mask.reshape(-1).bool(), custom_mask.new_zeros(1, dtype=torch.bool)])
+        for p in plan:
+            if p.mask_index is None or p.mask_len != custom_mask.numel():
+                raise ValueError(f"torch: update_mask got {custom_mask.numel()} mask entries for a plan of "
+                                 f"{p.mask_len if p.mask_index is not None else 'no custom mask'}")
+            p.mask = flat[p.mask_index]
 
     def run(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         pool = self.pool

@@ -32,10 +32,19 @@ class TritonPlan:
     mask_indptr: torch.Tensor | None = None  # extend: [batch] int64
     o_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits, D] fp32
     lse_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits] fp32
+    mask_len: int = 0  # entries of the custom mask this pass was planned with (``mask`` may be a larger buffer)
 
 
 def _int32(t: torch.Tensor, device) -> torch.Tensor:
     return t.to(device=device, dtype=torch.int32)
+
+
+def _mask_offsets(meta: AttnMeta) -> list[int]:
+    """Start of each request's [q_len, kv_len] block in the flat custom mask, then the total (host ints)."""
+    offs = [0]
+    for q_len, kv_len in zip(meta.q_lens, meta.kv_lens_host):
+        offs.append(offs[-1] + q_len * kv_len)
+    return offs
 
 
 class TritonBackend(AttentionBackend):
@@ -62,10 +71,11 @@ class TritonBackend(AttentionBackend):
         (fixed tiles, a fixed split size of ``split_tokens`` KV tokens, splits merged in order), so a row's
         output is the same bits at any q_len, batch, padding or graph bucket; num_splits is then unused.
 
-        cuda_graph: plans of uniform-q_len passes without a custom mask are graph-safe: for a given
-        (slot, batch size, q_len) they reuse the same device buffers (rewritten in place) and the same
-        launch parameters (split count chosen for ``max_context``), so a captured graph replays any later
-        plan of that key. Other passes (ragged prefill) plan as usual and run eagerly.
+        cuda_graph: plans of uniform-q_len passes are graph-safe: for a given (slot, batch size, q_len,
+        custom mask or not) they reuse the same device buffers (rewritten in place) and the same launch
+        parameters (split count chosen for ``max_context``), so a captured graph replays any later plan of that
+        key. A tree pass's uint8 mask lives in a buffer of batch x q_len x max_context entries, its offsets in
+        a [batch] buffer. Other passes (ragged prefill) plan as usual and run eagerly.
         """
         super().__init__(*args, **kwargs)
         self.num_splits = num_splits
@@ -91,6 +101,7 @@ class TritonBackend(AttentionBackend):
             page_sizes="any",
             custom_mask=True,
             cuda_graph=frozenset({Mode.DECODE, Mode.VERIFY}),
+            cuda_graph_mask=True,
             notes="split-KV flash-decoding + GQA-packed extend kernel; fp8 KV dequantized after load "
                   "(e4m3 needs sm_89+, e5m2 sm_80+); CPU only under TRITON_INTERPRET=1 (slow); "
                   "invariant: one kernel for every pass (engine.invariant, causal masks only)",
@@ -109,7 +120,7 @@ class TritonBackend(AttentionBackend):
 
     def make_plan(self, meta: AttnMeta, slot: int = 0) -> TritonPlan:
         q_lens = meta.q_lens
-        if self.cuda_graph and meta.custom_mask is None and q_lens and len(set(q_lens)) == 1:
+        if self.cuda_graph and q_lens and len(set(q_lens)) == 1:
             plan = self._graph_plan(meta, slot)
         else:
             plan = self._plan_for(meta, meta.kv_lens_host)
@@ -125,21 +136,35 @@ class TritonBackend(AttentionBackend):
         return dict(sorted(self._kernels.items()))
 
     def _graph_plan(self, meta: AttnMeta, slot: int) -> TritonPlan:
-        """The static plan of (slot, batch, q_len), its index buffers overwritten with this pass's values."""
-        key = (slot, meta.batch_size, meta.q_lens[0])
+        """The static plan of (slot, batch, q_len, masked), its buffers overwritten with this pass's values."""
+        masked = meta.custom_mask is not None
+        bs, q_len = meta.batch_size, meta.q_lens[0]
+        key = (slot, bs, q_len, masked)
         plan = self._static.get(key)
         if plan is None:
             # Launch parameters for the longest context this side can see: valid for every later length.
-            plan = self._plan_for(meta, [self.max_context] * meta.batch_size)
-            cap = self.pool.num_pages + 1 + meta.batch_size * -(-self.max_q_len // self.pool.page_size)
+            plan = self._plan_for(meta, [self.max_context] * bs)
+            cap = self.pool.num_pages + 1 + bs * -(-self.max_q_len // self.pool.page_size)
             indices = torch.zeros(cap, dtype=torch.int32, device=self.device)
             plan.kv_indptr, plan.kv_lens = plan.kv_indptr.clone(), plan.kv_lens.clone()
             plan.kv_indices = indices
+            if masked:  # every request may reach max_context (a padded dummy holds q_len)
+                plan.mask = torch.zeros(bs * q_len * max(self.max_context, q_len), dtype=torch.uint8,
+                                        device=self.device)
+                plan.mask_indptr = plan.mask_indptr.clone()
             self._static[key] = plan
         lay = meta.layout
         plan.kv_indptr.copy_(lay.kv_indptr, non_blocking=True)
         plan.kv_lens.copy_(lay.kv_lens, non_blocking=True)
+        if lay.kv_indices.shape[0] > plan.kv_indices.shape[0]:
+            raise ConfigError(f"triton graph plan: {lay.kv_indices.shape[0]} page ids, buffer holds "
+                              f"{plan.kv_indices.shape[0]} (max_q_len {self.max_q_len} < this pass's {q_len}?)")
         plan.kv_indices[: lay.kv_indices.shape[0]].copy_(lay.kv_indices, non_blocking=True)
+        if masked:
+            offs = _mask_offsets(meta)
+            plan.mask_indptr.copy_(torch.tensor(offs[:-1], dtype=torch.int64), non_blocking=True)
+            plan.mask_len = offs[-1]
+            self.write_mask(plan, meta.custom_mask)
         return plan
 
     def _plan_for(self, meta: AttnMeta, kv_lens_for_params: list[int]) -> TritonPlan:
@@ -170,18 +195,23 @@ class TritonBackend(AttentionBackend):
             plan.block_req = torch.tensor(reqs, dtype=torch.int32).to(dev, non_blocking=True)
             plan.block_qstart = torch.tensor(starts, dtype=torch.int32).to(dev, non_blocking=True)
             if has_mask:
-                plan.mask = meta.custom_mask.to(device=dev, dtype=torch.uint8)
-                offs, off = [], 0
-                for q_len, kv_len in zip(meta.q_lens, meta.kv_lens_host):
-                    offs.append(off)
-                    off += q_len * kv_len
-                plan.mask_indptr = torch.tensor(offs, dtype=torch.int64).to(dev, non_blocking=True)
+                plan.mask = meta.custom_mask.to(device=dev, dtype=torch.uint8, copy=True)
+                offs = _mask_offsets(meta)
+                plan.mask_indptr = torch.tensor(offs[:-1], dtype=torch.int64).to(dev, non_blocking=True)
+                plan.mask_len = offs[-1]
         if params.num_splits > 1 or params.kind == "invariant":  # the invariant kernel always merges
             plan.o_part = torch.empty(num_tokens, self.num_q_heads, params.num_splits, self.head_dim,
                                       dtype=torch.float32, device=dev)
             plan.lse_part = torch.empty(num_tokens, self.num_q_heads, params.num_splits, dtype=torch.float32,
                                         device=dev)
         return plan
+
+    def write_mask(self, plan: TritonPlan, custom_mask: torch.Tensor) -> None:
+        """In place into the plan's uint8 mask buffer (bool -> uint8 in the copy): graph-safe."""
+        if plan.mask is None or custom_mask.numel() != plan.mask_len:
+            raise ValueError(f"triton: update_mask got {custom_mask.numel()} mask entries for a plan of "
+                             f"{plan.mask_len if plan.mask is not None else 'no custom mask'}")
+        plan.mask[: plan.mask_len].copy_(custom_mask.reshape(-1), non_blocking=True)
 
     def run(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         from attnlab.kernels.decode import paged_decode

@@ -3,7 +3,8 @@ drafter (batch 1) vs attnlab per backend pair and batch size, each engine agains
 
     python -m attnlab.bench.spec [--device cuda] [--backends triton,flashinfer] [--drafters ngram,self,eagle]
                                  [--batch 1,4,16] [--repeats 3] [--prompts builtin|sharegpt] [--num-prompts 8]
-                                 [--new 128] [--k 4] [--draft-layers 10] [--eagle-head DIR] [--out PREFIX]
+                                 [--new 128] [--k 4] [--trees chain,4x3] [--draft-layers 10] [--eagle-head DIR]
+                                 [--out PREFIX]
 
 The drafters are the same on both sides:
   ngram  prompt lookup: attnlab's NgramDrafter (longest n-gram match, n = 3..1) and HF's prompt lookup
@@ -13,6 +14,11 @@ The drafters are the same on both sides:
          schedule, no confidence stop);
   eagle  attnlab only: the EAGLE-3 head attnlab trained for the target (``draft=eagle``), every draft backend x
          verify backend pair.
+``--trees`` (attnlab, draft=self and eagle): the draft shapes run at every ``--k``, which is then the verify
+budget (``spec.num_draft_tokens``: tokens one verify pass checks): ``chain`` (topk 1, num_steps k) and
+``KxS`` trees (``spec.topk=K spec.num_steps=S``, EAGLE-2 drafting, one tree-masked verify); a tree shape that
+cannot fill a budget (S > k, or k > K + (S - 1) K^2) is skipped with the reason. Tree vs chain at the same
+budget: ``--k 4,8 --trees chain,2x3,4x4``.
 Every engine decodes greedily and stops at EOS or ``--new`` tokens; HF runs the prompts one at a time (its
 assisted generation takes batch 1), attnlab in batches of each ``--batch`` size. Reported per engine, batch,
 drafter and backend pair: tok/s over all prompts (prefill included; the median of ``--repeats`` timed runs
@@ -61,6 +67,7 @@ class Row:
     same_as_target_only: float | None = None
     batch: int = 1
     k: int = 0
+    tree: str = "chain"  # "chain" or "KxS" (spec.topk x spec.num_steps)
     repeats_s: list[float] = field(default_factory=list)  # every repeat's seconds
     phase_ms: dict[str, float] = field(default_factory=dict)  # per speculative iteration, CUDA events
 
@@ -103,23 +110,27 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
     """base: a built target runner (its model is shared by every side built here). A backend that cannot run
     here (or not at this dtype) is skipped, with its reason appended to ``skipped``."""
     from attnlab.engine.eagle_side import build_eagle_side
+    from attnlab.errors import ConfigError
     from attnlab.spec.eagle import EagleDrafter
+    from attnlab.spec.tree_loop import capture_tree_graphs, tree_shape
 
     skipped = [] if skipped is None else skipped
     dev, rows = base.device, []
     graphs = a.graphs and dev.type == "cuda"
     kmax = max(a.ks)
-    max_ctx = max(map(len, prompts)) + a.new + kmax + 2
+    topk = max(K for K, _ in a.trees)  # the backends must take tree masks when any row drafts a tree
+    max_ctx = max(map(len, prompts)) + a.new + max([kmax, *(K * (S - 1) for K, S in a.trees if S)]) + 2
     model = ModelSource(a.model, init="pretrained" if a.weights == "real" else "random")
 
     def spec_for(backend, batch, layers=None, name="target"):
         return SideSpec(model, backend, a.dtype, a.dtype, page_size=16, max_context=max_ctx, max_batch=batch,
                         device=str(dev), name=name, layers=tuple(layers) if layers else None, cuda_graph=graphs,
-                        max_q_len=kmax + 1, fused_ops=a.fused_ops)
+                        max_q_len=max(kmax + 1, topk),  # tree verify: k + 1; topk draft steps: topk
+                        fused_ops=a.fused_ops)
 
     def side(backend, batch, layers=None, name="target"):
         check_backend("verify" if name == "target" else "backend", backend, device=dev.type, dtype=a.dtype,
-                      kv_dtype=a.dtype, page_size=16, max_context=max_ctx, topk=1,
+                      kv_dtype=a.dtype, page_size=16, max_context=max_ctx, topk=topk,
                       head_dim=base.model_config.head_dim)  # unsupported: ConfigError before anything is built
         return build_side(spec_for(backend, batch, layers, name), share_weights_with=base, progress=False)
 
@@ -129,12 +140,12 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         if kind == "self":
             return ModelDrafter(side(draft_backend, batch, layers=list(range(a.draft_layers)), name="draft"), "self")
         check_backend("backend", draft_backend, device=dev.type, dtype=a.dtype, kv_dtype=a.dtype, page_size=16,
-                      max_context=max_ctx, topk=1, head_dim=base.model_config.head_dim)
+                      max_context=max_ctx, topk=topk, head_dim=base.model_config.head_dim)
         head = build_eagle_side(target, a.eagle_head, a.model, spec_for(draft_backend, batch, name="draft"))
         return EagleDrafter(head)
 
-    def timed(target, drafter, k, drafter_name, pair, batch):
-        dec = SpeculativeDecoder(target, drafter, SpecParams(k))
+    def timed(target, drafter, k, drafter_name, pair, batch, K=1, S=None):
+        dec = SpeculativeDecoder(target, drafter, SpecParams(k, topk=K, num_steps=S if K > 1 else None))
         dec.generate(prompts[:batch], 8, eos)  # compiles, JIT builds, first-use allocations: untimed
         _sync(dev)
         times, phases = [], {p: [] for p in PHASES}
@@ -153,7 +164,8 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
             times.append(time.perf_counter() - t0)
         med = sorted(times)[len(times) // 2]
         return Row("attnlab", drafter_name, pair, med, sum(map(len, outs)), passes, outs,
-                   tau=sum(taus) / max(1, len(taus)) if k else None, batch=batch, k=k, repeats_s=times,
+                   tau=sum(taus) / max(1, len(taus)) if k else None, batch=batch, k=k,
+                   tree="chain" if K == 1 else f"{K}x{S}", repeats_s=times,
                    phase_ms={ph: sum(v) / len(v) for ph, v in phases.items() if v})
 
     for batch in a.batches:
@@ -168,15 +180,26 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
             for drafter_name in a.drafters:
                 pairs = a.backends if drafter_name in ("self", "eagle") else ["-"]
                 for draft_backend in pairs:
-                    for k in a.ks:
+                    shapes = a.trees if drafter_name in ("self", "eagle") else [(1, None)]
+                    for k, (K, S) in [(k, t) for k in a.ks for t in shapes]:
+                        shape = None
+                        if K > 1:
+                            try:
+                                shape = tree_shape(K, S, k)
+                            except ConfigError as e:
+                                skipped.append(f"tree {K}x{S} at k={k}: {e}")
+                                continue
                         label = f"{drafter_name} drafter on backend={draft_backend} (verify={verify})"
                         drafter = skip_unsupported(label, lambda n=drafter_name, b=draft_backend, t=target, s=batch:
                                                    make_drafter(n, b, t, s), skipped)
                         if drafter is None:
                             break
-                        if graphs:
+                        if graphs and shape is not None:
+                            capture_tree_graphs(target, drafter, shape)
+                        elif graphs:
+                            target.capture_graphs(q_lens=sorted({1, k + 1}), keep=True)
                             drafter.capture_graphs(target, k)
-                        row = timed(target, drafter, k, drafter_name, f"{draft_backend} / {verify}", batch)
+                        row = timed(target, drafter, k, drafter_name, f"{draft_backend} / {verify}", batch, K, S)
                         rows.append(finish(row, ref))
     return rows
 
@@ -232,14 +255,15 @@ def finish(row: Row, ref: Row) -> Row:
 
 
 def table(rows: list[Row]) -> list[str]:
-    out = [("| engine | batch | drafter | k | draft / verify | tok/s (min-max) | tokens per target pass | tau | "
+    out = [("| engine | batch | drafter | k | tree | draft / verify | tok/s (min-max) | tokens per target pass | tau | "
             "speedup vs own target-only | outputs = own target-only | ms per iteration: draft / extend / verify / "
-            "accept / other |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "accept / other |"), "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = r.public()
         spread = f" ({p['tok_s_min']:.0f}-{p['tok_s_max']:.0f})" if len(r.repeats_s) > 1 else ""
         ph = " / ".join(f"{r.phase_ms.get(k, 0.0):.2f}" for k in PHASES) if r.phase_ms else ""
-        out.append(f"| {r.engine} | {r.batch} | {r.drafter} | {r.k or ''} | {r.pair} | {p['tok_s']:.1f}{spread} | "
+        tree = r.tree if r.k else ""
+        out.append(f"| {r.engine} | {r.batch} | {r.drafter} | {r.k or ''} | {tree} | {r.pair} | {p['tok_s']:.1f}{spread} | "
                    f"{p['tokens_per_target_pass']:.2f} | {'' if r.tau is None else f'{r.tau:.2f}'} | "
                    f"{'' if r.speedup is None else f'{r.speedup:.2f}x'} | "
                    f"{'' if r.same_as_target_only is None else f'{r.same_as_target_only:.0%}'} | {ph} |")
@@ -260,6 +284,8 @@ def parse(argv=None):
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--k", default="4", help="draft tokens per verify pass; comma-separated for several (attnlab)")
+    ap.add_argument("--trees", default="chain", help="draft shapes at each --k (attnlab self/eagle): chain and/or "
+                    "KxS trees (spec.topk x spec.num_steps), comma-separated, e.g. chain,2x3,4x4")
     ap.add_argument("--draft-layers", type=int, default=10)
     ap.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="attnlab eager (CUDA graphs are on)")
@@ -281,6 +307,17 @@ def parse(argv=None):
         ap.error(f"--k {a.k!r}: comma-separated draft lengths")
     if not a.ks or min(a.ks) < 1:
         ap.error("--k values must be >= 1")
+    trees, a.trees = a.trees, []
+    for t in (x.strip() for x in trees.split(",") if x.strip()):
+        try:
+            K, S = (1, None) if t == "chain" else tuple(int(v) for v in t.split("x"))
+        except ValueError:
+            ap.error(f"--trees {t!r}: chain or KxS (topk x num_steps), e.g. 4x3")
+        if K < 1 or (S is not None and S < 1) or (K == 1 and t != "chain"):
+            ap.error(f"--trees {t!r}: K >= 2 and S >= 1 (topk 1 is the chain: write chain)")
+        a.trees.append((K, S))
+    if not a.trees:
+        ap.error("--trees: at least one of chain, KxS")
     try:
         a.batches = [int(b) for b in a.batch.split(",") if b]
     except ValueError:

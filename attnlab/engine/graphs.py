@@ -1,4 +1,5 @@
-"""CUDA graphs of whole forward passes, per (batch-size bucket, q_len per request, plan slot, captured layers).
+"""CUDA graphs of whole forward passes, per (batch-size bucket, q_len per request, plan slot, captured layers,
+tree mask or not).
 
 A multi-step graph (``capture_steps``, key slot ``("steps", n)``) holds n greedy single-token passes under plan
 slots 1..n, each step's argmax the next one's input (engine/multistep.py): one replay per n decoded tokens.
@@ -12,7 +13,9 @@ Every graph of a runner shares one memory pool; buckets are captured largest fir
 the smaller ones reuse the pool's blocks. A graph records the runner's ``capture_layers`` at capture time and
 replays only while they are the same: a target captured for an EAGLE drafter (features out of every pass)
 and the same target decoding alone (nothing captured) use different graphs, so the target-only baseline does
-not pay for the drafter's features.
+not pay for the drafter's features. Tree passes (a custom mask: tree verify, tree draft steps) have their own
+graphs, captured over a masked plan of the backend (``caps.cuda_graph_mask``); a causal pass of the same shape
+never replays one, nor the other way round.
 
 Every graph also returns the argmax of its logits rows (``tokens``): greedy decode and greedy verify read
 the target's choices from the graph's output, with no argmax launch after the replay. A sampling pass pays
@@ -52,38 +55,49 @@ class _Graph:
 class GraphCache:
     def __init__(self, runner):
         self.runner = runner
-        self.graphs: dict[tuple, _Graph] = {}  # (bs, q_len, slot, capture_layers) -> graph
+        self.graphs: dict[tuple, _Graph] = {}  # (bs, q_len, slot, capture_layers, masked) -> graph
         self.buckets: tuple[int, ...] = ()
-        self.q_lens: tuple[int, ...] = ()
+        self.q_lens: tuple[int, ...] = ()  # of causal passes
+        self.mask_q_lens: tuple[int, ...] = ()  # of tree passes
         self.pool = None
 
-    def has(self, bs: int, q_len: int, slot: int, features: torch.Tensor | None = None) -> bool:
+    def q_lens_for(self, masked: bool) -> tuple[int, ...]:
+        return self.mask_q_lens if masked else self.q_lens
+
+    def has(self, bs: int, q_len: int, slot: int, features: torch.Tensor | None = None, masked: bool = False) -> bool:
         """A graph for this key exists and takes the same kind of features (none, or the same width)."""
-        g = self.graphs.get((bs, q_len, slot, self.runner.capture_layers))
+        g = self.graphs.get((bs, q_len, slot, self.runner.capture_layers, masked))
         if g is None:
             return False
         if g.features is None or features is None:
             return g.features is None and features is None
         return g.features.shape[1] == features.shape[1]
 
-    def capture(self, buckets, q_lens, slots, feature_dim: int | None = None) -> int:
+    def capture(self, buckets, q_lens, slots, feature_dim: int | None = None, masked: bool = False) -> int:
         """Capture every (bucket, q_len, slot) not captured yet; returns how many were added."""
         r = self.runner
         before = len(self.graphs)
         self.buckets = tuple(sorted(set(self.buckets) | set(buckets)))
-        self.q_lens = tuple(sorted(set(self.q_lens) | set(q_lens)))
+        if masked:
+            self.mask_q_lens = tuple(sorted(set(self.mask_q_lens) | set(q_lens)))
+        else:
+            self.q_lens = tuple(sorted(set(self.q_lens) | set(q_lens)))
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         for bs in sorted(set(buckets), reverse=True):
             for q in sorted(set(q_lens)):
                 for slot in slots:
-                    if (bs, q, slot, r.capture_layers) not in self.graphs:
-                        self._capture_one(r, bs, q, slot, feature_dim)
+                    if (bs, q, slot, r.capture_layers, masked) not in self.graphs:
+                        self._capture_one(r, bs, q, slot, feature_dim, masked)
         return len(self.graphs) - before
 
-    def _capture_one(self, r, bs: int, q: int, slot: int, feature_dim: int | None) -> None:
+    def _capture_one(self, r, bs: int, q: int, slot: int, feature_dim: int | None, masked: bool = False) -> None:
         from attnlab.backends.base import Mode
 
-        dummy = r.prepare([], [], [], Mode.DECODE if q == 1 else Mode.VERIFY, pad_to=bs, pad_q_len=q)
+        # a tree pass is captured over a masked plan (the dummies' own blocks, all True): the backend's static
+        # mask buffers, which every later plan and update_mask of this key rewrite in place
+        mask = torch.ones(0, dtype=torch.bool, device=r.device) if masked else None
+        dummy = r.prepare([], [], [], Mode.DECODE if q == 1 and not masked else Mode.VERIFY, pad_to=bs,
+                          pad_q_len=q, custom_mask=mask)
         r.plan_slot(dummy, slot)
         n = bs * q
         ids = torch.zeros(n, dtype=torch.long, device=r.device)
@@ -112,8 +126,8 @@ class GraphCache:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool):
                 logits, aux, tokens = forward()
-        self.graphs[(bs, q, slot, r.capture_layers)] = _Graph(g, ids, positions, slots, logits, tokens, features,
-                                                              aux)
+        self.graphs[(bs, q, slot, r.capture_layers, masked)] = _Graph(g, ids, positions, slots, logits, tokens,
+                                                                        features, aux)
 
     def has_steps(self, bs: int, n: int) -> bool:
         return (bs, 1, ("steps", n), self.runner.capture_layers) in self.graphs
@@ -160,11 +174,11 @@ class GraphCache:
         return g.tokens
 
     def replay(self, bs: int, q: int, slot: int, p, input_ids: torch.Tensor,
-               features: torch.Tensor | None = None):
+               features: torch.Tensor | None = None, masked: bool = False):
         """Copy the pass's inputs into the graph's buffers and replay; returns ([bs * q, vocab] logits,
         [bs * q, F'] aux or None, [bs * q] argmax tokens), views of the graph's output buffers: consume them
         before the next replay of the same graph."""
-        g = self.graphs[(bs, q, slot, self.runner.capture_layers)]
+        g = self.graphs[(bs, q, slot, self.runner.capture_layers, masked)]
         g.ids[: input_ids.shape[0]].copy_(input_ids)
         if features is not None:
             g.features[: features.shape[0]].copy_(features)

@@ -80,13 +80,16 @@ class ModelRunner:
 
     def prepare(self, reqs: Sequence[Hashable], starts: Sequence[int], q_lens: Sequence[int], mode: Mode,
                 custom_mask: torch.Tensor | None = None, pad_to: int | None = None,
-                pad_q_len: int | None = None) -> Pass:
+                pad_q_len: int | None = None, positions: torch.Tensor | None = None) -> Pass:
         """Allocate pages so request i holds ``starts[i] + q_lens[i]`` tokens and build the pass's metadata.
 
         Positions ``starts[i] .. starts[i] + q_lens[i] - 1`` get new K/V; earlier positions must already be
         in the pool. Allocation only grows a request (a multi-step draft prepares all steps up front).
+        ``positions``: [sum(q_lens)] int64 on the device, the new tokens' RoPE positions when they are not their
+        KV positions (a tree pass: root_pos + depth); None = the KV positions. ``custom_mask``: the flat tree
+        mask (AttnMeta); a padded pass (CUDA-graph bucket) appends each dummy's own block (all True).
         """
-        segments, finish = self._host_pass(reqs, starts, q_lens, mode, custom_mask, pad_to, pad_q_len)
+        segments, finish = self._host_pass(reqs, starts, q_lens, mode, custom_mask, pad_to, pad_q_len, positions)
         return finish(self.staging.stage(segments))
 
     def prepare_steps(self, reqs: Sequence[Hashable], starts: Sequence[int], n: int) -> list[Pass]:
@@ -100,7 +103,8 @@ class ModelRunner:
         m = len(views) // n
         return [finish(views[j * m:(j + 1) * m]) for j, (_, finish) in enumerate(parts)]
 
-    def _host_pass(self, reqs, starts, q_lens, mode, custom_mask=None, pad_to=None, pad_q_len=None):
+    def _host_pass(self, reqs, starts, q_lens, mode, custom_mask=None, pad_to=None, pad_q_len=None,
+                   rope_pos: torch.Tensor | None = None):
         """The host half of ``prepare``: allocation and the int lists -> (segments to stage, a function of
         their device views that builds the Pass)."""
         ps = self.allocator.page_size
@@ -119,20 +123,28 @@ class ModelRunner:
             slots += slot_mapping(table, s, e, ps)
             positions += range(s, e)
             last_rows.append(len(positions) - 1 if e > s else -1)
-        uniform = q_lens[0] if q_lens and len(set(q_lens)) == 1 and custom_mask is None else pad_q_len
+        masked = custom_mask is not None
+        uniform = q_lens[0] if q_lens and len(set(q_lens)) == 1 else pad_q_len
         padded = None
-        if pad_to is None and self.graphs is not None and uniform is not None and uniform in self.graphs.q_lens:
+        if (pad_to is None and self.graphs is not None and uniform is not None
+                and uniform in self.graphs.q_lens_for(masked)):
             from attnlab.engine.graphs import bucket_for
 
             pad_to = bucket_for(len(reqs), self.graphs.buckets)
         if pad_to is not None and pad_to >= len(reqs) and uniform:
             # Dummy requests up to the graph bucket: q_len as the others, KV = their own tokens in the
             # scratch page (slot -1 writes nothing real, reads stay finite); outputs are ignored.
-            q_lens, ends = list(q_lens) + [uniform] * (pad_to - len(reqs)), ends + [uniform] * (pad_to - len(reqs))
+            n_pad = pad_to - len(reqs)
+            q_lens, ends = list(q_lens) + [uniform] * n_pad, ends + [uniform] * n_pad
             scratch = [self.pool.num_pages] * pages_needed(uniform, ps)
-            tables = tables + [scratch] * (pad_to - len(reqs))
-            slots += [-1] * (uniform * (pad_to - len(reqs)))
-            positions += list(range(uniform)) * (pad_to - len(reqs))
+            tables = tables + [scratch] * n_pad
+            slots += [-1] * (uniform * n_pad)
+            positions += list(range(uniform)) * n_pad
+            if masked:
+                custom_mask = torch.cat([custom_mask, custom_mask.new_ones(n_pad * uniform * uniform)])
+            if rope_pos is not None:
+                pad_pos = torch.tensor(list(range(uniform)) * n_pad, dtype=torch.int64)
+                rope_pos = torch.cat([rope_pos, pad_pos.to(rope_pos.device, non_blocking=True)])
             padded = pad_to
         qo = [0]
         for q in q_lens:
@@ -148,7 +160,8 @@ class ModelRunner:
             slots_t, pos_t, last_t, qo_t, kv_indptr, kv_indices, kv_last, kv_lens = views
             meta = AttnMeta(mode=mode, qo_indptr=qo_t, layout=PagedLayout(kv_indptr, kv_indices, kv_last, kv_lens),
                             q_lens=list(q_lens), kv_lens_host=ends, page_size=ps, custom_mask=custom_mask)
-            return Pass(list(reqs), meta, slots_t, pos_t, last_t, uniform, padded)
+            # a tree pass's RoPE positions (root + depth) come as a device tensor; the staged ones are KV positions
+            return Pass(list(reqs), meta, slots_t, pos_t if rope_pos is None else rope_pos, last_t, uniform, padded)
 
         return segments, finish
 
@@ -168,6 +181,13 @@ class ModelRunner:
     def use_step(self, j: int) -> None:
         self.backend.use_step(j)
         self._slot = j + 1
+
+    def update_mask(self, p: Pass, custom_mask: torch.Tensor) -> None:
+        """New values for the active plan's tree mask (``p`` is that pass; ``custom_mask`` its flat layout,
+        dummies included): device work only (AttentionBackend.update_mask)."""
+        if p.meta.custom_mask is None or custom_mask.numel() != p.meta.custom_mask.numel():
+            raise ValueError(f"{self.name}: update_mask needs a tree pass and a mask of its length")
+        self.backend.update_mask(custom_mask)
 
     @torch.inference_mode()
     def forward(self, p: Pass, input_ids: torch.Tensor, rows: torch.Tensor | None = None,
@@ -190,8 +210,9 @@ class ModelRunner:
         """-> (logits, argmax tokens of those rows when a graph computed them, else None)."""
         g = self.graphs
         n = input_ids.shape[0]
-        if g is not None and p.padded_to is not None and g.has(p.padded_to, p.q_len, self._slot, features):
-            logits, aux, tokens = g.replay(p.padded_to, p.q_len, self._slot, p, input_ids, features)
+        masked = p.meta.custom_mask is not None
+        if g is not None and p.padded_to is not None and g.has(p.padded_to, p.q_len, self._slot, features, masked):
+            logits, aux, tokens = g.replay(p.padded_to, p.q_len, self._slot, p, input_ids, features, masked)
             self.aux = aux[:n] if aux is not None else None
             if tokens is None:
                 return logits[rows] if rows is not None else logits[:n], None
@@ -215,11 +236,11 @@ class ModelRunner:
         return self.model.compute_logits(hidden, invariant=True) if self.invariant else self.model.compute_logits(hidden)
 
     def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None, keep: bool = False,
-                       feature_dim: int | None = None, first_slot: int = 0) -> int:
+                       feature_dim: int | None = None, first_slot: int = 0, masked: bool = False) -> int:
         """Capture CUDA graphs for every bucket <= max batch, q_len and plan slot ``first_slot ..
         num_slots - 1``; ``keep`` adds to the graphs captured before; ``feature_dim``: the width of the
-        per-token features a draft head reads in these passes (None: no features). Returns how many graphs
-        were captured."""
+        per-token features a draft head reads in these passes (None: no features); ``masked``: graphs of tree
+        passes (custom mask; the backend needs ``caps.cuda_graph_mask``). Returns how many were captured."""
         from attnlab.engine.graphs import DEFAULT_BUCKETS, GraphCache
 
         if self.device.type != "cuda":
@@ -229,8 +250,11 @@ class ModelRunner:
             buckets.append(next((b for b in DEFAULT_BUCKETS if b >= self.max_batch), self.max_batch))
         if not (keep and self.graphs):
             self.graphs = GraphCache(self)
-        n = self.graphs.capture(buckets, q_lens, range(first_slot, num_slots), feature_dim)
-        if self.decode_steps_per_sync > 1 and 1 in q_lens and feature_dim is None:
+        if masked and not self.backend.capabilities().cuda_graph_mask:
+            raise RuntimeError(f"{self.name}: backend {self.backend.name} cannot replay tree-masked passes "
+                               f"from CUDA graphs")
+        n = self.graphs.capture(buckets, q_lens, range(first_slot, num_slots), feature_dim, masked)
+        if self.decode_steps_per_sync > 1 and 1 in q_lens and feature_dim is None and not masked:
             n += self.graphs.capture_steps(buckets, self.decode_steps_per_sync)
         return n
 

@@ -82,6 +82,20 @@ class KVPool:
         flat[0].index_copy_(0, idx, k)
         flat[1].index_copy_(0, idx, v)
 
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Move K/V between token slots in every layer: ``slot[dst[i]] = slot[src[i]]`` (rollback compaction of a
+        tree's accepted path). src, dst: same shape, int64 flat slots; -1 = no move (src reads and dst writes
+        the scratch page) wherever either side is -1. All reads happen before any write (one gather, then one
+        scatter), so a slot may be both a source and a destination. Real destinations must be distinct. Device
+        work only."""
+        src, dst = src.reshape(-1), dst.reshape(-1)
+        skip = (src < 0) | (dst < 0)
+        s, d = self.store_index(src.masked_fill(skip, -1)), self.store_index(dst.masked_fill(skip, -1))
+        flat = self.kv.view(self.num_layers, 2, -1, self.num_kv_heads, self.head_dim)
+        if self.is_fp8:  # indexing has no fp8 kernel on every device: move the bytes
+            flat = flat.view(torch.uint8)
+        flat[:, :, d] = flat[:, :, s]
+
     def gather(self, layer: int, page_table: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized K, V of one request: [length, kv_heads, head_dim] each (tests and debugging)."""
         lay = self.kv[layer]

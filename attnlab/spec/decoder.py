@@ -47,6 +47,7 @@ class SpecParams:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    num_steps: int | None = None  # tree depth (topk > 1); None = num_draft_tokens (chains)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -105,8 +106,6 @@ class StepResult:
 
 class SpeculativeDecoder:
     def __init__(self, target: ModelRunner, drafter: Drafter, params: SpecParams, seed: int = 0):
-        if params.topk != 1:
-            raise ConfigError(f"spec.topk={params.topk}: only chain drafting (topk=1) is implemented so far")
         if drafter.kind != "none" and params.num_draft_tokens < 1:
             raise ConfigError(f"spec.num_draft_tokens must be >= 1 with draft={drafter.kind}, "
                               f"got {params.num_draft_tokens}")
@@ -114,6 +113,12 @@ class SpeculativeDecoder:
         self.drafter = drafter
         self.params = params
         self.k = 0 if drafter.kind == "none" else params.num_draft_tokens
+        self.tree = None  # tree drafting (spec.topk > 1): attnlab.spec.tree_loop runs those iterations
+        if params.topk > 1 and self.k:
+            from attnlab.spec.tree_loop import TreeIteration, tree_shape
+
+            self.tree = TreeIteration(target, drafter, tree_shape(params.topk, params.num_steps, self.k),
+                                      params.sampling)
         self.gen = torch.Generator(device=target.device)
         self.gen.manual_seed(seed)
         self._next_id = 0
@@ -230,11 +235,16 @@ class SpeculativeDecoder:
         k = max(0, min(self.k, room))
 
         timer.mark("draft")
-        draft, dprobs = drafter.propose(reqs, [r.seq for r in rows], k, sp, self.gen)
-
-        timer.mark("verify")
+        tree = self.tree is not None and k == self.k and self.tree.fits(n_before)
+        if not tree:  # chain drafting (near the context end also for trees: what fits)
+            draft, dprobs = drafter.propose(reqs, [r.seq for r in rows], k, sp, self.gen)
+            timer.mark("verify")  # (a tree iteration marks its own phases)
         steps = tgt.decode_steps_per_sync if (self.k == 0 and sp.greedy and not batch.record_logits) else 1
-        if 1 < steps <= room + 1:  # target-only greedy: N steps per launch and sync (engine/multistep.py)
+        if tree:  # --- tree drafting (spec.topk > 1): draft, verify, accept, rollback, draft-extend (tree_loop) ---
+            emitted, n_acc, nxt, logits = self.tree.step(reqs, [r.seq for r in rows], n_before, last, sp, self.gen,
+                                                         timer, batch.record_logits)
+            host = torch.cat([emitted, n_acc[:, None]], dim=1).tolist()  # the iteration's one sync
+        elif 1 < steps <= room + 1:  # target-only greedy: N steps per launch and sync (engine/multistep.py)
             emitted = tgt.decode_greedy_steps(reqs, [n - 1 for n in n_before], last, steps)
             n_acc, nxt = torch.full_like(last, steps - 1), emitted[:, -1]
             host = torch.cat([emitted, n_acc[:, None]], dim=1).tolist()  # the one sync per N tokens

@@ -9,6 +9,9 @@
 Model drafters chain-draft: one catch-up pass feeds the committed tokens the draft KV has not seen
 (usually 1, 2 after a fully accepted round), then k - 1 single-token steps. All k passes are prepared
 and planned before the loop (the multi-step draft), so the loop launches device work only.
+
+Tree drafting (spec.topk > 1, attnlab.spec.tree_loop) uses the ``*_tree`` methods: the same catch-up pass
+gives the root's children, then num_steps - 1 frontier passes of q_len topk (attnlab.spec.tree_draft).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Drafter:
     kind = "base"
     runner: ModelRunner | None = None
     capture_layers: tuple[int, ...] | None = None
+    drafts_trees = False  # implements propose_tree (spec.topk > 1)
 
     def prefill(self, reqs: Sequence[Hashable], prompts: Sequence[Sequence[int]], first_tokens: torch.Tensor,
                 target: ModelRunner) -> None:
@@ -76,6 +80,28 @@ class Drafter:
     def capture_graphs(self, target: ModelRunner, k: int) -> int:
         """Capture the CUDA graphs this drafter's passes replay (after the target captured its own decode /
         verify graphs); returns how many were captured."""
+        return 0
+
+    # -- tree drafting (spec.topk > 1; attnlab.spec.tree_loop calls these instead of propose / extend) -------
+    def propose_tree(self, reqs, seqs: Sequence[list[int]], shape, sp: SamplingParams, gen, sampled: bool,
+                     root_pos: torch.Tensor):
+        """-> the attnlab.spec.tree.TreeState after shape.num_steps steps (the root = each request's last
+        committed token, at position root_pos [B] int64). sampled: children drawn without replacement, else
+        top-k (EAGLE-2); the state keeps the draft rows when sampled (its acceptance reads them)."""
+        raise NotImplementedError(f"draft={self.kind} drafts chains only")
+
+    def rollback_tree(self, reqs, n_before: Sequence[int], tree, path: torch.Tensor,
+                      num_accepted: torch.Tensor) -> None:
+        """After tree acceptance, before the sync: keep the accepted path's draft KV (device work only);
+        ``commit`` truncates after the sync, as for chains."""
+
+    def extend_tree(self, reqs, n_before: Sequence[int], emitted: torch.Tensor, num_accepted: torch.Tensor,
+                    features: torch.Tensor | None) -> None:
+        """``extend`` over the accepted path: emitted [B, S + 1] (path tokens, then the correction / bonus);
+        features [B * (S + 1), F]: the verify pass's captured target features of the path's nodes (EAGLE)."""
+
+    def capture_tree_graphs(self, target: ModelRunner, shape, masked: bool) -> int:
+        """The CUDA graphs of this drafter's tree passes (masked: its backend replays tree-masked passes)."""
         return 0
 
 
@@ -171,8 +197,53 @@ class ModelDrafter(Drafter):
 
     def commit(self, req, n_before, num_accepted):
         # The draft KV holds the committed n_before tokens, then drafts d1..d_{k-1}: d1..d_a stay valid.
+        # (A tree: rollback_tree moved the path's fed nodes to n_before .. ; position n_before + a - 1 may hold
+        # another node's K/V when the deepest accepted node was never fed, but the next catch-up rewrites it.)
         keep = min(self.runner.kv_len(req), n_before + num_accepted)
         self.runner.truncate(req, keep)
+
+    # -- tree drafting ----------------------------------------------------------------------------------
+    drafts_trees = True
+
+    def propose_tree(self, reqs, seqs, shape, sp, gen, sampled, root_pos):
+        """The chain's catch-up pass (slot 0) gives the root's children; frontier pass s (slot s) feeds the
+        depth-s frontier at tree slots (s - 1) K .. sK - 1, i.e. KV positions n + (s - 1) K + rank."""
+        from attnlab.spec.tree_draft import draft_rows, expand, plan_tree_steps, write_step_mask
+
+        r, dev, K = self.runner, self.runner.device, shape.topk
+        ns = [len(s) for s in seqs]
+        starts = [min(r.kv_len(q), max(0, n - 2)) for q, n in zip(reqs, ns)]  # as propose: 2 tokens, one shape
+        catch = [s[m:] for s, m in zip(seqs, starts)]
+        q0 = [len(c) for c in catch]
+        first = r.prepare(reqs, starts, q0, Mode.DECODE if max(q0) == 1 else Mode.VERIFY)
+        steps = plan_tree_steps(r, reqs, ns, [n - 1 for n in ns], K, shape.num_steps)
+        r.plan(first)
+        ids0 = torch.tensor([t for c in catch for t in c], dtype=torch.long).to(dev, non_blocking=True)
+        # The loop: device work only.
+        st = expand(None, draft_rows(r.forward(first, ids0, first.last_rows), sp), K, sampled, gen, root_pos,
+                    sampled)
+        for j, step in enumerate(steps):
+            r.use_step(j)
+            write_step_mask(r, step, st)
+            q = draft_rows(r.forward(step.p, st.frontier_tokens.reshape(-1)), sp).view(len(reqs), K, -1)
+            st = expand(st, q, K, sampled, gen, root_pos, sampled)
+        return st
+
+    def rollback_tree(self, reqs, n_before, tree, path, num_accepted):
+        from attnlab.spec.tree_rollback import compact_draft
+
+        compact_draft(self.runner, reqs, [n - 1 for n in n_before], tree, path, num_accepted)
+
+    def capture_tree_graphs(self, target, shape, masked):
+        """Slot 0: the catch-up pass (2 tokens per request); slots 1 .. S - 1: the frontier passes (q_len topk,
+        tree-masked; only when the backend replays masked passes)."""
+        if self.runner is target:
+            return 0
+        n = self.runner.capture_graphs(q_lens=(2,), num_slots=1)
+        if masked and shape.num_steps > 1:
+            n += self.runner.capture_graphs(q_lens=(shape.topk,), num_slots=shape.num_steps, first_slot=1,
+                                            keep=True, masked=True)
+        return n
 
     def release(self, req):
         self.runner.release(req)

@@ -19,6 +19,14 @@ output of entry n - 2: the distribution of d1 (a guess at S[n]) and the feature 
 - ``rows`` / ``join``: ``_logits`` / ``_feat`` are per-row state; requests prefilled while others run (the
   serving engine) get theirs appended after the running rows'. A preempted request resumes as a prefill of
   its whole committed sequence (the same entries a fresh prompt of that sequence gets).
+
+Trees (spec.topk > 1, attnlab.spec.tree_loop):
+- ``propose_tree``: the root's children from the stored logits; frontier pass s (s = 1 .. S - 1) feeds the K
+  depth-s nodes at head positions n - 1 + (s - 1) K + rank (RoPE n - 2 + s), each with the feature of its
+  parent's row: the stored feature for depth 1, else row ``frontier_parent`` of the previous pass's output.
+- ``extend_tree``: the draft-extend over the accepted path: S + 1 rows per request whatever was accepted (one
+  shape), the path's tokens with the target features of the path's nodes (gathered on the device from the
+  verify rows); it rewrites positions n - 1 .., so the tree region needs no rollback of its own.
 """
 
 from __future__ import annotations
@@ -114,6 +122,50 @@ class EagleDrafter(Drafter):
     def commit(self, req, n_before, num_accepted):
         keep = min(self.runner.kv_len(req), n_before + num_accepted)
         self.runner.truncate(req, keep)
+
+    # -- tree drafting ----------------------------------------------------------------------------------
+    drafts_trees = True
+
+    def propose_tree(self, reqs, seqs, shape, sp, gen, sampled, root_pos):
+        from attnlab.spec.tree_draft import draft_rows, expand, plan_tree_steps, write_step_mask
+
+        r, K = self.runner, shape.topk
+        ns = [len(s) for s in seqs]
+        B = len(ns)
+        # the head's root is entry n - 2 (the stored output); its tree slots follow at n - 1 ..
+        steps = plan_tree_steps(r, reqs, [n - 1 for n in ns], [n - 2 for n in ns], K, shape.num_steps)
+        # The loop: device work only.
+        st = expand(None, draft_rows(self._logits, sp), K, sampled, gen, root_pos, sampled)
+        feat = self._feat[:, None].expand(B, K, self._feat.shape[-1])  # depth 1: every parent is the root
+        for j, step in enumerate(steps):
+            r.use_step(j)
+            write_step_mask(r, step, st)
+            logits = r.forward(step.p, st.frontier_tokens.reshape(-1), features=feat.reshape(B * K, -1))
+            out = r.aux.view(B, K, -1)  # this pass's pre-norm output per branch
+            st = expand(st, draft_rows(logits, sp).view(B, K, -1), K, sampled, gen, root_pos, sampled)
+            feat = out.gather(1, st.frontier_parent[:, :, None].expand(B, K, out.shape[-1]))
+        return st
+
+    def extend_tree(self, reqs, n_before, emitted, num_accepted, features):
+        r = self.runner
+        width = emitted.shape[1]  # S + 1
+        for q, n in zip(reqs, n_before):  # drop the tree passes' entries (positions >= n - 1)
+            if r.kv_len(q) > n - 1:
+                r.truncate(q, n - 1)
+        p = r.prepare(reqs, [n - 1 for n in n_before], [width] * len(reqs), Mode.VERIFY)
+        r.plan(p)
+        rows = torch.arange(len(reqs), device=r.device) * width + num_accepted
+        self._run(p, emitted.reshape(-1), rows, features)
+
+    def capture_tree_graphs(self, target, shape, masked):
+        """The head's draft-extend over the path (q_len S + 1, target features) and its frontier passes (q_len
+        topk, tree-masked, the head's own features; only when the backend replays masked passes)."""
+        cfg = self.head.config
+        n = self.runner.capture_graphs(q_lens=(shape.num_steps + 1,), num_slots=1, feature_dim=cfg.feature_dim)
+        if masked and shape.num_steps > 1:
+            n += self.runner.capture_graphs(q_lens=(shape.topk,), num_slots=shape.num_steps, first_slot=1,
+                                            keep=True, feature_dim=cfg.hidden_size, masked=True)
+        return n
 
     def retain(self, keep):
         idx = _to_device(keep, self.runner.device)

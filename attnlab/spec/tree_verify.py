@@ -45,19 +45,27 @@ def verify_mask(tree: DraftTree) -> torch.Tensor:
     return ancestor_mask(tree.parents, tree.num_steps)
 
 
+def custom_mask_index(num_rows: int, width: int, prefix_lens: Sequence[int], device=None) -> tuple[int, torch.Tensor]:
+    """Where the tree columns sit in AttnMeta's flat custom mask: request by request a block
+    [num_rows, prefix_len + width] row-major, the tree columns after the prefix. -> (total entries, [B * num_rows *
+    width] int64 flat positions, request-, row-, column-major). Plan-time work (the size follows the lengths)."""
+    B, Q, W = len(prefix_lens), num_rows, width
+    rows = [Q * (p + W) for p in prefix_lens]
+    starts = [sum(rows[:i]) for i in range(B)]
+    host = torch.tensor([starts, list(prefix_lens)], dtype=torch.long).reshape(2, B).to(device, non_blocking=True)
+    start, pre = host[0][:, None, None], host[1][:, None, None]
+    r = torch.arange(Q, device=device)[None, :, None]
+    c = torch.arange(W, device=device)[None, None, :]
+    return sum(rows), (start + r * (pre + W) + pre + c).reshape(-1)
+
+
 def flatten_custom_mask(tree_mask: torch.Tensor, prefix_lens: Sequence[int]) -> torch.Tensor:
     """tree_mask [B, Q, W] bool, prefix_lens host ints -> AttnMeta.custom_mask: flat bool, request by request,
     block [Q, prefix_len + W] row-major, prefix columns True. Plan-time work (the size follows the lengths)."""
-    B, Q, W = tree_mask.shape
-    dev = tree_mask.device
-    rows = [Q * (p + W) for p in prefix_lens]
-    starts = [sum(rows[:i]) for i in range(B)]
-    out = torch.ones(sum(rows), dtype=torch.bool, device=dev)
-    host = torch.tensor([starts, list(prefix_lens)], dtype=torch.long).to(dev, non_blocking=True)
-    start, pre = host[0][:, None, None], host[1][:, None, None]
-    r = torch.arange(Q, device=dev)[None, :, None]
-    c = torch.arange(W, device=dev)[None, None, :]
-    out[(start + r * (pre + W) + pre + c).reshape(-1)] = tree_mask.reshape(-1)
+    _, Q, W = tree_mask.shape
+    total, index = custom_mask_index(Q, W, prefix_lens, tree_mask.device)
+    out = torch.ones(total, dtype=torch.bool, device=tree_mask.device)
+    out[index] = tree_mask.reshape(-1)
     return out
 
 

@@ -29,6 +29,7 @@ class _FakeWrapper:
         self.workspace, self.use_cuda_graph, self.init_kw = workspace, use_cuda_graph, kw
         self._backend = backend
         self.plans = []
+        self.packed = None
         self.created.append(self)
 
     def _store(self, qo, kv_indptr, indices, last, hq, hkv, d, ps, causal, mask, q_dtype, kv_dtype, scale, **extra):
@@ -45,9 +46,10 @@ class _FakeWrapper:
                 b["qo"].copy_(qo)
             kv_indptr, last, indices = b["kv_indptr"], b["last"], b["indices"]
             qo = b.get("qo", qo)
-            if mask is not None:
+            if mask is not None or extra.get("packed"):
                 assert self.init_kw.get("custom_mask_buf") is not None, "graph mode mask needs custom_mask_buf"
-        self.plans.append({"hq": hq, "hkv": hkv, "d": d, "ps": ps, "causal": causal, "mask": mask is not None,
+        self.plans.append({"hq": hq, "hkv": hkv, "d": d, "ps": ps, "causal": causal,
+                           "mask": mask is not None or extra.get("packed", False),
                            "q_dtype": q_dtype, "kv_dtype": kv_dtype, **extra})
         self.state = (qo, kv_indptr, indices, last, ps, causal, mask, q_dtype, kv_dtype, scale)
 
@@ -65,7 +67,13 @@ class _FakeWrapper:
             q0, q1 = int(qo[i]), int(qo[i + 1])
             kk = k_cache[pages].reshape(-1, *k_cache.shape[2:])[:n].float()
             vv = v_cache[pages].reshape(-1, *v_cache.shape[2:])[:n].float()
-            if mask is not None:
+            if self.packed is not None:  # as FlashInfer's kernel: request i's bits start at byte mask_indptr[i]
+                packed, mask_indptr = self.packed
+                start = int(mask_indptr[i]) * 8
+                bits = torch.tensor([(int(packed[(start + j) // 8]) >> ((start + j) % 8)) & 1
+                                     for j in range((q1 - q0) * n)], dtype=torch.bool)
+                m = bits.view(q1 - q0, n)
+            elif mask is not None:
                 m = mask[mask_off:mask_off + (q1 - q0) * n].view(q1 - q0, n)
                 mask_off += (q1 - q0) * n
             elif causal:
@@ -111,15 +119,16 @@ class FakePrefill(_FakeWrapper):
                      "last": paged_kv_last_page_len_buf}
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
-             num_kv_heads, head_dim_qk, page_size, *, causal=False, custom_mask=None, q_data_type="float16",
-             kv_data_type=None, sm_scale=None, uniform_q_len=None):
+             num_kv_heads, head_dim_qk, page_size, *, causal=False, custom_mask=None, packed_custom_mask=None,
+             q_data_type="float16", kv_data_type=None, sm_scale=None, uniform_q_len=None):
         if self.use_cuda_graph:  # as FlashInfer: a graph-mode prefill wrapper's row count is fixed by its first plan
             rows = int(qo_indptr[-1])
             self.rows = getattr(self, "rows", rows)
             if rows > self.rows:
                 raise ValueError(f"The total number of rows in qo_indptr {rows} in cuda graph mode cannot exceed "
                                  f"the number of rows set during initialization {self.rows}.")
-        masked = custom_mask is not None or self.init_kw.get("custom_mask_buf") is not None
+        masked = (custom_mask is not None or packed_custom_mask is not None
+                  or self.init_kw.get("custom_mask_buf") is not None)
         if self._backend == "auto":  # as determine_attention_backend on an H200: fa3 unless a mask or fp8 KV
             fp8 = kv_data_type in (torch.float8_e4m3fn, torch.float8_e5m2)
             self._backend = "fa2" if masked or fp8 else "fa3"
@@ -128,9 +137,24 @@ class FakePrefill(_FakeWrapper):
         if uniform_q_len is not None:  # FlashInfer drops a hint that does not describe the batch
             q_lens = (qo_indptr[1:] - qo_indptr[:-1]).tolist()
             assert all(n == uniform_q_len for n in q_lens), (uniform_q_len, q_lens)
+        self.packed = None
+        if packed_custom_mask is not None:
+            # As FlashInfer's plan: the mask indptr comes from the *unpacked* lengths (bits), copied into
+            # mask_indptr_buf (graph mode) next to the packed mask; the kernel reads it as byte offsets.
+            assert custom_mask is None and packed_custom_mask.dtype == torch.uint8
+            q_lens = qo_indptr[1:] - qo_indptr[:-1]
+            kv_lens = (paged_kv_indptr[1:] - paged_kv_indptr[:-1] - 1) * page_size + paged_kv_last_page_len
+            bit_indptr = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(q_lens * kv_lens, 0).int()])
+            if self.use_cuda_graph:
+                buf, ind = self.init_kw["custom_mask_buf"], self.init_kw["mask_indptr_buf"]
+                buf[:len(packed_custom_mask)].copy_(packed_custom_mask)
+                ind.copy_(bit_indptr)
+                self.packed = (buf, ind)  # read at run time: what is in the buffers then
+            else:
+                self.packed = (packed_custom_mask, bit_indptr)
         self._store(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
                     num_kv_heads, head_dim_qk, page_size, causal, custom_mask, q_data_type, kv_data_type, sm_scale,
-                    uniform_q_len=uniform_q_len, backend=self._backend)
+                    uniform_q_len=uniform_q_len, backend=self._backend, packed=packed_custom_mask is not None)
 
 
 MODULES = {"fa3": "flash_attn_interface", "fa3_fwd": "fa3_fwd_interface", "fa2": "flash_attn"}

@@ -275,8 +275,11 @@ def test_graph_mode_passes_uniform_q_len_to_fa2(fake_fi, kind):
         assert p["uniform_q_len"] == 3 and p["backend"] == "fa2"
     eager = backend(case)
     eager.plan(case.meta)
-    if kind != "decode":
+    if kind == "causal":
         assert eager.active_plan.wrapper.plans[-1]["uniform_q_len"] is None  # the hint is for graph mode only
+    if kind == "mask":  # a uniform tree pass always runs a fixed-buffer (graph-mode) wrapper: its mask is ours
+        assert eager.active_plan.wrapper.use_cuda_graph
+        assert eager.active_plan.wrapper.plans[-1]["uniform_q_len"] == 3
 
 
 def test_graph_mode_prefill_uses_plain_wrappers_without_hint(fake_fi):

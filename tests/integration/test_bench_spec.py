@@ -21,7 +21,7 @@ def test_spec_bench_on_cpu_is_lossless_and_matches_hf():
     # fp32 greedy: attnlab decodes exactly what HF generate decodes from the same tensors
     assert outs[3] == outs[0]
     assert rows[4]["tau"] >= 1.0
-    assert "| attnlab | 1 | self | 3 | torch / torch |" in res["markdown"] and "Random weights" in res["markdown"]
+    assert "| attnlab | 1 | self | 3 | chain | torch / torch |" in res["markdown"] and "Random weights" in res["markdown"]
     assert "= HF generate, token for token: 2 of 2 prompts" in res["markdown"]
 
 
@@ -54,3 +54,27 @@ def test_spec_bench_refuses_fused_ops_off_cuda(capsys):
     with pytest.raises(SystemExit) as e:
         spec.parse(["--device", "cpu", "--model", "tiny-llama", "--fused-ops"])
     assert e.value.code == 2 and "--fused-ops needs --device cuda" in capsys.readouterr().err
+
+
+def test_spec_bench_tree_rows_at_the_same_budget(tmp_path):
+    """--trees: chain and tree rows at each budget k, all lossless; a shape that cannot fill a budget is skipped
+    with the reason (2x3 holds at most 2 + 2 * 4 = 10 nodes, k=3 < num_steps would not be; 4x4 needs k >= 4)."""
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--num-prompts", "2",
+                    "--new", "10", "--k", "3,4", "--drafters", "self", "--draft-layers", "1", "--trees",
+                    "chain,2x3,4x4", "--skip-hf", "--out", str(tmp_path / "t")])
+    assert a.trees == [(1, None), (2, 3), (4, 4)]
+    res = spec.run(a)
+    rows = [(r["k"], r["tree"]) for r in res["rows"] if r["drafter"] == "self"]
+    assert rows == [(3, "chain"), (3, "2x3"), (4, "chain"), (4, "2x3"), (4, "4x4")]
+    for r in res["rows"]:
+        if r["drafter"] == "self":
+            assert r["same_as_target_only"] == 1.0 and 1.0 <= r["tau"] <= 5
+    assert any("tree 4x4 at k=3" in s and "spec.num_steps=4 > spec.num_draft_tokens=3" in s for s in res["skipped"])
+    assert "| attnlab | 1 | self | 4 | 4x4 | torch / torch |" in res["markdown"]
+
+
+@pytest.mark.parametrize("bad", ["1x3", "4", "4x0", ""])
+def test_spec_bench_rejects_bad_tree_shapes(bad):
+    with pytest.raises(SystemExit) as e:
+        spec.parse(["--device", "cpu", "--model", "tiny-llama", "--trees", bad])
+    assert e.value.code == 2

@@ -84,3 +84,19 @@ def test_pool_store_skips_minus_one_and_round_trips(dtype):
     torch.testing.assert_close(got_k[[5, 0]], k[[0, 2]], rtol=tol, atol=tol)
     torch.testing.assert_close(got_v[[5, 0]], -k[[0, 2]], rtol=tol, atol=tol)
     assert (got_k[[1, 2, 3, 4, 6, 7]] == 0).all()  # slot -1 wrote nothing visible
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float8_e5m2])
+def test_pool_copy_slots_reads_before_writing_and_skips_minus_one(dtype):
+    """copy_slots moves whole K/V rows in every layer; a slot can be a source and a destination at once."""
+    pool = KVPool(2, 3, 4, 2, 8, dtype, "cpu")
+    flat = pool.kv.view(2, 2, -1, 2, 8)
+    flat[:, :, :12] = torch.arange(12, dtype=torch.float32).view(1, 1, 12, 1, 1).to(dtype)  # slot i holds i
+    before = pool.kv.clone()
+    # 5 -> 1 and 1 -> 2 at once (2 must get the old 1), 7 -> 3; (-1, 9) and (4, -1) are skipped
+    pool.copy_slots(torch.tensor([[5, 1], [7, -1]]), torch.tensor([[1, 2], [3, 9]]))
+    want = before.view(2, 2, -1, 2, 8)[:, :, :12].clone()
+    want[:, :, 1], want[:, :, 2], want[:, :, 3] = before.view(2, 2, -1, 2, 8)[:, :, [5, 1, 7]].unbind(2)
+    assert torch.equal(flat[:, :, :12].float(), want.float())
+    pool.copy_slots(torch.tensor([4]), torch.tensor([-1]))  # a skipped write lands in the scratch page only
+    assert torch.equal(flat[:, :, :12].float(), want.float())

@@ -465,6 +465,7 @@ def _validate(*overrides):
     (["spec.topk=2"], "spec.num_steps=null"),
     (["spec.topk=2", "spec.num_steps=2", "spec.num_draft_tokens=7"], "spec.num_draft_tokens=7 > 6"),
     (["spec.num_steps=2"], "spec.num_draft_tokens=4 > 2"),
+    (["draft=ngram", "spec.topk=2", "spec.num_steps=2"], "draft=ngram drafts chains only"),
 ])
 def test_config_refuses_impossible_tree_shapes(overrides, needle):
     with pytest.raises(ConfigError) as e:
@@ -472,7 +473,19 @@ def test_config_refuses_impossible_tree_shapes(overrides, needle):
     assert needle in str(e.value)
 
 
+def test_fa_refuses_tree_masks_at_config_time():
+    """fa has no custom mask (and no cascade here): check_backend names the mask, on a GPU as on CPU."""
+    from attnlab.backends.registry import get_backend_class
+
+    caps = get_backend_class("fa").capabilities()
+    assert "custom (tree) masks (spec.topk > 1)" in caps.problems(
+        device="cuda", dtype="bf16", kv_dtype="bf16", head_dim=64, page_size=16, max_context=256, custom_mask=True)
+    assert not any("custom" in p for p in caps.problems(
+        device="cuda", dtype="bf16", kv_dtype="bf16", head_dim=64, page_size=16, max_context=256))
+
+
 def test_config_accepts_tree_shapes():
-    _validate("spec.topk=2", "spec.num_steps=3", "spec.num_draft_tokens=8")
+    _validate("draft=self", "spec.topk=2", "spec.num_steps=3", "spec.num_draft_tokens=8")
+    _validate("draft=eagle", "spec.topk=4", "spec.num_steps=3", "spec.num_draft_tokens=8")
     _validate("spec.num_steps=4")  # the chain, spelled out
     _validate("draft=none", "spec.topk=2")  # target-only decoding drafts no tree

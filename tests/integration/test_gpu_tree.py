@@ -1,0 +1,70 @@
+"""Tree drafting on the GPU: the whole tree loop in CUDA graphs (tree verify and the topk draft steps, sized with
+the topk factor) equals eager and target-only decoding, and reads the device once per iteration."""
+
+import pytest
+import torch
+
+from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
+from attnlab.spec.drafters import ModelDrafter, NoDrafter
+from attnlab.spec.tree_loop import capture_tree_graphs, tree_shape
+from tests.integration.test_gpu_engine import CFG, _eagle, gpu_runner
+from tests.spec.tiny import perturbed, prompts, tiny_model
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+SHAPES = [(2, 3, 5), (4, 3, 7)]  # (topk, num_steps, num_draft_tokens): verify q_len <= gpu_runner's max_q_len 8
+
+
+def _drafter(kind, target, backend, dtype, graphs):
+    if kind == "eagle":
+        return _eagle(target, backend, dtype, graphs, 4)
+    model = perturbed(target, seed=1, noise=0.2) if kind == "model" else target
+    return ModelDrafter(gpu_runner(model, backend, dtype, graphs, name="draft"), kind)
+
+
+@pytest.mark.parametrize("backend,dtype", [("triton", torch.float32), ("triton", torch.bfloat16),
+                                           ("flashinfer", torch.bfloat16)])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "K{}S{}N{}".format(*s))
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+def test_tree_graphs_match_eager_and_target_only(kind, shape, backend, dtype):
+    K, S, N = shape
+    target = tiny_model(CFG, seed=0).to("cuda", dtype)
+    ps = prompts(3, CFG.vocab_size)  # batch 3 -> padded to the graph bucket 4; requests finish apart
+    outs = []
+    for graphs in (False, True):
+        t = gpu_runner(target, backend, dtype, graphs)
+        d = _drafter(kind, target, backend, dtype, graphs)
+        if graphs:
+            assert capture_tree_graphs(t, d, tree_shape(K, S, N)) > 0
+        outs.append(SpeculativeDecoder(t, d, SpecParams(N, topk=K, num_steps=S)).generate(ps, 24))
+        assert t.allocator.num_free == t.allocator.num_pages
+        assert d.runner.allocator.num_free == d.runner.allocator.num_pages
+    base = SpeculativeDecoder(gpu_runner(target, backend, dtype, False), NoDrafter("cuda"), SpecParams(0)).generate(ps, 24)
+    eager, graphed, ref = ([r.output_ids for r in o.requests] for o in (*outs, base))
+    if dtype == torch.float32:
+        assert graphed == eager == ref
+        assert [r.accept_lens for r in outs[1].requests] == [r.accept_lens for r in outs[0].requests]
+    else:  # bf16: a padded batch may pick other GEMM tiles; a near-tie can flip late in a sequence
+        same = sum(a == b for x, y in zip(graphed, eager) for a, b in zip(x, y))
+        assert same / sum(map(len, eager)) >= 0.9
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+def test_tree_loop_at_most_one_sync_per_iteration(kind, graphs):
+    """triton only: FlashInfer's mask packing reads its size back once per tree plan (docs/backends.md)."""
+    from attnlab.engine.syncs import count_syncs
+
+    K, S, N = SHAPES[1]
+    target = tiny_model(CFG, seed=0).to("cuda", torch.bfloat16)
+    t = gpu_runner(target, "triton", torch.bfloat16, graphs)
+    d = _drafter(kind, target, "triton", torch.bfloat16, graphs)
+    if graphs:
+        capture_tree_graphs(t, d, tree_shape(K, S, N))
+    dec = SpeculativeDecoder(t, d, SpecParams(N, topk=K, num_steps=S))
+    ps = prompts(3, CFG.vocab_size)
+    dec.generate(ps, 8)
+    with count_syncs("cuda") as c:
+        out = dec.generate(ps, 32)
+    assert len(out.iterations) >= 6
+    assert c.n <= len(out.iterations) + 1, (c.n, len(out.iterations), sorted(set(c.where)))
