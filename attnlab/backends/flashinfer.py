@@ -381,7 +381,7 @@ class FlashInferBackend(AttentionBackend):
             wrapper.plan(kv_indptr, meta.layout.kv_indices, last_page_len, *shape, pos_encoding_mode="NONE",
                          **common)
         else:
-            if wrapper.use_cuda_graph and graph_q_len is not None and family == "fa2":
+            if getattr(wrapper, "_use_cuda_graph", getattr(wrapper, "use_cuda_graph", False)) and graph_q_len is not None and family == "fa2":
                 # fa2's graph-mode scheduler otherwise sizes the query tile for the ragged worst case
                 # (total rows - batch + 1 rows per request); the hint is exact here (every request has it)
                 common["uniform_q_len"] = graph_q_len

@@ -81,6 +81,12 @@ class Setup:
         return ref.run(self.q_r[kv_len - 1:kv_len].float(), 0)[0]
 
 
+def _tol(dtype) -> dict:
+    """vs the fp32 torch reference: the output is rounded to the model dtype (bf16: 8 mantissa bits, fp16: 11;
+    fp16 on the H200 differed by 2.6e-5 abs / 6e-3 rel on small values), fp32: torch's defaults."""
+    return {torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}, torch.float16: {"atol": 1e-3, "rtol": 1e-2}}.get(dtype, {})
+
+
 def _passes():
     """Every way R's row at position P + j is computed: name -> (reqs, row of R's output, graph context)."""
     n = P + K + 1
@@ -104,7 +110,7 @@ def test_row_is_bitwise_equal_across_q_len_batch_padding_and_graph_plans(dtype, 
         assert params.kind == "invariant" and params.split_tokens == SPLIT
         assert torch.equal(_bits(alone), _bits(batched)), j
         torch.testing.assert_close(alone[0].float(), s.reference(P + j + 1),
-                                   **({"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}))
+                                   **_tol(dtype))
         decode[j] = alone[0]
     for name, (reqs, ctx) in _passes().items():
         out, params = s.run(reqs, graph_context=ctx)

@@ -187,7 +187,7 @@ def test_graph_returns_its_argmax(q_len):
     p = t.prepare([0, 1, 2], [5, 3, 7], [q_len] * 3, Mode.DECODE if q_len == 1 else Mode.VERIFY)
     t.plan(p)
     logits, tokens = t.forward_greedy(p, torch.randint(0, CFG.vocab_size, (3 * q_len,), device="cuda"))
-    g = t.graphs.graphs[(4, q_len, 0, None)]
+    g = t.graphs.graphs[(4, q_len, 0, None, False)]  # (bucket, q_len, slot, capture layers, tree mask)
     assert tokens.untyped_storage().data_ptr() == g.tokens.untyped_storage().data_ptr()
     assert torch.equal(tokens, logits.argmax(-1))
 
