@@ -332,4 +332,4 @@ def test_bench_spec_skips_an_unsupported_cell(tmp_path):
     lines = stderr_lines(proc)
     assert len(lines) == 1 and lines[0].startswith("skipped verify=flashinfer does not support"), proc.stderr
     assert "Traceback" not in proc.stderr
-    assert "| attnlab | 1 | ngram | 2 | - / torch |" in proc.stdout and "Skipped (cannot run here)" in proc.stdout
+    assert "| attnlab | 1 | ngram | 2 | chain | - / torch |" in proc.stdout and "Skipped (cannot run here)" in proc.stdout

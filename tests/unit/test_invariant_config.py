@@ -38,7 +38,7 @@ def test_only_triton_declares_it():
 
 
 @pytest.mark.parametrize("overrides,needle", [
-    (["spec.topk=2", "spec.num_steps=2"], "engine.invariant=true: spec.topk=2"),
+    (["spec.topk=2", "spec.num_steps=2", "draft=self"], "engine.invariant=true: spec.topk=2"),  # ngram drafts no trees
     ([], "engine.invariant=true runs Triton kernels"),  # the capability holds; CPU does not
 ])
 def test_trees_and_cpu_are_refused(overrides, needle):
