@@ -2,7 +2,10 @@
 
 Run folder (Hydra's): data.pt (the sequences), checkpoint.pt (resumable: head, optimizer, step, RNG),
 train_log.jsonl (one line per logged step and evaluation), head/ (eagle3.safetensors + eagle3.json: the
-result, loadable with draft=eagle draft.path=<run>/head), summary.json.
+result, loadable with draft=eagle draft.path=<run>/head), summary.json; nonfinite_step.pt when a step had a
+non-finite loss or grad norm (the first such step's number, its batch's example indices and the head's
+weights before it: enough to replay it). Such a step is skipped; more than MAX_NONFINITE_IN_ROW in a row
+stop the run (TrainingDiverged) before anything is saved.
 """
 
 from __future__ import annotations
@@ -232,6 +235,9 @@ class Trainer:
                         in_row = 0
                     else:  # a NaN / inf gradient would poison every weight (clipping scales by NaN): skip it
                         opt.zero_grad(set_to_none=True)
+                        if not skipped:  # the first one, to replay: the head's weights and the batch
+                            torch.save({"step": step + 1, "batch": order[b], "head": head.state_dict()},
+                                       self.dir / "nonfinite_step.pt")
                         skipped += 1
                         in_row += 1
                         log.warning("step %d: non-finite loss %s / grad norm %s: optimizer step skipped (%d in a "

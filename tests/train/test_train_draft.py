@@ -195,6 +195,8 @@ def test_a_nonfinite_step_is_skipped_and_counted(tmp_path, monkeypatch):
     assert s["skipped_nonfinite_steps"] == 2 and s["steps"] > 4
     rows = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines() if '"step"' in x]
     assert [r["step"] for r in rows if r.get("skipped")] == [2, 4]
+    dump = torch.load(tmp_path / "nonfinite_step.pt", weights_only=False)  # the first one, to replay
+    assert dump["step"] == 2 and dump["batch"] and "fc.weight" in dump["head"]
     head = load_head(tmp_path / "head", tiny_model(CFG, seed=0), dtype=torch.float32, device="cpu")
     assert all(torch.isfinite(p).all() for p in head.parameters())  # the NaN gradients never reached a weight
     assert s["eval/loss"] == s["eval/loss"] and s["eval/loss"] < s["eval_before"]["eval/loss"]
