@@ -2,7 +2,10 @@
 
 Run folder (Hydra's): data.pt (the sequences), checkpoint.pt (resumable: head, optimizer, step, RNG),
 train_log.jsonl (one line per logged step and evaluation), head/ (eagle3.safetensors + eagle3.json: the
-result, loadable with draft=eagle draft.path=<run>/head), summary.json.
+result, loadable with draft=eagle draft.path=<run>/head), summary.json; nonfinite_step.pt when a step had a
+non-finite loss or grad norm (the first such step's number, its batch's example indices and the head's
+weights before it: enough to replay it). Such a step is skipped; more than MAX_NONFINITE_IN_ROW in a row
+stop the run (TrainingDiverged) before anything is saved.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.errors import ConfigError
+from attnlab.errors import AttnlabError, ConfigError
 from attnlab.metrics.outputs import write_json
 from attnlab.train_draft import data as D
 from attnlab.train_draft.loss import TargetDist, loss_rows, loss_weight, ttt_loss
@@ -26,6 +29,11 @@ from attnlab.train_draft.ttt import simulated_tau
 
 log = logging.getLogger("attnlab.train")
 FIT_AFTER = 20  # steps timed before a time budget (train.max_minutes) fixes the schedule's length
+MAX_NONFINITE_IN_ROW = 3  # skipped steps (non-finite loss or grad norm) in a row before the run stops
+
+
+class TrainingDiverged(AttnlabError):
+    """More than MAX_NONFINITE_IN_ROW steps in a row had a non-finite loss or gradient norm."""
 
 
 def lr_at(step: int, total: int, t) -> float:
@@ -204,6 +212,7 @@ class Trainer:
         head.train()
         deadline = t0 + 60 * t.max_minutes if t.max_minutes else None
         planned, first_step = total, step
+        skipped = in_row = 0  # non-finite steps: skipped in all, and in a row now
         try:
             while step < total:
                 order = D.batches(self.train_ex, t.tokens_per_batch, self.max_len, random.Random(rng.random()))
@@ -219,7 +228,24 @@ class Trainer:
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     gnorm = float(torch.nn.utils.clip_grad_norm_(params, t.grad_clip))
-                    opt.step()
+                    loss_v = float(loss.detach())
+                    finite = math.isfinite(loss_v) and math.isfinite(gnorm)
+                    if finite:
+                        opt.step()
+                        in_row = 0
+                    else:  # a NaN / inf gradient would poison every weight (clipping scales by NaN): skip it
+                        opt.zero_grad(set_to_none=True)
+                        if not skipped:  # the first one, to replay: the head's weights and the batch
+                            torch.save({"step": step + 1, "batch": order[b], "head": head.state_dict()},
+                                       self.dir / "nonfinite_step.pt")
+                        skipped += 1
+                        in_row += 1
+                        log.warning("step %d: non-finite loss %s / grad norm %s: optimizer step skipped (%d in a "
+                                    "row, %d in all)", step + 1, loss_v, gnorm, in_row, skipped)
+                        if in_row > MAX_NONFINITE_IN_ROW:
+                            raise TrainingDiverged(
+                                f"training diverged: {in_row} steps in a row with a non-finite loss or grad norm "
+                                f"(last at step {step + 1}, {skipped} skipped in all); nothing saved")
                     step += 1
                     tokens += int(ids.numel())
                     if deadline is not None and step - first_step == FIT_AFTER:
@@ -230,8 +256,9 @@ class Trainer:
                             log.info("train.max_minutes: %d of %d planned steps fit (%.3f s/step)", fit, total,
                                      (now - t0) / FIT_AFTER)
                             total = bar.total = max(fit, step + 1)
-                    row = {"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": opt.param_groups[0]["lr"],
-                           "grad_norm": gnorm, "tokens": tokens, "elapsed_s": time.perf_counter() - t0,
+                    row = {"step": step, "epoch": epoch, "loss": loss_v, "lr": opt.param_groups[0]["lr"],
+                           "grad_norm": gnorm, "skipped": not finite, "tokens": tokens,
+                           "elapsed_s": time.perf_counter() - t0,
                            **{f"top1_step{j}": v for j, v in enumerate(st.top1)}}
                     if t.eval_every and step % t.eval_every == 0 and step < total:
                         last_eval = self.evaluate()
@@ -255,7 +282,7 @@ class Trainer:
         final = {} if self.interrupted else self.evaluate()
         self.checkpoint(opt, step, tokens, epoch, 0, rng)
         return {"steps": step, "planned_steps": planned, "stopped_by_time": step < planned and not self.interrupted,
-                "interrupted": self.interrupted is not None, "tokens": tokens,
+                "interrupted": self.interrupted is not None, "tokens": tokens, "skipped_nonfinite_steps": skipped,
                 "train_s": train_s, "tokens_per_s": tokens / max(train_s, 1e-9), "epochs_done": epoch, **final}
 
     def checkpoint(self, opt, step, tokens, epoch, batch, rng) -> None:

@@ -168,3 +168,47 @@ def test_reduced_draft_vocabulary_trains_on_the_frequent_answer_tokens(tmp_path)
     head = load_head(tmp_path / "head", tiny_model(CFG, seed=0), dtype=torch.float32, device="cpu")
     assert head.config.draft_vocab_size == 64 and head.d2t.numel() == 64
     assert s["eval/loss"] < s["eval_before"]["eval/loss"] and s["eval/top1_step0"] > 0.1
+
+
+def _nan_loss_at(monkeypatch, bad):
+    """Training losses (not evaluation's) at the calls in ``bad`` (1-based) become NaN, with NaN gradients."""
+    from attnlab.train_draft import loop
+
+    real, calls = loop.ttt_loss, [0]
+
+    def poisoned(head, *a, **k):
+        loss, st, m = real(head, *a, **k)
+        if head.training:
+            calls[0] += 1
+            if bad(calls[0]):
+                loss = loss * float("nan")
+        return loss, st, m
+
+    monkeypatch.setattr(loop, "ttt_loss", poisoned)
+
+
+def test_a_nonfinite_step_is_skipped_and_counted(tmp_path, monkeypatch):
+    _nan_loss_at(monkeypatch, lambda c: c in (2, 4))
+    sample = write_sample(tmp_path / "s.json", 40)
+    cfg = train_config(sample, epochs=3, **{"data.num_train": 24})
+    s = run(cfg, tmp_path, "cpu", "fp32", NoneLogger(), target=target_side(tiny_model(CFG, seed=0)))
+    assert s["skipped_nonfinite_steps"] == 2 and s["steps"] > 4
+    rows = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines() if '"step"' in x]
+    assert [r["step"] for r in rows if r.get("skipped")] == [2, 4]
+    dump = torch.load(tmp_path / "nonfinite_step.pt", weights_only=False)  # the first one, to replay
+    assert dump["step"] == 2 and dump["batch"] and "fc.weight" in dump["head"]
+    head = load_head(tmp_path / "head", tiny_model(CFG, seed=0), dtype=torch.float32, device="cpu")
+    assert all(torch.isfinite(p).all() for p in head.parameters())  # the NaN gradients never reached a weight
+    assert s["eval/loss"] == s["eval/loss"] and s["eval/loss"] < s["eval_before"]["eval/loss"]
+
+
+def test_nonfinite_steps_in_a_row_stop_the_run_and_save_nothing(tmp_path, monkeypatch):
+    from attnlab.train_draft.loop import MAX_NONFINITE_IN_ROW, TrainingDiverged
+
+    _nan_loss_at(monkeypatch, lambda c: c >= 3)
+    sample = write_sample(tmp_path / "s.json", 40)
+    cfg = train_config(sample, epochs=50, **{"data.num_train": 24})
+    with pytest.raises(TrainingDiverged, match=f"{MAX_NONFINITE_IN_ROW + 1} steps in a row") as e:
+        run(cfg, tmp_path, "cpu", "fp32", NoneLogger(), target=target_side(tiny_model(CFG, seed=0)))
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "head").exists() and not (tmp_path / "summary.json").exists()
