@@ -77,17 +77,9 @@ class GraphTimer:
         torch.cuda.synchronize()
 
     def measure(self) -> float:
-        import torch
+        from attnlab.bench.kernels import event_median_ms
 
-        times = []
-        for _ in range(self.iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            self.graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / self.reps)
-        return statistics.median(times)
+        return event_median_ms(self.graph.replay, self.iters) * 1e3 / self.reps
 
 
 class EagerTimer:

@@ -199,19 +199,26 @@ class Timer:
 
     def measure(self) -> float:
         """Median ms per run over ``iters`` samples of ``reps`` runs."""
-        times = []
-        for _ in range(self.iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            if self.graph is not None:
-                self.graph.replay()
-            else:
-                for r in range(self.reps):
-                    self.be.run(self.q, r % self.num_layers)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / self.reps)
-        return statistics.median(times)
+        if self.graph is not None:
+            return event_median_ms(self.graph.replay, self.iters) / self.reps
+
+        def eager():
+            for r in range(self.reps):
+                self.be.run(self.q, r % self.num_layers)
+        return event_median_ms(eager, self.iters) / self.reps
+
+
+def event_median_ms(run, iters: int) -> float:
+    """Median over ``iters`` samples of one ``run()``, in ms, timed with CUDA events (device time)."""
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def shapes(phases, models, batches, contexts, ks):
