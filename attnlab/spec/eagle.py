@@ -79,7 +79,7 @@ class EagleDrafter(Drafter):
         if k == 0:
             return torch.zeros(len(seqs), 0, dtype=torch.long, device=r.device), None
         ns = [len(s) for s in seqs]
-        steps = [r.prepare(reqs, [n - 2 + j for n in ns], [1] * len(ns), Mode.DECODE) for j in range(1, k)]
+        steps = r.prepare_steps(reqs, [n - 1 for n in ns], k - 1)  # step j at position n - 1 + j; one metadata copy
         r.plan_steps(steps)
         # The loop: device work only.
         tok, probs = next_tokens(self._logits, sp, gen)
