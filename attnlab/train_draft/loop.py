@@ -36,6 +36,35 @@ class TrainingDiverged(AttnlabError):
     """More than MAX_NONFINITE_IN_ROW steps in a row had a non-finite loss or gradient norm."""
 
 
+class PhaseTimer:
+    """Wall time of a step's phases, synchronised (the device finishes each phase before the next starts), for the
+    steps that ``on`` says; otherwise free (no sync)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.on, self.marks = device, False, []
+        self.samples: dict[str, list[float]] = {}
+
+    def start(self, on: bool) -> None:
+        self.on, self.marks = on, []
+        self.mark("start")
+
+    def mark(self, name: str) -> None:
+        if self.on:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.marks.append((name, time.perf_counter()))
+
+    def row(self) -> dict:
+        """This step's phases in ms ({} when it was not timed); recorded for ``medians``."""
+        out = {f"ms_{b}": 1e3 * (tb - ta) for (_, ta), (b, tb) in zip(self.marks, self.marks[1:])} if self.on else {}
+        for k, v in out.items():
+            self.samples.setdefault(k, []).append(v)
+        return out
+
+    def medians(self) -> dict:
+        return {k: sorted(v)[len(v) // 2] for k, v in self.samples.items()}
+
+
 def lr_at(step: int, total: int, t) -> float:
     """Linear warmup, then cosine decay to lr * min_lr_frac."""
     if step < t.warmup_steps:
@@ -53,6 +82,10 @@ class Trainer:
         if max(self.t.eval_k, default=0) > self.t.ttt_steps:
             raise ConfigError(f"train.eval_k={list(self.t.eval_k)}: each k needs k unrolled steps "
                               f"(train.ttt_steps={self.t.ttt_steps})")
+        from attnlab.train_draft.ttt import ATTENTION
+
+        if self.t.attention not in ATTENTION:
+            raise ConfigError(f"train.attention={self.t.attention!r}: one of {', '.join(sorted(ATTENTION))}")
         for key in ("ttt_steps", "epochs", "tokens_per_batch", "loss_chunk_rows"):
             if getattr(self.t, key) < 1:
                 raise ConfigError(f"train.{key}={getattr(self.t, key)}: must be >= 1")
@@ -149,7 +182,8 @@ class Trainer:
         return ids, feats, TargetDist.build(self.target.model, hidden, valid, weight, d2t, self.t.loss_chunk_rows)
 
     def _loss(self, ids, feats, dist):
-        return ttt_loss(self.head, ids, feats, dist, self.t.ttt_steps, self.t.step_decay, self.t.loss_chunk_rows)
+        return ttt_loss(self.head, ids, feats, dist, self.t.ttt_steps, self.t.step_decay, self.t.loss_chunk_rows,
+                        self.t.attention)
 
     # -- evaluation ----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -213,6 +247,7 @@ class Trainer:
         deadline = t0 + 60 * t.max_minutes if t.max_minutes else None
         planned, first_step = total, step
         skipped = in_row = 0  # non-finite steps: skipped in all, and in a row now
+        timer = PhaseTimer(self.device)
         try:
             while step < total:
                 order = D.batches(self.train_ex, t.tokens_per_batch, self.max_len, random.Random(rng.random()))
@@ -220,13 +255,17 @@ class Trainer:
                     if step >= total or (deadline is not None and time.perf_counter() > deadline):
                         total = step  # the time budget ends training here (then evaluate and save)
                         break
+                    timer.start(bool(t.time_every) and (step + 1) % t.time_every == 0)
                     ids, feats, dist = self._batch(self.train_ex, order[b])
+                    timer.mark("batch")
                     for g in opt.param_groups:
                         g["lr"] = lr_at(step, total, t)
                     with self._autocast():
                         loss, st, _ = self._loss(ids, feats, dist)
+                    timer.mark("loss")
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
+                    timer.mark("backward")
                     gnorm = float(torch.nn.utils.clip_grad_norm_(params, t.grad_clip))
                     loss_v = float(loss.detach())
                     finite = math.isfinite(loss_v) and math.isfinite(gnorm)
@@ -234,18 +273,23 @@ class Trainer:
                         opt.step()
                         in_row = 0
                     else:  # a NaN / inf gradient would poison every weight (clipping scales by NaN): skip it
+                        bad = [n for n, p in head.named_parameters() if p.grad is not None
+                               and not torch.isfinite(p.grad).all()]
                         opt.zero_grad(set_to_none=True)
-                        if not skipped:  # the first one, to replay: the head's weights and the batch
-                            torch.save({"step": step + 1, "batch": order[b], "head": head.state_dict()},
+                        if not skipped:  # the first one, to replay: the head's weights (not stepped) and the batch
+                            torch.save({"step": step + 1, "batch": order[b], "head": head.state_dict(),
+                                        "nonfinite_grads": bad, "attention": t.attention},
                                        self.dir / "nonfinite_step.pt")
                         skipped += 1
                         in_row += 1
-                        log.warning("step %d: non-finite loss %s / grad norm %s: optimizer step skipped (%d in a "
-                                    "row, %d in all)", step + 1, loss_v, gnorm, in_row, skipped)
+                        log.warning("step %d: non-finite loss %s / grad norm %s (in %s): optimizer step skipped "
+                                    "(%d in a row, %d in all)", step + 1, loss_v, gnorm, ", ".join(bad) or "-",
+                                    in_row, skipped)
                         if in_row > MAX_NONFINITE_IN_ROW:
                             raise TrainingDiverged(
                                 f"training diverged: {in_row} steps in a row with a non-finite loss or grad norm "
                                 f"(last at step {step + 1}, {skipped} skipped in all); nothing saved")
+                    timer.mark("optimizer")
                     step += 1
                     tokens += int(ids.numel())
                     if deadline is not None and step - first_step == FIT_AFTER:
@@ -258,7 +302,7 @@ class Trainer:
                             total = bar.total = max(fit, step + 1)
                     row = {"step": step, "epoch": epoch, "loss": loss_v, "lr": opt.param_groups[0]["lr"],
                            "grad_norm": gnorm, "skipped": not finite, "tokens": tokens,
-                           "elapsed_s": time.perf_counter() - t0,
+                           "elapsed_s": time.perf_counter() - t0, **timer.row(),
                            **{f"top1_step{j}": v for j, v in enumerate(st.top1)}}
                     if t.eval_every and step % t.eval_every == 0 and step < total:
                         last_eval = self.evaluate()
@@ -283,7 +327,8 @@ class Trainer:
         self.checkpoint(opt, step, tokens, epoch, 0, rng)
         return {"steps": step, "planned_steps": planned, "stopped_by_time": step < planned and not self.interrupted,
                 "interrupted": self.interrupted is not None, "tokens": tokens, "skipped_nonfinite_steps": skipped,
-                "train_s": train_s, "tokens_per_s": tokens / max(train_s, 1e-9), "epochs_done": epoch, **final}
+                "train_s": train_s, "tokens_per_s": tokens / max(train_s, 1e-9), "epochs_done": epoch,
+                "phase_ms_median": timer.medians(), **final}
 
     def checkpoint(self, opt, step, tokens, epoch, batch, rng) -> None:
         state = {"head": self.head.state_dict(), "opt": opt.state_dict(), "step": step, "tokens": tokens,
@@ -314,6 +359,15 @@ def _cast_copy(head, dtype):
     return out
 
 
+def sdpa_policy(cudnn: bool):
+    """The SDPA kernels training may use (the teacher's causal attention, the unrolled head's): all, or all but
+    cuDNN's (``train.sdpa_cudnn``); a forward's choice also fixes its backward."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    allowed = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    return sdpa_kernel(allowed + ([SDPBackend.CUDNN_ATTENTION] if cudnn else []))
+
+
 def run(cfg, run_dir: Path, device: str, dtype: str, logger, target=None) -> dict:
     """``target``: an already built target side (tests); None = build it from cfg.model."""
     tr = Trainer(cfg, run_dir, device, dtype)
@@ -321,9 +375,11 @@ def run(cfg, run_dir: Path, device: str, dtype: str, logger, target=None) -> dic
     tr.build_target(target)
     tr.make_data()
     tr.make_head()
-    before = tr.evaluate()
-    result = tr.train(logger)
+    with sdpa_policy(cfg.train.sdpa_cudnn):
+        before = tr.evaluate()
+        result = tr.train(logger)
     result["eval_before"] = before
+    result["sdpa_cudnn"] = bool(cfg.train.sdpa_cudnn)
     result["wall_s"] = time.perf_counter() - t0
     path = tr.save(result)
     summary = {"head": str(path), "data": tr.data_summary, **result}

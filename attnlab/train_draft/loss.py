@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlab.train_draft.ttt import StepStats, entry_mask, unroll
+from attnlab.train_draft.ttt import ATTENTION, StepStats, entry_mask, unroll
 
 
 @dataclass
@@ -122,12 +122,15 @@ def mm_dtype(h: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
 
 
-def ttt_loss(head, ids, feats, dist: TargetDist, steps: int, decay: float, chunk_rows: int = 4096):
+def ttt_loss(head, ids, feats, dist: TargetDist, steps: int, decay: float, chunk_rows: int = 4096,
+             attention: str = "masked"):
     """-> (weighted mean loss (a tensor with grad), StepStats, per-step [B, S-1] top-1 match (bool, detached)).
-    ``dist``: TargetDist.build at the loss rows, with loss_weight(head, ...)."""
+    ``dist``: TargetDist.build at the loss rows, with loss_weight(head, ...); ``attention``: a ttt.ATTENTION key."""
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows={chunk_rows}: must be >= 1")
-    outs = unroll(head, ids, feats, steps)
+    if attention not in ATTENTION:
+        raise ValueError(f"attention={attention!r}: one of {sorted(ATTENTION)}")
+    outs = unroll(head, ids, feats, steps, ATTENTION[attention])
     valid = dist.valid
     pos = torch.arange(valid.shape[1], device=ids.device)
     d2t = head.d2t if head.config.draft_vocab_size else None

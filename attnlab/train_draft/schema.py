@@ -46,6 +46,17 @@ class TrainSchema:
     # rows per chunk of the loss (head logits, log-sum-exp, gradient): bounds the [rows, vocab] fp32 tensors
     # alive at once (each chunk: about 3 x rows x vocab x 4 bytes); the result does not depend on it
     loss_chunk_rows: int = 4096
+    # the unrolled steps' attention (attnlab.train_draft.ttt.ATTENTION): masked = one masked SDPA call over every
+    # step's keys (the default); sink = L + j keys per query through an exact sink merge (fewer FLOPs; its H200
+    # run lost its gradients to NaN); reference = the [L, L] fp32 scores (tests, small runs)
+    attention: str = "masked"
+    # let scaled_dot_product_attention pick cuDNN's kernels (torch 2.11 does on sm90 when allowed): cuDNN builds an
+    # execution plan per new shape, and length-bucketed batches bring a new shape almost every step (measured on
+    # the H200: 1,083 ms per step over 8 new shapes vs 108 ms for a repeated one); off = flash / efficient / math
+    sdpa_cudnn: bool = False
+    # every N steps one step is timed by phase (synchronised): ms_batch (collate + teacher + target distributions),
+    # ms_loss (unrolled head + loss), ms_backward, ms_optimizer, in train_log.jsonl; medians in the summary (0 = off)
+    time_every: int = 25
     eval_every: int = 200  # steps between held-out evaluations (0 = only at the end)
     eval_k: list[int] = field(default_factory=lambda: [2, 4, 6])  # simulated chain acceptance at these k
     checkpoint_every: int = 500  # steps between resumable checkpoints (0 = only at the end)

@@ -14,9 +14,11 @@ The loss of step j is the forward KL from the target distribution (cross-entropy
 the entropy term is constant), over entries whose predicted token is an answer token and that have j
 predecessors, weighted step_decay ** j.
 
-Two implementations of the step-j attention compute the same thing: ``ttt_attention`` (the reference: the
-[B, Hkv, g, L, L] fp32 scores, kept for backward) and ``ttt_attention_sdpa`` (what training runs: no L x L
-tensor; see its docstring). The loss (loss.py) is computed in row chunks from the target's p W, made once
+Three implementations of the step-j attention compute the same thing (``ATTENTION``, ``train.attention``):
+``ttt_attention`` (the reference: the [B, Hkv, g, L, L] fp32 scores, kept for backward),
+``ttt_attention_masked`` (the default: one masked SDPA call over every step's keys) and ``ttt_attention_sdpa``
+(``sink``: L + j keys per query through an exact sink merge; the H200 run that used it lost its gradients to
+NaN at step 55, in backward only, and the cause is not pinned down, so it is no longer the default). The loss (loss.py) is computed in row chunks from the target's p W, made once
 per batch; reference.py keeps the original per-step loss for the tests and the microbench.
 """
 
@@ -132,9 +134,39 @@ def ttt_attention_sdpa(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.T
         return (num / den[..., None]).to(vs[0].dtype)
 
 
-def unroll(head, ids: torch.Tensor, feats: torch.Tensor, steps: int, attention=ttt_attention_sdpa) -> list[torch.Tensor]:
+def ttt_mask(L: int, j: int, device) -> torch.Tensor:
+    """[L, (j + 1) L] bool: which keys query p of step j sees among [k_0; k_1; ..; k_j] (each [L] long): the
+    step-0 keys at positions <= p - j, and the step-i key at position p - j + i (a diagonal per step)."""
+    p = torch.arange(L, device=device)[:, None]
+    t = torch.arange(L, device=device)[None, :]
+    return torch.cat([t <= p - j] + [t == p - j + i for i in range(1, j + 1)], dim=1)
+
+
+def ttt_attention_masked(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], scale: float) -> torch.Tensor:
+    """``ttt_attention`` as one ``scaled_dot_product_attention`` call over every step's keys with a boolean
+    mask (``ttt_mask``): no L x L tensor kept for backward, no sink, no merge, and a kernel every library
+    trains with (memory-efficient on GPU: flash takes no mask). It reads (j + 1) L keys per query where
+    the sink merge reads L + j, which costs little beside the LM head; what it buys is robustness: the
+    gradient comes straight from the SDPA kernel's own backward (the default, ``train.attention=masked``)."""
+    j = len(ks) - 1
+    B, L, Hq, _ = q.shape
+    g = Hq // ks[0].shape[2]
+    k = _rep(torch.cat(ks, dim=1) if j else ks[0], g).transpose(1, 2)
+    v = _rep(torch.cat(vs, dim=1) if j else vs[0], g).transpose(1, 2)
+    if j == 0:
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, is_causal=True, scale=scale)
+    else:
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=ttt_mask(L, j, q.device),
+                                             scale=scale)
+    return out.transpose(1, 2)
+
+
+ATTENTION = {"masked": ttt_attention_masked, "sink": ttt_attention_sdpa, "reference": ttt_attention}
+
+
+def unroll(head, ids: torch.Tensor, feats: torch.Tensor, steps: int, attention=ttt_attention_masked) -> list[torch.Tensor]:
     """ids [B, S], feats [B, S, F] (target features) -> the pre-norm outputs a_j [B, S-1, H], j < steps.
-    ``attention``: ttt_attention_sdpa (training) or ttt_attention (the reference)."""
+    ``attention``: one of ATTENTION's (masked: what training runs by default; reference: the L x L one)."""
     L = ids.shape[1] - 1
     tok = ids[:, 1:]
     f = head.fuse(feats[:, :L].to(head.fc.weight.dtype))

@@ -52,6 +52,20 @@ def random_tree_state(B, K, S, V, gen, device, root_pos):
     return steps
 
 
+def describe(a: torch.Tensor, b: torch.Tensor, atol: float, B: int) -> str:
+    """How a candidate pass differs: the error against the values' scale, and which rows (requests) differ: a
+    wrong mask or page shows as a few rows far off, rounding (another GEMM tile for a padded bucket) as small
+    errors spread over many rows."""
+    d = (a.float() - b.float()).abs()
+    scale = a.float().abs().max().item()
+    off = (d > atol + atol * b.float().abs()).reshape(a.shape[0], -1).any(-1)
+    rows = off.nonzero().flatten().tolist()
+    per = a.shape[0] // max(B, 1)
+    reqs = sorted({r // per for r in rows}) if per else []
+    return (f"max err {d.max().item():.3g} (|ref| max {scale:.3g}, relative {d.max().item() / max(scale, 1e-30):.2g}), "
+            f"{len(rows)}/{a.shape[0]} rows off, requests {reqs[:16]}")
+
+
 def run_case(ref: ModelRunner, cand: ModelRunner, rng: random.Random, shape, B: int, cfg, atol: float,
              max_prompt: int = 40) -> list[str]:
     """One case on both runners (fresh requests, released at the end); -> mismatch descriptions (empty: ok)."""
@@ -88,8 +102,8 @@ def run_case(ref: ModelRunner, cand: ModelRunner, rng: random.Random, shape, B: 
     bad = []
     for i, (a, b) in enumerate(zip(outs[0][0], outs[1][0])):
         if a.shape != b.shape or not torch.allclose(a, b, atol=atol, rtol=atol):
-            err = (a - b).abs().max().item() if a.shape == b.shape else f"shape {tuple(b.shape)}"
-            bad.append(f"shape {shape} B={B} lens={lens} page={ref.allocator.page_size} pass {i}: max err {err}")
+            bad.append(f"shape {shape} B={B} lens={lens} page={ref.allocator.page_size} pass {i}: "
+                       + (describe(a, b, atol, B) if a.shape == b.shape else f"shape {tuple(b.shape)}"))
     for (ka, va), (kb, vb) in zip(outs[0][1], outs[1][1]):
         if not (torch.allclose(ka, kb, atol=atol, rtol=atol) and torch.allclose(va, vb, atol=atol, rtol=atol)):
             bad.append(f"shape {shape} B={B} lens={lens} page={ref.allocator.page_size}: K/V differ")

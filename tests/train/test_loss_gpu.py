@@ -10,13 +10,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from attnlab.train_draft import reference
 from attnlab.train_draft.loss import TargetDist, loss_rows, loss_weight, ttt_loss
 from attnlab.train_draft.teacher import teacher_forward
-from attnlab.train_draft.ttt import ttt_attention, ttt_attention_sdpa
+from attnlab.train_draft.ttt import ATTENTION, ttt_attention
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
+@pytest.mark.parametrize("impl", ["masked", "sink"])
 @pytest.mark.parametrize("j", [0, 1, 5])
-def test_sdpa_attention_bf16_on_flash_kernels(j):
+def test_sdpa_attention_bf16_on_flash_kernels(j, impl):
     """SmolLM2's head shape (9 query / 3 KV heads, head dim 64), L = 1000. Only the flash and memory-efficient
     kernels are allowed (an unsupported shape raises instead of silently falling back to the L x L math path).
     Reference: ttt_attention in fp32 on the same bf16 values; bf16 output rounding is 2^-8 relative."""
@@ -26,11 +27,12 @@ def test_sdpa_attention_bf16_on_flash_kernels(j):
     ks = [torch.randn(B, L, 3, 64, device="cuda", generator=g).bfloat16().requires_grad_() for _ in range(j + 1)]
     vs = [torch.randn(B, L, 3, 64, device="cuda", generator=g).bfloat16().requires_grad_() for _ in range(j + 1)]
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-        out = ttt_attention_sdpa(q, ks, vs, 0.125)
+        out = ATTENTION[impl](q, ks, vs, 0.125)
         out.float().square().sum().backward()
     ref = ttt_attention(q.float(), [k.float() for k in ks], [v.float() for v in vs], 0.125)
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
     assert q.grad is not None and torch.isfinite(q.grad.float()).all()
+    assert all(torch.isfinite(x.grad.float()).all() for x in (*ks, *vs))
 
 
 def test_loss_bf16_autocast_close_to_reference():

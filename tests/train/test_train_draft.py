@@ -62,6 +62,16 @@ def test_training_learns_the_target(trained):
     assert s["data"]["source"]["truncated"] and s["data"]["source"]["conversations"] == 120
 
 
+def test_every_nth_step_is_timed_by_phase(trained):
+    """train.time_every (25): those steps' rows carry the synchronised phase times; the summary their medians."""
+    _, d, s = trained
+    rows = [json.loads(line) for line in (d / "train_log.jsonl").read_text().splitlines()]
+    timed = [r["step"] for r in rows if "ms_backward" in r]
+    assert timed and all(st % 25 == 0 for st in timed) and len(timed) == s["steps"] // 25
+    phases = ("ms_batch", "ms_loss", "ms_backward", "ms_optimizer")
+    assert set(s["phase_ms_median"]) == set(phases) and all(s["phase_ms_median"][k] > 0 for k in phases)
+
+
 def test_trained_head_drafts_losslessly_and_better_than_untrained(trained):
     model, d, _ = trained
     head = load_head(d / "head", model, dtype=torch.float32, device="cpu")
