@@ -37,5 +37,57 @@ diag)
     "tests/integration/test_gpu_serving.py" -k "not triton" > $LOGS/tests_diag.log 2>&1
   grep -E "fuzz|passed|failed|FAILED|shape \(" $LOGS/tests_diag.log | cut -c1-400 | head -n 40
   ;;
+1)
+  step "install .gpu/a"; bash .gpu/a/install.sh | tail -1; cp .gpu/a/sharegpt.part0.gz /opt/data/
+  step "trainer step without cuDNN attention (the trainer's default now): 8 new shapes of ~32k tokens, masked vs sink"
+  timeout 120 $PY $B --device cuda --batch 32 --seq 1024 --mix 8 --iters 8 --optimizer --phases \
+    --paths trainer:16384,trainer:16384:sink > $LOGS/mix_nocudnn.log 2>&1; grep -E "^path=|^vs " $LOGS/mix_nocudnn.log
+  # the attention the training run uses: masked unless the sink merge is more than 1.3x faster
+  $PY - "$LOGS/mix_nocudnn.log" > /tmp/attn <<'PY' || echo masked > /tmp/attn
+import re, sys
+t = {m[1]: float(m[2]) for m in re.finditer(r"attention=(\w+) .*?tokens_per_s=([\d.e+]+)", open(sys.argv[1]).read())}
+print("sink" if t.get("sink", 0) > 1.3 * t.get("masked", 1e-9) else "masked")
+PY
+  echo "training attention: $(cat /tmp/attn)"
+  step "GPU tests: trainer attention (masked, sink) and loss in bf16"
+  timeout 60 $T tests/train/test_loss_gpu.py > $LOGS/tests1.log 2>&1; tail -n 3 $LOGS/tests1.log
+  ;;
+2)
+  step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
+  cat /opt/data/sharegpt.part0.gz .gpu/b/sharegpt.part1.gz > $DATA  # two gzip members: one valid file
+  step "train the EAGLE-3 head: train=eagle3_fast, attention $(cat /tmp/attn 2>/dev/null || echo masked), cuDNN off, time-boxed"
+  timeout 575 $PY -m attnlab.train_draft train=eagle3_fast device=cuda logger=jsonl train.data.source=$DATA \
+    train.capture_layers=[2,15,29] train.data.regen_batch_size=256 train.data.regen_max_minutes=1.5 \
+    train.attention=$(cat /tmp/attn 2>/dev/null || echo masked) train.max_minutes=6.8 train.eval_every=400 \
+    train.export=$HEAD hydra.run.dir=/tmp/eagle-train > $LOGS/train.log 2>&1; echo "train: exit $?"
+  grep -vE "it/s\]|s/it\]|step/s\]|s/step\]" $LOGS/train.log | tail -n 8 | cut -c1-600
+  mkdir -p "$OUT/head"; cp $HEAD/eagle3.json $HEAD/eagle3.safetensors "$OUT/head/" 2>/dev/null
+  cp /tmp/eagle-train/summary.json "$OUT/train_summary.json" 2>/dev/null
+  gzip -c /tmp/eagle-train/train_log.jsonl > "$OUT/train_log.jsonl.gz" 2>/dev/null
+  ls /tmp/eagle-train/nonfinite_step.pt 2>/dev/null && echo "a non-finite step was dumped"
+  $PY - <<'PY'
+import json
+s = json.load(open("/tmp/eagle-train/summary.json"))
+print({k: s.get(k) for k in ("steps", "tokens", "train_s", "tokens_per_s", "skipped_nonfinite_steps", "phase_ms_median",
+                             "eval/top1_step0", "eval/top1_step3", "eval/sim_tau_k2", "eval/sim_tau_k4", "eval/sim_tau_k6")})
+PY
+  ;;
+3)
+  step "install .gpu/c (flashinfer) and .gpu/6 (its prebuilt sm_90a modules)"
+  bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
+  S="$PY -m attnlab.bench.spec --device cuda --eagle-head $HEAD --skip-hf --prompts $DATA --new 128"
+  step "every backend pair, ngram and the new head, k = 4, batch 1, 16 held-out prompts, 3 repeats"
+  timeout 170 $S --backends triton,flashinfer --drafters ngram,eagle --k 4 --batch 1 --repeats 3 --num-prompts 16 \
+    --out "$OUT/pairs_b1" > $LOGS/pairs.log 2>&1; tail -n 12 $LOGS/pairs.log
+  step "fused layer kernels (engine.fused_ops), triton / triton, batch 1, k = 4 and 6"
+  timeout 110 $S --fused-ops --backends triton --drafters ngram,eagle --k 4,6 --batch 1 --repeats 3 --num-prompts 16 \
+    --out "$OUT/fused" > $LOGS/fused.log 2>&1; tail -n 9 $LOGS/fused.log
+  step "tau vs k (2, 6), triton / triton, builtin suite and held-out ShareGPT"
+  timeout 80 $S --backends triton --drafters ngram,eagle --k 2,6 --batch 1 --repeats 1 --num-prompts 24 \
+    --prompts builtin --out "$OUT/tau_builtin" > $LOGS/tau_b.log 2>&1; tail -n 8 $LOGS/tau_b.log
+  step "tree vs chain at budget 8 with the new head, batch 1"
+  timeout 90 $S --backends triton --drafters eagle --k 8 --trees chain,4x3 --batch 1 --repeats 1 --num-prompts 16 \
+    --out "$OUT/tree_vs_chain" > $LOGS/tree.log 2>&1; tail -n 6 $LOGS/tree.log
+  ;;
 esac
 step "part $PART done"
