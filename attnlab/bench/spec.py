@@ -13,7 +13,8 @@ The drafters are the same on both sides:
          that is the HF view of the same tensors cut to L layers (``num_assistant_tokens=k``, constant
          schedule, no confidence stop);
   eagle  attnlab only: the EAGLE-3 head attnlab trained for the target (``draft=eagle``), every draft backend x
-         verify backend pair.
+         verify backend pair; greedy drafting replays the head's k - 1 steps as one CUDA graph
+         (``eagle-per-step``: a replay per step, the previous path, to measure against).
 ``--trees`` (attnlab, draft=self and eagle): the draft shapes run at every ``--k``, which is then the verify
 budget (``spec.num_draft_tokens``: tokens one verify pass checks): ``chain`` (topk 1, num_steps k) and
 ``KxS`` trees (``spec.topk=K spec.num_steps=S``, EAGLE-2 drafting, one tree-masked verify); a tree shape that
@@ -47,6 +48,9 @@ from attnlab.plan import ModelSource
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import ModelDrafter, NgramDrafter, NoDrafter
 
+# eagle: greedy drafting's k - 1 head steps as one graph replay (the default); eagle-per-step: a replay per step
+EAGLES = ("eagle", "eagle-per-step")
+
 NGRAM_N = 3
 
 
@@ -56,7 +60,7 @@ PHASES = ("draft", "draft_extend", "verify", "accept", "other")
 @dataclass
 class Row:
     engine: str  # "hf" | "attnlab"
-    drafter: str  # "none" | "ngram" | "self" | "eagle"
+    drafter: str  # "none" | "ngram" | "self" | "eagle" | "eagle-per-step"
     pair: str  # draft / verify backend ("sdpa" for HF)
     seconds: float  # the median repeat
     new_tokens: int
@@ -142,7 +146,9 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         check_backend("backend", draft_backend, device=dev.type, dtype=a.dtype, kv_dtype=a.dtype, page_size=16,
                       max_context=max_ctx, topk=topk, head_dim=base.model_config.head_dim)
         head = build_eagle_side(target, a.eagle_head, a.model, spec_for(draft_backend, batch, name="draft"))
-        return EagleDrafter(head)
+        d = EagleDrafter(head)
+        d.multistep = kind != "eagle-per-step"  # the previous draft path: a graph replay per head step
+        return d
 
     def timed(target, drafter, k, drafter_name, pair, batch, K=1, S=None):
         dec = SpeculativeDecoder(target, drafter, SpecParams(k, topk=K, num_steps=S if K > 1 else None))
@@ -178,9 +184,9 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
             ref = timed(target, NoDrafter(dev), 0, "none", f"- / {verify}", batch)
             rows.append(ref)
             for drafter_name in a.drafters:
-                pairs = a.backends if drafter_name in ("self", "eagle") else ["-"]
+                pairs = a.backends if drafter_name in ("self", *EAGLES) else ["-"]
                 for draft_backend in pairs:
-                    shapes = a.trees if drafter_name in ("self", "eagle") else [(1, None)]
+                    shapes = a.trees if drafter_name in ("self", *EAGLES) else [(1, None)]
                     for k, (K, S) in [(k, t) for k in a.ks for t in shapes]:
                         shape = None
                         if K > 1:
@@ -276,7 +282,9 @@ def parse(argv=None):
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--weights", choices=("auto", "real", "random"), default="auto")
     ap.add_argument("--backends", default=None, help="default: triton,flashinfer on CUDA, torch on CPU")
-    ap.add_argument("--drafters", default="ngram,self", help="ngram, self, eagle (comma-separated)")
+    ap.add_argument("--drafters", default="ngram,self",
+                    help="ngram, self, eagle, eagle-per-step (the head's k - 1 steps one graph replay each, the "
+                         "previous path; eagle replays them as one), comma-separated")
     ap.add_argument("--eagle-head", default=None, help="draft=eagle head folder (default: the one attnlab ships)")
     ap.add_argument("--prompts", default="builtin", help="builtin | sharegpt (held-out split) | an exported file")
     ap.add_argument("--batch", default="1", help="attnlab batch sizes, comma-separated (HF runs batch 1 only)")
@@ -325,10 +333,10 @@ def parse(argv=None):
     if not a.batches or min(a.batches) < 1 or a.repeats < 1:
         ap.error("--batch sizes and --repeats must be >= 1")
     a.num_prompts = max(a.num_prompts, max(a.batches))  # at least one full batch
-    bad = set(a.drafters) - {"ngram", "self", "eagle"}
+    bad = set(a.drafters) - {"ngram", "self", *EAGLES}
     if bad:
-        ap.error(f"--drafters: unknown {sorted(bad)} (choose from ngram, self, eagle)")
-    if "eagle" in a.drafters and not a.skip_hf:
+        ap.error(f"--drafters: unknown {sorted(bad)} (choose from ngram, self, eagle, eagle-per-step)")
+    if set(EAGLES) & set(a.drafters) and not a.skip_hf:
         a.skip_hf = True  # HF assisted generation has no EAGLE-3 path here: attnlab rows only
     from attnlab.errors import ModelLoadError
     from attnlab.models.presets import get_preset

@@ -1,8 +1,10 @@
 """CUDA graphs of whole forward passes, per (batch-size bucket, q_len per request, plan slot, captured layers,
 tree mask or not).
 
-A multi-step graph (``capture_steps``, key slot ``("steps", n)``) holds n greedy single-token passes under plan
+A multi-step graph (``capture_steps``, key slot ``("steps", n, F)``) holds n greedy single-token passes under plan
 slots 1..n, each step's argmax the next one's input (engine/multistep.py): one replay per n decoded tokens.
+F = 0 for a plain decoder; a draft head's graph (F = its feature width) also feeds each step's pre-norm
+output to the next step.
 
 Contract with the backend (``caps.cuda_graph`` non-empty, built with ``cuda_graph=True``): a plan for the
 same (slot, batch size, q_len) reuses the same device buffers and launch parameters, so a graph captured
@@ -129,19 +131,23 @@ class GraphCache:
         self.graphs[(bs, q, slot, r.capture_layers, masked)] = _Graph(g, ids, positions, slots, logits, tokens,
                                                                         features, aux)
 
-    def has_steps(self, bs: int, n: int) -> bool:
-        return (bs, 1, ("steps", n), self.runner.capture_layers) in self.graphs
+    def _steps_key(self, bs: int, n: int, feature_dim: int | None) -> tuple:
+        return bs, 1, ("steps", n, feature_dim or 0), self.runner.capture_layers
 
-    def capture_steps(self, buckets, n: int) -> int:
-        """Capture the n-step greedy decode graph (engine/multistep.py) of every bucket not captured yet."""
+    def has_steps(self, bs: int, n: int, feature_dim: int | None = None) -> bool:
+        return self._steps_key(bs, n, feature_dim) in self.graphs
+
+    def capture_steps(self, buckets, n: int, feature_dim: int | None = None) -> int:
+        """Capture the n-step greedy graph (engine/multistep.py) of every bucket not captured yet; with
+        ``feature_dim``, a draft head's (its first step reads a [bs, feature_dim] feature buffer)."""
         before = len(self.graphs)
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         for bs in sorted(set(buckets), reverse=True):
-            if not self.has_steps(bs, n):
-                self._capture_steps(self.runner, bs, n)
+            if not self.has_steps(bs, n, feature_dim):
+                self._capture_steps(self.runner, bs, n, feature_dim)
         return len(self.graphs) - before
 
-    def _capture_steps(self, r, bs: int, n: int) -> None:
+    def _capture_steps(self, r, bs: int, n: int, feature_dim: int | None = None) -> None:
         from attnlab.backends.base import Mode
         from attnlab.engine.multistep import greedy_steps
 
@@ -150,24 +156,30 @@ class GraphCache:
         ids = torch.zeros(bs, dtype=torch.long, device=r.device)
         positions = torch.stack([d.positions for d in dummies])  # [n, bs]
         slots = torch.stack([d.slots for d in dummies])
+        features = None
+        if feature_dim:
+            features = torch.zeros(bs, feature_dim, dtype=next(r.model.parameters()).dtype, device=r.device)
         with torch.inference_mode():
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):
-                    greedy_steps(r, ids, positions, slots)
+                    greedy_steps(r, ids, positions, slots, features)
             torch.cuda.current_stream().wait_stream(stream)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool):
-                tokens = greedy_steps(r, ids, positions, slots)
-        # logits are not kept: a multi-step pass returns tokens only (greedy, target-only)
-        self.graphs[(bs, 1, ("steps", n), r.capture_layers)] = _Graph(g, ids, positions, slots, None, tokens)
+                tokens = greedy_steps(r, ids, positions, slots, features)
+        # logits are not kept: a multi-step pass returns tokens only (greedy)
+        self.graphs[self._steps_key(bs, n, feature_dim)] = _Graph(g, ids, positions, slots, None, tokens, features)
 
-    def replay_steps(self, bs: int, n: int, passes, last: torch.Tensor) -> torch.Tensor:
+    def replay_steps(self, bs: int, n: int, passes, last: torch.Tensor,
+                     features: torch.Tensor | None = None) -> torch.Tensor:
         """Replay the n-step graph for n prepared, planned single-token passes; -> tokens [n, bs] (a view of
-        the graph's output buffer)."""
-        g = self.graphs[(bs, 1, ("steps", n), self.runner.capture_layers)]
+        the graph's output buffer). ``features`` [B, F]: a draft head's first-step features."""
+        g = self.graphs[self._steps_key(bs, n, None if features is None else features.shape[1])]
         g.ids[: last.shape[0]].copy_(last)
+        if features is not None:
+            g.features[: features.shape[0]].copy_(features)
         torch.stack([p.positions for p in passes], out=g.positions)
         torch.stack([p.slots for p in passes], out=g.slots)
         g.graph.replay()

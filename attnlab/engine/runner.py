@@ -236,11 +236,13 @@ class ModelRunner:
         return self.model.compute_logits(hidden, invariant=True) if self.invariant else self.model.compute_logits(hidden)
 
     def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None, keep: bool = False,
-                       feature_dim: int | None = None, first_slot: int = 0, masked: bool = False) -> int:
+                       feature_dim: int | None = None, first_slot: int = 0, masked: bool = False,
+                       multistep: int = 0) -> int:
         """Capture CUDA graphs for every bucket <= max batch, q_len and plan slot ``first_slot ..
         num_slots - 1``; ``keep`` adds to the graphs captured before; ``feature_dim``: the width of the
         per-token features a draft head reads in these passes (None: no features); ``masked``: graphs of tree
-        passes (custom mask; the backend needs ``caps.cuda_graph_mask``). Returns how many were captured."""
+        passes (custom mask; the backend needs ``caps.cuda_graph_mask``); ``multistep`` n > 0: also the n-step
+        greedy graph (engine/multistep.py, with ``feature_dim``: a draft head's). Returns how many were captured."""
         from attnlab.engine.graphs import DEFAULT_BUCKETS, GraphCache
 
         if self.device.type != "cuda":
@@ -256,6 +258,8 @@ class ModelRunner:
         n = self.graphs.capture(buckets, q_lens, range(first_slot, num_slots), feature_dim, masked)
         if self.decode_steps_per_sync > 1 and 1 in q_lens and feature_dim is None and not masked:
             n += self.graphs.capture_steps(buckets, self.decode_steps_per_sync)
+        if multistep > 0:
+            n += self.graphs.capture_steps(buckets, multistep, feature_dim)
         return n
 
     def decode_greedy_steps(self, reqs, starts, last: torch.Tensor, n: int) -> torch.Tensor:

@@ -153,6 +153,9 @@ class ModelDrafter(Drafter):
     def __init__(self, runner: ModelRunner, kind: str = "model"):
         self.runner = runner
         self.kind = kind
+        # greedy drafting runs steps 1..k-1 as one multi-step pass (engine/multistep.py: one graph replay);
+        # False: a replay and an argmax per step (the previous path)
+        self.multistep = True
 
     def prefill(self, reqs, prompts, first_tokens=None, target=None):
         ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long).to(self.runner.device, non_blocking=True)
@@ -173,10 +176,16 @@ class ModelDrafter(Drafter):
         q0 = [len(c) for c in catch]
         # Prepare every pass first: step 0 catches up, steps 1..k-1 feed one draft token each.
         first = r.prepare(reqs, starts, q0, Mode.DECODE if max(q0) == 1 else Mode.VERIFY)
+        ids0 = torch.tensor([t for c in catch for t in c], dtype=torch.long).to(dev, non_blocking=True)
+        if sp.greedy and self.multistep and k > 1:
+            from attnlab.engine.multistep import decode_steps
+
+            r.plan(first)
+            tok = r.forward(first, ids0, first.last_rows).argmax(dim=-1)
+            return torch.cat([tok[:, None], decode_steps(r, reqs, ns, tok, k - 1)], dim=1), None
         steps = r.prepare_steps(reqs, ns, k - 1)  # step j feeds position n + j - 1; one metadata copy
         r.plan_steps(steps)
         r.plan(first)
-        ids0 = torch.tensor([t for c in catch for t in c], dtype=torch.long).to(dev, non_blocking=True)
         # The loop: device work only.
         tok, probs = next_tokens(r.forward(first, ids0, first.last_rows), sp, gen)
         toks, all_probs = [tok], [probs]
@@ -193,7 +202,8 @@ class ModelDrafter(Drafter):
         if self.runner is target:
             return 0
         n = self.runner.capture_graphs(q_lens=(2,), num_slots=1)
-        return n + self.runner.capture_graphs(q_lens=(1,), num_slots=max(1, k), keep=True)
+        return n + self.runner.capture_graphs(q_lens=(1,), num_slots=max(1, k), keep=True,
+                                              multistep=k - 1 if self.multistep and k > 1 else 0)
 
     def commit(self, req, n_before, num_accepted):
         # The draft KV holds the committed n_before tokens, then drafts d1..d_{k-1}: d1..d_a stay valid.

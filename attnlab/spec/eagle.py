@@ -8,7 +8,8 @@ output of entry n - 2: the distribution of d1 (a guess at S[n]) and the feature 
 - ``prefill``: entries 0 .. P - 1 over the prompt shifted by one (the target's first token last), with the
   target's prefill features; the last entry gives d1.
 - ``propose``: d1 from the stored logits, then k - 1 single-token steps, step j at position n - 2 + j with
-  token d_j and the previous step's own pre-norm output as feature. Planned before the loop.
+  token d_j and the previous step's own pre-norm output as feature. Planned before the loop; greedy drafting
+  runs them as one multi-step pass (engine/multistep.py: one CUDA graph replay for all k - 1 steps).
 - ``extend`` (draft-extend, SGLang's ``draft_extend_attn_backend`` role): after acceptance, before the
   iteration's sync, one pass of k + 1 tokens per request at positions n - 1 .. n - 1 + k: the emitted tokens
   (accepted drafts, then the correction / bonus token) with the verify pass's target features. Every request
@@ -56,6 +57,9 @@ class EagleDrafter(Drafter):
         self.capture_layers = tuple(self.head.config.capture_layers)
         self._logits: torch.Tensor | None = None  # [B, V] fp32: the distribution of d1 per request
         self._feat: torch.Tensor | None = None  # [B, H]: the head's pre-norm output at that entry
+        # greedy drafting runs its k - 1 steps as one multi-step pass (one graph replay under CUDA graphs);
+        # False: a replay, an argmax and a feature copy per step (the previous path, kept to measure against)
+        self.multistep = True
 
     # -- the head's passes --------------------------------------------------------------------------
     def _run(self, p, ids: torch.Tensor, rows: torch.Tensor, features: torch.Tensor) -> None:
@@ -79,6 +83,14 @@ class EagleDrafter(Drafter):
         if k == 0:
             return torch.zeros(len(seqs), 0, dtype=torch.long, device=r.device), None
         ns = [len(s) for s in seqs]
+        if sp.greedy and self.multistep and k > 1:
+            # the k - 1 steps in one launch: one graph replay when captured (engine/multistep.py), else the
+            # same loop eagerly; the same tokens as the per-step loop below
+            from attnlab.engine.multistep import decode_steps
+
+            d1 = self._logits.argmax(dim=-1)
+            rest = decode_steps(r, reqs, [n - 1 for n in ns], d1, k - 1, features=self._feat)
+            return torch.cat([d1[:, None], rest], dim=1), None
         steps = r.prepare_steps(reqs, [n - 1 for n in ns], k - 1)  # step j at position n - 1 + j; one metadata copy
         r.plan_steps(steps)
         # The loop: device work only.
@@ -114,9 +126,9 @@ class EagleDrafter(Drafter):
             target.capture_layers = None
         cfg = self.head.config
         n += self.runner.capture_graphs(q_lens=(k + 1,), num_slots=1, feature_dim=cfg.feature_dim)
-        if k > 1:
+        if k > 1:  # the per-step graphs (sampling) and the (k - 1)-step graph (greedy, self.multistep)
             n += self.runner.capture_graphs(q_lens=(1,), num_slots=k, first_slot=1, keep=True,
-                                            feature_dim=cfg.hidden_size)
+                                            feature_dim=cfg.hidden_size, multistep=k - 1 if self.multistep else 0)
         return n
 
     def commit(self, req, n_before, num_accepted):

@@ -44,6 +44,21 @@ def test_spec_bench_eagle_rows_at_two_batch_sizes(tmp_path):
             assert set(r["phase_ms"]) == set(spec.PHASES) and r["phase_ms"]["draft_extend"] > 0
 
 
+def test_spec_bench_eagle_per_step_row_drafts_the_same(tmp_path):
+    """eagle-per-step (a replay per head step, the previous path) sits beside eagle (the k - 1 steps as one
+    multi-step pass): same outputs and acceptance, since both propose the same tokens."""
+    from tests.cli.test_eagle_cli import _head_for_tiny_llama
+
+    head = _head_for_tiny_llama(tmp_path / "head")
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--num-prompts", "2",
+                    "--new", "10", "--k", "3", "--drafters", "eagle,eagle-per-step", "--eagle-head", str(head),
+                    "--repeats", "1"])
+    assert a.skip_hf
+    rows = {r["drafter"]: r for r in spec.run(a)["rows"]}
+    assert set(rows) == {"none", "eagle", "eagle-per-step"}
+    assert rows["eagle"]["tau"] == rows["eagle-per-step"]["tau"] and rows["eagle"]["same_as_target_only"] == 1.0
+
+
 def test_spec_bench_rejects_unknown_drafter():
     with pytest.raises(SystemExit) as e:
         spec.parse(["--device", "cpu", "--model", "tiny-llama", "--drafters", "medusa"])

@@ -156,6 +156,27 @@ def test_eagle_graphs_match_eager(backend, dtype, k):
         assert same / sum(map(len, eager)) >= 0.9
 
 
+@pytest.mark.parametrize("backend,dtype", [("triton", torch.float32), ("triton", torch.bfloat16),
+                                           ("flashinfer", torch.bfloat16)])
+def test_eagle_one_launch_draft_graph_equals_per_step_graphs(backend, dtype):
+    """Greedy drafting's (k - 1)-step graph (drafter.multistep, the default) replays the same kernels on the
+    same shapes as the per-step graphs: bit-identical outputs and acceptance in every dtype (batch 3 in
+    bucket 4: padded rows included)."""
+    target = tiny_model(CFG, seed=0).to("cuda", dtype)
+    ps = prompts(3, CFG.vocab_size)
+    runs = []
+    for multistep in (False, True):
+        t = gpu_runner(target, backend, dtype, True)
+        d = _eagle(target, backend, dtype, True, 4)
+        d.multistep = multistep
+        t.capture_graphs(q_lens=[1, 5])
+        d.capture_graphs(t, 4)
+        assert d.runner.graphs.has_steps(4, 3, d.head.config.hidden_size) == multistep
+        out = SpeculativeDecoder(t, d, SpecParams(4)).generate(ps, 24)
+        runs.append(([r.output_ids for r in out.requests], [r.accept_lens for r in out.requests]))
+    assert runs[0] == runs[1]
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 @pytest.mark.parametrize("backend", ["triton", "flashinfer"])
 def test_eagle_at_most_one_sync_per_iteration(backend, graphs):

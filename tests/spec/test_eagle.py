@@ -32,6 +32,34 @@ def test_greedy_eagle_equals_target_only(k, page_size):
     assert tgt.capture_layers is None  # the decoder restores the target after the batch
 
 
+@pytest.mark.parametrize("k", [2, 5])
+def test_one_launch_greedy_draft_equals_the_per_step_loop(k):
+    """drafter.multistep (the default for greedy drafting: the k - 1 head steps as one multi-step pass, one
+    graph replay on a GPU) proposes exactly what the per-step loop proposes, iteration after iteration, and
+    the run's outputs and acceptance are the same (graph replay: tests/integration/test_gpu_engine.py)."""
+    ps = prompts(3, CFG.vocab_size)
+    runs = []
+    for multistep in (False, True):
+        tgt = runner(TARGET, CFG, 16)
+        d = EagleDrafter(eagle_runner(tiny_eagle(TARGET, CFG, seed=7), 16))
+        d.multistep = multistep
+        proposed = []
+        propose = d.propose
+
+        def record(*a, _p=propose, _out=proposed, **kw):
+            toks, probs = _p(*a, **kw)
+            _out.append(toks.clone())
+            return toks, probs
+
+        d.propose = record
+        out = SpeculativeDecoder(tgt, d, SpecParams(k)).generate(ps, 16)
+        runs.append((proposed, [r.output_ids for r in out.requests], [r.accept_lens for r in out.requests]))
+        assert d.runner.allocator.num_free == d.runner.allocator.num_pages
+    (p0, o0, a0), (p1, o1, a1) = runs
+    assert len(p0) == len(p1) > 2 and all(torch.equal(x, y) for x, y in zip(p0, p1))
+    assert o0 == o1 == [r.output_ids for r in target_only(ps, 16).requests] and a0 == a1
+
+
 def test_target_features_are_the_captured_layer_outputs():
     """The target's prefill returns, in aux, its residual stream after each capture layer."""
     tgt = runner(TARGET, CFG, 16)

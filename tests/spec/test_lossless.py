@@ -25,6 +25,20 @@ def make_drafter(kind, page_size):
     return ModelDrafter(runner(OTHER, CFG, page_size, name="draft"), "model")
 
 
+@pytest.mark.parametrize("kind", ["self", "model"])
+def test_one_launch_greedy_draft_accepts_as_the_per_step_loop(kind):
+    """ModelDrafter.multistep (the default for greedy drafting: steps 1..k-1 as one multi-step pass) drafts the
+    tokens the per-step loop drafts: the same outputs and the same acceptance, iteration by iteration."""
+    ps = prompts(4, CFG.vocab_size)
+    runs = []
+    for multistep in (False, True):
+        d = make_drafter(kind, 16)
+        d.multistep = multistep
+        out = SpeculativeDecoder(runner(TARGET, CFG, 16), d, SpecParams(4)).generate(ps, 20)
+        runs.append([(r.output_ids, r.accept_lens) for r in out.requests])
+    assert runs[0] == runs[1] and any(max(a) > 1 for _, a in runs[0])
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("k", [1, 3, 8])
 @pytest.mark.parametrize("kind", ["self", "ngram", "model"])
