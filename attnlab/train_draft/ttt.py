@@ -149,7 +149,7 @@ def ttt_attention_masked(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch
     the sink merge reads L + j, which costs little beside the LM head; what it buys is robustness: the
     gradient comes straight from the SDPA kernel's own backward (the default, ``train.attention=masked``)."""
     j = len(ks) - 1
-    B, L, Hq, _ = q.shape
+    L, Hq = q.shape[1], q.shape[2]
     g = Hq // ks[0].shape[2]
     k = _rep(torch.cat(ks, dim=1) if j else ks[0], g).transpose(1, 2)
     v = _rep(torch.cat(vs, dim=1) if j else vs[0], g).transpose(1, 2)

@@ -39,7 +39,7 @@ def test_sdpa_attention_equals_reference(impl, shape, j):
     ks = [(3 * torch.randn(B, L, Hkv, D, generator=g)).requires_grad_() for _ in range(j + 1)]
     vs = [torch.randn(B, L, Hkv, D, generator=g).requires_grad_() for _ in range(j + 1)]
     ref, new = ttt_attention(q, ks, vs, 0.3), ATTENTION[impl](q, ks, vs, 0.3)
-    tol = dict(rtol=1e-5, atol=3e-5)  # scores up to ~30: exp() amplifies the summation-order rounding
+    tol = {"rtol": 1e-5, "atol": 3e-5}  # scores up to ~30: exp() amplifies the summation-order rounding
     torch.testing.assert_close(new, ref, **tol)
     go = torch.randn(ref.shape, generator=g)
     for a, b in zip(_grads(new, [q, *ks, *vs], go), _grads(ref, [q, *ks, *vs], go)):
