@@ -3,13 +3,15 @@
 - tokens: greedy outputs of two runs, per request -> match rate, first divergence index;
 - logits: target logits of two runs at the positions where both saw the same prefix -> max abs error,
   mean KL(ref || run), top-1 agreement;
-- acceptance: tau and per-position acceptance of the run vs the (torch, torch) pair.
+- acceptance: tau and per-position acceptance of the run vs the (torch, torch) pair;
+- divergence diagnostics: the margin at a first divergence (near-tie or not), and whether rounding can explain
+  how one output differs from a reference output (explain_vs_reference: the bf16 serving-vs-static test).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -93,6 +95,18 @@ def acceptance_parity(run: dict, ref: dict) -> dict:
 _MANTISSA_BITS = {"bf16": 7, "fp16": 10, "fp32": 23}
 
 
+def ulp(dtype: str, x: float) -> float:
+    """The spacing of ``dtype``'s numbers at |x| (normal range): 2^(floor(log2 |x|) - mantissa bits)."""
+    x = max(abs(float(x)), 2.0 ** -126)
+    return 2.0 ** (math.floor(math.log2(x)) - _MANTISSA_BITS.get(dtype, 7))
+
+
+def row_near_tie_eps(row: torch.Tensor, dtype: str, ulps: float) -> float:
+    """``ulps`` ulps of ``dtype`` at the top logit of ``row`` [V]: a near-tie bound on the model's own logit scale
+    (default_near_tie_eps assumes a chat LLM's top logits around 16; a tiny random model's lie around 4-8)."""
+    return ulps * ulp(dtype, row.float().max().item())
+
+
 def default_near_tie_eps(dtype: str) -> float:
     """parity.near_tie_eps=null: two ulps of the target's compute dtype at a logit of 16.
 
@@ -101,7 +115,7 @@ def default_near_tie_eps(dtype: str) -> float:
     order after a single rounding difference upstream (a different reduction order in a GEMM or in attention).
     A wrong kernel moves logits by whole units, far beyond it. The margin is a log-odds (nats): p1 / p2 =
     exp(margin), so 0.25 is a 1.28 : 1 race between the two tokens."""
-    return 2.0 * 2.0 ** (4 - _MANTISSA_BITS.get(dtype, 7))
+    return 2.0 * ulp(dtype, 16.0)
 
 
 def divergence_entry(logits: torch.Tensor, index: int, base_token: int, run_token: int, eps: float) -> dict:
@@ -151,3 +165,47 @@ def divergence_summary(entries: Sequence[dict | None], eps: float) -> dict:
         "summary": f"{len(found)} divergences, {near} at near-ties (margin < {eps:g}), {len(found) - near} unexplained",
         "per_request": list(entries),
     }
+
+
+def explain_vs_reference(run: Sequence[int], ref: Sequence[int], ref_logits: torch.Tensor,
+                         eps_of: Callable[[torch.Tensor], float], run_logits: torch.Tensor | None = None) -> dict:
+    """Can rounding explain how one request's greedy output ``run`` differs from the reference output ``ref`` of
+    the same prompt? Only like this: identical up to a first divergence d, where ``run``'s token trails the
+    reference's top-1 by less than eps in the logits that chose ref[d] (a near-tie, as divergence_entry reads
+    it); after d the prefixes differ, so each later run token must be within eps of the top of the logits a
+    reference model gives ``run``'s own prefix there.
+
+    ref_logits: [len(ref), V], row t the logits that chose ref[t] (a ``record_logits`` decode); run_logits:
+    [len(run), V] the reference model's logits for run's prefixes (teacher forcing; None: nothing after d is
+    checked); eps_of(row) -> eps for that row (row_near_tie_eps, or a constant).
+    -> {"divergence": the entry at d or None (identical), "unexplained": the first token rounding cannot
+    explain (an entry with "why") or None}. A length difference is unexplained (equal budgets, no EOS)."""
+    d = first_divergence(run, ref)
+    if d is None:
+        return {"divergence": None, "unexplained": None}
+    if d >= len(run) or d >= len(ref):
+        e = length_entry(d)
+        return {"divergence": e, "unexplained": {**e, "why": f"lengths differ ({len(run)} vs {len(ref)} tokens)"}}
+    eps = eps_of(ref_logits[d])
+    div = {**divergence_entry(ref_logits[d], d, ref[d], run[d], eps), "eps": eps}
+    if not div["near_tie"]:
+        return {"divergence": div, "unexplained": {**div, "why": "first divergence, not at a near-tie"}}
+    for t in range(d + 1, len(run) if run_logits is not None else 0):
+        row = run_logits[t]
+        top = int(row.argmax())
+        if run[t] != top:
+            eps = eps_of(row)
+            e = {**divergence_entry(row, t, top, run[t], eps), "eps": eps}
+            if not e["near_tie"]:
+                return {"divergence": div, "unexplained": {**e, "why": f"after a near-tie flip at {d}: not the "
+                                                                        f"reference's choice on its own prefix"}}
+    return {"divergence": div, "unexplained": None}
+
+
+def format_unexplained(request: int, e: dict) -> str:
+    """One line naming the request, position, tokens and margin of an unexplained token."""
+    if e.get("gap") is None:
+        return f"request {request}: output token {e['index']}: {e['why']}"
+    return (f"request {request}: output token {e['index']}: {e['why']}: run token {e['run_token']} (rank "
+            f"{e['run_token_rank']}) vs reference {e['base_token']}: gap {e['gap']:.4g}, margin {e['margin']:.4g} "
+            f"(top-1 logit {e['top1_logit']:.4g}) >= eps {e['eps']:.4g}")
