@@ -24,6 +24,7 @@ peak memory, per path; ``--profile`` adds the top operators of one step of each 
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 
 import torch
@@ -131,7 +132,7 @@ def measure(path, attention, target, head, batches, args) -> dict:
     dt = (time.perf_counter() - t0) / len(timed)
     tokens = sum(ids.numel() for ids, _ in timed) / len(timed)
     out = {"path": path, "draft_vocab": head.config.draft_vocab_size or "full",
-           "attention": attention if path != "reference" else "reference", "shapes": len(set(i.shape for i, _ in timed)),
+           "attention": attention if path != "reference" else "reference", "shapes": len({i.shape for i, _ in timed}),
            "loss": loss, "ms_per_step": 1e3 * dt, "tokens_per_s": tokens / dt}
     if args.device == "cuda":
         out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -141,7 +142,7 @@ def measure(path, attention, target, head, batches, args) -> dict:
         for ids, answer in timed[:4]:
             pstep(ids, answer)
         names = list(ph)
-        for a, b in zip(names, names[1:]):
+        for a, b in itertools.pairwise(names):
             out[f"ms_{b}"] = 1e3 * sum(y - x for x, y in zip(ph[a], ph[b])) / len(ph[a])
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
