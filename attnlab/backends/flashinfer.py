@@ -296,10 +296,11 @@ class FlashInferBackend(AttentionBackend):
 
     # -- wrappers ---------------------------------------------------------------------------------------
 
-    def _buffers(self, slot: int, batch: int | None = None) -> _GraphBuffers:
+    def _buffers(self, slot: int, batch: int | None = None, q_len: int | None = None) -> _GraphBuffers:
         """Graph mode: the slot's buffers for max_batch_size requests (batch None). Otherwise the buffers of one
-        (slot, batch) tree-mask wrapper, sized for ``batch`` (a tree pass's mask lives in buffers we own)."""
-        key = slot if batch is None else (slot, batch)
+        (slot, batch, q_len) tree-mask wrapper, sized for ``batch`` (a tree pass's mask lives in buffers we own):
+        one set per wrapper, so no later pass of the slot resizes what an earlier wrapper reads."""
+        key = slot if batch is None else (slot, batch, q_len)
         if key not in self._graph_bufs:
             b = self.max_batch_size if batch is None else batch
             # page ids: every pool page once, plus padded requests that repeat the scratch page
@@ -335,7 +336,7 @@ class FlashInferBackend(AttentionBackend):
             if self.cuda_graph and batch_size > self.max_batch_size:
                 raise ConfigError(f"flashinfer graph bucket: batch {batch_size} > max_batch_size {self.max_batch_size}")
             b = batch_size
-            buf = self._buffers(slot) if self.cuda_graph else self._buffers(slot, b)
+            buf = self._buffers(slot) if self.cuda_graph else self._buffers(slot, b, graph_q_len)
             if kind == "decode":
                 w = fi.BatchDecodeWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.use_tensor_cores,
@@ -344,8 +345,12 @@ class FlashInferBackend(AttentionBackend):
             else:
                 mask_args = {}
                 if kind == "mask":
-                    cap = self._mask_capacity_bytes() if self.cuda_graph else self._mask_capacity_bytes(b, graph_q_len)
-                    if buf.custom_mask is None or buf.custom_mask.numel() < cap:
+                    # Allocated once and never replaced: a wrapper reads the buffer it was built over for its
+                    # whole life, and write_mask writes buf.custom_mask. Replacing it (as a longer pass of the
+                    # same (slot, batch) once did, eager mode) left the earlier wrappers reading the old buffer:
+                    # their frontier passes ran with the plan-time placeholder mask (issue 13's fuzz).
+                    if buf.custom_mask is None:
+                        cap = self._mask_capacity_bytes(*(() if self.cuda_graph else (b, graph_q_len)))
                         buf.custom_mask = torch.zeros(cap, dtype=torch.uint8, device=self.device)
                     mask_args = {"custom_mask_buf": buf.custom_mask, "mask_indptr_buf": buf.mask_indptr[:b + 1]}
                 w = fi.BatchPrefillWithPagedKVCacheWrapper(

@@ -137,3 +137,32 @@ def test_mask_packing_equals_numpy_packbits_per_request():
         off += q * k
     assert pk.pack(flat).tolist() == np.concatenate(want).tolist()
     assert pk.byte_indptr.tolist() == [0, 2, 5, 6, 8] and pk.num_bytes == 8
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_flashinfer_update_mask_reaches_the_wrapper_after_a_longer_pass_of_its_slot(fake_fi, graph):
+    """Issue 13 (flashinfer tree fuzz, 9/240 frontier passes off): a tree pass of a longer q_len planned into the
+    same (slot, batch) made the backend replace that slot's mask buffer, so the earlier q_len's wrapper kept
+    reading the old buffer while update_mask wrote the new one: its next frontier pass ran with the placeholder
+    mask of plan time. Planned with an all-True mask and updated, a pass must attend as the updated mask says."""
+    from attnlab.backends.flashinfer import FlashInferBackend
+
+    def tree_case(q_len, seed):
+        return make_case(kv_lens=[9, 21, 7], q_lens=[q_len] * 3, page_size=4, num_kv_heads=2, gqa=2,
+                         head_dim=64, dtype=torch.bfloat16, tree_mask=True, seed=seed)
+
+    short, long = tree_case(2, 0), tree_case(4, 1)
+    kw = {"cuda_graph": True, "max_batch_size": 4, "max_q_len": 4, "max_context": 64} if graph else {}
+    be = FlashInferBackend(short.pool, short.num_q_heads, short.num_kv_heads, short.head_dim, short.scale,
+                           torch.bfloat16, **kw)
+    ones = torch.ones_like(short.meta.custom_mask)
+    tol = {"atol": 2e-2, "rtol": 2e-2}  # bf16 q and output
+    be.plan_steps([with_mask(short.meta, ones)])  # slot 1, q_len 2: a frontier pass of topk 2
+    be.pool = long.pool
+    be.plan_steps([long.meta])  # slot 1, q_len 4, same batch: a later case of topk 4
+    be.pool = short.pool
+    be.plan_steps([with_mask(short.meta, ones)])  # topk 2 again: the first wrapper, re-planned
+    be.use_step(0)
+    be.update_mask(short.meta.custom_mask)
+    assert not torch.equal(short.meta.custom_mask, ones)
+    torch.testing.assert_close(be.run(short.q, 0).float(), reference(short, short.meta.custom_mask).float(), **tol)

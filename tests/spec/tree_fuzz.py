@@ -95,7 +95,9 @@ def run_case(ref: ModelRunner, cand: ModelRunner, rng: random.Random, shape, B: 
         got.append(r.forward(p, vids.reshape(-1)).clone())
         if dev.type == "cuda":
             torch.cuda.synchronize()  # an illegal memory access surfaces here, in this case
-        kv = [r.pool.gather(layer, r.allocator.page_tables[q], r.kv_len(q)) for q in reqs for layer in (0,)]
+        # every layer: layer 0's K/V come from the embeddings alone, only later layers' see attention output
+        kv = [r.pool.gather(layer, r.allocator.page_tables[q], r.kv_len(q)) for q in reqs
+              for layer in range(r.pool.num_layers)]
         outs.append((got, kv))
         for q in reqs:
             r.release(q)
