@@ -6,6 +6,8 @@
 #   run.sh 1     carry .gpu/a: GGUF parts 0-1, ShareGPT part 0, wheels
 #   run.sh 2     carry .gpu/b: the model is whole; train the EAGLE head, tau vs k (triton / triton)
 #   run.sh 3     carry .gpu/c + .gpu/6: every backend pair with the new head, fused ops, trees
+#   run.sh 4/5/6 the same three carries on a fresh machine: GPU tests of the one-launch draft, eagle vs
+#                eagle-per-step (triton, fused, flashinfer), the flashinfer tree fuzz and serving tests
 # Each step has its own timeout so a call ends inside the 10-minute limit; logs land in $OUT.
 set -u -o pipefail
 PART=${1:?part diag, 1, 2 or 3}
@@ -88,6 +90,35 @@ PY
   step "tree vs chain at budget 8 with the new head, batch 1"
   timeout 90 $S --backends triton --drafters eagle --k 8 --trees chain,4x3 --batch 1 --repeats 1 --num-prompts 16 \
     --out "$OUT/tree_vs_chain" > $LOGS/tree.log 2>&1; tail -n 6 $LOGS/tree.log
+  ;;
+4)
+  step "install .gpu/a"; bash .gpu/a/install.sh | tail -1; cp .gpu/a/sharegpt.part0.gz /opt/data/
+  step "GPU tests (triton): the one-launch draft graph vs per-step graphs, eagle/model graphs vs eager, syncs, serving"
+  timeout 150 $T tests/integration/test_gpu_engine.py tests/integration/test_gpu_serving.py -k "not flashinfer" \
+    > $LOGS/tests4.log 2>&1; grep -E "passed|failed|FAILED|Error" $LOGS/tests4.log | tail -n 12
+  ;;
+5)
+  step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
+  cat /opt/data/sharegpt.part0.gz .gpu/b/sharegpt.part1.gz > $DATA
+  S="$PY -m attnlab.bench.spec --device cuda --skip-hf --prompts $DATA --new 128"
+  step "the draft as one graph (eagle) vs a replay per step (eagle-per-step), triton / triton, batch 1, k = 4"
+  timeout 130 $S --backends triton --drafters ngram,eagle,eagle-per-step --k 4 --batch 1 --repeats 3 --num-prompts 16 \
+    --out "$OUT/onelaunch_b1" > $LOGS/onelaunch.log 2>&1; tail -n 7 $LOGS/onelaunch.log
+  step "the same with the fused layer kernels, k = 4 and 6"
+  timeout 130 $S --fused-ops --backends triton --drafters eagle,eagle-per-step --k 4,6 --batch 1 --repeats 3 \
+    --num-prompts 16 --out "$OUT/onelaunch_fused" > $LOGS/onelaunch_fused.log 2>&1; tail -n 7 $LOGS/onelaunch_fused.log
+  ;;
+6)
+  step "install .gpu/c (flashinfer) and .gpu/6 (its prebuilt sm_90a modules)"
+  bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
+  step "GPU tests (flashinfer): tree-graph fuzz, serving (bf16 criterion), eagle graphs, one-launch draft"
+  timeout 150 $T tests/spec/test_tree_graph_fuzz.py tests/integration/test_gpu_serving.py \
+    tests/integration/test_gpu_engine.py -k "flashinfer" > $LOGS/tests6.log 2>&1
+  grep -E "fuzz|passed|failed|FAILED|shape \(|request" $LOGS/tests6.log | cut -c1-300 | tail -n 20
+  S="$PY -m attnlab.bench.spec --device cuda --skip-hf --prompts $DATA --new 128"
+  step "one graph vs per step with flashinfer on either side, batch 1, k = 4"
+  timeout 150 $S --backends triton,flashinfer --drafters eagle,eagle-per-step --k 4 --batch 1 --repeats 2 \
+    --num-prompts 16 --out "$OUT/onelaunch_pairs" > $LOGS/onelaunch_pairs.log 2>&1; tail -n 12 $LOGS/onelaunch_pairs.log
   ;;
 esac
 step "part $PART done"
