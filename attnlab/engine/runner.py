@@ -126,7 +126,10 @@ class ModelRunner:
         masked = custom_mask is not None
         uniform = q_lens[0] if q_lens and len(set(q_lens)) == 1 else pad_q_len
         padded = None
-        if (pad_to is None and self.graphs is not None and uniform is not None
+        # A prefill is never padded into a graph bucket: graphs hold decode / verify / extend passes, and a
+        # backend plans a prefill as one (flashinfer: its plain prefill wrapper), so a one-token prompt that
+        # replayed the decode graph ran on that graph's stale plan (wrong first tokens, H200, 2026-12-01).
+        if (pad_to is None and self.graphs is not None and uniform is not None and mode != Mode.PREFILL
                 and uniform in self.graphs.q_lens_for(masked)):
             from attnlab.engine.graphs import bucket_for
 

@@ -37,3 +37,20 @@ def test_padded_pass_matches_unpadded(page_size, q_len):
         kb, vb = b.pool.gather(0, b.allocator.page_tables[req], n)
         torch.testing.assert_close(ka, kb)
         torch.testing.assert_close(va, vb)
+
+
+def test_a_prefill_is_never_padded_into_a_graph_bucket():
+    """With graphs captured for q_len 1 and 4, a decode / verify pass of that q_len is padded to its bucket (its
+    graph replays), a prefill of the same uniform length is not: backends plan a prefill as one (flashinfer's
+    plain prefill wrapper), so replaying the decode graph ran one-token prompts on that graph's stale plan
+    (tests/integration/test_gpu_serving.py caught it on the H200: requests 0 and 6, the one-token prompts)."""
+    from attnlab.engine.graphs import GraphCache
+
+    r = runner(MODEL, CFG, 4)
+    r.graphs = GraphCache(r)  # what capture_graphs records, without capturing (CPU)
+    r.graphs.buckets, r.graphs.q_lens = (1, 2, 4), (1, 4)
+    pre = r.prepare([0, 1, 2], [0, 0, 0], [1, 1, 1], Mode.PREFILL)
+    assert pre.padded_to is None and pre.positions.shape[0] == 3
+    dec = r.prepare([0, 1, 2], [1, 1, 1], [1, 1, 1], Mode.DECODE)
+    ver = r.prepare([0, 1, 2], [2, 2, 2], [4, 4, 4], Mode.VERIFY)
+    assert (dec.padded_to, ver.padded_to) == (4, 4) and ver.positions.shape[0] == 16
