@@ -231,10 +231,30 @@ class EagleHead(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx, features: torch.Tensor) -> torch.Tensor:
         f = self.fuse(features.to(self.fc.weight.dtype))
         cos, sin = rope.cos_sin(positions, self.inv_freq, f.dtype)
+        if getattr(ctx, "fused_ops", False):  # engine.fused_ops on the draft side
+            return self._forward_fused(input_ids, f, cos, sin, ctx)
         q, k, v = self.pre_attention(input_ids, f, cos, sin)
         a = self.post_attention(f, ctx.attend(0, q, k, v))
         ctx.captured = a
         return self.norm(a)
+
+    def _forward_fused(self, input_ids: torch.Tensor, f: torch.Tensor, cos, sin, ctx) -> torch.Tensor:
+        """``forward`` through attnlab.kernels.fused, as the target's fused layers: the four RMSNorms with their
+        residual adds, RoPE on q and k, SiLU-mul, one kernel each (the head's draft steps are a few
+        microseconds of math in ~60 small kernels unfused)."""
+        from attnlab.kernels import fused
+
+        c = self.config
+        e = fused.add_rmsnorm(self.shared[0](input_ids), None, self.input_norm.weight, self.input_norm.eps)[0]
+        g = fused.add_rmsnorm(f, None, self.hidden_norm.weight, self.hidden_norm.eps)[0]
+        q, k, v = fused.rope_qk(self.qkv_proj(torch.cat([e, g], dim=-1)), cos, sin, c.num_heads, c.num_kv_heads,
+                                c.head_dim)
+        o = self.o_proj(ctx.attend(0, q, k, v).reshape(q.shape[0], self.q_size))
+        x, h = fused.add_rmsnorm(o, f, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        d = self.down_proj(fused.silu_mul(self.gate_up_proj(x), c.intermediate_size))
+        out, a = fused.add_rmsnorm(d, h, self.norm.weight, self.norm.eps)  # a = h + d: the pre-norm output
+        ctx.captured = a
+        return out
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (normed) -> fp32 logits over the draft vocabulary [N, draft_vocab_size] (the whole

@@ -119,12 +119,12 @@ def test_forward_does_not_sync(backend, fused):
     assert logits.shape == (8, CFG.vocab_size) and torch.isfinite(logits).all()
 
 
-def _eagle(target, backend, dtype, graphs, k):
+def _eagle(target, backend, dtype, graphs, k, fused_ops=False):
     from attnlab.spec.eagle import EagleDrafter
     from tests.spec.tiny import tiny_eagle
 
     head = tiny_eagle(target, CFG, seed=2).to("cuda")
-    r = gpu_runner(head, backend, dtype, graphs, name="draft")
+    r = gpu_runner(head, backend, dtype, graphs, name="draft", fused_ops=fused_ops)
     r.model_config = head.config.as_model_config()
     return EagleDrafter(r)
 
@@ -175,6 +175,25 @@ def test_eagle_one_launch_draft_graph_equals_per_step_graphs(backend, dtype):
         out = SpeculativeDecoder(t, d, SpecParams(4)).generate(ps, 24)
         runs.append(([r.output_ids for r in out.requests], [r.accept_lens for r in out.requests]))
     assert runs[0] == runs[1]
+
+
+def test_fused_eagle_head_in_graphs_matches_unfused_eager():
+    """engine.fused_ops on the draft side: the EAGLE head's fused kernels inside its draft-extend, step and
+    (k - 1)-step graphs give the unfused eager run's outputs and its acceptance to rounding (fp32, triton)."""
+    target = tiny_model(CFG, seed=0).to("cuda", torch.float32)
+    ps = prompts(3, CFG.vocab_size)
+    runs = []
+    for fused, graphs in ((False, False), (True, True)):
+        t = gpu_runner(target, "triton", torch.float32, graphs)
+        d = _eagle(target, "triton", torch.float32, graphs, 4, fused_ops=fused)
+        if graphs:
+            t.capture_graphs(q_lens=[1, 5])
+            d.capture_graphs(t, 4)
+        out = SpeculativeDecoder(t, d, SpecParams(4)).generate(ps, 24)
+        taus = [t for r in out.requests for t in r.accept_lens]
+        runs.append(([r.output_ids for r in out.requests], sum(taus) / len(taus)))
+    # lossless either way; the fused kernels round within a few fp32 ulps of torch, so a near-tie draft may differ
+    assert runs[0][0] == runs[1][0] and abs(runs[0][1] - runs[1][1]) <= 0.1 * runs[0][1]
 
 
 @pytest.mark.parametrize("graphs", [False, True])

@@ -73,6 +73,7 @@ def tiny_eagle(target: Decoder, cfg: ModelConfig, seed: int = 0, capture_layers=
     return head.bind(target.embed_tokens, target.lm_head).eval().requires_grad_(False)
 
 
-def eagle_runner(head, page_size=16, backend="torch", max_context=256, max_batch=8, name="draft") -> ModelRunner:
+def eagle_runner(head, page_size=16, backend="torch", max_context=256, max_batch=8, name="draft",
+                 fused_ops=False) -> ModelRunner:
     return runner(head, head.config.as_model_config(), page_size, backend, max_context, name=name,
-                  max_batch=max_batch)
+                  max_batch=max_batch, fused_ops=fused_ops)

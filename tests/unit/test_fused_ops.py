@@ -103,6 +103,39 @@ def test_fused_speculative_output_identical(k):
     assert [r.output_ids for r in out.requests] == [r.output_ids for r in ref.requests]
 
 
+@pytest.mark.parametrize("k", [1, 4])
+def test_fused_eagle_head_drafts_as_the_unfused_one(k, monkeypatch):
+    """engine.fused_ops on the draft side runs the EAGLE head through the fused kernels too: fp32 logits and
+    features of its passes equal the unfused head's to rounding, and greedy speculative output equals
+    target-only with the same acceptance."""
+    from attnlab.spec.eagle import EagleDrafter
+    from tests.spec.tiny import eagle_runner, tiny_eagle
+
+    model = tiny_model(CFG, seed=6)
+    head = tiny_eagle(model, CFG, seed=2)
+    ps = prompts(3, CFG.vocab_size)
+    ref = SpeculativeDecoder(runner(model, CFG, 16), NoDrafter("cpu"), SpecParams(0)).generate(ps, 12)
+    calls = []
+    norm = fused.add_rmsnorm
+    monkeypatch.setattr(fused, "add_rmsnorm", lambda *a, **kw: calls.append(1) or norm(*a, **kw))
+    runs, firsts = [], []
+    for on in (False, True):
+        calls.clear()
+        d = EagleDrafter(eagle_runner(head, 16, fused_ops=on))
+        dec = SpeculativeDecoder(runner(model, CFG, 16), d, SpecParams(k))
+        out = dec.generate(ps, 12)
+        runs.append([(r.output_ids, r.accept_lens) for r in out.requests])
+        t = runner(model, CFG, 16)
+        t.capture_layers = d.capture_layers
+        logits = t.run([0], [0], [len(ps[2])], torch.tensor(ps[2]), Mode.PREFILL)
+        d.prefill([9], [ps[2]], logits.argmax(-1), t)
+        firsts.append((d._logits.clone(), d._feat.clone()))
+        assert bool(calls) == on  # the head's four norms: fused kernels on the fused side only
+    assert runs[0] == runs[1] and [o for o, _ in runs[1]] == [r.output_ids for r in ref.requests]
+    torch.testing.assert_close(firsts[1][0], firsts[0][0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(firsts[1][1], firsts[0][1], atol=1e-4, rtol=1e-4)
+
+
 def test_fused_is_a_side_property_not_the_weights(monkeypatch):
     """A parity reference shares the target's weights and must run unfused even when the target is fused."""
     from attnlab.kernels import fused as fused_mod
