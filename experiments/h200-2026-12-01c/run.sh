@@ -8,6 +8,7 @@
 #   run.sh 3     carry .gpu/c + .gpu/6: every backend pair with the new head, fused ops, trees
 #   run.sh 4/5/6 the same three carries on a fresh machine: GPU tests of the one-launch draft, eagle vs
 #                eagle-per-step (triton, fused, flashinfer), the flashinfer tree fuzz and serving tests
+#   run.sh 7     (next sitting, carry nothing after 4 and 5) a 7.5-minute head on the target's answers only
 # Each step has its own timeout so a call ends inside the 10-minute limit; logs land in $OUT.
 set -u -o pipefail
 PART=${1:?part diag, 1, 2 or 3}
@@ -119,6 +120,17 @@ PY
   step "one graph vs per step with flashinfer on either side, batch 1, k = 4"
   timeout 150 $S --backends triton,flashinfer --drafters eagle,eagle-per-step --k 4 --batch 1 --repeats 2 \
     --num-prompts 16 --out "$OUT/onelaunch_pairs" > $LOGS/onelaunch_pairs.log 2>&1; tail -n 12 $LOGS/onelaunch_pairs.log
+  ;;
+7)
+  # next sitting (after 4 and 5 on the same machine): a longer run on the target's own answers only
+  step "train the EAGLE-3 head on the target's answers only (train.data.original=false), 7.5 minutes"
+  timeout 590 $PY -m attnlab.train_draft train=eagle3_fast device=cuda logger=jsonl train.data.source=$DATA \
+    train.capture_layers=[2,15,29] train.data.regen_batch_size=256 train.data.regen_max_minutes=1.5 \
+    train.data.original=false train.max_minutes=7.5 train.eval_every=400 train.export=$HEAD-own \
+    hydra.run.dir=/tmp/eagle-train-own > $LOGS/train_own.log 2>&1; echo "train: exit $?"
+  mkdir -p "$OUT/head-own"; cp $HEAD-own/eagle3.json $HEAD-own/eagle3.safetensors "$OUT/head-own/" 2>/dev/null
+  cp /tmp/eagle-train-own/summary.json "$OUT/train_own_summary.json" 2>/dev/null
+  grep -E "sim tau|fit" $LOGS/train_own.log | cut -c1-300
   ;;
 esac
 step "part $PART done"
