@@ -30,6 +30,29 @@ def gpu_runner(model, backend, dtype, graphs, page_size=16, max_batch=4, max_con
                        max_batch=max_batch, fused_ops=fused_ops)
 
 
+# The near-tie bound, in bf16 ulps at a row's top logit (1/32 for this model's top logits of ~4-8: 4 ulps = 0.125
+# nats, against a median top-2 margin of ~0.4). Each bf16 run rounds; what decides a flip is its top-2 logit
+# difference, which strays from the exact (fp32) one by at most ~2 ulps (1.6 measured on CPU at these shapes,
+# checked in tests/parity/test_served_vs_static.py), so two bf16 runs of one prefix disagree on it by at most
+# ~4: a served token further than that behind the static winner was not chosen by rounding.
+ULPS = 4
+
+
+def assert_bf16_divergences_are_near_ties(target, backend, dtype, ps, outputs, reference) -> None:
+    """bf16: a run (``outputs``, token lists) may leave ``reference`` (requests generated with record_logits) only
+    at a near-tie, and every later token must be a near-top choice given its own prefix (teacher-forced on an
+    eager runner): attnlab.metrics.parity.explain_vs_reference. A position-wise equality ratio cannot tell one
+    early near-tie flip from a bug (the flashinfer serving test's prefill bug hid behind one)."""
+    from attnlab.metrics.parity import explain_vs_reference, format_unexplained, row_near_tie_eps
+    from attnlab.parity_pass import reference_logits
+
+    forced = reference_logits(gpu_runner(target, backend, dtype, False, name="forced"), ps, outputs, 4)
+    eps_of = lambda row: row_near_tie_eps(row, "bf16", ULPS)
+    res = [explain_vs_reference(o, r.output_ids, r.logits, eps_of, f) for o, r, f in zip(outputs, reference, forced)]
+    bad = [format_unexplained(i, x["unexplained"]) for i, x in enumerate(res) if x["unexplained"]]
+    assert not bad, "\n".join(bad)
+
+
 @pytest.mark.parametrize("backend,dtype", [("triton", torch.float32), ("triton", torch.bfloat16),
                                            ("flashinfer", torch.bfloat16)])
 @pytest.mark.parametrize("k", [0, 3])
@@ -45,13 +68,13 @@ def test_cuda_graphs_match_eager(backend, dtype, k):
             assert t.capture_graphs(q_lens=sorted({1, k + 1})) > 0
             if k:
                 d.runner.capture_graphs(q_lens=(1,), num_slots=k)
-        outs.append(SpeculativeDecoder(t, d, SpecParams(k)).generate(ps, 24))
+        bf16 = dtype == torch.bfloat16
+        outs.append(SpeculativeDecoder(t, d, SpecParams(k)).generate(ps, 24, record_logits=bf16 and not graphs))
     eager, graphed = ([r.output_ids for r in o.requests] for o in outs)
     if dtype == torch.float32:
         assert graphed == eager
-    else:  # bf16: a padded batch may pick other GEMM tiles; a near-tie can flip late in a sequence
-        same = sum(a == b for x, y in zip(graphed, eager) for a, b in zip(x, y))
-        assert same / sum(map(len, eager)) >= 0.9
+    else:  # bf16: a padded batch may pick other GEMM tiles; a near-tie can flip, and all after it differs
+        assert_bf16_divergences_are_near_ties(target, backend, dtype, ps, graphed, outs[0].requests)
 
 
 @pytest.mark.parametrize("graphs", [False, True])
@@ -143,7 +166,8 @@ def test_eagle_graphs_match_eager(backend, dtype, k):
         if graphs:
             t.capture_graphs(q_lens=sorted({1, k + 1}))
             assert d.capture_graphs(t, k) > 0
-        out = SpeculativeDecoder(t, d, SpecParams(k)).generate(ps, 24)
+        out = SpeculativeDecoder(t, d, SpecParams(k)).generate(ps, 24,
+                                                              record_logits=dtype == torch.bfloat16 and not graphs)
         assert d.runner.allocator.num_free == d.runner.allocator.num_pages
         outs.append(out)
     ref = SpeculativeDecoder(gpu_runner(target, backend, dtype, False), NoDrafter("cuda"), SpecParams(0)).generate(ps, 24)
@@ -152,8 +176,7 @@ def test_eagle_graphs_match_eager(backend, dtype, k):
         assert graphed == eager == base
         assert [r.accept_lens for r in outs[1].requests] == [r.accept_lens for r in outs[0].requests]
     else:  # bf16: see test_cuda_graphs_match_eager
-        same = sum(a == b for x, y in zip(graphed, eager) for a, b in zip(x, y))
-        assert same / sum(map(len, eager)) >= 0.9
+        assert_bf16_divergences_are_near_ties(target, backend, dtype, ps, graphed, outs[0].requests)
 
 
 @pytest.mark.parametrize("backend,dtype", [("triton", torch.float32), ("triton", torch.bfloat16),

@@ -20,7 +20,7 @@ from attnlab.metrics.parity import explain_vs_reference, format_unexplained, row
 from attnlab.parity_pass import reference_logits
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import ModelDrafter
-from tests.integration.test_gpu_serving import ULPS
+from tests.integration.test_gpu_engine import ULPS
 from tests.spec.tiny import perturbed, prompts, runner, tiny_config, tiny_model
 
 CFG = tiny_config()
