@@ -263,6 +263,14 @@ class EagleHead(nn.Module):
             return self.shared[1](hidden).float()
         return F.linear(hidden, self._rows.to(hidden.dtype)).float()
 
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] (normed) -> the argmax target ids [N]: ``compute_logits(hidden).argmax(-1)`` without the
+        [N, vocab] -inf fill and scatter of a reduced draft vocabulary (d2t is sorted, so the first maximum of
+        the draft logits maps to the first maximum of the full ones: the same id, ties included)."""
+        if not self.config.draft_vocab_size:
+            return self.compute_logits(hidden).argmax(dim=-1)
+        return self.d2t[self.draft_logits(hidden).argmax(dim=-1)]
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (normed) -> logits [N, vocab] fp32 over the target's vocabulary: tokens outside a
         reduced draft vocabulary get -inf (probability 0, never drafted), so every consumer of draft logits

@@ -99,5 +99,10 @@ def load_head(folder: str | Path, target_model, *, dtype: torch.dtype, device, c
     if missing or unexpected:
         raise ModelLoadError(f"{folder / WEIGHTS}: tensors do not match the head (missing {missing}, "
                              f"unexpected {unexpected})")
+    if cfg.draft_vocab_size:
+        try:  # the draft vocabulary's contract (sorted, distinct, in range): greedy_tokens relies on the order
+            head.set_draft_vocab(state["d2t"])
+        except ValueError as e:
+            raise ModelLoadError(f"{folder / WEIGHTS}: d2t: {e}") from None
     head.bind(target_model.embed_tokens, target_model.lm_head)
     return head.eval().requires_grad_(False)

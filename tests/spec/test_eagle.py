@@ -170,6 +170,15 @@ def test_reduced_draft_vocabulary_drafts_only_its_tokens_and_stays_lossless():
     assert small.shape == (5, 40) and torch.equal(full[:, vocab], small)
     assert torch.isinf(full[:, 1::2]).all()  # outside the draft vocabulary: -inf
     torch.testing.assert_close(small, TARGET.lm_head(h)[:, vocab])  # the target's own LM-head rows
+    # greedy_tokens (the one-graph draft's argmax) = the full logits' argmax, ties included (first maximum)
+    tied = torch.cat([h, h[:1]])
+    with torch.no_grad():
+        full = head.compute_logits(tied)
+    assert torch.equal(head.greedy_tokens(tied), full.argmax(-1))
+    two = torch.zeros(1, 40)
+    two[0, [7, 3]] = 1.0  # an exact tie between draft ids 3 and 7: both paths take target id vocab[3]
+    full_two = two.new_full((1, CFG.vocab_size), float("-inf")).index_copy_(1, head.d2t, two)
+    assert int(head.d2t[two.argmax(-1)]) == int(full_two.argmax(-1)) == int(vocab[3])
     ps = prompts(4, CFG.vocab_size)
     ref = target_only(ps, 16)
     out = SpeculativeDecoder(runner(TARGET, CFG, 16), EagleDrafter(eagle_runner(head)), SpecParams(3)).generate(ps, 16)
@@ -188,6 +197,16 @@ def test_reduced_draft_vocabulary_round_trips_through_save_and_load(tmp_path):
     assert back.d2t.dtype == torch.long and torch.equal(back.d2t, torch.arange(5, 22))
     h = torch.randn(3, CFG.hidden_size)
     torch.testing.assert_close(back.draft_logits(h), TARGET.lm_head(h)[:, 5:22])
+    # a file whose d2t repeats an id is refused in one line (the draft vocabulary's contract)
+    from safetensors.torch import load_file, save_file
+
+    from attnlab.errors import ModelLoadError
+
+    state = load_file(str(tmp_path / "eagle3.safetensors"))
+    state["d2t"] = torch.cat([state["d2t"][:-1], state["d2t"][:1]])
+    save_file(state, str(tmp_path / "eagle3.safetensors"))
+    with pytest.raises(ModelLoadError, match="d2t: draft vocabulary: need 17 distinct token ids"):
+        load_head(tmp_path, TARGET, dtype=torch.float32, device="cpu")
 
 
 def test_fused_target_captures_the_same_features():
