@@ -33,11 +33,10 @@ def greedy_steps(r, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Ten
     out = []
     for j in range(positions.shape[0]):
         r.use_step(j)
-        ctx = AttnContext(r.backend, r.pool, slots[j], fused_ops=r.fused_ops, capture=r.capture_layers)
+        ctx = AttnContext(r.backend, r.pool, slots[j], fused_ops=r.fused_ops, invariant=r.invariant,
+                          capture=r.capture_layers)
         extra = {} if features is None else {"features": features}
-        hidden = r.model(ids, positions[j], ctx, **extra)
-        greedy = getattr(r.model, "greedy_tokens", None)  # a draft head's argmax without full-vocab logits
-        ids = greedy(hidden) if greedy is not None and not r.invariant else r.logits(hidden).argmax(dim=-1)
+        ids = r.greedy_tokens(r.model(ids, positions[j], ctx, **extra))
         if features is not None:
             features = ctx.captured
         out.append(ids)

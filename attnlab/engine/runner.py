@@ -238,6 +238,14 @@ class ModelRunner:
         """The LM head (through invariant_linear on an invariant side)."""
         return self.model.compute_logits(hidden, invariant=True) if self.invariant else self.model.compute_logits(hidden)
 
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The argmax of ``logits(hidden)`` per row; a draft head with a reduced vocabulary takes it over its own
+        logits (EagleHead.greedy_tokens: the same ids, without the [rows, vocab] -inf scatter)."""
+        head_argmax = getattr(self.model, "greedy_tokens", None)
+        if head_argmax is not None and not self.invariant:
+            return head_argmax(hidden)
+        return self.logits(hidden).argmax(dim=-1)
+
     def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None, keep: bool = False,
                        feature_dim: int | None = None, first_slot: int = 0, masked: bool = False,
                        multistep: int = 0) -> int:

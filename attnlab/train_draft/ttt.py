@@ -18,8 +18,9 @@ Three implementations of the step-j attention compute the same thing (``ATTENTIO
 ``ttt_attention`` (the reference: the [B, Hkv, g, L, L] fp32 scores, kept for backward),
 ``ttt_attention_masked`` (the default: one masked SDPA call over every step's keys) and ``ttt_attention_sdpa``
 (``sink``: L + j keys per query through an exact sink merge; the H200 run that used it lost its gradients to
-NaN at step 55, in backward only, and the cause is not pinned down, so it is no longer the default). The loss (loss.py) is computed in row chunks from the target's p W, made once
-per batch; reference.py keeps the original per-step loss for the tests and the microbench.
+NaN at step 55, in backward only, most likely in cuDNN's attention backward (loop.sdpa_policy now keeps SDPA
+off cuDNN), so it is no longer the default). The loss (loss.py) is computed in row chunks from the target's
+p W, made once per batch; reference.py keeps the original per-step loss for the tests and the microbench.
 """
 
 from __future__ import annotations
