@@ -162,8 +162,10 @@ class ParitySchema:
     reference_precision: str = "same"  # same (isolates the backend) | fp32 (backend + precision)
     max_prompts: int | None = None  # reference passes on the first n prompts only (None = all)
     # A divergence is a near-tie (rounding can explain it) when the other run's token trails the winner by less
-    # than this many nats in the logits that chose the winner; null = 2 ulps of the target dtype at a logit
-    # of 16 (bf16 0.25, fp16 1/32, fp32 2^-18: attnlab.metrics.parity.default_near_tie_eps says why)
+    # than eps in the logits that chose the winner: eps = near_tie_ulps ulps of the target's compute dtype at
+    # that row's top logit (4 = attnlab.metrics.parity.NEAR_TIE_ULPS, which says why; a literal here keeps this
+    # module torch-free, tests/parity checks they agree), or near_tie_eps nats, fixed, where that is set
+    near_tie_ulps: float = 4.0
     near_tie_eps: float | None = None
     noise_floor: bool = False  # target-only at batch 1 vs at workload.batch_size (an untimed pass; tokens level)
 
@@ -538,8 +540,12 @@ def validate(cfg: DictConfig) -> RunPlan:
     _choice("parity.reference_precision", cfg.parity.reference_precision, ("same", "fp32"))
     eps = cfg.parity.get("near_tie_eps")
     if eps is not None and not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
-        raise ConfigError(f"parity.near_tie_eps={eps!r}: must be a number > 0 (nats) or null (by the target "
-                          f"dtype: bf16 0.25)")
+        raise ConfigError(f"parity.near_tie_eps={eps!r}: must be a number > 0 (fixed nats) or null (the "
+                          f"parity.near_tie_ulps rule)")
+    ulps = cfg.parity.get("near_tie_ulps", 4.0)
+    if isinstance(ulps, bool) or not (isinstance(ulps, (int, float)) and math.isfinite(ulps) and ulps > 0):
+        raise ConfigError(f"parity.near_tie_ulps={ulps!r}: must be a number > 0 (ulps of the target dtype at a "
+                          f"row's top logit; default 4)")
     graphs = cfg.engine.cuda_graph or cfg.warmup.plan in ("graphs", "full")
     if graphs and device != "cuda":
         what = "engine.cuda_graph=true" if cfg.engine.cuda_graph else f"warmup={cfg.warmup.plan}"
@@ -599,7 +605,6 @@ def validate(cfg: DictConfig) -> RunPlan:
 
 def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, graphs: bool) -> RunPlan:
     """The composed config + the values ``validate`` resolved, as a RunPlan (attnlab/plan.py)."""
-    from attnlab.metrics.parity import default_near_tie_eps
     from attnlab.spec.tree import check_tree_shape
 
     def source(m) -> pl.ModelSource:
@@ -629,9 +634,9 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
                                  slo_tpot_ms=w.slo_tpot_ms),
         parity=pl.ParityPlan(p.enabled, p.enabled and p.kernel, p.enabled and p.logits, p.enabled and p.tokens,
                              p.enabled and p.acceptance, p.reference, p.reference_precision, p.max_prompts,
-                             float(p.near_tie_eps) if p.get("near_tie_eps") is not None
-                             else default_near_tie_eps(precision["target"]),
-                             p.enabled and p.tokens and bool(p.get("noise_floor", False))),
+                             float(p.near_tie_eps) if p.get("near_tie_eps") is not None else None,
+                             p.enabled and p.tokens and bool(p.get("noise_floor", False)),
+                             near_tie_ulps=float(p.get("near_tie_ulps", 4.0))),
         engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops), cfg.engine.gemm, cfg.engine.decode_steps_per_sync,
                              bool(cfg.engine.get("invariant", False)), cfg.engine.kv_policy),
         bench=pl.BenchPlan(cfg.bench.repeats or (3 if device == "cuda" else 1), float(cfg.bench.noisy_ratio),

@@ -18,7 +18,9 @@ timed runs record no logits). What needs more than tokens runs here as its own p
   (timed runs record nothing, so the batches holding a divergence are decoded again, untimed, with logits
   recorded, and must repeat the timed tokens); for the reference, its decode records them as it runs. A
   teacher-forced prefill would give other logits: another pass shape (q_len = the whole prefix) rounds
-  differently, the very effect being diagnosed.
+  differently, the very effect being diagnosed. A near-tie is a gap below eps: parity.near_tie_ulps ulps of the
+  target's compute dtype at that row's top logit (the GPU tests' rule), or parity.near_tie_eps fixed nats. Each
+  unexplained divergence is logged at WARNING, one line each (metrics.parity.format_unexplained).
 - noise floor (parity.noise_floor): target-only at batch 1 vs the timed target-only run at batch B, same
   prompts and target runner: what batching alone changes.
 """
@@ -26,6 +28,7 @@ timed runs record no logits). What needs more than tokens runs here as its own p
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 
 from attnlab.config import compute_dtype
@@ -79,9 +82,36 @@ def _batches_of(indices, batch_size: int, total: int) -> list[list[int]]:
     return [list(range(s, min(s + batch_size, total))) for s in starts]
 
 
-def _diagnose(logits, rerun: list[int], base: list[int], other: list[int], eps: float) -> dict | None:
+def near_tie(plan: RunPlan) -> tuple[Callable, str]:
+    """The job's near-tie rule: (eps_of(row) -> nats, the rule in words), on the target's compute dtype."""
+    from attnlab.metrics.parity import describe_near_tie_rule, near_tie_rule
+
+    par, dtype = plan.parity, compute_dtype(plan.precision.target)
+    return (near_tie_rule(dtype, par.near_tie_ulps, par.near_tie_eps),
+            describe_near_tie_rule(dtype, par.near_tie_ulps, par.near_tie_eps))
+
+
+def log_divergences(comparison: str, base: str, summary: dict) -> None:
+    """One INFO line with the comparison's counts, then one WARNING line per unexplained divergence (request,
+    position, tokens and ranks, gap, margin, top-1 logit, eps), so that a run's log alone says what to look at.
+    ``base``: what the run was compared with (the run whose logits were read)."""
+    from attnlab.metrics.parity import format_unexplained
+
+    odd = [(i, e) for i, e in enumerate(summary["per_request"]) if e is not None and not e.get("near_tie")]
+    read = [e for _, e in odd if e.get("margin") is not None]
+    worst = max(read, key=lambda e: e["margin"]) if read else None
+    detail = f"max margin {worst['margin']:.3g} nats, eps {worst['eps']:.3g}; " if worst else ""
+    log.info("parity %s: %d divergences, %d near-ties, %d unexplained (%s%s)", comparison, summary["divergences"],
+             summary["near_tie"], summary["unexplained"], detail, summary["rule"])
+    for i, e in odd:
+        log.warning("parity %s: %s", comparison, format_unexplained(i, e, base))
+
+
+def _diagnose(logits, rerun: list[int], base: list[int], other: list[int],
+              eps_of: Callable) -> dict | None:
     """The first divergence of ``other`` from ``base``, with the margin of ``logits`` [len(rerun), V] there
-    (``rerun``: the tokens of the pass that recorded them, which must repeat ``base`` up to it)."""
+    (``rerun``: the tokens of the pass that recorded them, which must repeat ``base`` up to it), judged with
+    eps_of(that row) (near_tie)."""
     from attnlab.metrics.parity import divergence_entry, first_divergence, length_entry, not_reproduced_entry
 
     d = first_divergence(other, base)
@@ -92,7 +122,7 @@ def _diagnose(logits, rerun: list[int], base: list[int], other: list[int], eps: 
     j = first_divergence(rerun[: d + 1], base[: d + 1])
     if j is not None:
         return not_reproduced_entry(d, j)
-    return divergence_entry(logits[d], d, base[d], other[d], eps)
+    return divergence_entry(logits[d], d, base[d], other[d], eps_of(logits[d]))
 
 
 def recorded_divergences(pair: Pair, plan: RunPlan, work: Prepared, batches: list[list[int]],
@@ -103,7 +133,7 @@ def recorded_divergences(pair: Pair, plan: RunPlan, work: Prepared, batches: lis
     that run's first divergence from this decode (or from ``expect[i]``, the timed run this decode repeats).
     Logits are reduced batch by batch: at most one batch's [tokens, vocab] rows are held at a time.
     -> ({index: tokens decoded}, {name: {index: entry}})."""
-    eps = plan.parity.near_tie_eps
+    eps_of, _ = near_tie(plan)
     ids: dict[int, list[int]] = {}
     found: dict[str, dict] = {name: {} for name in against}
     for batch in batches:
@@ -113,7 +143,7 @@ def recorded_divergences(pair: Pair, plan: RunPlan, work: Prepared, batches: lis
             base = expect[i] if expect is not None else ids[i]
             for name, others in against.items():
                 if i in others:
-                    entry = _diagnose(r.logits, ids[i], base, others[i], eps)
+                    entry = _diagnose(r.logits, ids[i], base, others[i], eps_of)
                     if entry is not None:
                         found[name][i] = entry
             r.logits = None
@@ -202,23 +232,35 @@ def run_parity(plan: RunPlan, work: Prepared, pair: Pair, spec_out, base_out) ->
             _, found = recorded_divergences(pair.target_only(), plan, work, batches, queries,
                                             "target-only again (margins)", expect=base_all)
             found["ref"] = found.get("base", {}) if same else ref_found.get("ref", {})
-            levels = [("base", vs_base, "vs_target_only", ""), ("ref", vs_ref, "vs_reference", "_ref")]
+            _, rule = near_tie(plan)
+            bs = plan.workload.batch_size
+            # (name, level, requests.jsonl key, metrics suffix, log label, the run compared with)
+            levels = [("base", vs_base, "vs_target_only", "", "vs target-only" + " (= vs reference)" * same,
+                       "target-only"),
+                      ("ref", vs_ref, "vs_reference", "_ref", "vs reference", "reference")]
             if noise is not None:
-                levels.append(("noise", noise, "noise_floor", "_noise_floor"))
-            for name, level, row_key, suffix in levels:
+                levels.append(("noise", noise, "noise_floor", "_noise_floor", f"noise floor (batch 1 vs {bs})",
+                               f"target-only at batch {bs}"))
+            for name, level, row_key, suffix, label, against in levels:
                 if "match_rate" not in level:
                     continue
-                summary = divergence_summary([found.get(name, {}).get(i) for i in range(n)], par.near_tie_eps)
+                summary = divergence_summary([found.get(name, {}).get(i) for i in range(n)], rule)
                 level["divergences"] = summary
                 if name == "noise":
-                    keys = ("parity_noise_floor_divergences", "parity_noise_floor_near_tie",
-                            "parity_noise_floor_unexplained")
+                    keys = tuple(f"parity_noise_floor_{x}" for x in ("divergences", "near_tie", "unexplained",
+                                                                       "unexplained_margin_max"))
                 else:
-                    keys = tuple(f"parity_divergences{x}{suffix}" for x in ("", "_near_tie", "_unexplained"))
-                m.update(zip(keys, (summary["divergences"], summary["near_tie"], summary["unexplained"])))
+                    keys = tuple(f"parity_divergences{x}{suffix}"
+                                 for x in ("", "_near_tie", "_unexplained", "_unexplained_margin_max"))
+                m.update(zip(keys, (summary["divergences"], summary["near_tie"], summary["unexplained"],
+                                    summary["unexplained_margin_max"])))
                 for i, e in enumerate(summary["per_request"]):
                     if e is not None:
                         per_request[i][f"divergence_{row_key}"] = e
+                if not (name == "ref" and same):  # that is the vs target-only comparison, logged once
+                    log_divergences(label, against, summary)
+            # the rule, not one eps: each entry holds the eps its row was judged with
+            m["parity_near_tie_ulps"] = par.near_tie_ulps if par.near_tie_eps is None else None
             m["parity_near_tie_eps"] = par.near_tie_eps
         for key, tp in (("first_divergence_vs_target_only", vs_base), ("first_divergence_vs_reference", vs_ref)):
             for i, d in enumerate(tp.get("first_divergence", ())):  # none where nothing was compared

@@ -135,8 +135,11 @@ class ParityPlan:
     reference: str = "torch"
     reference_precision: str = "same"  # same | fp32
     max_prompts: int | None = None
-    near_tie_eps: float = 0.25  # resolved: a divergence whose gap is below it is a near-tie (nats)
+    # a divergence whose gap is below eps is a near-tie: eps = near_tie_eps nats where set (a fixed override),
+    # else near_tie_ulps ulps of the target's compute dtype at the row's top logit (metrics.parity.near_tie_rule)
+    near_tie_eps: float | None = None
     noise_floor: bool = False  # target-only at batch 1 vs at workload.batch_size
+    near_tie_ulps: float = 4.0
 
 
 @dataclass(frozen=True)

@@ -101,21 +101,32 @@ def ulp(dtype: str, x: float) -> float:
     return 2.0 ** (math.floor(math.log2(x)) - _MANTISSA_BITS.get(dtype, 7))
 
 
+# The near-tie bound, in ulps of the compute dtype at a row's own top logit. The LM head rounds every logit to the
+# model dtype, so what decides a greedy choice is a top-2 difference that strays from the exact (fp32) one by at
+# most ~2 ulps in each run (1.6 measured on CPU for bf16, tests/parity/test_served_vs_static.py): two runs of one
+# prefix (verify vs decode pass shapes, another batch, another kernel's reduction order) disagree on it by at most
+# ~4. A wrong kernel moves logits by whole nats, far beyond it. Relative to the row, not a fixed number of nats:
+# one bf16 ulp is 1/32 at a top logit of 4-8 (tiny random models), 0.125 at 16-32, 0.25 at 32-64 (chat LLMs).
+NEAR_TIE_ULPS = 4
+
+
 def row_near_tie_eps(row: torch.Tensor, dtype: str, ulps: float) -> float:
-    """``ulps`` ulps of ``dtype`` at the top logit of ``row`` [V]: a near-tie bound on the model's own logit scale
-    (default_near_tie_eps assumes a chat LLM's top logits around 16; a tiny random model's lie around 4-8)."""
+    """``ulps`` ulps of ``dtype`` at the top logit of ``row`` [V]: a near-tie bound on the model's own logit scale."""
     return ulps * ulp(dtype, row.float().max().item())
 
 
-def default_near_tie_eps(dtype: str) -> float:
-    """parity.near_tie_eps=null: two ulps of the target's compute dtype at a logit of 16.
+def near_tie_rule(dtype: str, ulps: float = NEAR_TIE_ULPS,
+                  eps: float | None = None) -> Callable[[torch.Tensor], float]:
+    """-> eps_of(row [V]) in nats: a fixed ``eps`` where one is given (parity.near_tie_eps), else ``ulps`` ulps of
+    ``dtype`` at the row's top logit (parity.near_tie_ulps; row_near_tie_eps)."""
+    if eps is not None:
+        return lambda row: eps
+    return lambda row: row_near_tie_eps(row, dtype, ulps)
 
-    The LM head rounds every logit to the model dtype, and the top logits of chat LLMs lie around 15-30, where
-    one bf16 ulp is 0.125: two logits closer than 2 ulps (0.25 in bf16, 1/32 in fp16, 2^-18 in fp32) can swap
-    order after a single rounding difference upstream (a different reduction order in a GEMM or in attention).
-    A wrong kernel moves logits by whole units, far beyond it. The margin is a log-odds (nats): p1 / p2 =
-    exp(margin), so 0.25 is a 1.28 : 1 race between the two tokens."""
-    return 2.0 * ulp(dtype, 16.0)
+
+def describe_near_tie_rule(dtype: str, ulps: float = NEAR_TIE_ULPS, eps: float | None = None) -> str:
+    """The rule near_tie_rule applies, in words: "gap < 4 bf16 ulps at the row's top logit" | "gap < 0.1 nats"."""
+    return f"gap < {eps:g} nats" if eps is not None else f"gap < {ulps:g} {dtype} ulps at the row's top logit"
 
 
 def divergence_entry(logits: torch.Tensor, index: int, base_token: int, run_token: int, eps: float) -> dict:
@@ -123,18 +134,20 @@ def divergence_entry(logits: torch.Tensor, index: int, base_token: int, run_toke
 
     logits: [V] that run's logits there. margin: its top-1 minus top-2 logit; gap: its top-1 minus the
     logit of ``run_token`` (the other run's choice), = margin when run_token is the runner-up, and the
-    quantity a rounding difference must bridge. near_tie: gap < eps (so also margin < eps)."""
+    quantity a rounding difference must bridge. near_tie: gap < eps (so also margin < eps); eps: the bound it was
+    judged with (near_tie_rule of this row)."""
     row = logits.float()
     vals, ids = row.topk(2)
     top1, top2 = vals[0].item(), vals[1].item()
-    run_logit = row[run_token].item()
+    run_logit, base_logit = row[run_token].item(), row[base_token].item()
     return {
         "index": index, "base_token": base_token, "run_token": run_token,
         "margin": top1 - top2, "gap": top1 - run_logit,
         "top1_logit": top1, "top2_logit": top2, "top2_token": int(ids[1]) if int(ids[0]) == base_token else int(ids[0]),
         "run_token_rank": int((row > run_logit).sum().item()) + 1,  # 1 = the winner, 2 = the runner-up
-        "base_is_argmax": row[base_token].item() == top1,
-        "near_tie": top1 - run_logit < eps,
+        "base_token_rank": int((row > base_logit).sum().item()) + 1,
+        "base_is_argmax": base_logit == top1,
+        "near_tie": top1 - run_logit < eps, "eps": eps,
     }
 
 
@@ -150,19 +163,23 @@ def not_reproduced_entry(index: int, rerun_divergence: int) -> dict:
                     f"(run-to-run nondeterminism): no margin"}
 
 
-def divergence_summary(entries: Sequence[dict | None], eps: float) -> dict:
-    """"n divergences, n at near-ties (gap < eps), n unexplained" over per-request entries (None = identical).
+def divergence_summary(entries: Sequence[dict | None], rule: str) -> dict:
+    """"n divergences, n at near-ties (rule), n unexplained" over per-request entries (None = identical); ``rule``:
+    describe_near_tie_rule (each entry holds the eps it was judged with).
 
-    Unexplained: no rounding-size explanation, i.e. not a near-tie (a margin >= eps, or none could be read:
-    ``not_reproduced`` counts those whose base run did not repeat itself)."""
+    Unexplained: no rounding-size explanation, i.e. not a near-tie (a gap >= eps, or none could be read:
+    ``not_reproduced`` counts those whose base run did not repeat itself). unexplained_margin_max: the largest
+    margin among the unexplained entries that have one (None: none has)."""
     found = [e for e in entries if e is not None]
     near = sum(bool(e.get("near_tie")) for e in found)
     margins = [e["margin"] for e in found if e.get("margin") is not None]
+    odd = [e["margin"] for e in found if not e.get("near_tie") and e.get("margin") is not None]
     return {
         "divergences": len(found), "near_tie": near, "unexplained": len(found) - near,
         "not_reproduced": sum("re-run" in e.get("note", "") for e in found),
-        "eps": eps, "margin_max": max(margins) if margins else None,
-        "summary": f"{len(found)} divergences, {near} at near-ties (margin < {eps:g}), {len(found) - near} unexplained",
+        "rule": rule, "margin_max": max(margins) if margins else None,
+        "unexplained_margin_max": max(odd) if odd else None,
+        "summary": f"{len(found)} divergences, {near} at near-ties ({rule}), {len(found) - near} unexplained",
         "per_request": list(entries),
     }
 
@@ -186,26 +203,28 @@ def explain_vs_reference(run: Sequence[int], ref: Sequence[int], ref_logits: tor
     if d >= len(run) or d >= len(ref):
         e = length_entry(d)
         return {"divergence": e, "unexplained": {**e, "why": f"lengths differ ({len(run)} vs {len(ref)} tokens)"}}
-    eps = eps_of(ref_logits[d])
-    div = {**divergence_entry(ref_logits[d], d, ref[d], run[d], eps), "eps": eps}
+    div = divergence_entry(ref_logits[d], d, ref[d], run[d], eps_of(ref_logits[d]))
     if not div["near_tie"]:
         return {"divergence": div, "unexplained": {**div, "why": "first divergence, not at a near-tie"}}
     for t in range(d + 1, len(run) if run_logits is not None else 0):
         row = run_logits[t]
         top = int(row.argmax())
         if run[t] != top:
-            eps = eps_of(row)
-            e = {**divergence_entry(row, t, top, run[t], eps), "eps": eps}
+            e = divergence_entry(row, t, top, run[t], eps_of(row))
             if not e["near_tie"]:
                 return {"divergence": div, "unexplained": {**e, "why": f"after a near-tie flip at {d}: not the "
                                                                         f"reference's choice on its own prefix"}}
     return {"divergence": div, "unexplained": None}
 
 
-def format_unexplained(request: int, e: dict) -> str:
-    """One line naming the request, position, tokens and margin of an unexplained token."""
+def format_unexplained(request: int, e: dict, base: str = "reference") -> str:
+    """One line naming the request, position, tokens (ids and ranks in the logits that chose ``base``'s token),
+    gap, margin, top-1 logit and eps of an unexplained token. ``e``: an entry of divergence_entry (a job's first
+    divergence), explain_vs_reference (with its "why"), or length_entry / not_reproduced_entry (a "note")."""
+    why = e.get("why") or e.get("note") or "first divergence, not at a near-tie"
     if e.get("gap") is None:
-        return f"request {request}: output token {e['index']}: {e['why']}"
-    return (f"request {request}: output token {e['index']}: {e['why']}: run token {e['run_token']} (rank "
-            f"{e['run_token_rank']}) vs reference {e['base_token']}: gap {e['gap']:.4g}, margin {e['margin']:.4g} "
-            f"(top-1 logit {e['top1_logit']:.4g}) >= eps {e['eps']:.4g}")
+        return f"request {request}: output token {e['index']}: {why}"
+    base_rank = f" (rank {e['base_token_rank']})" if "base_token_rank" in e else ""
+    return (f"request {request}: output token {e['index']}: {why}: run token {e['run_token']} (rank "
+            f"{e['run_token_rank']}) vs {base} {e['base_token']}{base_rank}: gap {e['gap']:.4g}, margin "
+            f"{e['margin']:.4g} (top-1 logit {e['top1_logit']:.4g}) >= eps {e['eps']:.4g}")

@@ -30,24 +30,23 @@ def gpu_runner(model, backend, dtype, graphs, page_size=16, max_batch=4, max_con
                        max_batch=max_batch, fused_ops=fused_ops)
 
 
-# The near-tie bound, in bf16 ulps at a row's top logit (1/32 for this model's top logits of ~4-8: 4 ulps = 0.125
-# nats, against a median top-2 margin of ~0.4). Each bf16 run rounds; what decides a flip is its top-2 logit
-# difference, which strays from the exact (fp32) one by at most ~2 ulps (1.6 measured on CPU at these shapes,
-# checked in tests/parity/test_served_vs_static.py), so two bf16 runs of one prefix disagree on it by at most
-# ~4: a served token further than that behind the static winner was not chosen by rounding.
-ULPS = 4
-
-
 def assert_bf16_divergences_are_near_ties(target, backend, dtype, ps, outputs, reference) -> None:
     """bf16: a run (``outputs``, token lists) may leave ``reference`` (requests generated with record_logits) only
     at a near-tie, and every later token must be a near-top choice given its own prefix (teacher-forced on an
     eager runner): attnlab.metrics.parity.explain_vs_reference. A position-wise equality ratio cannot tell one
     early near-tie flip from a bug (the flashinfer serving test's prefill bug hid behind one)."""
-    from attnlab.metrics.parity import explain_vs_reference, format_unexplained, row_near_tie_eps
+    from attnlab.metrics.parity import (
+        NEAR_TIE_ULPS,
+        explain_vs_reference,
+        format_unexplained,
+        row_near_tie_eps,
+    )
     from attnlab.parity_pass import reference_logits
 
     forced = reference_logits(gpu_runner(target, backend, dtype, False, name="forced"), ps, outputs, 4)
-    eps_of = lambda row: row_near_tie_eps(row, "bf16", ULPS)
+    # the job's parity.near_tie_ulps default (attnlab.metrics.parity says why): one bf16 ulp is 1/32 at this
+    # model's top logits of ~4-8, so 4 ulps = 0.125 nats, against a median top-2 margin of ~0.4
+    eps_of = lambda row: row_near_tie_eps(row, "bf16", NEAR_TIE_ULPS)
     res = [explain_vs_reference(o, r.output_ids, r.logits, eps_of, f) for o, r, f in zip(outputs, reference, forced)]
     bad = [format_unexplained(i, x["unexplained"]) for i, x in enumerate(res) if x["unexplained"]]
     assert not bad, "\n".join(bad)

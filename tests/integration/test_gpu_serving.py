@@ -4,7 +4,7 @@ the bucket of whatever batch is running) gives the static run's tokens, and ever
 bf16: another batch composition may pick other GEMM tiles or split-KV, so a near-tie can flip, and every later
 token then differs. The criterion (attnlab.metrics.parity.explain_vs_reference) tells that from a bug: per
 request, identical up to the first divergence; there the served token trails the static run's top-1 by less than
-ULPS (tests/integration/test_gpu_engine.py) bf16 ulps of that row's top logit (in the logits that chose the static token); after it, every served token
+NEAR_TIE_ULPS (attnlab.metrics.parity) bf16 ulps of that row's top logit (in the logits that chose the static token); after it, every served token
 is within the same bound of the top of the logits the target gives the served prefix (teacher forcing), so a bug
 after a flip is caught too. tests/parity/test_served_vs_static.py shows it passes planted near-tie flips and
 fails on a corrupted KV page and on a wrong token fed back."""

@@ -7,24 +7,47 @@ while a "bug" (a large bias on one token) flips far from any tie."""
 
 from __future__ import annotations
 
+import logging
+import math
+
 import pytest
 import torch
 
 from attnlab.backends.base import Mode
 from attnlab.measure import measure
-from attnlab.metrics.parity import default_near_tie_eps, divergence_entry, divergence_summary
+from attnlab.metrics.parity import (
+    NEAR_TIE_ULPS,
+    describe_near_tie_rule,
+    divergence_entry,
+    divergence_summary,
+    near_tie_rule,
+    ulp,
+)
 from attnlab.parity_pass import _diagnose, run_parity
 from attnlab.sides import decode
 from tests.test_measure import _job
 
 
-def test_default_eps_is_two_ulps_at_a_logit_of_16():
-    assert default_near_tie_eps("bf16") == 0.25
-    assert default_near_tie_eps("fp16") == 1 / 32
-    assert default_near_tie_eps("fp32") == 2.0 ** -18
-    one_ulp_at_16 = torch.tensor(16.0, dtype=torch.bfloat16).float().nextafter(torch.tensor(32.0))
-    assert float(torch.tensor(16.125).to(torch.bfloat16)) == 16.125  # 16 + one bf16 ulp is representable
-    assert float(one_ulp_at_16.to(torch.bfloat16)) in (16.0, 16.125)
+def test_the_rule_is_ulps_at_the_row_top_unless_a_fixed_eps_overrides():
+    row = lambda top: torch.tensor([top, top - 3.0, 0.0])
+    rule = near_tie_rule("bf16")  # 4 bf16 ulps at the row's top logit
+    assert (rule(row(5.0)), rule(row(16.0)), rule(row(40.0))) == (0.125, 0.5, 1.0)
+    assert near_tie_rule("fp16", 2)(row(16.0)) == 2 / 64 and near_tie_rule("fp32")(row(1.0)) == 4 * 2.0 ** -23
+    assert near_tie_rule("bf16", eps=0.1)(row(40.0)) == 0.1
+    assert describe_near_tie_rule("bf16") == "gap < 4 bf16 ulps at the row's top logit"
+    assert describe_near_tie_rule("bf16", eps=0.1) == "gap < 0.1 nats"
+    from attnlab.config import ParitySchema  # torch-free config module: the default is a literal there
+    assert ParitySchema().near_tie_ulps == NEAR_TIE_ULPS == 4
+
+
+def test_a_gap_between_the_old_fixed_eps_and_the_row_rule_is_a_near_tie():
+    """At a top logit of 32 one bf16 ulp is 0.25: the old fixed 0.25 nats was 1 ulp there, the row rule is 4."""
+    row = torch.tensor([0.0, 32.0, 31.5, 30.5])  # runner-up 0.5 behind, token 3 1.5 behind
+    rule = near_tie_rule("bf16")
+    tie = divergence_entry(row, 3, base_token=1, run_token=2, eps=rule(row))
+    assert tie["near_tie"] and tie["eps"] == 1.0 and tie["gap"] == 0.5  # >= 0.25: unexplained under the old eps
+    far = divergence_entry(row, 3, base_token=1, run_token=3, eps=rule(row))
+    assert not far["near_tie"] and far["gap"] == 1.5 and far["run_token_rank"] == 3 and far["base_token_rank"] == 1
 
 
 def test_entry_reads_margin_gap_and_rank():
@@ -32,24 +55,28 @@ def test_entry_reads_margin_gap_and_rank():
     e = divergence_entry(row, 7, base_token=1, run_token=2, eps=0.25)
     assert e["index"] == 7 and e["margin"] == pytest.approx(0.1) and e["gap"] == pytest.approx(0.1)
     assert (e["run_token_rank"], e["top2_token"], e["near_tie"], e["base_is_argmax"]) == (2, 2, True, True)
+    assert (e["base_token_rank"], e["eps"]) == (1, 0.25)
     far = divergence_entry(row, 7, base_token=1, run_token=3, eps=0.25)  # the top-2 race is close, token 3 is not
     assert far["margin"] == pytest.approx(0.1) and far["gap"] == pytest.approx(2.0)
     assert far["run_token_rank"] == 3 and not far["near_tie"]
-    s = divergence_summary([None, e, far, None], 0.25)
+    s = divergence_summary([None, e, far, None], "gap < 0.25 nats")
     assert (s["divergences"], s["near_tie"], s["unexplained"]) == (2, 1, 1)
-    assert s["summary"] == "2 divergences, 1 at near-ties (margin < 0.25), 1 unexplained"
+    assert s["summary"] == "2 divergences, 1 at near-ties (gap < 0.25 nats), 1 unexplained"
     assert s["per_request"][0] is None and s["per_request"][1]["index"] == 7
+    assert s["unexplained_margin_max"] == pytest.approx(0.1)  # far's margin: its top-2 race was close
+    assert divergence_summary([None, e], "r")["unexplained_margin_max"] is None
 
 
 def test_diagnose_needs_the_rerun_to_repeat_the_base():
     logits = torch.zeros(4, 5)
     logits[2, 3], logits[2, 4] = 2.0, 1.9
-    ok = _diagnose(logits, [0, 1, 3, 0], [0, 1, 3, 0], [0, 1, 4, 4], eps=0.25)
+    eps = lambda row: 0.25
+    ok = _diagnose(logits, [0, 1, 3, 0], [0, 1, 3, 0], [0, 1, 4, 4], eps)
     assert ok["index"] == 2 and ok["near_tie"] and ok["margin"] == pytest.approx(0.1)
-    moved = _diagnose(logits, [0, 2, 3, 0], [0, 1, 3, 0], [0, 1, 4, 4], eps=0.25)  # re-run differs at token 1
+    moved = _diagnose(logits, [0, 2, 3, 0], [0, 1, 3, 0], [0, 1, 4, 4], eps)  # re-run differs at token 1
     assert moved["margin"] is None and "re-run" in moved["note"] and not moved["near_tie"]
-    assert _diagnose(logits, [0, 1, 3], [0, 1, 3], [0, 1, 3], eps=0.25) is None
-    assert divergence_summary([moved], 0.25)["not_reproduced"] == 1
+    assert _diagnose(logits, [0, 1, 3], [0, 1, 3], [0, 1, 3], eps) is None
+    assert divergence_summary([moved], "r")["not_reproduced"] == 1
 
 
 def _perturb(runner, monkeypatch, when, change):
@@ -97,6 +124,7 @@ def test_divergences_are_explained_by_the_target_only_margin(monkeypatch, bug):
     firsts = parity["tokens"]["vs_target_only"]["first_divergence"]
     assert div["divergences"] == sum(d is not None for d in firsts) >= 2
     assert m["parity_divergences"] == div["divergences"] and m["parity_near_tie_eps"] == plan.parity.near_tie_eps
+    assert m["parity_near_tie_ulps"] is None  # a fixed eps overrides the ulps rule
     entries = [e for e in div["per_request"] if e is not None]
     assert [e["index"] for e in entries] == [d for d in firsts if d is not None]
     base = [r.output_ids for r in measured.base[0].requests]
@@ -117,6 +145,65 @@ def test_divergences_are_explained_by_the_target_only_margin(monkeypatch, bug):
     assert parity["tokens"]["vs_reference"]["divergences"]["per_request"] == div["per_request"]
 
 
+def _scaled_job(monkeypatch, boost, *overrides):
+    """A bf16 job whose target logits lie at 32-48 (tiny-llama's top logits of 0.5-0.9, x32 + 16): one bf16 ulp is
+    0.25 there, as at a chat LLM's top logits of 32+, so the old fixed 0.25 nats was 1 ulp. Its verify passes
+    boost each row's runner-up by ``boost``: the spec run flips wherever the target-only margin is below it."""
+    plan, work, pair = _job("precision=bf16", "parity.logits=false", "parity.kernel=false", *overrides)
+    _perturb(pair.target, monkeypatch, lambda p: True, lambda logits: logits.float() * 32 + 16)
+    _perturb(pair.target, monkeypatch, lambda p: p.meta.mode == Mode.VERIFY, _boost_runner_up(boost))
+    measured = measure(plan, work, pair)
+    parity, m, _ = run_parity(plan, work, pair, measured.spec[0], measured.base[0])
+    return parity["tokens"]["vs_target_only"]["divergences"], m
+
+
+def _records(caplog, level):
+    return [r.getMessage() for r in caplog.records if r.name == "attnlab" and r.levelno == level]
+
+
+def test_flips_within_4_ulps_are_near_ties_and_a_fixed_eps_overrides(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="attnlab")
+    div, m = _scaled_job(monkeypatch, 0.9)  # flips with gaps < 0.9 nats, under 4 ulps (>= 1.0) at these tops
+    entries = [e for e in div["per_request"] if e is not None]
+    assert entries and all(e["near_tie"] and e["eps"] == 4 * ulp("bf16", e["top1_logit"]) >= 1.0 for e in entries)
+    assert any(e["gap"] >= 0.25 for e in entries)  # what the old fixed 0.25 nats called unexplained
+    assert (m["parity_divergences_unexplained"], m["parity_divergences_unexplained_margin_max"]) == (0, None)
+    assert (m["parity_near_tie_ulps"], m["parity_near_tie_eps"]) == (4, None)
+    assert _records(caplog, logging.WARNING) == []
+    assert (f"parity vs target-only (= vs reference): {len(entries)} divergences, {len(entries)} near-ties, "
+            f"0 unexplained (gap < 4 bf16 ulps at the row's top logit)") in _records(caplog, logging.INFO)
+    caplog.clear()
+    div, m = _scaled_job(monkeypatch, 0.9, "parity.near_tie_eps=0.1")  # the same flips, judged with 0.1 nats
+    entries = [e for e in div["per_request"] if e is not None]
+    assert all(e["eps"] == 0.1 and e["near_tie"] == (e["gap"] < 0.1) for e in entries)
+    odd = [e for e in entries if not e["near_tie"]]
+    assert odd and m["parity_divergences_unexplained"] == len(odd) == len(_records(caplog, logging.WARNING))
+    assert (m["parity_near_tie_ulps"], m["parity_near_tie_eps"]) == (None, 0.1)
+
+
+def test_an_unexplained_divergence_is_logged_with_its_fields(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="attnlab")
+    div, m = _scaled_job(monkeypatch, 3.0)  # flips with gaps up to 3 nats: those >= 4 ulps (1.0) are unexplained
+    entries = {i: e for i, e in enumerate(div["per_request"]) if e is not None}
+    assert all(e["near_tie"] == (e["gap"] < e["eps"]) for e in entries.values())
+    odd = {i: e for i, e in entries.items() if not e["near_tie"]}
+    assert odd and m["parity_divergences_unexplained"] == len(odd)
+    assert m["parity_divergences_unexplained_margin_max"] == max(e["margin"] for e in odd.values())
+    warnings = _records(caplog, logging.WARNING)
+    assert len(warnings) == len(odd)
+    for line, (i, e) in zip(warnings, odd.items()):
+        assert line == (f"parity vs target-only (= vs reference): request {i}: output token {e['index']}: first "
+                        f"divergence, not at a near-tie: run token {e['run_token']} (rank {e['run_token_rank']}) "
+                        f"vs target-only {e['base_token']} (rank 1): gap {e['gap']:.4g}, margin {e['margin']:.4g} "
+                        f"(top-1 logit {e['top1_logit']:.4g}) >= eps {e['eps']:.4g}")
+    worst = max(odd.values(), key=lambda e: e["margin"])
+    summary = [x for x in _records(caplog, logging.INFO) if x.startswith("parity vs target-only")]
+    assert summary == [(f"parity vs target-only (= vs reference): {len(entries)} divergences, "
+                        f"{len(entries) - len(odd)} near-ties, {len(odd)} unexplained (max margin "
+                        f"{worst['margin']:.3g} nats, eps {worst['eps']:.3g}; gap < 4 bf16 ulps at the row's top "
+                        f"logit)")]
+
+
 def test_reference_margins_come_from_the_reference_decode(monkeypatch):
     """bf16 run vs the fp32 reference: the reference decode records its own logits (no extra pass)."""
     plan, work, pair = _job("precision=bf16", "parity.reference_precision=fp32", "parity.logits=false",
@@ -127,10 +214,11 @@ def test_reference_margins_come_from_the_reference_decode(monkeypatch):
     ref = parity["tokens"]["vs_reference"]
     assert ref["divergences"]["divergences"] == sum(d is not None for d in ref["first_divergence"]) >= 1
     assert m["parity_divergences_ref"] == ref["divergences"]["divergences"]
-    assert plan.parity.near_tie_eps == 0.25  # bf16 target: the default
+    assert (plan.parity.near_tie_eps, m["parity_near_tie_ulps"]) == (None, 4)  # the default: the row rule
     for e in ref["divergences"]["per_request"]:
         if e is not None and e.get("margin") is not None:
             assert e["base_is_argmax"] and e["gap"] >= e["margin"] >= 0
+            assert e["eps"] == 4 * 2.0 ** (math.floor(math.log2(e["top1_logit"])) - 7)  # 4 bf16 ulps there
 
 
 def test_noise_floor_batch_1_vs_batch_b(monkeypatch):
@@ -190,7 +278,22 @@ def test_near_tie_eps_is_checked():
     with pytest.raises(ConfigError, match="parity.near_tie_eps"):
         validate(_compose(*TINY, "parity.near_tie_eps=-1"))
     assert validate(_compose(*TINY, "parity.near_tie_eps=0.5")).parity.near_tie_eps == 0.5
-    assert validate(_compose(*TINY)).parity.near_tie_eps == 2.0 ** -18  # fp32 on CPU
+    default = validate(_compose(*TINY)).parity
+    assert (default.near_tie_eps, default.near_tie_ulps) == (None, 4)
+    assert validate(_compose(*TINY, "parity.near_tie_ulps=2.5")).parity.near_tie_ulps == 2.5
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "inf", "true", "four"])
+def test_near_tie_ulps_is_checked_in_one_line(value):
+    from attnlab.cli import one_line
+    from attnlab.config import validate
+    from tests.test_config import _compose
+    from tests.test_measure import TINY
+
+    with pytest.raises(Exception) as e:  # a string fails at compose (the typed schema), the rest in validate
+        validate(_compose(*TINY, f"parity.near_tie_ulps={value}"))
+    msg = one_line(e.value)
+    assert "\n" not in msg and "parity.near_tie_ulps" in msg, msg
 
 
 def test_report_shows_divergences_and_noise_floor():

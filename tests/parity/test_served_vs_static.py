@@ -16,11 +16,16 @@ from attnlab.backends.base import Mode
 from attnlab.engine.arrivals import arrival_source
 from attnlab.engine.scheduler import Scheduler
 from attnlab.engine.serve import ServingEngine, StepClock
-from attnlab.metrics.parity import explain_vs_reference, format_unexplained, row_near_tie_eps, ulp
+from attnlab.metrics.parity import (
+    NEAR_TIE_ULPS,
+    explain_vs_reference,
+    format_unexplained,
+    row_near_tie_eps,
+    ulp,
+)
 from attnlab.parity_pass import reference_logits
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import ModelDrafter
-from tests.integration.test_gpu_engine import ULPS
 from tests.spec.tiny import perturbed, prompts, runner, tiny_config, tiny_model
 
 CFG = tiny_config()
@@ -29,7 +34,7 @@ DRAFT = perturbed(TARGET, seed=1, noise=0.2)
 PS = prompts(6, CFG.vocab_size, seed=3)
 BUDGETS = [16, 5, 12, 20, 9, 14]
 K, PAGE = 3, 4
-eps_of = lambda row: row_near_tie_eps(row, "bf16", ULPS)
+eps_of = lambda row: row_near_tie_eps(row, "bf16", NEAR_TIE_ULPS)
 
 
 def _decoder():
@@ -81,9 +86,9 @@ def check(served, static):
     return res, [format_unexplained(i, x["unexplained"]) for i, x in enumerate(res) if x["unexplained"]]
 
 
-def _row_eps(logits):  # [R, V] -> [R, 1]: ULPS bf16 ulps at each row's top logit, as row_near_tie_eps
+def _row_eps(logits):  # [R, V] -> [R, 1]: NEAR_TIE_ULPS bf16 ulps at each row's top logit (row_near_tie_eps)
     top = logits.max(dim=-1, keepdim=True).values.abs().clamp_min(2.0 ** -126)
-    return ULPS * torch.exp2(torch.floor(torch.log2(top)) - 7)
+    return NEAR_TIE_ULPS * torch.exp2(torch.floor(torch.log2(top)) - 7)
 
 
 def test_clean_serving_is_identical_and_the_bound_covers_bf16_rounding(static):
@@ -92,8 +97,8 @@ def test_clean_serving_is_identical_and_the_bound_covers_bf16_rounding(static):
     assert served == [r.output_ids for r in static] and not bad
     assert all(x["divergence"] is None for x in res)
     # The bound's premise on this model: the top-2 logit difference of a bf16 run strays from fp32's by at most
-    # ULPS / 2 ulps (so two bf16 runs disagree on it by at most ULPS ulps); measured on CPU: 1.57 here, 1.63 at
-    # the GPU test's shapes.
+    # NEAR_TIE_ULPS / 2 ulps (so two bf16 runs disagree on it by at most NEAR_TIE_ULPS ulps); measured on CPU:
+    # 1.57 here, 1.63 at the GPU test's shapes.
     exact = reference_logits(runner(tiny_model(CFG, seed=0), CFG, PAGE), PS, [r.output_ids for r in static], 4)
     worst = 0.0
     for r, x in zip(static, exact):
@@ -101,7 +106,7 @@ def test_clean_serving_is_identical_and_the_bound_covers_bf16_rounding(static):
         stray = (r.logits - x).gather(1, top2)
         for row, s in zip(x, stray):
             worst = max(worst, abs(float(s[0] - s[1])) / ulp("bf16", float(row.max())))
-    assert 0 < worst <= ULPS / 2, worst
+    assert 0 < worst <= NEAR_TIE_ULPS / 2, worst
 
 
 def test_near_tie_flips_pass(static):
