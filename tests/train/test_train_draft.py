@@ -59,6 +59,8 @@ def test_training_learns_the_target(trained):
     assert s["eval/loss"] < 0.85 * before["eval/loss"]
     assert s["eval/top1_step0"] > 0.3 > 50 / CFG.vocab_size  # chance is 1/260
     assert s["eval/sim_tau_k2"] > 1.3 and before["eval/sim_tau_k2"] < 1.1
+    for k in (2, 3):  # train.eval_k: the decoder's walk next to the all-starts mean
+        assert 1 <= s[f"eval/walk_tau_k{k}"] <= k + 1 and 1 <= before[f"eval/walk_tau_k{k}"] <= k + 1
     assert s["data"]["source"]["truncated"] and s["data"]["source"]["conversations"] == 120
 
 

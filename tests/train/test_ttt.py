@@ -6,7 +6,7 @@ import torch
 from attnlab.backends.base import Mode
 from attnlab.spec.eagle import EagleDrafter
 from attnlab.train_draft.teacher import teacher_forward
-from attnlab.train_draft.ttt import entry_mask, simulated_tau, ttt_attention, unroll
+from attnlab.train_draft.ttt import entry_mask, simulated_tau, ttt_attention, unroll, walked_tau
 from tests.spec.tiny import eagle_runner, runner, tiny_config, tiny_eagle, tiny_model
 
 CFG = tiny_config(layers=4, heads=6, kv_heads=2, head_dim=16, hidden=48)  # GQA 3
@@ -61,3 +61,67 @@ def test_simulated_tau_counts_leading_matches():
     # starts e = 0..4: draft 1 from step 0 at e (always), draft 2 from step 1 at e + 1 (only e = 1)
     assert n == 5 and tau == pytest.approx(1 + (5 * 1 + 1) / 5)
     assert entry_mask(torch.tensor([[False, False, True, True]])).tolist() == [[True, True, False]]
+
+
+def _walk_reference(matches, valid, k):
+    """The decoder's walk, entry by entry in plain Python: a pass starting at entry e drafts k tokens, draft j from
+    step j - 1 at entry e + j - 1, and accepts them while they match; the next pass starts at e + a + 1, or at
+    the next entry whose k entries are all valid; nothing is shared with walked_tau's tensor code."""
+    m = [x.tolist() for x in matches]
+    total = passes = 0
+    for b, row in enumerate(valid.tolist()):
+        L = len(row)
+        e = 0
+        while e < L:
+            if not (e + k <= L and all(row[e:e + k])):
+                e += 1
+                continue
+            a = 0
+            while a < k and m[a][b][e + a]:
+                a += 1
+            total += a + 1
+            passes += 1
+            e += a + 1
+    return (total / passes if passes else float("nan")), passes
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_walked_tau_equals_a_plain_walk(seed, k):
+    g = torch.Generator().manual_seed(100 * seed + k)
+    B, L = 5, 40
+    p = torch.rand(B, 1, generator=g)  # a per-sequence match rate: some rows easy, some hard
+    matches = [torch.rand(B, L, generator=g) < p for _ in range(4)]
+    # ragged answers: each row's answer entries are one span [lo, hi), as collate pads them; row 4 has a gap
+    valid = torch.zeros(B, L, dtype=torch.bool)
+    for b in range(B):
+        lo, hi = sorted(torch.randint(0, L + 1, (2,), generator=g).tolist())
+        valid[b, lo:hi] = True
+    valid[4, 5:30] = True
+    valid[4, 12:14] = False
+    tau, n = walked_tau(matches, valid, k)
+    ref_tau, ref_n = _walk_reference(matches, valid, k)
+    assert n == ref_n > 0 and tau == pytest.approx(ref_tau, abs=1e-12)
+
+
+def test_walked_tau_differs_from_all_starts_where_misses_cluster():
+    """k = 2, 9 entries: step 0 matches at entries 0..5 and misses at 6..8, step 1 matches everywhere.
+    Starts 0..7 accept [2, 2, 2, 2, 2, 2, 0, 0]: all starts give 1 + 12 / 8 = 2.5. The walk starts at 0 (3 tokens),
+    3 (3 tokens), 6 (1), 7 (1), then no start is left: 8 / 4 = 2.0."""
+    valid = torch.ones(1, 9, dtype=torch.bool)
+    m0 = torch.tensor([[True] * 6 + [False] * 3])
+    m1 = torch.ones(1, 9, dtype=torch.bool)
+    assert simulated_tau([m0, m1], valid, 2) == (2.5, 8)
+    assert walked_tau([m0, m1], valid, 2) == (2.0, 4)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_walked_tau_bounds(k):
+    valid = torch.ones(3, 17, dtype=torch.bool)
+    valid[1, 11:] = False  # a shorter (padded) answer
+    hit = [torch.ones(3, 17, dtype=torch.bool)] * 4
+    miss = [torch.zeros(3, 17, dtype=torch.bool)] * 4
+    assert walked_tau(hit, valid, k)[0] == k + 1
+    tau, n = walked_tau(miss, valid, k)
+    assert tau == 1 and n == (17 - k + 1) * 2 + (11 - k + 1)  # every valid start is a pass of 1 token
+    assert walked_tau(hit, torch.zeros(3, 17, dtype=torch.bool), k) == (pytest.approx(float("nan"), nan_ok=True), 0)
