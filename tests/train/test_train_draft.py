@@ -89,6 +89,28 @@ def test_trained_head_drafts_losslessly_and_better_than_untrained(trained):
     assert taus[0] > taus[1] + 0.2, taus
 
 
+def test_walk_is_the_engines_greedy_decoding(trained):
+    """Greedy EAGLE decoding, k = 3: each request's tokens per verify pass begin with walk_passes over the
+    teacher-forced matches of its own output (the walk stops where fewer than k answer entries remain)."""
+    from attnlab.train_draft.data import Example
+    from attnlab.train_draft.ttt import walk_passes
+    from tests.train.forced import forced_matches
+
+    model, d, _ = trained
+    head = load_head(d / "head", model, dtype=torch.float32, device="cpu")
+    tok = ByteTokenizer(256, 257)
+    ps = [tok.apply_chat_template([{"role": "user", "content": f"Tell me about {t}."}])
+          for t in ("tall trees", "quiet songs", "red apples")]
+    k = 3
+    out = SpeculativeDecoder(target_side(model), EagleDrafter(eagle_runner(head)), SpecParams(k)).generate(ps, 40)
+    f = forced_matches(model, head, [Example(p + r.output_ids, len(p)) for p, r in zip(ps, out.requests)], k)
+    walks = walk_passes(f.matches, f.valid, k)
+    assert any(t > 1 for w in walks for t in w)  # the trained head accepts drafts: the walk's phase matters
+    for w, r in zip(walks, out.requests):
+        assert len(r.output_ids) == 40 and r.accept_lens[:len(w)] == w
+        assert sum(w) >= 40 - 1 - 2 * k  # walked up to the last k answer entries (the first token: prefill's)
+
+
 def test_head_for_another_target_is_refused(trained):
     _, d, _ = trained
     other = tiny_model(CFG, seed=1)
