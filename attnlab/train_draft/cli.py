@@ -42,8 +42,9 @@ def _task(cfg) -> dict:
         summary = run(cfg, run_dir, device, dtype, logger)
         status.finish("complete")
         logger.finish("complete")
-        log.info("head: %s | held-out sim tau %s | run folder: %s", summary["head"],
-                 {k: round(v, 3) for k, v in summary.items() if k.startswith("eval/sim_tau")}, run_dir)
+        log.info("head: %s | held-out sim tau %s | walked tau %s | run folder: %s", summary["head"],
+                 {k: round(v, 3) for k, v in summary.items() if k.startswith("eval/sim_tau")},
+                 {k: round(v, 3) for k, v in summary.items() if k.startswith("eval/walk_tau")}, run_dir)
         return summary
     except KeyboardInterrupt as e:  # the loop saved the checkpoint and the head (if training had started)
         from attnlab.lifecycle import signal_name

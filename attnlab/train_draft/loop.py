@@ -25,7 +25,7 @@ from attnlab.metrics.outputs import write_json
 from attnlab.train_draft import data as D
 from attnlab.train_draft.loss import TargetDist, loss_rows, loss_weight, ttt_loss
 from attnlab.train_draft.teacher import teacher_forward
-from attnlab.train_draft.ttt import simulated_tau
+from attnlab.train_draft.ttt import simulated_tau, walked_tau
 
 log = logging.getLogger("attnlab.train")
 FIT_AFTER = 20  # steps timed before a time budget (train.max_minutes) fixes the schedule's length
@@ -193,7 +193,8 @@ class Trainer:
         self.head.eval()
         hits = [0.0] * self.t.ttt_steps
         n_ent = [0] * self.t.ttt_steps
-        taus = {k: [0.0, 0] for k in self.t.eval_k}
+        taus = {k: [0.0, 0] for k in self.t.eval_k}  # all starts: simulated_tau
+        walks = {k: [0.0, 0] for k in self.t.eval_k}  # the decoder's starts: walked_tau
         loss_sum = loss_n = 0.0
         for idx in D.batches(self.eval_ex, self.t.tokens_per_batch, self.max_len):
             ids, feats, dist = self._batch(self.eval_ex, idx)
@@ -207,14 +208,16 @@ class Trainer:
                     n_ent[j] += st.entries[j]
             valid = dist.valid
             for k in self.t.eval_k:
-                tau, n = simulated_tau(matches, valid, k)
-                if n:
-                    taus[k][0] += tau * n
-                    taus[k][1] += n
+                for acc, tau_of in ((taus, simulated_tau), (walks, walked_tau)):
+                    tau, n = tau_of(matches, valid, k)
+                    if n:
+                        acc[k][0] += tau * n
+                        acc[k][1] += n
         self.head.train()
         out = {"eval/loss": loss_sum / max(loss_n, 1)}
         out.update({f"eval/top1_step{j}": hits[j] / n_ent[j] for j in range(self.t.ttt_steps) if n_ent[j]})
         out.update({f"eval/sim_tau_k{k}": s / n for k, (s, n) in taus.items() if n})
+        out.update({f"eval/walk_tau_k{k}": s / n for k, (s, n) in walks.items() if n})
         return out
 
     # -- training ------------------------------------------------------------------------------------
@@ -309,7 +312,8 @@ class Trainer:
                         row.update(last_eval)
                     bar.update()
                     bar.set_postfix(loss=f"{row['loss']:.3f}", top1=f"{st.top1[0]:.2f}",
-                                    tau4=f"{last_eval.get('eval/sim_tau_k4', float('nan')):.2f}")
+                                    tau4=f"{last_eval.get('eval/sim_tau_k4', float('nan')):.2f}",
+                                    walk4=f"{last_eval.get('eval/walk_tau_k4', float('nan')):.2f}")
                     with log_path.open("a") as f:
                         f.write(json.dumps(row) + "\n")
                     logger.log_metrics(row)

@@ -199,15 +199,15 @@ def entry_mask(answer: torch.Tensor, lengths_ok: torch.Tensor | None = None) -> 
     return m
 
 
-def simulated_tau(matches: list[torch.Tensor], valid: torch.Tensor, k: int) -> tuple[float, int]:
-    """Expected tokens per verify pass of greedy chain drafting with k drafts, from teacher-forced matches:
-    starting at entry e, draft j (1..k) comes from step j - 1 at entry e + j - 1 and is accepted if it and
-    every earlier draft matched. Starts whose k entries are all answer entries count. -> (mean tau, starts)."""
+def _chain_accepts(matches: list[torch.Tensor], valid: torch.Tensor, k: int):
+    """-> (accepted [B, E] long, ok_start [B, E] bool), E = L - k + 1, or None when L < k: a chain of k drafts
+    starting at entry e takes draft j (1..k) from step j - 1 at entry e + j - 1 and accepts its leading matches;
+    a start counts when its k entries are all answer entries (``valid``)."""
     if k > len(matches):
         raise ValueError(f"simulated tau at k={k} needs >= {k} unrolled steps (have {len(matches)})")
     B, L = valid.shape
     if L < k:
-        return float("nan"), 0
+        return None
     E = L - k + 1
     ok = torch.ones(B, E, dtype=torch.bool, device=valid.device)
     ok_start = torch.ones(B, E, dtype=torch.bool, device=valid.device)
@@ -216,7 +216,62 @@ def simulated_tau(matches: list[torch.Tensor], valid: torch.Tensor, k: int) -> t
         ok = ok & matches[j - 1][:, j - 1:j - 1 + E]
         ok_start = ok_start & valid[:, j - 1:j - 1 + E]
         accepted += ok.long()
+    return accepted, ok_start
+
+
+def simulated_tau(matches: list[torch.Tensor], valid: torch.Tensor, k: int) -> tuple[float, int]:
+    """Expected tokens per verify pass of greedy chain drafting with k drafts, from teacher-forced matches:
+    starting at entry e, draft j (1..k) comes from step j - 1 at entry e + j - 1 and is accepted if it and
+    every earlier draft matched. Starts whose k entries are all answer entries count. -> (mean tau, starts).
+    Every start counts once: where hard tokens cluster that over-estimates real decoding (``walked_tau``)."""
+    chains = _chain_accepts(matches, valid, k)
+    if chains is None:
+        return float("nan"), 0
+    accepted, ok_start = chains
     n = int(ok_start.sum())
     if n == 0:
         return float("nan"), 0
     return 1.0 + float(accepted[ok_start].float().mean()), n
+
+
+def walk_passes(matches: list[torch.Tensor], valid: torch.Tensor, k: int) -> list[list[int]]:
+    """Per sequence, the tokens per verify pass (a + 1) of greedy chain decoding with k drafts, walked over the
+    teacher-forced matches as the engine decodes (``simulated_tau``'s chains, at the engine's starts only):
+
+    - the first pass starts at the second entry of the answer: the first answer entry predicts the answer's first
+      token, which the target's prefill emits (never drafted); the engine's first draft reads that token. In
+      general a start reads an answer token (entry e reads x_{e+1}: ``valid[e - 1]``) and has k answer entries;
+    - a pass at entry e that accepts a drafts emits a + 1 tokens (the last one the target's), so the next pass
+      reads x_{e+a+2}: it starts at entry e + a + 1; where that is no start, at the next one;
+    - the walk ends when no start remains: the engine's last passes, whose drafts run past the answer, are not
+      walked (a request's accept_lens begin with its walk)."""
+    chains = _chain_accepts(matches, valid, k)
+    if chains is None:
+        return [[] for _ in range(valid.shape[0])]
+    accepted, start = chains
+    E = accepted.shape[1]
+    start = start.clone()
+    start[:, 0] = False  # entry 0 reads x_1, never an answer token (a sequence starts with its prompt)
+    start[:, 1:] &= valid[:, :E - 1]
+    pos = torch.arange(E, device=valid.device).expand_as(accepted)
+    nxt = torch.where(start, pos, E).flip(1).cummin(1).values.flip(1)  # [B, E]: the first start >= e (E: none)
+    out = []
+    for acc, first in zip(accepted.tolist(), nxt.tolist()):  # one host copy per batch: the walk is sequential
+        row, e = [], first[0]
+        while e < E:
+            row.append(acc[e] + 1)
+            e += acc[e] + 1
+            if e < E:
+                e = first[e]
+        out.append(row)
+    return out
+
+
+def walked_tau(matches: list[torch.Tensor], valid: torch.Tensor, k: int) -> tuple[float, int]:
+    """The mean tokens per verify pass over ``walk_passes`` (greedy decoding's own starts) -> (mean tau, passes).
+    A run of matched entries is visited once per pass and a run of misses at every entry, so where hard tokens
+    follow hard tokens this is below ``simulated_tau``'s all-starts mean, as the engine's measured tau is."""
+    passes = [t for row in walk_passes(matches, valid, k) for t in row]
+    if not passes:
+        return float("nan"), 0
+    return sum(passes) / len(passes), len(passes)

@@ -59,6 +59,8 @@ def test_training_learns_the_target(trained):
     assert s["eval/loss"] < 0.85 * before["eval/loss"]
     assert s["eval/top1_step0"] > 0.3 > 50 / CFG.vocab_size  # chance is 1/260
     assert s["eval/sim_tau_k2"] > 1.3 and before["eval/sim_tau_k2"] < 1.1
+    for k in (2, 3):  # train.eval_k: the decoder's walk next to the all-starts mean
+        assert 1 <= s[f"eval/walk_tau_k{k}"] <= k + 1 and 1 <= before[f"eval/walk_tau_k{k}"] <= k + 1
     assert s["data"]["source"]["truncated"] and s["data"]["source"]["conversations"] == 120
 
 
@@ -85,6 +87,28 @@ def test_trained_head_drafts_losslessly_and_better_than_untrained(trained):
         assert [r.output_ids for r in out.requests] == [r.output_ids for r in ref.requests]
         taus.append(sum(t for r in out.requests for t in r.accept_lens) / sum(len(r.accept_lens) for r in out.requests))
     assert taus[0] > taus[1] + 0.2, taus
+
+
+def test_walk_is_the_engines_greedy_decoding(trained):
+    """Greedy EAGLE decoding, k = 3: each request's tokens per verify pass begin with walk_passes over the
+    teacher-forced matches of its own output (the walk stops where fewer than k answer entries remain)."""
+    from attnlab.train_draft.data import Example
+    from attnlab.train_draft.ttt import walk_passes
+    from tests.train.forced import forced_matches
+
+    model, d, _ = trained
+    head = load_head(d / "head", model, dtype=torch.float32, device="cpu")
+    tok = ByteTokenizer(256, 257)
+    ps = [tok.apply_chat_template([{"role": "user", "content": f"Tell me about {t}."}])
+          for t in ("tall trees", "quiet songs", "red apples")]
+    k = 3
+    out = SpeculativeDecoder(target_side(model), EagleDrafter(eagle_runner(head)), SpecParams(k)).generate(ps, 40)
+    f = forced_matches(model, head, [Example(p + r.output_ids, len(p)) for p, r in zip(ps, out.requests)], k)
+    walks = walk_passes(f.matches, f.valid, k)
+    assert any(t > 1 for w in walks for t in w)  # the trained head accepts drafts: the walk's phase matters
+    for w, r in zip(walks, out.requests):
+        assert len(r.output_ids) == 40 and r.accept_lens[:len(w)] == w
+        assert sum(w) >= 40 - 1 - 2 * k  # walked up to the last k answer entries (the first token: prefill's)
 
 
 def test_head_for_another_target_is_refused(trained):
