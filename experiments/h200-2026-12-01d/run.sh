@@ -9,6 +9,10 @@
 #   run.sh D  carry .gpu/c + .gpu/6: the flashinfer GPU tests (tree fuzz, serving); issue 14's 4-job backend pair
 #             sweep with bench.repeats=3 through the main job (draft=eagle, held-out ShareGPT); C's head vs the
 #             shipped one
+#   run.sh N  (the next sitting, after A and B, carry .gpu/c + .gpu/6) the shipped head (now C's) on every pair, fused,
+#             k 4 and 6, batch 1 / 4 / 16, after the staging change; the two verify=triton parity jobs again under
+#             the row-relative near-tie rule, their run folders tarred (keep $OUT to a few files: a call whose
+#             $OUT holds too many files brings none of the extra ones back)
 # Each step has its own timeout so a call ends inside the 10-minute limit; logs land in $OUT.
 set -u -o pipefail
 PART=${1:?part A, B, C or D}
@@ -91,6 +95,19 @@ speedup_vs_target_only_repeats,noisy_keys | tee "$OUT/pairs_repeats.md"
       --num-prompts 16 --out "$OUT/head_$(basename $h)" > $LOGS/head_$(basename $h).log 2>&1
     tail -n 3 $LOGS/head_$(basename $h).log
   done
+  ;;
+N)
+  step "install .gpu/c (flashinfer) and .gpu/6 (its prebuilt sm_90a modules)"
+  bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
+  step "the shipped head on every pair, fused, k 4 and 6, batch 1 / 4 / 16 (16 prompts each)"
+  timeout 330 $S --fused-ops --backends triton,flashinfer --drafters ngram,eagle --k 4,6 --batch 1,4,16 --repeats 3 \
+    --num-prompts 16 --out "$OUT/pairs_fused" > $LOGS/pairs_fused.log 2>&1; tail -n 30 $LOGS/pairs_fused.log
+  step "the verify=triton parity under the row-relative near-tie rule (WARNING lines name what it cannot explain)"
+  timeout 240 $PY -m attnlab -m experiment=backend_pairs draft=eagle backend=triton verify=triton,flashinfer \
+    engine.cuda_graph=true warmup=full bench.repeats=3 workload=sharegpt workload.path=$DATA workload.num_prompts=16 \
+    workload.batch_size=1 workload.max_new_tokens=128 logger=jsonl device=cuda hydra.sweep.dir=/tmp/m/parity \
+    > $LOGS/parity.log 2>&1; grep -E "parity|tau|rror" $LOGS/parity.log | cut -c1-400
+  $PY -m attnlab.report /tmp/m/parity --no-plots | tee "$OUT/parity.md"; tar czf "$OUT/runs_parity.tgz" -C /tmp/m parity
   ;;
 esac
 step "part $PART done"
