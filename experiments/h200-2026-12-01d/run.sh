@@ -11,8 +11,8 @@
 #             shipped one
 #   run.sh N  (the next sitting, after A and B, carry .gpu/c + .gpu/6) the shipped head (now C's) on every pair, fused,
 #             k 4 and 6, batch 1 / 4 / 16, after the staging change; the two verify=triton parity jobs again under
-#             the row-relative near-tie rule, their run folders tarred (keep $OUT to a few files: a call whose
-#             $OUT holds too many files brings none of the extra ones back)
+#             the row-relative near-tie rule, their run folders tarred. At most 8 files come back from $OUT per
+#             call (16 MiB each, two folders deep): part N writes 7; D wrote more, and its tarball was left out
 # Each step has its own timeout so a call ends inside the 10-minute limit; logs land in $OUT.
 set -u -o pipefail
 PART=${1:?part A, B, C or D}
