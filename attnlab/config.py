@@ -542,7 +542,7 @@ def validate(cfg: DictConfig) -> RunPlan:
     if eps is not None and not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
         raise ConfigError(f"parity.near_tie_eps={eps!r}: must be a number > 0 (fixed nats) or null (the "
                           f"parity.near_tie_ulps rule)")
-    ulps = cfg.parity.get("near_tie_ulps", 4.0)
+    ulps = cfg.parity.near_tie_ulps
     if isinstance(ulps, bool) or not (isinstance(ulps, (int, float)) and math.isfinite(ulps) and ulps > 0):
         raise ConfigError(f"parity.near_tie_ulps={ulps!r}: must be a number > 0 (ulps of the target dtype at a "
                           f"row's top logit; default 4)")
@@ -636,7 +636,7 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
                              p.enabled and p.acceptance, p.reference, p.reference_precision, p.max_prompts,
                              float(p.near_tie_eps) if p.get("near_tie_eps") is not None else None,
                              p.enabled and p.tokens and bool(p.get("noise_floor", False)),
-                             near_tie_ulps=float(p.get("near_tie_ulps", 4.0))),
+                             near_tie_ulps=float(p.near_tie_ulps)),
         engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops), cfg.engine.gemm, cfg.engine.decode_steps_per_sync,
                              bool(cfg.engine.get("invariant", False)), cfg.engine.kv_policy),
         bench=pl.BenchPlan(cfg.bench.repeats or (3 if device == "cuda" else 1), float(cfg.bench.noisy_ratio),

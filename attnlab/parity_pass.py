@@ -98,9 +98,8 @@ def log_divergences(comparison: str, base: str, summary: dict) -> None:
     from attnlab.metrics.parity import format_unexplained
 
     odd = [(i, e) for i, e in enumerate(summary["per_request"]) if e is not None and not e.get("near_tie")]
-    read = [e for _, e in odd if e.get("margin") is not None]
-    worst = max(read, key=lambda e: e["margin"]) if read else None
-    detail = f"max margin {worst['margin']:.3g} nats, eps {worst['eps']:.3g}; " if worst else ""
+    worst = summary["unexplained_margin_max"]
+    detail = f"max margin {worst:.3g} nats; " if worst is not None else ""
     log.info("parity %s: %d divergences, %d near-ties, %d unexplained (%s%s)", comparison, summary["divergences"],
              summary["near_tie"], summary["unexplained"], detail, summary["rule"])
     for i, e in odd:
