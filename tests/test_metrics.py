@@ -214,3 +214,22 @@ def test_report(tmp_path):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
     assert "![throughput_tau]" in (tmp_path / "report.md").read_text()
     assert main([str(tmp_path / "nope")]) == 2
+
+
+def test_phase_timer_host_time_and_its_metrics(monkeypatch):
+    from attnlab.engine import timers
+    from attnlab.engine.timers import PhaseTimer
+
+    clock = iter([0.0, 0.001, 0.004, 0.0045])  # one reading per mark on CPU
+    monkeypatch.setattr(timers.time, "perf_counter", lambda: next(clock))
+    t = PhaseTimer(torch.device("cpu"))
+    t.mark("draft")
+    t.mark("verify")
+    t.mark("draft")  # a phase marked twice adds up
+    t.stop()
+    assert t.host() == pytest.approx({"draft": 1.5, "verify": 3.0}) and t.read() == pytest.approx(t.host())
+    out = _out()
+    out.iterations[0].host_ms = {"draft": 0.5, "verify": 1.0, "other": 0.25}
+    m = summarize(out)
+    assert m["draft_host_ms"] == pytest.approx(0.25) and m["verify_host_ms"] == pytest.approx(0.5)
+    assert m["overhead_host_ms"] == pytest.approx(0.125) and m["draft_extend_host_ms"] == 0.0

@@ -53,18 +53,30 @@ class TritonBackend(AttentionBackend):
         "num_splits": "int >= 1: force the split-KV count of every pass (tuning); null = heuristic",
         "split_tokens": "int >= 1: engine.invariant's fixed KV split size in tokens (rounded up to whole KV "
                         "tiles); null = 256",
+        "prefill_tiles": "BLOCK_MxBLOCK_NxWARPSxSTAGES (e.g. 128x64x8x3): the extend kernel's launch for "
+                         "prefills (>= 65 new tokens per request), in place of the heuristic (tuning); null = "
+                         "heuristic",
     }
 
     @classmethod
     def check_options(cls, options: dict, field: str) -> None:
+        from attnlab.kernels.heuristics import parse_tiles
+
         for key, what in (("num_splits", "heuristic"), ("split_tokens", "256")):
             n = options.get(key)
             if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
                 raise ConfigError(f"{field}.{key}={n!r}: must be an int >= 1 or null ({what})")
+        tiles = options.get("prefill_tiles")
+        if tiles is not None:
+            try:
+                parse_tiles(tiles)
+            except ValueError as e:
+                raise ConfigError(f"{field}.prefill_tiles={e}") from None
 
     def __init__(self, *args, num_splits: int | None = None, cuda_graph: bool = False,
                  max_batch_size: int | None = None, max_q_len: int = 16, max_context: int | None = None,
-                 invariant: bool = False, split_tokens: int | None = None, **kwargs):
+                 invariant: bool = False, split_tokens: int | None = None, prefill_tiles: str | None = None,
+                 **kwargs):
         """num_splits: force the split-KV count (tests, tuning); None = heuristic.
 
         invariant (engine.invariant): every pass, prefill, decode and verify, runs attnlab.kernels.invariant
@@ -81,6 +93,7 @@ class TritonBackend(AttentionBackend):
         self.num_splits = num_splits
         self.invariant = invariant
         self.split_tokens = split_tokens
+        self.prefill_tiles = prefill_tiles
         self.cuda_graph = cuda_graph
         self.max_context = max_context or self.pool.capacity_tokens()
         self.max_q_len = max_q_len
@@ -186,12 +199,12 @@ class TritonBackend(AttentionBackend):
         else:
             params = plan_params(q_lens=meta.q_lens, kv_lens=kv_lens_for_params, num_kv_heads=self.num_kv_heads,
                                  group=group, head_dim=self.head_dim, has_mask=has_mask, sms=sms,
-                                 num_splits=self.num_splits)
+                                 num_splits=self.num_splits, prefill_tiles=self.prefill_tiles)
         num_tokens = meta.num_tokens
         plan = TritonPlan(params, num_tokens, _int32(meta.qo_indptr, dev), _int32(lay.kv_indptr, dev),
                           _int32(lay.kv_indices, dev), _int32(lay.kv_lens, dev))
         if params.kind in ("extend", "invariant"):
-            reqs, starts = query_blocks(meta.q_lens, params.tokens_per_block)
+            reqs, starts = query_blocks(meta.q_lens, params.tokens_per_block, kv_lens_for_params)
             plan.block_req = torch.tensor(reqs, dtype=torch.int32).to(dev, non_blocking=True)
             plan.block_qstart = torch.tensor(starts, dtype=torch.int32).to(dev, non_blocking=True)
             if has_mask:

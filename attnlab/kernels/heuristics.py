@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -128,21 +128,47 @@ def extend_params(*, num_q_blocks_fn, num_kv_heads: int, group: int, head_dim: i
     base = num_q_blocks_fn(tokens_per_block) * num_kv_heads
     # Long prefills are compute bound with plenty of programs; only short-query passes split the KV.
     splits = num_splits or (choose_num_splits(base, max_kv_len, sms, block_n, EXTEND_PROGRAMS_PER_SM)
-                            if max_q_len <= 64 else 1)
+                            if max_q_len < PREFILL_MIN_Q_LEN else 1)
     num_warps = 8 if block_m >= 128 else 4
     return LaunchParams("extend", block_m, block_n, block_d, tokens_per_block, splits, num_warps,
                         num_stages=2 if block_d >= 256 or block_m >= 128 else 3)
 
 
+# Passes with more new tokens per request than this are prefills: compute bound, never split, and the ones
+# ``prefill_tiles`` overrides.
+PREFILL_MIN_Q_LEN = 65
+
+
+def parse_tiles(spec: str) -> tuple[int, int, int, int]:
+    """``"BLOCK_MxBLOCK_NxWARPSxSTAGES"`` (e.g. ``"128x64x8x3"``) -> the four ints; ValueError naming the rule."""
+    parts = str(spec).lower().split("x")
+    try:
+        bm, bn, warps, stages = (int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"{spec!r}: want BLOCK_MxBLOCK_NxWARPSxSTAGES, e.g. 128x64x8x3") from None
+    pow2 = all(v > 0 and v & (v - 1) == 0 for v in (bm, bn, warps))
+    if not pow2 or bm < 16 or bn < 16 or not 1 <= stages <= 8:
+        raise ValueError(f"{spec!r}: BLOCK_M, BLOCK_N >= 16 and WARPS must be powers of two, 1 <= STAGES <= 8")
+    return bm, bn, warps, stages
+
+
 def plan_params(*, q_lens: list[int], kv_lens: list[int], num_kv_heads: int, group: int, head_dim: int,
-                has_mask: bool, sms: int, num_splits: int | None = None) -> LaunchParams:
+                has_mask: bool, sms: int, num_splits: int | None = None,
+                prefill_tiles: str | None = None) -> LaunchParams:
     """The one entry point: decode kernel when every request has q_len <= 1 and no custom mask, else the
-    extend kernel; its block sizes, split count and warps. Used by the backend's plan and by warmup."""
+    extend kernel; its block sizes, split count and warps. Used by the backend's plan and by warmup.
+    ``prefill_tiles`` ("BMxBNxWxS", the triton backend's option of that name): the extend kernel's tiles, warps
+    and stages for prefills (q_len >= PREFILL_MIN_Q_LEN), in place of the heuristic (tuning sweeps)."""
     max_q = max(q_lens, default=0)
     max_kv = max(kv_lens, default=0)
     if max_q <= 1 and not has_mask:
         return decode_params(batch=len(q_lens), num_kv_heads=num_kv_heads, group=group, head_dim=head_dim,
                              max_kv_len=max_kv, sms=sms, num_splits=num_splits)
-    return extend_params(num_q_blocks_fn=lambda tpb: sum(cdiv(n, tpb) for n in q_lens),
-                         num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, max_q_len=max_q,
-                         max_kv_len=max_kv, sms=sms, num_splits=num_splits)
+    params = extend_params(num_q_blocks_fn=lambda tpb: sum(cdiv(n, tpb) for n in q_lens),
+                           num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, max_q_len=max_q,
+                           max_kv_len=max_kv, sms=sms, num_splits=num_splits)
+    if prefill_tiles and max_q >= PREFILL_MIN_Q_LEN:
+        bm, bn, warps, stages = parse_tiles(prefill_tiles)
+        params = replace(params, block_m=bm, block_n=bn, tokens_per_block=max(1, bm // group), num_warps=warps,
+                         num_stages=stages)
+    return params

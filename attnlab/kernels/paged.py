@@ -28,29 +28,46 @@ def tile_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE: tl.const
 
 @triton.jit
 def attend_tile(q, acc, m_i, l_i, K, V, slots, head_off, offs_d, d_mask, n_mask, valid, qk_scale,
-                stride_slot, FP32_DOT: tl.constexpr):
+                stride_slot, FP32_DOT: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
     """One online-softmax step. q: [M, D]; acc: [M, D] fp32; m_i, l_i: [M] fp32 (log2 domain);
-    valid: [M, N] bool (False = masked). Rows with nothing valid so far keep m_i = -inf, acc = 0."""
+    valid: [M, N] bool (False = masked). Rows with nothing valid so far keep m_i = -inf, acc = 0.
+
+    MASKED False: a tile wholly inside every row's window and the KV bounds (the extend kernel's tiles below the
+    causal band): no ``valid`` select and no load mask but the head-dim one (none when EVEN_D, BLOCK_D == D)."""
     kv_off = slots[:, None] * stride_slot + head_off + offs_d[None, :]
-    kv_mask = n_mask[:, None] & d_mask[None, :]
+    if MASKED:
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+    else:
+        kv_mask = d_mask[None, :]
     if FP32_DOT:  # fp32 inputs, or the interpreter (its bf16 tl.dot is wrong in Triton 3.9)
-        k = tl.load(K + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+        if EVEN_D and not MASKED:
+            k = tl.load(K + kv_off).to(tl.float32)
+        else:
+            k = tl.load(K + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
         qk = tl.dot(q.to(tl.float32), tl.trans(k), input_precision="ieee")
     else:
-        k = tl.load(K + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        if EVEN_D and not MASKED:
+            k = tl.load(K + kv_off).to(q.dtype)
+        else:
+            k = tl.load(K + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
         qk = tl.dot(q, tl.trans(k))
-    qk = tl.where(valid, qk * qk_scale, float("-inf"))
+    if MASKED:
+        qk = tl.where(valid, qk * qk_scale, float("-inf"))
+    else:
+        qk = qk * qk_scale
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m_i - m_safe)
     p = tl.math.exp2(qk - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    if FP32_DOT:
-        v = tl.load(V + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+    if EVEN_D and not MASKED:
+        v = tl.load(V + kv_off)
     else:
-        v = tl.load(V + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+        v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+    if FP32_DOT:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
     return acc, m_new, l_i
 
 

@@ -295,7 +295,7 @@ class SpeculativeDecoder:
                 keep.append(i)
         timer.stop()
         record = IterRecord(len(rows), k, taus, 0.0, 0.0, 0.0, 0.0, 0.0)
-        batch.pending.append((timer, lambda ms, rec=record: _fill_times(ms, rec)))
+        batch.pending.append((timer, lambda ms, rec=record, t=timer: _fill_times(ms, rec, t.host())))
         self._shrink(batch, rows, nxt, keep)
         return StepResult(record, finished, new_tokens)
 
@@ -356,7 +356,8 @@ def _to_device(values: list[int], dev: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.long).to(dev, non_blocking=True)
 
 
-def _fill_times(ms: dict[str, float], rec: IterRecord) -> None:
+def _fill_times(ms: dict[str, float], rec: IterRecord, host: dict[str, float] | None = None) -> None:
+    rec.host_ms = host or {}
     rec.draft_ms, rec.verify_ms = ms.get("draft", 0.0), ms.get("verify", 0.0)
     rec.accept_ms, rec.other_ms = ms.get("accept", 0.0), ms.get("other", 0.0)
     rec.draft_extend_ms = ms.get("draft_extend", 0.0)

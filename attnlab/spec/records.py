@@ -35,6 +35,8 @@ class IterRecord:
     other_ms: float
     total_ms: float
     draft_extend_ms: float = 0.0  # EAGLE: the accepted tokens with the target's features through the head
+    # {phase: ms} of host time per phase (PhaseTimer.host): close to the phase's device ms = host-bound
+    host_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -91,6 +91,51 @@ def test_prefill_mixed(tree, page_size, gqa, dtype):
     check(case)
 
 
+@pytest.mark.parametrize("head_dim", [64, 80])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_prefill_tiles_below_the_causal_band(page_size, head_dim):
+    # long enough that whole KV tiles sit below each query block's causal band: the extend kernel runs those
+    # unmasked (no select, no load mask but the head-dim one, none at all when BLOCK_D == head_dim) and only
+    # the band's tiles masked; head_dim 80 pads BLOCK_D to 128 (the masked-d unmasked path)
+    q_lens = [150, 70, 3]
+    contexts = [0, 130, 260]
+    case = make_case(kv_lens=lens(contexts, q_lens), q_lens=q_lens, page_size=page_size, num_kv_heads=2, gqa=3,
+                     head_dim=head_dim, dtype=torch.float32, device=DEVICE, mode=Mode.PREFILL, seed=5)
+    check(case)
+
+
+def test_prefill_tiles_option_overrides_the_prefill_launch_only():
+    from attnlab.errors import ConfigError
+
+    cls = require_available("triton", {"prefill_tiles": "32x16x4x2"})
+    q_lens = [150, 3]
+    case = make_case(kv_lens=lens([0, 260], q_lens), q_lens=q_lens, page_size=16, num_kv_heads=2, gqa=3,
+                     head_dim=64, dtype=torch.float32, device=DEVICE, mode=Mode.PREFILL, seed=6)
+    be = case.backend(cls)
+    be.plan(case.meta)
+    out = torch.stack([be.run(case.q, layer) for layer in range(case.pool.num_layers)])
+    torch.testing.assert_close(out.float(), case.reference(), **TOL[torch.float32])
+    assert "BLOCK_M=32 BLOCK_N=16 " in be.kernel_info()["prefill"] and "warps=4 stages=2" in be.kernel_info()["prefill"]
+    verify = make_case(kv_lens=[40, 9], q_lens=[5, 5], page_size=16, num_kv_heads=2, gqa=3, head_dim=64,
+                       dtype=torch.float32, device=DEVICE)
+    be = verify.backend(cls)
+    be.plan(verify.meta)
+    assert "BLOCK_N=16 " not in be.kernel_info()["verify"]  # a verify keeps the heuristic's launch
+    for bad in ("128x64x8", "96x64x8x3", "128x64x8x0", "axbxcxd"):
+        with pytest.raises(ConfigError, match="prefill_tiles"):
+            require_available("triton", {"prefill_tiles": bad})
+
+
+def test_query_blocks_heaviest_first():
+    from attnlab.kernels.extend import query_blocks
+
+    reqs, starts = query_blocks([5, 0, 3], 2)
+    assert (reqs, starts) == ([0, 0, 0, 2, 2], [0, 2, 4, 0, 2])  # without lengths: request order
+    # with kv lengths: the most KV positions to read first (prefix + the block's last token), ties in order
+    reqs, starts = query_blocks([5, 0, 3], 2, kv_lens=[5, 0, 103])
+    assert list(zip(reqs, starts)) == [(2, 2), (2, 0), (0, 4), (0, 2), (0, 0)]
+
+
 @pytest.mark.parametrize("page_size", [3, 64, 512])
 def test_other_page_sizes(page_size):
     # odd page size (gather path), page == BLOCK_N (one page id per tile), contiguous layout
