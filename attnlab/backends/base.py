@@ -183,6 +183,20 @@ class AttentionBackend(ABC):
     def use_step(self, i: int) -> None:
         self._plan = self._slots[i + 1]
 
+    def supports_device_steps(self) -> bool:
+        """True when ``device_step_plans`` can plan single-token steps whose metadata lives on the device."""
+        return False
+
+    def device_step_plans(self, batch: int, n: int, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                          kv_lens: torch.Tensor, max_kv_len: int | None = None) -> None:
+        """Plans for ``n`` single-token decode steps of ``batch`` rows into slots 1..n, reading their metadata from
+        device tensors the caller fills (engine/multistep.py computes them on the device, inside the draft's CUDA
+        graph): ``kv_indptr`` [batch + 1] and ``kv_indices`` int32, one layout for every step (the last step's
+        pages: a step reads only its own length), and ``kv_lens`` [n, batch] int32, row j step j's. ``max_kv_len``:
+        the longest context the launch must cover (None: the backend's max context, as in graph mode). Host work
+        once per launch shape; no host copy of any length, so the host plans nothing per step."""
+        raise NotImplementedError(f"{self.name}: no device-planned steps")
+
     def update_mask(self, custom_mask: torch.Tensor, slot: int | None = None) -> None:
         """New values for the custom (tree) mask of a planned pass (slot None = the active plan).
 

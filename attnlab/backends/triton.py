@@ -144,6 +144,38 @@ class TritonBackend(AttentionBackend):
                                 f"warps={p.num_warps} stages={p.num_stages}")
         return plan
 
+    def supports_device_steps(self) -> bool:
+        return not self.invariant
+
+    def device_step_plans(self, batch, n, kv_indptr, kv_indices, kv_lens, max_kv_len=None) -> None:
+        from attnlab.kernels.heuristics import plan_params
+
+        if self.invariant:
+            raise NotImplementedError("triton: engine.invariant plans every step on the host")
+        group = self.num_q_heads // self.num_kv_heads
+        # launch parameters for the longest context a step can reach: the split boundaries follow each row's
+        # own kv_len in the kernel, so the one launch holds for every step and every later draft
+        params = plan_params(q_lens=[1] * batch, kv_lens=[max_kv_len or self.max_context] * batch,
+                             num_kv_heads=self.num_kv_heads, group=group, head_dim=self.head_dim, has_mask=False,
+                             sms=self._sms(), num_splits=self.num_splits)
+        qo = torch.arange(batch + 1, dtype=torch.int32, device=self.device)
+        for j in range(n):
+            plan = TritonPlan(params, batch, qo, kv_indptr, kv_indices, kv_lens[j])
+            if params.num_splits > 1:
+                plan.o_part = torch.empty(batch, self.num_q_heads, params.num_splits, self.head_dim,
+                                          dtype=torch.float32, device=self.device)
+                plan.lse_part = torch.empty(batch, self.num_q_heads, params.num_splits, dtype=torch.float32,
+                                            device=self.device)
+            self._slots[j + 1] = plan
+        self._kernels["decode_steps"] = (f"decode BLOCK_M={params.block_m} BLOCK_N={params.block_n} "
+                                         f"splits={params.num_splits} warps={params.num_warps} "
+                                         f"stages={params.num_stages} (device-planned)")
+
+    def _sms(self) -> int:
+        from attnlab.kernels.heuristics import sm_count
+
+        return sm_count(self.device.index or 0) if self.device.type == "cuda" else sm_count()
+
     def kernel_info(self) -> dict[str, str]:
         """The kernel and launch parameters of the last plan per pass label (decode, verify, prefill, ..._tree)."""
         return dict(sorted(self._kernels.items()))
@@ -182,12 +214,12 @@ class TritonBackend(AttentionBackend):
 
     def _plan_for(self, meta: AttnMeta, kv_lens_for_params: list[int]) -> TritonPlan:
         from attnlab.kernels.extend import query_blocks
-        from attnlab.kernels.heuristics import plan_params, sm_count
+        from attnlab.kernels.heuristics import plan_params
 
         dev = self.device
         lay = meta.layout
         has_mask = meta.custom_mask is not None
-        sms = sm_count(dev.index or 0) if dev.type == "cuda" else sm_count()
+        sms = self._sms()
         group = self.num_q_heads // self.num_kv_heads
         if self.invariant:
             from attnlab.kernels.invariant import invariant_params

@@ -52,6 +52,9 @@ class _Graph:
     tokens: torch.Tensor | None
     features: torch.Tensor | None = None  # [bs * q_len, F] a draft head's per-token input
     aux: torch.Tensor | None = None  # [bs * q_len, F'] the captured layers / the head's pre-norm output
+    # a device-planned multi-step graph's int32 input (runner.prepare_device_steps' layout, indices sized for
+    # every page): its positions, slots and the backend's KV lengths are computed from it inside the graph
+    meta: torch.Tensor | None = None
 
 
 class GraphCache:
@@ -149,8 +152,11 @@ class GraphCache:
 
     def _capture_steps(self, r, bs: int, n: int, feature_dim: int | None = None) -> None:
         from attnlab.backends.base import Mode
-        from attnlab.engine.multistep import greedy_steps
+        from attnlab.engine.multistep import device_step_meta, device_step_views, greedy_steps
 
+        if r.backend.supports_device_steps():
+            return self._capture_device_steps(r, bs, n, feature_dim, device_step_meta, device_step_views,
+                                              greedy_steps)
         dummies = [r.prepare([], [], [], Mode.DECODE, pad_to=bs, pad_q_len=1) for _ in range(n)]
         r.plan_steps(dummies)
         ids = torch.zeros(bs, dtype=torch.long, device=r.device)
@@ -171,6 +177,53 @@ class GraphCache:
                 tokens = greedy_steps(r, ids, positions, slots, features)
         # logits are not kept: a multi-step pass returns tokens only (greedy)
         self.graphs[self._steps_key(bs, n, feature_dim)] = _Graph(g, ids, positions, slots, None, tokens, features)
+
+    def _capture_device_steps(self, r, bs, n, feature_dim, device_step_meta, device_step_views, greedy_steps):
+        """The n-step graph of a backend that plans steps on the device: the graph reads one int32 buffer (all
+        rows dummies at capture: the scratch page, inc 0) and computes every step's metadata itself."""
+        cap = r.pool.num_pages + bs  # page ids of any layout: every page, and a scratch page per dummy
+        meta = torch.zeros(4 * bs + 1 + cap, dtype=torch.int32, device=r.device)
+        meta[2 * bs:3 * bs] = 1
+        meta[3 * bs:4 * bs + 1] = torch.arange(bs + 1, dtype=torch.int32, device=r.device)
+        meta[4 * bs + 1:5 * bs + 1] = r.pool.num_pages
+        kv_lens = torch.zeros(n, bs, dtype=torch.int32, device=r.device)
+        r.backend.device_step_plans(bs, n, *device_step_views(meta, bs), kv_lens)
+        ids = torch.zeros(bs, dtype=torch.long, device=r.device)
+        features = None
+        if feature_dim:
+            features = torch.zeros(bs, feature_dim, dtype=next(r.model.parameters()).dtype, device=r.device)
+        ps = r.allocator.page_size
+
+        def body():
+            positions, slots = device_step_meta(meta, bs, n, ps, kv_lens)
+            return positions, slots, greedy_steps(r, ids, positions, slots, features)
+
+        with torch.inference_mode():
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    body()
+            torch.cuda.current_stream().wait_stream(stream)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool):
+                positions, slots, tokens = body()
+        self.graphs[self._steps_key(bs, n, feature_dim)] = _Graph(g, ids, positions, slots, None, tokens, features,
+                                                                  meta=meta)
+
+    def replay_device_steps(self, bs: int, n: int, meta: torch.Tensor, last: torch.Tensor,
+                            features: torch.Tensor | None = None) -> torch.Tensor:
+        """Replay a device-planned n-step graph on one staged buffer (runner.prepare_device_steps, pad_to=bs);
+        -> tokens [n, bs] (a view of the graph's output buffer)."""
+        g = self.graphs[self._steps_key(bs, n, None if features is None else features.shape[1])]
+        if meta.numel() > g.meta.numel():
+            raise RuntimeError(f"device steps: {meta.numel()} metadata entries, the graph holds {g.meta.numel()}")
+        g.ids[: last.shape[0]].copy_(last)
+        if features is not None:
+            g.features[: features.shape[0]].copy_(features)
+        g.meta[: meta.numel()].copy_(meta)
+        g.graph.replay()
+        return g.tokens
 
     def replay_steps(self, bs: int, n: int, passes, last: torch.Tensor,
                      features: torch.Tensor | None = None) -> torch.Tensor:

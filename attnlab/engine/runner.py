@@ -103,19 +103,40 @@ class ModelRunner:
         m = len(views) // n
         return [finish(views[j * m:(j + 1) * m]) for j, (_, finish) in enumerate(parts)]
 
-    def _host_pass(self, reqs, starts, q_lens, mode, custom_mask=None, pad_to=None, pad_q_len=None,
-                   rope_pos: torch.Tensor | None = None):
-        """The host half of ``prepare``: allocation and the int lists -> (segments to stage, a function of
-        their device views that builds the Pass)."""
-        ps = self.allocator.page_size
-        ends = [s + q for s, q in zip(starts, q_lens)]
+    def prepare_device_steps(self, reqs: Sequence[Hashable], starts: Sequence[int], n: int,
+                             pad_to: int | None = None) -> tuple[torch.Tensor, int]:
+        """The host half of ``n`` device-planned single-token steps (engine/multistep.py): pages for positions
+        ``starts[i] .. starts[i] + n - 1`` of request i, and one staged int32 buffer ``[pos0 | inc | lens0 |
+        kv_indptr | kv_indices]`` over ``rows = pad_to or len(reqs)`` rows (dummies: the scratch page, inc 0), the
+        layout covering each request's last step. Returns (that device buffer, rows); the steps' positions, slots
+        and KV lengths are computed from it on the device (``multistep.device_step_meta``)."""
+        ends = [s + n for s in starts]
+        tables = self._allocate(reqs, ends)
+        b = len(reqs)
+        rows = pad_to or b
+        pad = rows - b
+        indptr, indices, _ = layout_lists(tables + [[self.pool.num_pages]] * pad, ends + [1] * pad,
+                                          self.allocator.page_size)
+        values = [*starts, *[0] * pad, *[1] * b, *[0] * pad, *[s + 1 for s in starts], *[1] * pad, *indptr, *indices]
+        return self.staging.stage([(values, torch.int32)])[0], rows
+
+    def _allocate(self, reqs, ends) -> list[list[int]]:
+        """Grow request i to ``ends[i]`` tokens (allocation only grows); -> their page tables."""
         for r, e in zip(reqs, ends):
             if e > self.max_context:
                 raise PromptTooLong(f"{self.name}: request {r!r} needs {e} tokens of context, "
                                     f"max context is {self.max_context}")
             if e > self.kv_len(r):
                 self.allocator.allocate(r, e)
-        tables = [self.allocator.page_tables[r] for r in reqs]
+        return [self.allocator.page_tables[r] for r in reqs]
+
+    def _host_pass(self, reqs, starts, q_lens, mode, custom_mask=None, pad_to=None, pad_q_len=None,
+                   rope_pos: torch.Tensor | None = None):
+        """The host half of ``prepare``: allocation and the int lists -> (segments to stage, a function of
+        their device views that builds the Pass)."""
+        ps = self.allocator.page_size
+        ends = [s + q for s, q in zip(starts, q_lens)]
+        tables = self._allocate(reqs, ends)
         slots: list[int] = []
         positions: list[int] = []
         last_rows: list[int] = []

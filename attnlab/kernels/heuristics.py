@@ -27,6 +27,9 @@ DECODE_MIN_PROGRAMS_PER_SM = 2
 # A split must hold at least this many KV tokens, or the second reduction pass costs more than it saves.
 MIN_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 64
+# Passes with at least this many new tokens per request are prefills: compute bound, never split, their own
+# launch (extend_params), and the ones the triton backend's ``prefill_tiles`` option overrides.
+PREFILL_MIN_Q_LEN = 65
 # SM count assumed off-GPU (interpreter): small, so tests exercise split-KV at short contexts.
 INTERPRETER_SM_COUNT = 2
 
@@ -125,18 +128,21 @@ def extend_params(*, num_q_blocks_fn, num_kv_heads: int, group: int, head_dim: i
     block_n = 64 if block_d <= 128 else 32
     if block_m >= 64 and block_d >= 128:  # large M x D fp32 accumulator: smaller KV tiles (H200: 1.25x)
         block_n = 32
+    num_warps = 8 if block_m >= 128 else 4
+    num_stages = 2 if block_d >= 256 or block_m >= 128 else 3
+    if max_q_len >= PREFILL_MIN_Q_LEN and block_d <= 128:
+        # Prefill launch, from the H200 sweep of 2026-12-01 (experiments/h200-2026-12-01e, bf16, page 16, 4k
+        # context, tiles below the causal band unmasked): head_dim 128 (Llama-8B) 64 x 64 tiles, 4 warps, 3 stages,
+        # 324 TF/s against 227 for the previous 128 x 32, 8 warps, 2 stages; head_dim 64 (SmolLM2) 128 x 64,
+        # 8 warps, 3 stages (323 against 312 TF/s at batch 16).
+        block_m, block_n, num_warps, num_stages = (64, 64, 4, 3) if block_d == 128 else (128, 64, 8, 3)
+        block_m = max(block_m, next_pow2(group))
+        tokens_per_block = max(1, block_m // group)
     base = num_q_blocks_fn(tokens_per_block) * num_kv_heads
     # Long prefills are compute bound with plenty of programs; only short-query passes split the KV.
     splits = num_splits or (choose_num_splits(base, max_kv_len, sms, block_n, EXTEND_PROGRAMS_PER_SM)
                             if max_q_len < PREFILL_MIN_Q_LEN else 1)
-    num_warps = 8 if block_m >= 128 else 4
-    return LaunchParams("extend", block_m, block_n, block_d, tokens_per_block, splits, num_warps,
-                        num_stages=2 if block_d >= 256 or block_m >= 128 else 3)
-
-
-# Passes with more new tokens per request than this are prefills: compute bound, never split, and the ones
-# ``prefill_tiles`` overrides.
-PREFILL_MIN_Q_LEN = 65
+    return LaunchParams("extend", block_m, block_n, block_d, tokens_per_block, splits, num_warps, num_stages)
 
 
 def parse_tiles(spec: str) -> tuple[int, int, int, int]:

@@ -6,7 +6,8 @@ On the H200 (experiments/h200-2026-12-01d) the draft phase of an EAGLE iteration
 0.92 ms at k = 6 (fused ops, CUDA graphs). The GPU work in it is k - 1 one-layer head steps, each a small
 fraction of the 1.0-1.2 ms 30-layer target step. This script times only the host side of the phases:
 - the draft-extend's truncate + prepare + plan;
-- the k - 1 draft steps' prepare_steps + plan_steps, which run before the graph replay.
+- the k - 1 draft steps' prepare_steps + plan_steps, which run before the graph replay (host-planned steps);
+- what device-planned steps (triton, engine/multistep.py) need instead: runner.prepare_device_steps.
 It does so without a GPU. The backend's plan runs on the CPU (Triton's plan builds its tensors there;
 TRITON_INTERPRET=1 lets it load without CUDA), so a per-call figure far above the GPU work says the phase
 waits on the host. The SmolLM2-135M shapes use random weights, and the head config is the shipped head's.
@@ -48,7 +49,8 @@ def time_iterations(r, batch: int, k: int, iters: int, prompt: int = 200) -> dic
     p = r.prepare(reqs, [0] * batch, [prompt] * batch, Mode.PREFILL)
     r.plan(p)
     n = prompt + 1
-    out: dict[str, list[float]] = {"extend (truncate + prepare + plan)": [], "draft steps (prepare_steps + plan_steps)": []}
+    out: dict[str, list[float]] = {"extend (truncate + prepare + plan)": [], "draft steps (prepare_steps + plan_steps)": [],
+                                   "draft steps, device-planned (prepare_device_steps)": []}
     for _ in range(iters):
         t0 = time.perf_counter()
         for q in reqs:
@@ -60,8 +62,12 @@ def time_iterations(r, batch: int, k: int, iters: int, prompt: int = 200) -> dic
         steps = r.prepare_steps(reqs, [n - 1] * batch, k - 1)
         r.plan_steps(steps)
         t2 = time.perf_counter()
+        # what a device-planned graph replay needs from the host (triton): the pages and one staged buffer
+        r.prepare_device_steps(reqs, [n - 1] * batch, k - 1, pad_to=batch)
+        t3 = time.perf_counter()
         out["extend (truncate + prepare + plan)"].append((t1 - t0) * 1e6)
         out["draft steps (prepare_steps + plan_steps)"].append((t2 - t1) * 1e6)
+        out["draft steps, device-planned (prepare_device_steps)"].append((t3 - t2) * 1e6)
         n += 2  # tau ~2: the context grows by about two tokens an iteration
     return out
 

@@ -5,6 +5,7 @@ the same step code the CUDA graph captures."""
 import pytest
 import torch
 
+from attnlab.backends.base import Mode
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import NoDrafter
 from tests.spec.tiny import prompts, runner, tiny_config, tiny_model
@@ -85,3 +86,52 @@ def test_config_reaches_the_target_side_only():
     work = SimpleNamespace(page_size=16, max_context=64, draft_layers=(0,))
     assert side_spec(plan, work, "target", "torch").decode_steps_per_sync == 6
     assert side_spec(plan, work, "draft", "torch").decode_steps_per_sync == 1
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_device_planned_steps_match_the_host_planned_passes(page_size):
+    """runner.prepare_device_steps + multistep.device_step_meta (what a device-planned graph computes) give every
+    step the positions, pool slots and KV lengths the host's prepare_steps gives it; padded rows write nowhere."""
+    from attnlab.engine.multistep import device_step_meta, device_step_views
+    from attnlab.kvcache import slot_mapping
+
+    starts, n = [0, 6, 15, 3], 5
+    host, dev = runner(MODEL, CFG, page_size), runner(MODEL, CFG, page_size)
+    reqs = list(range(len(starts)))
+    for r in (host, dev):  # some KV already there, as after a prefill
+        r.prepare(reqs, [0] * len(reqs), [max(s, 1) for s in starts], Mode.PREFILL)
+    passes = host.prepare_steps(reqs, starts, n)
+    meta, rows = dev.prepare_device_steps(reqs, starts, n, pad_to=6)
+    assert rows == 6 and dev.staging.copies == host.staging.copies  # one copy for the n steps on both
+    assert [dev.kv_len(q) for q in reqs] == [host.kv_len(q) for q in reqs] == [s + n for s in starts]
+    kv_lens = torch.zeros(n, rows, dtype=torch.int32)
+    positions, slots = device_step_meta(meta, rows, n, page_size, kv_lens)
+    indptr, indices = device_step_views(meta, rows)
+    for j, p in enumerate(passes):
+        assert positions[j, :4].tolist() == p.positions.tolist()
+        # the two runners allocated in another order (all steps at once vs step by step): each its own tables
+        assert slots[j, :4].tolist() == [slot_mapping(dev.allocator.page_tables[q], s + j, s + j + 1, page_size)[0]
+                                         for q, s in zip(reqs, starts)]
+        assert kv_lens[j, :4].tolist() == p.meta.layout.kv_lens.tolist()
+        assert slots[j, 4:].tolist() == [-1, -1] and kv_lens[j, 4:].tolist() == [1, 1]
+    # one layout for every step: the last step's pages
+    assert indptr[:5].tolist() == passes[-1].meta.layout.kv_indptr.tolist()
+    assert indices[:indptr[4]].tolist() == [p for q, s in zip(reqs, starts)
+                                            for p in dev.allocator.page_tables[q][:-(-(s + n) // page_size)]]
+    assert indices[indptr[4]:].tolist() == [dev.pool.num_pages] * 2  # the dummies' scratch page
+
+
+def test_device_planned_multi_step_decode_on_triton():
+    """engine.decode_steps_per_sync on the triton backend runs its N steps device-planned: the same tokens as one
+    host-planned step per sync (the interpreter; the graph replay of it: tests/integration/test_gpu_engine.py)."""
+    ps = prompts(3, CFG.vocab_size)
+    outs = []
+    for n_steps in (1, 4):
+        r = runner(MODEL, CFG, 4, backend="triton")
+        r.decode_steps_per_sync = n_steps
+        out = SpeculativeDecoder(r, NoDrafter("cpu"), SpecParams(0)).generate(ps, 9)
+        assert r.allocator.num_free == r.allocator.num_pages
+        outs.append([o.output_ids for o in out.requests])
+        if n_steps > 1:
+            assert "device-planned" in r.backend.kernel_info()["decode_steps"]
+    assert outs[0] == outs[1]

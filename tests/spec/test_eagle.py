@@ -32,16 +32,20 @@ def test_greedy_eagle_equals_target_only(k, page_size):
     assert tgt.capture_layers is None  # the decoder restores the target after the batch
 
 
-@pytest.mark.parametrize("k", [2, 5])
-def test_one_launch_greedy_draft_equals_the_per_step_loop(k):
+@pytest.mark.parametrize("k,backend,page_size", [(2, "torch", 16), (5, "torch", 16), (4, "triton", 4),
+                                                 (3, "triton", 1)])
+def test_one_launch_greedy_draft_equals_the_per_step_loop(k, backend, page_size):
     """drafter.multistep (the default for greedy drafting: the k - 1 head steps as one multi-step pass, one
     graph replay on a GPU) proposes exactly what the per-step loop proposes, iteration after iteration, and
-    the run's outputs and acceptance are the same (graph replay: tests/integration/test_gpu_engine.py)."""
+    the run's outputs and acceptance are the same (graph replay: tests/integration/test_gpu_engine.py). On triton
+    the one launch is device-planned (positions, slots and KV lengths computed on the device from one staged
+    buffer), the per-step loop host-planned: the two plans must agree."""
     ps = prompts(3, CFG.vocab_size)
     runs = []
     for multistep in (False, True):
         tgt = runner(TARGET, CFG, 16)
-        d = EagleDrafter(eagle_runner(tiny_eagle(TARGET, CFG, seed=7), 16))
+        d = EagleDrafter(eagle_runner(tiny_eagle(TARGET, CFG, seed=7), page_size, backend=backend))
+        assert d.runner.backend.supports_device_steps() == (backend == "triton")
         d.multistep = multistep
         proposed = []
         propose = d.propose
