@@ -141,6 +141,8 @@ def compile_store_and_fused(quick: bool, arch: int = 90) -> None:
             qkv = torch.zeros(2, (heads + 2 * kv_heads) * d, dtype=dtype)
             cs = torch.zeros(2, 1, d, dtype=dtype)
             fused.rope_qk(qkv, cs, cs, heads, kv_heads, d)
+            fused.rope_qk(qkv, None, None, heads, kv_heads, d, positions=torch.zeros(2, dtype=torch.long),
+                          inv_freq=torch.ones(d // 2))  # an EAGLE head's fused steps: cos / sin in the kernel
             fused.silu_mul(torch.zeros(2, 2 * inter, dtype=dtype), inter)
 
 

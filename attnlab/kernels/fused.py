@@ -43,10 +43,14 @@ def _add_rmsnorm_kernel(X, RES, W, OUT, RES_OUT, stride_x, stride_r, stride_o, s
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """x, residual: [T, N] -> (rmsnorm(residual + x) * weight, residual + x); residual None: (norm(x), x)."""
+                eps: float, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual: [T, N] -> (rmsnorm(residual + x) * weight, residual + x); residual None: (norm(x), x).
+    ``out``: a [T, N] tensor (rows may be strided, e.g. half of a wider buffer) to write the norm into."""
     t, n = x.shape
-    out = torch.empty_like(x)
+    if out is None:
+        out = torch.empty_like(x)
+    elif out.shape != x.shape or out.stride(-1) != 1 or out.dtype != x.dtype:
+        raise ValueError(f"add_rmsnorm: out must be {tuple(x.shape)} {x.dtype} with unit last stride")
     res_out = torch.empty_like(x) if residual is not None else x
     if t == 0:
         return out, res_out
@@ -64,7 +68,8 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
 
 @triton.jit
 def _rope_qk_kernel(QKV, COS, SIN, Q_OUT, K_OUT, stride_t, stride_ct, stride_qt, stride_kt,
-                    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+                    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+                    FROM_POS: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)  # 0..Hq-1: q heads, Hq..: k heads (k follows q in the qkv row)
     offs = tl.arange(0, BLOCK)
@@ -72,9 +77,14 @@ def _rope_qk_kernel(QKV, COS, SIN, Q_OUT, K_OUT, stride_t, stride_ct, stride_qt,
     src = QKV + t * stride_t + head * HEAD_DIM
     x1 = tl.load(src + offs, mask=mask, other=0.0)
     x2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
-    c = tl.load(COS + t * stride_ct + offs, mask=mask, other=0.0).to(tl.float32)  # cos = cat(f, f): halves equal
-    s = tl.load(SIN + t * stride_ct + offs, mask=mask, other=0.0).to(tl.float32)
     ty = x1.dtype
+    if FROM_POS:  # COS: the positions [T], SIN: the inverse frequencies [HALF] fp32; cos/sin as rope.cos_sin rounds
+        f = tl.load(COS + t).to(tl.float32) * tl.load(SIN + offs, mask=mask, other=0.0)
+        c = tl.cos(f).to(ty).to(tl.float32)
+        s = tl.sin(f).to(ty).to(tl.float32)
+    else:
+        c = tl.load(COS + t * stride_ct + offs, mask=mask, other=0.0).to(tl.float32)  # cos = cat(f, f): halves equal
+        s = tl.load(SIN + t * stride_ct + offs, mask=mask, other=0.0).to(tl.float32)
     # x * cos + rotate_half(x) * sin, each product rounded as torch does in the model dtype
     o1 = ((x1.to(tl.float32) * c).to(ty).to(tl.float32) + (-x2.to(tl.float32) * s).to(ty).to(tl.float32)).to(ty)
     o2 = ((x2.to(tl.float32) * c).to(ty).to(tl.float32) + (x1.to(tl.float32) * s).to(ty).to(tl.float32)).to(ty)
@@ -86,10 +96,16 @@ def _rope_qk_kernel(QKV, COS, SIN, Q_OUT, K_OUT, stride_t, stride_ct, stride_qt,
     tl.store(dst + HALF + offs, o2, mask=mask)
 
 
-def rope_qk(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
-            head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rope_qk(qkv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, num_heads: int, num_kv_heads: int,
+            head_dim: int, positions: torch.Tensor | None = None,
+            inv_freq: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """qkv [T, (Hq + 2 Hkv) D] (the fused projection's output), cos/sin [T, 1, D] or [T, D] ->
-    q [T, Hq, D], k [T, Hkv, D] (RoPE applied, contiguous) and v [T, Hkv, D] (a view of qkv)."""
+    q [T, Hq, D], k [T, Hkv, D] (RoPE applied, contiguous) and v [T, Hkv, D] (a view of qkv).
+
+    ``positions`` [T] int and ``inv_freq`` [D / 2] fp32 instead of cos / sin: the kernel computes them itself (no
+    rope.cos_sin, whose seven small kernels were a quarter of an EAGLE head step's launches), rounded to the model
+    dtype as cos_sin rounds; its cos / sin may differ from torch's in the last ulp (the EAGLE head's draft steps,
+    where a rounding difference changes a draft, never an output)."""
     t = qkv.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     if qkv.stride(-1) != 1:
@@ -99,11 +115,19 @@ def rope_qk(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: 
     k = torch.empty(t, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     if t == 0:
         return q, k, v
-    cos, sin = cos.reshape(t, head_dim), sin.reshape(t, head_dim)
     half = head_dim // 2
+    from_pos = positions is not None
+    if from_pos:
+        if inv_freq is None or inv_freq.numel() != half:
+            raise ValueError(f"rope_qk: positions need inv_freq of {half} entries")
+        cos, sin, stride_ct = positions, inv_freq.float(), 0
+    else:
+        cos, sin = cos.reshape(t, head_dim), sin.reshape(t, head_dim)
+        stride_ct = cos.stride(0)
     _rope_qk_kernel[(t, num_heads + num_kv_heads)](
-        qkv, cos, sin, q, k, qkv.stride(0), cos.stride(0), q.stride(0), k.stride(0),
-        NUM_Q_HEADS=num_heads, HEAD_DIM=head_dim, HALF=half, BLOCK=max(16, next_pow2(half)), num_warps=1)
+        qkv, cos, sin, q, k, qkv.stride(0), stride_ct, q.stride(0), k.stride(0),
+        NUM_Q_HEADS=num_heads, HEAD_DIM=head_dim, HALF=half, BLOCK=max(16, next_pow2(half)), FROM_POS=from_pos,
+        num_warps=1)
     return q, k, v
 
 

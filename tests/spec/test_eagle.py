@@ -224,3 +224,29 @@ def test_fused_target_captures_the_same_features():
         tgt.run([0], [0], [6], ids, Mode.PREFILL)
         feats.append(tgt.aux)
     torch.testing.assert_close(feats[1], feats[0], rtol=1e-4, atol=1e-4)
+
+
+def test_fused_head_matches_the_unfused_head_and_stays_lossless():
+    """engine.fused_ops on the draft side (CPU: the Triton kernels under the interpreter): the head's fused step
+    (norms into the halves of the qkv input, cos / sin inside the RoPE kernel) computes what the unfused step
+    computes, to fp32 rounding, and a fused drafter is lossless."""
+    from attnlab.backends.context import AttnContext
+
+    head = tiny_eagle(TARGET, CFG, seed=3)
+    outs = []
+    for fused in (False, True):
+        r = eagle_runner(head, 16, fused_ops=fused)
+        p = r.prepare([0], [0], [6], Mode.PREFILL)
+        r.plan(p)
+        ctx = AttnContext(r.backend, r.pool, p.slots, fused_ops=fused)
+        g = torch.Generator().manual_seed(1)
+        feats = torch.randn(6, head.config.feature_dim, generator=g)
+        ids = torch.randint(0, CFG.vocab_size, (6,), generator=g)
+        out = head(ids, p.positions + 40, ctx, features=feats)
+        outs.append((out, ctx.captured))
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)
+    ps = prompts(3, CFG.vocab_size)
+    d = EagleDrafter(eagle_runner(head, 16, fused_ops=True))
+    out = SpeculativeDecoder(runner(TARGET, CFG, 16), d, SpecParams(3)).generate(ps, 12)
+    assert [r.output_ids for r in out.requests] == [r.output_ids for r in target_only(ps, 12).requests]

@@ -62,6 +62,25 @@ def test_rope_qk_matches_apply_rope(t, head_dim, heads, kv_heads, dtype):
     assert torch.equal(v, rv.view(t, kv_heads, head_dim))
     _close(q, rope.apply_rope(rq.view(t, heads, head_dim), cos, sin), dtype)
     _close(k, rope.apply_rope(rk.view(t, kv_heads, head_dim), cos, sin), dtype)
+    # cos / sin computed in the kernel from the positions (the EAGLE head's fused steps): the same to rounding
+    q2, k2, v2 = fused.rope_qk(qkv, None, None, heads, kv_heads, head_dim, positions=positions,
+                               inv_freq=rope.inv_freq(head_dim, 500000.0))
+    assert torch.equal(v2, v)
+    _close(q2, q, dtype)
+    _close(k2, k, dtype)
+
+
+def test_rmsnorm_into_half_of_a_wider_buffer_and_bad_inputs():
+    x = torch.randn(3, 8)
+    w = torch.rand(8) + 0.5
+    buf = torch.zeros(3, 16)
+    out, _ = fused.add_rmsnorm(x, None, w, 1e-5, out=buf[:, 8:])
+    assert out.data_ptr() == buf[:, 8:].data_ptr() and torch.equal(buf[:, :8], torch.zeros(3, 8))
+    assert torch.equal(buf[:, 8:], fused.add_rmsnorm(x, None, w, 1e-5)[0])
+    with pytest.raises(ValueError, match="out must be"):
+        fused.add_rmsnorm(x, None, w, 1e-5, out=torch.zeros(8, 3).t())
+    with pytest.raises(ValueError, match="inv_freq"):
+        fused.rope_qk(torch.zeros(1, 3 * 8), None, None, 1, 1, 8, positions=torch.zeros(1, dtype=torch.long))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
