@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# The fifth H200 sitting of 2026-12-01 (README.md here). Part P is one call on its own machine; parts A, B, N
-# are three calls back to back on one warm machine, later.
+# The fifth H200 sitting of 2026-12-01 (README.md here). Part P was one call on its own machine; parts A, B, N
+# are three calls back to back on one warm machine (installs in /opt stay while it is held).
 #   run.sh P  carry .gpu/d + .gpu/c + .gpu/6 (no model: random weights, SmolLM2 and Llama-8B attention shapes):
-#             the triton kernel tests compiled (the extend kernel's unmasked tiles below the causal band); the
-#             host vs device time of every phase of an EAGLE iteration, triton and flashinfer, batch 1 and 16;
-#             issue 16's Triton prefill launch sweep (backend option triton/prefill_tiles) beside flashinfer
-#   run.sh A, B, N: as experiments/h200-2026-12-01d/run.sh (the real model, then every pair)
+#             the triton kernel tests compiled; the host vs device time of every phase of an EAGLE iteration,
+#             triton and flashinfer, batch 1 and 16; issue 16's Triton prefill launch sweep beside flashinfer
+#   run.sh A  carry .gpu/a: the triton GPU tests after this sitting's changes (device-planned draft steps in
+#             graphs, the extend kernel's unmasked tiles and prefill launch, the head's fused step); P's host
+#             split again on triton (random weights): the draft's host and device ms before (P) and after
+#   run.sh B  carry .gpu/b (the model is whole): the shipped head on triton / triton at k 2, 4, 6 on held-out
+#             ShareGPT and k 4 on the builtin suite beside ngram; issue 18's owed invariant sweeps
+#             (experiments/invariant-bf16/run.sh 3)
+#   run.sh N  carry .gpu/c + .gpu/6: every pair, fused, k 4 and 6, batch 1 / 4 / 16 (issue 12); the two
+#             verify=triton parity jobs under the near-tie rule; bench.kernels --quick triton vs flashinfer
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part P, A, B or N}
@@ -14,6 +20,8 @@ T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
 exec > >(tee "$OUT/run$PART.log") 2>&1
 PY=python3
+DATA=/opt/data/sharegpt.jsonl.gz
+S="$PY -m attnlab.bench.spec --device cuda --skip-hf --prompts $DATA --new 128"
 case $PART in
 P)
   step "install .gpu/d (small wheels), .gpu/c (flashinfer), .gpu/6 (its prebuilt sm_90a modules)"
@@ -33,6 +41,59 @@ P)
   timeout 230 $PY -m attnlab.bench.kernels --phases prefill --models llama8b,smollm2 --batches 1,16 --contexts 4096 \
     --repeats 3 --backends $V --out "$OUT/prefill_sweep" > $LOGS/prefill_sweep.log 2>&1; tail -n 60 $LOGS/prefill_sweep.log
   ;;
-*) exec bash experiments/h200-2026-12-01d/run.sh "$PART" ;;
+A)
+  step "install .gpu/a"; bash .gpu/a/install.sh | tail -1; cp .gpu/a/sharegpt.part0.gz /opt/data/
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+  step "GPU tests (triton): engine (graphs vs eager, one-launch draft = per-step graphs, fused head, syncs, multi-step
+decode), kernels compiled, invariant kernel"
+  timeout 200 $PY -m pytest -m gpu -q -p no:cacheprovider -ra tests/integration/test_gpu_engine.py \
+    tests/backends/test_triton.py tests/backends/test_invariant.py -k "not flashinfer" > $LOGS/testsA.log 2>&1
+  grep -E "passed|failed|FAILED|Error" $LOGS/testsA.log | tail -n 12
+  step "the extend kernel's prefill grid compiled (bf16 / fp32, page 1 / 16, GQA 1 / 3 / 4, unmasked tiles, tiles option)"
+  timeout 80 $PY -m pytest -q -p no:cacheprovider -ra tests/backends/test_triton.py -k "prefill or heaviest" \
+    > $LOGS/testsA2.log 2>&1; grep -E "passed|failed|FAILED|Error" $LOGS/testsA2.log | tail -n 6
+  cat $LOGS/testsA2.log >> $LOGS/testsA.log; cp $LOGS/testsA.log "$OUT/"
+  step "P's host split again, triton only (random weights): the draft after device-planned steps and the fused step"
+  timeout 150 $PY -m attnlab.bench.spec --device cuda --weights random --skip-hf --fused-ops --backends triton \
+    --drafters ngram,eagle --k 4,6 --batch 1,16 --repeats 2 --num-prompts 16 --new 48 --out /tmp/host_split_after \
+    > $LOGS/host_after.log 2>&1; tail -n 12 $LOGS/host_after.log; cp /tmp/host_split_after.md "$OUT/"
+  step "issue 16: is the page gather the prefill's limit? triton prefill at page 16 (a tile gathers 64 slots) vs 64 (one page id per tile)"
+  for ps in 16 64; do
+    timeout 60 $PY -m attnlab.bench.kernels --phases prefill --models llama8b,smollm2 --batches 16 --contexts 4096 \
+      --repeats 3 --page-size $ps --backends triton,triton/prefill_tiles=128x64x8x3 > $LOGS/prefill_ps$ps.log 2>&1
+    grep -E "^prefill" $LOGS/prefill_ps$ps.log
+  done
+  ;;
+B)
+  step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
+  cat /opt/data/sharegpt.part0.gz .gpu/b/sharegpt.part1.gz > $DATA  # two gzip members: one valid file
+  step "the shipped head, triton / triton, fused: k 2 / 4 / 6 on 16 held-out ShareGPT prompts x 128, beside ngram"
+  timeout 150 $S --fused-ops --backends triton --drafters ngram,eagle --k 2,4,6 --batch 1 --repeats 3 --num-prompts 16 \
+    --out /tmp/spec/k246 > $LOGS/k246.log 2>&1; tail -n 9 $LOGS/k246.log
+  step "the builtin suite (24 prompts x 64), k 4: eagle vs ngram (the default drafter question)"
+  timeout 80 $PY -m attnlab.bench.spec --device cuda --skip-hf --fused-ops --backends triton --drafters ngram,eagle \
+    --k 4 --batch 1 --repeats 2 --num-prompts 24 --new 64 --out /tmp/spec/builtin > $LOGS/builtin.log 2>&1; tail -n 5 $LOGS/builtin.log
+  tar czf "$OUT/specB.tgz" -C /tmp spec
+  step "issue 18: invariant sweeps owed (batch 1 k 4 / 8, builtin, alone vs batch 16)"
+  BUNDLES=" " DATA=$DATA bash experiments/invariant-bf16/run.sh 3
+  ;;
+N)
+  step "install .gpu/c (flashinfer) and .gpu/6 (its prebuilt sm_90a modules)"
+  bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
+  step "issue 12: the shipped head on every pair, fused, k 4 and 6, batch 1 / 4 / 16 (16 prompts each)"
+  timeout 330 $S --fused-ops --backends triton,flashinfer --drafters ngram,eagle --k 4,6 --batch 1,4,16 --repeats 3 \
+    --num-prompts 16 --out "$OUT/pairs_fused" > $LOGS/pairs_fused.log 2>&1; tail -n 34 $LOGS/pairs_fused.log
+  step "the verify=triton parity under the row-relative near-tie rule (WARNING lines name what it cannot explain)"
+  timeout 150 $PY -m attnlab -m experiment=backend_pairs draft=eagle backend=triton verify=triton,flashinfer \
+    engine.cuda_graph=true warmup=full bench.repeats=1 workload=sharegpt workload.path=$DATA workload.num_prompts=16 \
+    workload.batch_size=1 workload.max_new_tokens=128 logger=jsonl device=cuda hydra.sweep.dir=/tmp/m/parity \
+    > $LOGS/parity.log 2>&1; grep -E "parity|tau|rror" $LOGS/parity.log | cut -c1-400
+  $PY -m attnlab.report /tmp/m/parity --no-plots > "$OUT/parity.md"; cat "$OUT/parity.md"
+  tar czf "$OUT/runs_parity.tgz" -C /tmp/m parity
+  step "issue 16: bench.kernels --quick, triton vs flashinfer (the prefill launch, verify with unmasked tiles)"
+  timeout 90 $PY -m attnlab.bench.kernels --quick --repeats 3 --backends triton,flashinfer --out "$OUT/kernels_quick" \
+    > $LOGS/kernels.log 2>&1; tail -n 14 $LOGS/kernels.log
+  ;;
+*) echo "unknown part $PART"; exit 2 ;;
 esac
 step "part $PART done"
