@@ -4,7 +4,7 @@
 #   run.sh P  carry .gpu/d + .gpu/c + .gpu/6 (no model: random weights, SmolLM2 and Llama-8B attention shapes):
 #             the triton kernel tests compiled; the host vs device time of every phase of an EAGLE iteration,
 #             triton and flashinfer, batch 1 and 16; issue 16's Triton prefill launch sweep beside flashinfer
-#   run.sh A  carry .gpu/a: the triton GPU tests after this sitting's changes (device-planned draft steps in
+#   run.sh A  carry .gpu/a2: the triton GPU tests after this sitting's changes (device-planned draft steps in
 #             graphs, the extend kernel's unmasked tiles and prefill launch, the head's fused step); P's host
 #             split again on triton (random weights): the draft's host and device ms before (P) and after
 #   run.sh B  carry .gpu/b (the model is whole): the shipped head on triton / triton at k 2, 4, 6 on held-out
@@ -42,7 +42,10 @@ P)
     --repeats 3 --backends $V --out "$OUT/prefill_sweep" > $LOGS/prefill_sweep.log 2>&1; tail -n 60 $LOGS/prefill_sweep.log
   ;;
 A)
-  step "install .gpu/a"; bash .gpu/a/install.sh | tail -1; cp .gpu/a/sharegpt.part0.gz /opt/data/
+  # .gpu/a2: .gpu/a's GGUF parts and wheels, and the first 128 held-out ShareGPT turns (attnlab.workloads.sharegpt
+  # --export, --train 0 --heldout 128: the same held-out prompts as the whole file) instead of half the file, so
+  # that the call fits the 64 MiB a call carries
+  step "install .gpu/a2"; bash .gpu/a2/install.sh | tail -1; cp .gpu/a2/sg_heldout128.jsonl.gz $DATA
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
   step "GPU tests (triton): engine (graphs vs eager, one-launch draft = per-step graphs, fused head, syncs, multi-step
 decode), kernels compiled, invariant kernel"
@@ -66,7 +69,6 @@ decode), kernels compiled, invariant kernel"
   ;;
 B)
   step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
-  cat /opt/data/sharegpt.part0.gz .gpu/b/sharegpt.part1.gz > $DATA  # two gzip members: one valid file
   step "the shipped head, triton / triton, fused: k 2 / 4 / 6 on 16 held-out ShareGPT prompts x 128, beside ngram"
   timeout 150 $S --fused-ops --backends triton --drafters ngram,eagle --k 2,4,6 --batch 1 --repeats 3 --num-prompts 16 \
     --out /tmp/spec/k246 > $LOGS/k246.log 2>&1; tail -n 9 $LOGS/k246.log
