@@ -188,13 +188,15 @@ class AttentionBackend(ABC):
         return False
 
     def device_step_plans(self, batch: int, n: int, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-                          kv_lens: torch.Tensor, max_kv_len: int | None = None) -> None:
+                          kv_lens: torch.Tensor, max_kv_len: int | None = None) -> list:
         """Plans for ``n`` single-token decode steps of ``batch`` rows into slots 1..n, reading their metadata from
         device tensors the caller fills (engine/multistep.py computes them on the device, inside the draft's CUDA
         graph): ``kv_indptr`` [batch + 1] and ``kv_indices`` int32, one layout for every step (the last step's
         pages: a step reads only its own length), and ``kv_lens`` [n, batch] int32, row j step j's. ``max_kv_len``:
         the longest context the launch must cover (None: the backend's max context, as in graph mode). Host work
-        once per launch shape; no host copy of any length, so the host plans nothing per step."""
+        once per launch shape; no host copy of any length, so the host plans nothing per step. Returns the n plans:
+        a CUDA graph captured over them must keep them (and so their scratch buffers) alive as long as it lives,
+        since a later call replaces them in the slots."""
         raise NotImplementedError(f"{self.name}: no device-planned steps")
 
     def update_mask(self, custom_mask: torch.Tensor, slot: int | None = None) -> None:

@@ -147,7 +147,7 @@ class TritonBackend(AttentionBackend):
     def supports_device_steps(self) -> bool:
         return not self.invariant
 
-    def device_step_plans(self, batch, n, kv_indptr, kv_indices, kv_lens, max_kv_len=None) -> None:
+    def device_step_plans(self, batch, n, kv_indptr, kv_indices, kv_lens, max_kv_len=None) -> list:
         from attnlab.kernels.heuristics import plan_params
 
         if self.invariant:
@@ -159,6 +159,7 @@ class TritonBackend(AttentionBackend):
                              num_kv_heads=self.num_kv_heads, group=group, head_dim=self.head_dim, has_mask=False,
                              sms=self._sms(), num_splits=self.num_splits)
         qo = torch.arange(batch + 1, dtype=torch.int32, device=self.device)
+        plans = []
         for j in range(n):
             plan = TritonPlan(params, batch, qo, kv_indptr, kv_indices, kv_lens[j])
             if params.num_splits > 1:
@@ -167,9 +168,11 @@ class TritonBackend(AttentionBackend):
                 plan.lse_part = torch.empty(batch, self.num_q_heads, params.num_splits, dtype=torch.float32,
                                             device=self.device)
             self._slots[j + 1] = plan
+            plans.append(plan)
         self._kernels["decode_steps"] = (f"decode BLOCK_M={params.block_m} BLOCK_N={params.block_n} "
                                          f"splits={params.num_splits} warps={params.num_warps} "
                                          f"stages={params.num_stages} (device-planned)")
+        return plans
 
     def _sms(self) -> int:
         from attnlab.kernels.heuristics import sm_count

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -408,6 +409,8 @@ def run(a) -> dict:
 
 def main(argv=None) -> int:
     a = parse(argv)
+    if a.out:  # before the run, not after it: a missing folder must not cost the measurements
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     res = run(a)
     print(res["markdown"])
     if a.out:

@@ -55,6 +55,9 @@ class _Graph:
     # a device-planned multi-step graph's int32 input (runner.prepare_device_steps' layout, indices sized for
     # every page): its positions, slots and the backend's KV lengths are computed from it inside the graph
     meta: torch.Tensor | None = None
+    # what the graph's kernels read but nothing else holds: a device-planned graph's step plans (their
+    # o_part / lse_part scratch and qo_indptr), replaced in the backend's slots by the next bucket's capture
+    keep: tuple = ()
 
 
 class GraphCache:
@@ -187,7 +190,7 @@ class GraphCache:
         meta[3 * bs:4 * bs + 1] = torch.arange(bs + 1, dtype=torch.int32, device=r.device)
         meta[4 * bs + 1:5 * bs + 1] = r.pool.num_pages
         kv_lens = torch.zeros(n, bs, dtype=torch.int32, device=r.device)
-        r.backend.device_step_plans(bs, n, *device_step_views(meta, bs), kv_lens)
+        plans = r.backend.device_step_plans(bs, n, *device_step_views(meta, bs), kv_lens)
         ids = torch.zeros(bs, dtype=torch.long, device=r.device)
         features = None
         if feature_dim:
@@ -208,8 +211,10 @@ class GraphCache:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool):
                 positions, slots, tokens = body()
+        # the plans (and kv_lens, which only their rows view) live as long as the graph: the next bucket's
+        # capture replaces them in the slots, and freed scratch would be reused under the graph's kernels
         self.graphs[self._steps_key(bs, n, feature_dim)] = _Graph(g, ids, positions, slots, None, tokens, features,
-                                                                  meta=meta)
+                                                                  meta=meta, keep=(tuple(plans), kv_lens))
 
     def replay_device_steps(self, bs: int, n: int, meta: torch.Tensor, last: torch.Tensor,
                             features: torch.Tensor | None = None) -> torch.Tensor:

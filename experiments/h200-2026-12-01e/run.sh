@@ -12,6 +12,8 @@
 #             (experiments/invariant-bf16/run.sh 3)
 #   run.sh N  carry .gpu/c + .gpu/6: every pair, fused, k 4 and 6, batch 1 / 4 / 16 (issue 12); the two
 #             verify=triton parity jobs under the near-tie rule; bench.kernels --quick triton vs flashinfer
+#   run.sh A2, B2, N2: the same on a fresh machine after A found the device-planned graphs' plans freed under them
+#             (the tests that failed, B's lost runs, the invariant builtin sweep, every pair)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part P, A, B or N}
@@ -94,6 +96,30 @@ N)
   tar czf "$OUT/runs_parity.tgz" -C /tmp/m parity
   step "issue 16: bench.kernels --quick, triton vs flashinfer (the prefill launch, verify with unmasked tiles)"
   timeout 90 $PY -m attnlab.bench.kernels --quick --repeats 3 --backends triton,flashinfer --out "$OUT/kernels_quick" \
+    > $LOGS/kernels.log 2>&1; tail -n 14 $LOGS/kernels.log
+  ;;
+A2)  # a fresh machine after the fix of a graph's plans (engine/graphs.py keep): the tests that failed in A
+  step "install .gpu/a2"; bash .gpu/a2/install.sh | tail -1; cp .gpu/a2/sg_heldout128.jsonl.gz $DATA
+  timeout 150 $PY -m pytest -m gpu -q -p no:cacheprovider -ra tests/integration/test_gpu_engine.py \
+    -k "not flashinfer and (multistep or eagle or sync)" > $LOGS/testsA2.log 2>&1
+  grep -E "passed|failed|FAILED|Error" $LOGS/testsA2.log | tail -n 12; cp $LOGS/testsA2.log "$OUT/"
+  ;;
+B2)  # B's two runs that ran but lost their output (no /tmp/spec folder), and the invariant builtin sweep
+  step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
+  step "the shipped head, triton / triton, fused: k 2 / 4 / 6 on 16 held-out ShareGPT prompts x 128, beside ngram"
+  timeout 150 $S --fused-ops --backends triton --drafters ngram,eagle --k 2,4,6 --batch 1 --repeats 3 --num-prompts 16 \
+    --out "$OUT/k246" > $LOGS/k246.log 2>&1; tail -n 10 $LOGS/k246.log
+  step "issue 18: the builtin suite at batch 8 under engine.invariant (its eagle jobs hit the graph-plan bug in B)"
+  BUNDLES=" " DATA=$DATA bash experiments/invariant-bf16/run.sh 4
+  ;;
+N2)
+  step "install .gpu/c (flashinfer) and .gpu/6 (its prebuilt sm_90a modules)"
+  bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
+  step "issue 12: the shipped head on every pair, fused, k 4 and 6, batch 1 / 4 / 16 (16 prompts each, 2 repeats)"
+  timeout 330 $S --fused-ops --backends triton,flashinfer --drafters ngram,eagle --k 4,6 --batch 1,4,16 --repeats 2 \
+    --num-prompts 16 --out "$OUT/pairs_fused" > $LOGS/pairs_fused.log 2>&1; tail -n 34 $LOGS/pairs_fused.log
+  step "issue 16: bench.kernels --quick, triton vs flashinfer (the prefill launch, verify with unmasked tiles)"
+  timeout 80 $PY -m attnlab.bench.kernels --quick --repeats 3 --backends triton,flashinfer --out "$OUT/kernels_quick" \
     > $LOGS/kernels.log 2>&1; tail -n 14 $LOGS/kernels.log
   ;;
 *) echo "unknown part $PART"; exit 2 ;;

@@ -7,13 +7,14 @@
 #                                               diagnostics of every verify backend                    (~2.5 min)
 #   bash experiments/invariant-bf16/run.sh 3   what 1 and 2 left after the 12-01b sitting, in one call: batch 1
 #                                               (k 4 and 8), the builtin suite, alone vs batch 16      (~4 min)
+#   bash experiments/invariant-bf16/run.sh 4   the builtin suite sweep of 3 alone                      (~1.5 min)
 # Bundles: the ones of experiments/h200-2026-12-01 (README there): BUNDLES names their install.sh folders, the
 # GGUF model, the ShareGPT export in $DATA, flashinfer with its prebuilt sm_90a modules, the EAGLE head (shipped
 # in attnlab/heads/smollm2-135m). Prompt counts are cut to fit ~6 min of device time: env N_SG (ShareGPT at
 # batch 8, default 32 of the 64), N_B1 (batch 1, default 8), NEW (default 256) raise them.
 # Output in $OUT: run<N>.log, report<N>.md (python -m attnlab.report of each sweep), logs<N>.tgz (run folders).
 set -u -o pipefail
-PART=${1:?part 1, 2 or 3}
+PART=${1:?part 1, 2, 3 or 4}
 OUT=${OUT:-/tmp/out}; LOGS=/tmp/inv-logs; mkdir -p "$OUT" "$LOGS" /opt/data
 T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
@@ -43,6 +44,10 @@ run() {  # run <name> <timeout s> <overrides...>: one sweep, its report, its fol
 }
 
 case $PART in
+4)
+  run builtin_b8 80 workload=builtin workload.num_prompts=24 workload.batch_size=8 verify=triton backend=triton \
+    draft=ngram,eagle spec.num_draft_tokens=4,8 engine.invariant=true
+  ;;
 3)
   run sharegpt_b1 130 $SG workload.num_prompts=$N_B1 workload.batch_size=1 verify=triton backend=triton \
     draft=ngram,eagle spec.num_draft_tokens=4,8 engine.invariant=false,true
