@@ -271,6 +271,11 @@ def test_multistep_graph_matches_one_step_per_sync(backend, n_steps):
     t.decode_steps_per_sync = n_steps
     t.capture_graphs(q_lens=(1,))
     assert t.graphs.has_steps(4, n_steps)
+    if backend == "triton":  # device-planned steps: every bucket's graph keeps its own step plans alive
+        steps = [g for key, g in t.graphs.graphs.items() if isinstance(key[2], tuple)]
+        assert steps and all(g.meta is not None and len(g.keep[0]) == n_steps for g in steps)
+        scratch = [p.o_part.data_ptr() for g in steps for p in g.keep[0] if p.o_part is not None]
+        assert len(set(scratch)) == len(scratch)  # no two graphs (or steps) share split scratch
     dec = SpeculativeDecoder(t, NoDrafter("cuda"), SpecParams(0))
     dec.generate(ps, 8)
     with count_syncs("cuda") as c:
@@ -283,4 +288,6 @@ def test_multistep_graph_matches_one_step_per_sync(backend, n_steps):
         assert same / sum(map(len, want)) >= 0.9
     assert len(out.iterations) == -(-32 // n_steps)
     assert c.n <= len(out.iterations) + 1, (c.n, sorted(set(c.where)))
+    if backend == "triton":
+        assert "device-planned" in t.backend.kernel_info()["decode_steps"]
     assert t.allocator.num_free == t.allocator.num_pages
