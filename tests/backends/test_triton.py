@@ -104,6 +104,24 @@ def test_prefill_tiles_below_the_causal_band(page_size, head_dim):
     check(case)
 
 
+def test_unmasked_tiles_give_the_bits_of_the_masked_path():
+    # the causal pass (tiles below the band unmasked) against the same pass with its causal mask given as a custom
+    # mask (every tile through the masked loop): the same values in the same order, so the same bits
+    import dataclasses
+
+    from attnlab.backends.torch_ref import causal_mask
+
+    q_lens, contexts = [150, 70], [0, 130]
+    case = make_case(kv_lens=lens(contexts, q_lens), q_lens=q_lens, page_size=16, num_kv_heads=2, gqa=3,
+                     head_dim=64, dtype=torch.float32, device=DEVICE, mode=Mode.PREFILL, seed=7)
+    outs = []
+    for mask in (None, torch.cat([causal_mask(q, k).reshape(-1) for q, k in zip(q_lens, lens(contexts, q_lens))])):
+        be = case.backend(TritonBackend)
+        be.plan(dataclasses.replace(case.meta, custom_mask=None if mask is None else mask.to(DEVICE)))
+        outs.append(be.run(case.q, 0))
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_prefill_tiles_option_overrides_the_prefill_launch_only():
     from attnlab.errors import ConfigError
 
