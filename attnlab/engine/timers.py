@@ -17,8 +17,9 @@ class PhaseTimer:
     after the next iteration's commit sync, when every event has completed.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, clock=time.perf_counter):
         self.cuda = device.type == "cuda"
+        self.clock = clock  # host clock (tests pass a fake one)
         self._marks: list[tuple[str, object]] = []
         self._host: list[float] = []  # perf_counter at each mark
 
@@ -27,12 +28,12 @@ class PhaseTimer:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
-        return time.perf_counter()
+        return self.clock()
 
     def mark(self, name: str) -> None:
         now = self._now()
         self._marks.append((name, now))
-        self._host.append(time.perf_counter() if self.cuda else now)  # on CPU: the same reading
+        self._host.append(self.clock() if self.cuda else now)  # on CPU: the same reading
 
     def stop(self) -> None:
         """Close the last phase (no sync)."""

@@ -106,6 +106,7 @@ def compile_backend_grid(quick: bool, arch: int = 90) -> None:
         ([300, 17], [5, 5], Mode.VERIFY, False),
         ([300, 17], [5, 5], Mode.VERIFY, True),
         ([64, 33], [64, 33], Mode.PREFILL, False),
+        ([300, 70], [200, 70], Mode.PREFILL, False),  # q_len >= PREFILL_MIN_Q_LEN: the prefill launch
     ]
     for dtype in dtypes:
         kv_dtypes = [dtype] if dtype == torch.float32 else [dtype, *fp8_kv_dtypes(arch)]

@@ -120,7 +120,7 @@ def rope_qk(qkv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | Non
     if from_pos:
         if inv_freq is None or inv_freq.numel() != half:
             raise ValueError(f"rope_qk: positions need inv_freq of {half} entries")
-        cos, sin, stride_ct = positions, inv_freq.float(), 0
+        cos, sin, stride_ct = positions.contiguous(), inv_freq.float().contiguous(), 0
     else:
         cos, sin = cos.reshape(t, head_dim), sin.reshape(t, head_dim)
         stride_ct = cos.stride(0)

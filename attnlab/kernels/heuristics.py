@@ -175,6 +175,7 @@ def plan_params(*, q_lens: list[int], kv_lens: list[int], num_kv_heads: int, gro
                            max_kv_len=max_kv, sms=sms, num_splits=num_splits)
     if prefill_tiles and max_q >= PREFILL_MIN_Q_LEN:
         bm, bn, warps, stages = parse_tiles(prefill_tiles)
-        params = replace(params, block_m=bm, block_n=bn, tokens_per_block=max(1, bm // group), num_warps=warps,
+        bm = max(bm, next_pow2(group))  # a program's rows hold at least one token's whole GQA group
+        params = replace(params, block_m=bm, block_n=bn, tokens_per_block=bm // group, num_warps=warps,
                          num_stages=stages)
     return params

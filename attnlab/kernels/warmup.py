@@ -37,6 +37,7 @@ class WarmupShape:
     kv_lens: tuple[int, ...] = (1,)
     custom_mask: bool = False
     num_splits: int | None = None
+    prefill_tiles: str | None = None  # the triton backend's option: the prefill launch it overrides
 
 
 def _variants(shape: WarmupShape, sms: int) -> dict:
@@ -50,7 +51,7 @@ def _variants(shape: WarmupShape, sms: int) -> dict:
                 for mask in ({False, shape.custom_mask} if q_len > 1 or shape.custom_mask else {False}):
                     p = plan_params(q_lens=[q_len] * b, kv_lens=[kv_len] * b, num_kv_heads=shape.num_kv_heads,
                                     group=group, head_dim=shape.head_dim, has_mask=mask, sms=sms,
-                                    num_splits=shape.num_splits)
+                                    num_splits=shape.num_splits, prefill_tiles=shape.prefill_tiles)
                     out.setdefault((p, mask), (b, q_len, kv_len))
     return out
 

@@ -403,3 +403,16 @@ def test_speculative_triton_pair_equals_torch_pair(kind):
     assert [r.output_ids for r in outs[1].requests] == [r.output_ids for r in outs[0].requests]
     assert [r.accept_lens for r in outs[1].requests] == [r.accept_lens for r in outs[0].requests]
 
+
+
+def test_prefill_tiles_narrower_than_the_gqa_group_still_cover_every_head():
+    # an override with BLOCK_M below the group (wide GQA / MQA) would leave heads unwritten: it is widened to the
+    # group, one token's whole group per program
+    cls = require_available("triton", {"prefill_tiles": "16x16x4x2"})
+    case = make_case(kv_lens=[70], q_lens=[70], page_size=16, num_kv_heads=1, gqa=32, head_dim=16,
+                     dtype=torch.float32, device=DEVICE, mode=Mode.PREFILL, seed=8)
+    be = case.backend(cls)
+    be.plan(case.meta)
+    assert be.active_plan.params.block_m == 32 and be.active_plan.params.tokens_per_block == 1
+    out = torch.stack([be.run(case.q, layer) for layer in range(case.pool.num_layers)])
+    torch.testing.assert_close(out.float(), case.reference(), **TOL[torch.float32])
