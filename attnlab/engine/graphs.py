@@ -184,12 +184,11 @@ class GraphCache:
     def _capture_device_steps(self, r, bs, n, feature_dim, device_step_meta, device_step_views, greedy_steps):
         """The n-step graph of a backend that plans steps on the device: the graph reads one int32 buffer (all
         rows dummies at capture: the scratch page, inc 0) and computes every step's metadata itself."""
+        from attnlab.engine.multistep import device_step_lens, dummy_device_steps_meta
+
         cap = r.pool.num_pages + bs  # page ids of any layout: every page, and a scratch page per dummy
-        meta = torch.zeros(4 * bs + 1 + cap, dtype=torch.int32, device=r.device)
-        meta[2 * bs:3 * bs] = 1
-        meta[3 * bs:4 * bs + 1] = torch.arange(bs + 1, dtype=torch.int32, device=r.device)
-        meta[4 * bs + 1:5 * bs + 1] = r.pool.num_pages
-        kv_lens = torch.zeros(n, bs, dtype=torch.int32, device=r.device)
+        meta = dummy_device_steps_meta(bs, cap, r.pool.num_pages, r.device)
+        kv_lens = device_step_lens(n, bs, r.device)
         plans = r.backend.device_step_plans(bs, n, *device_step_views(meta, bs), kv_lens)
         ids = torch.zeros(bs, dtype=torch.long, device=r.device)
         features = None

@@ -50,13 +50,44 @@ def greedy_steps(r, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Ten
     return torch.stack(out)
 
 
+def device_steps_layout(rows: int) -> tuple[int, int, int, int, int]:
+    """Offsets (int32 entries) of pos0, inc, lens0, kv_indptr and kv_indices in a device-steps buffer of ``rows``
+    rows. Every section starts on a 16-byte boundary: Triton specializes a kernel on whether each pointer is
+    16-byte aligned, so unaligned views would compile other variants mid-run than the warmup built."""
+    r4, ip4 = -(-rows // 4) * 4, -(-(rows + 1) // 4) * 4
+    return 0, r4, 2 * r4, 3 * r4, 3 * r4 + ip4
+
+
+def device_steps_values(starts, indptr, indices, rows: int) -> list[int]:
+    """The host values of a device-steps buffer: len(starts) real rows (first position ``starts[i]``, one step
+    further each step), then dummies up to ``rows`` (position 0, KV length 1, no step), zeros in the gaps."""
+    b = len(starts)
+    _, o_inc, o_lens, o_indptr, o_indices = device_steps_layout(rows)
+    pad = rows - b
+    return [*starts, *[0] * (o_inc - b), *[1] * b, *[0] * (o_lens - o_inc - b), *[s + 1 for s in starts],
+            *[1] * pad, *[0] * (o_indptr - o_lens - rows), *indptr, *[0] * (o_indices - o_indptr - len(indptr)),
+            *indices]
+
+
+def dummy_device_steps_meta(rows: int, capacity: int, scratch_page: int, device) -> torch.Tensor:
+    """A device-steps buffer of ``rows`` dummy rows (each on the scratch page) with room for ``capacity`` page
+    ids: what a device-planned graph is captured over."""
+    *_, o_indices = device_steps_layout(rows)
+    values = device_steps_values([], list(range(rows + 1)), [scratch_page] * rows, rows)
+    meta = torch.zeros(o_indices + capacity, dtype=torch.int32)
+    meta[:len(values)] = torch.tensor(values, dtype=torch.int32)
+    return meta.to(device)
+
+
 def device_step_meta(meta: torch.Tensor, rows: int, n: int, page_size: int,
                      kv_lens_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The device half of device-planned steps (runner.prepare_device_steps stages ``meta``): -> positions and
     pool slots [n, rows] int64 (slot -1: a dummy row); writes step j's KV lengths into ``kv_lens_out[j]``."""
-    pos0, inc, lens0 = meta[:rows].long(), meta[rows:2 * rows].long(), meta[2 * rows:3 * rows]
-    page_start = meta[3 * rows:4 * rows].long()  # kv_indptr without its last entry
-    indices = meta[4 * rows + 1:]
+    _, o_inc, o_lens, o_indptr, o_indices = device_steps_layout(rows)
+    pos0, inc = meta[:rows].long(), meta[o_inc:o_inc + rows].long()
+    lens0 = meta[o_lens:o_lens + rows]
+    page_start = meta[o_indptr:o_indptr + rows].long()  # kv_indptr without its last entry
+    indices = meta[o_indices:]
     step = torch.arange(n, device=meta.device)[:, None] * inc[None]  # dummies stay where they are
     pos = pos0[None] + step
     kv_lens_out.copy_(lens0[None] + step)
@@ -66,7 +97,14 @@ def device_step_meta(meta: torch.Tensor, rows: int, n: int, page_size: int,
 
 def device_step_views(meta: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(kv_indptr, kv_indices) views of a device-steps buffer, for ``backend.device_step_plans``."""
-    return meta[3 * rows:4 * rows + 1], meta[4 * rows + 1:]
+    *_, o_indptr, o_indices = device_steps_layout(rows)
+    return meta[o_indptr:o_indptr + rows + 1], meta[o_indices:]
+
+
+def device_step_lens(n: int, rows: int, device) -> torch.Tensor:
+    """[n, rows] int32 for the steps' KV lengths, each step's row 16-byte aligned (a view of [n, rows rounded up
+    to 4])."""
+    return torch.zeros(n, -(-rows // 4) * 4, dtype=torch.int32, device=device)[:, :rows]
 
 
 @torch.inference_mode()
@@ -105,7 +143,7 @@ def _device_steps(r, reqs, starts, last, n, features, width) -> torch.Tensor:
         meta, _ = r.prepare_device_steps(reqs, starts, n, pad_to=bs)
         return r.graphs.replay_device_steps(bs, n, meta, last, features)[:, :b].t()
     meta, rows = r.prepare_device_steps(reqs, starts, n)
-    kv_lens = torch.empty(n, rows, dtype=torch.int32, device=r.device)
+    kv_lens = device_step_lens(n, rows, r.device)
     r.backend.device_step_plans(rows, n, *device_step_views(meta, rows), kv_lens, max_kv_len=max(starts) + n)
     positions, slots = device_step_meta(meta, rows, n, r.allocator.page_size, kv_lens)
     return greedy_steps(r, last, positions, slots, features).t()

@@ -109,15 +109,17 @@ class ModelRunner:
         ``starts[i] .. starts[i] + n - 1`` of request i, and one staged int32 buffer ``[pos0 | inc | lens0 |
         kv_indptr | kv_indices]`` over ``rows = pad_to or len(reqs)`` rows (dummies: the scratch page, inc 0), the
         layout covering each request's last step. Returns (that device buffer, rows); the steps' positions, slots
-        and KV lengths are computed from it on the device (``multistep.device_step_meta``)."""
+        and KV lengths are computed from it on the device (``multistep.device_step_meta``; every section
+        16-byte aligned, ``multistep.device_steps_layout``)."""
         ends = [s + n for s in starts]
         tables = self._allocate(reqs, ends)
-        b = len(reqs)
-        rows = pad_to or b
-        pad = rows - b
+        from attnlab.engine.multistep import device_steps_values
+
+        rows = pad_to or len(reqs)
+        pad = rows - len(reqs)
         indptr, indices, _ = layout_lists(tables + [[self.pool.num_pages]] * pad, ends + [1] * pad,
                                           self.allocator.page_size)
-        values = [*starts, *[0] * pad, *[1] * b, *[0] * pad, *[s + 1 for s in starts], *[1] * pad, *indptr, *indices]
+        values = device_steps_values(list(starts), indptr, indices, rows)
         return self.staging.stage([(values, torch.int32)])[0], rows
 
     def _allocate(self, reqs, ends) -> list[list[int]]:

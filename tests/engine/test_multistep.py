@@ -135,3 +135,28 @@ def test_device_planned_multi_step_decode_on_triton():
         if n_steps > 1:
             assert "device-planned" in r.backend.kernel_info()["decode_steps"]
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 6])
+def test_device_steps_buffer_sections_are_aligned_and_the_capture_buffer_is_all_dummies(rows):
+    """Every section of a device-steps buffer starts on a 16-byte boundary (Triton specializes kernels on pointer
+    alignment), each step's KV-length row too; the buffer a graph is captured over holds only dummies: position 0,
+    KV length 1 on the scratch page, slot -1 (writes nothing) at every step."""
+    from attnlab.engine.multistep import (
+        device_step_lens,
+        device_step_meta,
+        device_step_views,
+        device_steps_layout,
+        dummy_device_steps_meta,
+    )
+
+    assert all(o % 4 == 0 for o in device_steps_layout(rows))
+    lens = device_step_lens(3, rows, "cpu")
+    assert lens.shape == (3, rows) and all(lens[j].data_ptr() % 16 == 0 for j in range(3))
+    meta = dummy_device_steps_meta(rows, capacity=rows + 5, scratch_page=99, device="cpu")
+    assert meta.data_ptr() % 16 == 0
+    positions, slots = device_step_meta(meta, rows, 3, 16, lens)
+    assert positions.eq(0).all() and slots.eq(-1).all() and lens.eq(1).all()
+    indptr, indices = device_step_views(meta, rows)
+    assert indptr.tolist() == list(range(rows + 1)) and indices[:rows].tolist() == [99] * rows
+    assert indptr.data_ptr() % 16 == 0 and indices.data_ptr() % 16 == 0
