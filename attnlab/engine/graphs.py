@@ -98,6 +98,22 @@ class GraphCache:
                         self._capture_one(r, bs, q, slot, feature_dim, masked)
         return len(self.graphs) - before
 
+    def _record(self, fn):
+        """Run ``fn`` twice on a side stream (compiles kernels, settles the allocator off the capture), then
+        capture one call into a graph of this cache's pool: -> (the graph, what the captured call returned,
+        i.e. the graph's output buffers)."""
+        with torch.inference_mode():
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool):
+                out = fn()
+        return g, out
+
     def _capture_one(self, r, bs: int, q: int, slot: int, feature_dim: int | None, masked: bool = False) -> None:
         from attnlab.backends.base import Mode
 
@@ -124,16 +140,7 @@ class GraphCache:
             logits = r.logits(r.model(ids, positions, ctx, **extra))
             return logits, ctx.captured, logits.argmax(dim=-1) if r.graph_argmax else None
 
-        with torch.inference_mode():
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm up (compiles kernels, settles allocator) off the capture
-                for _ in range(2):
-                    forward()
-            torch.cuda.current_stream().wait_stream(stream)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
-                logits, aux, tokens = forward()
+        g, (logits, aux, tokens) = self._record(forward)
         self.graphs[(bs, q, slot, r.capture_layers, masked)] = _Graph(g, ids, positions, slots, logits, tokens,
                                                                         features, aux)
 
@@ -168,16 +175,7 @@ class GraphCache:
         features = None
         if feature_dim:
             features = torch.zeros(bs, feature_dim, dtype=next(r.model.parameters()).dtype, device=r.device)
-        with torch.inference_mode():
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    greedy_steps(r, ids, positions, slots, features)
-            torch.cuda.current_stream().wait_stream(stream)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
-                tokens = greedy_steps(r, ids, positions, slots, features)
+        g, tokens = self._record(lambda: greedy_steps(r, ids, positions, slots, features))
         # logits are not kept: a multi-step pass returns tokens only (greedy)
         self.graphs[self._steps_key(bs, n, feature_dim)] = _Graph(g, ids, positions, slots, None, tokens, features)
 
@@ -200,16 +198,7 @@ class GraphCache:
             positions, slots = device_step_meta(meta, bs, n, ps, kv_lens)
             return positions, slots, greedy_steps(r, ids, positions, slots, features)
 
-        with torch.inference_mode():
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    body()
-            torch.cuda.current_stream().wait_stream(stream)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
-                positions, slots, tokens = body()
+        g, (positions, slots, tokens) = self._record(body)
         # the plans (and kv_lens, which only their rows view) live as long as the graph: the next bucket's
         # capture replaces them in the slots, and freed scratch would be reused under the graph's kernels
         self.graphs[self._steps_key(bs, n, feature_dim)] = _Graph(g, ids, positions, slots, None, tokens, features,
