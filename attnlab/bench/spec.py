@@ -194,7 +194,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
             ref = timed(target, NoDrafter(dev), 0, "none", f"- / {verify}", batch)
             rows.append(ref)
             for drafter_name in a.drafters:
-                pairs = a.backends if drafter_name in ("self", *EAGLES) else ["-"]
+                pairs = a.draft_backends if drafter_name in ("self", *EAGLES) else ["-"]
                 for draft_backend in pairs:
                     shapes = a.trees if drafter_name in ("self", *EAGLES) else [(1, None)]
                     for k, (K, S) in [(k, t) for k in a.ks for t in shapes]:
@@ -293,6 +293,9 @@ def parse(argv=None):
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--weights", choices=("auto", "real", "random"), default="auto")
     ap.add_argument("--backends", default=None, help="default: triton,flashinfer on CUDA, torch on CPU")
+    ap.add_argument("--draft-backends", default=None,
+                    help="draft-side backends of the self / eagle rows, comma-separated (default: --backends; e.g. "
+                         "--backends flashinfer --draft-backends triton for the triton / flashinfer pair alone)")
     ap.add_argument("--drafters", default="ngram,self",
                     help="ngram, self, eagle, eagle-per-step (the head's k - 1 steps one graph replay each, the "
                          "previous path; eagle replays them as one), comma-separated")
@@ -315,6 +318,7 @@ def parse(argv=None):
     a = ap.parse_args(argv)
     cuda = a.device == "cuda"
     a.backends = (a.backends or ("triton,flashinfer" if cuda else "torch")).split(",")
+    a.draft_backends = a.draft_backends.split(",") if a.draft_backends else list(a.backends)
     a.drafters = [d for d in a.drafters.split(",") if d]
     a.dtype = a.dtype or ("bf16" if cuda else "fp32")
     a.repeats = a.repeats or (3 if cuda else 1)

@@ -14,6 +14,7 @@
 #             verify=triton parity jobs under the near-tie rule; bench.kernels --quick triton vs flashinfer
 #   run.sh A2, B2, N2: the same on a fresh machine after A found the device-planned graphs' plans freed under them
 #             (the tests that failed, B's lost runs, the invariant builtin sweep, every pair)
+#   run.sh C1, C2, C3: the next sitting (README "Next"), three calls back to back: a2, b, c + 6
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part P, A, B or N}
@@ -121,6 +122,36 @@ N2)
   step "issue 16: bench.kernels --quick, triton vs flashinfer (the prefill launch, verify with unmasked tiles)"
   timeout 80 $PY -m attnlab.bench.kernels --quick --repeats 3 --backends triton,flashinfer --out "$OUT/kernels_quick" \
     > $LOGS/kernels.log 2>&1; tail -n 14 $LOGS/kernels.log
+  ;;
+C1)  # the next sitting, call 1 of 3 (carry .gpu/a2): first the GPU tests of what changed after this sitting
+  step "install .gpu/a2"; bash .gpu/a2/install.sh | tail -1; cp .gpu/a2/sg_heldout128.jsonl.gz $DATA
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+  step "GPU tests (triton): every engine test (device-steps buffer realigned, GraphCache._record, lifetime asserts)"
+  timeout 240 $PY -m pytest -m gpu -q -p no:cacheprovider -ra tests/integration/test_gpu_engine.py \
+    tests/integration/test_gpu_serving.py tests/backends/test_triton.py tests/backends/test_invariant.py \
+    -k "not flashinfer" > $LOGS/testsC1.log 2>&1; grep -E "passed|failed|FAILED|Error" $LOGS/testsC1.log | tail -n 12
+  cp $LOGS/testsC1.log "$OUT/"
+  ;;
+C2)  # call 2 of 3 (carry .gpu/b): issue 12's speedup with its spread in one process; issue 18's 64-prompt sweep
+  step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
+  step "issue 12: triton / triton, eagle and ngram, k 4 and 6, batch 1, 4 repeats in one process"
+  timeout 200 $S --fused-ops --backends triton --drafters ngram,eagle --k 4,6 --batch 1 --repeats 4 --num-prompts 16 \
+    --out "$OUT/tt_repeats" > $LOGS/tt.log 2>&1; tail -n 7 $LOGS/tt.log
+  step "issue 18: 64 held-out ShareGPT prompts at batch 8, k 8, ngram and eagle, invariant vs normal"
+  BUNDLES=" " DATA=$DATA N_SG=64 bash experiments/invariant-bf16/run.sh 5
+  ;;
+C3)  # call 3 of 3 (carry .gpu/c + .gpu/6): flashinfer
+  step "install .gpu/c (flashinfer) and .gpu/6 (its prebuilt sm_90a modules)"
+  bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
+  step "GPU tests (flashinfer): engine, serving, tree-graph fuzz"
+  timeout 200 $PY -m pytest -m gpu -q -p no:cacheprovider -ra tests/integration/test_gpu_engine.py \
+    tests/integration/test_gpu_serving.py tests/spec/test_tree_graph_fuzz.py -k flashinfer > $LOGS/testsC3.log 2>&1
+  grep -E "passed|failed|FAILED|Error" $LOGS/testsC3.log | tail -n 8; cp $LOGS/testsC3.log "$OUT/"
+  step "issue 12: triton / flashinfer, eagle and ngram, k 4 and 6, batch 1, 4 repeats in one process"
+  timeout 150 $S --fused-ops --backends flashinfer --draft-backends triton --drafters ngram,eagle --k 4,6 --batch 1 \
+    --repeats 4 --num-prompts 16 --out "$OUT/tfi_repeats" > $LOGS/tfi.log 2>&1; tail -n 7 $LOGS/tfi.log
+  step "issue 18: normal-mode divergence diagnostics, verify triton and flashinfer (fa needs bundle 5)"
+  BUNDLES=" " DATA=$DATA bash experiments/invariant-bf16/run.sh 6
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac

@@ -8,13 +8,15 @@
 #   bash experiments/invariant-bf16/run.sh 3   what 1 and 2 left after the 12-01b sitting, in one call: batch 1
 #                                               (k 4 and 8), the builtin suite, alone vs batch 16      (~4 min)
 #   bash experiments/invariant-bf16/run.sh 4   the builtin suite sweep of 3 alone                      (~1.5 min)
+#   bash experiments/invariant-bf16/run.sh 5   ShareGPT at batch 8, k = 8, N_SG prompts (64: the issue's count)
+#   bash experiments/invariant-bf16/run.sh 6   part 2's normal-mode diagnostics, verify triton and flashinfer only
 # Bundles: the ones of experiments/h200-2026-12-01 (README there): BUNDLES names their install.sh folders, the
 # GGUF model, the ShareGPT export in $DATA, flashinfer with its prebuilt sm_90a modules, the EAGLE head (shipped
 # in attnlab/heads/smollm2-135m). Prompt counts are cut to fit ~6 min of device time: env N_SG (ShareGPT at
 # batch 8, default 32 of the issue's 64), N_B1 (batch 1, default 8), NEW (default 256) raise them.
 # Output in $OUT: run<N>.log, report<N>.md (python -m attnlab.report of each sweep), logs<N>.tgz (run folders).
 set -u -o pipefail
-PART=${1:?part 1, 2, 3 or 4}
+PART=${1:?part 1 to 6}
 OUT=${OUT:-/tmp/out}; LOGS=/tmp/inv-logs; mkdir -p "$OUT" "$LOGS" /opt/data
 T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
@@ -44,6 +46,14 @@ run() {  # run <name> <timeout s> <overrides...>: one sweep, its report, its fol
 }
 
 case $PART in
+5)  # the 64-prompt sweep the issue asks for, at k = 8 (k = 4 ran at 16 prompts in 12-01b)
+  run sharegpt_b8_k8 280 $SG workload.num_prompts=$N_SG workload.batch_size=8 verify=triton backend=triton \
+    draft=ngram,eagle spec.num_draft_tokens=8 engine.invariant=false,true
+  ;;
+6)  # part 2's normal-mode diagnostics without fa (bundle 5)
+  run diagnostics_b8 150 $SG workload.num_prompts=$N_SG workload.batch_size=8 draft=ngram spec.num_draft_tokens=4 \
+    verify=triton,flashinfer engine.invariant=false parity.noise_floor=true
+  ;;
 4)
   run builtin_b8 80 workload=builtin workload.num_prompts=24 workload.batch_size=8 verify=triton backend=triton \
     draft=ngram,eagle spec.num_draft_tokens=4,8 engine.invariant=true

@@ -61,6 +61,20 @@ def test_spec_bench_eagle_per_step_row_drafts_the_same(tmp_path):
     assert rows["eagle"]["tau"] == rows["eagle-per-step"]["tau"] and rows["eagle"]["same_as_target_only"] == 1.0
 
 
+def test_spec_bench_draft_backends_pick_the_draft_side_alone():
+    """--draft-backends: the self / eagle rows' draft side, independent of --backends (the verify side): one pair
+    instead of the cross product; ngram rows (no draft side) are unaffected."""
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--draft-backends", "triton",
+                    "--drafters", "ngram,self", "--num-prompts", "1", "--new", "6", "--k", "2", "--draft-layers", "1",
+                    "--skip-hf"])
+    assert a.backends == ["torch"] and a.draft_backends == ["triton"]
+    rows = spec.run(a)["rows"]
+    assert [(r["drafter"], r["pair"]) for r in rows] == [("none", "- / torch"), ("ngram", "- / torch"),
+                                                          ("self", "triton / torch")]
+    assert rows[2]["same_as_target_only"] == 1.0
+    assert spec.parse(["--device", "cpu", "--backends", "torch"]).draft_backends == ["torch"]  # the default
+
+
 def test_spec_bench_rejects_unknown_drafter():
     with pytest.raises(SystemExit) as e:
         spec.parse(["--device", "cpu", "--model", "tiny-llama", "--drafters", "medusa"])
