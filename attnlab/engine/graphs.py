@@ -40,6 +40,13 @@ def bucket_for(batch: int, buckets) -> int | None:
     return next((b for b in sorted(buckets) if b >= batch), None)
 
 
+def _feature_buffer(r, rows: int, width: int | None) -> torch.Tensor | None:
+    """A graph's static [rows, width] input of a draft head's features, in its weights' dtype (None: no features)."""
+    if not width:
+        return None
+    return torch.zeros(rows, width, dtype=next(r.model.parameters()).dtype, device=r.device)
+
+
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
@@ -126,10 +133,7 @@ class GraphCache:
         n = bs * q
         ids = torch.zeros(n, dtype=torch.long, device=r.device)
         positions, slots = dummy.positions.clone(), dummy.slots.clone()
-        features = None
-        if feature_dim:
-            wdtype = next(r.model.parameters()).dtype
-            features = torch.zeros(n, feature_dim, dtype=wdtype, device=r.device)
+        features = _feature_buffer(r, n, feature_dim)
         extra = {} if features is None else {"features": features}
 
         def forward():
@@ -162,36 +166,37 @@ class GraphCache:
 
     def _capture_steps(self, r, bs: int, n: int, feature_dim: int | None = None) -> None:
         from attnlab.backends.base import Mode
-        from attnlab.engine.multistep import device_step_meta, device_step_views, greedy_steps
+        from attnlab.engine.multistep import greedy_steps
 
         if r.backend.supports_device_steps():
-            return self._capture_device_steps(r, bs, n, feature_dim, device_step_meta, device_step_views,
-                                              greedy_steps)
+            return self._capture_device_steps(r, bs, n, feature_dim)
         dummies = [r.prepare([], [], [], Mode.DECODE, pad_to=bs, pad_q_len=1) for _ in range(n)]
         r.plan_steps(dummies)
         ids = torch.zeros(bs, dtype=torch.long, device=r.device)
         positions = torch.stack([d.positions for d in dummies])  # [n, bs]
         slots = torch.stack([d.slots for d in dummies])
-        features = None
-        if feature_dim:
-            features = torch.zeros(bs, feature_dim, dtype=next(r.model.parameters()).dtype, device=r.device)
+        features = _feature_buffer(r, bs, feature_dim)
         g, tokens = self._record(lambda: greedy_steps(r, ids, positions, slots, features))
         # logits are not kept: a multi-step pass returns tokens only (greedy)
         self.graphs[self._steps_key(bs, n, feature_dim)] = _Graph(g, ids, positions, slots, None, tokens, features)
 
-    def _capture_device_steps(self, r, bs, n, feature_dim, device_step_meta, device_step_views, greedy_steps):
+    def _capture_device_steps(self, r, bs: int, n: int, feature_dim: int | None) -> None:
         """The n-step graph of a backend that plans steps on the device: the graph reads one int32 buffer (all
         rows dummies at capture: the scratch page, inc 0) and computes every step's metadata itself."""
-        from attnlab.engine.multistep import device_step_lens, dummy_device_steps_meta
+        from attnlab.engine.multistep import (
+            device_step_lens,
+            device_step_meta,
+            device_step_views,
+            dummy_device_steps_meta,
+            greedy_steps,
+        )
 
         cap = r.pool.num_pages + bs  # page ids of any layout: every page, and a scratch page per dummy
         meta = dummy_device_steps_meta(bs, cap, r.pool.num_pages, r.device)
         kv_lens = device_step_lens(n, bs, r.device)
         plans = r.backend.device_step_plans(bs, n, *device_step_views(meta, bs), kv_lens)
         ids = torch.zeros(bs, dtype=torch.long, device=r.device)
-        features = None
-        if feature_dim:
-            features = torch.zeros(bs, feature_dim, dtype=next(r.model.parameters()).dtype, device=r.device)
+        features = _feature_buffer(r, bs, feature_dim)
         ps = r.allocator.page_size
 
         def body():

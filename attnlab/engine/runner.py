@@ -111,10 +111,10 @@ class ModelRunner:
         layout covering each request's last step. Returns (that device buffer, rows); the steps' positions, slots
         and KV lengths are computed from it on the device (``multistep.device_step_meta``; every section
         16-byte aligned, ``multistep.device_steps_layout``)."""
-        ends = [s + n for s in starts]
-        tables = self._allocate(reqs, ends)
         from attnlab.engine.multistep import device_steps_values
 
+        ends = [s + n for s in starts]
+        tables = self._allocate(reqs, ends)
         rows = pad_to or len(reqs)
         pad = rows - len(reqs)
         indptr, indices, _ = layout_lists(tables + [[self.pool.num_pages]] * pad, ends + [1] * pad,

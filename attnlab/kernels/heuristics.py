@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -113,7 +113,8 @@ def decode_params(*, batch: int, num_kv_heads: int, group: int, head_dim: int, m
 
 
 def extend_params(*, num_q_blocks_fn, num_kv_heads: int, group: int, head_dim: int, max_q_len: int,
-                  max_kv_len: int, sms: int, num_splits: int | None = None) -> LaunchParams:
+                  max_kv_len: int, sms: int, num_splits: int | None = None,
+                  prefill_tiles: str | None = None) -> LaunchParams:
     """q_len >= 1 (verify, prefill): a program owns tokens_per_block query tokens x the GQA group.
 
     num_q_blocks_fn(tokens_per_block) -> number of (request, query block) programs, for the split choice.
@@ -130,14 +131,17 @@ def extend_params(*, num_q_blocks_fn, num_kv_heads: int, group: int, head_dim: i
         block_n = 32
     num_warps = 8 if block_m >= 128 else 4
     num_stages = 2 if block_d >= 256 or block_m >= 128 else 3
-    if max_q_len >= PREFILL_MIN_Q_LEN and block_d <= 128:
+    if max_q_len >= PREFILL_MIN_Q_LEN and (prefill_tiles or block_d <= 128):
         # Prefill launch, from the H200 sweep of 2026-12-01 (experiments/h200-2026-12-01e, bf16, page 16, 4k
         # context, tiles below the causal band unmasked): head_dim 128 (Llama-8B) 64 x 64 tiles, 4 warps, 3 stages,
         # 324 TF/s against 227 for the previous 128 x 32, 8 warps, 2 stages; head_dim 64 (SmolLM2) 128 x 64,
-        # 8 warps, 3 stages (323 against 312 TF/s at batch 16).
-        block_m, block_n, num_warps, num_stages = (64, 64, 4, 3) if block_d == 128 else (128, 64, 8, 3)
-        block_m = max(block_m, next_pow2(group))
-        tokens_per_block = max(1, block_m // group)
+        # 8 warps, 3 stages (323 against 312 TF/s at batch 16). ``prefill_tiles`` replaces them (sweeps).
+        if prefill_tiles:
+            block_m, block_n, num_warps, num_stages = parse_tiles(prefill_tiles)
+        else:
+            block_m, block_n, num_warps, num_stages = (64, 64, 4, 3) if block_d == 128 else (128, 64, 8, 3)
+        block_m = max(block_m, next_pow2(group))  # a program's rows hold at least one token's whole GQA group
+        tokens_per_block = block_m // group
     base = num_q_blocks_fn(tokens_per_block) * num_kv_heads
     # Long prefills are compute bound with plenty of programs; only short-query passes split the KV.
     splits = num_splits or (choose_num_splits(base, max_kv_len, sms, block_n, EXTEND_PROGRAMS_PER_SM)
@@ -170,12 +174,6 @@ def plan_params(*, q_lens: list[int], kv_lens: list[int], num_kv_heads: int, gro
     if max_q <= 1 and not has_mask:
         return decode_params(batch=len(q_lens), num_kv_heads=num_kv_heads, group=group, head_dim=head_dim,
                              max_kv_len=max_kv, sms=sms, num_splits=num_splits)
-    params = extend_params(num_q_blocks_fn=lambda tpb: sum(cdiv(n, tpb) for n in q_lens),
-                           num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, max_q_len=max_q,
-                           max_kv_len=max_kv, sms=sms, num_splits=num_splits)
-    if prefill_tiles and max_q >= PREFILL_MIN_Q_LEN:
-        bm, bn, warps, stages = parse_tiles(prefill_tiles)
-        bm = max(bm, next_pow2(group))  # a program's rows hold at least one token's whole GQA group
-        params = replace(params, block_m=bm, block_n=bn, tokens_per_block=bm // group, num_warps=warps,
-                         num_stages=stages)
-    return params
+    return extend_params(num_q_blocks_fn=lambda tpb: sum(cdiv(n, tpb) for n in q_lens),
+                         num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, max_q_len=max_q,
+                         max_kv_len=max_kv, sms=sms, num_splits=num_splits, prefill_tiles=prefill_tiles)

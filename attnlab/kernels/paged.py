@@ -35,22 +35,15 @@ def attend_tile(q, acc, m_i, l_i, K, V, slots, head_off, offs_d, d_mask, n_mask,
     MASKED False: a tile wholly inside every row's window and the KV bounds (the extend kernel's tiles below the
     causal band): no ``valid`` select and no load mask but the head-dim one (none when EVEN_D, BLOCK_D == D)."""
     kv_off = slots[:, None] * stride_slot + head_off + offs_d[None, :]
-    if MASKED:
-        kv_mask = n_mask[:, None] & d_mask[None, :]
+    kv_mask = (n_mask[:, None] & d_mask[None, :]) if MASKED else d_mask[None, :]
+    if EVEN_D and not MASKED:
+        k = tl.load(K + kv_off)
     else:
-        kv_mask = d_mask[None, :]
+        k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
     if FP32_DOT:  # fp32 inputs, or the interpreter (its bf16 tl.dot is wrong in Triton 3.9)
-        if EVEN_D and not MASKED:
-            k = tl.load(K + kv_off).to(tl.float32)
-        else:
-            k = tl.load(K + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
-        qk = tl.dot(q.to(tl.float32), tl.trans(k), input_precision="ieee")
+        qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
-        if EVEN_D and not MASKED:
-            k = tl.load(K + kv_off).to(q.dtype)
-        else:
-            k = tl.load(K + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        qk = tl.dot(q, tl.trans(k))
+        qk = tl.dot(q, tl.trans(k.to(q.dtype)))
     if MASKED:
         qk = tl.where(valid, qk * qk_scale, float("-inf"))
     else:
