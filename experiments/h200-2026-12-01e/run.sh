@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fifth H200 sitting of 2026-12-01 (README.md here). Part P was one call on its own machine; parts A, B, N
-# are three calls back to back on one warm machine (installs in /opt stay while it is held).
+# are calls back to back on one warm machine (installs in /opt stay while it is held).
 #   run.sh P  carry .gpu/d + .gpu/c + .gpu/6 (no model: random weights, SmolLM2 and Llama-8B attention shapes):
 #             the triton kernel tests compiled; the host vs device time of every phase of an EAGLE iteration,
 #             triton and flashinfer, batch 1 and 16; issue 16's Triton prefill launch sweep beside flashinfer
@@ -10,14 +10,12 @@
 #   run.sh B  carry .gpu/b (the model is whole): the shipped head on triton / triton at k 2, 4, 6 on held-out
 #             ShareGPT and k 4 on the builtin suite beside ngram; issue 18's owed invariant sweeps
 #             (experiments/invariant-bf16/run.sh 3)
-#   run.sh N  carry .gpu/c + .gpu/6: every pair, fused, k 4 and 6, batch 1 / 4 / 16 (issue 12); the two
-#             verify=triton parity jobs under the near-tie rule; bench.kernels --quick triton vs flashinfer
 #   run.sh A2, B2, N2: the same on a fresh machine after A found the device-planned graphs' plans freed under them
 #             (the tests that failed, B's lost runs, the invariant builtin sweep, every pair)
 #   run.sh C1, C2, C3: the next sitting (README "Next"), three calls back to back: a2, b, c + 6
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part P, A, B or N}
+PART=${1:?part P, A, B, A2, B2, N2 or C1-C3}
 OUT=${OUT:-/tmp/out}; LOGS=/tmp/logs; mkdir -p "$OUT" "$LOGS" /opt/site /opt/models /opt/data
 T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
@@ -81,23 +79,6 @@ B)
   tar czf "$OUT/specB.tgz" -C /tmp spec
   step "issue 18: invariant sweeps owed (batch 1 k 4 / 8, builtin, alone vs batch 16)"
   BUNDLES=" " DATA=$DATA bash experiments/invariant-bf16/run.sh 3
-  ;;
-N)
-  step "install .gpu/c (flashinfer) and .gpu/6 (its prebuilt sm_90a modules)"
-  bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
-  step "issue 12: the shipped head on every pair, fused, k 4 and 6, batch 1 / 4 / 16 (16 prompts each)"
-  timeout 330 $S --fused-ops --backends triton,flashinfer --drafters ngram,eagle --k 4,6 --batch 1,4,16 --repeats 3 \
-    --num-prompts 16 --out "$OUT/pairs_fused" > $LOGS/pairs_fused.log 2>&1; tail -n 34 $LOGS/pairs_fused.log
-  step "the verify=triton parity under the row-relative near-tie rule (WARNING lines name what it cannot explain)"
-  timeout 150 $PY -m attnlab -m experiment=backend_pairs draft=eagle backend=triton verify=triton,flashinfer \
-    engine.cuda_graph=true warmup=full bench.repeats=1 workload=sharegpt workload.path=$DATA workload.num_prompts=16 \
-    workload.batch_size=1 workload.max_new_tokens=128 logger=jsonl device=cuda hydra.sweep.dir=/tmp/m/parity \
-    > $LOGS/parity.log 2>&1; grep -E "parity|tau|rror" $LOGS/parity.log | cut -c1-400
-  $PY -m attnlab.report /tmp/m/parity --no-plots > "$OUT/parity.md"; cat "$OUT/parity.md"
-  tar czf "$OUT/runs_parity.tgz" -C /tmp/m parity
-  step "issue 16: bench.kernels --quick, triton vs flashinfer (the prefill launch, verify with unmasked tiles)"
-  timeout 90 $PY -m attnlab.bench.kernels --quick --repeats 3 --backends triton,flashinfer --out "$OUT/kernels_quick" \
-    > $LOGS/kernels.log 2>&1; tail -n 14 $LOGS/kernels.log
   ;;
 A2)  # a fresh machine after the fix of a graph's plans (engine/graphs.py keep): the tests that failed in A
   step "install .gpu/a2"; bash .gpu/a2/install.sh | tail -1; cp .gpu/a2/sg_heldout128.jsonl.gz $DATA

@@ -45,6 +45,11 @@ run() {  # run <name> <timeout s> <overrides...>: one sweep, its report, its fol
   cat "$OUT/report_$name.md"
 }
 
+builtin_b8() {  # the builtin suite at batch 8, k 4 and 8, invariant (parts 1, 3, 4)
+  run builtin_b8 "$1" workload=builtin workload.num_prompts=24 workload.batch_size=8 verify=triton backend=triton \
+    draft=ngram,eagle spec.num_draft_tokens=4,8 engine.invariant=true
+}
+
 case $PART in
 5)  # the 64-prompt sweep the issue asks for, at k = 8 (k = 4 ran at 16 prompts in 12-01b)
   run sharegpt_b8_k8 280 $SG workload.num_prompts=$N_SG workload.batch_size=8 verify=triton backend=triton \
@@ -55,14 +60,12 @@ case $PART in
     verify=triton,flashinfer engine.invariant=false parity.noise_floor=true
   ;;
 4)
-  run builtin_b8 80 workload=builtin workload.num_prompts=24 workload.batch_size=8 verify=triton backend=triton \
-    draft=ngram,eagle spec.num_draft_tokens=4,8 engine.invariant=true
+  builtin_b8 80
   ;;
 3)
   run sharegpt_b1 130 $SG workload.num_prompts=$N_B1 workload.batch_size=1 verify=triton backend=triton \
     draft=ngram,eagle spec.num_draft_tokens=4,8 engine.invariant=false,true
-  run builtin_b8 80 workload=builtin workload.num_prompts=24 workload.batch_size=8 verify=triton backend=triton \
-    draft=ngram,eagle spec.num_draft_tokens=4,8 engine.invariant=true
+  builtin_b8 80
   run alone_vs_b16 60 $SG workload.num_prompts=16 workload.batch_size=16 verify=triton draft=ngram \
     spec.num_draft_tokens=4 engine.invariant=true parity.noise_floor=true
   ;;
@@ -72,8 +75,7 @@ case $PART in
   tail -n 5 $LOGS/tests.log
   run sharegpt_b8 170 $SG workload.num_prompts=$N_SG workload.batch_size=8 verify=triton backend=triton \
     draft=ngram,eagle spec.num_draft_tokens=4,8 engine.invariant=false,true
-  run builtin_b8 70 workload=builtin workload.num_prompts=24 workload.batch_size=8 verify=triton backend=triton \
-    draft=ngram,eagle spec.num_draft_tokens=4,8 engine.invariant=true
+  builtin_b8 70
   # target-only at batch 1 vs at batch 16 (parity.noise_floor): under invariance any difference fails the job
   run alone_vs_b16 50 $SG workload.num_prompts=16 workload.batch_size=16 verify=triton draft=ngram \
     spec.num_draft_tokens=4 engine.invariant=true parity.noise_floor=true
