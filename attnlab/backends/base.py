@@ -187,6 +187,21 @@ class AttentionBackend(ABC):
         """True when ``device_step_plans`` can plan single-token steps whose metadata lives on the device."""
         return False
 
+    # False: some launches cannot run device-planned (``device_steps_fit``), so the engine keeps the host-planned
+    # n-step graph beside the device-planned one
+    DEVICE_STEPS_ALWAYS_FIT: ClassVar[bool] = True
+
+    def device_steps_fit(self, starts, n: int) -> bool:
+        """Whether ``n`` device-planned steps of requests whose first step feeds position ``starts[i]`` can run
+        on one launch plan (triton: always; flashinfer: when no request crosses a page boundary)."""
+        return True
+
+    def device_steps_host_plan(self, rows: int, kv_indptr: list[int], kv_lens: list[int],
+                               kv_indices: torch.Tensor) -> None:
+        """The host half of one device-planned launch of ``rows`` rows (runner.prepare_device_steps calls it): the
+        launch's page layout on the host (``kv_indptr``, the first step's ``kv_lens``) and on the device
+        (``kv_indices``). Nothing for a backend whose step plans read only device tensors (triton)."""
+
     def device_step_plans(self, batch: int, n: int, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                           kv_lens: torch.Tensor, max_kv_len: int | None = None) -> list:
         """Plans for ``n`` single-token decode steps of ``batch`` rows into slots 1..n, reading their metadata from

@@ -176,11 +176,32 @@ class _Plan:
     packing: MaskPacking | None = None
 
 
+@dataclass
+class _DeviceStep:
+    """Step j of a device-planned launch: slot 1's wrapper (planned once per launch), and what ``use_step(j)``
+    writes into its last-page-length buffer: ``kv_lens`` (this step's row of the engine's device lengths) minus
+    ``offset`` = page_size x (pages - 1) per row, computed from the launch's kv_indptr at step 0."""
+
+    plan: _Plan
+    step: int
+    kv_lens: torch.Tensor  # [batch] int32
+    kv_indptr: torch.Tensor  # [batch + 1] int32, the launch's (device) layout
+    offset: torch.Tensor  # [batch] int32, shared by the launch's steps
+    last_page_len: torch.Tensor  # [batch] int32: the wrapper's buffer
+
+    def advance(self, page_size: int) -> None:
+        if self.step == 0:
+            torch.mul(self.kv_indptr[1:] - self.kv_indptr[:-1] - 1, page_size, out=self.offset)
+        torch.sub(self.kv_lens, self.offset, out=self.last_page_len)
+
+
 class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
     # backend.options / verify.options keys (constructor keyword arguments)
     OPTIONS: ClassVar[dict[str, str]] = {
         "decode_tensor_cores": "true/false: force the tensor-core (prefill-kernel) decode on or off; null = rule",
+        "device_steps": "true (default) / false: plan a multi-step draft's n decode steps once per launch (CUDA "
+                        "graphs, CUDA-core decode, no page boundary crossed), not once per step",
         "verify_backend": "fa2 (default) | auto | fa3: kernel family of causal passes shorter than "
                           "prefill_min_q_len (verify, draft catch-up, short extends); auto = FlashInfer's pick",
         "prefill_backend": "auto (default: FA3 on Hopper) | fa2 | fa3: kernel family of long causal prefills",
@@ -190,14 +211,14 @@ class FlashInferBackend(AttentionBackend):
     }
 
     def __init__(self, pool, num_q_heads, num_kv_heads, head_dim, scale, dtype, *,
-                 decode_tensor_cores: bool | None = None, verify_backend: str = "fa2",
+                 decode_tensor_cores: bool | None = None, device_steps: bool = True, verify_backend: str = "fa2",
                  prefill_backend: str = "auto", prefill_min_q_len: int = PREFILL_MIN_Q_LEN,
                  cuda_graph: bool = False, max_batch_size: int | None = None, max_q_len: int = 16,
                  max_context: int | None = None, workspace_bytes: int = WORKSPACE_BYTES):
         super().__init__(pool, num_q_heads, num_kv_heads, head_dim, scale, dtype)
         check_shapes(dtype, pool.dtype, head_dim)
         self.check_options({"verify_backend": verify_backend, "prefill_backend": prefill_backend,
-                            "prefill_min_q_len": prefill_min_q_len}, "flashinfer")
+                            "prefill_min_q_len": prefill_min_q_len, "device_steps": device_steps}, "flashinfer")
         fa3 = [n for n, v in (("verify_backend", verify_backend), ("prefill_backend", prefill_backend)) if v == "fa3"]
         if fa3 and pool.dtype in FP8_DTYPES:
             raise ConfigError(f"flashinfer: {fa3[0]}=fa3 with fp8 KV: FlashInfer's FA3 kernels need an fp8 query "
@@ -214,6 +235,7 @@ class FlashInferBackend(AttentionBackend):
         self.verify_backend, self.prefill_backend = verify_backend, prefill_backend
         self.prefill_min_q_len = int(prefill_min_q_len)
         self.cuda_graph = cuda_graph
+        self.device_steps = device_steps
         if cuda_graph and not max_batch_size:
             raise ConfigError("flashinfer with cuda_graph=True needs max_batch_size (the largest graph bucket)")
         self.max_batch_size = max_batch_size
@@ -242,6 +264,8 @@ class FlashInferBackend(AttentionBackend):
         tc = options.get("decode_tensor_cores")
         if tc is not None and not isinstance(tc, bool):
             raise ConfigError(f"{field}.decode_tensor_cores={tc!r}: must be true, false or null")
+        if not isinstance(options.get("device_steps", True), bool):
+            raise ConfigError(f"{field}.device_steps={options['device_steps']!r}: must be true or false")
 
     @classmethod
     def capabilities(cls) -> Capabilities:
@@ -416,6 +440,56 @@ class FlashInferBackend(AttentionBackend):
             raise ValueError(f"flashinfer: update_mask got {custom_mask.numel()} mask entries for a plan of "
                              f"{plan.packing.num_bits}")
         plan.mask_buf[: plan.packing.num_bytes].copy_(plan.packing.pack(custom_mask))
+
+    # -- device-planned steps --------------------------------------------------------------------------
+    # FlashInfer's CUDA-core decode plan depends on each request's page count only (its split-KV partition is in
+    # pages, kernel/scheduler DecodePlan), and its kernel reads the last page's length from our buffer when it
+    # runs. So while no request crosses a page boundary, one plan (the first step's) serves all n steps of a
+    # draft, and each step only rewrites last_page_len on the device, inside the graph. The tensor-core decode
+    # (GQA >= 4, fp8 KV) plans on token lengths: it keeps one host plan per step, as do launches that cross a page.
+
+    DEVICE_STEPS_ALWAYS_FIT = False
+
+    def supports_device_steps(self) -> bool:
+        return self.device_steps and self.cuda_graph and not self.use_tensor_cores
+
+    def device_steps_fit(self, starts, n: int) -> bool:
+        ps = self.pool.page_size
+        return all(pages_needed(s + 1, ps) == pages_needed(s + n, ps) for s in starts)
+
+    def device_steps_host_plan(self, rows: int, kv_indptr: list[int], kv_lens: list[int],
+                               kv_indices: torch.Tensor) -> None:
+        wrapper, _ = self._wrapper(1, "decode", "decode", rows, 1)
+        ps = self.pool.page_size
+        last = [n - (kv_indptr[i + 1] - kv_indptr[i] - 1) * ps for i, n in enumerate(kv_lens)]
+        if min(last, default=1) < 1 or max(last, default=1) > ps:
+            raise ValueError(f"flashinfer device steps: last page lengths {last} outside 1..{ps} (a layout that "
+                             "is not the first step's pages)")
+        wrapper.plan(torch.tensor(kv_indptr, dtype=torch.int32), kv_indices[:kv_indptr[-1]],
+                     torch.tensor(last, dtype=torch.int32), self.num_q_heads, self.num_kv_heads, self.head_dim, ps,
+                     pos_encoding_mode="NONE", q_data_type=self.dtype, kv_data_type=self.pool.dtype,
+                     sm_scale=self.scale)
+        self._resolved.setdefault("decode_steps", set()).add(
+            resolved_family(wrapper, "decode", "decode") + " (planned once per launch)")
+
+    def device_step_plans(self, batch, n, kv_indptr, kv_indices, kv_lens, max_kv_len=None) -> list:
+        if not self.supports_device_steps():
+            raise NotImplementedError("flashinfer: device-planned steps need cuda_graph=True, the CUDA-core decode "
+                                      "and device_steps=true")
+        wrapper, buf = self._wrapper(1, "decode", "decode", batch, 1)
+        plan = _Plan(wrapper, "decode", "decode", batch, batch)
+        offset = torch.zeros(batch, dtype=torch.int32, device=self.device)
+        steps = [_DeviceStep(plan, j, kv_lens[j], kv_indptr, offset, buf.kv_last_page_len[:batch]) for j in range(n)]
+        for j, step in enumerate(steps):
+            self._slots[j + 1] = step
+        return steps
+
+    def use_step(self, i: int) -> None:
+        step = self._slots[i + 1]
+        if isinstance(step, _DeviceStep):
+            step.advance(self.pool.page_size)  # device work: captured with the step in a graph
+            step = step.plan
+        self._plan = step
 
     def run(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         """q: [num_tokens, Hq, D] fp16/bf16 -> [num_tokens, Hq, D]; the active wrapper's run(), no host sync."""

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attnlab.bench.cells import skip_unsupported
+from attnlab.bench.kernels import parse_spec
 from attnlab.config import check_backend
 from attnlab.engine.build import SideSpec, build_side
 from attnlab.plan import ModelSource
@@ -131,16 +132,20 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
     max_ctx = max(map(len, prompts)) + a.new + max([kmax, *(K * (S - 1) for K, S in a.trees if S)]) + 2
     model = ModelSource(a.model, init="pretrained" if a.weights == "real" else "random")
 
-    def spec_for(backend, batch, layers=None, name="target"):
+    def spec_for(label, batch, layers=None, name="target"):
+        backend, options = parse_spec(label)  # "flashinfer/device_steps=false": the backend's options
         return SideSpec(model, backend, a.dtype, a.dtype, page_size=16, max_context=max_ctx, max_batch=batch,
                         device=str(dev), name=name, layers=tuple(layers) if layers else None, cuda_graph=graphs,
                         max_q_len=max(kmax + 1, topk),  # tree verify: k + 1; topk draft steps: topk
-                        fused_ops=a.fused_ops)
+                        fused_ops=a.fused_ops, backend_options=options)
+
+    def check(side_name, label):  # unsupported: ConfigError before anything is built
+        backend, options = parse_spec(label)
+        check_backend(side_name, backend, device=dev.type, dtype=a.dtype, kv_dtype=a.dtype, page_size=16,
+                      max_context=max_ctx, topk=topk, head_dim=base.model_config.head_dim, options=options)
 
     def side(backend, batch, layers=None, name="target"):
-        check_backend("verify" if name == "target" else "backend", backend, device=dev.type, dtype=a.dtype,
-                      kv_dtype=a.dtype, page_size=16, max_context=max_ctx, topk=topk,
-                      head_dim=base.model_config.head_dim)  # unsupported: ConfigError before anything is built
+        check("verify" if name == "target" else "backend", backend)
         return build_side(spec_for(backend, batch, layers, name), share_weights_with=base, progress=False)
 
     def make_drafter(kind, draft_backend, target, batch):
@@ -148,8 +153,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
             return NgramDrafter(dev, max_n=NGRAM_N)
         if kind == "self":
             return ModelDrafter(side(draft_backend, batch, layers=list(range(a.draft_layers)), name="draft"), "self")
-        check_backend("backend", draft_backend, device=dev.type, dtype=a.dtype, kv_dtype=a.dtype, page_size=16,
-                      max_context=max_ctx, topk=topk, head_dim=base.model_config.head_dim)
+        check("backend", draft_backend)
         # random weights: the head cannot match them (no fingerprint check); its acceptance means nothing, its
         # phase times (k - 1 head steps, the draft-extend) are what such a run measures
         head = build_eagle_side(target, a.eagle_head, a.model, spec_for(draft_backend, batch, name="draft"),
@@ -292,7 +296,8 @@ def parse(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--weights", choices=("auto", "real", "random"), default="auto")
-    ap.add_argument("--backends", default=None, help="default: triton,flashinfer on CUDA, torch on CPU")
+    ap.add_argument("--backends", default=None, help="default: triton,flashinfer on CUDA, torch on CPU; a backend's "
+                    "options as name/key=value, e.g. flashinfer/device_steps=false")
     ap.add_argument("--draft-backends", default=None,
                     help="draft-side backends of the self / eagle rows, comma-separated (default: --backends; e.g. "
                          "--backends flashinfer --draft-backends triton for the triton / flashinfer pair alone)")

@@ -4,7 +4,9 @@ tree mask or not).
 A multi-step graph (``capture_steps``, key slot ``("steps", n, F)``) holds n greedy single-token passes under plan
 slots 1..n, each step's argmax the next one's input (engine/multistep.py): one replay per n decoded tokens.
 F = 0 for a plain decoder; a draft head's graph (F = its feature width) also feeds each step's pre-norm
-output to the next step.
+output to the next step. A backend with device-planned steps gets a ``("dsteps", n, F)`` graph, which computes
+the steps' metadata itself from one staged buffer; flashinfer, whose launches fit device steps only while no
+request crosses a page, keeps the host-planned graph beside it.
 
 Contract with the backend (``caps.cuda_graph`` non-empty, built with ``cuda_graph=True``): a plan for the
 same (slot, batch size, q_len) reuses the same device buffers and launch parameters, so a graph captured
@@ -75,6 +77,7 @@ class GraphCache:
         self.q_lens: tuple[int, ...] = ()  # of causal passes
         self.mask_q_lens: tuple[int, ...] = ()  # of tree passes
         self.pool = None
+        self.step_replays = {"steps": 0, "dsteps": 0}  # n-step graph replays: host- / device-planned
 
     def q_lens_for(self, masked: bool) -> tuple[int, ...]:
         return self.mask_q_lens if masked else self.q_lens
@@ -148,28 +151,33 @@ class GraphCache:
         self.graphs[(bs, q, slot, r.capture_layers, masked)] = _Graph(g, ids, positions, slots, logits, tokens,
                                                                         features, aux)
 
-    def _steps_key(self, bs: int, n: int, feature_dim: int | None) -> tuple:
-        return bs, 1, ("steps", n, feature_dim or 0), self.runner.capture_layers
+    def _steps_key(self, bs: int, n: int, feature_dim: int | None, device: bool = False) -> tuple:
+        return bs, 1, ("dsteps" if device else "steps", n, feature_dim or 0), self.runner.capture_layers
 
-    def has_steps(self, bs: int, n: int, feature_dim: int | None = None) -> bool:
-        return self._steps_key(bs, n, feature_dim) in self.graphs
+    def has_steps(self, bs: int, n: int, feature_dim: int | None = None, device: bool = False) -> bool:
+        """Whether the n-step graph of bucket ``bs`` is captured: the device-planned one (``device``) or the
+        host-planned one."""
+        return self._steps_key(bs, n, feature_dim, device) in self.graphs
 
     def capture_steps(self, buckets, n: int, feature_dim: int | None = None) -> int:
         """Capture the n-step greedy graph (engine/multistep.py) of every bucket not captured yet; with
         ``feature_dim``, a draft head's (its first step reads a [bs, feature_dim] feature buffer)."""
         before = len(self.graphs)
         self.pool = self.pool or torch.cuda.graph_pool_handle()
+        r = self.runner
+        device = r.backend.supports_device_steps()
         for bs in sorted(set(buckets), reverse=True):
-            if not self.has_steps(bs, n, feature_dim):
-                self._capture_steps(self.runner, bs, n, feature_dim)
+            if device and not self.has_steps(bs, n, feature_dim, device=True):
+                self._capture_device_steps(r, bs, n, feature_dim)
+            # the host-planned graph, for a backend without device steps or for the launches they do not fit
+            if (not device or not r.backend.DEVICE_STEPS_ALWAYS_FIT) and not self.has_steps(bs, n, feature_dim):
+                self._capture_steps(r, bs, n, feature_dim)
         return len(self.graphs) - before
 
     def _capture_steps(self, r, bs: int, n: int, feature_dim: int | None = None) -> None:
         from attnlab.backends.base import Mode
         from attnlab.engine.multistep import greedy_steps
 
-        if r.backend.supports_device_steps():
-            return self._capture_device_steps(r, bs, n, feature_dim)
         dummies = [r.prepare([], [], [], Mode.DECODE, pad_to=bs, pad_q_len=1) for _ in range(n)]
         r.plan_steps(dummies)
         ids = torch.zeros(bs, dtype=torch.long, device=r.device)
@@ -195,6 +203,7 @@ class GraphCache:
         meta = dummy_device_steps_meta(bs, cap, r.pool.num_pages, r.device)
         kv_lens = device_step_lens(n, bs, r.device)
         plans = r.backend.device_step_plans(bs, n, *device_step_views(meta, bs), kv_lens)
+        r.backend.device_steps_host_plan(bs, list(range(bs + 1)), [1] * bs, device_step_views(meta, bs)[1])
         ids = torch.zeros(bs, dtype=torch.long, device=r.device)
         features = _feature_buffer(r, bs, feature_dim)
         ps = r.allocator.page_size
@@ -206,14 +215,14 @@ class GraphCache:
         g, (positions, slots, tokens) = self._record(body)
         # the plans (and kv_lens, which only their rows view) live as long as the graph: the next bucket's
         # capture replaces them in the slots, and freed scratch would be reused under the graph's kernels
-        self.graphs[self._steps_key(bs, n, feature_dim)] = _Graph(g, ids, positions, slots, None, tokens, features,
-                                                                  meta=meta, keep=(tuple(plans), kv_lens))
+        self.graphs[self._steps_key(bs, n, feature_dim, device=True)] = _Graph(
+            g, ids, positions, slots, None, tokens, features, meta=meta, keep=(tuple(plans), kv_lens))
 
     def replay_device_steps(self, bs: int, n: int, meta: torch.Tensor, last: torch.Tensor,
                             features: torch.Tensor | None = None) -> torch.Tensor:
         """Replay a device-planned n-step graph on one staged buffer (runner.prepare_device_steps, pad_to=bs);
         -> tokens [n, bs] (a view of the graph's output buffer)."""
-        g = self.graphs[self._steps_key(bs, n, None if features is None else features.shape[1])]
+        g = self.graphs[self._steps_key(bs, n, None if features is None else features.shape[1], device=True)]
         if meta.numel() > g.meta.numel():
             raise RuntimeError(f"device steps: {meta.numel()} metadata entries, the graph holds {g.meta.numel()}")
         g.ids[: last.shape[0]].copy_(last)
@@ -221,6 +230,7 @@ class GraphCache:
             g.features[: features.shape[0]].copy_(features)
         g.meta[: meta.numel()].copy_(meta)
         g.graph.replay()
+        self.step_replays["dsteps"] += 1
         return g.tokens
 
     def replay_steps(self, bs: int, n: int, passes, last: torch.Tensor,
@@ -234,6 +244,7 @@ class GraphCache:
         torch.stack([p.positions for p in passes], out=g.positions)
         torch.stack([p.slots for p in passes], out=g.slots)
         g.graph.replay()
+        self.step_replays["steps"] += 1
         return g.tokens
 
     def replay(self, bs: int, q: int, slot: int, p, input_ids: torch.Tensor,

@@ -17,7 +17,10 @@ stages one small int32 buffer (each row's first position, the layout of its last
 positions, pool slots and KV lengths are computed from it on the device (``device_step_meta``, captured in the
 same graph), into the tensors the backend's step plans read (``device_step_plans``). Per launch, the host then
 builds no per-step metadata and plans nothing: the draft's host cost was most of its time at batch 1 on an H200
-(experiments/h200-2026-12-01e: 0.68 of 0.77 ms at k = 4). Other backends plan every step on the host.
+(experiments/h200-2026-12-01e: 0.68 of 0.77 ms at k = 4). flashinfer plans the launch once on the host
+(``device_steps_host_plan``: its CUDA-core decode plan depends on page counts only) and rewrites each step's
+last-page length on the device, for launches in which no request crosses a page boundary
+(``device_steps_fit``); the others, and backends without device steps, plan every step on the host.
 """
 
 from __future__ import annotations
@@ -115,7 +118,7 @@ def decode_steps(r, reqs: Sequence[Hashable], starts: Sequence[int], last: torch
     ``features`` [B, F]: a draft head's input feature for the first step (see greedy_steps)."""
     b = len(reqs)
     width = None if features is None else features.shape[1]
-    if r.backend.supports_device_steps():
+    if r.backend.supports_device_steps() and r.backend.device_steps_fit(starts, n):
         return _device_steps(r, reqs, starts, last, n, features, width)
     passes = r.prepare_steps(reqs, starts, n)  # one host-to-device copy for the n passes
     r.plan_steps(passes)
@@ -139,7 +142,7 @@ def _device_steps(r, reqs, starts, last, n, features, width) -> torch.Tensor:
 
     b = len(reqs)
     bs = bucket_for(b, r.graphs.buckets) if r.graphs is not None else None
-    if bs is not None and r.graphs.has_steps(bs, n, width):
+    if bs is not None and r.graphs.has_steps(bs, n, width, device=True):
         meta, _ = r.prepare_device_steps(reqs, starts, n, pad_to=bs)
         return r.graphs.replay_device_steps(bs, n, meta, last, features)[:, :b].t()
     meta, rows = r.prepare_device_steps(reqs, starts, n)

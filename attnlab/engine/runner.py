@@ -111,7 +111,7 @@ class ModelRunner:
         layout covering each request's last step. Returns (that device buffer, rows); the steps' positions, slots
         and KV lengths are computed from it on the device (``multistep.device_step_meta``; every section
         16-byte aligned, ``multistep.device_steps_layout``)."""
-        from attnlab.engine.multistep import device_steps_values
+        from attnlab.engine.multistep import device_step_views, device_steps_values
 
         ends = [s + n for s in starts]
         tables = self._allocate(reqs, ends)
@@ -120,7 +120,11 @@ class ModelRunner:
         indptr, indices, _ = layout_lists(tables + [[self.pool.num_pages]] * pad, ends + [1] * pad,
                                           self.allocator.page_size)
         values = device_steps_values(list(starts), indptr, indices, rows)
-        return self.staging.stage([(values, torch.int32)])[0], rows
+        meta = self.staging.stage([(values, torch.int32)])[0]
+        # a backend whose step plans need host values (flashinfer) plans the launch once, here
+        self.backend.device_steps_host_plan(rows, indptr, [s + 1 for s in starts] + [1] * pad,
+                                            device_step_views(meta, rows)[1])
+        return meta, rows
 
     def _allocate(self, reqs, ends) -> list[list[int]]:
         """Grow request i to ``ends[i]`` tokens (allocation only grows); -> their page tables."""

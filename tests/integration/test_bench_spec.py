@@ -75,6 +75,20 @@ def test_spec_bench_draft_backends_pick_the_draft_side_alone():
     assert spec.parse(["--device", "cpu", "--backends", "torch"]).draft_backends == ["torch"]  # the default
 
 
+def test_spec_bench_backend_options_reach_the_side():
+    """A backend label ``name/key=value`` builds that side with those options (flashinfer/device_steps=false is
+    how the flashinfer draft's host-planned steps are measured beside its device-planned ones); an unknown option
+    skips that cell with its reason."""
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch",
+                    "--draft-backends", "triton/num_splits=2,triton/bogus=1", "--drafters", "self",
+                    "--num-prompts", "1", "--new", "6", "--k", "2", "--draft-layers", "1", "--skip-hf"])
+    res = spec.run(a)
+    assert [(r["drafter"], r["pair"]) for r in res["rows"]] == [("none", "- / torch"),
+                                                                 ("self", "triton/num_splits=2 / torch")]
+    assert res["rows"][1]["same_as_target_only"] == 1.0
+    assert any("triton/bogus=1" in s and "bogus" in s.split(":", 1)[1] for s in res["skipped"]), res["skipped"]
+
+
 def test_spec_bench_rejects_unknown_drafter():
     with pytest.raises(SystemExit) as e:
         spec.parse(["--device", "cpu", "--model", "tiny-llama", "--drafters", "medusa"])

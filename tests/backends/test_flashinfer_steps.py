@@ -1,0 +1,102 @@
+"""flashinfer's device-planned draft steps through the fake flashinfer module (CPU): one host plan per launch, each
+step's last-page length rewritten on the device, the same attention at every step as a host plan of that step,
+and the engine's fallback to host-planned steps for launches that cross a page boundary."""
+
+import pytest
+import torch
+
+from attnlab.backends.flashinfer import FlashInferBackend
+from attnlab.engine import multistep
+from attnlab.engine.runner import ModelRunner
+from attnlab.errors import ConfigError
+from attnlab.kvcache import KVPool, PageAllocator
+from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
+from attnlab.spec.drafters import NoDrafter
+from tests.backends.fakes import FakeDecode
+from tests.backends.test_flashinfer import SMALL_WS, backend, cpu_case, meta_over, reference
+from tests.spec.tiny import prompts, tiny_config, tiny_model
+
+STARTS, N = [5, 17, 9], 3  # step j of request i feeds position STARTS[i] + j: KV length STARTS[i] + 1 + j
+
+
+def plans_made() -> int:
+    return sum(len(w.plans) for w in FakeDecode.created)
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_one_plan_per_launch_and_each_step_attends_its_own_length(fake_fi, page_size):
+    case = cpu_case([1] * 3, [s + N for s in STARTS], page_size=page_size, gqa=3)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=64)
+    assert be.supports_device_steps() and be.device_steps_fit(STARTS, N)
+    rows, scratch = 4, case.pool.num_pages  # one dummy row on the scratch page, KV length 1 at every step
+    lay = case.meta.layout
+    indptr = lay.kv_indptr.tolist() + [int(lay.kv_indptr[-1]) + 1]
+    indices = torch.cat([lay.kv_indices, torch.tensor([scratch], dtype=torch.int32)])
+    kv_lens = torch.tensor([[s + 1 + j for s in STARTS] + [1] for j in range(N)], dtype=torch.int32)
+    be.device_step_plans(rows, N, torch.tensor(indptr, dtype=torch.int32), indices, kv_lens)
+    be.device_steps_host_plan(rows, indptr, [s + 1 for s in STARTS] + [1], indices)
+    assert plans_made() == 1
+    q = torch.cat([case.q, torch.randn(1, *case.q.shape[1:]).to(case.q.dtype)])
+    for j in range(N):
+        be.use_step(j)
+        got = torch.stack([be.run(q, layer)[:3].float() for layer in range(case.pool.num_layers)])
+        want = reference(case, meta_over(case, [s + 1 + j for s in STARTS], [1] * 3), case.q)
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+        assert be.active_plan.wrapper.bufs["last"][3] == 1  # the dummy row stays one token on its page
+    assert plans_made() == 1  # the steps planned nothing
+    assert "planned once per launch" in be.kernel_info()["decode_steps"]
+
+
+def test_when_device_steps_apply(fake_fi):
+    case = cpu_case([1] * 3, [20, 7, 33], page_size=4, gqa=3)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=64)
+    assert be.device_steps_fit([0, 4, 9], 3)  # lengths 1..3, 5..7, 10..12: one page count each
+    assert not be.device_steps_fit([0, 6], 3)  # 7..9 crosses from 2 pages to 3
+    assert not be.device_steps_fit([3], 2)  # 4..5 crosses
+    off = [backend(case, max_batch_size=4),  # no CUDA-graph buffers: plain wrappers own their lengths
+           backend(case, cuda_graph=True, max_batch_size=4, device_steps=False)]
+    assert not any(b.supports_device_steps() for b in off)
+    tc = cpu_case([1] * 3, [20, 7, 33], page_size=4, gqa=4)  # GQA 4: tensor-core decode, which plans on lengths
+    assert not backend(tc, cuda_graph=True, max_batch_size=4).supports_device_steps()
+    with pytest.raises(NotImplementedError, match="device_steps=true"):
+        off[1].device_step_plans(4, 3, torch.zeros(5, dtype=torch.int32), torch.zeros(4, dtype=torch.int32),
+                                 torch.ones(3, 4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="outside 1..4"):  # a layout that is not the first step's pages
+        be.device_steps_host_plan(1, [0, 3], [5], torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(ConfigError, match="device_steps='yes'"):
+        FlashInferBackend.check_options({"device_steps": "yes"}, "backend.options")
+
+
+def fi_runner(model, cfg, device_steps: bool, page_size=4, max_context=128) -> ModelRunner:
+    pages = 8 * -(-max_context // page_size)
+    pool = KVPool(cfg.num_layers, pages, page_size, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, "cpu")
+    be = FlashInferBackend(pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5,
+                           torch.bfloat16, cuda_graph=True, max_batch_size=8, max_context=max_context,
+                           workspace_bytes=SMALL_WS, device_steps=device_steps)
+    return ModelRunner(model, cfg, None, pool, PageAllocator(pages, page_size), be, max_context, "target")
+
+
+def test_multi_step_decode_takes_both_paths_with_the_same_tokens(fake_fi, monkeypatch):
+    """engine.decode_steps_per_sync = 3 on flashinfer (eager, graph-mode buffers): launches in which no request
+    crosses a page run device-planned (one plan), the others host-planned; the tokens equal those of
+    host-planned steps everywhere (device_steps=false): the fake attends exactly what the buffers say."""
+    cfg = tiny_config(heads=6, kv_heads=2, head_dim=64)
+    model = tiny_model(cfg, seed=0, dtype=torch.bfloat16)
+    ps = prompts(3, cfg.vocab_size)
+    calls = []
+    real = multistep._device_steps
+    monkeypatch.setattr(multistep, "_device_steps", lambda r, reqs, starts, *a: calls.append(list(starts))
+                        or real(r, reqs, starts, *a))
+    outs = []
+    for device_steps in (False, True):
+        r = fi_runner(model, cfg, device_steps, page_size=8)
+        r.decode_steps_per_sync = N
+        out = SpeculativeDecoder(r, NoDrafter("cpu"), SpecParams(0)).generate(ps, 31)
+        assert r.allocator.num_free == r.allocator.num_pages
+        outs.append([o.output_ids for o in out.requests])
+        launches = len(out.iterations)
+        if not device_steps:
+            assert not calls
+    assert outs[0] == outs[1]
+    assert 0 < len(calls) < launches  # some launches fit, some cross a page (page size 8, 3 steps)
+    assert all(r.backend.device_steps_fit(s, N) for s in calls)
