@@ -8,15 +8,19 @@
 #   bash experiments/invariant-bf16/run.sh 3   what 1 and 2 left after the 12-01b sitting, in one call: batch 1
 #                                               (k 4 and 8), the builtin suite, alone vs batch 16      (~4 min)
 #   bash experiments/invariant-bf16/run.sh 4   the builtin suite sweep of 3 alone                      (~1.5 min)
-#   bash experiments/invariant-bf16/run.sh 5   ShareGPT at batch 8, k = 8, N_SG prompts (64: the issue's count)
-#   bash experiments/invariant-bf16/run.sh 6   part 2's normal-mode diagnostics, verify triton and flashinfer only
+#   bash experiments/invariant-bf16/run.sh 5   ShareGPT at batch 8, k = K5 (default 4,8), N_SG prompts (64: the
+#                                               issue's count), invariant vs normal                    (~2.5 min)
+#   bash experiments/invariant-bf16/run.sh 6   part 2's normal-mode diagnostics, verify DIAG_VERIFY (default
+#                                               triton,flashinfer; add fa with bundle 5)               (~2.5 min)
+#   bash experiments/invariant-bf16/run.sh 7   batch 1, invariant only, N_B1 ShareGPT prompts, k 4 and 8 (the
+#                                               cost at batch 1 was measured in part 3)                (~2 min)
 # Bundles: the ones of experiments/h200-2026-12-01 (README there): BUNDLES names their install.sh folders, the
 # GGUF model, the ShareGPT export in $DATA, flashinfer with its prebuilt sm_90a modules, the EAGLE head (shipped
 # in attnlab/heads/smollm2-135m). Prompt counts are cut to fit ~6 min of device time: env N_SG (ShareGPT at
 # batch 8, default 32 of the issue's 64), N_B1 (batch 1, default 8), NEW (default 256) raise them.
 # Output in $OUT: run<N>.log, report<N>.md (python -m attnlab.report of each sweep), logs<N>.tgz (run folders).
 set -u -o pipefail
-PART=${1:?part 1 to 6}
+PART=${1:?part 1 to 7}
 OUT=${OUT:-/tmp/out}; LOGS=/tmp/inv-logs; mkdir -p "$OUT" "$LOGS" /opt/data
 T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
@@ -51,13 +55,17 @@ builtin_b8() {  # the builtin suite at batch 8, k 4 and 8, invariant (parts 1, 3
 }
 
 case $PART in
-5)  # the 64-prompt sweep the issue asks for, at k = 8 (k = 4 ran at 16 prompts in 12-01b)
-  run sharegpt_b8_k8 280 $SG workload.num_prompts=$N_SG workload.batch_size=8 verify=triton backend=triton \
-    draft=ngram,eagle spec.num_draft_tokens=8 engine.invariant=false,true
+5)  # the 64-prompt sweep the issue asks for (k = 4 ran at 16 prompts in 12-01b)
+  run sharegpt_b8_64 ${T5:-400} $SG workload.num_prompts=$N_SG workload.batch_size=8 verify=triton backend=triton \
+    draft=ngram,eagle spec.num_draft_tokens=${K5:-4,8} engine.invariant=false,true
   ;;
-6)  # part 2's normal-mode diagnostics without fa (bundle 5)
-  run diagnostics_b8 150 $SG workload.num_prompts=$N_SG workload.batch_size=8 draft=ngram spec.num_draft_tokens=4 \
-    verify=triton,flashinfer engine.invariant=false parity.noise_floor=true
+6)  # part 2's normal-mode diagnostics; fa needs bundle 5
+  run diagnostics_b8 ${T6:-240} $SG workload.num_prompts=$N_SG workload.batch_size=8 draft=ngram \
+    spec.num_draft_tokens=4 verify=${DIAG_VERIFY:-triton,flashinfer} engine.invariant=false parity.noise_floor=true
+  ;;
+7)  # batch 1 under invariance on more prompts than part 3's 8 (whose normal-mode twins measured the cost)
+  run sharegpt_b1_inv ${T7:-240} $SG workload.num_prompts=$N_B1 workload.batch_size=1 verify=triton backend=triton \
+    draft=ngram,eagle spec.num_draft_tokens=4,8 engine.invariant=true
   ;;
 4)
   builtin_b8 80

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The H200 sitting of 2026-12-02 (README.md here): four calls back to back on one warm machine (installs in /opt
+# stay while it is held; a fresh machine needs parts 1 and 2 again before 3 and 4).
+#   run.sh 1  carry .gpu/a2: the triton GPU tests (what changed after the fifth sitting of 2026-12-01 and ran on
+#             no GPU: the device-steps buffer realignment, GraphCache._record, attend_tile's one-load refactor)
+#   run.sh 2  carry .gpu/b (the model is whole): issue 18, 64 held-out ShareGPT prompts at batch 8, k 4 and 8,
+#             ngram and eagle, invariant vs normal; batch 1 under invariance on 32 prompts
+#   run.sh 3  carry .gpu/c + .gpu/6: the flashinfer GPU tests (device-planned draft steps among them); issue 12,
+#             every backend pair at batch 1, k 4 and 6, 4 repeats in one process, with the flashinfer draft's
+#             host-planned steps (flashinfer/device_steps=false, the before) beside the device-planned ones
+#   run.sh 4  carry .gpu/5 (fa3_fwd): issue 18's normal-mode divergence diagnostics of verify triton, flashinfer
+#             and fa on 64 prompts, with the batch-1 vs batch-8 noise floor
+# At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
+set -u -o pipefail
+PART=${1:?part 1-4}
+OUT=${OUT:-/tmp/out}; LOGS=/tmp/logs; mkdir -p "$OUT" "$LOGS" /opt/site /opt/models /opt/data
+T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
+export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
+exec > >(tee "$OUT/run$PART.log") 2>&1
+PY=python3
+DATA=/opt/data/sharegpt.jsonl.gz
+S="$PY -m attnlab.bench.spec --device cuda --skip-hf --prompts $DATA --new 128"
+case $PART in
+1)
+  # .gpu/a2: the GGUF's first half, the wheels, and every held-out ShareGPT turn (212; attnlab.workloads.sharegpt
+  # --export --train 0: the same held-out prompts as the whole file)
+  step "install .gpu/a2"; bash .gpu/a2/install.sh | tail -1; cp .gpu/a2/sg_heldout_all.jsonl.gz $DATA
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+  step "GPU tests (triton): every engine test, serving, the kernel grid compiled, the invariant kernel"
+  timeout 270 $PY -m pytest -m gpu -q -p no:cacheprovider -ra tests/integration/test_gpu_engine.py \
+    tests/integration/test_gpu_serving.py tests/backends/test_triton.py tests/backends/test_invariant.py \
+    -k "not flashinfer" > $LOGS/tests1.log 2>&1; grep -E "passed|failed|FAILED|Error" $LOGS/tests1.log | tail -n 12
+  cp $LOGS/tests1.log "$OUT/"
+  ;;
+2)
+  step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
+  step "issue 18: 64 held-out ShareGPT prompts, batch 8, k 4 and 8, ngram and eagle, invariant vs normal"
+  BUNDLES=" " DATA=$DATA N_SG=64 bash experiments/invariant-bf16/run.sh 5
+  step "issue 18: batch 1 under invariance, 32 prompts, k 4 and 8, ngram and eagle"
+  BUNDLES=" " DATA=$DATA N_B1=32 bash experiments/invariant-bf16/run.sh 7
+  ;;
+3)
+  step "install .gpu/c (flashinfer) and .gpu/6 (its prebuilt sm_90a modules)"
+  bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
+  step "GPU tests (flashinfer): engine (device-planned draft steps), serving, tree-graph fuzz"
+  timeout 200 $PY -m pytest -m gpu -q -p no:cacheprovider -ra tests/integration/test_gpu_engine.py \
+    tests/integration/test_gpu_serving.py tests/spec/test_tree_graph_fuzz.py -k flashinfer > $LOGS/tests3.log 2>&1
+  grep -E "passed|failed|FAILED|Error" $LOGS/tests3.log | tail -n 8; cp $LOGS/tests3.log "$OUT/"
+  step "issue 12: every pair, eagle and ngram, batch 1, k 4 and 6, 4 repeats; the flashinfer draft before / after"
+  timeout 360 $S --fused-ops --backends triton,flashinfer --draft-backends triton,flashinfer,flashinfer/device_steps=false \
+    --drafters ngram,eagle --k 4,6 --batch 1 --repeats 4 --num-prompts 16 --out "$OUT/pairs_b1" > $LOGS/pairs.log 2>&1
+  tail -n 22 $LOGS/pairs.log
+  ;;
+4)
+  step "install .gpu/5 (fa3_fwd)"; bash .gpu/5/install.sh | tail -1
+  step "issue 18: normal-mode divergence diagnostics, verify triton / flashinfer / fa, 64 prompts, batch 8"
+  BUNDLES=" " DATA=$DATA N_SG=64 DIAG_VERIFY=triton,flashinfer,fa T6=300 bash experiments/invariant-bf16/run.sh 6
+  ;;
+*) echo "unknown part $PART"; exit 2 ;;
+esac
+step "part $PART done"
