@@ -236,6 +236,7 @@ class FlashInferBackend(AttentionBackend):
         self.prefill_min_q_len = int(prefill_min_q_len)
         self.cuda_graph = cuda_graph
         self.device_steps = device_steps
+        self.step_plans_reused = 0  # device-steps launches that kept the previous launch's plan
         if cuda_graph and not max_batch_size:
             raise ConfigError("flashinfer with cuda_graph=True needs max_batch_size (the largest graph bucket)")
         self.max_batch_size = max_batch_size
@@ -247,6 +248,7 @@ class FlashInferBackend(AttentionBackend):
         self._wrappers: dict[tuple, object] = {}
         self._wrapper_bufs: dict[tuple, _GraphBuffers | None] = {}  # the buffers a fixed-buffer wrapper reads
         self._graph_bufs: dict[int, _GraphBuffers] = {}
+        self._step_plans: dict[int, tuple[int, ...]] = {}  # id(wrapper) -> kv_indptr of its device-steps plan
         self._resolved: dict[str, set[str]] = {}  # pass label -> kernel families its wrappers resolved to
         # fp8 KV stores value / scale; FlashInfer folds k_scale into sm_scale and multiplies out by v_scale.
         self._k_scale = pool.k_scale if pool.is_fp8 else None
@@ -402,6 +404,7 @@ class FlashInferBackend(AttentionBackend):
                 raise ConfigError(f"flashinfer graph mode: tree mask needs {need} bytes, buffer holds "
                                   f"{cap}; raise max_q_len / max_context")
         wrapper, buf = self._wrapper(slot, kind, family, meta.batch_size, graph_q_len)
+        self._step_plans.pop(id(wrapper), None)  # this plan replaces a device-steps launch plan in the wrapper
         qo_indptr, kv_indptr, last_page_len = host_csr(meta)
         common = {"q_data_type": self.dtype, "kv_data_type": self.pool.dtype, "sm_scale": self.scale}
         shape = (self.num_q_heads, self.num_kv_heads, self.head_dim, meta.page_size)
@@ -459,16 +462,26 @@ class FlashInferBackend(AttentionBackend):
 
     def device_steps_host_plan(self, rows: int, kv_indptr: list[int], kv_lens: list[int],
                                kv_indices: torch.Tensor) -> None:
-        wrapper, _ = self._wrapper(1, "decode", "decode", rows, 1)
+        """Plan slot 1 for the launch, or, when its wrapper already holds a plan of the same page counts (the
+        previous launch's, as long as no request gained a page), keep that schedule and copy only the page ids:
+        at batch 1 and page 16 that skips the host plan on most draft launches. The last page lengths are
+        written by ``use_step`` on the device."""
+        wrapper, buf = self._wrapper(1, "decode", "decode", rows, 1)
         ps = self.pool.page_size
         last = [n - (kv_indptr[i + 1] - kv_indptr[i] - 1) * ps for i, n in enumerate(kv_lens)]
         if min(last, default=1) < 1 or max(last, default=1) > ps:
             raise ValueError(f"flashinfer device steps: last page lengths {last} outside 1..{ps} (a layout that "
                              "is not the first step's pages)")
+        key = tuple(kv_indptr)
+        if self._step_plans.get(id(wrapper)) == key:
+            buf.kv_indices[:key[-1]].copy_(kv_indices[:key[-1]])
+            self.step_plans_reused += 1
+            return
         wrapper.plan(torch.tensor(kv_indptr, dtype=torch.int32), kv_indices[:kv_indptr[-1]],
                      torch.tensor(last, dtype=torch.int32), self.num_q_heads, self.num_kv_heads, self.head_dim, ps,
                      pos_encoding_mode="NONE", q_data_type=self.dtype, kv_data_type=self.pool.dtype,
                      sm_scale=self.scale)
+        self._step_plans[id(wrapper)] = key
         self._resolved.setdefault("decode_steps", set()).add(
             resolved_family(wrapper, "decode", "decode") + " (planned once per launch)")
 

