@@ -57,7 +57,9 @@ case $PART in
 4)
   step "install .gpu/5 (fa3_fwd)"; bash .gpu/5/install.sh | tail -1
   step "issue 18: normal-mode divergence diagnostics, verify triton / flashinfer / fa, 64 prompts, batch 8"
-  BUNDLES=" " DATA=$DATA N_SG=64 DIAG_VERIFY=triton,flashinfer,fa T6=300 bash experiments/invariant-bf16/run.sh 6
+  # as run on 2026-12-02, DIAG_VERIFY=triton,flashinfer,fa: fa failed at config time (page 16); DIAG_FA=1 runs it
+  # on the contiguous layout, as the by-hand call did (results/diag_fa.log)
+  BUNDLES=" " DATA=$DATA N_SG=64 DIAG_FA=1 T6=300 bash experiments/invariant-bf16/run.sh 6
   ;;
 5)  # a fresh machine, carry .gpu/d + .gpu/c + .gpu/6 (no model: random weights)
   step "install .gpu/d (small wheels), .gpu/c (flashinfer), .gpu/6 (its prebuilt sm_90a modules)"

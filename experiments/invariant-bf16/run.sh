@@ -11,7 +11,7 @@
 #   bash experiments/invariant-bf16/run.sh 5   ShareGPT at batch 8, k = K5 (default 4,8), N_SG prompts (64: the
 #                                               issue's count), invariant vs normal                    (~2.5 min)
 #   bash experiments/invariant-bf16/run.sh 6   part 2's normal-mode diagnostics, verify DIAG_VERIFY (default
-#                                               triton,flashinfer; add fa with bundle 5)               (~2.5 min)
+#                                               triton,flashinfer; DIAG_FA=1 adds fa, bundle 5)        (~2.5 min)
 #   bash experiments/invariant-bf16/run.sh 7   batch 1, invariant only, N_B1 ShareGPT prompts, k 4 and 8 (the
 #                                               cost at batch 1 was measured in part 3)                (~2 min)
 # Bundles: the ones of experiments/h200-2026-12-01 (README there): BUNDLES names their install.sh folders, the
@@ -59,9 +59,13 @@ case $PART in
   run sharegpt_b8_64 ${T5:-400} $SG workload.num_prompts=$N_SG workload.batch_size=8 verify=triton backend=triton \
     draft=ngram,eagle spec.num_draft_tokens=${K5:-4,8} engine.invariant=false,true
   ;;
-6)  # part 2's normal-mode diagnostics; fa needs bundle 5
+6)  # part 2's normal-mode diagnostics; DIAG_FA=1 adds fa (bundle 5), which reads a contiguous KV layout
   run diagnostics_b8 ${T6:-240} $SG workload.num_prompts=$N_SG workload.batch_size=8 draft=ngram \
     spec.num_draft_tokens=4 verify=${DIAG_VERIFY:-triton,flashinfer} engine.invariant=false parity.noise_floor=true
+  if [ "${DIAG_FA:-0}" = 1 ]; then
+    run diagnostics_b8_fa ${T6:-240} $SG workload.num_prompts=$N_SG workload.batch_size=8 draft=ngram \
+      spec.num_draft_tokens=4 verify=fa kv.layout=contiguous engine.invariant=false parity.noise_floor=true
+  fi
   ;;
 7)  # batch 1 under invariance on more prompts than part 3's 8 (whose normal-mode twins measured the cost)
   run sharegpt_b1_inv ${T7:-240} $SG workload.num_prompts=$N_B1 workload.batch_size=1 verify=triton backend=triton \
