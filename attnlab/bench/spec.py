@@ -80,6 +80,8 @@ class Row:
     repeats_s: list[float] = field(default_factory=list)  # every repeat's seconds
     phase_ms: dict[str, float] = field(default_factory=dict)  # per speculative iteration, CUDA events
     host_ms: dict[str, float] = field(default_factory=dict)  # the host's own time in the same phases
+    # the draft's n-step graph replays over the timed repeats: host-planned ("steps") / device-planned ("dsteps")
+    step_launches: dict[str, int] = field(default_factory=dict)
 
     @property
     def tok_s(self) -> float:
@@ -166,6 +168,8 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         dec = SpeculativeDecoder(target, drafter, SpecParams(k, topk=K, num_steps=S if K > 1 else None))
         dec.generate(prompts[:batch], 8, eos)  # compiles, JIT builds, first-use allocations: untimed
         _sync(dev)
+        graphs = getattr(getattr(drafter, "runner", None), "graphs", None)
+        launches0 = dict(graphs.step_replays) if graphs is not None else {}
         times, phases, host = [], {p: [] for p in PHASES}, {p: [] for p in PHASES}
         for _ in range(a.repeats):
             t0, outs, passes, taus = time.perf_counter(), [], 0, []
@@ -182,11 +186,13 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
             _sync(dev)
             times.append(time.perf_counter() - t0)
         med = sorted(times)[len(times) // 2]
+        launches = {key: n - launches0[key] for key, n in graphs.step_replays.items()} if graphs is not None else {}
         return Row("attnlab", drafter_name, pair, med, sum(map(len, outs)), passes, outs,
                    tau=sum(taus) / max(1, len(taus)) if k else None, batch=batch, k=k,
                    tree="chain" if K == 1 else f"{K}x{S}", repeats_s=times,
                    phase_ms={ph: sum(v) / len(v) for ph, v in phases.items() if v},
-                   host_ms={ph: sum(v) / len(v) for ph, v in host.items() if v})
+                   host_ms={ph: sum(v) / len(v) for ph, v in host.items() if v},
+                   step_launches={key: n for key, n in launches.items() if any(launches.values())})
 
     for batch in a.batches:
         for verify in a.backends:
@@ -407,6 +413,11 @@ def run(a) -> dict:
                 same = sum(x == y for x, y in zip(r.outputs, hf_ref))
                 lines.append(f"\nattnlab target-only ({r.pair}) = HF generate, token for token: {same} of "
                              f"{len(hf_ref)} prompts")
+    planned = [r for r in rows if r.step_launches.get("steps") and r.step_launches.get("dsteps") is not None]
+    for r in planned:  # a backend whose launches are device-planned only within a page (flashinfer)
+        n, d = sum(r.step_launches.values()), r.step_launches["dsteps"]
+        lines.append(f"\n{r.drafter} {r.pair}, batch {r.batch}, k={r.k}: {d} of {n} draft launches device-planned "
+                     f"({d / n:.0%}), the others planned per step")
     if a.weights == "random":
         lines.append("\nRandom weights: acceptance (and so tau and speedup) says nothing about real text.")
     if skipped:
