@@ -364,24 +364,31 @@ def parse(argv=None):
         ap.error(f"--drafters: unknown {sorted(bad)} (choose from ngram, self, eagle, eagle-per-step)")
     if set(EAGLES) & set(a.drafters) and not a.skip_hf:
         a.skip_hf = True  # HF assisted generation has no EAGLE-3 path here: attnlab rows only
+    a.weights = resolve_weights(ap, a.model, a.weights)
+    return a
+
+
+def resolve_weights(ap: argparse.ArgumentParser, model: str, weights: str) -> str:
+    """--weights auto|real|random -> real | random: real where the preset packages its GGUF (smollm2-135m) and
+    it is installed; an unknown preset, or --weights real without weights, is an argparse error."""
     from attnlab.errors import ModelLoadError
     from attnlab.models.presets import get_preset
 
     try:
-        preset = get_preset(a.model)
+        preset = get_preset(model)
     except ModelLoadError as e:
         ap.error(str(e))
-    if a.weights != "random":  # real weights: a preset that packages its GGUF (smollm2-135m)
-        try:
-            if preset.gguf is None:
-                raise ModelLoadError(f"preset {a.model!r} packages no weights")
-            preset.gguf_path()
-            a.weights = "real"
-        except ModelLoadError as e:
-            if a.weights == "real":
-                ap.error(f"--weights real: {e}")
-            a.weights = "random"
-    return a
+    if weights == "random":
+        return weights
+    try:
+        if preset.gguf is None:
+            raise ModelLoadError(f"preset {model!r} packages no weights")
+        preset.gguf_path()
+        return "real"
+    except ModelLoadError as e:
+        if weights == "real":
+            ap.error(f"--weights real: {e}")
+        return "random"
 
 
 def run(a) -> dict:
