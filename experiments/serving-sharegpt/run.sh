@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Issue 19's serving numbers on one H200 (README.md here): SmolLM2-135M on held-out ShareGPT prompts, served by
-# the continuous-batching engine, in one device call of ~5 min (FlashInfer's JIT modules already warm).
-#   bash experiments/serving-sharegpt/run.sh [all]    closed loop c = 1, 8, 32, 100, then a Poisson rate sweep
-#   bash experiments/serving-sharegpt/run.sh closed   only the closed loop (~3 min)  | poisson: only the sweep (~2 min)
+# the continuous-batching engine, in one device call (FlashInfer's JIT modules already warm).
+#   bash experiments/serving-sharegpt/run.sh [bench]  preferred: one process (python -m attnlab.bench.serving), each
+#                                                     side built and graphed once for every setting, four pairs
+#   bash experiments/serving-sharegpt/run.sh all      the previous path: a Hydra job per (pair, drafter, load)
+#   bash experiments/serving-sharegpt/run.sh closed   only its closed loop (~3 min)  | poisson: only its sweep (~2 min)
 # Every multirun has its own timeout; together they stay under the 10-minute limit of one device call.
 # Needs the bundles of experiments/h200-2026-12-01 (its .gpu/a+b: the GGUF, hydra, ShareGPT export; .gpu/c+6:
 # flashinfer and its sm_90a kernels) installed, or DATA pointing at a `python -m attnlab.workloads.sharegpt
-# --export` file. Output in $OUT: run.log, report.md + its PNGs, runs.tgz (every job folder).
+# --export` file. Output in $OUT: run.log; bench: serving.md, serving.json, serving_latency.png; the Hydra path:
+# report.md + its PNGs, runs.tgz (every job folder).
 # Request counts are cut to fit the time box (README: "what was cut"); raise N_* for a full run.
 set -u -o pipefail
-PART=${1:-all}
+PART=${1:-bench}
 OUT=${OUT:-/tmp/out}; RUNS=/tmp/serving-runs; mkdir -p "$OUT" "$RUNS"
 T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
@@ -33,6 +36,19 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 $PY -c "import torch, triton, flashinfer; print('torch', torch.__version__, 'triton', triton.__version__, \
 'flashinfer', flashinfer.__version__)"
 [ -f "$DATA" ] || { echo "no ShareGPT export at $DATA (set DATA=...)"; exit 2; }
+
+# Preferred: one process. Each verify backend's target is built once (CUDA graphs for q_len 1 and 5, buckets up to
+# 128) and serves the target-only rows of every setting; each eagle draft backend is built once on it and serves
+# every setting; one untimed warm run per (pair, drafter). Request counts: README "One process".
+if [ "$PART" = bench ]; then
+  step "bench.serving: eagle x 4 pairs and none x 2 verify backends, closed 1,8,32,100 and poisson 8,32,128"
+  timeout 590 $PY -m attnlab.bench.serving --device cuda --model smollm2-135m --backends triton,flashinfer \
+    --draft-backends triton,flashinfer --drafters eagle,none --k 4 --prompts "$DATA" --output-len recorded \
+    --max-new 128 --closed 1,8,32,100 --poisson ${RATES:-8,32,128} --max-running 128 --out "$OUT/serving"
+  echo "--- bench.serving: rc=$? (124: its timeout)"
+  step "done"
+  exit 0
+fi
 
 # Closed loop: C requests in the system, a new one as soon as one finishes; the first C are the warmup (their
 # admission is the ramp-up), the rest are measured. eagle runs attention on both sides: all four pairs; ngram and
