@@ -13,9 +13,10 @@
 #             kv.layout=contiguous: results/diag_fa.log has the command)
 #   run.sh 5  a second, short machine start (carry .gpu/d + .gpu/c + .gpu/6, random weights): the flashinfer draft
 #             keeping the previous launch's plan, tested and timed; the extend kernel's tests compiled
+#   run.sh N1, N2, N3: the next sitting (README "Next"), back to back: a2, b, c + 6 (~17 min with the start)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1-5}
+PART=${1:?part 1-5 or N1-N3}
 OUT=${OUT:-/tmp/out}; LOGS=/tmp/logs; mkdir -p "$OUT" "$LOGS" /opt/site /opt/models /opt/data
 T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
@@ -78,6 +79,33 @@ case $PART in
     --draft-backends triton,flashinfer,flashinfer/device_steps=false --drafters eagle --k 4,6 --batch 1 \
     --repeats 3 --num-prompts 8 --new 48 --out "$OUT/fi_steps_random" > $LOGS/fi_steps.log 2>&1
   tail -n 9 $LOGS/fi_steps.log
+  ;;
+N1)  # the next sitting, call 1 (carry .gpu/a2): the whole triton kernel grid compiled (part 5 cut it at 110 s)
+  step "install .gpu/a2"; bash .gpu/a2/install.sh | tail -1; cp .gpu/a2/sg_heldout_all.jsonl.gz $DATA
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+  step "tests/backends/test_triton.py on the GPU, every case (decode, verify, prefill, tiles, graphs)"
+  timeout 330 $PY -m pytest -v -p no:cacheprovider tests/backends/test_triton.py > $LOGS/triton_all.log 2>&1
+  grep -cE "PASSED" $LOGS/triton_all.log; grep -E "FAILED|passed|failed" $LOGS/triton_all.log | tail -n 8
+  cp $LOGS/triton_all.log "$OUT/"
+  ;;
+N2)  # call 2 (carry .gpu/b): what issue 18's grid still lacks
+  step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
+  step "issue 18: batch 1 under invariance on the 64-prompt set; the builtin suite at batch 1"
+  BUNDLES=" " DATA=$DATA N_B1=64 T7=330 bash experiments/invariant-bf16/run.sh 7
+  BUNDLES=" " DATA=$DATA bash experiments/invariant-bf16/run.sh 8
+  ;;
+N3)  # call 3 (carry .gpu/c + .gpu/6): issue 19 in one process; issue 12's flashinfer-drafted pairs with the kept plan
+  step "install .gpu/c (flashinfer) and .gpu/6 (its prebuilt sm_90a modules)"
+  bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
+  step "issue 19: bench.serving, 4 pairs x eagle / none, closed 1-100, Poisson 8-128 req/s, graphs on"
+  timeout 330 $PY -m attnlab.bench.serving --device cuda --model smollm2-135m --backends triton,flashinfer \
+    --draft-backends triton,flashinfer --drafters eagle,none --k 4 --prompts $DATA --output-len recorded \
+    --max-new 128 --closed 1,8,32,100 --poisson 8,32,128 --max-running 128 --out "$OUT/serving" \
+    > $LOGS/serving.log 2>&1; tail -n 40 $LOGS/serving.log
+  step "issue 12: flashinfer-drafted pairs with the kept plan, beside triton drafting, batch 1, k 4 / 6, 4 repeats"
+  timeout 230 $S --fused-ops --backends triton,flashinfer --draft-backends flashinfer,triton --drafters eagle \
+    --k 4,6 --batch 1 --repeats 4 --num-prompts 16 --out "$OUT/pairs_kept" > $LOGS/pairs_kept.log 2>&1
+  tail -n 16 $LOGS/pairs_kept.log
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac

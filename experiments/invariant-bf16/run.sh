@@ -14,13 +14,14 @@
 #                                               triton,flashinfer; DIAG_FA=1 adds fa, bundle 5)        (~2.5 min)
 #   bash experiments/invariant-bf16/run.sh 7   batch 1, invariant only, N_B1 ShareGPT prompts, k 4 and 8 (the
 #                                               cost at batch 1 was measured in part 3)                (~2 min)
+#   bash experiments/invariant-bf16/run.sh 8   the builtin suite at batch 1, k 4 and 8, invariant      (~1.5 min)
 # Bundles: the ones of experiments/h200-2026-12-01 (README there): BUNDLES names their install.sh folders, the
 # GGUF model, the ShareGPT export in $DATA, flashinfer with its prebuilt sm_90a modules, the EAGLE head (shipped
 # in attnlab/heads/smollm2-135m). Prompt counts are cut to fit ~6 min of device time: env N_SG (ShareGPT at
 # batch 8, default 32 of the issue's 64), N_B1 (batch 1, default 8), NEW (default 256) raise them.
 # Output in $OUT: run<N>.log, report<N>.md (python -m attnlab.report of each sweep), logs<N>.tgz (run folders).
 set -u -o pipefail
-PART=${1:?part 1 to 7}
+PART=${1:?part 1 to 8}
 OUT=${OUT:-/tmp/out}; LOGS=/tmp/inv-logs; mkdir -p "$OUT" "$LOGS" /opt/data
 T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
@@ -49,8 +50,8 @@ run() {  # run <name> <timeout s> <overrides...>: one sweep, its report, its fol
   cat "$OUT/report_$name.md"
 }
 
-builtin_b8() {  # the builtin suite at batch 8, k 4 and 8, invariant (parts 1, 3, 4)
-  run builtin_b8 "$1" workload=builtin workload.num_prompts=24 workload.batch_size=8 verify=triton backend=triton \
+builtin() {  # builtin <batch> <timeout s>: the builtin suite, k 4 and 8, invariant (parts 1, 3, 4, 8)
+  run builtin_b$1 "$2" workload=builtin workload.num_prompts=24 workload.batch_size=$1 verify=triton backend=triton \
     draft=ngram,eagle spec.num_draft_tokens=4,8 engine.invariant=true
 }
 
@@ -67,17 +68,20 @@ case $PART in
       spec.num_draft_tokens=4 verify=fa kv.layout=contiguous engine.invariant=false parity.noise_floor=true
   fi
   ;;
+8)
+  builtin 1 ${T8:-150}
+  ;;
 7)  # batch 1 under invariance on more prompts than part 3's 8 (whose normal-mode twins measured the cost)
   run sharegpt_b1_inv ${T7:-240} $SG workload.num_prompts=$N_B1 workload.batch_size=1 verify=triton backend=triton \
     draft=ngram,eagle spec.num_draft_tokens=4,8 engine.invariant=true
   ;;
 4)
-  builtin_b8 80
+  builtin 8 80
   ;;
 3)
   run sharegpt_b1 130 $SG workload.num_prompts=$N_B1 workload.batch_size=1 verify=triton backend=triton \
     draft=ngram,eagle spec.num_draft_tokens=4,8 engine.invariant=false,true
-  builtin_b8 80
+  builtin 8 80
   run alone_vs_b16 60 $SG workload.num_prompts=16 workload.batch_size=16 verify=triton draft=ngram \
     spec.num_draft_tokens=4 engine.invariant=true parity.noise_floor=true
   ;;
@@ -87,7 +91,7 @@ case $PART in
   tail -n 5 $LOGS/tests.log
   run sharegpt_b8 170 $SG workload.num_prompts=$N_SG workload.batch_size=8 verify=triton backend=triton \
     draft=ngram,eagle spec.num_draft_tokens=4,8 engine.invariant=false,true
-  builtin_b8 70
+  builtin 8 70
   # target-only at batch 1 vs at batch 16 (parity.noise_floor): under invariance any difference fails the job
   run alone_vs_b16 50 $SG workload.num_prompts=16 workload.batch_size=16 verify=triton draft=ngram \
     spec.num_draft_tokens=4 engine.invariant=true parity.noise_floor=true
