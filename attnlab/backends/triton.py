@@ -32,6 +32,7 @@ class TritonPlan:
     mask_indptr: torch.Tensor | None = None  # extend: [batch] int64
     o_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits, D] fp32
     lse_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits] fp32
+    counters: torch.Tensor | None = None  # fused_merge: int32 [programs over (block, kv head)], 0 between launches
     mask_len: int = 0  # entries of the custom mask this pass was planned with (``mask`` may be a larger buffer)
 
 
@@ -56,6 +57,8 @@ class TritonBackend(AttentionBackend):
         "prefill_tiles": "BLOCK_MxBLOCK_NxWARPSxSTAGES (e.g. 128x64x8x3): the extend kernel's launch for "
                          "prefills (>= 65 new tokens per request), in place of the heuristic (tuning); null = "
                          "heuristic",
+        "fused_merge": "true / false (default): merge split-KV partials inside the decode / extend kernel (the "
+                       "last split to finish merges), not in a second launch per layer",
     }
 
     @classmethod
@@ -66,6 +69,8 @@ class TritonBackend(AttentionBackend):
             n = options.get(key)
             if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
                 raise ConfigError(f"{field}.{key}={n!r}: must be an int >= 1 or null ({what})")
+        if not isinstance(options.get("fused_merge", False), bool):
+            raise ConfigError(f"{field}.fused_merge={options['fused_merge']!r}: must be true or false")
         tiles = options.get("prefill_tiles")
         if tiles is not None:
             try:
@@ -76,7 +81,7 @@ class TritonBackend(AttentionBackend):
     def __init__(self, *args, num_splits: int | None = None, cuda_graph: bool = False,
                  max_batch_size: int | None = None, max_q_len: int = 16, max_context: int | None = None,
                  invariant: bool = False, split_tokens: int | None = None, prefill_tiles: str | None = None,
-                 **kwargs):
+                 fused_merge: bool = False, **kwargs):
         """num_splits: force the split-KV count (tests, tuning); None = heuristic.
 
         invariant (engine.invariant): every pass, prefill, decode and verify, runs attnlab.kernels.invariant
@@ -94,6 +99,7 @@ class TritonBackend(AttentionBackend):
         self.invariant = invariant
         self.split_tokens = split_tokens
         self.prefill_tiles = prefill_tiles
+        self.fused_merge = fused_merge
         self.cuda_graph = cuda_graph
         self.max_context = max_context or self.pool.capacity_tokens()
         self.max_q_len = max_q_len
@@ -140,7 +146,8 @@ class TritonBackend(AttentionBackend):
         p = plan.params
         label = meta.mode.value + ("_tree" if meta.custom_mask is not None else "")
         split = f"split_tokens={p.split_tokens} " if p.kind == "invariant" else ""
-        self._kernels[label] = (f"{p.kind} BLOCK_M={p.block_m} BLOCK_N={p.block_n} {split}splits={p.num_splits} "
+        merge = " merge=fused" if plan.counters is not None else ""
+        self._kernels[label] = (f"{p.kind} BLOCK_M={p.block_m} BLOCK_N={p.block_n} {split}splits={p.num_splits}{merge} "
                                 f"warps={p.num_warps} stages={p.num_stages}")
         return plan
 
@@ -167,6 +174,7 @@ class TritonBackend(AttentionBackend):
                                           dtype=torch.float32, device=self.device)
                 plan.lse_part = torch.empty(batch, self.num_q_heads, params.num_splits, dtype=torch.float32,
                                             device=self.device)
+                plan.counters = self._merge_counters(params, batch)
             self._slots[j + 1] = plan
             plans.append(plan)
         self._kernels["decode_steps"] = (f"decode BLOCK_M={params.block_m} BLOCK_N={params.block_n} "
@@ -252,7 +260,15 @@ class TritonBackend(AttentionBackend):
                                       dtype=torch.float32, device=dev)
             plan.lse_part = torch.empty(num_tokens, self.num_q_heads, params.num_splits, dtype=torch.float32,
                                         device=dev)
+            blocks = len(meta.q_lens) if params.kind == "decode" else len(plan.block_req)
+            plan.counters = self._merge_counters(params, blocks)
         return plan
+
+    def _merge_counters(self, params, blocks: int) -> torch.Tensor | None:
+        """fused_merge's arrival counters of a split plan: one per (request or query block, kv head), zeros."""
+        if not self.fused_merge or params.kind not in ("decode", "extend") or params.num_splits < 2:
+            return None
+        return torch.zeros(max(1, blocks) * self.num_kv_heads, dtype=torch.int32, device=self.device)
 
     def write_mask(self, plan: TritonPlan, custom_mask: torch.Tensor) -> None:
         """In place into the plan's uint8 mask buffer (bool -> uint8 in the copy): graph-safe."""
@@ -272,7 +288,7 @@ class TritonBackend(AttentionBackend):
         v_cache = lay[1].view(-1, pool.num_kv_heads, pool.head_dim)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         common = {"page_size": pool.page_size, "scale": self.scale, "params": plan.params, "k_scale": pool.k_scale,
-                  "v_scale": pool.v_scale, "o_part": plan.o_part, "lse_part": plan.lse_part}
+                  "v_scale": pool.v_scale, "o_part": plan.o_part, "lse_part": plan.lse_part, "counters": plan.counters}
         if plan.params.kind == "invariant":
             from attnlab.kernels.invariant import paged_invariant
 
@@ -300,5 +316,5 @@ class TritonBackend(AttentionBackend):
 
         shape = WarmupShape(self.num_q_heads, self.num_kv_heads, self.head_dim, self.pool.page_size,
                             self.dtype, self.pool.dtype, tuple(batch_sizes), tuple(q_lens), tuple(kv_lens),
-                            custom_mask, self.num_splits, self.prefill_tiles)
+                            custom_mask, self.num_splits, self.prefill_tiles, self.fused_merge)
         return warmup([shape], self.device)

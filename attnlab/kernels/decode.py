@@ -15,21 +15,21 @@ import torch
 import triton
 import triton.language as tl
 
-from attnlab.kernels.heuristics import LaunchParams, fp32_dot
-from attnlab.kernels.merge import merge_splits
+from attnlab.kernels.heuristics import LaunchParams, fp32_dot, next_pow2
+from attnlab.kernels.merge import merge_arrived, merge_splits
 from attnlab.kernels.paged import attend_tile, tile_slots, write_result
 
 LOG2E = 1.0 / math.log(2.0)
 
 
 @triton.jit
-def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, QO_INDPTR, KV_INDPTR, KV_INDICES, KV_LENS,
+def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR, KV_INDICES, KV_LENS,
                    qk_scale, v_scale, num_splits,
                    stride_qt, stride_qh, stride_slot, stride_kh, stride_ot, stride_oh,
                    stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   SPLIT: tl.constexpr, FP32_DOT: tl.constexpr):
+                   SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr, BLOCK_S: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -63,13 +63,17 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, QO_INDPTR, KV_INDPTR, KV_INDICE
                                     qk_scale, stride_slot, FP32_DOT, True, False)
     write_result(acc, m_i, l_i, O, O_PART, LSE_PART, rows, heads, split, offs_d, m_mask, d_mask, v_scale,
                  stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, SPLIT)
+    if SPLIT and FUSE_MERGE:
+        merge_arrived(O, O_PART, LSE_PART, COUNTERS, b * tl.num_programs(1) + kvh, num_splits, rows, heads, m_mask,
+                      offs_d, d_mask, stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
+                      BLOCK_S)
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                  qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                  kv_lens: torch.Tensor, *, page_size: int, scale: float, params: LaunchParams,
                  k_scale: float = 1.0, v_scale: float = 1.0, o_part: torch.Tensor | None = None,
-                 lse_part: torch.Tensor | None = None) -> torch.Tensor:
+                 lse_part: torch.Tensor | None = None, counters: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention over a paged pool; writes and returns ``out``.
 
     q, out:      [num_tokens, Hq, D] (q_len 0 or 1 per request)
@@ -79,6 +83,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     kv_lens:     [batch] int32
     o_part:      [num_tokens, Hq, num_splits, D] fp32 and lse_part [num_tokens, Hq, num_splits] fp32
                  scratch, required when params.num_splits > 1
+    counters:    int32 [>= batch * Hkv], all 0: split-KV partials merged inside the kernel by the last split of
+                 each (request, kv head) (merge.merge_arrived), which leaves them 0 again; None: merge_splits after
     """
     batch = qo_indptr.shape[0] - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -90,16 +96,17 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         return out
     part = o_part if split else out
     lse = lse_part if split else out
+    fuse = split and counters is not None
     _decode_kernel[(batch, num_kv_heads, params.num_splits)](
-        q, k_cache, v_cache, out, part, lse, qo_indptr, kv_indptr, kv_indices, kv_lens,
+        q, k_cache, v_cache, out, part, lse, counters if fuse else qo_indptr, qo_indptr, kv_indptr, kv_indices, kv_lens,
         scale * k_scale * LOG2E, v_scale, params.num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         *(part.stride()[:3] if split else (0, 0, 0)), *(lse.stride()[:2] if split else (0, 0)),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         BLOCK_M=params.block_m, BLOCK_N=params.block_n, BLOCK_D=params.block_d,
-        SPLIT=split, FP32_DOT=fp32_dot(q.dtype),
+        SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse, BLOCK_S=max(2, next_pow2(params.num_splits)),
         num_warps=params.num_warps, num_stages=params.num_stages,
     )
-    if split:
+    if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out

@@ -17,13 +17,13 @@ import triton
 import triton.language as tl
 
 from attnlab.kernels.decode import LOG2E
-from attnlab.kernels.heuristics import LaunchParams, fp32_dot
-from attnlab.kernels.merge import merge_splits
+from attnlab.kernels.heuristics import LaunchParams, fp32_dot, next_pow2
+from attnlab.kernels.merge import merge_arrived, merge_splits
 from attnlab.kernels.paged import attend_tile, tile_slots, write_result
 
 
 @triton.jit
-def _extend_kernel(Q, K, V, O, O_PART, LSE_PART, QO_INDPTR, KV_INDPTR, KV_INDICES, KV_LENS,
+def _extend_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR, KV_INDICES, KV_LENS,
                    BLOCK_REQ, BLOCK_QSTART, MASK, MASK_INDPTR,
                    qk_scale, v_scale, num_splits,
                    stride_qt, stride_qh, stride_slot, stride_kh, stride_ot, stride_oh,
@@ -31,7 +31,7 @@ def _extend_kernel(Q, K, V, O, O_PART, LSE_PART, QO_INDPTR, KV_INDPTR, KV_INDICE
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
                    TOKENS_PER_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, HAS_MASK: tl.constexpr, SPLIT: tl.constexpr,
-                   FP32_DOT: tl.constexpr):
+                   FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr, BLOCK_S: tl.constexpr):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -93,6 +93,10 @@ def _extend_kernel(Q, K, V, O, O_PART, LSE_PART, QO_INDPTR, KV_INDPTR, KV_INDICE
                                     qk_scale, stride_slot, FP32_DOT, True, False)
     write_result(acc, m_i, l_i, O, O_PART, LSE_PART, rows, heads, split, offs_d, m_mask, d_mask, v_scale,
                  stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, SPLIT)
+    if SPLIT and FUSE_MERGE:
+        merge_arrived(O, O_PART, LSE_PART, COUNTERS, pid * tl.num_programs(1) + kvh, num_splits, rows, heads,
+                      m_mask, offs_d, d_mask, stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt,
+                      stride_lh, BLOCK_S)
 
 
 def query_blocks(q_lens: list[int], tokens_per_block: int,
@@ -123,7 +127,8 @@ def paged_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                  page_size: int, scale: float, params: LaunchParams, k_scale: float = 1.0,
                  v_scale: float = 1.0, mask: torch.Tensor | None = None,
                  mask_indptr: torch.Tensor | None = None,
-                 o_part: torch.Tensor | None = None, lse_part: torch.Tensor | None = None) -> torch.Tensor:
+                 o_part: torch.Tensor | None = None, lse_part: torch.Tensor | None = None,
+                 counters: torch.Tensor | None = None) -> torch.Tensor:
     """Extend attention over a paged pool; writes and returns ``out``.
 
     q, out:       [num_tokens, Hq, D]; k/v_cache: [num_slots, Hkv, D] (see paged_decode)
@@ -131,6 +136,7 @@ def paged_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     block_req, block_qstart: [num_blocks] int32 from ``query_blocks(q_lens, params.tokens_per_block)``
     mask:         optional [sum(q_len_i * kv_len_i)] uint8 (1 = attend), mask_indptr: [batch] int64 offsets
     o_part, lse_part: split-KV scratch as in paged_decode, required when params.num_splits > 1
+    counters:     int32 [>= num_blocks * Hkv], all 0: the splits merged inside the kernel (as in paged_decode)
     """
     num_blocks = block_req.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -143,8 +149,10 @@ def paged_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     part = o_part if split else out
     lse = lse_part if split else out
     has_mask = mask is not None
+    fuse = split and counters is not None
     _extend_kernel[(num_blocks, num_kv_heads, params.num_splits)](
-        q, k_cache, v_cache, out, part, lse, qo_indptr, kv_indptr, kv_indices, kv_lens,
+        q, k_cache, v_cache, out, part, lse, counters if fuse else block_req, qo_indptr, kv_indptr, kv_indices,
+        kv_lens,
         block_req, block_qstart, mask if has_mask else block_req, mask_indptr if has_mask else block_req,
         scale * k_scale * LOG2E, v_scale, params.num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
@@ -152,8 +160,9 @@ def paged_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         TOKENS_PER_BLOCK=params.tokens_per_block, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
         BLOCK_D=params.block_d, HAS_MASK=has_mask, SPLIT=split, FP32_DOT=fp32_dot(q.dtype),
+        FUSE_MERGE=fuse, BLOCK_S=max(2, next_pow2(params.num_splits)),
         num_warps=params.num_warps, num_stages=params.num_stages,
     )
-    if split:
+    if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out

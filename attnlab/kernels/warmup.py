@@ -38,6 +38,7 @@ class WarmupShape:
     custom_mask: bool = False
     num_splits: int | None = None
     prefill_tiles: str | None = None  # the triton backend's option: the prefill launch it overrides
+    fused_merge: bool = False  # the triton backend's option: split-KV partials merged inside the kernel
 
 
 def _variants(shape: WarmupShape, sms: int) -> dict:
@@ -87,6 +88,9 @@ def warmup(shapes: list[WarmupShape], device: torch.device | str = "cuda") -> li
                                        dtype=torch.float32, device=device),
                     "lse_part": torch.empty(q_len, shape.num_q_heads, params.num_splits, dtype=torch.float32,
                                          device=device)}
+                if shape.fused_merge and params.kind in ("decode", "extend"):
+                    scratch["counters"] = torch.zeros(max(q_len, 1) * shape.num_kv_heads, dtype=torch.int32,
+                                                      device=device)
             args = (q, k_cache, v_cache, out, qo, layout.kv_indptr, layout.kv_indices, layout.kv_lens)
             kw = dict(page_size=ps, scale=shape.head_dim ** -0.5, params=params, k_scale=pool.k_scale,
                       v_scale=pool.v_scale, **scratch)
@@ -100,6 +104,6 @@ def warmup(shapes: list[WarmupShape], device: torch.device | str = "cuda") -> li
                 paged_extend(*args, as_t(reqs), as_t(starts), mask=mask, mask_indptr=mask_indptr, **kw)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            records.append({"params": params, "custom_mask": has_mask, "example": example,
+            records.append({"params": params, "custom_mask": has_mask, "example": example, "fused_merge": "counters" in scratch,
                                 "seconds": time.perf_counter() - t0})
     return records

@@ -1,0 +1,93 @@
+"""triton's fused split merge (backend option fused_merge): the last split program of each (query block, kv head)
+merges the partials inside the attention kernel. Same outputs as the separate merge launch, counters back at 0
+after every launch (so a graph replays on them), for decode, causal verify, tree verify and padded rows. Without
+a CUDA GPU the kernels run under Triton's interpreter, which runs the programs one after another; the GPU cases
+(`gpu` mark) race them for real."""
+
+import pytest
+import torch
+
+from attnlab.backends.registry import require_available
+from attnlab.errors import ConfigError
+from tests.backends.cases import make_case
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+TritonBackend = require_available("triton")
+TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 1e-2, "rtol": 1e-2}}
+
+
+def run_layers(case, fused: bool, num_splits: int, repeat: int = 1):
+    be = case.backend(TritonBackend)
+    be.num_splits, be.fused_merge = num_splits, fused
+    be.plan(case.meta)
+    for _ in range(repeat):  # the same plan launched again: its counters must be back at 0
+        out = torch.stack([be.run(case.q, layer) for layer in range(case.pool.num_layers)])
+    return be, out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["decode", "verify", "tree"])
+@pytest.mark.parametrize("page_size,gqa,num_splits", [(1, 3, 3), (16, 1, 5), (16, 4, 2)])
+def test_fused_merge_equals_the_merge_launch(kind, page_size, gqa, num_splits, dtype):
+    q_lens = [1, 1, 0, 1] if kind == "decode" else [3, 3, 3, 3]
+    contexts = [300, 0, 17, 1]  # an empty prefix and a short one: most of their splits are empty
+    case = make_case(kv_lens=[c + q for c, q in zip(contexts, q_lens)], q_lens=q_lens, page_size=page_size,
+                     num_kv_heads=2, gqa=gqa, head_dim=64, dtype=dtype, device=DEVICE, seed=gqa,
+                     tree_mask=kind == "tree")
+    _, ref = run_layers(case, False, num_splits)
+    be, out = run_layers(case, True, num_splits, repeat=2)
+    plan = be.active_plan
+    assert plan.counters is not None and plan.params.num_splits == num_splits
+    assert plan.counters.eq(0).all()
+    assert "merge=fused" in next(iter(be.kernel_info().values()))
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype])
+    torch.testing.assert_close(out.float(), case.reference(), **{k: 10 * v for k, v in TOL[dtype].items()})
+
+
+def test_unsplit_plans_take_no_counters_and_bad_values_are_refused():
+    case = make_case(kv_lens=[5, 9], q_lens=[1, 1], page_size=16, num_kv_heads=2, gqa=2, head_dim=64,
+                     dtype=torch.float32, device=DEVICE)
+    be, _ = run_layers(case, True, 1)
+    assert be.active_plan.counters is None
+    with pytest.raises(ConfigError, match="fused_merge='yes'"):
+        TritonBackend.check_options({"fused_merge": "yes"}, "verify.options")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: the split programs race only there")
+@pytest.mark.parametrize("kind", ["decode", "verify"])
+def test_gpu_fused_merge_under_races_and_graph_replay(kind):
+    """Many splits racing on an H200 (batch 16, 4k context, 32 splits), launched 50 times and replayed from a
+    CUDA graph: every launch equals the separate merge's result to bf16 rounding, and the counters end at 0."""
+    q_len = 1 if kind == "decode" else 5
+    case = make_case(kv_lens=[4096 - 37 * i for i in range(16)], q_lens=[q_len] * 16, page_size=16,
+                     num_kv_heads=8, gqa=4, head_dim=128, dtype=torch.bfloat16, device="cuda", num_layers=1)
+    _, ref = run_layers(case, False, 32)
+    be = case.backend(TritonBackend)
+    be.num_splits, be.fused_merge = 32, True
+    be.plan(case.meta)
+    for _ in range(50):
+        torch.testing.assert_close(be.run(case.q, 0).float(), ref[0].float(), **TOL[torch.bfloat16])
+    g, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        be.run(case.q, 0)
+        with torch.cuda.graph(g, stream=stream):
+            out = be.run(case.q, 0)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(50):
+        g.replay()
+        torch.testing.assert_close(out.float(), ref[0].float(), **TOL[torch.bfloat16])
+    assert be.active_plan.counters.eq(0).all()
+
+
+def test_warmup_compiles_the_fused_variants():
+    """A warmup plan of a fused_merge backend launches the split variants with their counters (what the runs use)."""
+    case = make_case(kv_lens=[5], q_lens=[1], page_size=16, num_kv_heads=2, gqa=2, head_dim=64, dtype=torch.float32,
+                     device=DEVICE)
+    be = case.backend(TritonBackend)
+    be.num_splits, be.fused_merge = 3, True
+    records = be.warmup(batch_sizes=(1,), q_lens=(1, 4), kv_lens=(600,))
+    assert {r["params"].kind for r in records} == {"decode", "extend"}
+    assert all(r["params"].num_splits == 3 and r["fused_merge"] for r in records)
