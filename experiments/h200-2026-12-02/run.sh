@@ -87,12 +87,22 @@ N1)  # the next sitting, call 1 (carry .gpu/a2): the whole triton kernel grid co
   timeout 330 $PY -m pytest -v -p no:cacheprovider tests/backends/test_triton.py > $LOGS/triton_all.log 2>&1
   grep -cE "PASSED" $LOGS/triton_all.log; grep -E "FAILED|passed|failed" $LOGS/triton_all.log | tail -n 8
   cp $LOGS/triton_all.log "$OUT/"
+  step "issue 16: the fused split merge racing on the GPU (50 launches + 50 graph replays), then its speed beside the merge launch"
+  timeout 60 $PY -m pytest -m gpu -q -p no:cacheprovider -ra tests/backends/test_fused_merge.py > $LOGS/fused_merge.log 2>&1
+  grep -E "passed|failed|FAILED|Error" $LOGS/fused_merge.log | tail -n 4; cp $LOGS/fused_merge.log "$OUT/"
+  timeout 120 $PY -m attnlab.bench.kernels --phases decode,verify --models smollm2,llama8b --batches 1,16 \
+    --contexts 512,4096 --repeats 3 --backends triton,triton/fused_merge=true --out "$OUT/fused_merge_kernels" \
+    > $LOGS/fm_kernels.log 2>&1; tail -n 20 $LOGS/fm_kernels.log
   ;;
 N2)  # call 2 (carry .gpu/b): what issue 18's grid still lacks
   step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
   step "issue 18: batch 1 under invariance on the 64-prompt set; the builtin suite at batch 1"
   BUNDLES=" " DATA=$DATA N_B1=64 T7=330 bash experiments/invariant-bf16/run.sh 7
   BUNDLES=" " DATA=$DATA bash experiments/invariant-bf16/run.sh 8
+  step "issue 16: the fused split merge end to end, target-only and eagle, triton / triton, batch 1, 3 repeats"
+  timeout 150 $S --fused-ops --backends triton,triton/fused_merge=true --draft-backends triton/fused_merge=true \
+    --drafters eagle --k 4 --batch 1 --repeats 3 --num-prompts 16 --out "$OUT/fused_merge_e2e" > $LOGS/fm_e2e.log 2>&1
+  tail -n 8 $LOGS/fm_e2e.log
   ;;
 N3)  # call 3 (carry .gpu/c + .gpu/6): issue 19 in one process; issue 12's flashinfer-drafted pairs with the kept plan
   step "install .gpu/c (flashinfer) and .gpu/6 (its prebuilt sm_90a modules)"
