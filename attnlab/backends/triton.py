@@ -266,8 +266,8 @@ class TritonBackend(AttentionBackend):
 
     def _merge_counters(self, params, blocks: int) -> torch.Tensor | None:
         """fused_merge's arrival counters of a split plan: one per (request or query block, kv head), zeros."""
-        if not self.fused_merge or params.kind not in ("decode", "extend") or params.num_splits < 2:
-            return None
+        if not self.fused_merge or not (params.kind == "invariant" or params.num_splits > 1):
+            return None  # the invariant kernel always merges (one split too); the others only when split
         return torch.zeros(max(1, blocks) * self.num_kv_heads, dtype=torch.int32, device=self.device)
 
     def write_mask(self, plan: TritonPlan, custom_mask: torch.Tensor) -> None:
@@ -295,7 +295,7 @@ class TritonBackend(AttentionBackend):
             return paged_invariant(q, k_cache, v_cache, out, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
                                    plan.kv_lens, plan.block_req, plan.block_qstart, page_size=pool.page_size,
                                    scale=self.scale, params=plan.params, o_part=plan.o_part, lse_part=plan.lse_part,
-                                   k_scale=pool.k_scale, v_scale=pool.v_scale)
+                                   k_scale=pool.k_scale, v_scale=pool.v_scale, counters=plan.counters)
         if plan.params.kind == "decode":
             return paged_decode(q, k_cache, v_cache, out, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
                                 plan.kv_lens, **common)
@@ -312,7 +312,7 @@ class TritonBackend(AttentionBackend):
             from attnlab.kernels.invariant import warmup_invariant
 
             return warmup_invariant(self.num_q_heads, self.num_kv_heads, self.head_dim, self.pool.page_size,
-                                    self.dtype, self.pool.dtype, self.device, self.split_tokens)
+                                    self.dtype, self.pool.dtype, self.device, self.split_tokens, self.fused_merge)
 
         shape = WarmupShape(self.num_q_heads, self.num_kv_heads, self.head_dim, self.pool.page_size,
                             self.dtype, self.pool.dtype, tuple(batch_sizes), tuple(q_lens), tuple(kv_lens),

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from attnlab.kernels.decode import LOG2E
-from attnlab.kernels.heuristics import LaunchParams, fp32_dot, next_pow2
+from attnlab.kernels.heuristics import LaunchParams, fp32_dot
 from attnlab.kernels.merge import merge_arrived, merge_splits
 from attnlab.kernels.paged import attend_tile, tile_slots, write_result
 
@@ -31,7 +31,7 @@ def _extend_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
                    TOKENS_PER_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, HAS_MASK: tl.constexpr, SPLIT: tl.constexpr,
-                   FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr, BLOCK_S: tl.constexpr):
+                   FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -96,7 +96,7 @@ def _extend_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
     if SPLIT and FUSE_MERGE:
         merge_arrived(O, O_PART, LSE_PART, COUNTERS, pid * tl.num_programs(1) + kvh, num_splits, rows, heads,
                       m_mask, offs_d, d_mask, stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt,
-                      stride_lh, BLOCK_S)
+                      stride_lh)
 
 
 def query_blocks(q_lens: list[int], tokens_per_block: int,
@@ -160,7 +160,7 @@ def paged_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         TOKENS_PER_BLOCK=params.tokens_per_block, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
         BLOCK_D=params.block_d, HAS_MASK=has_mask, SPLIT=split, FP32_DOT=fp32_dot(q.dtype),
-        FUSE_MERGE=fuse, BLOCK_S=max(2, next_pow2(params.num_splits)),
+        FUSE_MERGE=fuse,
         num_warps=params.num_warps, num_stages=params.num_stages,
     )
     if split and not fuse:

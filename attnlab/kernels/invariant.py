@@ -39,6 +39,7 @@ import triton.language as tl
 
 from attnlab.kernels.decode import LOG2E
 from attnlab.kernels.heuristics import LaunchParams, cdiv, fp32_dot, interpreter_on, next_pow2
+from attnlab.kernels.merge import merge_arrived
 from attnlab.kernels.paged import tile_slots, write_result
 
 INVARIANT_TOKENS = 8  # query tokens per program (x the GQA group = BLOCK_M rows, 16..64)
@@ -91,14 +92,14 @@ def _attend_tile(q, acc, m_i, l_i, K, V, slots, head_off, offs_d, d_mask, n_mask
 
 
 @triton.jit
-def _invariant_kernel(Q, K, V, O_PART, LSE_PART, QO_INDPTR, KV_INDPTR, KV_INDICES, KV_LENS, BLOCK_REQ, BLOCK_QSTART,
-                      qk_scale, v_scale,
-                      stride_qt, stride_qh, stride_slot, stride_kh, stride_pt, stride_ph, stride_ps, stride_lt,
-                      stride_lh,
+def _invariant_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR, KV_INDICES, KV_LENS, BLOCK_REQ,
+                      BLOCK_QSTART, qk_scale, v_scale, num_splits,
+                      stride_qt, stride_qh, stride_slot, stride_kh, stride_ot, stride_oh, stride_pt, stride_ph,
+                      stride_ps, stride_lt, stride_lh,
                       GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
                       TOKENS_PER_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr, SPLIT_TOKENS: tl.constexpr, FP32_DOT: tl.constexpr,
-                      ROWWISE_DOT: tl.constexpr):
+                      ROWWISE_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -139,6 +140,9 @@ def _invariant_kernel(Q, K, V, O_PART, LSE_PART, QO_INDPTR, KV_INDPTR, KV_INDICE
                                      qk_scale, stride_slot, FP32_DOT, ROWWISE_DOT)
     write_result(acc, m_i, l_i, O_PART, O_PART, LSE_PART, rows, heads, split, offs_d, m_mask, d_mask, v_scale,
                  0, 0, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, True)
+    if FUSE_MERGE:  # the ordered merge, by the last split to arrive: merge_ordered's bits, one launch less
+        merge_arrived(O, O_PART, LSE_PART, COUNTERS, pid * tl.num_programs(1) + kvh, num_splits, rows, heads, m_mask,
+                      offs_d, d_mask, stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh)
 
 
 @triton.jit
@@ -184,12 +188,14 @@ def paged_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                     kv_lens: torch.Tensor, block_req: torch.Tensor, block_qstart: torch.Tensor, *,
                     page_size: int, scale: float, params: LaunchParams, o_part: torch.Tensor,
-                    lse_part: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                    lse_part: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0,
+                    counters: torch.Tensor | None = None) -> torch.Tensor:
     """Invariant attention over a paged pool (causal); writes and returns ``out``.
 
     Arguments as ``attnlab.kernels.extend.paged_extend`` (block_req / block_qstart from
     ``query_blocks(q_lens, params.tokens_per_block)``); o_part [T, Hq, params.num_splits, D] and lse_part
-    [T, Hq, params.num_splits] fp32 scratch are always required (every pass merges)."""
+    [T, Hq, params.num_splits] fp32 scratch are always required (every pass merges). ``counters`` (int32
+    [>= num_blocks * Hkv], all 0): the merge runs inside the kernel (merge.merge_arrived, the same bits)."""
     num_blocks = block_req.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[1]
@@ -197,22 +203,25 @@ def paged_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise ValueError(f"paged_invariant: scratch holds {o_part.shape[2]} splits, params {params.num_splits}")
     if num_blocks == 0:
         return out
+    fuse = counters is not None
     _invariant_kernel[(num_blocks, num_kv_heads, params.num_splits)](
-        q, k_cache, v_cache, o_part, lse_part, qo_indptr, kv_indptr, kv_indices, kv_lens, block_req, block_qstart,
-        scale * k_scale * LOG2E, v_scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), *o_part.stride()[:3],
-        lse_part.stride(0), lse_part.stride(1),
+        q, k_cache, v_cache, out, o_part, lse_part, counters if fuse else block_req, qo_indptr, kv_indptr, kv_indices,
+        kv_lens, block_req, block_qstart, scale * k_scale * LOG2E, v_scale, params.num_splits,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
+        *o_part.stride()[:3], lse_part.stride(0), lse_part.stride(1),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         TOKENS_PER_BLOCK=params.tokens_per_block, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
         BLOCK_D=params.block_d, SPLIT_TOKENS=params.split_tokens, FP32_DOT=fp32_dot(q.dtype),
-        ROWWISE_DOT=interpreter_on(), num_warps=params.num_warps, num_stages=params.num_stages,
+        ROWWISE_DOT=interpreter_on(), FUSE_MERGE=fuse, num_warps=params.num_warps, num_stages=params.num_stages,
     )
-    merge_ordered(out, o_part, lse_part)
+    if not fuse:
+        merge_ordered(out, o_part, lse_part)
     return out
 
 
 def warmup_invariant(num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, dtype: torch.dtype,
-                     kv_dtype: torch.dtype, device, split_tokens: int | None = None) -> list[dict]:
+                     kv_dtype: torch.dtype, device, split_tokens: int | None = None,
+                     fused_merge: bool = False) -> list[dict]:
     """Compile the invariant kernel and its merge (one variant per model shape: the split count is a runtime
     value) by one launch on a tiny dummy pool; -> one record as attnlab.kernels.warmup's."""
     import time
@@ -235,7 +244,9 @@ def warmup_invariant(num_q_heads: int, num_kv_heads: int, head_dim: int, page_si
                     layout.kv_lens, as_t(reqs), as_t(starts), page_size=page_size, scale=head_dim ** -0.5,
                     params=params, o_part=torch.empty(1, num_q_heads, 1, head_dim, dtype=torch.float32, device=device),
                     lse_part=torch.empty(1, num_q_heads, 1, dtype=torch.float32, device=device),
-                    k_scale=pool.k_scale, v_scale=pool.v_scale)
+                    k_scale=pool.k_scale, v_scale=pool.v_scale,
+                    counters=torch.zeros(num_kv_heads, dtype=torch.int32, device=device) if fused_merge else None)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return [{"params": params, "custom_mask": False, "example": (1, 1, 1), "seconds": time.perf_counter() - t0}]
+    return [{"params": params, "custom_mask": False, "example": (1, 1, 1), "fused_merge": fused_merge,
+             "seconds": time.perf_counter() - t0}]

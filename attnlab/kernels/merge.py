@@ -51,33 +51,35 @@ def merge_splits(out: torch.Tensor, o_part: torch.Tensor, lse_part: torch.Tensor
 
 @triton.jit
 def merge_arrived(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_mask,
-                  stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
-                  BLOCK_S: tl.constexpr):
+                  stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh):
     """Called by every split program of one (query block, kv head) after ``write_result`` (SPLIT) wrote its partial;
     the last to arrive on ``COUNTERS[ticket]`` merges rows x heads of O from all ``num_splits`` partials.
 
     The CTA barrier orders every thread's partial stores before the arrival, the acq_rel atomic publishes them
-    (release) and, in the last program, makes the others' visible (acquire); its loads bypass L1 (.cg)."""
+    (release) and, in the last program, makes the others' visible (acquire); its loads bypass L1 (.cg). The merge
+    is the ordered one of attnlab.kernels.invariant (splits one at a time in index order, a split a row does not
+    reach skipped): per element the same operations in the same order, so the same bits as ``merge_ordered`` and
+    an invariant kernel stays invariant with it."""
     tl.debug_barrier()
     arrived = tl.atomic_add(COUNTERS + ticket, 1, sem="acq_rel")
     if arrived == num_splits - 1:
-        offs_s = tl.arange(0, BLOCK_S)
-        s_mask = offs_s < num_splits
         lse_rows = LSE_PART + rows.to(tl.int64) * stride_lt + heads * stride_lh
-        lse = tl.load(lse_rows[:, None] + offs_s[None, :], mask=row_mask[:, None] & s_mask[None, :],
-                      other=float("-inf"), cache_modifier=".cg")
-        m = tl.max(lse, 1)
-        m = tl.where(m == float("-inf"), 0.0, m)
-        denom = tl.sum(tl.math.exp2(lse - m[:, None]), 1)  # empty splits (lse = -inf) weigh 0
         part = O_PART + (rows.to(tl.int64) * stride_pt + heads * stride_ph)[:, None] + offs_d[None, :]
         mask = row_mask[:, None] & d_mask[None, :]
-        acc = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
+        m = tl.full([row_mask.shape[0]], float("-inf"), tl.float32)
         for s in range(num_splits):
-            w = tl.math.exp2(tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg") - m)
+            m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg"))
+        m = tl.where(m == float("-inf"), 0.0, m)
+        acc = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
+        denom = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
+        for s in range(num_splits):
+            lse = tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg")
+            w = tl.math.exp2(lse - m)[:, None]
             o = tl.load(part + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
-            acc += o * w[:, None]
-        out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+            seen = (lse > float("-inf"))[:, None]
+            acc = tl.where(seen, acc + o * w, acc)
+            denom = tl.where(seen, denom + w, denom)
+        out = acc / tl.where(denom > 0, denom, 1.0)
         dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
         tl.store(dst, out.to(O.dtype.element_ty), mask=mask)
         tl.store(COUNTERS + ticket, 0)
-

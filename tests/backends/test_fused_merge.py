@@ -91,3 +91,42 @@ def test_warmup_compiles_the_fused_variants():
     records = be.warmup(batch_sizes=(1,), q_lens=(1, 4), kv_lens=(600,))
     assert {r["params"].kind for r in records} == {"decode", "extend"}
     assert all(r["params"].num_splits == 3 and r["fused_merge"] for r in records)
+
+
+@pytest.mark.parametrize("q_lens", [[1, 1, 0, 1], [3, 3, 3, 3]], ids=["decode", "verify"])
+def test_fused_merge_keeps_the_invariant_kernel_bitwise(q_lens):
+    """engine.invariant's kernel with its merge inside (fused_merge): the same bits as its merge_ordered launch, for
+    decode and verify rows, one split and several (a 300-token context crosses two 256-token splits)."""
+    contexts = [300, 0, 17, 1]
+    case = make_case(kv_lens=[c + q for c, q in zip(contexts, q_lens)], q_lens=q_lens, page_size=16,
+                     num_kv_heads=2, gqa=3, head_dim=64, dtype=torch.float32, device=DEVICE, seed=3)
+    outs = []
+    for fused in (False, True):
+        be = case.backend(TritonBackend)
+        be.invariant, be.fused_merge = True, fused
+        be.plan(case.meta)
+        outs.append(torch.stack([be.run(case.q, layer) for layer in range(case.pool.num_layers)]))
+        assert (be.active_plan.counters is not None) == fused and be.active_plan.params.kind == "invariant"
+        assert be.active_plan.params.num_splits == 2
+        if fused:
+            assert be.active_plan.counters.eq(0).all()
+            assert be.warmup()[0]["fused_merge"]
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: the split programs race only there")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_gpu_fused_merge_keeps_the_invariant_kernel_bitwise(dtype):
+    """Compiled (FMA contraction, the real tl.dot) and racing: the invariant kernel's fused merge gives exactly the
+    bits of its merge_ordered launch, over 16 requests of up to 4k context (16 splits) in decode and verify."""
+    for q_len in (1, 5):
+        case = make_case(kv_lens=[4096 - 37 * i for i in range(16)], q_lens=[q_len] * 16, page_size=16,
+                         num_kv_heads=8, gqa=4, head_dim=128, dtype=dtype, device="cuda", num_layers=1)
+        outs = []
+        for fused in (False, True):
+            be = case.backend(TritonBackend)
+            be.invariant, be.fused_merge = True, fused
+            be.plan(case.meta)
+            outs.append([be.run(case.q, 0).clone() for _ in range(10)])
+        assert all(torch.equal(o, outs[0][0]) for o in outs[0] + outs[1])
