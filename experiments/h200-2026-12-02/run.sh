@@ -13,10 +13,10 @@
 #             kv.layout=contiguous: results/diag_fa.log has the command)
 #   run.sh 5  a second, short machine start (carry .gpu/d + .gpu/c + .gpu/6, random weights): the flashinfer draft
 #             keeping the previous launch's plan, tested and timed; the extend kernel's tests compiled
-#   run.sh N1, N2, N3: the next sitting (README "Next"), back to back: a2, b, c + 6 (~17 min with the start)
+#   run.sh N1, N2, N2b, N3: the next sitting (README "Next"), back to back: a2, b, nothing, c + 6 (~27 min)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1-5 or N1-N3}
+PART=${1:?part 1-5 or N1, N2, N2b, N3}
 OUT=${OUT:-/tmp/out}; LOGS=/tmp/logs; mkdir -p "$OUT" "$LOGS" /opt/site /opt/models /opt/data
 T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
@@ -99,10 +99,20 @@ N2)  # call 2 (carry .gpu/b): what issue 18's grid still lacks
   step "issue 18: batch 1 under invariance on the 64-prompt set; the builtin suite at batch 1"
   BUNDLES=" " DATA=$DATA N_B1=64 T7=330 bash experiments/invariant-bf16/run.sh 7
   BUNDLES=" " DATA=$DATA bash experiments/invariant-bf16/run.sh 8
+  ;;
+N2b)  # call 2b (carry nothing: the model and the data are in /opt): the fused split merge end to end
   step "issue 16: the fused split merge end to end, target-only and eagle, triton / triton, batch 1, 3 repeats"
   timeout 150 $S --fused-ops --backends triton,triton/fused_merge=true --draft-backends triton/fused_merge=true \
     --drafters eagle --k 4 --batch 1 --repeats 3 --num-prompts 16 --out "$OUT/fused_merge_e2e" > $LOGS/fm_e2e.log 2>&1
   tail -n 8 $LOGS/fm_e2e.log
+  step "issue 18: the invariance cost with the merge inside the kernel (verify side), batch 8, k 4, 3 repeats"
+  INV="device=cuda logger=none precision=bf16 engine.cuda_graph=true engine.fused_ops=true spec.temperature=0
+    parity.kernel=false parity.logits=false parity.reference=\${verify.name} workload.max_new_tokens=256
+    workload.ignore_eos=true workload=sharegpt workload.path=$DATA bench.repeats=3 workload.num_prompts=32
+    workload.batch_size=8 verify=triton backend=triton draft=eagle spec.num_draft_tokens=4"
+  timeout 240 $PY -m attnlab -m $INV engine.invariant=false,true +verify.options.fused_merge=false,true \
+    hydra.sweep.dir=/tmp/inv/cost_fm > $LOGS/cost_fm.log 2>&1; grep -E "tau .* tok/s|attnlab: " $LOGS/cost_fm.log
+  $PY -m attnlab.report /tmp/inv/cost_fm --no-plots > "$OUT/report_cost_fm.md"; cat "$OUT/report_cost_fm.md"
   ;;
 N3)  # call 3 (carry .gpu/c + .gpu/6): issue 19 in one process; issue 12's flashinfer-drafted pairs with the kept plan
   step "install .gpu/c (flashinfer) and .gpu/6 (its prebuilt sm_90a modules)"
