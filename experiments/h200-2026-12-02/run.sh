@@ -14,9 +14,10 @@
 #   run.sh 5  a second, short machine start (carry .gpu/d + .gpu/c + .gpu/6, random weights): the flashinfer draft
 #             keeping the previous launch's plan, tested and timed; the extend kernel's tests compiled
 #   run.sh N1, N2, N2b, N3: the next sitting (README "Next"), back to back: a2, b, nothing, c + 6 (~27 min)
+#   run.sh N4, N5: a longer EAGLE training run and its evaluation (~13 min), after N2 on a warm machine
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1-5 or N1, N2, N2b, N3}
+PART=${1:?part 1-5 or N1, N2, N2b, N3, N4, N5}
 OUT=${OUT:-/tmp/out}; LOGS=/tmp/logs; mkdir -p "$OUT" "$LOGS" /opt/site /opt/models /opt/data
 T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
@@ -99,6 +100,7 @@ N2)  # call 2 (carry .gpu/b): what issue 18's grid still lacks
   step "issue 18: batch 1 under invariance on the 64-prompt set; the builtin suite at batch 1"
   BUNDLES=" " DATA=$DATA N_B1=64 T7=330 bash experiments/invariant-bf16/run.sh 7
   BUNDLES=" " DATA=$DATA bash experiments/invariant-bf16/run.sh 8
+  cp .gpu/b/sharegpt.part1.gz /opt/data/  # the train split's second half, for N4
   ;;
 N2b)  # call 2b (carry nothing: the model and the data are in /opt): the fused split merge end to end
   step "issue 16: the fused split merge end to end, target-only and eagle, triton / triton, batch 1, 3 repeats"
@@ -126,6 +128,25 @@ N3)  # call 3 (carry .gpu/c + .gpu/6): issue 19 in one process; issue 12's flash
   timeout 230 $S --fused-ops --backends triton,flashinfer --draft-backends flashinfer,triton --drafters eagle \
     --k 4,6 --batch 1 --repeats 4 --num-prompts 16 --out "$OUT/pairs_kept" > $LOGS/pairs_kept.log 2>&1
   tail -n 16 $LOGS/pairs_kept.log
+  ;;
+N4)  # later (carry .gpu/a/sharegpt.part0.gz; N2 left part 1 in /opt/data): a longer EAGLE run for issue 12's tau floor
+  # on triton verify (2.10 at k = 4): the target's answers up to 512 tokens (the shipped head saw <= 256: 2.0 M answer
+  # tokens), 6.5 minutes of training after at most 2.5 of answering; the head goes to /opt/models/eagle-next and its two files to $OUT
+  cat .gpu/a/sharegpt.part0.gz /opt/data/sharegpt.part1.gz > /opt/data/sharegpt_train.jsonl.gz
+  step "train the EAGLE-3 head: eagle3_fast, answers <= 512 tokens, 2.5 + 6.5 minutes"
+  timeout 570 $PY -m attnlab.train_draft train=eagle3_fast device=cuda logger=jsonl \
+    train.data.source=/opt/data/sharegpt_train.jsonl.gz train.capture_layers=[2,15,29] train.data.regen_batch_size=256 \
+    train.data.regen_max_new_tokens=512 train.data.regen_max_minutes=2.5 train.data.original=false train.max_minutes=6.5 \
+    train.eval_every=400 train.export=/opt/models/eagle-next hydra.run.dir=/tmp/eagle-next > $LOGS/train.log 2>&1
+  tail -n 12 $LOGS/train.log; cp /opt/models/eagle-next/* "$OUT/" 2>/dev/null; cp $LOGS/train.log "$OUT/"
+  ;;
+N5)  # after N4 (carry nothing): the new head beside the shipped one, triton / triton and triton / flashinfer, k 2 / 4 / 6
+  for head in attnlab/heads/smollm2-135m /opt/models/eagle-next; do
+    step "head $head: tau and speedup at k 2, 4, 6, batch 1, 16 held-out prompts, 3 repeats"
+    timeout 200 $S --fused-ops --backends triton,flashinfer --draft-backends triton --drafters eagle --eagle-head $head \
+      --k 2,4,6 --batch 1 --repeats 3 --num-prompts 16 --out "$OUT/head_$(basename $head)" > $LOGS/head.log 2>&1
+    tail -n 10 $LOGS/head.log
+  done
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac
