@@ -197,10 +197,11 @@ class AttentionBackend(ABC):
         return True
 
     def device_steps_host_plan(self, rows: int, kv_indptr: list[int], kv_lens: list[int],
-                               kv_indices: torch.Tensor) -> None:
+                               kv_indptr_dev: torch.Tensor, kv_indices: torch.Tensor) -> None:
         """The host half of one device-planned launch of ``rows`` rows (runner.prepare_device_steps calls it): the
         launch's page layout on the host (``kv_indptr``, the first step's ``kv_lens``) and on the device
-        (``kv_indices``). Nothing for a backend whose step plans read only device tensors (triton)."""
+        (``kv_indptr_dev``, ``kv_indices``). Nothing for a backend whose step plans read only device tensors
+        (triton)."""
 
     def device_step_plans(self, batch: int, n: int, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                           kv_lens: torch.Tensor, max_kv_len: int | None = None) -> list:

@@ -461,11 +461,13 @@ class FlashInferBackend(AttentionBackend):
         return all(pages_needed(s + 1, ps) == pages_needed(s + n, ps) for s in starts)
 
     def device_steps_host_plan(self, rows: int, kv_indptr: list[int], kv_lens: list[int],
-                               kv_indices: torch.Tensor) -> None:
+                               kv_indptr_dev: torch.Tensor, kv_indices: torch.Tensor) -> None:
         """Plan slot 1 for the launch, or, when its wrapper already holds a plan of the same page counts (the
-        previous launch's, as long as no request gained a page), keep that schedule and copy only the page ids:
-        at batch 1 and page 16 that skips the host plan on most draft launches. The last page lengths are
-        written by ``use_step`` on the device."""
+        previous launch's, as long as no request gained a page), keep that schedule (the wrapper's own int
+        workspace) and copy only the layout into the slot's buffers: at batch 1 and page 16 that skips the host
+        plan on most draft launches. The buffers are shared by every slot-1 wrapper (each bucket's, the tree
+        passes'), so the reused launch rewrites kv_indptr as well as the page ids: another bucket planned in
+        between left its own there. The last page lengths are written by ``use_step`` on the device."""
         wrapper, buf = self._wrapper(1, "decode", "decode", rows, 1)
         ps = self.pool.page_size
         last = [n - (kv_indptr[i + 1] - kv_indptr[i] - 1) * ps for i, n in enumerate(kv_lens)]
@@ -474,6 +476,7 @@ class FlashInferBackend(AttentionBackend):
                              "is not the first step's pages)")
         key = tuple(kv_indptr)
         if self._step_plans.get(id(wrapper)) == key:
+            buf.kv_indptr[:rows + 1].copy_(kv_indptr_dev[:rows + 1])
             buf.kv_indices[:key[-1]].copy_(kv_indices[:key[-1]])
             self.step_plans_reused += 1
             return

@@ -420,7 +420,7 @@ def run(a) -> dict:
                 same = sum(x == y for x, y in zip(r.outputs, hf_ref))
                 lines.append(f"\nattnlab target-only ({r.pair}) = HF generate, token for token: {same} of "
                              f"{len(hf_ref)} prompts")
-    planned = [r for r in rows if r.step_launches.get("steps") and r.step_launches.get("dsteps") is not None]
+    planned = [r for r in rows if r.step_launches.get("steps") and r.step_launches.get("dsteps")]
     for r in planned:  # a backend whose launches are device-planned only within a page (flashinfer)
         n, d = sum(r.step_launches.values()), r.step_launches["dsteps"]
         lines.append(f"\n{r.drafter} {r.pair}, batch {r.batch}, k={r.k}: {d} of {n} draft launches device-planned "

@@ -203,7 +203,7 @@ class GraphCache:
         meta = dummy_device_steps_meta(bs, cap, r.pool.num_pages, r.device)
         kv_lens = device_step_lens(n, bs, r.device)
         plans = r.backend.device_step_plans(bs, n, *device_step_views(meta, bs), kv_lens)
-        r.backend.device_steps_host_plan(bs, list(range(bs + 1)), [1] * bs, device_step_views(meta, bs)[1])
+        r.backend.device_steps_host_plan(bs, list(range(bs + 1)), [1] * bs, *device_step_views(meta, bs))
         ids = torch.zeros(bs, dtype=torch.long, device=r.device)
         features = _feature_buffer(r, bs, feature_dim)
         ps = r.allocator.page_size

@@ -123,7 +123,7 @@ class ModelRunner:
         meta = self.staging.stage([(values, torch.int32)])[0]
         # a backend whose step plans need host values (flashinfer) plans the launch once, here
         self.backend.device_steps_host_plan(rows, indptr, [s + 1 for s in starts] + [1] * pad,
-                                            device_step_views(meta, rows)[1])
+                                            *device_step_views(meta, rows))
         return meta, rows
 
     def _allocate(self, reqs, ends) -> list[list[int]]:

@@ -33,8 +33,9 @@ def test_one_plan_per_launch_and_each_step_attends_its_own_length(fake_fi, page_
     indptr = lay.kv_indptr.tolist() + [int(lay.kv_indptr[-1]) + 1]
     indices = torch.cat([lay.kv_indices, torch.tensor([scratch], dtype=torch.int32)])
     kv_lens = torch.tensor([[s + 1 + j for s in STARTS] + [1] for j in range(N)], dtype=torch.int32)
-    be.device_step_plans(rows, N, torch.tensor(indptr, dtype=torch.int32), indices, kv_lens)
-    be.device_steps_host_plan(rows, indptr, [s + 1 for s in STARTS] + [1], indices)
+    dev_indptr = torch.tensor(indptr, dtype=torch.int32)
+    be.device_step_plans(rows, N, dev_indptr, indices, kv_lens)
+    be.device_steps_host_plan(rows, indptr, [s + 1 for s in STARTS] + [1], dev_indptr, indices)
     assert plans_made() == 1
     q = torch.cat([case.q, torch.randn(1, *case.q.shape[1:]).to(case.q.dtype)])
     for j in range(N):
@@ -62,7 +63,8 @@ def test_when_device_steps_apply(fake_fi):
         off[1].device_step_plans(4, 3, torch.zeros(5, dtype=torch.int32), torch.zeros(4, dtype=torch.int32),
                                  torch.ones(3, 4, dtype=torch.int32))
     with pytest.raises(ValueError, match="outside 1..4"):  # a layout that is not the first step's pages
-        be.device_steps_host_plan(1, [0, 3], [5], torch.zeros(3, dtype=torch.int32))
+        be.device_steps_host_plan(1, [0, 3], [5], torch.tensor([0, 3], dtype=torch.int32),
+                                  torch.zeros(3, dtype=torch.int32))
     with pytest.raises(ConfigError, match="device_steps='yes'"):
         FlashInferBackend.check_options({"device_steps": "yes"}, "backend.options")
 
@@ -118,7 +120,7 @@ def test_a_launch_with_the_previous_page_counts_keeps_its_plan(fake_fi):
 
     def launch(starts):
         kv_lens.copy_(torch.tensor([[s + 1 + j for s in starts] for j in range(N)], dtype=torch.int32))
-        be.device_steps_host_plan(3, indptr, [s + 1 for s in starts], indices)
+        be.device_steps_host_plan(3, indptr, [s + 1 for s in starts], lay.kv_indptr, indices)
         for j in range(N):
             be.use_step(j)
             got = torch.stack([be.run(case.q, layer).float() for layer in range(case.pool.num_layers)])
@@ -132,3 +134,47 @@ def test_a_launch_with_the_previous_page_counts_keeps_its_plan(fake_fi):
     be.plan_slot(meta_over(case, [s + 1 for s in STARTS], [1] * 3), 1)  # a host-planned launch's step 0
     launch(STARTS)
     assert (plans_made(), be.step_plans_reused) == (3, 1)
+
+
+def test_a_kept_plan_rewrites_the_layout_another_bucket_left_in_the_shared_buffers(fake_fi):
+    """Every slot-1 wrapper (one per bucket) reads the same slot buffers. Bucket 4 keeps its plan, bucket 2 plans
+    and writes its own kv_indptr there, then bucket 4 launches again with its kept page counts: the reused launch
+    must rewrite kv_indptr, or the kernel reads bucket 2's (review of 2026-12-02: max error 0.77 before the fix)."""
+    n, starts = 2, [5, 20, 9, 40]  # page 16: 1, 2, 1, 3 pages for lengths s + 1 .. s + n
+    case = cpu_case([1] * 4, [s + n for s in starts], page_size=16, gqa=3)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=64)
+    lay = case.meta.layout
+    ind4, idx4 = lay.kv_indptr.tolist(), lay.kv_indices
+    tables = [idx4[ind4[i]:ind4[i + 1]] for i in range(4)]
+
+    def launch(rows, st, indptr, indices):
+        kv_lens = torch.tensor([[s + 1 + j for s in st] for j in range(n)], dtype=torch.int32)
+        dev = torch.tensor(indptr, dtype=torch.int32)
+        be.device_step_plans(rows, n, dev, indices, kv_lens)
+        be.device_steps_host_plan(rows, indptr, [s + 1 for s in st], dev, indices)
+
+    launch(4, starts, ind4, idx4)
+    launch(2, [starts[3], starts[1]], [0, 3, 5], torch.cat([tables[3], tables[1]]))  # requests 3 and 1 alone
+    launch(4, starts, ind4, idx4)
+    assert be.step_plans_reused == 1
+    for j in range(n):
+        be.use_step(j)
+        got = torch.stack([be.run(case.q, layer).float() for layer in range(case.pool.num_layers)])
+        want = reference(case, meta_over(case, [s + 1 + j for s in starts], [1] * 4), case.q)
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_multi_step_decode_with_the_batch_changing_between_runs(fake_fi):
+    """One flashinfer runner decodes batches of 3, 1 and 3 requests in turn (other buckets' plans land in the
+    shared slot buffers between a bucket's kept-plan launches): the tokens equal host-planned steps' every time."""
+    cfg = tiny_config(heads=6, kv_heads=2, head_dim=64)
+    model = tiny_model(cfg, seed=0, dtype=torch.bfloat16)
+    ps = prompts(3, cfg.vocab_size)
+    runs = []
+    for device_steps in (False, True):
+        r = fi_runner(model, cfg, device_steps, page_size=16)
+        r.decode_steps_per_sync = N
+        dec = SpeculativeDecoder(r, NoDrafter("cpu"), SpecParams(0))
+        runs.append([[o.output_ids for o in dec.generate(batch, 20).requests] for batch in (ps, ps[:1], ps)])
+        assert r.allocator.num_free == r.allocator.num_pages
+    assert runs[0] == runs[1]

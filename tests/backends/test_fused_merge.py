@@ -130,3 +130,30 @@ def test_gpu_fused_merge_keeps_the_invariant_kernel_bitwise(dtype):
             be.plan(case.meta)
             outs.append([be.run(case.q, 0).clone() for _ in range(10)])
         assert all(torch.equal(o, outs[0][0]) for o in outs[0] + outs[1])
+
+
+def test_fused_merge_in_graph_mode_plans_and_device_planned_steps():
+    """The static plan of a graph-mode backend (split for max_context, replanned in place for shorter passes) and
+    the device-planned decode steps carry their own counters and give the merge launch's results, the counters at 0."""
+    case = make_case(kv_lens=[301, 18], q_lens=[1, 1], page_size=16, num_kv_heads=2, gqa=3, head_dim=64,
+                     dtype=torch.float32, device=DEVICE, seed=4)
+    outs = []
+    for fused in (False, True):
+        be = case.backend(TritonBackend)
+        be.cuda_graph, be.max_context, be.fused_merge, be.num_splits = True, 1024, fused, 4
+        be.plan(case.meta)
+        outs.append(torch.stack([be.run(case.q, layer) for layer in range(case.pool.num_layers)]))
+        plan = be.active_plan
+        assert plan.params.num_splits == 4 and (plan.counters is not None) == fused
+        # device-planned steps over the same layout: step 0's lengths are the pass's
+        lay = case.meta.layout
+        kv_lens = lay.kv_lens.to(torch.int32).reshape(1, -1).clone()
+        steps = be.device_step_plans(2, 1, lay.kv_indptr.to(torch.int32), lay.kv_indices.to(torch.int32), kv_lens,
+                                     max_kv_len=1024)
+        assert steps[0].params.num_splits == 4 and (steps[0].counters is not None) == fused
+        be.use_step(0)
+        step_out = torch.stack([be.run(case.q, layer) for layer in range(case.pool.num_layers)])
+        torch.testing.assert_close(step_out, outs[-1], **TOL[torch.float32])
+        if fused:
+            assert plan.counters.eq(0).all() and steps[0].counters.eq(0).all()
+    torch.testing.assert_close(outs[1], outs[0], **TOL[torch.float32])
