@@ -43,6 +43,7 @@ from attnlab.kernels.merge import merge_arrived
 from attnlab.kernels.paged import tile_slots, write_result
 
 INVARIANT_TOKENS = 8  # query tokens per program (x the GQA group = BLOCK_M rows, 16..64)
+WARMUP_SPLITS = (1, 2, 16)  # grid split counts that compile the kernel's three int specializations (warmup_invariant)
 DEFAULT_SPLIT_TOKENS = 256  # KV tokens per split
 
 
@@ -222,31 +223,41 @@ def paged_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 def warmup_invariant(num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, dtype: torch.dtype,
                      kv_dtype: torch.dtype, device, split_tokens: int | None = None,
                      fused_merge: bool = False) -> list[dict]:
-    """Compile the invariant kernel and its merge (one variant per model shape: the split count is a runtime
-    value) by one launch on a tiny dummy pool; -> one record as attnlab.kernels.warmup's."""
+    """Compile the invariant kernel and its merge by launches on a tiny dummy pool; -> one record per launch, as
+    attnlab.kernels.warmup's. The split count is a runtime value, but Triton specializes an int argument that is
+    1 (a constant) or a multiple of 16 (a divisibility hint), and the split count also sets the partials' split
+    stride: ``WARMUP_SPLITS`` (1, 2, 16) launches one grid of each kind, so neither an eager pass over a long
+    prompt nor a graph plan for the longest context (16 or 32 splits of 256 tokens) compiles mid-run. The splits
+    past the dummy's one token are empty, as a graph's are."""
+    import dataclasses
     import time
 
     from attnlab.kernels.extend import query_blocks
     from attnlab.kvcache import KVPool, build_layout
 
     device = torch.device(device)
-    params = invariant_params(group=num_q_heads // num_kv_heads, head_dim=head_dim, max_kv_len=1,
-                              split_tokens=split_tokens)
+    base = invariant_params(group=num_q_heads // num_kv_heads, head_dim=head_dim, max_kv_len=1,
+                            split_tokens=split_tokens)
     pool = KVPool(1, 1, page_size, num_kv_heads, head_dim, kv_dtype, device)
     layout = build_layout([[0]], [1], page_size, device)
     k_cache = pool.layer(0)[0].view(-1, num_kv_heads, head_dim)
     v_cache = pool.layer(0)[1].view(-1, num_kv_heads, head_dim)
     q = torch.zeros(1, num_q_heads, head_dim, dtype=dtype, device=device)
     as_t = lambda x: torch.tensor(x, dtype=torch.int32, device=device)
-    reqs, starts = query_blocks([1], params.tokens_per_block)
-    t0 = time.perf_counter()
-    paged_invariant(q, k_cache, v_cache, torch.empty_like(q), as_t([0, 1]), layout.kv_indptr, layout.kv_indices,
-                    layout.kv_lens, as_t(reqs), as_t(starts), page_size=page_size, scale=head_dim ** -0.5,
-                    params=params, o_part=torch.empty(1, num_q_heads, 1, head_dim, dtype=torch.float32, device=device),
-                    lse_part=torch.empty(1, num_q_heads, 1, dtype=torch.float32, device=device),
-                    k_scale=pool.k_scale, v_scale=pool.v_scale,
-                    counters=torch.zeros(num_kv_heads, dtype=torch.int32, device=device) if fused_merge else None)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return [{"params": params, "custom_mask": False, "example": (1, 1, 1), "fused_merge": fused_merge,
-             "seconds": time.perf_counter() - t0}]
+    reqs, starts = query_blocks([1], base.tokens_per_block)
+    records = []
+    for splits in WARMUP_SPLITS:
+        params = dataclasses.replace(base, num_splits=splits)
+        t0 = time.perf_counter()
+        paged_invariant(q, k_cache, v_cache, torch.empty_like(q), as_t([0, 1]), layout.kv_indptr, layout.kv_indices,
+                        layout.kv_lens, as_t(reqs), as_t(starts), page_size=page_size, scale=head_dim ** -0.5,
+                        params=params,
+                        o_part=torch.empty(1, num_q_heads, splits, head_dim, dtype=torch.float32, device=device),
+                        lse_part=torch.empty(1, num_q_heads, splits, dtype=torch.float32, device=device),
+                        k_scale=pool.k_scale, v_scale=pool.v_scale,
+                        counters=torch.zeros(num_kv_heads, dtype=torch.int32, device=device) if fused_merge else None)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        records.append({"params": params, "custom_mask": False, "example": (1, 1, 1), "fused_merge": fused_merge,
+                        "seconds": time.perf_counter() - t0})
+    return records
