@@ -268,7 +268,9 @@ class TritonBackend(AttentionBackend):
         """fused_merge's arrival counters of a split plan: one per (request or query block, kv head), zeros."""
         if not self.fused_merge or not (params.kind == "invariant" or params.num_splits > 1):
             return None  # the invariant kernel always merges (one split too); the others only when split
-        return torch.zeros(max(1, blocks) * self.num_kv_heads, dtype=torch.int32, device=self.device)
+        from attnlab.kernels.merge import merge_counters
+
+        return merge_counters(blocks, self.num_kv_heads, self.device)
 
     def write_mask(self, plan: TritonPlan, custom_mask: torch.Tensor) -> None:
         """In place into the plan's uint8 mask buffer (bool -> uint8 in the copy): graph-safe."""

@@ -39,6 +39,7 @@ import torch
 from attnlab.backends.base import Mode
 from attnlab.backends.cases import random_paged_case
 from attnlab.backends.registry import require_available
+from attnlab.bench.cells import parse_spec
 
 HEADS = {"smollm2": (9, 3, 64), "llama8b": (32, 8, 128)}  # (q heads, kv heads, head_dim)
 PHASES = {"decode": [0], "verify": [4, 8], "prefill": [None]}  # k draft tokens (q_len k+1); None = prefill
@@ -71,38 +72,6 @@ class Cell:
     kernel: str = ""  # short tag of what ran (FlashInfer family, Triton split count, FA flavor)
     status: str = "ok"
     extra: dict = field(default_factory=dict)  # cuda_graph, kernels (the backend's kernel_info), reps, iters
-
-
-def parse_spec(spec: str) -> tuple[str, dict]:
-    """``name/key=value/...`` -> (name, options); values parse as int, float, true/false/null or a string."""
-    name, *pairs = spec.split("/")
-    options = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ValueError(f"backend spec {spec!r}: {pair!r} is not key=value")
-        key, value = pair.split("=", 1)
-        options[key] = _value(value)
-    if name == "hybrid":  # short_options / long_options as short.key=value
-        for role in ("short", "long"):
-            sub = {k.split(".", 1)[1]: v for k, v in options.items() if k.startswith(f"{role}.")}
-            options = {k: v for k, v in options.items() if not k.startswith(f"{role}.")}
-            if sub:
-                options[f"{role}_options"] = sub
-    return name, options
-
-
-def _value(v: str):
-    low = v.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("null", "none"):
-        return None
-    for conv in (int, float):
-        try:
-            return conv(v)
-        except ValueError:
-            pass
-    return v
 
 
 def copy_bandwidth_gb_s(nbytes: int = 2 << 30, iters: int = 10) -> float:

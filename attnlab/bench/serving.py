@@ -42,8 +42,7 @@ import traceback
 
 import torch
 
-from attnlab.bench.cells import skip_unsupported
-from attnlab.bench.kernels import parse_spec
+from attnlab.bench.cells import parse_spec, skip_unsupported
 from attnlab.bench.serving_work import asked, make_row, serving_prompts, settings, table, write_plot
 from attnlab.bench.spec import NGRAM_N, _sync, resolve_weights
 from attnlab.engine.build import SideSpec, build_side

@@ -45,8 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnlab.bench.cells import skip_unsupported
-from attnlab.bench.kernels import parse_spec
+from attnlab.bench.cells import parse_spec, skip_unsupported
 from attnlab.config import check_backend
 from attnlab.engine.build import SideSpec, build_side
 from attnlab.plan import ModelSource

@@ -202,8 +202,9 @@ class GraphCache:
         cap = r.pool.num_pages + bs  # page ids of any layout: every page, and a scratch page per dummy
         meta = dummy_device_steps_meta(bs, cap, r.pool.num_pages, r.device)
         kv_lens = device_step_lens(n, bs, r.device)
-        plans = r.backend.device_step_plans(bs, n, *device_step_views(meta, bs), kv_lens)
-        r.backend.device_steps_host_plan(bs, list(range(bs + 1)), [1] * bs, *device_step_views(meta, bs))
+        views = device_step_views(meta, bs)
+        plans = r.backend.device_step_plans(bs, n, *views, kv_lens)
+        r.backend.device_steps_host_plan(bs, list(range(bs + 1)), [1] * bs, *views)
         ids = torch.zeros(bs, dtype=torch.long, device=r.device)
         features = _feature_buffer(r, bs, feature_dim)
         ps = r.allocator.page_size

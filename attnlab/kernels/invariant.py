@@ -39,7 +39,7 @@ import triton.language as tl
 
 from attnlab.kernels.decode import LOG2E
 from attnlab.kernels.heuristics import LaunchParams, cdiv, fp32_dot, interpreter_on, next_pow2
-from attnlab.kernels.merge import merge_arrived
+from attnlab.kernels.merge import merge_arrived, merge_counters
 from attnlab.kernels.paged import tile_slots, write_result
 
 INVARIANT_TOKENS = 8  # query tokens per program (x the GQA group = BLOCK_M rows, 16..64)
@@ -255,7 +255,7 @@ def warmup_invariant(num_q_heads: int, num_kv_heads: int, head_dim: int, page_si
                         o_part=torch.empty(1, num_q_heads, splits, head_dim, dtype=torch.float32, device=device),
                         lse_part=torch.empty(1, num_q_heads, splits, dtype=torch.float32, device=device),
                         k_scale=pool.k_scale, v_scale=pool.v_scale,
-                        counters=torch.zeros(num_kv_heads, dtype=torch.int32, device=device) if fused_merge else None)
+                        counters=merge_counters(len(reqs), num_kv_heads, device) if fused_merge else None)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         records.append({"params": params, "custom_mask": False, "example": (1, 1, 1), "fused_merge": fused_merge,

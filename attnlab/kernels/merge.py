@@ -49,6 +49,12 @@ def merge_splits(out: torch.Tensor, o_part: torch.Tensor, lse_part: torch.Tensor
     )
 
 
+def merge_counters(programs: int, num_kv_heads: int, device) -> torch.Tensor:
+    """The zeroed arrival counters ``merge_arrived`` needs: one per (request or query block, kv head) of a grid
+    of ``programs`` x ``num_kv_heads`` x splits."""
+    return torch.zeros(max(1, programs) * num_kv_heads, dtype=torch.int32, device=device)
+
+
 @triton.jit
 def merge_arrived(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_mask,
                   stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh):

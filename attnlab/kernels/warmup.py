@@ -16,6 +16,7 @@ import torch
 from attnlab.kernels.decode import paged_decode
 from attnlab.kernels.extend import paged_extend, query_blocks
 from attnlab.kernels.heuristics import plan_params, sm_count
+from attnlab.kernels.merge import merge_counters
 from attnlab.kernels.store_kv import store_kv
 from attnlab.kvcache.layout import build_layout, pages_needed
 from attnlab.kvcache.pool import KVPool
@@ -89,8 +90,8 @@ def warmup(shapes: list[WarmupShape], device: torch.device | str = "cuda") -> li
                     "lse_part": torch.empty(q_len, shape.num_q_heads, params.num_splits, dtype=torch.float32,
                                          device=device)}
                 if shape.fused_merge and params.kind in ("decode", "extend"):
-                    scratch["counters"] = torch.zeros(max(q_len, 1) * shape.num_kv_heads, dtype=torch.int32,
-                                                      device=device)
+                    blocks = 1 if params.kind == "decode" else len(query_blocks([q_len], params.tokens_per_block)[0])
+                    scratch["counters"] = merge_counters(blocks, shape.num_kv_heads, device)
             args = (q, k_cache, v_cache, out, qo, layout.kv_indptr, layout.kv_indices, layout.kv_lens)
             kw = dict(page_size=ps, scale=shape.head_dim ** -0.5, params=params, k_scale=pool.k_scale,
                       v_scale=pool.v_scale, **scratch)
@@ -104,6 +105,6 @@ def warmup(shapes: list[WarmupShape], device: torch.device | str = "cuda") -> li
                 paged_extend(*args, as_t(reqs), as_t(starts), mask=mask, mask_indptr=mask_indptr, **kw)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            records.append({"params": params, "custom_mask": has_mask, "example": example, "fused_merge": "counters" in scratch,
-                                "seconds": time.perf_counter() - t0})
+            records.append({"params": params, "custom_mask": has_mask, "example": example,
+                            "fused_merge": "counters" in scratch, "seconds": time.perf_counter() - t0})
     return records
