@@ -14,7 +14,8 @@ from tests.backends.cases import make_case
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 TritonBackend = require_available("triton")
-TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 1e-2, "rtol": 1e-2}}
+TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 1e-2, "rtol": 1e-2}}  # fused vs launch
+REF_TOL = {torch.float32: {"atol": 2e-4, "rtol": 2e-4}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}  # test_triton's
 
 
 def run_layers(case, fused: bool, num_splits: int, repeat: int = 1):
@@ -42,7 +43,7 @@ def test_fused_merge_equals_the_merge_launch(kind, page_size, gqa, num_splits, d
     assert plan.counters.eq(0).all()
     assert "merge=fused" in next(iter(be.kernel_info().values()))
     torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype])
-    torch.testing.assert_close(out.float(), case.reference(), **{k: 10 * v for k, v in TOL[dtype].items()})
+    torch.testing.assert_close(out.float(), case.reference(), **REF_TOL[dtype])
 
 
 def test_unsplit_plans_take_no_counters_and_bad_values_are_refused():
