@@ -86,6 +86,7 @@ class Trainer:
 
         if self.t.attention not in ATTENTION:
             raise ConfigError(f"train.attention={self.t.attention!r}: one of {', '.join(sorted(ATTENTION))}")
+        self.init = self._check_init() if self.t.init else None  # (folder, EagleConfig): fail before building
         for key in ("ttt_steps", "epochs", "tokens_per_batch", "loss_chunk_rows"):
             if getattr(self.t, key) < 1:
                 raise ConfigError(f"train.{key}={getattr(self.t, key)}: must be >= 1")
@@ -146,6 +147,8 @@ class Trainer:
         from attnlab.models.eagle import EagleConfig, EagleHead, weights_fingerprint
 
         target = self.target.model
+        if self.t.init:
+            return self._init_head(target)
         name = self.cfg.model.name if not self.cfg.model.path else str(self.cfg.model.path)
         ecfg = EagleConfig.for_target(target.config, name, weights_fingerprint(target), self.t.capture_layers,
                                       self.t.intermediate_size, self.t.draft_vocab_size)
@@ -160,6 +163,40 @@ class Trainer:
             head.norm.weight.copy_(target.norm.weight.float())
         self.head = head.bind(target.embed_tokens, target.lm_head)
         return self.head
+
+    def _check_init(self):
+        """train.init, before anything is built: the exported head folder and its config. A shape setting that
+        disagrees with the head is an error, not a silent override; unset ones (null) take the head's."""
+        from attnlab.models.eagle_io import head_folder, read_head_config
+
+        if self.t.resume:
+            raise ConfigError(f"train.init={self.t.init} and train.resume={self.t.resume}: resume continues a run "
+                              f"(its checkpoint holds the head), init starts a new one from a head; choose one")
+        folder = head_folder(self.t.init, self.cfg.model.name)
+        hc = read_head_config(folder)
+        asked = {"capture_layers": None if self.t.capture_layers is None else list(self.t.capture_layers),
+                 "draft_vocab_size": self.t.draft_vocab_size, "intermediate_size": self.t.intermediate_size}
+        have = {"capture_layers": list(hc.capture_layers), "draft_vocab_size": hc.draft_vocab_size,
+                "intermediate_size": hc.intermediate_size}
+        bad = [f"train.{k}={v} (the head has {have[k]})" for k, v in asked.items() if v is not None and v != have[k]]
+        if bad:
+            raise ConfigError(f"train.init={self.t.init}: {'; '.join(bad)}: leave them unset (null) to continue "
+                              f"that head, or drop train.init to train a new one")
+        return folder, hc
+
+    def _init_head(self, target):
+        """train.init: the exported head's weights, captured layers and draft vocabulary (its d2t: the head's
+        layers were trained to score those LM-head rows) start the run, with a fresh optimizer and schedule."""
+        from attnlab.models.eagle_io import load_head
+
+        folder, hc = self.init
+        head = load_head(folder, target, dtype=torch.float32, device=self.device)  # checks the target's fingerprint
+        head.requires_grad_(True).train()
+        self.data_summary["init"] = {"head": str(folder), "steps": (hc.meta or {}).get("result", {}).get("steps")}
+        log.info("train.init: warm start from %s (capture layers %s, draft vocabulary %s)", folder,
+                 list(hc.capture_layers), hc.draft_vocab_size)
+        self.head = head
+        return head
 
     def _autocast(self):
         if self.device.type == "cuda" and self.dtype in ("bf16", "fp16"):

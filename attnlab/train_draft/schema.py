@@ -61,6 +61,10 @@ class TrainSchema:
     eval_k: list[int] = field(default_factory=lambda: [2, 4, 6])  # simulated chain acceptance at these k
     checkpoint_every: int = 500  # steps between resumable checkpoints (0 = only at the end)
     resume: str | None = None  # a previous run folder (its checkpoint.pt and data.pt)
+    # warm start: an exported head folder (eagle3.json + eagle3.safetensors, e.g. attnlab/heads/smollm2-135m) whose
+    # weights, captured layers and draft vocabulary start this run; new data, a fresh optimizer and schedule (unlike
+    # resume, which continues a run where it stopped). Checked against the target like draft.path.
+    init: str | None = None
     export: str | None = None  # also write the final head here (e.g. attnlab/heads/smollm2-135m)
     regen_backend: str = "auto"  # attention backend of the regeneration pass: auto = triton on GPU, torch on CPU
     cuda_graph: bool = True  # regeneration in CUDA graphs (GPU only)

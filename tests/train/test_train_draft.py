@@ -246,3 +246,27 @@ def test_nonfinite_steps_in_a_row_stop_the_run_and_save_nothing(tmp_path, monkey
         run(cfg, tmp_path, "cpu", "fp32", NoneLogger(), target=target_side(tiny_model(CFG, seed=0)))
     assert "\n" not in str(e.value)
     assert not (tmp_path / "head").exists() and not (tmp_path / "summary.json").exists()
+
+
+def test_init_warm_starts_from_an_exported_head(trained, tmp_path):
+    """train.init: the exported head (bf16 on disk) starts the run where the first one ended, on new data with a
+    fresh schedule; a conflicting shape setting, or init with resume, is a one-line config error."""
+    from attnlab.errors import ConfigError
+
+    model, d, first = trained
+    sample = write_sample(tmp_path / "s.json", 120)
+    s = run(train_config(sample, init=str(d / "head"), max_steps=3), tmp_path, "cpu", "fp32", NoneLogger(),
+            target=target_side(model))
+    before = s["eval_before"]
+    # the first run's final held-out loss (its fp32 weights; bf16 on disk: close, not equal), not a fresh head's
+    assert abs(before["eval/loss"] - first["eval/loss"]) < 0.05 * first["eval/loss"]
+    assert before["eval/loss"] < 0.9 * first["eval_before"]["eval/loss"]
+    assert s["data"]["init"]["head"] == str(d / "head") and s["data"]["init"]["steps"] == first["steps"]
+    assert s["steps"] == 3 and read_head_config(tmp_path / "head").meta["result"]["steps"] == 3
+    layers = read_head_config(d / "head").capture_layers
+    for bad, match in (({"capture_layers": [0]}, "capture_layers=\\[0\\] \\(the head has"),
+                       ({"resume": str(d)}, "choose one")):
+        with pytest.raises(ConfigError, match=match):
+            run(train_config(sample, init=str(d / "head"), max_steps=1, **bad), tmp_path / "x", "cpu", "fp32",
+                NoneLogger(), target=target_side(model))
+    assert list(layers) != [0]
