@@ -4,7 +4,7 @@ drafter (batch 1) vs attnlab per backend pair and batch size, each engine agains
     python -m attnlab.bench.spec [--device cuda] [--backends triton,flashinfer] [--drafters ngram,self,eagle]
                                  [--batch 1,4,16] [--repeats 3] [--prompts builtin|sharegpt] [--num-prompts 8]
                                  [--new 128] [--k 4] [--trees chain,4x3] [--draft-layers 10] [--eagle-head DIR]
-                                 [--out PREFIX]
+                                 [--invariant] [--ignore-eos] [--out PREFIX]
 
 The drafters are the same on both sides:
   ngram  prompt lookup: attnlab's NgramDrafter (longest n-gram match, n = 3..1) and HF's prompt lookup
@@ -20,6 +20,10 @@ budget (``spec.num_draft_tokens``: tokens one verify pass checks): ``chain`` (to
 ``KxS`` trees (``spec.topk=K spec.num_steps=S``, EAGLE-2 drafting, one tree-masked verify); a tree shape that
 cannot fill a budget (S > k, or k > K + (S - 1) K^2) is skipped with the reason. Tree vs chain at the same
 budget: ``--k 4,8 --trees chain,2x3,4x4``.
+``--invariant``: the target side runs engine.invariant (issue 18): every speculative row must give its target-only
+output on every prompt, bit for bit in bf16; a row that does not is named under the table and the bench exits 3.
+One process serves every drafter and k against one target-only run per batch, where the Hydra sweep builds, graphs
+and warms a target per job. With ``--ignore-eos`` every prompt decodes exactly ``--new`` tokens.
 Every engine decodes greedily and stops at EOS or ``--new`` tokens; HF runs the prompts one at a time (its
 assisted generation takes batch 1), attnlab in batches of each ``--batch`` size. Reported per engine, batch,
 drafter and backend pair: tok/s over all prompts (prefill included; the median of ``--repeats`` timed runs
@@ -46,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attnlab.bench.cells import parse_spec, skip_unsupported
-from attnlab.config import check_backend
+from attnlab.config import check_backend, check_invariant
 from attnlab.engine.build import SideSpec, build_side
 from attnlab.plan import ModelSource
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
@@ -138,12 +142,15 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         return SideSpec(model, backend, a.dtype, a.dtype, page_size=16, max_context=max_ctx, max_batch=batch,
                         device=str(dev), name=name, layers=tuple(layers) if layers else None, cuda_graph=graphs,
                         max_q_len=max(kmax + 1, topk),  # tree verify: k + 1; topk draft steps: topk
-                        fused_ops=a.fused_ops, backend_options=options)
+                        fused_ops=a.fused_ops or (a.invariant and name == "target"),
+                        invariant=a.invariant and name == "target", backend_options=options)
 
     def check(side_name, label):  # unsupported: ConfigError before anything is built
         backend, options = parse_spec(label)
         check_backend(side_name, backend, device=dev.type, dtype=a.dtype, kv_dtype=a.dtype, page_size=16,
                       max_context=max_ctx, topk=topk, head_dim=base.model_config.head_dim, options=options)
+        if a.invariant and side_name == "verify":
+            check_invariant(backend, options, device=dev.type, topk=topk)
 
     def side(backend, batch, layers=None, name="target"):
         check("verify" if name == "target" else "backend", backend)
@@ -270,6 +277,26 @@ def hf_rows(model, a, prompts, eos: set[int]) -> list[Row]:
         return [ref] + [finish(timed(name), ref) for name in a.drafters]
 
 
+def invariance_broken(rows: list[Row]) -> list[str]:
+    """--invariant: each attnlab row whose output differs from its own target-only output (the row before it in
+    the same batch and verify backend), named with the prompts that differ and the first differing token."""
+    out, ref = [], None
+    for r in rows:
+        if r.engine != "attnlab":
+            continue
+        if r.drafter == "none":
+            ref = r
+            continue
+        bad = [i for i, (x, y) in enumerate(zip(r.outputs, ref.outputs)) if x != y]
+        if bad:
+            i = bad[0]
+            first = next((j for j, (x, y) in enumerate(zip(r.outputs[i], ref.outputs[i])) if x != y),
+                         min(len(r.outputs[i]), len(ref.outputs[i])))
+            out.append(f"BROKEN: {r.drafter} {r.pair} k={r.k} batch {r.batch}: {len(bad)} of {len(ref.outputs)} "
+                       f"prompts differ from target-only (first: prompt {i} at token {first})")
+    return out
+
+
 def finish(row: Row, ref: Row) -> Row:
     row.speedup = ref.seconds / row.seconds * (row.new_tokens / max(1, ref.new_tokens))
     row.same_as_target_only = sum(x == y for x, y in zip(row.outputs, ref.outputs)) / max(1, len(ref.outputs))
@@ -324,6 +351,10 @@ def parse(argv=None):
     ap.add_argument("--fused-ops", action="store_true",
                     help="attnlab layers through the fused Triton kernels (engine.fused_ops; CUDA only)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--invariant", action="store_true",
+                    help="the target side in engine.invariant mode (verify=triton, fused, CUDA): every attnlab row's "
+                         "output must equal its target-only output on every prompt, else the bench exits 3")
+    ap.add_argument("--ignore-eos", action="store_true", help="decode exactly --new tokens per prompt (no EOS stop)")
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)
     cuda = a.device == "cuda"
@@ -334,6 +365,9 @@ def parse(argv=None):
     a.repeats = a.repeats or (3 if cuda else 1)
     if a.fused_ops and not cuda:
         ap.error("--fused-ops needs --device cuda (the fused layer kernels are Triton kernels for the GPU)")
+    if a.invariant and not (cuda and a.graphs):
+        ap.error("--invariant needs --device cuda with CUDA graphs (engine.invariant runs the Triton kernels, "
+                 "graphed, as the runner does)")
     try:
         a.ks = [int(k) for k in str(a.k).split(",") if k]
     except ValueError:
@@ -402,7 +436,8 @@ def run(a) -> dict:
     cfg, model = base.model_config, base.model
     tok = load_tokenizer(a.model, init=init, config=cfg) if a.weights == "real" else None
     prompts = load_prompts(a.weights, a.num_prompts, cfg.vocab_size, tok, a.prompts)
-    eos = set(cfg.eos_token_ids) if a.weights == "real" else set()  # random weights: fixed lengths
+    # random weights or --ignore-eos: every request decodes --new tokens
+    eos = set(cfg.eos_token_ids) if a.weights == "real" and not a.ignore_eos else set()
     rows = [] if a.skip_hf else hf_rows(model, a, prompts, eos)
     skipped: list[str] = []
     rows += attnlab_rows(base, a, prompts, eos, skipped)
@@ -410,7 +445,8 @@ def run(a) -> dict:
             f"({a.weights} weights), {a.dtype}, k={','.join(map(str, a.ks))}, self-draft layers={a.draft_layers}, {len(prompts)} "
             f"{a.prompts} prompts x <= {a.new} new tokens, batch {','.join(map(str, a.batches))}, "
             f"{a.repeats} timed repeat(s) (tok/s: median, min-max), attnlab CUDA graphs "
-            f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}, fused layer ops {'on' if a.fused_ops else 'off'}")
+            f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}, fused layer ops {'on' if a.fused_ops else 'off'}"
+            f"{', EOS ignored' if a.ignore_eos else ''}{', target side invariant (engine.invariant)' if a.invariant else ''}")
     lines = [head, ""] + table(rows)
     if not a.skip_hf:  # the two engines' target-only outputs (fp32: identical but for near-ties)
         hf_ref = rows[0].outputs
@@ -426,10 +462,15 @@ def run(a) -> dict:
                      f"({d / n:.0%}), the others planned per step")
     if a.weights == "random":
         lines.append("\nRandom weights: acceptance (and so tau and speedup) says nothing about real text.")
+    broken = invariance_broken(rows) if a.invariant else []
+    if a.invariant:
+        lines.append("\nInvariance: " + ("; ".join(broken) if broken else
+                                          f"exact, every attnlab row's output = its target-only output on every "
+                                          f"prompt ({sum(r.engine == 'attnlab' and r.k > 0 for r in rows)} rows)"))
     if skipped:
         lines.append("\nSkipped (cannot run here):\n" + "\n".join(f"- {s}" for s in skipped))
     return {"header": head, "args": {k: v for k, v in vars(a).items()}, "rows": [r.public() for r in rows],
-            "skipped": skipped,
+            "skipped": skipped, "invariance_broken": broken,
             "outputs": [r.outputs for r in rows], "markdown": "\n".join(lines)}
 
 
@@ -444,7 +485,7 @@ def main(argv=None) -> int:
             json.dump({k: v for k, v in res.items() if k != "outputs"}, f, indent=1)
         with open(a.out + ".md", "w") as f:
             f.write(res["markdown"] + "\n")
-    return 0
+    return 3 if res["invariance_broken"] else 0
 
 
 if __name__ == "__main__":

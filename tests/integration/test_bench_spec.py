@@ -123,3 +123,50 @@ def test_spec_bench_rejects_bad_tree_shapes(bad):
     with pytest.raises(SystemExit) as e:
         spec.parse(["--device", "cpu", "--model", "tiny-llama", "--trees", bad])
     assert e.value.code == 2
+
+
+def test_spec_bench_invariant_needs_cuda_graphs(capsys):
+    for argv in (["--device", "cpu", "--invariant"], ["--device", "cuda", "--invariant", "--no-graphs"]):
+        with pytest.raises(SystemExit) as e:
+            spec.parse(["--model", "tiny-llama", *argv])
+        assert e.value.code == 2 and "--invariant needs --device cuda with CUDA graphs" in capsys.readouterr().err
+
+
+def test_invariance_broken_names_the_row_prompt_and_token():
+    """--invariant's verdict: each speculative row against the target-only row of its batch and verify backend."""
+    def row(drafter, outs, pair="- / triton", batch=1):
+        return spec.Row("attnlab", drafter, pair, 1.0, 1, 1, outs, batch=batch, k=0 if drafter == "none" else 4)
+
+    ref = [[1, 2, 3], [4, 5, 6]]
+    rows = [spec.Row("hf", "none", "sdpa", 1.0, 1, 1, [[9]]), row("none", ref), row("ngram", [[1, 2, 3], [4, 5, 6]]),
+            row("eagle", [[1, 2, 3], [4, 7, 6]], "triton / triton"), row("none", [[1], [2]], batch=2),
+            row("ngram", [[1], [2]], batch=2)]
+    assert spec.invariance_broken(rows) == [
+        "BROKEN: eagle triton / triton k=4 batch 1: 1 of 2 prompts differ from target-only (first: prompt 1 at token 1)"]
+    shorter = [row("none", ref), row("ngram", [[1, 2, 3], [4, 5]])]  # a prefix: differs where it ends
+    assert spec.invariance_broken(shorter)[0].endswith("(first: prompt 1 at token 2)")
+    assert spec.invariance_broken(rows[:3]) == []
+
+
+def test_spec_bench_ignore_eos_decodes_new_tokens(monkeypatch):
+    """--ignore-eos: no request stops at EOS (the header says so): a run's token count is prompts x --new."""
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--drafters", "ngram",
+                    "--num-prompts", "2", "--new", "6", "--k", "2", "--skip-hf", "--ignore-eos"])
+    res = spec.run(a)
+    assert all(r["new_tokens"] == 12 for r in res["rows"]) and "EOS ignored" in res["header"]
+    assert res["invariance_broken"] == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_spec_bench_invariant_rows_are_exact():
+    """bf16 on the tiny model: under --invariant every speculative row equals target-only; a verify backend with no
+    invariant mode is skipped with the reason."""
+    a = spec.parse(["--device", "cuda", "--model", "tiny-llama", "--backends", "triton,torch", "--drafters", "ngram",
+                    "--num-prompts", "4", "--batch", "1,4", "--new", "24", "--k", "3", "--repeats", "1",
+                    "--invariant", "--ignore-eos"])
+    res = spec.run(a)
+    rows = [r for r in res["rows"] if r["drafter"] == "ngram"]
+    assert [r["batch"] for r in rows] == [1, 4] and all(r["same_as_target_only"] == 1.0 for r in rows)
+    assert res["invariance_broken"] == [] and "Invariance: exact" in res["markdown"]
+    assert any("verify=torch" in s and "invariant" in s for s in res["skipped"]), res["skipped"]
