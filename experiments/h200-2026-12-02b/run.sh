@@ -32,7 +32,7 @@ case $PART in
   grep -E "passed|failed|FAILED|Error" $LOGS/tests1.log | tail -n 8; cp $LOGS/tests1.log "$OUT/"
   step "issue 16: the fused split merge beside the merge launch, decode / verify, batch 1 and 16, 4k context"
   timeout 60 $PY -m attnlab.bench.kernels --phases decode,verify --models smollm2,llama8b --batches 1,16 \
-    --contexts 4096 --repeats 3 --backends triton,triton/fused_merge=true --out "$OUT/fused_merge_kernels" \
+    --contexts 4096 --ks 4 --repeats 3 --backends triton,triton/fused_merge=true --out "$OUT/fused_merge_kernels" \
     > $LOGS/fm_kernels.log 2>&1; tail -n 14 $LOGS/fm_kernels.log
   ;;
 2)
