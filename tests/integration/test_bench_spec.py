@@ -164,7 +164,7 @@ def test_gpu_spec_bench_invariant_rows_are_exact():
     invariant mode is skipped with the reason."""
     a = spec.parse(["--device", "cuda", "--model", "tiny-llama", "--backends", "triton,torch", "--drafters", "ngram",
                     "--num-prompts", "4", "--batch", "1,4", "--new", "24", "--k", "3", "--repeats", "1",
-                    "--invariant", "--ignore-eos"])
+                    "--invariant", "--ignore-eos", "--skip-hf"])
     res = spec.run(a)
     rows = [r for r in res["rows"] if r["drafter"] == "ngram"]
     assert [r["batch"] for r in rows] == [1, 4] and all(r["same_as_target_only"] == 1.0 for r in rows)
