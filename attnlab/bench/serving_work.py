@@ -49,16 +49,21 @@ def asked(arrival: str, load: float, requests: int | None, warmup: int | None) -
 
 
 def settings(closed: list[int], rates: list[float], available: int, requests: int | None = None,
-             warmup: int | None = None) -> list[Setting]:
+             warmup: int | None = None, reuse: bool = False) -> list[Setting]:
     """Every setting, its requests capped at the ``available`` prompts (and its warmup below that: at least
-    one request is measured)."""
+    one request is measured), unless ``reuse``: request i then serves prompt i mod available (``cycled``)."""
     out = []
     for arrival, loads in (("closed", closed), ("poisson", rates)):
         for load in loads:
             n, w = asked(arrival, load, requests, warmup)
-            m = min(n, available)
+            m = n if reuse else min(n, available)
             out.append(Setting(arrival, load, m, min(w, m - 1), n))
     return out
+
+
+def cycled(items: list, n: int) -> list:
+    """The first ``n`` of ``items`` repeated end to end (request i serves prompt i mod len(items))."""
+    return [items[i % len(items)] for i in range(n)]
 
 
 def serving_prompts(a, vocab_size: int, tokenizer, n: int) -> tuple[list[list[int]], list[int], str]:
@@ -135,7 +140,7 @@ def make_row(drafter: str, draft_backend: str, verify: str, s: Setting, m: dict)
             "arrival": s.arrival, "load": s.load, "setting": s.label, "requests": s.requests,
             "warmup_requests": s.warmup, "measured_requests": m["measured_requests"], **{k: m[k] for k in FIELDS},
             "kv_pages_used_max": m["kv_pages_used_max"], "kv_pages_used_max_draft": m.get("kv_pages_used_max_draft"),
-            "tau": m["accept_len_mean"] if drafter != "none" else None, "speedup": None,
+            "tau": m["accept_len_mean"] if drafter != "none" else None, "speedup": None, "tpot_gain": None,
             "same_as_target_only": None, "metrics": m}
 
 
@@ -145,17 +150,18 @@ def _num(x, fmt: str) -> str:
 
 def table(rows: list[dict]) -> list[str]:
     out = [("| drafter | draft / verify | arrival | requests (measured) | req/s | tok/s | TTFT p50 / p99 ms | "
-           "TPOT p50 / p99 ms | ITL p50 / p99 ms | peak KV pages target / draft | preempt | tau | speedup | "
-           "outputs = target-only |"), "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "TPOT p50 / p99 ms | ITL p50 / p99 ms | peak KV pages target / draft | preempt | tau | tok/s vs none | "
+           "TPOT p50 gain vs none | outputs = target-only |"), "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lat = " | ".join(f"{r[f'{k}_p50']:.2f} / {r[f'{k}_p99']:.2f}" for k in ("ttft_ms", "tpot_ms", "itl_ms"))
         pages = f"{r['kv_pages_used_max']}" + (f" / {r['kv_pages_used_max_draft']}"
                                                  if r["kv_pages_used_max_draft"] is not None else "")
         same = "" if r["same_as_target_only"] is None else f"{r['same_as_target_only']:.0%}"
         speedup = "" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        gain = "" if r.get("tpot_gain") is None else f"{r['tpot_gain']:.2f}x"
         out.append(f"| {r['drafter']} | {r['pair']} | {r['setting']} | {r['requests']} ({r['measured_requests']}) | "
                    f"{r['requests_per_s']:.2f} | {r['output_tokens_per_s']:.1f} | {lat} | {pages} | "
-                   f"{r['preemptions']} | {_num(r['tau'], '.2f')} | {speedup} | {same} |")
+                   f"{r['preemptions']} | {_num(r['tau'], '.2f')} | {speedup} | {gain} | {same} |")
     return out
 
 

@@ -31,6 +31,7 @@ def test_serving_bench_rows_for_every_setting_lossless_and_written(tmp_path):
         else:  # against the same verify backend's target-only row at the same setting; greedy fp32: lossless
             base = ref[r["setting"]]
             assert r["speedup"] == pytest.approx(r["output_tokens_per_s"] / base["output_tokens_per_s"])
+            assert r["tpot_gain"] == pytest.approx(base["tpot_ms_p50"] / r["tpot_ms_p50"])
             assert r["same_as_target_only"] == 1.0 and r["tau"] >= 1.0
     assert res["outputs"][3:] == res["outputs"][:3]  # ngram rows decode what the none rows decode
     assert "| ngram | - / torch | closed c=2 | 4 (3) |" in res["markdown"] and "Random weights" in res["markdown"]
@@ -94,6 +95,22 @@ def test_serving_bench_settings_rule():
         ("poisson 8 req/s", 48, 8, 48), ("poisson 128 req/s", 136, 8, 136)]
     assert [(x.requests, x.warmup) for x in settings([4], [], available=3)] == [(3, 2)]
     assert [(x.requests, x.warmup) for x in settings([4], [2.0], 50, requests=10, warmup=3)] == [(10, 3), (10, 3)]
+    # reuse: nothing is cut, request i serves prompt i mod available
+    assert [(x.requests, x.warmup) for x in settings([100], [], available=212, reuse=True)] == [(300, 100)]
+
+
+def test_serving_bench_reuses_prompts_by_default(tmp_path):
+    """More requests than prompts: served over the prompts in order (a closed loop stays at its concurrency
+    instead of draining); --no-prompt-reuse caps the setting and says so."""
+    common = [*TINY, "--drafters", "none", "--closed", "2", "--poisson", "", "--num-prompts", "3",
+              "--requests-per-setting", "7", "--warmup-requests", "2"]
+    res = serving.run(serving.parse(common))
+    outs = res["outputs"][0]
+    assert res["rows"][0]["requests"] == 7 and len(outs) == 7
+    assert outs[3:6] == outs[:3] and outs[6] == outs[0]  # greedy: a reused prompt decodes what it did first
+    assert "Prompts reused (3 available" in res["markdown"] and "closed c=2 7 requests" in res["markdown"]
+    capped = serving.run(serving.parse([*common, "--no-prompt-reuse"]))
+    assert capped["rows"][0]["requests"] == 3 and "Cut by the prompts available (3)" in capped["markdown"]
 
 
 @pytest.mark.parametrize("bad", [["--drafters", "medusa"], ["--drafters", "self"], ["--closed", "0"],
