@@ -25,10 +25,13 @@ output on every prompt, bit for bit in bf16; a row that does not is named under 
 One process serves every drafter and k against one target-only run per batch, where the Hydra sweep builds, graphs
 and warms a target per job. With ``--ignore-eos`` every prompt decodes exactly ``--new`` tokens.
 Every engine decodes greedily and stops at EOS or ``--new`` tokens; HF runs the prompts one at a time (its
-assisted generation takes batch 1), attnlab in batches of each ``--batch`` size. Reported per engine, batch,
-drafter and backend pair: tok/s over all prompts (prefill included; the median of ``--repeats`` timed runs
-with min-max), tokens per target forward pass, attnlab's tau, the speedup over the same engine's target-only
-decoding at the same batch, the share of prompts whose output equals that engine's target-only output, and
+assisted generation takes batch 1), attnlab in batches of each ``--batch`` size. attnlab's timed repeats run in
+rounds: every row of a (batch, verify backend) group is built and warmed first, then each round times the target-only
+row and every speculative row once, back to back (the H200's speed drifted by 10% between rows and processes, more
+than the margins the floors are judged by). Reported per engine, batch, drafter and backend pair: tok/s over all
+prompts (prefill included; the median of ``--repeats`` timed runs with min-max), tokens per target forward pass,
+attnlab's tau, the speedup over the same engine's target-only decoding at the same batch (attnlab: the median of
+the per-round ratios, with their min-max), the share of prompts whose output equals that engine's target-only output, and
 attnlab's per-iteration phase split (draft, draft-extend, verify, accept, other; CUDA events) beside the host's
 own time in the draft, draft-extend and verify phases (a phase whose host ms is close to its device ms waited
 for its launches). Weights:
@@ -76,6 +79,7 @@ class Row:
     outputs: list[list[int]] = field(repr=False, default_factory=list)
     tau: float | None = None
     speedup: float | None = None
+    speedup_rounds: list[float] = field(default_factory=list)  # per round of interleaved repeats, sorted
     same_as_target_only: float | None = None
     batch: int = 1
     k: int = 0
@@ -170,35 +174,56 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         d.multistep = kind != "eagle-per-step"  # the previous draft path: a graph replay per head step
         return d
 
-    def timed(target, drafter, k, drafter_name, pair, batch, K=1, S=None):
+    def cell(target, drafter, k, drafter_name, pair, batch, K=1, S=None) -> _Cell:
+        """One row's decoder, warmed (compiles, JIT builds, first-use allocations: untimed)."""
         dec = SpeculativeDecoder(target, drafter, SpecParams(k, topk=K, num_steps=S if K > 1 else None))
-        dec.generate(prompts[:batch], 8, eos)  # compiles, JIT builds, first-use allocations: untimed
+        dec.generate(prompts[:batch], 8, eos)
         _sync(dev)
-        graphs = getattr(getattr(drafter, "runner", None), "graphs", None)
+        return _Cell(dec, Row("attnlab", drafter_name, pair, 0.0, 0, 0, batch=batch, k=k,
+                              tree="chain" if K == 1 else f"{K}x{S}"))
+
+    def once(c: _Cell) -> None:
+        """One timed repeat of a row: every prompt, in batches; its seconds, outputs and phase times."""
+        graphs = getattr(getattr(c.dec.drafter, "runner", None), "graphs", None)
         launches0 = dict(graphs.step_replays) if graphs is not None else {}
-        times, phases, host = [], {p: [] for p in PHASES}, {p: [] for p in PHASES}
+        _sync(dev)
+        t0, outs, passes = time.perf_counter(), [], 0
+        for i in range(0, len(prompts), c.row.batch):
+            out = c.dec.generate(prompts[i:i + c.row.batch], a.new, eos)
+            for o in out.requests:
+                outs.append(o.output_ids)
+                c.taus += o.accept_lens
+            passes += 1 + len(out.iterations)
+            for it in out.iterations:
+                for ph in PHASES:
+                    c.phases.setdefault(ph, []).append(getattr(it, f"{ph}_ms"))
+                    c.host.setdefault(ph, []).append(it.host_ms.get(ph, 0.0))
+        _sync(dev)
+        c.row.repeats_s.append(time.perf_counter() - t0)
+        c.row.outputs, c.row.new_tokens, c.row.target_passes = outs, sum(map(len, outs)), passes
+        if graphs is not None:
+            for key, n in graphs.step_replays.items():
+                c.launches[key] = c.launches.get(key, 0) + n - launches0.get(key, 0)
+
+    def group_rows(cells: list[_Cell]) -> list[Row]:
+        """The rows of one (batch, verify) group, cells[0] its target-only row: the repeats run round-robin over
+        the cells, so a drift of the GPU's speed during the group lands on every row of a round alike; each row's
+        speedup is the median over rounds of the target-only time / its time in the same round."""
         for _ in range(a.repeats):
-            t0, outs, passes, taus = time.perf_counter(), [], 0, []
-            for i in range(0, len(prompts), batch):
-                out = dec.generate(prompts[i:i + batch], a.new, eos)
-                for o in out.requests:
-                    outs.append(o.output_ids)
-                    taus += o.accept_lens
-                passes += 1 + len(out.iterations)
-                for it in out.iterations:
-                    for ph in PHASES:
-                        phases[ph].append(getattr(it, f"{ph}_ms"))
-                        host[ph].append(it.host_ms.get(ph, 0.0))
-            _sync(dev)
-            times.append(time.perf_counter() - t0)
-        med = sorted(times)[len(times) // 2]
-        launches = {key: n - launches0[key] for key, n in graphs.step_replays.items()} if graphs is not None else {}
-        return Row("attnlab", drafter_name, pair, med, sum(map(len, outs)), passes, outs,
-                   tau=sum(taus) / max(1, len(taus)) if k else None, batch=batch, k=k,
-                   tree="chain" if K == 1 else f"{K}x{S}", repeats_s=times,
-                   phase_ms={ph: sum(v) / len(v) for ph, v in phases.items() if v},
-                   host_ms={ph: sum(v) / len(v) for ph, v in host.items() if v},
-                   step_launches={key: n for key, n in launches.items() if any(launches.values())})
+            for c in cells:
+                once(c)
+        ref = cells[0].row
+        for c in cells:
+            r = c.row
+            times = r.repeats_s
+            r.seconds = sorted(times)[len(times) // 2]
+            r.tau = sum(c.taus) / max(1, len(c.taus)) if r.k else None
+            r.phase_ms = {ph: sum(v) / len(v) for ph, v in c.phases.items() if v}
+            r.host_ms = {ph: sum(v) / len(v) for ph, v in c.host.items() if v}
+            r.step_launches = {key: n for key, n in c.launches.items() if any(c.launches.values())}
+            if c is not cells[0]:
+                finish(r, ref)
+        return [c.row for c in cells]
 
     for batch in a.batches:
         for verify in a.backends:
@@ -207,8 +232,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                 continue
             if graphs:
                 target.capture_graphs(q_lens=sorted({1, *(k + 1 for k in a.ks)}))
-            ref = timed(target, NoDrafter(dev), 0, "none", f"- / {verify}", batch)
-            rows.append(ref)
+            cells = [cell(target, NoDrafter(dev), 0, "none", f"- / {verify}", batch)]
             for drafter_name in a.drafters:
                 pairs = a.draft_backends if drafter_name in ("self", *EAGLES) else ["-"]
                 for draft_backend in pairs:
@@ -231,9 +255,22 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                         elif graphs:
                             target.capture_graphs(q_lens=sorted({1, k + 1}), keep=True)
                             drafter.capture_graphs(target, k)
-                        row = timed(target, drafter, k, drafter_name, f"{draft_backend} / {verify}", batch, K, S)
-                        rows.append(finish(row, ref))
+                        cells.append(cell(target, drafter, k, drafter_name, f"{draft_backend} / {verify}", batch,
+                                          K, S))
+            rows += group_rows(cells)
     return rows
+
+
+@dataclass
+class _Cell:
+    """A row being measured: its warmed decoder and what its repeats gathered so far."""
+
+    dec: SpeculativeDecoder
+    row: Row
+    taus: list[int] = field(default_factory=list)
+    phases: dict[str, list[float]] = field(default_factory=dict)
+    host: dict[str, list[float]] = field(default_factory=dict)
+    launches: dict[str, int] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -298,12 +335,26 @@ def invariance_broken(rows: list[Row]) -> list[str]:
 
 
 def finish(row: Row, ref: Row) -> Row:
-    row.speedup = ref.seconds / row.seconds * (row.new_tokens / max(1, ref.new_tokens))
+    """Speedup and output identity of ``row`` against its target-only row ``ref``. With repeats taken in rounds
+    (attnlab rows: ``row.repeats_s[i]`` and ``ref.repeats_s[i]`` ran back to back), the speedup is the median of
+    the per-round ratios and its spread is theirs; otherwise the ratio of the two medians."""
+    scale = row.new_tokens / max(1, ref.new_tokens)
+    if len(row.repeats_s) == len(ref.repeats_s) > 1:
+        rounds = sorted(r / t * scale for r, t in zip(ref.repeats_s, row.repeats_s))
+        row.speedup_rounds = rounds
+        row.speedup = rounds[len(rounds) // 2] if len(rounds) % 2 else (rounds[len(rounds) // 2 - 1] +
+                                                                         rounds[len(rounds) // 2]) / 2
+    else:
+        row.speedup = ref.seconds / row.seconds * scale
     row.same_as_target_only = sum(x == y for x, y in zip(row.outputs, ref.outputs)) / max(1, len(ref.outputs))
     return row
 
 
 # ---------------------------------------------------------------------------------------------------------
+
+
+def _spread(rounds: list[float]) -> str:
+    return f" ({rounds[0]:.2f}-{rounds[-1]:.2f})" if len(rounds) > 1 else ""
 
 
 def table(rows: list[Row]) -> list[str]:
@@ -318,7 +369,7 @@ def table(rows: list[Row]) -> list[str]:
         tree = r.tree if r.k else ""
         out.append(f"| {r.engine} | {r.batch} | {r.drafter} | {r.k or ''} | {tree} | {r.pair} | {p['tok_s']:.1f}{spread} | "
                    f"{p['tokens_per_target_pass']:.2f} | {'' if r.tau is None else f'{r.tau:.2f}'} | "
-                   f"{'' if r.speedup is None else f'{r.speedup:.2f}x'} | "
+                   f"{'' if r.speedup is None else f'{r.speedup:.2f}x'}{_spread(r.speedup_rounds)} | "
                    f"{'' if r.same_as_target_only is None else f'{r.same_as_target_only:.0%}'} | {ph} | {host} |")
     return out
 
@@ -444,7 +495,8 @@ def run(a) -> dict:
     head = (f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}; {versions()}; {a.model} "
             f"({a.weights} weights), {a.dtype}, k={','.join(map(str, a.ks))}, self-draft layers={a.draft_layers}, {len(prompts)} "
             f"{a.prompts} prompts x <= {a.new} new tokens, batch {','.join(map(str, a.batches))}, "
-            f"{a.repeats} timed repeat(s) (tok/s: median, min-max), attnlab CUDA graphs "
+            f"{a.repeats} timed repeat(s) (tok/s: median, min-max; attnlab speedup: median of per-round ratios, min-max), "
+            f"attnlab CUDA graphs "
             f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}, fused layer ops {'on' if a.fused_ops else 'off'}"
             f"{', EOS ignored' if a.ignore_eos else ''}{', target side invariant (engine.invariant)' if a.invariant else ''}")
     lines = [head, ""] + table(rows)

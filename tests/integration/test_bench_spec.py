@@ -170,3 +170,30 @@ def test_gpu_spec_bench_invariant_rows_are_exact():
     assert [r["batch"] for r in rows] == [1, 4] and all(r["same_as_target_only"] == 1.0 for r in rows)
     assert res["invariance_broken"] == [] and "Invariance: exact" in res["markdown"]
     assert any("verify=torch" in s and "invariant" in s for s in res["skipped"]), res["skipped"]
+
+
+def test_spec_bench_repeats_run_in_rounds_and_the_speedup_is_per_round(monkeypatch):
+    """The repeats of a (batch, verify) group run round-robin over its rows (target-only first), so a drift of
+    the device's speed lands on every row of a round; a row's speedup is the median of its per-round ratios to the
+    target-only row, with their spread."""
+    from attnlab.spec.decoder import SpeculativeDecoder
+
+    order, generate = [], SpeculativeDecoder.generate
+
+    def logged(self, prompts, max_new_tokens, *args, **kwargs):
+        if max_new_tokens == 6:  # a timed repeat (the warm run decodes 8)
+            order.append(self.drafter.kind)
+        return generate(self, prompts, max_new_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", logged)
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--drafters", "ngram,self",
+                    "--draft-layers", "1", "--num-prompts", "1", "--new", "6", "--k", "2", "--repeats", "3",
+                    "--skip-hf"])
+    res = spec.run(a)
+    assert order == ["none", "ngram", "self"] * 3
+    ref, *rows = res["rows"]
+    for r in rows:
+        ratios = sorted(t0 / t for t0, t in zip(ref["repeats_s"], r["repeats_s"]))
+        assert r["speedup_rounds"] == pytest.approx(ratios) and r["speedup"] == pytest.approx(ratios[1])
+        assert f"{r['speedup']:.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})" in res["markdown"]
+    assert ref["speedup"] is None and ref["speedup_rounds"] == []
