@@ -58,7 +58,7 @@ class TritonBackend(AttentionBackend):
                          "prefills (>= 65 new tokens per request), in place of the heuristic (tuning); null = "
                          "heuristic",
         "fused_merge": "true / false (default): merge split-KV partials inside the decode / extend kernel (the "
-                       "last split to finish merges), not in a second launch per layer",
+                       "last split to finish merges), not in a second launch per layer (H200: 1.1-3.6x slower)",
     }
 
     @classmethod
