@@ -4,7 +4,7 @@ and drafter under closed-loop concurrencies and Poisson rates, each side built o
     python -m attnlab.bench.serving [--device cuda] [--backends triton,flashinfer] [--draft-backends ...]
                                     [--drafters eagle,none] [--k 4] [--prompts builtin|sharegpt|FILE.jsonl.gz]
                                     [--output-len recorded|fixed] [--max-new 128] [--closed 1,8,32,100]
-                                    [--poisson 8,32,128] [--max-running N] [--out PREFIX]
+                                    [--poisson 8,32,128] [--max-running N] [--repeats N] [--out PREFIX]
 
 Why one process: a Hydra job per (pair, drafter, load) rebuilds the model, captures CUDA graphs and warms up
 every time (30-40 s per job on an H200 for a 5 s measurement). Here each verify backend's target side is built
@@ -12,7 +12,9 @@ once (max batch = ``--max-running``; CUDA graphs for q_len 1 and k + 1 in the bu
 and serves the target-only rows (``none``) of every setting; each drafter x draft backend is then built once on
 that target (its graphs captured once) and serves every setting. One untimed serving run per (pair, drafter)
 comes first (up to ``--max-running`` requests at once, 8 tokens each), so JIT builds and first-use costs are out
-of the timed runs.
+of the timed runs. The cells of one verify backend are all built before any timed run; each setting's
+``--repeats`` runs then go round-robin over them (target-only first), so whatever the device's speed at the time,
+every cell of a round shares it (rows: medians, tok/s min-max, speedups as medians of per-round ratios).
 
 Settings: ``--closed C,...`` (C requests in the system, the next one released when one finishes) and
 ``--poisson RATE,...`` (seeded arrival times, the same for every row). Requests per setting (default):
@@ -47,7 +49,16 @@ import traceback
 import torch
 
 from attnlab.bench.cells import parse_spec, skip_unsupported
-from attnlab.bench.serving_work import asked, cycled, make_row, serving_prompts, settings, table, write_plot
+from attnlab.bench.serving_work import (
+    FIELDS,
+    asked,
+    cycled,
+    make_row,
+    serving_prompts,
+    settings,
+    table,
+    write_plot,
+)
 from attnlab.bench.spec import NGRAM_N, _sync, resolve_weights
 from attnlab.engine.build import SideSpec, build_side
 from attnlab.engine.scheduler import KV_POLICIES
@@ -58,35 +69,81 @@ PAGE_SIZE = 16
 WARM_TOKENS = 8  # output tokens per request of the untimed warm run
 
 
-def serve_settings(dec, a, prompts, budgets, sets, eos, max_ctx, progress):
-    """The untimed warm run, then one timed ServingEngine.run per setting -> [(setting, summary, outputs)]."""
-    from attnlab.engine.arrivals import arrival_source
-    from attnlab.engine.scheduler import Scheduler
-    from attnlab.engine.serve import ServingEngine, WallClock
-    from attnlab.metrics.serving import serving_summary
+class _Server:
+    """One (drafter, draft backend) cell on a verify backend's target: its decoder, a fresh scheduler per run."""
 
-    allocators = [r.allocator for r in (dec.target, dec.drafter.runner) if r is not None]
+    def __init__(self, dec, a, max_ctx, eos, name, draft_backend, verify):
+        self.dec, self.a, self.max_ctx, self.eos = dec, a, max_ctx, frozenset(eos)
+        self.name, self.draft_backend, self.verify = name, draft_backend, verify
+        self.runs: dict[str, list] = {}  # setting label -> [(summary, outputs)] per repeat
 
-    def engine():  # a fresh scheduler per run (its queues and preemption count), the same sides
-        sched = Scheduler(allocators, max_running=a.max_running, k=dec.k, max_context=max_ctx, policy=a.kv_policy)
-        return ServingEngine(dec, sched, frozenset(eos), WallClock())
+    def engine(self):
+        from attnlab.engine.scheduler import Scheduler
+        from attnlab.engine.serve import ServingEngine, WallClock
 
-    n = min(len(prompts), a.max_running)
-    engine().run(prompts[:n], [min(b, WARM_TOKENS) for b in budgets[:n]], arrival_source("all_at_once", n))
-    out = []
-    for s in sets:
-        _sync(dec.target.device)
-        res = engine().run(cycled(prompts, s.requests), cycled(budgets, s.requests), s.source(a.seed))
+        allocators = [r.allocator for r in (self.dec.target, self.dec.drafter.runner) if r is not None]
+        sched = Scheduler(allocators, max_running=self.a.max_running, k=self.dec.k, max_context=self.max_ctx,
+                          policy=self.a.kv_policy)
+        return ServingEngine(self.dec, sched, self.eos, WallClock())
+
+    def warm(self, prompts, budgets) -> None:
+        """The untimed run: up to --max-running requests at once, a few tokens each (JIT, first-use costs)."""
+        from attnlab.engine.arrivals import arrival_source
+
+        n = min(len(prompts), self.a.max_running)
+        self.engine().run(prompts[:n], [min(b, WARM_TOKENS) for b in budgets[:n]], arrival_source("all_at_once", n))
+
+    def serve(self, s, prompts, budgets) -> None:
+        """One timed run of setting ``s``."""
+        from attnlab.metrics.serving import serving_summary
+
+        _sync(self.dec.target.device)
+        res = self.engine().run(cycled(prompts, s.requests), cycled(budgets, s.requests), s.source(self.a.seed))
         for i, r in enumerate(res.requests):
             r.measured = i >= s.warmup
-        out.append((s, serving_summary(res, PAGE_SIZE, s.warmup), [r.output_ids for r in res.requests]))
-        progress()
-    return out
+        self.runs.setdefault(s.label, []).append((serving_summary(res, PAGE_SIZE, s.warmup),
+                                                  [r.output_ids for r in res.requests]))
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def setting_row(cell: _Server, s, ref: _Server | None) -> tuple[dict, list]:
+    """The row of ``cell`` at setting ``s`` from its repeats: each summary field the median over repeats (the
+    whole median-tok/s summary kept under "metrics"), tok/s and TPOT p50 with their min-max; against the
+    target-only cell ``ref``, the speedup and TPOT gain as medians of per-round ratios (repeat i of both ran in the
+    same round)."""
+    runs = cell.runs[s.label]
+    ms = [m for m, _ in runs]
+    by_tok = sorted(ms, key=lambda m: m["output_tokens_per_s"])
+    row = make_row(cell.name, cell.draft_backend, cell.verify, s, by_tok[len(by_tok) // 2])
+    for key in FIELDS:
+        vals = [m[key] for m in ms if m.get(key) is not None]
+        if vals and key not in ("preemptions", "max_running"):
+            row[key] = _median(vals)
+    row["preemptions"] = max(m["preemptions"] for m in ms)
+    row["repeats"] = [{"output_tokens_per_s": m["output_tokens_per_s"], "tpot_ms_p50": m["tpot_ms_p50"]} for m in ms]
+    outs = runs[0][1]
+    if ref is not None and s.label in ref.runs:
+        base = ref.runs[s.label]
+        pairs = list(zip([m for m, _ in base], ms))
+        row["speedup"] = _median([m["output_tokens_per_s"] / b["output_tokens_per_s"] for b, m in pairs])
+        # open loop (Poisson): both serve the offered load, so tok/s says little; per-token latency does
+        gains = [b["tpot_ms_p50"] / m["tpot_ms_p50"] for b, m in pairs if m["tpot_ms_p50"]]
+        row["tpot_gain"] = _median(gains) if gains else None
+        row["same_as_target_only"] = sum(x == y for x, y in zip(outs, base[0][1])) / len(outs)
+    return row, outs
 
 
 def serving_rows(base, a, prompts, budgets, sets, eos, skipped: list[str], failed: list[str]):
-    """Every (verify backend, drafter, draft backend) cell over every setting -> (rows, outputs per row). A cell
-    that cannot run here goes to ``skipped``, one that raised (its traceback on stderr) to ``failed``."""
+    """Every (verify backend, drafter, draft backend) cell over every setting -> (rows, outputs per row). The
+    cells of one verify backend are built together on its target and each setting's ``--repeats`` timed runs go
+    round-robin over them (target-only first), so the speed of the device at the time lands on every cell of a
+    round alike. A cell that cannot run here goes to ``skipped``, one that raised (its traceback on stderr) to
+    ``failed`` and out of the later settings."""
     from tqdm.auto import tqdm
 
     from attnlab.config import check_backend
@@ -116,61 +173,70 @@ def serving_rows(base, a, prompts, budgets, sets, eos, skipped: list[str], faile
         return EagleDrafter(build_eagle_side(target, a.eagle_head, a.model, spec_for(draft_backend, "draft"),
                                              check=a.weights != "random"))
 
-    cells = [(d, b) for d in a.drafters if d != "none" for b in (a.draft_backends if d == "eagle" else ["-"])]
-    bar = tqdm(total=len(a.backends) * (len(cells) + ("none" in a.drafters)) * len(sets), desc="serving",
-               unit="setting", disable=None)
+    specs = [(d, b) for d in a.drafters if d != "none" for b in (a.draft_backends if d == "eagle" else ["-"])]
+    per_verify = (len(specs) + ("none" in a.drafters)) * len(sets) * a.repeats
+    bar = tqdm(total=len(a.backends) * per_verify, desc="serving", unit="run", disable=None)
     rows, outputs = [], []
 
-    def run_cell(target, drafter, name, draft_backend, verify, refs):
+    def guarded(cell, target, what, fn) -> bool:
+        """fn() for ``cell``; an exception makes it a failed cell (False) and frees its requests' pages."""
         try:
-            serve_cell(target, drafter, name, draft_backend, verify, refs)
+            fn()
+            return True
         except Exception as e:  # noqa: BLE001 - a failing cell is an error cell (bench.kernels), not a crash
             traceback.print_exc()
-            failed.append(f"{name} {draft_backend} / {verify}: {type(e).__name__}: {str(e).strip()[:300]}")
-            for req in list(target.allocator.lengths):  # its requests' pages: the next cell starts on a free pool
-                target.release(req)
-
-    def serve_cell(target, drafter, name, draft_backend, verify, refs):
-        dec = SpeculativeDecoder(target, drafter, SpecParams(a.k), seed=a.seed)
-        for s, m, outs in serve_settings(dec, a, prompts, budgets, sets, eos, max_ctx, lambda: bar.update(1)):
-            row = make_row(name, draft_backend, verify, s, m)
-            if (ref := refs.get(s.label)) is not None:
-                row["speedup"] = row["output_tokens_per_s"] / ref[0]["output_tokens_per_s"]
-                # open loop (Poisson): both serve the offered load, so tok/s says little; per-token latency does
-                row["tpot_gain"] = ref[0]["tpot_ms_p50"] / row["tpot_ms_p50"] if row["tpot_ms_p50"] else None
-                row["same_as_target_only"] = sum(x == y for x, y in zip(outs, ref[1])) / len(outs)
-            rows.append(row)
-            outputs.append(outs)
-            if name == "none":
-                refs[s.label] = (row, outs)
-            tqdm.write(f"{name} {row['pair']} {s.label}: {row['output_tokens_per_s']:.1f} tok/s, TPOT p50 "
-                       f"{row['tpot_ms_p50']:.2f} ms" + (f", {row['speedup']:.2f}x" if row["speedup"] else ""),
-                       file=sys.stderr)
+            failed.append(f"{cell.name} {cell.draft_backend} / {cell.verify} ({what}): {type(e).__name__}: "
+                          f"{str(e).strip()[:300]}")
+            for r in (target, cell.dec.drafter.runner):
+                for req in list(r.allocator.lengths) if r is not None else []:
+                    r.release(req)
+            return False
 
     for verify in a.backends:
         target = skip_unsupported(f"verify={verify}", lambda v=verify: build_side(
             spec_for(v, "target"), share_weights_with=base, progress=False), skipped)
         if target is None:
-            bar.update((len(cells) + ("none" in a.drafters)) * len(sets))
+            bar.update(per_verify)
             continue
         if graphs:  # decode (target-only) and verify (k + 1) in every bucket up to --max-running, once
             target.capture_graphs(q_lens=sorted({1, a.k + 1}))
-        refs: dict = {}
+        cells = []
         if "none" in a.drafters:
-            run_cell(target, NoDrafter(dev), "none", "-", verify, refs)
-        for name, draft_backend in cells:
+            cells.append(_Server(SpeculativeDecoder(target, NoDrafter(dev), SpecParams(a.k), seed=a.seed), a,
+                                 max_ctx, eos, "none", "-", verify))
+        for name, draft_backend in specs:
             label = f"{name} drafter on backend={draft_backend} (verify={verify})"
             drafter = skip_unsupported(label, lambda n=name, b=draft_backend, t=target: make_drafter(n, b, t),
                                        skipped)
             if drafter is None:
-                bar.update(len(sets))
+                bar.update(len(sets) * a.repeats)
                 continue
             if graphs:  # EAGLE: the target's passes with features, the head's draft-extend and k - 1 steps
                 drafter.capture_graphs(target, a.k)
-            run_cell(target, drafter, name, draft_backend, verify, refs)
-            del drafter
-            _free(dev)
-        del target
+            cells.append(_Server(SpeculativeDecoder(target, drafter, SpecParams(a.k), seed=a.seed), a, max_ctx, eos,
+                                 name, draft_backend, verify))
+        alive = [c for c in cells if guarded(c, target, "warm run", lambda c=c: c.warm(prompts, budgets))]
+        bar.update((len(cells) - len(alive)) * len(sets) * a.repeats)
+        ref = cells[0] if cells and cells[0].name == "none" else None
+        for s in sets:
+            for _ in range(a.repeats):
+                for c in list(alive):
+                    if not guarded(c, target, s.label, lambda c=c, s=s: c.serve(s, prompts, budgets)):
+                        alive.remove(c)
+                        bar.update(len(sets) * a.repeats - sum(map(len, c.runs.values())) - 1)
+                    bar.update(1)
+        for c in cells:  # cell-major, as the table reads: every setting of a pair together
+            for s in sets:
+                if len(c.runs.get(s.label, [])) == a.repeats:
+                    against = ref if ref is not None and c is not ref and len(ref.runs.get(s.label, [])) == a.repeats \
+                        else None
+                    row, outs = setting_row(c, s, against)
+                    rows.append(row)
+                    outputs.append(outs)
+                    tqdm.write(f"{c.name} {row['pair']} {s.label}: {row['output_tokens_per_s']:.1f} tok/s, TPOT p50 "
+                               f"{row['tpot_ms_p50']:.2f} ms" + (f", {row['speedup']:.2f}x" if row["speedup"] else ""),
+                               file=sys.stderr)
+        del cells, alive, ref, target
         _free(dev)
     bar.close()
     return rows, outputs
@@ -225,6 +291,8 @@ def parse(argv=None):
     ap.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="eager (CUDA graphs are on)")
     ap.add_argument("--fused-ops", action="store_true", help="layers through the fused Triton kernels (CUDA only)")
+    ap.add_argument("--repeats", type=int, default=1, help="timed runs per row and setting, in rounds over the "
+                    "cells of a verify backend (median and min-max; speedups per round)")
     ap.add_argument("--seed", type=int, default=0, help="Poisson arrival times, synthetic prompts")
     ap.add_argument("--out", default=None, help="write PREFIX.json, PREFIX.md and PREFIX_latency.png")
     a = ap.parse_args(argv)
@@ -243,6 +311,7 @@ def parse(argv=None):
     if not a.closed and not a.rates:
         ap.error("--closed and --poisson are both empty: no setting to serve")
     for flag, v, low in (("--k", a.k, 1), ("--max-new", a.max_new, 1), ("--num-prompts", a.num_prompts, 1),
+                         ("--repeats", a.repeats, 1),
                          ("--max-running", a.max_running, 1), ("--warmup-requests", a.warmup_requests, 0),
                          ("--requests-per-setting", a.requests_per_setting, 1)):
         if v is not None and v < low:
@@ -282,8 +351,10 @@ def run(a) -> dict:
             f"weights), {a.dtype}, k={a.k}, {len(prompts)} prompts: {what}; at most {a.max_running} running, "
             f"kv policy {a.kv_policy}, page size {PAGE_SIZE}, CUDA graphs "
             f"{f'on (buckets up to {a.max_running})' if graphs else 'off'}, fused layer ops "
-            f"{'on' if a.fused_ops else 'off'}; one timed run per row (no repeats) after one untimed warm run per "
-            f"pair and drafter")
+            f"{'on' if a.fused_ops else 'off'}; "
+            + (f"{a.repeats} timed runs per row, in rounds over each verify backend's cells (medians; tok/s "
+               f"min-max; speedups per round)" if a.repeats > 1 else "one timed run per row (no repeats)")
+            + ", after one untimed warm run per pair and drafter")
     lines = [head, "", "Settings: " + "; ".join(f"{s.label}: {s.requests} requests, the first {s.warmup} warmup"
                                                 for s in sets), ""] + table(rows)
     if any(s.arrival == "poisson" for s in sets):

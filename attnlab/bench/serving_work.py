@@ -148,6 +148,12 @@ def _num(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _spread(r: dict) -> str:
+    """' (min-max)' of a row's tok/s over its repeats (bench.serving --repeats), '' for one run."""
+    toks = [x["output_tokens_per_s"] for x in r.get("repeats", [])]
+    return f" ({min(toks):.0f}-{max(toks):.0f})" if len(toks) > 1 else ""
+
+
 def table(rows: list[dict]) -> list[str]:
     out = [("| drafter | draft / verify | arrival | requests (measured) | req/s | tok/s | TTFT p50 / p99 ms | "
            "TPOT p50 / p99 ms | ITL p50 / p99 ms | peak KV pages target / draft | preempt | tau | tok/s vs none | "
@@ -160,7 +166,7 @@ def table(rows: list[dict]) -> list[str]:
         speedup = "" if r["speedup"] is None else f"{r['speedup']:.2f}x"
         gain = "" if r.get("tpot_gain") is None else f"{r['tpot_gain']:.2f}x"
         out.append(f"| {r['drafter']} | {r['pair']} | {r['setting']} | {r['requests']} ({r['measured_requests']}) | "
-                   f"{r['requests_per_s']:.2f} | {r['output_tokens_per_s']:.1f} | {lat} | {pages} | "
+                   f"{r['requests_per_s']:.2f} | {r['output_tokens_per_s']:.1f}{_spread(r)} | {lat} | {pages} | "
                    f"{r['preemptions']} | {_num(r['tau'], '.2f')} | {speedup} | {gain} | {same} |")
     return out
 

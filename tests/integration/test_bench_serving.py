@@ -63,7 +63,7 @@ def test_serving_bench_eagle_rows_unsupported_and_failing_cells(tmp_path, monkey
                        "--drafters", "ngram,eagle,none", "--eagle-head", str(head), "--k", "2", "--closed", "2",
                        "--poisson", "", "--requests-per-setting", "3"])
     res = serving.run(a)
-    assert res["failed"] == ["ngram - / torch: RuntimeError: boom"] and "Failed" in res["markdown"]
+    assert res["failed"] == ["ngram - / torch (warm run): RuntimeError: boom"] and "Failed" in res["markdown"]
     rows = {r["drafter"]: r for r in res["rows"]}
     assert [(r["drafter"], r["pair"]) for r in res["rows"]] == [("none", "- / torch"), ("eagle", "torch / torch")]
     e = rows["eagle"]
@@ -120,3 +120,35 @@ def test_serving_bench_rejects_bad_arguments(bad, capsys):
     with pytest.raises(SystemExit) as e:
         serving.parse([*TINY, *bad])
     assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_serving_bench_repeats_run_in_rounds(monkeypatch):
+    """--repeats: every setting's runs go round-robin over the cells of a verify backend (target-only first); a
+    row holds each repeat's tok/s and TPOT p50, its fields are medians, its speedup and TPOT gain the medians of
+    the per-round ratios to target-only."""
+    from attnlab.bench.serving import _Server
+
+    order, serve = [], _Server.serve
+
+    def logged(self, s, *args):
+        order.append((s.label, self.name))
+        return serve(self, s, *args)
+
+    monkeypatch.setattr(_Server, "serve", logged)
+    a = serving.parse([*TINY, "--drafters", "ngram,none", "--closed", "1,2", "--poisson", "", "--repeats", "3",
+                       "--requests-per-setting", "3", "--warmup-requests", "1"])
+    res = serving.run(a)
+    assert order == [(s, d) for s in ("closed c=1", "closed c=2") for _ in range(3) for d in ("none", "ngram")]
+    rows = {(r["drafter"], r["setting"]): r for r in res["rows"]}
+    assert [(r["drafter"], r["setting"]) for r in res["rows"]] == [
+        (d, s) for d in ("none", "ngram") for s in ("closed c=1", "closed c=2")]
+    for s in ("closed c=1", "closed c=2"):
+        ref, r = rows[("none", s)], rows[("ngram", s)]
+        assert len(r["repeats"]) == len(ref["repeats"]) == 3
+        toks = sorted(x["output_tokens_per_s"] for x in r["repeats"])
+        assert r["output_tokens_per_s"] == pytest.approx(toks[1])
+        ratios = sorted(x["output_tokens_per_s"] / y["output_tokens_per_s"] for x, y in zip(r["repeats"], ref["repeats"]))
+        assert r["speedup"] == pytest.approx(ratios[1]) and r["same_as_target_only"] == 1.0
+    assert "3 timed runs per row, in rounds" in res["header"]
+    lo, hi = min(x["output_tokens_per_s"] for x in r["repeats"]), max(x["output_tokens_per_s"] for x in r["repeats"])
+    assert f"{r['output_tokens_per_s']:.1f} ({lo:.0f}-{hi:.0f}) |" in res["markdown"]
