@@ -10,6 +10,7 @@
 #             1; tau at k 2 / 4 / 6 on held-out ShareGPT and the builtin suite; issue 18, batch 1
 #             under invariance on 64 held-out prompts and the builtin suite (bench.spec --invariant, one process)
 #   run.sh 4  carry nothing: issue 19, bench.serving, four pairs x eagle / none, closed 1-100, Poisson 8-128
+#   run.sh N1, N2, N3: the next sitting (README "Next"), carry .gpu/a, .gpu/b, .gpu/c + .gpu/6 (~15 min)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1-4}
@@ -79,6 +80,32 @@ case $PART in
     --output-len recorded --max-new 128 --closed 1,8,32,100 --poisson 8,32,128 --max-running 128 --fused-ops \
     --out "$OUT/serving" > $LOGS/serving.log 2>&1; echo "exit code $?"; tail -n 40 $LOGS/serving.log
   cp $LOGS/serving.log "$OUT/"
+  ;;
+N1)  # the next sitting (README "Next"), carry .gpu/a: the two tests that failed here on their own assertions
+  step "install .gpu/a"; bash .gpu/a/install.sh | tail -1; cp .gpu/a/sharegpt.part0.gz /opt/data/
+  timeout 150 $PY -m pytest -q -p no:cacheprovider -ra tests/spec/test_tree_graph_fuzz.py \
+    "tests/integration/test_bench_spec.py::test_gpu_spec_bench_invariant_rows_are_exact" > $LOGS/testsN1.log 2>&1
+  grep -E "passed|failed|FAILED|Error" $LOGS/testsN1.log | tail -n 6; cp $LOGS/testsN1.log "$OUT/"
+  ;;
+N2)  # carry .gpu/b (the model joins): issue 13, deeper trees at budget 8 beside the chain, triton / triton
+  step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
+  step "issue 13: chain vs 2x6, 4x5, 4x3 at budget 8, batch 1, 3 interleaved repeats"
+  timeout 300 $S --prompts /opt/data/sharegpt.part0.gz --new 128 --num-prompts 16 --backends triton \
+    --drafters eagle --k 8 --trees chain,4x3,2x6,4x5 --repeats 3 --out "$OUT/trees_deep" > $LOGS/trees.log 2>&1
+  tail -n 8 $LOGS/trees.log
+  ;;
+N3)  # carry .gpu/c + .gpu/6: issue 12's pairs in interleaved rounds; issue 19 with c = 100 held, 3 repeats
+  step "install .gpu/c (flashinfer) and .gpu/6"; bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
+  cp .gpu/c/sg_heldout_all.jsonl.gz $DATA
+  step "issue 12: every pair and ngram, k 4, batch 1, 32 held-out prompts, 5 rounds"
+  timeout 240 $S --prompts $DATA --new 128 --num-prompts 32 --backends triton,flashinfer \
+    --draft-backends triton,flashinfer --drafters ngram,eagle --k 4 --repeats 5 --out "$OUT/pairs_rounds" \
+    > $LOGS/pairs_rounds.log 2>&1; tail -n 12 $LOGS/pairs_rounds.log
+  step "issue 19: bench.serving closed 1-100 (prompts reused: c = 100 holds), Poisson 8-128, 2 rounds"
+  timeout 330 $PY -m attnlab.bench.serving --device cuda --model smollm2-135m --backends triton,flashinfer \
+    --draft-backends triton,flashinfer --drafters eagle,none --k 4 --prompts $DATA --output-len recorded \
+    --max-new 128 --closed 1,8,32,100 --poisson 8,32,128 --max-running 128 --fused-ops --repeats 2 \
+    --out "$OUT/serving_rounds" > $LOGS/serving_rounds.log 2>&1; echo "exit code $?"; tail -n 6 $LOGS/serving_rounds.log
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac
