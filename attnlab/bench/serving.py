@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import sys
 import traceback
@@ -111,6 +112,12 @@ def _median(xs: list[float]) -> float:
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
+def _ratios(pairs: list[tuple[float, float]]) -> list[float]:
+    """num / den for each pair where both are finite and den > 0 (a TPOT is NaN when no request decoded two
+    tokens; a tok/s of 0 has no ratio)."""
+    return [x / y for x, y in pairs if math.isfinite(x) and math.isfinite(y) and y > 0]
+
+
 def setting_row(cell: _Server, s, ref: _Server | None) -> tuple[dict, list]:
     """The row of ``cell`` at setting ``s`` from its repeats: each summary field the median over repeats (the
     whole median-tok/s summary kept under "metrics"), tok/s and TPOT p50 with their min-max; against the
@@ -121,7 +128,7 @@ def setting_row(cell: _Server, s, ref: _Server | None) -> tuple[dict, list]:
     by_tok = sorted(ms, key=lambda m: m["output_tokens_per_s"])
     row = make_row(cell.name, cell.draft_backend, cell.verify, s, by_tok[len(by_tok) // 2])
     for key in FIELDS:
-        vals = [m[key] for m in ms if m.get(key) is not None]
+        vals = [m[key] for m in ms if m.get(key) is not None and math.isfinite(m[key])]
         if vals and key not in ("preemptions", "max_running"):
             row[key] = _median(vals)
     row["preemptions"] = max(m["preemptions"] for m in ms)
@@ -130,9 +137,10 @@ def setting_row(cell: _Server, s, ref: _Server | None) -> tuple[dict, list]:
     if ref is not None and s.label in ref.runs:
         base = ref.runs[s.label]
         pairs = list(zip([m for m, _ in base], ms))
-        row["speedup"] = _median([m["output_tokens_per_s"] / b["output_tokens_per_s"] for b, m in pairs])
+        speedups = _ratios([(m["output_tokens_per_s"], b["output_tokens_per_s"]) for b, m in pairs])
+        row["speedup"] = _median(speedups) if speedups else None
         # open loop (Poisson): both serve the offered load, so tok/s says little; per-token latency does
-        gains = [b["tpot_ms_p50"] / m["tpot_ms_p50"] for b, m in pairs if m["tpot_ms_p50"]]
+        gains = _ratios([(b["tpot_ms_p50"], m["tpot_ms_p50"]) for b, m in pairs])
         row["tpot_gain"] = _median(gains) if gains else None
         row["same_as_target_only"] = sum(x == y for x, y in zip(outs, base[0][1])) / len(outs)
     return row, outs

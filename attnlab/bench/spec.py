@@ -28,7 +28,8 @@ Every engine decodes greedily and stops at EOS or ``--new`` tokens; HF runs the 
 assisted generation takes batch 1), attnlab in batches of each ``--batch`` size. attnlab's timed repeats run in
 rounds: every row of a (batch, verify backend) group is built and warmed first, then each round times the target-only
 row and every speculative row once, back to back (the H200's speed drifted by 10% between rows and processes, more
-than the margins the floors are judged by). Reported per engine, batch, drafter and backend pair: tok/s over all
+than the margins the floors are judged by); every side of a group stays alive until the group is timed, so size
+the lists of backends and drafters to the device's memory. Reported per engine, batch, drafter and backend pair: tok/s over all
 prompts (prefill included; the median of ``--repeats`` timed runs with min-max), tokens per target forward pass,
 attnlab's tau, the speedup over the same engine's target-only decoding at the same batch (attnlab: the median of
 the per-round ratios, with their min-max), the share of prompts whose output equals that engine's target-only output, and
@@ -77,6 +78,7 @@ class Row:
     new_tokens: int
     target_passes: int
     outputs: list[list[int]] = field(repr=False, default_factory=list)
+    outputs_rounds: list[list[list[int]]] = field(repr=False, default_factory=list)  # every repeat's (attnlab)
     tau: float | None = None
     speedup: float | None = None
     speedup_rounds: list[float] = field(default_factory=list)  # per round of interleaved repeats, sorted
@@ -95,7 +97,7 @@ class Row:
         return self.new_tokens / self.seconds
 
     def public(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k != "outputs"}
+        d = {k: v for k, v in self.__dict__.items() if k not in ("outputs", "outputs_rounds")}
         spread = [self.new_tokens / s for s in self.repeats_s] or [self.tok_s]
         return {**d, "tok_s": self.tok_s, "tok_s_min": min(spread), "tok_s_max": max(spread),
                 "tokens_per_target_pass": self.new_tokens / max(1, self.target_passes)}
@@ -104,6 +106,11 @@ class Row:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+def stop_tokens(a, cfg) -> set[int]:
+    """The EOS ids decoding stops at: none with random weights (fixed lengths) or --ignore-eos."""
+    return set(cfg.eos_token_ids) if a.weights == "real" and not a.ignore_eos else set()
 
 
 def load_prompts(weights: str, n: int, vocab: int, tokenizer, source: str = "builtin") -> list[list[int]]:
@@ -201,6 +208,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         _sync(dev)
         c.row.repeats_s.append(time.perf_counter() - t0)
         c.row.outputs, c.row.new_tokens, c.row.target_passes = outs, sum(map(len, outs)), passes
+        c.row.outputs_rounds.append(outs)
         if graphs is not None:
             for key, n in graphs.step_replays.items():
                 c.launches[key] = c.launches.get(key, 0) + n - launches0.get(key, 0)
@@ -316,21 +324,27 @@ def hf_rows(model, a, prompts, eos: set[int]) -> list[Row]:
 
 def invariance_broken(rows: list[Row]) -> list[str]:
     """--invariant: each attnlab row whose output differs from its own target-only output (the row before it in
-    the same batch and verify backend), named with the prompts that differ and the first differing token."""
-    out, ref = [], None
+    the same batch and verify backend) in any round of repeats (round i of both), named with the round, the prompts
+    that differ and the first differing token. No speculative row at all is a failure too: nothing was checked."""
+    out, ref, checked = [], None, 0
     for r in rows:
         if r.engine != "attnlab":
             continue
         if r.drafter == "none":
             ref = r
             continue
-        bad = [i for i, (x, y) in enumerate(zip(r.outputs, ref.outputs)) if x != y]
-        if bad:
-            i = bad[0]
-            first = next((j for j, (x, y) in enumerate(zip(r.outputs[i], ref.outputs[i])) if x != y),
-                         min(len(r.outputs[i]), len(ref.outputs[i])))
-            out.append(f"BROKEN: {r.drafter} {r.pair} k={r.k} batch {r.batch}: {len(bad)} of {len(ref.outputs)} "
-                       f"prompts differ from target-only (first: prompt {i} at token {first})")
+        checked += 1
+        for n, (got, want) in enumerate(zip(r.outputs_rounds or [r.outputs], ref.outputs_rounds or [ref.outputs])):
+            bad = [i for i, (x, y) in enumerate(zip(got, want)) if x != y]
+            if bad:
+                i = bad[0]
+                first = next((j for j, (x, y) in enumerate(zip(got[i], want[i])) if x != y),
+                             min(len(got[i]), len(want[i])))
+                out.append(f"BROKEN: {r.drafter} {r.pair} k={r.k} batch {r.batch}, round {n + 1}: {len(bad)} of "
+                           f"{len(want)} prompts differ from target-only (first: prompt {i} at token {first})")
+                break
+    if not checked:
+        out.append("NOTHING CHECKED: no speculative attnlab row ran (see Skipped)")
     return out
 
 
@@ -436,6 +450,8 @@ def parse(argv=None):
         a.trees.append((K, S))
     if not a.trees:
         ap.error("--trees: at least one of chain, KxS")
+    if a.invariant and any(K > 1 for K, _ in a.trees):
+        ap.error("--invariant: tree verify is not invariant (engine.invariant needs spec.topk=1): --trees chain")
     try:
         a.batches = [int(b) for b in a.batch.split(",") if b]
     except ValueError:
@@ -487,17 +503,18 @@ def run(a) -> dict:
     cfg, model = base.model_config, base.model
     tok = load_tokenizer(a.model, init=init, config=cfg) if a.weights == "real" else None
     prompts = load_prompts(a.weights, a.num_prompts, cfg.vocab_size, tok, a.prompts)
-    # random weights or --ignore-eos: every request decodes --new tokens
-    eos = set(cfg.eos_token_ids) if a.weights == "real" and not a.ignore_eos else set()
+    eos = stop_tokens(a, cfg)
     rows = [] if a.skip_hf else hf_rows(model, a, prompts, eos)
     skipped: list[str] = []
     rows += attnlab_rows(base, a, prompts, eos, skipped)
     head = (f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}; {versions()}; {a.model} "
             f"({a.weights} weights), {a.dtype}, k={','.join(map(str, a.ks))}, self-draft layers={a.draft_layers}, {len(prompts)} "
             f"{a.prompts} prompts x <= {a.new} new tokens, batch {','.join(map(str, a.batches))}, "
-            f"{a.repeats} timed repeat(s) (tok/s: median, min-max; attnlab speedup: median of per-round ratios, min-max), "
+            f"{a.repeats} timed repeat(s) (tok/s: median, min-max"
+            f"{'; attnlab: in rounds, speedup the median of per-round ratios, min-max' if a.repeats > 1 else ''}), "
             f"attnlab CUDA graphs "
-            f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}, fused layer ops {'on' if a.fused_ops else 'off'}"
+            f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}, fused layer ops "
+            f"{'on' if a.fused_ops else 'on (target side, invariant)' if a.invariant else 'off'}"
             f"{', EOS ignored' if a.ignore_eos else ''}{', target side invariant (engine.invariant)' if a.invariant else ''}")
     lines = [head, ""] + table(rows)
     if not a.skip_hf:  # the two engines' target-only outputs (fp32: identical but for near-ties)
@@ -518,7 +535,8 @@ def run(a) -> dict:
     if a.invariant:
         lines.append("\nInvariance: " + ("; ".join(broken) if broken else
                                           f"exact, every attnlab row's output = its target-only output on every "
-                                          f"prompt ({sum(r.engine == 'attnlab' and r.k > 0 for r in rows)} rows)"))
+                                          f"prompt in every round ({sum(r.engine == 'attnlab' and r.k > 0 for r in rows)} "
+                                          f"rows, {a.repeats} round(s))"))
     if skipped:
         lines.append("\nSkipped (cannot run here):\n" + "\n".join(f"- {s}" for s in skipped))
     return {"header": head, "args": {k: v for k, v in vars(a).items()}, "rows": [r.public() for r in rows],

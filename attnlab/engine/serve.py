@@ -49,10 +49,15 @@ class WallClock:
 
 class StepClock(WallClock):
     """For tests: every engine step takes ``dt`` seconds, idle time jumps to the next arrival, so which
-    requests share a batch is deterministic. Request latencies still come from the wall clock."""
+    requests share a batch is deterministic. Request latencies still come from the wall clock, counted from
+    when the engine released the request (``perf``): mapping step time onto the wall clock instead would make
+    latencies negative wherever a step runs in less than ``dt`` (a fast machine: a flaky serving test)."""
 
     def __init__(self, dt: float):
         self.dt, self.t = dt, 0.0
+
+    def perf(self, t: float) -> float:
+        return time.perf_counter()
 
     def start(self) -> None:
         super().start()

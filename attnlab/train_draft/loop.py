@@ -174,11 +174,17 @@ class Trainer:
                               f"(its checkpoint holds the head), init starts a new one from a head; choose one")
         folder = head_folder(self.t.init, self.cfg.model.name)
         hc = read_head_config(folder)
-        asked = {"capture_layers": None if self.t.capture_layers is None else list(self.t.capture_layers),
-                 "draft_vocab_size": self.t.draft_vocab_size, "intermediate_size": self.t.intermediate_size}
-        have = {"capture_layers": list(hc.capture_layers), "draft_vocab_size": hc.draft_vocab_size,
+        # as EagleConfig.for_target reads them: layers in any order, a draft vocabulary of the whole vocabulary = none
+        vocab = self.t.draft_vocab_size
+        asked = {"capture_layers": None if self.t.capture_layers is None else sorted(self.t.capture_layers),
+                 "draft_vocab_size": None if vocab is None or vocab == hc.vocab_size else vocab,
+                 "intermediate_size": self.t.intermediate_size}
+        have = {"capture_layers": sorted(hc.capture_layers), "draft_vocab_size": hc.draft_vocab_size,
                 "intermediate_size": hc.intermediate_size}
-        bad = [f"train.{k}={v} (the head has {have[k]})" for k, v in asked.items() if v is not None and v != have[k]]
+        bad = [f"train.{k}={getattr(self.t, k)} (the head has {have[k]})" for k, v in asked.items()
+               if v is not None and v != have[k]]
+        if vocab is not None and vocab == hc.vocab_size and hc.draft_vocab_size is not None:
+            bad.append(f"train.draft_vocab_size={vocab}, the whole vocabulary (the head has {hc.draft_vocab_size})")
         if bad:
             raise ConfigError(f"train.init={self.t.init}: {'; '.join(bad)}: leave them unset (null) to continue "
                               f"that head, or drop train.init to train a new one")

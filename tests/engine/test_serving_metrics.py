@@ -70,3 +70,20 @@ def test_report_draws_the_serving_section(tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "## Serving" in text and "2 req/s" in text and "| 41 |" in text
     assert (tmp_path / "latency_throughput.png").stat().st_size > 0 and (tmp_path / "kv_timeline.png").is_file()
+
+
+def test_step_clock_latencies_are_never_negative(monkeypatch):
+    """StepClock steps 10 ms of its own time per engine step; on a machine where a step takes less wall time, a
+    request's latency must still count from its release (wall clock), never from a future wall time."""
+    import time as _time
+
+    from attnlab.engine.serve import StepClock
+
+    c = StepClock(0.01)
+    c.start()
+    for _ in range(50):  # 0.5 s of step time, almost no wall time
+        c.tick()
+    t0 = c.perf(c.now())
+    assert t0 <= _time.perf_counter()
+    out = serve("ngram", arrival_source("poisson", 10, rate=30.0, seed=1))
+    assert all(r.latency_ms >= r.ttft_ms >= 0 for r in out.requests)

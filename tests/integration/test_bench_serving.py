@@ -149,6 +149,57 @@ def test_serving_bench_repeats_run_in_rounds(monkeypatch):
         assert r["output_tokens_per_s"] == pytest.approx(toks[1])
         ratios = sorted(x["output_tokens_per_s"] / y["output_tokens_per_s"] for x, y in zip(r["repeats"], ref["repeats"]))
         assert r["speedup"] == pytest.approx(ratios[1]) and r["same_as_target_only"] == 1.0
+        gains = sorted(y["tpot_ms_p50"] / x["tpot_ms_p50"] for x, y in zip(r["repeats"], ref["repeats"]))
+        assert r["tpot_gain"] == pytest.approx(gains[1])
     assert "3 timed runs per row, in rounds" in res["header"]
     lo, hi = min(x["output_tokens_per_s"] for x in r["repeats"]), max(x["output_tokens_per_s"] for x in r["repeats"])
     assert f"{r['output_tokens_per_s']:.1f} ({lo:.0f}-{hi:.0f}) |" in res["markdown"]
+
+
+@pytest.mark.parametrize("fail_at", [1, 2, 4])
+def test_serving_bench_cell_failing_mid_setting(monkeypatch, fail_at):
+    """A cell that raises during its fail_at-th timed run is a failed cell from then on: rows only for the settings
+    it completed (each with its speedup), its pages freed on the target, the others served on, the progress bar
+    full."""
+    import tqdm.auto
+
+    from attnlab.bench.serving import _Server
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total=0, **kw):
+            self.total, self.n = total, 0
+            bars.append(self)
+
+        def update(self, n=1):
+            self.n += n
+
+        def close(self):
+            pass
+
+        @staticmethod
+        def write(*a, **k):
+            pass
+
+    calls, serve = [0], _Server.serve
+
+    def flaky(self, s, *args):
+        if self.name == "ngram":
+            calls[0] += 1
+            if calls[0] == fail_at:
+                self.dec.target.allocator.allocate("stuck", 5)  # as a run that died holding pages
+                raise RuntimeError("mid")
+        return serve(self, s, *args)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    monkeypatch.setattr(_Server, "serve", flaky)
+    a = serving.parse([*TINY, "--drafters", "ngram,none", "--closed", "1,2", "--poisson", "", "--repeats", "2",
+                       "--requests-per-setting", "3", "--warmup-requests", "1"])
+    res = serving.run(a)
+    done = (fail_at - 1) // 2  # settings whose 2 runs completed before the failure
+    assert res["failed"] == [f"ngram - / torch ({('closed c=1', 'closed c=2')[done]}): RuntimeError: mid"]
+    assert [(r["drafter"], r["setting"]) for r in res["rows"]] == [
+        ("none", "closed c=1"), ("none", "closed c=2"), *[("ngram", s) for s in ("closed c=1",)[:done]]]
+    assert all(r["speedup"] > 0 for r in res["rows"] if r["drafter"] == "ngram")
+    assert bars[-1].n == bars[-1].total

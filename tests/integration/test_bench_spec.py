@@ -141,20 +141,42 @@ def test_invariance_broken_names_the_row_prompt_and_token():
     rows = [spec.Row("hf", "none", "sdpa", 1.0, 1, 1, [[9]]), row("none", ref), row("ngram", [[1, 2, 3], [4, 5, 6]]),
             row("eagle", [[1, 2, 3], [4, 7, 6]], "triton / triton"), row("none", [[1], [2]], batch=2),
             row("ngram", [[1], [2]], batch=2)]
-    assert spec.invariance_broken(rows) == [
-        "BROKEN: eagle triton / triton k=4 batch 1: 1 of 2 prompts differ from target-only (first: prompt 1 at token 1)"]
+    assert spec.invariance_broken(rows) == ["BROKEN: eagle triton / triton k=4 batch 1, round 1: 1 of 2 prompts "
+                                            "differ from target-only (first: prompt 1 at token 1)"]
     shorter = [row("none", ref), row("ngram", [[1, 2, 3], [4, 5]])]  # a prefix: differs where it ends
     assert spec.invariance_broken(shorter)[0].endswith("(first: prompt 1 at token 2)")
     assert spec.invariance_broken(rows[:3]) == []
+    # every round counts, not the last one only: round 2 of 3 differs here
+    late = row("ngram", ref)
+    late.outputs_rounds = [ref, [[1, 2, 3], [4, 5, 7]], ref]
+    base = row("none", ref)
+    base.outputs_rounds = [ref] * 3
+    assert spec.invariance_broken([base, late]) == ["BROKEN: ngram - / triton k=4 batch 1, round 2: 1 of 2 prompts "
+                                                    "differ from target-only (first: prompt 1 at token 2)"]
+    # no speculative row ran (every one skipped): nothing was checked, which is no verdict of exactness
+    assert spec.invariance_broken([row("none", ref)]) == ["NOTHING CHECKED: no speculative attnlab row ran (see Skipped)"]
 
 
-def test_spec_bench_ignore_eos_decodes_new_tokens(monkeypatch):
-    """--ignore-eos: no request stops at EOS (the header says so): a run's token count is prompts x --new."""
+def test_spec_bench_ignore_eos_decodes_new_tokens():
+    """--ignore-eos: no request stops at EOS (the header says so). Real weights stop at the model's EOS ids unless
+    it is given; random weights never stop early."""
+    from types import SimpleNamespace
+
     a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--drafters", "ngram",
                     "--num-prompts", "2", "--new", "6", "--k", "2", "--skip-hf", "--ignore-eos"])
+    cfg = SimpleNamespace(eos_token_ids=[2, 7])
+    assert spec.stop_tokens(a, cfg) == set()
+    for weights, ignore, want in (("real", False, {2, 7}), ("real", True, set()), ("random", False, set())):
+        assert spec.stop_tokens(SimpleNamespace(weights=weights, ignore_eos=ignore), cfg) == want
     res = spec.run(a)
     assert all(r["new_tokens"] == 12 for r in res["rows"]) and "EOS ignored" in res["header"]
     assert res["invariance_broken"] == []
+
+
+def test_spec_bench_invariant_refuses_trees(capsys):
+    with pytest.raises(SystemExit) as e:
+        spec.parse(["--device", "cuda", "--model", "tiny-llama", "--invariant", "--trees", "chain,4x3"])
+    assert e.value.code == 2 and "tree verify is not invariant" in capsys.readouterr().err
 
 
 @pytest.mark.gpu

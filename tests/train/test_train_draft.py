@@ -264,6 +264,11 @@ def test_init_warm_starts_from_an_exported_head(trained, tmp_path):
     assert s["data"]["init"]["head"] == str(d / "head") and s["data"]["init"]["steps"] == first["steps"]
     assert s["steps"] == 3 and read_head_config(tmp_path / "head").meta["result"]["steps"] == 3
     layers = read_head_config(d / "head").capture_layers
+    # the head's own settings, as a user may write them (layers in another order), are no conflict
+    (tmp_path / "y").mkdir()
+    ok = run(train_config(sample, init=str(d / "head"), max_steps=1, capture_layers=list(reversed(layers))),
+             tmp_path / "y", "cpu", "fp32", NoneLogger(), target=target_side(model))
+    assert ok["steps"] == 1
     for bad, match in (({"capture_layers": [0]}, "capture_layers=\\[0\\] \\(the head has"),
                        ({"resume": str(d)}, "choose one")):
         with pytest.raises(ConfigError, match=match):
