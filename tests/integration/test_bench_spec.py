@@ -141,8 +141,8 @@ def test_invariance_broken_names_the_row_prompt_and_token():
     rows = [spec.Row("hf", "none", "sdpa", 1.0, 1, 1, [[9]]), row("none", ref), row("ngram", [[1, 2, 3], [4, 5, 6]]),
             row("eagle", [[1, 2, 3], [4, 7, 6]], "triton / triton"), row("none", [[1], [2]], batch=2),
             row("ngram", [[1], [2]], batch=2)]
-    assert spec.invariance_broken(rows) == ["BROKEN: eagle triton / triton k=4 batch 1, round 1: 1 of 2 prompts "
-                                            "differ from target-only (first: prompt 1 at token 1)"]
+    assert spec.invariance_broken(rows) == [("BROKEN: eagle triton / triton k=4 batch 1, round 1: 1 of 2 prompts "
+                                             "differ from target-only (first: prompt 1 at token 1)")]
     shorter = [row("none", ref), row("ngram", [[1, 2, 3], [4, 5]])]  # a prefix: differs where it ends
     assert spec.invariance_broken(shorter)[0].endswith("(first: prompt 1 at token 2)")
     assert spec.invariance_broken(rows[:3]) == []
@@ -151,8 +151,8 @@ def test_invariance_broken_names_the_row_prompt_and_token():
     late.outputs_rounds = [ref, [[1, 2, 3], [4, 5, 7]], ref]
     base = row("none", ref)
     base.outputs_rounds = [ref] * 3
-    assert spec.invariance_broken([base, late]) == ["BROKEN: ngram - / triton k=4 batch 1, round 2: 1 of 2 prompts "
-                                                    "differ from target-only (first: prompt 1 at token 2)"]
+    assert spec.invariance_broken([base, late]) == [("BROKEN: ngram - / triton k=4 batch 1, round 2: 1 of 2 "
+                                                     "prompts differ from target-only (first: prompt 1 at token 2)")]
     # no speculative row ran (every one skipped): nothing was checked, which is no verdict of exactness
     assert spec.invariance_broken([row("none", ref)]) == ["NOTHING CHECKED: no speculative attnlab row ran (see Skipped)"]
 
