@@ -51,7 +51,6 @@ import torch
 
 from attnlab.bench.cells import parse_spec, skip_unsupported
 from attnlab.bench.serving_work import (
-    FIELDS,
     asked,
     cycled,
     make_row,
@@ -63,6 +62,8 @@ from attnlab.bench.serving_work import (
 from attnlab.bench.spec import NGRAM_N, _sync, resolve_weights
 from attnlab.engine.build import SideSpec, build_side
 from attnlab.engine.scheduler import KV_POLICIES
+from attnlab.metrics.perf import percentile
+from attnlab.metrics.repeats import median_of_runs
 from attnlab.plan import ModelSource
 
 DRAFTERS = ("eagle", "ngram", "none")
@@ -106,12 +107,6 @@ class _Server:
                                                   [r.output_ids for r in res.requests]))
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-
-
 def _ratios(pairs: list[tuple[float, float]]) -> list[float]:
     """num / den for each pair where both are finite and den > 0 (a TPOT is NaN when no request decoded two
     tokens; a tok/s of 0 has no ratio)."""
@@ -119,18 +114,13 @@ def _ratios(pairs: list[tuple[float, float]]) -> list[float]:
 
 
 def setting_row(cell: _Server, s, ref: _Server | None) -> tuple[dict, list]:
-    """The row of ``cell`` at setting ``s`` from its repeats: each summary field the median over repeats (the
-    whole median-tok/s summary kept under "metrics"), tok/s and TPOT p50 with their min-max; against the
-    target-only cell ``ref``, the speedup and TPOT gain as medians of per-round ratios (repeat i of both ran in the
-    same round)."""
+    """The row of ``cell`` at setting ``s`` from its repeats: every summary key the median over them
+    (metrics.repeats.median_of_runs; preemptions the most any run had), each repeat's tok/s and TPOT p50 kept;
+    against the target-only cell ``ref``, the speedup and TPOT gain as medians of per-round ratios (repeat i of
+    both ran in the same round)."""
     runs = cell.runs[s.label]
     ms = [m for m, _ in runs]
-    by_tok = sorted(ms, key=lambda m: m["output_tokens_per_s"])
-    row = make_row(cell.name, cell.draft_backend, cell.verify, s, by_tok[len(by_tok) // 2])
-    for key in FIELDS:
-        vals = [m[key] for m in ms if m.get(key) is not None and math.isfinite(m[key])]
-        if vals and key not in ("preemptions", "max_running"):
-            row[key] = _median(vals)
+    row = make_row(cell.name, cell.draft_backend, cell.verify, s, median_of_runs(ms))
     row["preemptions"] = max(m["preemptions"] for m in ms)
     row["repeats"] = [{"output_tokens_per_s": m["output_tokens_per_s"], "tpot_ms_p50": m["tpot_ms_p50"]} for m in ms]
     outs = runs[0][1]
@@ -138,10 +128,10 @@ def setting_row(cell: _Server, s, ref: _Server | None) -> tuple[dict, list]:
         base = ref.runs[s.label]
         pairs = list(zip([m for m, _ in base], ms))
         speedups = _ratios([(m["output_tokens_per_s"], b["output_tokens_per_s"]) for b, m in pairs])
-        row["speedup"] = _median(speedups) if speedups else None
+        row["speedup"] = percentile(speedups, 50) if speedups else None
         # open loop (Poisson): both serve the offered load, so tok/s says little; per-token latency does
         gains = _ratios([(b["tpot_ms_p50"], m["tpot_ms_p50"]) for b, m in pairs])
-        row["tpot_gain"] = _median(gains) if gains else None
+        row["tpot_gain"] = percentile(gains, 50) if gains else None
         row["same_as_target_only"] = sum(x == y for x, y in zip(outs, base[0][1])) / len(outs)
     return row, outs
 

@@ -56,6 +56,7 @@ import torch
 from attnlab.bench.cells import parse_spec, skip_unsupported
 from attnlab.config import check_backend, check_invariant
 from attnlab.engine.build import SideSpec, build_side
+from attnlab.metrics.perf import percentile
 from attnlab.plan import ModelSource
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import ModelDrafter, NgramDrafter, NoDrafter
@@ -354,10 +355,8 @@ def finish(row: Row, ref: Row) -> Row:
     the per-round ratios and its spread is theirs; otherwise the ratio of the two medians."""
     scale = row.new_tokens / max(1, ref.new_tokens)
     if len(row.repeats_s) == len(ref.repeats_s) > 1:
-        rounds = sorted(r / t * scale for r, t in zip(ref.repeats_s, row.repeats_s))
-        row.speedup_rounds = rounds
-        row.speedup = rounds[len(rounds) // 2] if len(rounds) % 2 else (rounds[len(rounds) // 2 - 1] +
-                                                                         rounds[len(rounds) // 2]) / 2
+        row.speedup_rounds = sorted(r / t * scale for r, t in zip(ref.repeats_s, row.repeats_s))
+        row.speedup = percentile(row.speedup_rounds, 50)
     else:
         row.speedup = ref.seconds / row.seconds * scale
     row.same_as_target_only = sum(x == y for x, y in zip(row.outputs, ref.outputs)) / max(1, len(ref.outputs))

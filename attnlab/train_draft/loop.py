@@ -167,6 +167,7 @@ class Trainer:
     def _check_init(self):
         """train.init, before anything is built: the exported head folder and its config. A shape setting that
         disagrees with the head is an error, not a silent override; unset ones (null) take the head's."""
+        from attnlab.models.eagle import EagleConfig
         from attnlab.models.eagle_io import head_folder, read_head_config
 
         if self.t.resume:
@@ -174,17 +175,16 @@ class Trainer:
                               f"(its checkpoint holds the head), init starts a new one from a head; choose one")
         folder = head_folder(self.t.init, self.cfg.model.name)
         hc = read_head_config(folder)
-        # as EagleConfig.for_target reads them: layers in any order, a draft vocabulary of the whole vocabulary = none
-        vocab = self.t.draft_vocab_size
-        asked = {"capture_layers": None if self.t.capture_layers is None else sorted(self.t.capture_layers),
-                 "draft_vocab_size": None if vocab is None or vocab == hc.vocab_size else vocab,
-                 "intermediate_size": self.t.intermediate_size}
+        # each setting as EagleConfig.for_target reads it (layers in any order, the whole vocabulary = none); unset
+        # (null) takes the head's
+        t = self.t
         have = {"capture_layers": sorted(hc.capture_layers), "draft_vocab_size": hc.draft_vocab_size,
                 "intermediate_size": hc.intermediate_size}
-        bad = [f"train.{k}={getattr(self.t, k)} (the head has {have[k]})" for k, v in asked.items()
-               if v is not None and v != have[k]]
-        if vocab is not None and vocab == hc.vocab_size and hc.draft_vocab_size is not None:
-            bad.append(f"train.draft_vocab_size={vocab}, the whole vocabulary (the head has {hc.draft_vocab_size})")
+        asked = {"capture_layers": sorted(t.capture_layers) if t.capture_layers is not None else have["capture_layers"],
+                 "draft_vocab_size": (EagleConfig._check_vocab(t.draft_vocab_size, hc.vocab_size)
+                                      if t.draft_vocab_size is not None else have["draft_vocab_size"]),
+                 "intermediate_size": t.intermediate_size or have["intermediate_size"]}
+        bad = [f"train.{k}={getattr(t, k)} (the head has {have[k]})" for k in have if asked[k] != have[k]]
         if bad:
             raise ConfigError(f"train.init={self.t.init}: {'; '.join(bad)}: leave them unset (null) to continue "
                               f"that head, or drop train.init to train a new one")

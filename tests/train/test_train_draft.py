@@ -266,10 +266,12 @@ def test_init_warm_starts_from_an_exported_head(trained, tmp_path):
     layers = read_head_config(d / "head").capture_layers
     # the head's own settings, as a user may write them (layers in another order), are no conflict
     (tmp_path / "y").mkdir()
-    ok = run(train_config(sample, init=str(d / "head"), max_steps=1, capture_layers=list(reversed(layers))),
+    ok = run(train_config(sample, init=str(d / "head"), max_steps=1, capture_layers=list(reversed(layers)),
+                          draft_vocab_size=CFG.vocab_size),  # the whole vocabulary: none, as the head has
              tmp_path / "y", "cpu", "fp32", NoneLogger(), target=target_side(model))
     assert ok["steps"] == 1
     for bad, match in (({"capture_layers": [0]}, "capture_layers=\\[0\\] \\(the head has"),
+                       ({"draft_vocab_size": 100}, "draft_vocab_size=100 \\(the head has None\\)"),
                        ({"resume": str(d)}, "choose one")):
         with pytest.raises(ConfigError, match=match):
             run(train_config(sample, init=str(d / "head"), max_steps=1, **bad), tmp_path / "x", "cpu", "fp32",
