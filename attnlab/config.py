@@ -183,6 +183,10 @@ class EngineSchema:
     # Target-only greedy decode: this many steps per launch and host sync (engine/multistep.py; one CUDA graph
     # of N steps with engine.cuda_graph). 1 = one step per sync, as the speculative loop's iterations.
     decode_steps_per_sync: int = 1
+    # Programmatic dependent launch for attnlab's Triton kernels (attnlab/kernels/pdl.py): each may launch while
+    # the kernel before it drains, and waits for its results before touching memory (bit-identical output).
+    # Process-wide; CUDA, compute capability >= 9.0 (Hopper). Off until the H200 A/B says it pays.
+    pdl: bool = False
     # The target side computes each token row with a reduction order fixed by the model shape and the row's
     # context length, never by q_len, batch, padding or graph bucket, so greedy speculative output is bit-identical
     # to target-only (docs/design.md, "Invariant mode"); any mismatch fails the run. Needs an invariant verify
@@ -566,6 +570,9 @@ def validate(cfg: DictConfig) -> RunPlan:
     if cfg.engine.fused_ops and device != "cuda":
         raise ConfigError("engine.fused_ops=true runs Triton kernels and needs device=cuda (use "
                           "engine.fused_ops=false on CPU)")
+    if cfg.engine.get("pdl", False) and device != "cuda":
+        raise ConfigError("engine.pdl=true (programmatic dependent launch) is a CUDA feature and needs device=cuda "
+                          "(use engine.pdl=false on CPU)")
 
     if cfg.engine.get("invariant", False):
         check_invariant(cfg.verify.name, cfg.verify.get("options"), device=device, topk=s.topk)
@@ -638,7 +645,8 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
                              p.enabled and p.tokens and bool(p.get("noise_floor", False)),
                              near_tie_ulps=float(p.near_tie_ulps)),
         engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops), cfg.engine.gemm, cfg.engine.decode_steps_per_sync,
-                             bool(cfg.engine.get("invariant", False)), cfg.engine.kv_policy),
+                             bool(cfg.engine.get("invariant", False)), cfg.engine.kv_policy,
+                             bool(cfg.engine.get("pdl", False))),
         bench=pl.BenchPlan(cfg.bench.repeats or (3 if device == "cuda" else 1), float(cfg.bench.noisy_ratio),
                            cfg.bench.cold),
         logger=pl.LoggerPlan(lg.kind, lg.project, lg.entity, lg.mode, lg.group, tuple(lg.tags)),

@@ -150,6 +150,7 @@ class EnginePlan:
     decode_steps_per_sync: int = 1  # target-only greedy decode steps per launch and host sync
     invariant: bool = False  # engine.invariant: the target side is invariant (fused, invariant verify backend)
     kv_policy: str = "reserve"  # serving admission: reserve (whole budgets, never preempts) | preempt (recompute)
+    pdl: bool = False  # engine.pdl: attnlab's Triton kernels use programmatic dependent launch (process-wide)
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,10 @@ def build_pair(plan: RunPlan, work: Prepared, verify: str, backend: str, *, targ
     ``tag``. ``draft_weights``: a runner whose weights a ``draft=model`` drafter shares (parity pairs reuse the
     run's drafter weights instead of loading them again).
     """
+    if graphs:  # process-wide (attnlab.kernels.pdl); parity sides (graphs=False) leave it as the run set it
+        from attnlab.kernels import pdl
+
+        pdl.set_enabled(plan.engine.pdl, plan.device)
     if target is None:
         target = build(side_spec(plan, work, "target", verify, graphs=graphs, name="target" + tag))
     kind, runner = plan.draft.kind, None

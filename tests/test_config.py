@@ -127,6 +127,7 @@ def test_the_run_plan_is_frozen_and_typed():
     (["draft=self", "draft.layers=[]"], "draft.layers"),
     (["engine.cuda_graph=true"], "engine.cuda_graph"),
     (["engine.fused_ops=true"], "engine.fused_ops"),
+    (["engine.pdl=true"], "engine.pdl=true"),
     (["engine.gemm=triton"], "engine.gemm=triton"),
     (["engine.gemm=cutlass"], "engine.gemm='cutlass'"),
     (["precision.fp8_gemm=weight_only"], "precision.fp8_gemm=weight_only"),  # bf16 draft weights

@@ -28,6 +28,7 @@ import torch
 class CompileLog:
     target: str
     variants: dict[str, int] = field(default_factory=dict)  # kernel name -> distinct variants compiled
+    pdl_variants: int = 0  # of them, those whose PTX waits on the previous grid (griddepcontrol.wait: engine.pdl)
     seconds: float = 0.0
 
     @property
@@ -69,6 +70,7 @@ def compile_only(arch: int = 90, warp_size: int = 32):
         if id(kernel) not in seen:
             seen.add(id(kernel))
             log.variants[self.__name__] = log.variants.get(self.__name__, 0) + 1
+            log.pdl_variants += "griddepcontrol.wait" in kernel.asm.get("ptx", "")
         return kernel
 
     previous = driver._active
@@ -173,16 +175,45 @@ def compile_gemm(quick: bool, arch: int = 90) -> None:
                       epilogue="residual", residual=x)
 
 
+def compile_pdl(arch: int = 90) -> None:
+    """One variant of every kernel with programmatic dependent launch on (attnlab.kernels.pdl): the fused ops, the
+    store, the GEMM (quick grid) and the attention launches (decode with its split merge, causal and tree verify,
+    prefill), bf16, head dim 64, GQA 4."""
+    from attnlab.backends.base import Mode
+    from attnlab.backends.cases import random_paged_case
+    from attnlab.backends.triton import TritonBackend
+    from attnlab.kernels import pdl
+
+    with pdl.forced_for_compile():
+        compile_store_and_fused(True, arch)
+        compile_gemm(True, arch)
+        for kv_lens, q_lens, mode, tree in (([9000, 40], [1, 1], Mode.DECODE, False),
+                                            ([300, 17], [5, 5], Mode.VERIFY, False),
+                                            ([300, 17], [5, 5], Mode.VERIFY, True),
+                                            ([300, 70], [200, 70], Mode.PREFILL, False)):
+            pool, meta, q = random_paged_case(kv_lens=kv_lens, q_lens=q_lens, page_size=16, num_q_heads=8,
+                                              num_kv_heads=2, head_dim=64, dtype=torch.bfloat16, mode=mode,
+                                              tree_mask=tree)
+            be = TritonBackend(pool, 8, 2, 64, 0.125, torch.bfloat16)
+            be.plan(meta)
+            be.run(q, 0)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90 = Hopper, 80 = Ampere)")
     ap.add_argument("--quick", action="store_true", help="bf16 and head dims 64/128 only")
+    ap.add_argument("--pdl", choices=("off", "also", "only"), default="off",
+                    help="the kernels' programmatic-dependent-launch variants (engine.pdl): also, or only them")
     a = ap.parse_args(argv)
     try:
         with compile_only(a.arch) as log:
-            compile_store_and_fused(a.quick, a.arch)
-            compile_gemm(a.quick, a.arch)
-            compile_backend_grid(a.quick, a.arch)
+            if a.pdl != "only":
+                compile_store_and_fused(a.quick, a.arch)
+                compile_gemm(a.quick, a.arch)
+                compile_backend_grid(a.quick, a.arch)
+            if a.pdl != "off":
+                compile_pdl(a.arch)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -192,6 +223,7 @@ def main(argv=None) -> int:
           f"in {log.seconds:.0f} s")
     for name, n in sorted(log.variants.items()):
         print(f"  {name}: {n}")
+    print(f"programmatic dependent launch (griddepcontrol.wait in the PTX): {log.pdl_variants} variants")
     return 0
 
 

@@ -18,6 +18,7 @@ import triton.language as tl
 from attnlab.kernels.heuristics import LaunchParams, fp32_dot
 from attnlab.kernels.merge import merge_arrived, merge_splits
 from attnlab.kernels.paged import attend_tile, tile_slots, write_result
+from attnlab.kernels.pdl import launch_args, pdl_start
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -29,7 +30,9 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
                    stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr):
+                   SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr,
+                   USE_PDL: tl.constexpr = False):
+    pdl_start(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -104,8 +107,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         BLOCK_M=params.block_m, BLOCK_N=params.block_n, BLOCK_D=params.block_d,
         SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse,
-        num_warps=params.num_warps, num_stages=params.num_stages,
-    )
+        num_warps=params.num_warps, num_stages=params.num_stages, **launch_args(q))
     if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out

@@ -20,6 +20,7 @@ from attnlab.kernels.decode import LOG2E
 from attnlab.kernels.heuristics import LaunchParams, fp32_dot
 from attnlab.kernels.merge import merge_arrived, merge_splits
 from attnlab.kernels.paged import attend_tile, tile_slots, write_result
+from attnlab.kernels.pdl import launch_args, pdl_start
 
 
 @triton.jit
@@ -31,7 +32,8 @@ def _extend_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
                    TOKENS_PER_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, HAS_MASK: tl.constexpr, SPLIT: tl.constexpr,
-                   FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr):
+                   FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_start(USE_PDL)
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -161,8 +163,7 @@ def paged_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         TOKENS_PER_BLOCK=params.tokens_per_block, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
         BLOCK_D=params.block_d, HAS_MASK=has_mask, SPLIT=split, FP32_DOT=fp32_dot(q.dtype),
         FUSE_MERGE=fuse,
-        num_warps=params.num_warps, num_stages=params.num_stages,
-    )
+        num_warps=params.num_warps, num_stages=params.num_stages, **launch_args(q))
     if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out

@@ -21,11 +21,13 @@ import triton
 import triton.language as tl
 
 from attnlab.kernels.heuristics import next_pow2
+from attnlab.kernels.pdl import launch_args, pdl_start
 
 
 @triton.jit
 def _add_rmsnorm_kernel(X, RES, W, OUT, RES_OUT, stride_x, stride_r, stride_o, stride_ro, N, eps,
-                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -62,14 +64,15 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     block = next_pow2(n)
     _add_rmsnorm_kernel[(t,)](x, res, weight, out, res_out, x.stride(0), res.stride(0), out.stride(0),
                               res_out.stride(0), n, eps, HAS_RES=residual is not None, BLOCK=block,
-                              num_warps=min(16, max(1, block // 256)))
+                              num_warps=min(16, max(1, block // 256)), **launch_args(x))
     return out, res_out
 
 
 @triton.jit
 def _rope_qk_kernel(QKV, COS, SIN, Q_OUT, K_OUT, stride_t, stride_ct, stride_qt, stride_kt,
                     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
-                    FROM_POS: tl.constexpr):
+                    FROM_POS: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_start(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)  # 0..Hq-1: q heads, Hq..: k heads (k follows q in the qkv row)
     offs = tl.arange(0, BLOCK)
@@ -127,12 +130,13 @@ def rope_qk(qkv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | Non
     _rope_qk_kernel[(t, num_heads + num_kv_heads)](
         qkv, cos, sin, q, k, qkv.stride(0), stride_ct, q.stride(0), k.stride(0),
         NUM_Q_HEADS=num_heads, HEAD_DIM=head_dim, HALF=half, BLOCK=max(16, next_pow2(half)), FROM_POS=from_pos,
-        num_warps=1)
+        num_warps=1, **launch_args(qkv))
     return q, k, v
 
 
 @triton.jit
-def _silu_mul_kernel(GU, OUT, stride_g, stride_o, N, BLOCK: tl.constexpr):
+def _silu_mul_kernel(GU, OUT, stride_g, stride_o, N, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_start(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -153,5 +157,6 @@ def silu_mul(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
         gate_up = gate_up.contiguous()
     block = min(1024, next_pow2(intermediate))
     _silu_mul_kernel[(t, triton.cdiv(intermediate, block))](gate_up, out, gate_up.stride(0), out.stride(0),
-                                                            intermediate, BLOCK=block, num_warps=4)
+                                                            intermediate, BLOCK=block, num_warps=4,
+                                                            **launch_args(gate_up))
     return out

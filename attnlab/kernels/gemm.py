@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from attnlab.kernels.heuristics import fp32_dot
+from attnlab.kernels.pdl import launch_args, pdl_start
 
 MAX_M = 16  # rows per launch; larger M belongs to cuBLAS (callers fall back)
 BLOCK_M = 16  # rows padded to one tensor-core tile; fixed, so a row's arithmetic never depends on M
@@ -119,7 +120,8 @@ def _gemm_kernel(X, W, OUT, PART, SCALE, BIAS, NORM_W, RES, COS, SIN, M, N_LOG, 
                  stride_xm, stride_wn, stride_om, stride_rm, stride_cm, eps, G, ROPE_COLS,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  NORM: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr,
-                 PAIRED: tl.constexpr, IEEE: tl.constexpr):
+                 PAIRED: tl.constexpr, IEEE: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_start(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -179,7 +181,9 @@ def _gemm_kernel(X, W, OUT, PART, SCALE, BIAS, NORM_W, RES, COS, SIN, M, N_LOG, 
 @triton.jit
 def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, M, N_LOG, stride_om, stride_rm, stride_cm, G,
                    ROPE_COLS, num_splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                   FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PAIRED: tl.constexpr):
+                   FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PAIRED: tl.constexpr,
+                   USE_PDL: tl.constexpr = False):
+    pdl_start(USE_PDL)
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
     j = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -257,9 +261,9 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         x, w, out, part, ptrs["SCALE"], ptrs["BIAS"], norm_weight if norm_weight is not None else dummy,
         ptrs["RES"], ptrs["COS"], ptrs["SIN"], K=k, k_per_split=per, stride_xm=x.stride(0),
         stride_wn=w.stride(0), eps=eps, BLOCK_K=block_k, NORM=norm_weight is not None,
-        IEEE=fp32_dot(x.dtype), num_warps=4, num_stages=3, **args)
+        IEEE=fp32_dot(x.dtype), num_warps=4, num_stages=3, **args, **launch_args(x))
     if splits > 1:
-        _reduce_kernel[(n_tiles,)](part, out, **ptrs, num_splits=splits, num_warps=4, **args)
+        _reduce_kernel[(n_tiles,)](part, out, **ptrs, num_splits=splits, num_warps=4, **args, **launch_args(part))
     return out
 
 

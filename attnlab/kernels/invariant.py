@@ -41,6 +41,7 @@ from attnlab.kernels.decode import LOG2E
 from attnlab.kernels.heuristics import LaunchParams, cdiv, fp32_dot, interpreter_on, next_pow2
 from attnlab.kernels.merge import merge_arrived, merge_counters
 from attnlab.kernels.paged import tile_slots, write_result
+from attnlab.kernels.pdl import launch_args, pdl_start
 
 INVARIANT_TOKENS = 8  # query tokens per program (x the GQA group = BLOCK_M rows, 16..64)
 WARMUP_SPLITS = (1, 2, 16)  # grid split counts that compile the kernel's three int specializations (warmup_invariant)
@@ -100,7 +101,8 @@ def _invariant_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDP
                       GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
                       TOKENS_PER_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr, SPLIT_TOKENS: tl.constexpr, FP32_DOT: tl.constexpr,
-                      ROWWISE_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr):
+                      ROWWISE_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_start(USE_PDL)
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -149,7 +151,8 @@ def _invariant_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDP
 @triton.jit
 def _merge_ordered_kernel(O, O_PART, LSE_PART, num_splits,
                           stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_start(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
@@ -181,8 +184,7 @@ def merge_ordered(out: torch.Tensor, o_part: torch.Tensor, lse_part: torch.Tenso
     _merge_ordered_kernel[(num_tokens, num_heads)](
         out, o_part, lse_part, num_splits,
         out.stride(0), out.stride(1), *o_part.stride()[:3], lse_part.stride(0), lse_part.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)), num_warps=1,
-    )
+        HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)), num_warps=1, **launch_args(out))
 
 
 def paged_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
@@ -214,7 +216,7 @@ def paged_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         TOKENS_PER_BLOCK=params.tokens_per_block, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
         BLOCK_D=params.block_d, SPLIT_TOKENS=params.split_tokens, FP32_DOT=fp32_dot(q.dtype),
         ROWWISE_DOT=interpreter_on(), FUSE_MERGE=fuse, num_warps=params.num_warps, num_stages=params.num_stages,
-    )
+        **launch_args(q))
     if not fuse:
         merge_ordered(out, o_part, lse_part)
     return out

@@ -13,12 +13,14 @@ import triton
 import triton.language as tl
 
 from attnlab.kernels.heuristics import next_pow2
+from attnlab.kernels.pdl import launch_args, pdl_start
 
 
 @triton.jit
 def _merge_kernel(O, O_PART, LSE_PART, num_splits,
                   stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
-                  HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_start(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -45,8 +47,7 @@ def merge_splits(out: torch.Tensor, o_part: torch.Tensor, lse_part: torch.Tensor
         out, o_part, lse_part, num_splits,
         out.stride(0), out.stride(1), *o_part.stride()[:3], lse_part.stride(0), lse_part.stride(1),
         HEAD_DIM=head_dim, BLOCK_S=max(2, next_pow2(num_splits)), BLOCK_D=max(16, next_pow2(head_dim)),
-        num_warps=4 if head_dim >= 128 else 2,
-    )
+        num_warps=4 if head_dim >= 128 else 2, **launch_args(out))
 
 
 def merge_counters(programs: int, num_kv_heads: int, device) -> torch.Tensor:

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from attnlab.kernels.heuristics import next_pow2
+from attnlab.kernels.pdl import launch_args, pdl_start
 from attnlab.kvcache.pool import KVPool
 
 
@@ -14,7 +15,8 @@ from attnlab.kvcache.pool import KVPool
 def _store_kv_kernel(K, V, K_CACHE, V_CACHE, SLOTS, inv_k_scale, inv_v_scale,
                      stride_kt, stride_kh, stride_vt, stride_vh, stride_slot, stride_ch,
                      NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-                     BLOCK_D: tl.constexpr, QUANT: tl.constexpr):
+                     BLOCK_D: tl.constexpr, QUANT: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_start(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(SLOTS + t).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_H)
@@ -45,5 +47,4 @@ def store_kv(pool: KVPool, layer: int, k: torch.Tensor, v: torch.Tensor, slots: 
         k, v, k_cache, v_cache, slots, 1.0 / pool.k_scale, 1.0 / pool.v_scale,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(0), k_cache.stride(1),
         NUM_HEADS=pool.num_kv_heads, HEAD_DIM=pool.head_dim, BLOCK_H=next_pow2(pool.num_kv_heads),
-        BLOCK_D=max(16, next_pow2(pool.head_dim)), QUANT=pool.is_fp8, num_warps=4,
-    )
+        BLOCK_D=max(16, next_pow2(pool.head_dim)), QUANT=pool.is_fp8, num_warps=4, **launch_args(k))

@@ -31,6 +31,24 @@ def test_all_kernels_compile_for_sm90():
     assert counts["_decode_kernel"] >= 4 and counts["_extend_kernel"] >= 8, counts
 
 
+def test_pdl_variants_compile_for_sm90():
+    """engine.pdl's variants (attnlab.kernels.pdl): every kernel on the per-layer path compiles with
+    griddepcontrol.wait / launch_dependents, and every one of them carries the wait."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "attnlab.kernels.aot", "--arch", "90", "--pdl", "only"], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    counts, pdl = {}, None
+    for line in proc.stdout.splitlines():
+        name, _, n = line.strip().partition(": ")
+        if name in KERNELS:
+            counts[name] = int(n)
+        if line.startswith("programmatic dependent launch"):
+            pdl = int(line.split(": ")[1].split()[0])
+    assert set(counts) == set(KERNELS), proc.stdout
+    assert pdl == sum(counts.values()), proc.stdout  # no kernel compiled without the wait
+
+
 def test_refuses_under_the_interpreter():
     from attnlab.kernels.aot import compile_only
 
