@@ -82,8 +82,8 @@ def main(argv=None) -> int:
         print(f"attnlab.bench.pdl: {why}")
         return 2
     res = {"gpu": torch.cuda.get_device_name(), "versions": versions(), "rounds": a.rounds, "rows": []}
-    lines = [f"{res['gpu']}; {res['versions']}; greedy target-only decode, random weights, CUDA graphs, "
-             f"{a.new} new tokens, {a.rounds} rounds of (off, on)", "",
+    lines = [(f"{res['gpu']}; {res['versions']}; greedy target-only decode, random weights, CUDA graphs, "
+              f"{a.new} new tokens, {a.rounds} rounds of (off, on)"), "",
              "| model | batch | engine | host | tok/s PDL off | tok/s PDL on | on / off (per round) | same tokens |",
              "|---|---|---|---|---|---|---|---|"]
     print(lines[0], flush=True)
