@@ -155,6 +155,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                         device=str(dev), name=name, layers=tuple(layers) if layers else None, cuda_graph=graphs,
                         max_q_len=max(kmax + 1, topk),  # tree verify: k + 1; topk draft steps: topk
                         fused_ops=a.fused_ops or (a.invariant and name == "target"),
+                        gemm="cublas" if a.invariant and name == "target" else a.gemm,
                         invariant=a.invariant and name == "target", backend_options=options)
 
     def check(side_name, label):  # unsupported: ConfigError before anything is built
@@ -414,6 +415,10 @@ def parse(argv=None):
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="attnlab eager (CUDA graphs are on)")
     ap.add_argument("--fused-ops", action="store_true",
                     help="attnlab layers through the fused Triton kernels (engine.fused_ops; CUDA only)")
+    ap.add_argument("--gemm", choices=("cublas", "triton"), default="cublas",
+                    help="engine.gemm: triton runs decode / verify passes on attnlab's small-M GEMM (CUDA only)")
+    ap.add_argument("--pdl", action="store_true",
+                    help="engine.pdl: attnlab's kernels with programmatic dependent launch (CUDA, sm_90+)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--invariant", action="store_true",
                     help="the target side in engine.invariant mode (verify=triton, fused, CUDA): every attnlab row's "
@@ -427,8 +432,16 @@ def parse(argv=None):
     a.drafters = [d for d in a.drafters.split(",") if d]
     a.dtype = a.dtype or ("bf16" if cuda else "fp32")
     a.repeats = a.repeats or (3 if cuda else 1)
-    if a.fused_ops and not cuda:
-        ap.error("--fused-ops needs --device cuda (the fused layer kernels are Triton kernels for the GPU)")
+    if (a.fused_ops or a.gemm == "triton") and not cuda:
+        ap.error("--fused-ops / --gemm triton need --device cuda (the fused layer kernels are Triton kernels for the GPU)")
+    if a.pdl:
+        from attnlab.errors import ConfigError
+        from attnlab.kernels import pdl
+
+        try:
+            pdl.set_enabled(True, a.device)
+        except ConfigError as e:
+            ap.error(f"--pdl: {e}")
     if a.invariant and not (cuda and a.graphs):
         ap.error("--invariant needs --device cuda with CUDA graphs (engine.invariant runs the Triton kernels, "
                  "graphed, as the runner does)")
@@ -514,6 +527,7 @@ def run(a) -> dict:
             f"attnlab CUDA graphs "
             f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}, fused layer ops "
             f"{'on' if a.fused_ops else 'on (target side, invariant)' if a.invariant else 'off'}"
+            f"{', engine.gemm=triton' if a.gemm == 'triton' else ''}{', PDL on' if a.pdl else ''}"
             f"{', EOS ignored' if a.ignore_eos else ''}{', target side invariant (engine.invariant)' if a.invariant else ''}")
     lines = [head, ""] + table(rows)
     if not a.skip_hf:  # the two engines' target-only outputs (fp32: identical but for near-ties)

@@ -5,14 +5,16 @@
 #   run.sh 1  carry .gpu/a: the two GPU tests that failed on their own assertions last sitting (tree graph fuzz with
 #             the CPU padding case skipped, bench.spec --invariant with --skip-hf); issue 17, engine.pdl (programmatic
 #             dependent launch): its GPU test (same tokens, same logits bit for bit) and bench.pdl, on / off in rounds
-#   run.sh 2  carry .gpu/b (the GGUF joins): issue 13, deeper trees at budget 8 beside the chain, batch 1
+#   run.sh 2  carry .gpu/b (the GGUF joins; then .gpu/c for the held-out prompts): issue 13, deeper trees at budget 8 beside the chain, batch 1
 #   run.sh 3  carry .gpu/c + .gpu/6 (flashinfer, its prebuilt sm_90a modules, the 212 held-out turns): issue 12,
 #             every pair in 5 interleaved rounds at batch 1 (32 prompts), then batch 4 and 16 (2 rounds)
-#   run.sh 4  carry .gpu/d (fa3_fwd): issue 19, bench.serving in 2 rounds with prompts reused (c = 100 holds);
-#             issue 16, graphed verify=fa vs graphed verify=triton end to end (random weights, batch 1 and 8)
+#   run.sh 4  carry .gpu/d (fa3_fwd): issue 16, graphed verify=fa vs graphed verify=triton end to end (random
+#             weights, batch 1 and 8), and fa eager at batch 1 (before)
+#   run.sh 5  carry nothing (after 3): issues 12 / 17, every pair with engine.gemm=triton and PDL (batch 1); issue 19,
+#             bench.serving in 2 rounds with prompts reused (c = 100 holds)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1-4}
+PART=${1:?part 1-5}
 OUT=${OUT:-/tmp/out}; LOGS=/tmp/logs; mkdir -p "$OUT" "$LOGS" /opt/site /opt/models /opt/data
 T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
@@ -34,9 +36,10 @@ case $PART in
     --batches 1 --rounds 4 --new 256 --out "$OUT/pdl" > $LOGS/pdl.log 2>&1; echo "exit code $?"; tail -n 8 $LOGS/pdl.log
   ;;
 2)
-  step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
+  [ -d .gpu/b ] && { step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2; }
+  [ -f .gpu/c/sg_heldout_all.jsonl.gz ] && cp .gpu/c/sg_heldout_all.jsonl.gz $DATA  # held-out prompts (part0 has none)
   step "issue 13: chain vs 4x3, 2x6, 4x5, 2x8 at budget 8, batch 1, 16 prompts, 3 interleaved rounds"
-  timeout 300 $S --batch 1 --prompts /opt/data/sharegpt.part0.gz --new 128 --num-prompts 16 --backends triton \
+  timeout 300 $S --batch 1 --prompts $DATA --new 128 --num-prompts 16 --backends triton \
     --drafters eagle --k 8 --trees chain,4x3,2x6,4x5,2x8 --repeats 3 --out "$OUT/trees_deep" > $LOGS/trees.log 2>&1
   echo "exit code $?"; tail -n 9 $LOGS/trees.log; cp $LOGS/trees.log "$OUT/"
   ;;
@@ -49,7 +52,7 @@ case $PART in
     --draft-backends triton,flashinfer --drafters eagle --k 4 --repeats 5 --out "$OUT/pairs_b1" \
     > $LOGS/pairs_b1.log 2>&1; echo "exit code $?"; tail -n 8 $LOGS/pairs_b1.log
   step "issue 12: every pair, eagle k 4, batch 4 and 16, 32 held-out prompts, 2 rounds"
-  timeout 200 $S --batch 4,16 --prompts $DATA --new 128 --num-prompts 32 --backends triton,flashinfer \
+  timeout 170 $S --batch 4,16 --prompts $DATA --new 128 --num-prompts 32 --backends triton,flashinfer \
     --draft-backends triton,flashinfer --drafters eagle --k 4 --repeats 2 --out "$OUT/pairs_b4_16" \
     > $LOGS/pairs_b4_16.log 2>&1; echo "exit code $?"; tail -n 14 $LOGS/pairs_b4_16.log
   cp $LOGS/pairs_b1.log $LOGS/pairs_b4_16.log "$OUT/"
@@ -57,23 +60,30 @@ case $PART in
 4)
   step "install .gpu/d (fa3_fwd)"; bash .gpu/d/install.sh | tail -1
   $PY -c "import fa3_fwd_interface; print('fa3_fwd ok')" || echo "fa3_fwd missing: the fa runs will say why"
-  step "issue 19: bench.serving closed 1-100 (prompts reused), Poisson 8-128, 4 pairs x eagle / none, 2 rounds"
-  timeout 330 $PY -m attnlab.bench.serving --device cuda --model smollm2-135m --backends triton,flashinfer \
-    --draft-backends triton,flashinfer --drafters eagle,none --k 4 --prompts $DATA --output-len recorded \
-    --max-new 128 --closed 1,8,32,100 --poisson 8,32,128 --max-running 128 --fused-ops --repeats 2 \
-    --out "$OUT/serving_rounds" > $LOGS/serving_rounds.log 2>&1; echo "exit code $?"
-  tail -n 6 $LOGS/serving_rounds.log
   step "issue 16: graphed verify=fa (contiguous) vs graphed verify=triton, end to end, batch 1 and 8; fa eager"
   R="experiment=hybrid_routing model.init=random precision=bf16 device=cuda logger=jsonl parity=off"
   timeout 100 $PY -m attnlab -m $R engine.cuda_graph=true warmup=full verify=triton workload.batch_size=1,8 \
     hydra.sweep.dir=/tmp/sweep/triton > $LOGS/e2e_triton.log 2>&1; echo "triton exit code $?"
   timeout 100 $PY -m attnlab -m $R engine.cuda_graph=true warmup=full kv.layout=contiguous verify=fa \
     workload.batch_size=1,8 hydra.sweep.dir=/tmp/sweep/fa > $LOGS/e2e_fa.log 2>&1; echo "fa exit code $?"
-  timeout 60 $PY -m attnlab $R engine.cuda_graph=false warmup=jit kv.layout=contiguous verify=fa \
+  timeout 90 $PY -m attnlab $R engine.cuda_graph=false warmup=jit kv.layout=contiguous verify=fa \
     hydra.run.dir=/tmp/sweep/fa_eager > $LOGS/e2e_fa_eager.log 2>&1; echo "fa eager exit code $?"
   grep -hE "rror|failed" $LOGS/e2e_*.log | tail -6
   $PY experiments/fair-backends/floors.py --e2e /tmp/sweep --out "$OUT/floors_fa.md"; cat "$OUT/floors_fa.md"
   tar czf "$OUT/logs4.tgz" -C /tmp logs sweep 2>/dev/null
+  ;;
+5)
+  step "issues 12 / 17: every pair, eagle k 4, batch 1, engine.gemm=triton + PDL, 16 held-out prompts, 3 rounds"
+  timeout 130 $S --batch 1 --prompts $DATA --new 128 --num-prompts 16 --backends triton,flashinfer \
+    --draft-backends triton,flashinfer --drafters eagle --k 4 --repeats 3 --gemm triton --pdl \
+    --out "$OUT/pairs_gemm_pdl" > $LOGS/pairs_gemm_pdl.log 2>&1; echo "exit code $?"; tail -n 7 $LOGS/pairs_gemm_pdl.log
+  cp $LOGS/pairs_gemm_pdl.log "$OUT/"
+  step "issue 19: bench.serving closed 1-100 (prompts reused), Poisson 8-128, 4 pairs x eagle / none, 2 rounds"
+  timeout 330 $PY -m attnlab.bench.serving --device cuda --model smollm2-135m --backends triton,flashinfer \
+    --draft-backends triton,flashinfer --drafters eagle,none --k 4 --prompts $DATA --output-len recorded \
+    --max-new 128 --closed 1,8,32,100 --poisson 8,32,128 --max-running 128 --fused-ops --repeats 2 \
+    --out "$OUT/serving_rounds" > $LOGS/serving_rounds.log 2>&1; echo "exit code $?"
+  tail -n 6 $LOGS/serving_rounds.log; cp $LOGS/serving_rounds.log "$OUT/"
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac

@@ -98,7 +98,15 @@ def test_spec_bench_rejects_unknown_drafter():
 def test_spec_bench_refuses_fused_ops_off_cuda(capsys):
     with pytest.raises(SystemExit) as e:
         spec.parse(["--device", "cpu", "--model", "tiny-llama", "--fused-ops"])
-    assert e.value.code == 2 and "--fused-ops needs --device cuda" in capsys.readouterr().err
+    assert e.value.code == 2 and "--fused-ops / --gemm triton need --device cuda" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,needle", [(["--gemm", "triton"], "--gemm triton need --device cuda"),
+                                          (["--pdl"], "--pdl: engine.pdl=true")])
+def test_spec_bench_refuses_gpu_engine_options_off_cuda(capsys, flags, needle):
+    with pytest.raises(SystemExit) as e:
+        spec.parse(["--device", "cpu", "--model", "tiny-llama", *flags])
+    assert e.value.code == 2 and needle in capsys.readouterr().err
 
 
 def test_spec_bench_tree_rows_at_the_same_budget(tmp_path):
