@@ -1,0 +1,175 @@
+"""Where a decode step goes: the kernels of one target-only decode step, grouped by role, with the step's idle share.
+
+    python -m attnlab.bench.profile [--models smollm2-135m,llama-3.2-1b] [--engines fused,gemm] [--pdl off,on]
+                                    [--batch 1] [--steps 64] [--out PREFIX]
+
+Random weights, CUDA graphs, one step per replay (host path ``thin``), triton attention. The torch profiler (CUPTI)
+records every kernel of ``--steps`` greedy decode steps after a warmup; the table lists per role (attnlab GEMM,
+cuBLAS GEMM, attention, split merge, RMSNorm, RoPE, SiLU-mul, KV store, argmax, torch elementwise, other) the
+launches and device microseconds per step, their share of the kernel time, and the mean kernel length. The step line
+gives the wall time per step (the loop's own timer, without the profiler), the kernel time per step and the rest:
+the **idle share**, GPU time between kernels (launch latency inside the graph, the host), which programmatic
+dependent launch (``engine.pdl``) and fewer kernels shrink. GEMM bytes: the weights a step reads over the GEMMs'
+kernel time, against the measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable
+
+import torch
+
+# role, substrings of the kernel name (first match wins; names are lower-cased)
+ROLES = (
+    ("attnlab GEMM", ("_gemm_kernel", "_reduce_kernel")),
+    ("attention", ("_decode_kernel", "_extend_kernel", "_invariant_kernel")),
+    ("split merge", ("_merge_kernel", "_merge_ordered_kernel")),
+    ("RMSNorm (+ residual)", ("_add_rmsnorm_kernel", "rms_norm", "rmsnorm")),
+    ("RoPE", ("_rope_qk_kernel", "rope")),
+    ("SiLU-mul", ("_silu_mul_kernel", "silu")),
+    ("KV store", ("_store_kv_kernel",)),
+    ("cuBLAS GEMM", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90_", "splitk")),
+    ("argmax / reductions", ("argmax", "reduce_kernel", "reduce")),
+    ("gather / embedding / copies", ("index", "gather", "embedding", "copy", "memcpy", "memset", "cat")),
+    ("torch elementwise", ("elementwise", "vectorized", "unrolled")),
+)
+
+
+def role_of(name: str) -> str:
+    low = name.lower()
+    for role, keys in ROLES:
+        if any(k in low for k in keys):
+            return role
+    return "other"
+
+
+def kernel_table(kernels: Iterable[tuple[str, int, float]], steps: int) -> list[dict]:
+    """kernels: (name, launches, total device us) over ``steps`` steps -> rows per role, most time first:
+    role, launches per step, us per step, share of the kernel time, mean us per launch, and the names seen."""
+    if steps < 1:
+        raise ValueError("kernel_table: steps must be >= 1")
+    acc: dict[str, dict] = {}
+    for name, count, total_us in kernels:
+        r = acc.setdefault(role_of(name), {"launches": 0, "us": 0.0, "names": set()})
+        r["launches"] += count
+        r["us"] += total_us
+        r["names"].add(name)
+    busy = sum(r["us"] for r in acc.values()) or 1.0
+    rows = [{"role": role, "launches_per_step": r["launches"] / steps, "us_per_step": r["us"] / steps,
+             "share": r["us"] / busy, "us_per_launch": r["us"] / max(1, r["launches"]),
+             "kernels": sorted(r["names"])} for role, r in acc.items()]
+    return sorted(rows, key=lambda r: -r["us_per_step"])
+
+
+def _profile_side(rs, batch: int, steps: int) -> tuple[list[tuple[str, int, float]], float]:
+    """-> (CUDA kernels of ``steps`` decode steps as (name, launches, total us), wall ms per step unprofiled)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
+    from attnlab.spec.drafters import NoDrafter
+
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(100, rs.model_config.vocab_size, (32,), generator=g).tolist() for _ in range(batch)]
+    dec = SpeculativeDecoder(rs, NoDrafter("cuda"), SpecParams(0))
+    dec.generate(prompts, 8)  # compiles, settles the graphs
+    out = dec.generate(prompts, steps + 1)
+    wall_ms = sum(i.total_ms for i in out.iterations) / max(1, len(out.iterations))
+    # the decode steps alone: a run of steps + 1 tokens minus a run of 1 token (the prefill and its first token)
+    with profile(activities=[ProfilerActivity.CUDA]) as p1:
+        dec.generate(prompts, 1)
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p2:
+        dec.generate(prompts, steps + 1)
+        torch.cuda.synchronize()
+
+    def kernels(p) -> dict[str, tuple[int, float]]:
+        out: dict[str, tuple[int, float]] = {}
+        for e in p.key_averages():
+            us = getattr(e, "self_device_time_total", None)
+            if us is None:
+                us = e.self_cuda_time_total
+            if us > 0 and e.device_type == torch.autograd.DeviceType.CUDA:
+                c, t = out.get(e.key, (0, 0.0))
+                out[e.key] = (c + e.count, t + us)
+        return out
+
+    base, full = kernels(p1), kernels(p2)
+    rows = []
+    for name, (c, t) in full.items():
+        c0, t0 = base.get(name, (0, 0.0))
+        if c - c0 > 0:
+            rows.append((name, c - c0, max(0.0, t - t0)))
+    return rows, wall_ms
+
+
+def main(argv=None) -> int:
+    from attnlab.bench.e2e import set_host_path, side, step_weight_bytes
+    from attnlab.bench.kernels import copy_bandwidth_gb_s, versions
+    from attnlab.bench.pdl import ENGINES
+    from attnlab.kernels import pdl
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="smollm2-135m")
+    ap.add_argument("--engines", default="fused,gemm", help=f"comma-separated, of {', '.join(ENGINES)}")
+    ap.add_argument("--pdl", default="off,on", help="off, on or off,on")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
+    a = ap.parse_args(argv)
+    settings = [s.strip() for s in a.pdl.split(",") if s.strip()]
+    engines = [e.strip() for e in a.engines.split(",") if e.strip()]
+    if not settings or set(settings) - {"off", "on"} or set(engines) - set(ENGINES) or a.steps < 1:
+        ap.error("--pdl takes off / on, --engines names from " + ", ".join(ENGINES) + ", --steps >= 1")
+    if not torch.cuda.is_available():
+        print("attnlab.bench.profile needs a CUDA GPU")
+        return 2
+    bw = copy_bandwidth_gb_s()
+    res = {"gpu": torch.cuda.get_device_name(), "versions": versions(), "copy_gb_s": bw, "runs": []}
+    head = (f"{res['gpu']}; {res['versions']}; copy bandwidth {bw:.0f} GB/s; target-only greedy decode, random "
+            f"weights, CUDA graphs, one step per replay, batch {a.batch}, {a.steps} steps profiled")
+    lines = [head, ""]
+    for model in [m.strip() for m in a.models.split(",") if m.strip()]:
+        for eng in engines:
+            rs = side(model, "triton", a.batch, True, 32 + a.steps + 48, fused=ENGINES[eng])
+            weight_bytes = step_weight_bytes(rs.model)
+            for s in settings:
+                if s == "on" and pdl.unsupported("cuda"):
+                    lines.append(f"{model} {eng} PDL on: {pdl.unsupported('cuda')}")
+                    continue
+                pdl.set_enabled(s == "on", "cuda")
+                set_host_path(rs, "thin")  # re-captures the graphs with this setting's launches
+                kernels, wall_ms = _profile_side(rs, a.batch, a.steps)
+                pdl.set_enabled(False)
+                rows = kernel_table(kernels, a.steps)
+                busy_us = sum(r["us_per_step"] for r in rows)
+                gemm_us = sum(r["us_per_step"] for r in rows if "GEMM" in r["role"])
+                run = {"model": model, "engine": eng, "pdl": s, "wall_ms_per_step": wall_ms,
+                       "kernel_us_per_step": busy_us, "idle_share": 1 - busy_us / (wall_ms * 1e3),
+                       "launches_per_step": sum(r["launches_per_step"] for r in rows),
+                       "gemm_gb_s": weight_bytes / (gemm_us * 1e-6) / 1e9 if gemm_us else None,
+                       "weight_bytes": weight_bytes, "rows": rows}
+                res["runs"].append(run)
+                gb_s = run["gemm_gb_s"] or 0.0
+                summary = (f"step {wall_ms * 1e3:.0f} us wall, {busy_us:.0f} us in {run['launches_per_step']:.0f} "
+                           f"kernels -> idle {run['idle_share']:.0%}; GEMMs read {weight_bytes / 1e6:.0f} MB of weights "
+                           f"in {gemm_us:.0f} us = {gb_s:.0f} GB/s ({gb_s / bw:.0%} of copy)")
+                lines += [f"### {model}, engine {eng}, PDL {s}", "", summary, "", "| role | launches / step | us / step | share of kernel time | us / launch |",
+                          "|---|---|---|---|---|"]
+                lines += [f"| {r['role']} | {r['launches_per_step']:.1f} | {r['us_per_step']:.1f} | {r['share']:.0%} | "
+                          f"{r['us_per_launch']:.2f} |" for r in rows]
+                lines.append("")
+                print("\n".join(lines[-(len(rows) + 6):]), flush=True)
+            del rs
+            torch.cuda.empty_cache()
+    if a.out:
+        with open(a.out + ".json", "w") as f:
+            json.dump(res, f, indent=1)
+        with open(a.out + ".md", "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
