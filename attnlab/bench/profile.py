@@ -3,13 +3,16 @@
     python -m attnlab.bench.profile [--models smollm2-135m,llama-3.2-1b] [--engines fused,gemm] [--pdl off,on]
                                     [--batch 1] [--steps 64] [--out PREFIX]
 
-Random weights, CUDA graphs, one step per replay (host path ``thin``), triton attention. The torch profiler (CUPTI)
+Random weights, CUDA graphs, host path ``thin8`` (8 greedy steps per graph replay and sync; ``--host``), triton
+attention. The torch profiler (CUPTI)
 records every kernel of ``--steps`` greedy decode steps after a warmup; the table lists per role (attnlab GEMM,
 cuBLAS GEMM, attention, split merge, RMSNorm, RoPE, SiLU-mul, KV store, argmax, torch elementwise, other) the
 launches and device microseconds per step, their share of the kernel time, and the mean kernel length. The step line
 gives the wall time per step (the loop's own timer, without the profiler), the kernel time per step and the rest:
 the **idle share**, GPU time between kernels (launch latency inside the graph, the host), which programmatic
-dependent launch (``engine.pdl``) and fewer kernels shrink. GEMM bytes: the weights a step reads over the GEMMs'
+dependent launch (``engine.pdl``) and fewer kernels shrink. With PDL on, a kernel's recorded time starts at its early
+launch and includes its wait for the previous one, so its kernel time is overstated and the idle share understated
+(even negative): compare the wall time there. GEMM bytes: the weights a step reads over the GEMMs'
 kernel time, against the measured copy bandwidth.
 """
 
@@ -64,7 +67,8 @@ def kernel_table(kernels: Iterable[tuple[str, int, float]], steps: int) -> list[
 
 
 def _profile_side(rs, batch: int, steps: int) -> tuple[list[tuple[str, int, float]], float]:
-    """-> (CUDA kernels of ``steps`` decode steps as (name, launches, total us), wall ms per step unprofiled)."""
+    """-> (CUDA kernels of ``steps`` decode steps as (name, launches, total us), wall ms per step unprofiled; a step
+    is one token per request, whatever the host path replays per iteration)."""
     from torch.profiler import ProfilerActivity, profile
 
     from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
@@ -75,7 +79,7 @@ def _profile_side(rs, batch: int, steps: int) -> tuple[list[tuple[str, int, floa
     dec = SpeculativeDecoder(rs, NoDrafter("cuda"), SpecParams(0))
     dec.generate(prompts, 8)  # compiles, settles the graphs
     out = dec.generate(prompts, steps + 1)
-    wall_ms = sum(i.total_ms for i in out.iterations) / max(1, len(out.iterations))
+    wall_ms = sum(i.total_ms for i in out.iterations) / steps
     # the decode steps alone: a run of steps + 1 tokens minus a run of 1 token (the prefill and its first token)
     with profile(activities=[ProfilerActivity.CUDA]) as p1:
         dec.generate(prompts, 1)
@@ -105,7 +109,7 @@ def _profile_side(rs, batch: int, steps: int) -> tuple[list[tuple[str, int, floa
 
 
 def main(argv=None) -> int:
-    from attnlab.bench.e2e import set_host_path, side, step_weight_bytes
+    from attnlab.bench.e2e import check_host, set_host_path, side, step_weight_bytes
     from attnlab.bench.kernels import copy_bandwidth_gb_s, versions
     from attnlab.bench.pdl import ENGINES
     from attnlab.kernels import pdl
@@ -114,10 +118,15 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="smollm2-135m")
     ap.add_argument("--engines", default="fused,gemm", help=f"comma-separated, of {', '.join(ENGINES)}")
     ap.add_argument("--pdl", default="off,on", help="off, on or off,on")
+    ap.add_argument("--host", default="thin8", help="bench.e2e's host path: thin (one step per replay and sync) or "
+                    "thinN (N steps per replay)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)
+    hosts = check_host(a.host)
+    if len(hosts) != 1 or hosts[0] == "legacy":
+        ap.error("--host: one of thin, thinN")
     settings = [s.strip() for s in a.pdl.split(",") if s.strip()]
     engines = [e.strip() for e in a.engines.split(",") if e.strip()]
     if not settings or set(settings) - {"off", "on"} or set(engines) - set(ENGINES) or a.steps < 1:
@@ -128,7 +137,7 @@ def main(argv=None) -> int:
     bw = copy_bandwidth_gb_s()
     res = {"gpu": torch.cuda.get_device_name(), "versions": versions(), "copy_gb_s": bw, "runs": []}
     head = (f"{res['gpu']}; {res['versions']}; copy bandwidth {bw:.0f} GB/s; target-only greedy decode, random "
-            f"weights, CUDA graphs, one step per replay, batch {a.batch}, {a.steps} steps profiled")
+            f"weights, CUDA graphs, host path {a.host}, batch {a.batch}, {a.steps} steps profiled")
     lines = [head, ""]
     for model in [m.strip() for m in a.models.split(",") if m.strip()]:
         for eng in engines:
@@ -139,7 +148,7 @@ def main(argv=None) -> int:
                     lines.append(f"{model} {eng} PDL on: {pdl.unsupported('cuda')}")
                     continue
                 pdl.set_enabled(s == "on", "cuda")
-                set_host_path(rs, "thin")  # re-captures the graphs with this setting's launches
+                set_host_path(rs, a.host)  # re-captures the graphs with this setting's launches
                 kernels, wall_ms = _profile_side(rs, a.batch, a.steps)
                 pdl.set_enabled(False)
                 rows = kernel_table(kernels, a.steps)
