@@ -463,6 +463,22 @@ def _check_arrivals(w) -> None:
             raise ConfigError(f"workload.{key}={v}: must be a number > 0 or null (no bound)")
 
 
+def _check_pdl_has_kernels(cfg: DictConfig, attention_sides) -> None:
+    """engine.pdl acts on attnlab's Triton kernels only: refuse a run in which none would launch (flashinfer / fa /
+    torch attention, no fused ops, cuBLAS GEMMs), instead of recording ``pdl: true`` for a run it did not touch."""
+    def triton_attention(be) -> bool:
+        opts = be.get("options") or {}
+        return be.name == "triton" or (be.name == "hybrid" and "triton" in (opts.get("short"), opts.get("long")))
+
+    e = cfg.engine
+    if not (e.fused_ops or e.gemm == "triton" or e.get("invariant", False)
+            or any(map(triton_attention, attention_sides))):
+        names = "/".join(be.name for be in attention_sides)
+        raise ConfigError(f"engine.pdl=true: no attnlab Triton kernel runs here (attention {names}, "
+                          f"engine.fused_ops=false, engine.gemm=cublas); use engine.fused_ops=true, "
+                          f"engine.gemm=triton or a triton attention side")
+
+
 def validate(cfg: DictConfig) -> RunPlan:
     """Check the composed config and return it as a frozen, typed run plan (device, dtypes, k resolved).
 
@@ -601,6 +617,8 @@ def validate(cfg: DictConfig) -> RunPlan:
             if not get_backend_class(name, options, f"{side}.options").capabilities().cuda_graph:
                 raise ConfigError(f"{side}={name} cannot run inside CUDA graphs; use engine.cuda_graph=false and "
                                   f"warmup=none|jit, or a graph-capable backend (triton, flashinfer, fa)")
+    if cfg.engine.get("pdl", False):
+        _check_pdl_has_kernels(cfg, [be for _, be, _, _ in sides])
     b = cfg.bench
     if b.repeats is not None and b.repeats < 1:
         raise ConfigError(f"bench.repeats={b.repeats}: must be >= 1 or null (3 on GPU, 1 on CPU)")
@@ -644,9 +662,10 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
                              float(p.near_tie_eps) if p.get("near_tie_eps") is not None else None,
                              p.enabled and p.tokens and bool(p.get("noise_floor", False)),
                              near_tie_ulps=float(p.near_tie_ulps)),
-        engine=pl.EnginePlan(graphs, bool(cfg.engine.fused_ops), cfg.engine.gemm, cfg.engine.decode_steps_per_sync,
-                             bool(cfg.engine.get("invariant", False)), cfg.engine.kv_policy,
-                             bool(cfg.engine.get("pdl", False))),
+        engine=pl.EnginePlan(cuda_graph=graphs, fused_ops=bool(cfg.engine.fused_ops), gemm=cfg.engine.gemm,
+                             decode_steps_per_sync=cfg.engine.decode_steps_per_sync,
+                             invariant=bool(cfg.engine.get("invariant", False)), kv_policy=cfg.engine.kv_policy,
+                             pdl=bool(cfg.engine.get("pdl", False))),
         bench=pl.BenchPlan(cfg.bench.repeats or (3 if device == "cuda" else 1), float(cfg.bench.noisy_ratio),
                            cfg.bench.cold),
         logger=pl.LoggerPlan(lg.kind, lg.project, lg.entity, lg.mode, lg.group, tuple(lg.tags)),

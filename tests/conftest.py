@@ -27,6 +27,17 @@ from attnlab.errors import ModelLoadError
 SMOLLM2 = "smollm2-135m"
 
 
+@pytest.fixture(autouse=True)
+def _pdl_off_after_each_test():
+    """engine.pdl is a process-wide switch (attnlab.kernels.pdl): no test leaves it on for the next one."""
+    yield
+    import sys
+
+    mod = sys.modules.get("attnlab.kernels.pdl")
+    if mod is not None:
+        mod.set_enabled(False)
+
+
 def _smollm2_path():
     from attnlab.models.presets import get_preset
 

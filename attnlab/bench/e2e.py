@@ -76,18 +76,41 @@ def step_weight_bytes(model) -> int:
     return total if model.lm_head.weight is emb else total - emb.numel() * emb.element_size()
 
 
+def random_prompts(vocab: int, batch: int, length: int = 32, seed: int = 0) -> list[list[int]]:
+    """``batch`` seeded random prompts of ``length`` token ids (ids >= 100: clear of a tokenizer's specials)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(100, vocab, (length,), generator=g).tolist() for _ in range(batch)]
+
+
+def target_only(runner) -> SpeculativeDecoder:
+    """The runner decoding alone: greedy, no drafter."""
+    return SpeculativeDecoder(runner, NoDrafter("cuda"), SpecParams(0))
+
+
+def timed_generate(dec: SpeculativeDecoder, prompts: list[list[int]], new: int):
+    """-> (the generate output, its decode time in ms: the iterations' time, the prefill excluded)."""
+    torch.cuda.synchronize()
+    out = dec.generate(prompts, new)
+    return out, sum(i.total_ms for i in out.iterations)
+
+
+def write_report(prefix: str | None, res: dict, text: str) -> None:
+    """PREFIX.json (``res``) and PREFIX.md (``text``), when a prefix was given."""
+    if prefix:
+        with open(prefix + ".json", "w") as f:
+            json.dump(res, f, indent=1)
+        with open(prefix + ".md", "w") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+
+
 def attnlab_tok_s(runner, batch: int, prompt_len: int, new: int, reps: int = 3) -> dict:
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(100, runner.model_config.vocab_size, (prompt_len,), generator=g).tolist()
-               for _ in range(batch)]
-    dec = SpeculativeDecoder(runner, NoDrafter("cuda"), SpecParams(0))
+    prompts = random_prompts(runner.model_config.vocab_size, batch, prompt_len)
+    dec = target_only(runner)
     dec.generate(prompts, 8)  # untimed warmup (compiles kernels)
     best = None
     for _ in range(reps):
-        torch.cuda.synchronize()
         copies = runner.staging.copies
-        out = dec.generate(prompts, new)
-        decode_ms = sum(i.total_ms for i in out.iterations)
+        out, decode_ms = timed_generate(dec, prompts, new)
         model_ms = sum(i.verify_ms for i in out.iterations)
         tok_s = batch * (new - 1) / (decode_ms / 1e3)  # decode tokens only: prefill excluded
         if best is None or tok_s > best["tok_s"]:
@@ -194,11 +217,7 @@ def main(argv=None) -> int:
         del rm
         torch.cuda.empty_cache()
     lines += [""] + notes if notes else []
-    if a.out:
-        with open(a.out + ".json", "w") as f:
-            json.dump(res, f, indent=1)
-        with open(a.out + ".md", "w") as f:
-            f.write("\n".join(lines) + "\n")
+    write_report(a.out, res, "\n".join(lines))
     return 0
 
 

@@ -4,8 +4,9 @@
                                 [--batches 1] [--rounds 5] [--new 256] [--out PREFIX]
 
 Target-only greedy decode with CUDA graphs on random weights (decode speed does not depend on their values), per
-(model, batch, engine, host path): the side is built once, then ``--rounds`` rounds each time both settings,
-PDL off then on (attnlab.kernels.pdl, engine.pdl), the graphs re-captured at every switch. Reported: median
+(model, batch, engine, host path): the side is built once, then ``--rounds`` rounds of both settings of
+attnlab.kernels.pdl (engine.pdl; off first in even rounds, on first in odd ones), the graphs re-captured at every
+switch. Reported: median
 tok/s with its min-max per setting, the median of the per-round ratios on / off with their min-max, and whether
 the two settings decoded the same tokens (PDL changes when a kernel starts, never what it computes: anything but
 "yes" is a bug). Engines: ``unfused`` (cuBLAS and torch ops between attnlab's attention kernels), ``fused``
@@ -16,45 +17,48 @@ every GEMM of a decode pass is attnlab's small-M kernel too, so every launch of 
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
-from attnlab.bench.e2e import check_host, set_host_path, side
+from attnlab.bench.e2e import (
+    check_host,
+    random_prompts,
+    set_host_path,
+    side,
+    target_only,
+    timed_generate,
+    write_report,
+)
 from attnlab.bench.kernels import versions
 from attnlab.kernels import pdl
 from attnlab.metrics.perf import percentile
-from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
-from attnlab.spec.drafters import NoDrafter
 
 ENGINES = {"unfused": False, "fused": True, "gemm": "gemm"}
 
 
 def timed_decode(runner, prompts: list[list[int]], new: int) -> tuple[float, list[list[int]]]:
     """One untimed warmup (compiles, settles the graphs), one timed run: -> (decode tok/s, output tokens)."""
-    dec = SpeculativeDecoder(runner, NoDrafter("cuda"), SpecParams(0))
+    dec = target_only(runner)
     dec.generate(prompts, 8)
-    torch.cuda.synchronize()
-    out = dec.generate(prompts, new)
-    decode_ms = sum(i.total_ms for i in out.iterations)
+    out, decode_ms = timed_generate(dec, prompts, new)
     tokens = [r.output_ids for r in out.requests]
     decoded = sum(max(0, len(t) - 1) for t in tokens)  # the first token comes from the prefill
     return decoded / (decode_ms / 1e3), tokens
 
 
 def ab_rounds(runner, prompts, new: int, host: str, rounds: int) -> dict:
-    """``rounds`` rounds of (off, on); -> per-setting tok/s lists, per-round ratios, and same-token check."""
+    """``rounds`` rounds of both settings, the order alternating (off first in even rounds), so a drift inside a
+    round does not always favour the same setting; -> per-setting tok/s lists, per-round ratios, same tokens."""
     tok = {"off": [], "on": []}
     same = True
-    for _ in range(rounds):
+    for i in range(rounds):
         outs = {}
-        for setting in ("off", "on"):
-            pdl.set_enabled(setting == "on", runner.device)
-            set_host_path(runner, host)  # re-captures the graphs with this setting's launches
-            t, outs[setting] = timed_decode(runner, prompts, new)
+        for setting in (("off", "on") if i % 2 == 0 else ("on", "off")):
+            with pdl.using(setting == "on", runner.device):
+                set_host_path(runner, host)  # re-captures the graphs with this setting's launches
+                t, outs[setting] = timed_decode(runner, prompts, new)
             tok[setting].append(t)
         same &= outs["off"] == outs["on"]
-    pdl.set_enabled(False)
     ratios = [b / a for a, b in zip(tok["off"], tok["on"])]
     return {"tok_s_off": tok["off"], "tok_s_on": tok["on"], "ratio": ratios, "same_tokens": same}
 
@@ -94,17 +98,17 @@ def main(argv=None) -> int:
                     rs = side(model, "triton", batch, True, 32 + a.new + 16, fused=ENGINES[eng])
                 except Exception as e:  # noqa: BLE001 - one engine failing must not lose the table
                     lines.append(f"| {model} | {batch} | {eng} | | error: {e!r} ||||")
+                    res["rows"].append({"model": model, "batch": batch, "engine": eng, "error": repr(e)})
                     print(lines[-1], flush=True)
                     continue
-                g = torch.Generator().manual_seed(0)
-                prompts = [torch.randint(100, rs.model_config.vocab_size, (32,), generator=g).tolist()
-                           for _ in range(batch)]
+                prompts = random_prompts(rs.model_config.vocab_size, batch)
                 for host in a.host:
                     try:
                         r = ab_rounds(rs, prompts, a.new, host, a.rounds)
                     except Exception as e:  # noqa: BLE001
-                        pdl.set_enabled(False)
                         lines.append(f"| {model} | {batch} | {eng} | {host} | error: {e!r} ||||")
+                        res["rows"].append({"model": model, "batch": batch, "engine": eng, "host": host,
+                                            "error": repr(e)})
                         print(lines[-1], flush=True)
                         continue
                     res["rows"].append({"model": model, "batch": batch, "engine": eng, "host": host, **r})
@@ -114,16 +118,15 @@ def main(argv=None) -> int:
                     print(lines[-1], flush=True)
                 del rs
                 torch.cuda.empty_cache()
-    text = "\n".join(lines) + "\n"
-    if a.out:
-        with open(a.out + ".json", "w") as f:
-            json.dump(res, f, indent=1)
-        with open(a.out + ".md", "w") as f:
-            f.write(text)
-    bad_rows = [r for r in res["rows"] if not r["same_tokens"]]
+    write_report(a.out, res, "\n".join(lines))
+    bad_rows = [r for r in res["rows"] if "error" not in r and not r["same_tokens"]]
     if bad_rows:
         print(f"PDL changed the decoded tokens in {len(bad_rows)} rows: a missing wait in some kernel")
         return 3
+    failed = [r for r in res["rows"] if "error" in r]
+    if failed:
+        print(f"{len(failed)} rows failed (their errors are in the table and the JSON)")
+        return 1
     return 0
 
 

@@ -19,7 +19,6 @@ kernel time, against the measured copy bandwidth.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Iterable
 
 import torch
@@ -33,7 +32,7 @@ ROLES = (
     ("RoPE", ("_rope_qk_kernel", "rope")),
     ("SiLU-mul", ("_silu_mul_kernel", "silu")),
     ("KV store", ("_store_kv_kernel",)),
-    ("cuBLAS GEMM", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90_", "splitk")),
+    ("cuBLAS GEMM", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas", "sm90_", "splitk")),
     ("argmax / reductions", ("argmax", "reduce_kernel", "reduce")),
     ("gather / embedding / copies", ("index", "gather", "embedding", "copy", "memcpy", "memset", "cat")),
     ("torch elementwise", ("elementwise", "vectorized", "unrolled")),
@@ -71,18 +70,14 @@ def _profile_side(rs, batch: int, steps: int) -> tuple[list[tuple[str, int, floa
     is one token per request, whatever the host path replays per iteration)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
-    from attnlab.spec.drafters import NoDrafter
+    from attnlab.bench.e2e import random_prompts, target_only, timed_generate
+    from attnlab.metrics.perf import percentile
 
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(100, rs.model_config.vocab_size, (32,), generator=g).tolist() for _ in range(batch)]
-    dec = SpeculativeDecoder(rs, NoDrafter("cuda"), SpecParams(0))
+    prompts = random_prompts(rs.model_config.vocab_size, batch)
+    dec = target_only(rs)
     dec.generate(prompts, 8)  # compiles, settles the graphs
-    walls = []
-    for _ in range(3):  # the wall time: median of 3 unprofiled runs (one run moved by 30% on the H200)
-        out = dec.generate(prompts, steps + 1)
-        walls.append(sum(i.total_ms for i in out.iterations) / steps)
-    wall_ms = sorted(walls)[1]
+    # the wall time: median of 3 unprofiled runs (one run moved by 30% on the H200)
+    wall_ms = percentile([timed_generate(dec, prompts, steps + 1)[1] / steps for _ in range(3)], 50)
     # the decode steps alone: a run of steps + 1 tokens minus a run of 1 token (the prefill and its first token)
     with profile(activities=[ProfilerActivity.CUDA]) as p1:
         dec.generate(prompts, 1)
@@ -112,7 +107,7 @@ def _profile_side(rs, batch: int, steps: int) -> tuple[list[tuple[str, int, floa
 
 
 def main(argv=None) -> int:
-    from attnlab.bench.e2e import check_host, set_host_path, side, step_weight_bytes
+    from attnlab.bench.e2e import check_host, set_host_path, side, step_weight_bytes, write_report
     from attnlab.bench.kernels import copy_bandwidth_gb_s, versions
     from attnlab.bench.pdl import ENGINES
     from attnlab.kernels import pdl
@@ -150,10 +145,15 @@ def main(argv=None) -> int:
                 if s == "on" and pdl.unsupported("cuda"):
                     lines.append(f"{model} {eng} PDL on: {pdl.unsupported('cuda')}")
                     continue
-                pdl.set_enabled(s == "on", "cuda")
-                set_host_path(rs, a.host)  # re-captures the graphs with this setting's launches
-                kernels, wall_ms = _profile_side(rs, a.batch, a.steps)
-                pdl.set_enabled(False)
+                try:
+                    with pdl.using(s == "on", "cuda"):
+                        set_host_path(rs, a.host)  # re-captures the graphs with this setting's launches
+                        kernels, wall_ms = _profile_side(rs, a.batch, a.steps)
+                except Exception as e:  # noqa: BLE001 - one run failing must not lose the others
+                    lines += [f"### {model}, engine {eng}, PDL {s}", "", f"error: {e!r}", ""]
+                    res["runs"].append({"model": model, "engine": eng, "pdl": s, "error": repr(e)})
+                    print(lines[-2], flush=True)
+                    continue
                 rows = kernel_table(kernels, a.steps)
                 busy_us = sum(r["us_per_step"] for r in rows)
                 gemm_us = sum(r["us_per_step"] for r in rows if "GEMM" in r["role"])
@@ -175,12 +175,8 @@ def main(argv=None) -> int:
                 print("\n".join(lines[-(len(rows) + 6):]), flush=True)
             del rs
             torch.cuda.empty_cache()
-    if a.out:
-        with open(a.out + ".json", "w") as f:
-            json.dump(res, f, indent=1)
-        with open(a.out + ".md", "w") as f:
-            f.write("\n".join(lines) + "\n")
-    return 0
+    write_report(a.out, res, "\n".join(lines))
+    return 1 if any("error" in r for r in res["runs"]) else 0
 
 
 if __name__ == "__main__":

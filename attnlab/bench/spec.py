@@ -155,7 +155,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                         device=str(dev), name=name, layers=tuple(layers) if layers else None, cuda_graph=graphs,
                         max_q_len=max(kmax + 1, topk),  # tree verify: k + 1; topk draft steps: topk
                         fused_ops=a.fused_ops or (a.invariant and name == "target"),
-                        gemm="cublas" if a.invariant and name == "target" else a.gemm,
+                        gemm=a.gemm,
                         invariant=a.invariant and name == "target", backend_options=options)
 
     def check(side_name, label):  # unsupported: ConfigError before anything is built
@@ -435,13 +435,13 @@ def parse(argv=None):
     if (a.fused_ops or a.gemm == "triton") and not cuda:
         ap.error("--fused-ops / --gemm triton need --device cuda (the fused layer kernels are Triton kernels for the GPU)")
     if a.pdl:
-        from attnlab.errors import ConfigError
         from attnlab.kernels import pdl
 
-        try:
-            pdl.set_enabled(True, a.device)
-        except ConfigError as e:
-            ap.error(f"--pdl: {e}")
+        why = pdl.unsupported(a.device)
+        if why:
+            ap.error(f"--pdl: engine.pdl=true: {why}")
+    if a.invariant and a.gemm == "triton":
+        ap.error("--invariant runs the target's GEMMs through invariant_linear; it does not combine with --gemm triton")
     if a.invariant and not (cuda and a.graphs):
         ap.error("--invariant needs --device cuda with CUDA graphs (engine.invariant runs the Triton kernels, "
                  "graphed, as the runner does)")
@@ -561,7 +561,10 @@ def main(argv=None) -> int:
     a = parse(argv)
     if a.out:  # before the run, not after it: a missing folder must not cost the measurements
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    res = run(a)
+    from attnlab.kernels import pdl
+
+    with pdl.using(a.pdl, a.device if a.pdl else None):  # process-wide: restored after the run
+        res = run(a)
     print(res["markdown"])
     if a.out:
         with open(a.out + ".json", "w") as f:

@@ -177,14 +177,17 @@ def compile_gemm(quick: bool, arch: int = 90) -> None:
 
 def compile_pdl(arch: int = 90) -> None:
     """One variant of every kernel with programmatic dependent launch on (attnlab.kernels.pdl): the fused ops, the
-    store, the GEMM (quick grid) and the attention launches (decode with its split merge, causal and tree verify,
-    prefill), bf16, head dim 64, GQA 4."""
+    store, the GEMM (quick grid), the attention launches (decode with its split merge, causal and tree verify,
+    prefill) and the invariant kernel with its ordered merge, bf16, head dim 64, GQA 4."""
     from attnlab.backends.base import Mode
     from attnlab.backends.cases import random_paged_case
     from attnlab.backends.triton import TritonBackend
     from attnlab.kernels import pdl
+    from attnlab.kernels.invariant import warmup_invariant
 
     with pdl.forced_for_compile():
+        # engine.invariant's kernel and its ordered merge (split counts 1, 2, 16)
+        warmup_invariant(8, 2, 64, 16, torch.bfloat16, torch.bfloat16, "cpu")
         compile_store_and_fused(True, arch)
         compile_gemm(True, arch)
         for kv_lens, q_lens, mode, tree in (([9000, 40], [1, 1], Mode.DECODE, False),

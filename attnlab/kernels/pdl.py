@@ -17,7 +17,7 @@ keep the programmatic edges of a captured stream (CUDA >= 12.3).
 
 The switch is process-wide, like ``torch.backends.cuda.matmul.allow_tf32``: the job sets it from
 ``engine.pdl`` before building its sides; graphs record the kernels as they were launched at capture. Off by
-default, until the H200 A/B (``python -m attnlab.bench.e2e --pdl off,on``) says it pays.
+default, until the H200 A/B (``python -m attnlab.bench.pdl``) says it pays.
 """
 
 from __future__ import annotations
@@ -52,6 +52,17 @@ def enabled() -> bool:
     return _enabled
 
 
+@contextlib.contextmanager
+def using(on: bool, device: torch.device | str | None = None):
+    """``set_enabled(on, device)`` inside, the previous setting restored after (benches, tests)."""
+    before = _enabled
+    set_enabled(on, device)
+    try:
+        yield
+    finally:
+        globals()["_enabled"] = before
+
+
 def unsupported(device: torch.device | str | None = None) -> str | None:
     """Why PDL cannot run here, or None."""
     dev = torch.device(device) if device is not None else None
@@ -61,6 +72,8 @@ def unsupported(device: torch.device | str | None = None) -> str | None:
         return "TRITON_INTERPRET=1 runs no GPU kernels"
     if not torch.cuda.is_available():
         return "no CUDA device"
+    if torch.version.hip:
+        return "ROCm: griddepcontrol is an NVIDIA (sm_90+) instruction"
     major, minor = _capability(dev.index if dev is not None and dev.index is not None else torch.cuda.current_device())
     if major < 9:
         return f"needs compute capability >= 9.0 (Hopper); this GPU is {major}.{minor}"

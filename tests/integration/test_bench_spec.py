@@ -102,7 +102,9 @@ def test_spec_bench_refuses_fused_ops_off_cuda(capsys):
 
 
 @pytest.mark.parametrize("flags,needle", [(["--gemm", "triton"], "--gemm triton need --device cuda"),
-                                          (["--pdl"], "--pdl: engine.pdl=true")])
+                                          (["--pdl"], "--pdl: engine.pdl=true"),
+                                          (["--device", "cuda", "--invariant", "--gemm", "triton"],
+                                           "does not combine with --gemm triton")])
 def test_spec_bench_refuses_gpu_engine_options_off_cuda(capsys, flags, needle):
     with pytest.raises(SystemExit) as e:
         spec.parse(["--device", "cpu", "--model", "tiny-llama", *flags])

@@ -1,6 +1,7 @@
 """engine.pdl on the GPU: programmatic dependent launch changes when attnlab's kernels start, never what they
-compute. Speculative decoding (draft and verify, every kernel of the fused and the gemm layer paths, the split
-merge) decodes the same tokens, and a graphed verify pass returns the same logits bit for bit, with PDL on and off."""
+compute. A k = 3 speculative run (draft and verify) decodes the same tokens, and a graphed verify pass after long
+prefills (split-KV decode and its merge) returns the same logits bit for bit, with PDL on and off, on the unfused,
+fused and gemm layer paths, eager and graphed."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def _decode(model, fused, graphs: bool, on: bool):
         pdl.set_enabled(False)
 
 
-@pytest.mark.parametrize("fused", [True, "gemm"])
+@pytest.mark.parametrize("fused", [False, True, "gemm"])  # unfused: attnlab attention between cuBLAS / torch ops
 @pytest.mark.parametrize("graphs", [False, True])
 def test_pdl_changes_nothing_but_timing(fused, graphs):
     model = tiny_model(CFG, seed=0).to("cuda", torch.bfloat16)

@@ -31,6 +31,7 @@ def test_all_kernels_compile_for_sm90():
     assert counts["_decode_kernel"] >= 4 and counts["_extend_kernel"] >= 8, counts
 
 
+@pytest.mark.slow
 def test_pdl_variants_compile_for_sm90():
     """engine.pdl's variants (attnlab.kernels.pdl): every kernel on the per-layer path compiles with
     griddepcontrol.wait / launch_dependents, and every one of them carries the wait."""
@@ -41,11 +42,11 @@ def test_pdl_variants_compile_for_sm90():
     counts, pdl = {}, None
     for line in proc.stdout.splitlines():
         name, _, n = line.strip().partition(": ")
-        if name in KERNELS:
+        if line.startswith("  ") and n.isdigit():  # every kernel compiled, not only the backend's list
             counts[name] = int(n)
         if line.startswith("programmatic dependent launch"):
             pdl = int(line.split(": ")[1].split()[0])
-    assert set(counts) == set(KERNELS), proc.stdout
+    assert set(counts) == set(KERNELS) | {"_invariant_kernel", "_merge_ordered_kernel"}, proc.stdout
     assert pdl == sum(counts.values()), proc.stdout  # no kernel compiled without the wait
 
 
