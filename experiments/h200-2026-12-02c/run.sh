@@ -12,6 +12,7 @@
 #             weights, batch 1 and 8), and fa eager at batch 1 (before)
 #   run.sh 5  carry nothing (after 3): issues 12 / 17, every pair with engine.gemm=triton and PDL (batch 1); issue 19,
 #             bench.serving in 2 rounds with prompts reused (c = 100 holds)
+#   run.sh N1, N2, N3: the next sitting (README "Next"): carry .gpu/a, .gpu/b, .gpu/c + .gpu/6 (~16 minutes)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1-5}
@@ -84,6 +85,29 @@ case $PART in
     --max-new 128 --closed 1,8,32,100 --poisson 8,32,128 --max-running 128 --fused-ops --repeats 2 \
     --out "$OUT/serving_rounds" > $LOGS/serving_rounds.log 2>&1; echo "exit code $?"
   tail -n 6 $LOGS/serving_rounds.log; cp $LOGS/serving_rounds.log "$OUT/"
+  ;;
+N1)  # the next sitting (README "Next"), carry .gpu/a: the PDL identity test with its unfused case; PDL for every engine
+  step "install .gpu/a"; bash .gpu/a/install.sh | tail -1
+  timeout 200 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_pdl.py > $LOGS/testsN1.log 2>&1
+  grep -E "passed|failed|FAILED|Error" $LOGS/testsN1.log | tail -n 6; cp $LOGS/testsN1.log "$OUT/"
+  timeout 240 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines unfused,fused,gemm --host thin8 \
+    --batches 1,16 --rounds 4 --new 256 --out "$OUT/pdl_all" > $LOGS/pdl_all.log 2>&1; echo "exit code $?"
+  tail -n 13 $LOGS/pdl_all.log
+  timeout 120 $PY -m attnlab.bench.profile --models llama-3.2-1b --engines fused,gemm --pdl off --host thin8 \
+    --out "$OUT/profile_llama1b_thin8" > $LOGS/profile.log 2>&1; echo "exit code $?"; grep -E "^step|^###" $LOGS/profile.log
+  ;;
+N2)  # carry .gpu/b (the GGUF joins); then N3
+  step "install .gpu/b"; bash .gpu/b/install.sh | tail -2
+  ;;
+N3)  # carry .gpu/c + .gpu/6: does PDL pay in speculative decoding? Every pair, fused and gemm, with and without PDL
+  step "install .gpu/c and .gpu/6"; bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
+  cp .gpu/c/sg_heldout_all.jsonl.gz $DATA
+  for E in "" "--pdl" "--gemm triton" "--gemm triton --pdl"; do
+    step "every pair, eagle k 4, batch 1 and 4, 16 held-out prompts, 3 rounds, fused ops $E"
+    timeout 130 $S --batch 1,4 --prompts $DATA --new 128 --num-prompts 16 --backends triton,flashinfer \
+      --draft-backends triton,flashinfer --drafters eagle --k 4 --repeats 3 $E \
+      --out "$OUT/pairs$(echo $E | tr -d ' -')" > $LOGS/pairs.log 2>&1; echo "exit code $?"; grep "^| attnlab" $LOGS/pairs.log
+  done
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac
