@@ -101,13 +101,14 @@ N2)  # carry .gpu/b (the GGUF joins); then N3
   ;;
 N3)  # carry .gpu/c + .gpu/6: does PDL pay in speculative decoding? Every pair, fused and gemm, with and without PDL
   step "install .gpu/c and .gpu/6"; bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
-  cp .gpu/c/sg_heldout_all.jsonl.gz $DATA
+  cp .gpu/c/sg_heldout_all.jsonl.gz $DATA; mkdir -p /tmp/pairs
   for E in "" "--pdl" "--gemm triton" "--gemm triton --pdl"; do
     step "every pair, eagle k 4, batch 1 and 4, 16 held-out prompts, 3 rounds, fused ops $E"
     timeout 130 $S --batch 1,4 --prompts $DATA --new 128 --num-prompts 16 --backends triton,flashinfer \
       --draft-backends triton,flashinfer --drafters eagle --k 4 --repeats 3 $E \
-      --out "$OUT/pairs$(echo $E | tr -d ' -')" > $LOGS/pairs.log 2>&1; echo "exit code $?"; grep "^| attnlab" $LOGS/pairs.log
+      --out "/tmp/pairs/pairs$(echo $E | tr -d ' -')" > $LOGS/pairs.log 2>&1; echo "exit code $?"; grep "^| attnlab" $LOGS/pairs.log
   done
+  cp /tmp/pairs/*.md "$OUT/"; tar czf "$OUT/pairs_json.tgz" -C /tmp pairs  # 8 files at most come back
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac
