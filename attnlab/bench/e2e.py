@@ -26,13 +26,13 @@ metrics.json has tau, speedup and per-phase times.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import time
 
 import torch
 
 from attnlab.bench.kernels import copy_bandwidth_gb_s, versions
+from attnlab.bench.output import write_report
 from attnlab.engine.build import SideSpec, build_side
 from attnlab.plan import ModelSource
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
@@ -92,15 +92,6 @@ def timed_generate(dec: SpeculativeDecoder, prompts: list[list[int]], new: int):
     torch.cuda.synchronize()
     out = dec.generate(prompts, new)
     return out, sum(i.total_ms for i in out.iterations)
-
-
-def write_report(prefix: str | None, res: dict, text: str) -> None:
-    """PREFIX.json (``res``) and PREFIX.md (``text``), when a prefix was given."""
-    if prefix:
-        with open(prefix + ".json", "w") as f:
-            json.dump(res, f, indent=1)
-        with open(prefix + ".md", "w") as f:
-            f.write(text if text.endswith("\n") else text + "\n")
 
 
 def attnlab_tok_s(runner, batch: int, prompt_len: int, new: int, reps: int = 3) -> dict:

@@ -27,9 +27,9 @@ from attnlab.bench.e2e import (
     side,
     target_only,
     timed_generate,
-    write_report,
 )
 from attnlab.bench.kernels import versions
+from attnlab.bench.output import write_report
 from attnlab.kernels import pdl
 from attnlab.metrics.perf import percentile
 
@@ -91,31 +91,31 @@ def main(argv=None) -> int:
              "| model | batch | engine | host | tok/s PDL off | tok/s PDL on | on / off (per round) | same tokens |",
              "|---|---|---|---|---|---|---|---|"]
     print(lines[0], flush=True)
+
+    def emit(key: dict, cells: str, data: dict) -> None:  # one row: the table, the JSON, the console
+        res["rows"].append({**key, **data})
+        lines.append(f"| {key['model']} | {key['batch']} | {key['engine']} | {key.get('host', '')} | {cells} |")
+        print(lines[-1], flush=True)
+
     for model in [m.strip() for m in a.models.split(",") if m.strip()]:
         for batch in [int(b) for b in a.batches.split(",") if b]:
             for eng in engines:
+                key = {"model": model, "batch": batch, "engine": eng}
                 try:
                     rs = side(model, "triton", batch, True, 32 + a.new + 16, fused=ENGINES[eng])
                 except Exception as e:  # noqa: BLE001 - one engine failing must not lose the table
-                    lines.append(f"| {model} | {batch} | {eng} | | error: {e!r} ||||")
-                    res["rows"].append({"model": model, "batch": batch, "engine": eng, "error": repr(e)})
-                    print(lines[-1], flush=True)
+                    emit(key, f"error: {e!r} |||", {"error": repr(e)})
                     continue
                 prompts = random_prompts(rs.model_config.vocab_size, batch)
                 for host in a.host:
                     try:
                         r = ab_rounds(rs, prompts, a.new, host, a.rounds)
                     except Exception as e:  # noqa: BLE001
-                        lines.append(f"| {model} | {batch} | {eng} | {host} | error: {e!r} ||||")
-                        res["rows"].append({"model": model, "batch": batch, "engine": eng, "host": host,
-                                            "error": repr(e)})
-                        print(lines[-1], flush=True)
+                        emit({**key, "host": host}, f"error: {e!r} |||", {"error": repr(e)})
                         continue
-                    res["rows"].append({"model": model, "batch": batch, "engine": eng, "host": host, **r})
-                    lines.append(f"| {model} | {batch} | {eng} | {host} | {_spread(r['tok_s_off'], '.0f')} | "
-                                 f"{_spread(r['tok_s_on'], '.0f')} | {_spread(r['ratio'], '.3f')} | "
-                                 f"{'yes' if r['same_tokens'] else 'NO'} |")
-                    print(lines[-1], flush=True)
+                    cells = (f"{_spread(r['tok_s_off'], '.0f')} | {_spread(r['tok_s_on'], '.0f')} | "
+                             f"{_spread(r['ratio'], '.3f')} | {'yes' if r['same_tokens'] else 'NO'}")
+                    emit({**key, "host": host}, cells, r)
                 del rs
                 torch.cuda.empty_cache()
     write_report(a.out, res, "\n".join(lines))

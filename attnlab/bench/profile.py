@@ -107,8 +107,9 @@ def _profile_side(rs, batch: int, steps: int) -> tuple[list[tuple[str, int, floa
 
 
 def main(argv=None) -> int:
-    from attnlab.bench.e2e import check_host, set_host_path, side, step_weight_bytes, write_report
+    from attnlab.bench.e2e import check_host, set_host_path, side, step_weight_bytes
     from attnlab.bench.kernels import copy_bandwidth_gb_s, versions
+    from attnlab.bench.output import write_report
     from attnlab.bench.pdl import ENGINES
     from attnlab.kernels import pdl
 
@@ -164,13 +165,15 @@ def main(argv=None) -> int:
                        "weight_bytes": weight_bytes, "rows": rows}
                 res["runs"].append(run)
                 gb_s = run["gemm_gb_s"] or 0.0
-                summary = (f"step {wall_ms * 1e3:.0f} us wall, {busy_us:.0f} us in {run['launches_per_step']:.0f} "
-                           f"kernels -> idle {run['idle_share']:.0%}; GEMMs read {weight_bytes / 1e6:.0f} MB of weights "
-                           f"in {gemm_us:.0f} us = {gb_s:.0f} GB/s ({gb_s / bw:.0%} of copy)")
-                lines += [f"### {model}, engine {eng}, PDL {s}", "", summary, "", "| role | launches / step | us / step | share of kernel time | us / launch |",
+                summary = (f"step {wall_ms * 1e3:.0f} us wall, {busy_us:.0f} us in "
+                           f"{run['launches_per_step']:.0f} kernels -> idle {run['idle_share']:.0%}; GEMMs read "
+                           f"{weight_bytes / 1e6:.0f} MB of weights in {gemm_us:.0f} us = {gb_s:.0f} GB/s "
+                           f"({gb_s / bw:.0%} of copy)")
+                lines += [f"### {model}, engine {eng}, PDL {s}", "", summary, "",
+                          "| role | launches / step | us / step | share of kernel time | us / launch |",
                           "|---|---|---|---|---|"]
-                lines += [f"| {r['role']} | {r['launches_per_step']:.1f} | {r['us_per_step']:.1f} | {r['share']:.0%} | "
-                          f"{r['us_per_launch']:.2f} |" for r in rows]
+                lines += [f"| {r['role']} | {r['launches_per_step']:.1f} | {r['us_per_step']:.1f} | "
+                          f"{r['share']:.0%} | {r['us_per_launch']:.2f} |" for r in rows]
                 lines.append("")
                 print("\n".join(lines[-(len(rows) + 6):]), flush=True)
             del rs

@@ -46,7 +46,6 @@ the target's weights, so its rows time the draft's phases only). Runs on CPU too
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attnlab.bench.cells import parse_spec, skip_unsupported
+from attnlab.bench.output import write_report
 from attnlab.config import check_backend, check_invariant
 from attnlab.engine.build import SideSpec, build_side
 from attnlab.metrics.perf import percentile
@@ -566,11 +566,7 @@ def main(argv=None) -> int:
     with pdl.using(a.pdl, a.device if a.pdl else None):  # process-wide: restored after the run
         res = run(a)
     print(res["markdown"])
-    if a.out:
-        with open(a.out + ".json", "w") as f:
-            json.dump({k: v for k, v in res.items() if k != "outputs"}, f, indent=1)
-        with open(a.out + ".md", "w") as f:
-            f.write(res["markdown"] + "\n")
+    write_report(a.out, {k: v for k, v in res.items() if k != "outputs"}, res["markdown"])
     return 3 if res["invariance_broken"] else 0
 
 

@@ -94,34 +94,40 @@ def fp8_kv_dtypes(arch: int) -> list[torch.dtype]:
     return [torch.float8_e4m3fn, torch.float8_e5m2] if arch >= 89 else [torch.float8_e5m2]
 
 
-def compile_backend_grid(quick: bool, arch: int = 90) -> None:
-    """The triton backend over decode / verify (causal and tree) / prefill, per dtype, KV dtype and head dim."""
+def backend_shapes():
+    """(kv_lens, q_lens, mode, tree) of the triton backend's launches: decode short and long (split-KV and the merge
+    kernel), causal and tree verify, a short prefill and one of >= PREFILL_MIN_Q_LEN new tokens (the prefill launch)."""
     from attnlab.backends.base import Mode
+
+    return [([300, 17], [1, 1], Mode.DECODE, False), ([9000, 40], [1, 1], Mode.DECODE, False),
+            ([300, 17], [5, 5], Mode.VERIFY, False), ([300, 17], [5, 5], Mode.VERIFY, True),
+            ([64, 33], [64, 33], Mode.PREFILL, False), ([300, 70], [200, 70], Mode.PREFILL, False)]
+
+
+def compile_backend_case(kv_lens, q_lens, mode, tree: bool, *, dtype, kv_dtype, head_dim: int, gqa: int) -> None:
+    """Plan and run the triton backend on one random paged case (2 kv heads, ``gqa`` query heads each)."""
     from attnlab.backends.cases import random_paged_case
     from attnlab.backends.triton import TritonBackend
 
+    pool, meta, q = random_paged_case(kv_lens=kv_lens, q_lens=q_lens, page_size=16, num_q_heads=2 * gqa,
+                                      num_kv_heads=2, head_dim=head_dim, dtype=dtype, kv_dtype=kv_dtype, mode=mode,
+                                      tree_mask=tree)
+    be = TritonBackend(pool, 2 * gqa, 2, head_dim, head_dim ** -0.5, dtype)
+    be.plan(meta)
+    be.run(q, 0)
+
+
+def compile_backend_grid(quick: bool, arch: int = 90) -> None:
+    """The triton backend over decode / verify (causal and tree) / prefill, per dtype, KV dtype and head dim."""
     dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float16, torch.float32]
     head_dims = [64, 128] if quick else [64, 80, 96, 128, 256]  # every head_dim the capabilities list >= 64
-    shapes = [  # (kv_lens, q_lens, mode, tree)
-        ([300, 17], [1, 1], Mode.DECODE, False),
-        ([9000, 40], [1, 1], Mode.DECODE, False),  # long context: split-KV and the merge kernel
-        ([300, 17], [5, 5], Mode.VERIFY, False),
-        ([300, 17], [5, 5], Mode.VERIFY, True),
-        ([64, 33], [64, 33], Mode.PREFILL, False),
-        ([300, 70], [200, 70], Mode.PREFILL, False),  # q_len >= PREFILL_MIN_Q_LEN: the prefill launch
-    ]
     for dtype in dtypes:
         kv_dtypes = [dtype] if dtype == torch.float32 else [dtype, *fp8_kv_dtypes(arch)]
         for kv_dtype in kv_dtypes:
             for d in head_dims:
                 for gqa in (1, 4):
-                    for kv_lens, q_lens, mode, tree in shapes:
-                        pool, meta, q = random_paged_case(
-                            kv_lens=kv_lens, q_lens=q_lens, page_size=16, num_q_heads=2 * gqa, num_kv_heads=2,
-                            head_dim=d, dtype=dtype, kv_dtype=kv_dtype, mode=mode, tree_mask=tree)
-                        be = TritonBackend(pool, 2 * gqa, 2, d, d ** -0.5, dtype)
-                        be.plan(meta)
-                        be.run(q, 0)
+                    for shape in backend_shapes():
+                        compile_backend_case(*shape, dtype=dtype, kv_dtype=kv_dtype, head_dim=d, gqa=gqa)
 
 
 def compile_store_and_fused(quick: bool, arch: int = 90) -> None:
@@ -177,29 +183,17 @@ def compile_gemm(quick: bool, arch: int = 90) -> None:
 
 def compile_pdl(arch: int = 90) -> None:
     """One variant of every kernel with programmatic dependent launch on (attnlab.kernels.pdl): the fused ops, the
-    store, the GEMM (quick grid), the attention launches (decode with its split merge, causal and tree verify,
-    prefill) and the invariant kernel with its ordered merge, bf16, head dim 64, GQA 4."""
-    from attnlab.backends.base import Mode
-    from attnlab.backends.cases import random_paged_case
-    from attnlab.backends.triton import TritonBackend
+    store, the GEMM (quick grid), every attention launch of the backend and the invariant kernel with its ordered
+    merge, bf16, head dim 64, GQA 4."""
     from attnlab.kernels import pdl
     from attnlab.kernels.invariant import warmup_invariant
 
     with pdl.forced_for_compile():
-        # engine.invariant's kernel and its ordered merge (split counts 1, 2, 16)
-        warmup_invariant(8, 2, 64, 16, torch.bfloat16, torch.bfloat16, "cpu")
+        warmup_invariant(8, 2, 64, 16, torch.bfloat16, torch.bfloat16, "cpu")  # split counts 1, 2, 16
         compile_store_and_fused(True, arch)
         compile_gemm(True, arch)
-        for kv_lens, q_lens, mode, tree in (([9000, 40], [1, 1], Mode.DECODE, False),
-                                            ([300, 17], [5, 5], Mode.VERIFY, False),
-                                            ([300, 17], [5, 5], Mode.VERIFY, True),
-                                            ([300, 70], [200, 70], Mode.PREFILL, False)):
-            pool, meta, q = random_paged_case(kv_lens=kv_lens, q_lens=q_lens, page_size=16, num_q_heads=8,
-                                              num_kv_heads=2, head_dim=64, dtype=torch.bfloat16, mode=mode,
-                                              tree_mask=tree)
-            be = TritonBackend(pool, 8, 2, 64, 0.125, torch.bfloat16)
-            be.plan(meta)
-            be.run(q, 0)
+        for shape in backend_shapes():
+            compile_backend_case(*shape, dtype=torch.bfloat16, kv_dtype=torch.bfloat16, head_dim=64, gqa=4)
 
 
 def main(argv=None) -> int:

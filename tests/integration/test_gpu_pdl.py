@@ -24,8 +24,7 @@ def _decode(model, fused, graphs: bool, on: bool):
     why = pdl.unsupported("cuda")
     if on and why:
         pytest.skip(why)
-    pdl.set_enabled(on, "cuda")
-    try:
+    with pdl.using(on, "cuda"):
         t = gpu_runner(model, "triton", torch.bfloat16, graphs, fused_ops=fused, max_context=2048)
         d = ModelDrafter(gpu_runner(model, "triton", torch.bfloat16, graphs, name="draft", fused_ops=fused,
                                     max_context=2048))
@@ -45,8 +44,6 @@ def _decode(model, fused, graphs: bool, on: bool):
         logits = t.forward(p, ids[sum(lens):]).clone()
         torch.cuda.synchronize()
         return [r.output_ids for r in out.requests], logits
-    finally:
-        pdl.set_enabled(False)
 
 
 @pytest.mark.parametrize("fused", [False, True, "gemm"])  # unfused: attnlab attention between cuBLAS / torch ops
@@ -64,9 +61,6 @@ def test_pdl_switch_is_restored_and_checked():
     x = torch.zeros(1, device="cuda")
     assert pdl.launch_args(x) == {}
     if pdl.unsupported("cuda") is None:
-        pdl.set_enabled(True, "cuda")
-        try:
+        with pdl.using(True, "cuda"):
             assert pdl.launch_args(x) == {"USE_PDL": True, "launch_pdl": True}
             assert pdl.launch_args(x.cpu()) == {}  # a CPU tensor's launch (the interpreter) never takes PDL
-        finally:
-            pdl.set_enabled(False)
