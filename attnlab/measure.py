@@ -106,7 +106,8 @@ def describe(plan: RunPlan, work: Prepared) -> dict:
         "page_size": work.page_size, "max_context": work.max_context, "device": plan.device,
         "batch_size": plan.workload.batch_size, "warmup_plan": plan.warmup.plan,
         "cuda_graph": plan.engine.cuda_graph, "fused_ops": plan.engine.fused_ops,
-        "gemm": plan.engine.gemm, "pdl": plan.engine.pdl,
+        "gemm": plan.engine.gemm, "gemm_split": plan.engine.gemm_split if plan.engine.gemm == "triton" else None,
+        "pdl": plan.engine.pdl,
     }
 
 

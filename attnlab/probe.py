@@ -48,8 +48,9 @@ class RecordingContext(AttnContext):
 
     recording: Recording | None = None
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = super().attend(layer, q, k, v)
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               stored: bool = False) -> torch.Tensor:
+        out = super().attend(layer, q, k, v, stored=stored)
         if self.recording is not None:
             self.recording.put("q_rope", layer, q)
             self.recording.put("k_rope", layer, k)

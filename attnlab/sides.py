@@ -80,6 +80,10 @@ def build_pair(plan: RunPlan, work: Prepared, verify: str, backend: str, *, targ
         from attnlab.kernels import pdl
 
         pdl.set_enabled(plan.engine.pdl, plan.device)
+        if plan.engine.gemm == "triton":
+            from attnlab.kernels import gemm
+
+            gemm.set_split_mode(plan.engine.gemm_split)
     if target is None:
         target = build(side_spec(plan, work, "target", verify, graphs=graphs, name="target" + tag))
     kind, runner = plan.draft.kind, None

@@ -29,13 +29,17 @@ SMOLLM2 = "smollm2-135m"
 
 @pytest.fixture(autouse=True)
 def _pdl_off_after_each_test():
-    """engine.pdl is a process-wide switch (attnlab.kernels.pdl): no test leaves it on for the next one."""
+    """engine.pdl and engine.gemm_split are process-wide switches (attnlab.kernels.pdl, attnlab.kernels.gemm): no
+    test leaves them changed for the next one."""
     yield
     import sys
 
     mod = sys.modules.get("attnlab.kernels.pdl")
     if mod is not None:
         mod.set_enabled(False)
+    mod = sys.modules.get("attnlab.kernels.gemm")
+    if mod is not None:
+        mod.set_split_mode(mod.DEFAULT_SPLIT_MODE)
 
 
 def _smollm2_path():

@@ -130,6 +130,8 @@ def test_the_run_plan_is_frozen_and_typed():
     (["engine.pdl=true"], "engine.pdl=true"),
     (["engine.gemm=triton"], "engine.gemm=triton"),
     (["engine.gemm=cutlass"], "engine.gemm='cutlass'"),
+    (["engine.gemm_split=lean"], "engine.gemm_split='lean'"),
+    (["engine.gemm_split=lean/ticket"], "engine.gemm_split=lean/ticket splits attnlab's Triton GEMM"),
     (["precision.fp8_gemm=weight_only"], "precision.fp8_gemm=weight_only"),  # bf16 draft weights
     (["precision.fp8_gemm=w4a16"], "precision.fp8_gemm='w4a16'"),
     (["precision=fp8w-draft"], "precision.draft='fp8_e4m3'"),  # CPU: no fp8 matmul

@@ -2,7 +2,7 @@
 and fp8 weights, per layer GEMM of real model shapes, with a row-invariance check.
 
     python -m attnlab.bench.gemm [--models llama8b,llama1b,smollm2] [--ms 1,2,4,8,16] [--quick] [--repeats 3]
-        [--out FILE.json]
+        [--split-modes fill/pass,lean/ticket] [--out FILE.json]
     python -m attnlab.bench.gemm --interpret     # CPU, TRITON_INTERPRET=1, tiny shapes: a CI smoke
 
 Cells: model, GEMM (qkv, o, gate_up, down, lm_head: N x K), M; cuBLAS us and attnlab us (median over the
@@ -10,6 +10,9 @@ repeats, +- spread = (max - min) / median), ratio = cuBLAS / attnlab (> 1: attnl
 copy bandwidth (weight + x + out bytes / time / device-to-device copy bandwidth), fp8w us (attnlab with e4m3
 weights and per-row scales) and its speedup over cuBLAS bf16, and ``inv``: whether rows of M = 1 equal, bit
 for bit, the same rows inside M = 5, 9, 16, for attnlab and for cuBLAS.
+
+``--split-modes``: attnlab is timed in each split mode of engine.gemm_split (attnlab.kernels.gemm); the first
+is the ``attnlab`` column, the others an extra column each (their rows are checked for invariance too).
 
 Time: CUDA events around a CUDA graph that replays ``reps`` calls, each on its own copy of the weights (enough
 copies that the walk is > 4x the L2, so weights come from HBM as in a real step); the median of ``iters``
@@ -112,12 +115,20 @@ def cell(model, name, n, k, m, args, device, copy_gb_s) -> dict:
     x = x16[:m].clone()
     row = {"model": model, "gemm": name, "n": n, "k": k, "m": m}
     ref = F.linear(x.float(), ws[0].float())
+    def in_mode(mode, fn):
+        def run(i):
+            with gemm.splitting(mode):
+                return fn(i)
+        return run
+
+    modes = args.split_modes
     fns = {"cublas": lambda i: F.linear(x, ws[i]),
-           "attnlab": lambda i: gemm.linear(x, ws[i]),
-           "fp8w": lambda i: gemm.linear(x, w8s[i][0], w_scale=w8s[i][1].view(-1))}
+           "attnlab": in_mode(modes[0], lambda i: gemm.linear(x, ws[i])),
+           "fp8w": in_mode(modes[0], lambda i: gemm.linear(x, w8s[i][0], w_scale=w8s[i][1].view(-1))),
+           **{f"split {mode}": in_mode(mode, lambda i: gemm.linear(x, ws[i])) for mode in modes[1:]}}
     row["max_err_attnlab"] = (fns["attnlab"](0).float() - ref).abs().max().item()
     row["max_err_fp8w"] = (fns["fp8w"](0).float() - x.float() @ (w8s[0][0].float() * w8s[0][1]).t()).abs().max().item()
-    row["inv_attnlab"] = row_invariant(lambda xx: gemm.linear(xx, ws[0]), x16)
+    row["inv_attnlab"] = all(row_invariant(in_mode(mode, lambda xx: gemm.linear(xx, ws[0])), x16) for mode in modes)
     row["inv_cublas"] = row_invariant(lambda xx: F.linear(xx, ws[0]), x16)
     timer = GraphTimer if device == "cuda" else EagerTimer
     timers = {key: timer(fn, copies, args.reps, args.iters) for key, fn in fns.items()}
@@ -125,8 +136,12 @@ def cell(model, name, n, k, m, args, device, copy_gb_s) -> dict:
     for _ in range(args.repeats):  # interleaved: drift hits all three alike
         for key, t in timers.items():
             samples[key].append(t.measure())
+    row["split_us"] = {}
     for key, s in samples.items():
         med = statistics.median(s)
+        if key.startswith("split "):
+            row["split_us"][key[6:]] = {"us": med, "spread": (max(s) - min(s)) / med if med else 0.0}
+            continue
         row[f"{key}_us"] = med
         row[f"{key}_spread"] = (max(s) - min(s)) / med if med else 0.0
         nbytes = (n * k * (1 if key == "fp8w" else 2) + (n * 4 if key == "fp8w" else 0) + m * (k + n) * 2)
@@ -140,15 +155,21 @@ def _pct(v) -> str:
     return "-" if v is None else f"{100 * v:.0f}%"
 
 
-def markdown(rows: list[dict]) -> str:
-    head = ("| model | gemm | N x K | M | cuBLAS us | attnlab us | ratio | BW cuBLAS | BW attnlab | fp8w us | "
-            "fp8w vs bf16 | inv attnlab | inv cuBLAS |")
-    lines = [head, "|" + "---|" * 13]
+def markdown(rows: list[dict], modes: list[str] | None = None) -> str:
+    """The table; with ``modes`` (split modes) the attnlab column is the first mode's and each further mode has a
+    column ``us (cuBLAS / it)``."""
+    modes = modes or [None]
+    extra = "".join(f" {m} us (ratio) |" for m in modes[1:])
+    head = (f"| model | gemm | N x K | M | cuBLAS us | attnlab{f' {modes[0]}' if modes[0] else ''} us | ratio |{extra} "
+            "BW cuBLAS | BW attnlab | fp8w us | fp8w vs bf16 | inv attnlab | inv cuBLAS |")
+    lines = [head, "|" + "---|" * (13 + len(modes) - 1)]
     for r in rows:
+        cols = "".join(f" {r['split_us'][m]['us']:.1f} ±{100 * r['split_us'][m]['spread']:.0f}% "
+                       f"({r['cublas_us'] / r['split_us'][m]['us']:.2f}x) |" for m in modes[1:])
         lines.append(
             f"| {r['model']} | {r['gemm']} | {r['n']} x {r['k']} | {r['m']} | {r['cublas_us']:.1f} "
             f"±{100 * r['cublas_spread']:.0f}% | {r['attnlab_us']:.1f} ±{100 * r['attnlab_spread']:.0f}% | "
-            f"{r['ratio']:.2f}x | {_pct(r['cublas_bw'])} | {_pct(r['attnlab_bw'])} | {r['fp8w_us']:.1f} | "
+            f"{r['ratio']:.2f}x |{cols} {_pct(r['cublas_bw'])} | {_pct(r['attnlab_bw'])} | {r['fp8w_us']:.1f} | "
             f"{r['fp8w_speedup']:.2f}x | {'yes' if r['inv_attnlab'] else 'NO'} | "
             f"{'yes' if r['inv_cublas'] else 'NO'} |")
     return "\n".join(lines)
@@ -162,6 +183,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="M 1,4,16, 2 repeats: under a minute on an H200")
     ap.add_argument("--interpret", action="store_true", help="CPU, Triton interpreter, tiny shapes (a smoke)")
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--split-modes", default=None, help="attnlab's split modes to time (engine.gemm_split; default: "
+                                                        "the default mode)")
     ap.add_argument("--out", default=None, help="also write the rows and versions as JSON here")
     a = ap.parse_args(argv)
     if a.interpret:
@@ -184,6 +207,13 @@ def main(argv=None) -> int:
         print("error: --ms: rows 1..16 (the small-M GEMM's range)", file=sys.stderr)
         return 2
     a.repeats = a.repeats or (1 if a.interpret else 2 if a.quick else 3)
+    from attnlab.kernels import gemm
+
+    a.split_modes = [m for m in (a.split_modes or gemm.DEFAULT_SPLIT_MODE).split(",") if m]
+    bad = [m for m in a.split_modes if m not in gemm.SPLIT_MODES]
+    if bad or not a.split_modes:
+        print(f"error: --split-modes {','.join(bad)}: choose from {', '.join(gemm.SPLIT_MODES)}", file=sys.stderr)
+        return 2
     a.reps, a.iters = (1, 1) if a.interpret else (20, 10 if a.quick else 20)
     gemms = [s for s in a.gemms.split(",") if s]
     copy_gb_s = copy_bandwidth_gb_s() if device == "cuda" else None
@@ -201,7 +231,7 @@ def main(argv=None) -> int:
                 rows.append(cell(model, name, n, k, m, a, device, copy_gb_s))
                 print(f"  {model} {name} M={m}: cuBLAS {rows[-1]['cublas_us']:.1f} us, attnlab "
                       f"{rows[-1]['attnlab_us']:.1f} us", file=sys.stderr, flush=True)
-    print(markdown(rows))
+    print(markdown(rows, a.split_modes))
     print(f"\n{len(rows)} cells in {time.perf_counter() - t0:.0f} s")
     if a.out:
         with open(a.out, "w") as f:

@@ -1,17 +1,21 @@
-"""Programmatic dependent launch on and off, side by side in one process (CUDA, compute capability >= 9.0).
+"""Programmatic dependent launch on and off (and the GEMM's split modes), side by side in one process (CUDA,
+compute capability >= 9.0).
 
     python -m attnlab.bench.pdl [--models smollm2-135m,llama-3.2-1b] [--engines fused,gemm] [--host thin8]
-                                [--batches 1] [--rounds 5] [--new 256] [--out PREFIX]
+                                [--batches 1] [--rounds 5] [--gemm-splits fill/pass] [--new 256] [--out PREFIX]
 
 Target-only greedy decode with CUDA graphs on random weights (decode speed does not depend on their values), per
-(model, batch, engine, host path): the side is built once, then ``--rounds`` rounds of both settings of
-attnlab.kernels.pdl (engine.pdl; off first in even rounds, on first in odd ones), the graphs re-captured at every
-switch. Reported: median
-tok/s with its min-max per setting, the median of the per-round ratios on / off with their min-max, and whether
-the two settings decoded the same tokens (PDL changes when a kernel starts, never what it computes: anything but
-"yes" is a bug). Engines: ``unfused`` (cuBLAS and torch ops between attnlab's attention kernels), ``fused``
-(engine.fused_ops: the norms, RoPE, SiLU-mul and KV store as attnlab kernels), ``gemm`` (engine.gemm=triton:
-every GEMM of a decode pass is attnlab's small-M kernel too, so every launch of a layer can overlap the one before).
+(model, batch, engine, host path): the side is built once, then ``--rounds`` rounds over its arms, the order
+rotating by one arm per round (so a drift inside a round does not always favour the same arm), the graphs
+re-captured at every switch. Arms: PDL off, PDL on (attnlab.kernels.pdl, engine.pdl); for the ``gemm`` engine,
+PDL off and on with the first of ``--gemm-splits`` (engine.gemm_split, attnlab.kernels.gemm), then PDL on with
+each further split mode. Reported per arm: median tok/s with its min-max, the median of its per-round ratios to
+the first arm (min-max), and whether it decoded the first arm's tokens (PDL and the reduction mechanism change
+when and where sums happen, never their order: anything but "yes" is a bug; a different split *policy* changes
+the order of fp32 sums, so its tokens may differ on random weights at near-ties: "differs" there, not a bug).
+Engines: ``unfused`` (cuBLAS and torch ops between attnlab's attention kernels), ``fused`` (engine.fused_ops:
+the norms, RoPE, SiLU-mul and KV store as attnlab kernels), ``gemm`` (engine.gemm=triton: every GEMM of a
+decode pass is attnlab's small-M kernel too, so every launch of a layer can overlap the one before).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from attnlab.bench.e2e import (
 )
 from attnlab.bench.kernels import versions
 from attnlab.bench.output import write_report
-from attnlab.kernels import pdl
+from attnlab.kernels import gemm, pdl
 from attnlab.metrics.perf import percentile
 
 ENGINES = {"unfused": False, "fused": True, "gemm": "gemm"}
@@ -46,21 +50,35 @@ def timed_decode(runner, prompts: list[list[int]], new: int) -> tuple[float, lis
     return decoded / (decode_ms / 1e3), tokens
 
 
-def ab_rounds(runner, prompts, new: int, host: str, rounds: int) -> dict:
-    """``rounds`` rounds of both settings, the order alternating (off first in even rounds), so a drift inside a
-    round does not always favour the same setting; -> per-setting tok/s lists, per-round ratios, same tokens."""
-    tok = {"off": [], "on": []}
-    same = True
+def arms_for(engine: str, splits: list[str]) -> list[tuple[bool, str]]:
+    """(PDL on, gemm split mode) per arm; the first is the baseline of the ratios."""
+    if engine != "gemm":
+        return [(False, splits[0]), (True, splits[0])]
+    return [(False, splits[0]), (True, splits[0])] + [(True, m) for m in splits[1:]]
+
+
+def arm_name(engine: str, arm: tuple[bool, str]) -> str:
+    on, split = arm
+    return f"PDL {'on' if on else 'off'}" + (f", {split}" if engine == "gemm" else "")
+
+
+def rounds_over(runner, prompts, new: int, host: str, rounds: int, arms: list[tuple[bool, str]]) -> dict:
+    """``rounds`` rounds over ``arms``, round i starting at arm i mod len(arms); -> per-arm tok/s lists, per-round
+    ratios to arm 0, and whether each arm decoded arm 0's tokens in every round."""
+    n = len(arms)
+    tok = [[] for _ in arms]
+    same = [True] * n
     for i in range(rounds):
-        outs = {}
-        for setting in (("off", "on") if i % 2 == 0 else ("on", "off")):
-            with pdl.using(setting == "on", runner.device):
-                set_host_path(runner, host)  # re-captures the graphs with this setting's launches
-                t, outs[setting] = timed_decode(runner, prompts, new)
-            tok[setting].append(t)
-        same &= outs["off"] == outs["on"]
-    ratios = [b / a for a, b in zip(tok["off"], tok["on"])]
-    return {"tok_s_off": tok["off"], "tok_s_on": tok["on"], "ratio": ratios, "same_tokens": same}
+        outs = [None] * n
+        for a in [(i + j) % n for j in range(n)]:
+            on, split = arms[a]
+            with pdl.using(on, runner.device), gemm.splitting(split):
+                set_host_path(runner, host)  # re-captures the graphs with this arm's launches
+                t, outs[a] = timed_decode(runner, prompts, new)
+            tok[a].append(t)
+        same = [s and outs[a] == outs[0] for a, s in enumerate(same)]
+    ratios = [[t / t0 for t0, t in zip(tok[0], tok[a])] for a in range(n)]
+    return {"tok_s": tok, "ratio": ratios, "same_tokens": same}
 
 
 def _spread(v: list[float], fmt: str) -> str:
@@ -74,6 +92,9 @@ def main(argv=None) -> int:
     ap.add_argument("--host", type=check_host, default=check_host("thin8"), help="host paths (bench.e2e's)")
     ap.add_argument("--batches", default="1")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--gemm-splits", default=gemm.DEFAULT_SPLIT_MODE,
+                    help=f"engine gemm: split modes to compare, of {', '.join(gemm.SPLIT_MODES)} (the first is "
+                         f"also run with PDL off)")
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)
@@ -81,20 +102,25 @@ def main(argv=None) -> int:
     bad = [e for e in engines if e not in ENGINES]
     if bad or a.rounds < 1:
         ap.error(f"--engines: unknown {bad} (choose from {', '.join(ENGINES)})" if bad else "--rounds must be >= 1")
+    splits = [m.strip() for m in a.gemm_splits.split(",") if m.strip()]
+    bad = [m for m in splits if m not in gemm.SPLIT_MODES]
+    if bad or not splits:
+        ap.error(f"--gemm-splits: unknown {bad} (choose from {', '.join(gemm.SPLIT_MODES)})")
     why = pdl.unsupported("cuda")
     if why:
         print(f"attnlab.bench.pdl: {why}")
         return 2
     res = {"gpu": torch.cuda.get_device_name(), "versions": versions(), "rounds": a.rounds, "rows": []}
     lines = [(f"{res['gpu']}; {res['versions']}; greedy target-only decode, random weights, CUDA graphs, "
-              f"{a.new} new tokens, {a.rounds} rounds of (off, on)"), "",
-             "| model | batch | engine | host | tok/s PDL off | tok/s PDL on | on / off (per round) | same tokens |",
-             "|---|---|---|---|---|---|---|---|"]
+              f"{a.new} new tokens, {a.rounds} rounds over the arms (order rotating)"), "",
+             ("| model | batch | engine | host | arm | tok/s (min-max) | vs first arm, per round (min-max) | "
+              "same tokens as the first arm |"), "|---|---|---|---|---|---|---|---|"]
     print(lines[0], flush=True)
 
-    def emit(key: dict, cells: str, data: dict) -> None:  # one row: the table, the JSON, the console
-        res["rows"].append({**key, **data})
-        lines.append(f"| {key['model']} | {key['batch']} | {key['engine']} | {key.get('host', '')} | {cells} |")
+    def emit(key: dict, arm: str, cells: str, data: dict) -> None:  # one row: the table, the JSON, the console
+        res["rows"].append({**key, "arm": arm, **data})
+        lines.append(f"| {key['model']} | {key['batch']} | {key['engine']} | {key.get('host', '')} | {arm} | "
+                     f"{cells} |")
         print(lines[-1], flush=True)
 
     for model in [m.strip() for m in a.models.split(",") if m.strip()]:
@@ -104,24 +130,31 @@ def main(argv=None) -> int:
                 try:
                     rs = side(model, "triton", batch, True, 32 + a.new + 16, fused=ENGINES[eng])
                 except Exception as e:  # noqa: BLE001 - one engine failing must not lose the table
-                    emit(key, f"error: {e!r} |||", {"error": repr(e)})
+                    emit(key, "-", f"error: {e!r} |||", {"error": repr(e)})
                     continue
                 prompts = random_prompts(rs.model_config.vocab_size, batch)
+                arms = arms_for(eng, splits)
                 for host in a.host:
                     try:
-                        r = ab_rounds(rs, prompts, a.new, host, a.rounds)
+                        r = rounds_over(rs, prompts, a.new, host, a.rounds, arms)
                     except Exception as e:  # noqa: BLE001
-                        emit({**key, "host": host}, f"error: {e!r} |||", {"error": repr(e)})
+                        emit({**key, "host": host}, "-", f"error: {e!r} |||", {"error": repr(e)})
                         continue
-                    cells = (f"{_spread(r['tok_s_off'], '.0f')} | {_spread(r['tok_s_on'], '.0f')} | "
-                             f"{_spread(r['ratio'], '.3f')} | {'yes' if r['same_tokens'] else 'NO'}")
-                    emit({**key, "host": host}, cells, r)
+                    for i, arm in enumerate(arms):
+                        policy_differs = arm[1].split("/")[0] != arms[0][1].split("/")[0]
+                        same = "yes" if r["same_tokens"][i] else "differs" if policy_differs else "NO"
+                        cells = f"{_spread(r['tok_s'][i], '.0f')} | {_spread(r['ratio'][i], '.3f')} | {same}"
+                        emit({**key, "host": host}, arm_name(eng, arm), cells,
+                             {"pdl": arm[0], "gemm_split": arm[1] if eng == "gemm" else None,
+                              "tok_s": r["tok_s"][i], "ratio": r["ratio"][i], "same_tokens": r["same_tokens"][i],
+                              "same_required": not policy_differs})
                 del rs
                 torch.cuda.empty_cache()
     write_report(a.out, res, "\n".join(lines))
-    bad_rows = [r for r in res["rows"] if "error" not in r and not r["same_tokens"]]
+    bad_rows = [r for r in res["rows"] if "error" not in r and r["same_required"] and not r["same_tokens"]]
     if bad_rows:
-        print(f"PDL changed the decoded tokens in {len(bad_rows)} rows: a missing wait in some kernel")
+        print(f"PDL or the ticket reduction changed the decoded tokens in {len(bad_rows)} rows: a missing wait or "
+              f"fence in some kernel")
         return 3
     failed = [r for r in res["rows"] if "error" in r]
     if failed:

@@ -54,15 +54,32 @@ def kernel_table(kernels: Iterable[tuple[str, int, float]], steps: int) -> list[
         raise ValueError("kernel_table: steps must be >= 1")
     acc: dict[str, dict] = {}
     for name, count, total_us in kernels:
-        r = acc.setdefault(role_of(name), {"launches": 0, "us": 0.0, "names": set()})
+        r = acc.setdefault(role_of(name), {"launches": 0, "us": 0.0, "names": {}})
         r["launches"] += count
         r["us"] += total_us
-        r["names"].add(name)
+        n = r["names"].setdefault(name, [0, 0.0])
+        n[0] += count
+        n[1] += total_us
     busy = sum(r["us"] for r in acc.values()) or 1.0
     rows = [{"role": role, "launches_per_step": r["launches"] / steps, "us_per_step": r["us"] / steps,
              "share": r["us"] / busy, "us_per_launch": r["us"] / max(1, r["launches"]),
-             "kernels": sorted(r["names"])} for role, r in acc.items()]
+             "kernels": sorted(r["names"]),
+             "by_kernel": sorted(({"name": name, "launches_per_step": c / steps, "us_per_step": us / steps,
+                                   "us_per_launch": us / max(1, c)} for name, (c, us) in r["names"].items()),
+                                 key=lambda k: -k["us_per_step"])} for role, r in acc.items()]
     return sorted(rows, key=lambda r: -r["us_per_step"])
+
+
+def table_lines(rows: list[dict]) -> list[str]:
+    """The markdown rows of ``kernel_table``: a role, then one indented row per kernel where it has several."""
+    out = []
+    for r in rows:
+        out.append(f"| {r['role']} | {r['launches_per_step']:.1f} | {r['us_per_step']:.1f} | {r['share']:.0%} | "
+                   f"{r['us_per_launch']:.2f} |")
+        if len(r["by_kernel"]) > 1:
+            out += [f"| &nbsp;&nbsp;{k['name'][:60]} | {k['launches_per_step']:.1f} | {k['us_per_step']:.1f} | | "
+                    f"{k['us_per_launch']:.2f} |" for k in r["by_kernel"]]
+    return out
 
 
 def _profile_side(rs, batch: int, steps: int) -> tuple[list[tuple[str, int, float]], float]:
@@ -111,7 +128,7 @@ def main(argv=None) -> int:
     from attnlab.bench.kernels import copy_bandwidth_gb_s, versions
     from attnlab.bench.output import write_report
     from attnlab.bench.pdl import ENGINES
-    from attnlab.kernels import pdl
+    from attnlab.kernels import gemm, pdl
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="smollm2-135m")
@@ -120,6 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--host", default="thin8", help="bench.e2e's host path: thin (one step per replay and sync) or "
                     "thinN (N steps per replay)")
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--gemm-split", default=None, help="engine gemm: engine.gemm_split (default: the default mode)")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)
@@ -130,13 +148,17 @@ def main(argv=None) -> int:
     engines = [e.strip() for e in a.engines.split(",") if e.strip()]
     if not settings or set(settings) - {"off", "on"} or set(engines) - set(ENGINES) or a.steps < 1:
         ap.error("--pdl takes off / on, --engines names from " + ", ".join(ENGINES) + ", --steps >= 1")
+    split = a.gemm_split or gemm.DEFAULT_SPLIT_MODE
+    if split not in gemm.SPLIT_MODES:
+        ap.error(f"--gemm-split {split}: choose from {', '.join(gemm.SPLIT_MODES)}")
     if not torch.cuda.is_available():
         print("attnlab.bench.profile needs a CUDA GPU")
         return 2
     bw = copy_bandwidth_gb_s()
     res = {"gpu": torch.cuda.get_device_name(), "versions": versions(), "copy_gb_s": bw, "runs": []}
     head = (f"{res['gpu']}; {res['versions']}; copy bandwidth {bw:.0f} GB/s; target-only greedy decode, random "
-            f"weights, CUDA graphs, host path {a.host}, batch {a.batch}, {a.steps} steps profiled")
+            f"weights, CUDA graphs, host path {a.host}, batch {a.batch}, {a.steps} steps profiled; engine gemm: split "
+            f"mode {split}")
     lines = [head, ""]
     for model in [m.strip() for m in a.models.split(",") if m.strip()]:
         for eng in engines:
@@ -147,7 +169,7 @@ def main(argv=None) -> int:
                     lines.append(f"{model} {eng} PDL on: {pdl.unsupported('cuda')}")
                     continue
                 try:
-                    with pdl.using(s == "on", "cuda"):
+                    with pdl.using(s == "on", "cuda"), gemm.splitting(split):
                         set_host_path(rs, a.host)  # re-captures the graphs with this setting's launches
                         kernels, wall_ms = _profile_side(rs, a.batch, a.steps)
                 except Exception as e:  # noqa: BLE001 - one run failing must not lose the others
@@ -158,7 +180,8 @@ def main(argv=None) -> int:
                 rows = kernel_table(kernels, a.steps)
                 busy_us = sum(r["us_per_step"] for r in rows)
                 gemm_us = sum(r["us_per_step"] for r in rows if "GEMM" in r["role"])
-                run = {"model": model, "engine": eng, "pdl": s, "wall_ms_per_step": wall_ms,
+                run = {"model": model, "engine": eng, "pdl": s, "gemm_split": split if eng == "gemm" else None,
+                       "wall_ms_per_step": wall_ms,
                        "kernel_us_per_step": busy_us, "idle_share": 1 - busy_us / (wall_ms * 1e3),
                        "launches_per_step": sum(r["launches_per_step"] for r in rows),
                        "gemm_gb_s": weight_bytes / (gemm_us * 1e-6) / 1e9 if gemm_us else None,
@@ -172,10 +195,10 @@ def main(argv=None) -> int:
                 lines += [f"### {model}, engine {eng}, PDL {s}", "", summary, "",
                           "| role | launches / step | us / step | share of kernel time | us / launch |",
                           "|---|---|---|---|---|"]
-                lines += [f"| {r['role']} | {r['launches_per_step']:.1f} | {r['us_per_step']:.1f} | "
-                          f"{r['share']:.0%} | {r['us_per_launch']:.2f} |" for r in rows]
+                body = table_lines(rows)
+                lines += body
                 lines.append("")
-                print("\n".join(lines[-(len(rows) + 6):]), flush=True)
+                print("\n".join(lines[-(len(body) + 6):]), flush=True)
             del rs
             torch.cuda.empty_cache()
     write_report(a.out, res, "\n".join(lines))

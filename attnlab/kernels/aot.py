@@ -156,11 +156,18 @@ def compile_store_and_fused(quick: bool, arch: int = 90) -> None:
 
 
 def compile_gemm(quick: bool, arch: int = 90) -> None:
-    """attnlab.kernels.gemm: every prologue / epilogue the decoder's gemm path uses, split and unsplit, bf16 (and
-    fp16 / fp32 unless quick), and fp8 weights (sm_89+) at SmolLM2 and Llama-3.1-8B layer shapes."""
+    """attnlab.kernels.gemm: every prologue / epilogue the decoder's gemm path uses (the qkv one with and without
+    the KV store), split and unsplit, in both reductions of split K (pass, ticket), bf16 (and fp16 / fp32 unless
+    quick), and fp8 weights (sm_89+) at SmolLM2 and Llama-3.1-8B layer shapes."""
     from attnlab.kernels import gemm
 
     dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float16, torch.float32]
+    for mode in ("fill/pass", "fill/ticket"):
+        with gemm.splitting(mode):
+            _compile_gemm_dtypes(gemm, dtypes, arch)
+
+
+def _compile_gemm_dtypes(gemm, dtypes, arch: int) -> None:
     for dtype in dtypes:
         for hidden, heads, kv_heads, d, inter in ((576, 9, 3, 64, 1536), (4096, 32, 8, 128, 14336)):
             x = torch.zeros(4, hidden, dtype=dtype)
@@ -170,9 +177,11 @@ def compile_gemm(quick: bool, arch: int = 90) -> None:
             w_variants = [(torch.zeros(n_qkv, hidden, dtype=dtype), None)]
             if arch >= 89 and dtype != torch.float32:
                 w_variants.append((torch.zeros(n_qkv, hidden, dtype=torch.float8_e4m3fn), torch.ones(n_qkv)))
+            cache = torch.zeros(64, kv_heads, d, dtype=dtype)
             for w, scale in w_variants:
-                gemm.gemm(x, w, w_scale=scale, norm_weight=nw, epilogue="rope", cos=cs, sin=cs, head_dim=d,
-                          rope_cols=(heads + kv_heads) * d)
+                for store in (None, (cache, cache.clone(), torch.zeros(4, dtype=torch.long))):
+                    gemm.gemm(x, w, w_scale=scale, norm_weight=nw, epilogue="rope", cos=cs, sin=cs, head_dim=d,
+                              rope_cols=(heads + kv_heads) * d, kv_store=store)
                 gemm.linear(x, w, w_scale=scale)
             o = torch.zeros(hidden, heads * d, dtype=dtype)
             gemm.gemm(torch.zeros(4, heads * d, dtype=dtype), o, epilogue="residual", residual=x)

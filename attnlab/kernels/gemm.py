@@ -9,10 +9,20 @@ tile [BLOCK_N, BLOCK_K] is contiguous along K, so its loads are 16-byte vectors)
 the goal is to stream W at copy bandwidth and to swallow the small kernels around the GEMM.
 
 Row invariance: every output element is reduced over K in an order that depends on (K, the tile config,
-the split count) only, and the split count is a function of (N, K, the tile config), never of M. Padded rows
-are zeros and no row's arithmetic reads another's. Split-K partials go to an fp32 workspace and a second
-tiny pass sums them in split order (no atomics), then applies the epilogue. So a row computed at M = 1
-(decode) is bit-identical to the same row inside M = 5, 9 or 16 (verify).
+the split count) only, and the split count is a function of (N, K, the weight dtype, the tile config, the split
+mode), never of M. Padded rows are zeros and no row's arithmetic reads another's. Split-K partials go to an
+fp32 workspace and are summed in split order, then the epilogue runs. So a row computed at M = 1 (decode) is
+bit-identical to the same row inside M = 5, 9 or 16 (verify).
+
+Split modes (``engine.gemm_split``, process-wide: ``set_split_mode`` / ``splitting``), ``<policy>/<reduce>``:
+- policy ``fill``: split K until the programs about fill an H200 (132); ``lean``: split only while each
+  program still streams >= ``LEAN_MIN_BYTES`` of weights (a small layer's GEMMs are latency, not bandwidth:
+  an unsplit program streams its 74 KB in about the time a split pays for its reduction);
+- reduce ``pass``: a second tiny launch sums the partials; ``ticket``: each split program, after writing its
+  partial, takes a ticket on its column tile (an acq_rel atomic), and the last to arrive sums all partials in
+  split order and runs the epilogue, then resets the ticket (one launch per GEMM; the same sums in the same
+  order as ``pass``, so the same bits). Tickets live in one per-device buffer: GEMMs on one device must not
+  run concurrently on two streams (attnlab's engine runs one stream).
 
 Prologue ``norm_weight``: HF RMSNorm of each x row (sum of squares over K in BLOCK_K chunks, fixed order;
 normalize in fp32, round to the model dtype, scale, round) before the dot, as RMSNorm then F.linear does.
@@ -29,6 +39,8 @@ The paired epilogues (silu_mul, rope) give a program both columns of each pair i
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import triton
 import triton.language as tl
@@ -44,6 +56,46 @@ TARGET_PROGRAMS = 132
 MAX_SPLIT_K = 16
 EPILOGUES = ("none", "residual", "silu_mul", "rope")
 _EPI = {name: i for i, name in enumerate(EPILOGUES)}
+SPLIT_MODES = ("fill/pass", "fill/ticket", "lean/pass", "lean/ticket")
+DEFAULT_SPLIT_MODE = "fill/pass"
+LEAN_MIN_BYTES = 64 << 10  # lean: a split program streams at least this much weight (bytes)
+MAX_TICKETS = 4096  # column tiles with a ticket; a split GEMM has < TARGET_PROGRAMS of them
+SS_BLOCK = 512  # RMSNorm prologue: columns of x per unrolled sum-of-squares chunk
+_split_mode = DEFAULT_SPLIT_MODE
+_tickets: dict = {}
+
+
+def set_split_mode(mode: str) -> None:
+    """The process-wide split mode (module docstring); ``engine.gemm_split`` sets it before the sides are built
+    (graphs record the launches of their capture)."""
+    global _split_mode
+    if mode not in SPLIT_MODES:
+        raise ValueError(f"gemm split mode {mode!r}: choose from {', '.join(SPLIT_MODES)}")
+    _split_mode = mode
+
+
+def split_mode() -> str:
+    return _split_mode
+
+
+@contextmanager
+def splitting(mode: str):
+    """``set_split_mode(mode)`` for a block (benches comparing modes in one process), restored after."""
+    old = _split_mode
+    set_split_mode(mode)
+    try:
+        yield
+    finally:
+        set_split_mode(old)
+
+
+def _ticket_buffer(device: torch.device) -> torch.Tensor:
+    """The per-device ticket counters (zero between launches: the last program of a tile resets its own)."""
+    key = (device.type, device.index)
+    buf = _tickets.get(key)
+    if buf is None:
+        buf = _tickets[key] = torch.zeros(MAX_TICKETS, dtype=torch.int32, device=device)
+    return buf
 
 
 def tile_config(w_dtype: torch.dtype, x_dtype: torch.dtype) -> tuple[int, int]:
@@ -51,11 +103,15 @@ def tile_config(w_dtype: torch.dtype, x_dtype: torch.dtype) -> tuple[int, int]:
     return (64, 64) if torch.float32 in (w_dtype, x_dtype) else (64, 128)
 
 
-def split_k(n_tiles: int, k: int, block_k: int) -> tuple[int, int]:
-    """(splits, k_per_split): split K only while the N tiles alone leave SMs idle. A function of
-    (N tiles, K, BLOCK_K) only — never of M — so rows stay bit-identical across M."""
+def split_k(n_tiles: int, k: int, block_k: int, program_bytes: int | None = None) -> tuple[int, int]:
+    """(splits, k_per_split): split K only while the N tiles alone leave SMs idle, and, given ``program_bytes``
+    (the weight bytes an unsplit program streams: the ``lean`` policy), only while each split program still
+    streams >= LEAN_MIN_BYTES. A function of (N tiles, K, BLOCK_K, the program's bytes) only — never of M — so
+    rows stay bit-identical across M."""
     chunks = triton.cdiv(k, block_k)
     want = min(triton.cdiv(TARGET_PROGRAMS, n_tiles), chunks, MAX_SPLIT_K)
+    if program_bytes is not None:
+        want = max(1, min(want, program_bytes // LEAN_MIN_BYTES))
     splits = 1 << (want.bit_length() - 1)  # a power of two below the target
     per = triton.cdiv(chunks, splits) * block_k
     return triton.cdiv(k, per), per
@@ -72,9 +128,9 @@ def _columns(j, PAIRED: tl.constexpr, G):
 
 
 @triton.jit
-def _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN, stride_om, stride_rm,
-              stride_cm, G, ROPE_COLS, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr,
-              PAIRED: tl.constexpr):
+def _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, stride_om,
+              stride_rm, stride_cm, stride_slot, G, ROPE_COLS, Q_COLS, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+              EPI: tl.constexpr, PAIRED: tl.constexpr, KV_STORE: tl.constexpr):
     # a1, a2: [BLOCK_N, BLOCK_M] fp32 sums of logical columns j (and their pair columns when PAIRED)
     c1, c2 = _columns(j, PAIRED, G)
     mask = n_mask[:, None] & m_mask[None, :]
@@ -113,14 +169,26 @@ def _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN
         o2 = tl.where(cm, o2, y2)
         tl.store(OUT + rows * stride_om + c1[:, None], o1, mask=mask)
         tl.store(OUT + rows * stride_om + c2[:, None], o2, mask=mask)
+        if KV_STORE:  # k (rotated) and v straight into their pool slots; slot -1: a padded row, not stored
+            slot = tl.load(SLOTS + offs_m, mask=m_mask, other=-1).to(tl.int64)
+            keep = mask & (slot >= 0)[None, :]
+            dst = slot[None, :] * stride_slot
+            kt = KC.dtype.element_ty
+            is_k1, is_k2 = (c1 >= Q_COLS) & (c1 < ROPE_COLS), (c2 >= Q_COLS) & (c2 < ROPE_COLS)
+            tl.store(KC + dst + (c1 - Q_COLS)[:, None], o1.to(kt), mask=keep & is_k1[:, None])
+            tl.store(KC + dst + (c2 - Q_COLS)[:, None], o2.to(kt), mask=keep & is_k2[:, None])
+            tl.store(VC + dst + (c1 - ROPE_COLS)[:, None], o1.to(kt), mask=keep & (c1 >= ROPE_COLS)[:, None])
+            tl.store(VC + dst + (c2 - ROPE_COLS)[:, None], o2.to(kt), mask=keep & (c2 >= ROPE_COLS)[:, None])
 
 
 @triton.jit
-def _gemm_kernel(X, W, OUT, PART, SCALE, BIAS, NORM_W, RES, COS, SIN, M, N_LOG, K, k_per_split,
-                 stride_xm, stride_wn, stride_om, stride_rm, stride_cm, eps, G, ROPE_COLS,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                 NORM: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr,
-                 PAIRED: tl.constexpr, IEEE: tl.constexpr, USE_PDL: tl.constexpr = False):
+def _gemm_kernel(X, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, K,
+                 k_per_split, stride_xm, stride_wn, stride_om, stride_rm, stride_cm, stride_slot, eps, G, ROPE_COLS,
+                 Q_COLS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                 NORM: tl.constexpr, SS_BLOCK: tl.constexpr, SS_ITERS: tl.constexpr, FP8: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PAIRED: tl.constexpr, KV_STORE: tl.constexpr,
+                 IEEE: tl.constexpr, USE_PDL: tl.constexpr = False):
+    # SPLIT: 0 one program per column tile; 1 partials for _reduce_kernel; 2 partials, the last program reduces
     pdl_start(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -130,12 +198,13 @@ def _gemm_kernel(X, W, OUT, PART, SCALE, BIAS, NORM_W, RES, COS, SIN, M, N_LOG, 
     n_mask = j < N_LOG
     c1, c2 = _columns(j, PAIRED, G)
     x_dt = X.dtype.element_ty
-    if NORM:  # sum of squares of each row over all of K, chunk by chunk (the same order for every row and M)
+    if NORM:  # sum of squares of each row over all of K, chunk by chunk (the same order for every row and M);
+        # unrolled, so the chunks' loads are in flight together instead of one latency per chunk
         ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            xv = tl.load(X + offs_m[None, :] * stride_xm + offs_k[:, None],
-                         mask=m_mask[None, :] & (offs_k[:, None] < K), other=0.0).to(tl.float32)
+        for c in tl.static_range(SS_ITERS):
+            offs_s = c * SS_BLOCK + tl.arange(0, SS_BLOCK)
+            xv = tl.load(X + offs_m[None, :] * stride_xm + offs_s[:, None],
+                         mask=m_mask[None, :] & (offs_s[:, None] < K), other=0.0).to(tl.float32)
             ss += tl.sum(xv * xv, axis=0)
         rstd = tl.math.rsqrt(ss / K + eps)
     acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -167,22 +236,39 @@ def _gemm_kernel(X, W, OUT, PART, SCALE, BIAS, NORM_W, RES, COS, SIN, M, N_LOG, 
                 acc2 = tl.dot(w2.to(tl.float32), xt.to(tl.float32), acc2, input_precision="ieee")
             else:
                 acc2 = tl.dot(w2, xt, acc2)
-    if not SPLIT:
-        _epilogue(acc1, acc2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN, stride_om, stride_rm,
-                  stride_cm, G, ROPE_COLS, FP8, HAS_BIAS, EPI, PAIRED)
-    else:  # partials [splits, 2 (pair), BLOCK_M, N_LOG] fp32, reduced in split order by _reduce_kernel
-        base = PART + pid_k * 2 * BLOCK_M * N_LOG + offs_m[None, :] * N_LOG + j[:, None]
+    if SPLIT == 0:
+        _epilogue(acc1, acc2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, stride_om,
+                  stride_rm, stride_cm, stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
+    else:  # partials [splits, 2 (pair), BLOCK_M, N_LOG] fp32, summed in split order
+        base0 = PART + offs_m[None, :] * N_LOG + j[:, None]
         pmask = n_mask[:, None] & m_mask[None, :]
-        tl.store(base, acc1, mask=pmask)
+        tl.store(base0 + pid_k * 2 * BLOCK_M * N_LOG, acc1, mask=pmask)
         if PAIRED:
-            tl.store(base + BLOCK_M * N_LOG, acc2, mask=pmask)
+            tl.store(base0 + pid_k * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, acc2, mask=pmask)
+        if SPLIT == 2:  # the ticket: every thread's partial stores before the arrival (barrier), published by the
+            # acq_rel atomic; the last program to arrive sees all partials (its loads bypass L1) and reduces
+            tl.debug_barrier()
+            num_splits = tl.num_programs(1)
+            arrived = tl.atomic_add(TICKETS + pid_n, 1, sem="acq_rel")
+            if arrived == num_splits - 1:
+                a1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+                a2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+                for s in range(num_splits):  # fixed order: split 0, 1, ... (as _reduce_kernel)
+                    a1 += tl.load(base0 + s * 2 * BLOCK_M * N_LOG, mask=pmask, other=0.0, cache_modifier=".cg")
+                    if PAIRED:
+                        a2 += tl.load(base0 + s * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, mask=pmask, other=0.0,
+                                      cache_modifier=".cg")
+                _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS,
+                          stride_om, stride_rm, stride_cm, stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI,
+                          PAIRED, KV_STORE)
+                tl.store(TICKETS + pid_n, 0)  # ready for the next launch
 
 
 @triton.jit
-def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, M, N_LOG, stride_om, stride_rm, stride_cm, G,
-                   ROPE_COLS, num_splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                   FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PAIRED: tl.constexpr,
-                   USE_PDL: tl.constexpr = False):
+def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, stride_om, stride_rm,
+                   stride_cm, stride_slot, G, ROPE_COLS, Q_COLS, num_splits, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr,
+                   PAIRED: tl.constexpr, KV_STORE: tl.constexpr, USE_PDL: tl.constexpr = False):
     pdl_start(USE_PDL)
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
@@ -196,8 +282,8 @@ def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, M, N_LOG, stride_om, s
         a1 += tl.load(base + s * 2 * BLOCK_M * N_LOG, mask=pmask, other=0.0)
         if PAIRED:
             a2 += tl.load(base + s * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, mask=pmask, other=0.0)
-    _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN, stride_om, stride_rm,
-              stride_cm, G, ROPE_COLS, FP8, HAS_BIAS, EPI, PAIRED)
+    _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, stride_om,
+              stride_rm, stride_cm, stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
 
 
 def _rowmajor(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -207,11 +293,13 @@ def _rowmajor(t: torch.Tensor | None) -> torch.Tensor | None:
 def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, w_scale: torch.Tensor | None = None,
          norm_weight: torch.Tensor | None = None, eps: float = 1e-6, epilogue: str = "none",
          residual: torch.Tensor | None = None, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
-         head_dim: int = 0, rope_cols: int = 0) -> torch.Tensor:
+         head_dim: int = 0, rope_cols: int = 0, kv_store: tuple | None = None) -> torch.Tensor:
     """x [M, K] (fp32 / fp16 / bf16, M <= 16), w [N, K] (x's dtype, or float8_e4m3fn with w_scale [N] fp32),
     bias [N] or None -> [M, N] in x's dtype ([M, N / 2] for silu_mul). See the module docstring for
     norm_weight [K] (RMSNorm prologue, eps) and the epilogues: residual [M, N]; rope: cos / sin [M, head_dim]
-    (or [M, 1, head_dim]), rotating columns [0, rope_cols) (q and k) per head."""
+    (or [M, 1, head_dim]), rotating columns [0, rope_cols) (q and k) per head. ``kv_store`` (rope only):
+    (k_cache, v_cache, slots), caches [num_slots, kv_heads, head_dim] of x's dtype with each slot's heads
+    contiguous, slots [M] int (-1: not stored): the k (rotated) and v columns of each row also go to its slot."""
     m, k = x.shape
     n, kw = w.shape
     if m > MAX_M:
@@ -229,6 +317,18 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     group = {"silu_mul": n // 2, "rope": head_dim // 2}.get(epilogue, 1)
     if paired and (n % 2 or group < 1 or (epilogue == "rope" and n % head_dim)):
         raise ValueError(f"epilogue={epilogue!r}: N={n} must be even (rope: a multiple of head_dim={head_dim})")
+    kc = vc = slots = None
+    if kv_store is not None:
+        kc, vc, slots = kv_store
+        kv_cols = n - rope_cols
+        if epilogue != "rope" or kv_cols <= 0 or 2 * rope_cols - n < 0:
+            raise ValueError("kv_store needs epilogue='rope' with rope_cols = q + k columns (v after them)")
+        if (kc.shape != vc.shape or kc.stride() != vc.stride() or kc.dim() != 3 or kc.dtype != x.dtype
+                or kc.shape[1] * kc.shape[2] != kv_cols or kc.stride(1) != kc.shape[2] or kc.stride(2) != 1):
+            raise ValueError(f"kv_store: caches must be [slots, kv_heads, head_dim] of {x.dtype} with {kv_cols} "
+                             f"contiguous columns per slot, got {tuple(kc.shape)} {kc.dtype} strides {kc.stride()}")
+        if slots.shape != (m,):
+            raise ValueError(f"kv_store: slots must be [{m}], got {tuple(slots.shape)}")
     n_log = n // 2 if paired else n
     out = torch.empty(m, n_log if epilogue == "silu_mul" else n, dtype=x.dtype, device=x.device)
     if m == 0:
@@ -246,23 +346,32 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             cos = cos.contiguous()
     block_n, block_k = tile_config(w.dtype, x.dtype)
     n_tiles = triton.cdiv(n_log, block_n)
-    splits, per = split_k(n_tiles * (2 if paired else 1), k, block_k)
-    part = (torch.empty(splits, 2, BLOCK_M, n_log, dtype=torch.float32, device=x.device) if splits > 1 else out)
+    policy, reduce = _split_mode.split("/")
+    programs = 2 if paired else 1
+    lean_bytes = programs * block_n * k * w.element_size() if policy == "lean" else None
+    splits, per = split_k(n_tiles * programs, k, block_k, lean_bytes)
+    split = 0 if splits == 1 else 2 if reduce == "ticket" and n_tiles <= MAX_TICKETS else 1
+    part = torch.empty(splits, 2, BLOCK_M, n_log, dtype=torch.float32, device=x.device) if split else out
+    tickets = _ticket_buffer(x.device) if split == 2 else out
+    ss_block = min(SS_BLOCK, max(16, triton.next_power_of_2(k)))
     dummy = out
     args = {"M": m, "N_LOG": n_log, "stride_om": out.stride(0),
             "stride_rm": residual.stride(0) if residual is not None else 0,
-            "stride_cm": cos.stride(0) if epilogue == "rope" else 0, "G": group, "ROPE_COLS": rope_cols,
-            "BLOCK_M": BLOCK_M, "BLOCK_N": block_n, "SPLIT": splits > 1, "FP8": fp8, "HAS_BIAS": bias is not None,
-            "EPI": _EPI[epilogue], "PAIRED": paired}
+            "stride_cm": cos.stride(0) if epilogue == "rope" else 0,
+            "stride_slot": kc.stride(0) if kc is not None else 0, "G": group, "ROPE_COLS": rope_cols,
+            "Q_COLS": 2 * rope_cols - n if kc is not None else 0, "BLOCK_M": BLOCK_M, "BLOCK_N": block_n,
+            "FP8": fp8, "HAS_BIAS": bias is not None, "EPI": _EPI[epilogue], "PAIRED": paired,
+            "KV_STORE": kc is not None}
     ptrs = {"SCALE": w_scale if fp8 else dummy, "BIAS": bias if bias is not None else dummy,
             "RES": residual if residual is not None else dummy, "COS": cos if cos is not None else dummy,
-            "SIN": sin if sin is not None else dummy}
+            "SIN": sin if sin is not None else dummy, "KC": kc if kc is not None else dummy,
+            "VC": vc if vc is not None else dummy, "SLOTS": slots if slots is not None else dummy}
     _gemm_kernel[(n_tiles, splits)](
-        x, w, out, part, ptrs["SCALE"], ptrs["BIAS"], norm_weight if norm_weight is not None else dummy,
-        ptrs["RES"], ptrs["COS"], ptrs["SIN"], K=k, k_per_split=per, stride_xm=x.stride(0),
-        stride_wn=w.stride(0), eps=eps, BLOCK_K=block_k, NORM=norm_weight is not None,
-        IEEE=fp32_dot(x.dtype), num_warps=4, num_stages=3, **args, **launch_args(x))
-    if splits > 1:
+        x, w, out, part, tickets, NORM_W=norm_weight if norm_weight is not None else dummy, K=k,
+        k_per_split=per, stride_xm=x.stride(0), stride_wn=w.stride(0), eps=eps, BLOCK_K=block_k, SPLIT=split,
+        NORM=norm_weight is not None, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block),
+        IEEE=fp32_dot(x.dtype), num_warps=4, num_stages=3, **ptrs, **args, **launch_args(x))
+    if split == 1:
         _reduce_kernel[(n_tiles,)](part, out, **ptrs, num_splits=splits, num_warps=4, **args, **launch_args(part))
     return out
 

@@ -1,13 +1,14 @@
-"""The decoder layer on attnlab's small-M GEMM (``engine.gemm=triton``): about 5 kernels per layer.
+"""The decoder layer on attnlab's small-M GEMM (``engine.gemm=triton``): 5 kernels per layer.
 
     qkv_proj   RMSNorm prologue + RoPE epilogue (q, k rotated; v as projected)   -> qkv [T, (Hq + 2 Hkv) D]
-    store_kv   the Triton KV store (AttnContext with fused_ops)
+               and the KV store: k and v written into their pool slots (AttnContext.kv_store_target; an fp8
+               pool takes the Triton store kernel, which quantizes)
     attention  the side's backend
     o_proj     residual-add epilogue                                            -> h + o(attn)
     gate_up    RMSNorm prologue + SiLU·up epilogue                              -> act [T, I]
     down_proj  residual-add epilogue                                            -> h + down(act)
 
-plus, per GEMM whose N tiles leave SMs idle, the split-K reduction pass. Rounding follows the unfused torch
+plus, per split GEMM with ``engine.gemm_split=*/pass``, the split-K reduction launch. Rounding follows the unfused torch
 layer step by step (attnlab.kernels.gemm), so only fp32 summation orders differ, and rows are bit-identical
 whatever the number of tokens in the pass (decode vs verify). Passes of more than ``gemm.MAX_M`` tokens
 (prefill) take the fused cuBLAS path instead; a layer with Qwen3's q/k norm (between projection and RoPE)
@@ -43,12 +44,13 @@ def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
     t, d = h.shape[0], attn.head_dim
     qk_cols = attn.q_size + attn.kv_size
     norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
+    store = ctx.kv_store_target(attn.layer_idx, h.dtype)
     qkv = proj(attn.qkv_proj, h, norm_weight=norm1.weight, eps=norm1.eps, epilogue="rope", cos=cos, sin=sin,
-               head_dim=d, rope_cols=qk_cols)
+               head_dim=d, rope_cols=qk_cols, kv_store=store)
     q = qkv[:, :attn.q_size].view(t, attn.num_heads, d)  # views of one [T, N] row: strides (N, D, 1)
     k = qkv[:, attn.q_size:qk_cols].view(t, attn.num_kv_heads, d)
     v = qkv[:, qk_cols:].view(t, attn.num_kv_heads, d)
-    out = ctx.attend(attn.layer_idx, q, k, v)
+    out = ctx.attend(attn.layer_idx, q, k, v, stored=store is not None)
     h = proj(attn.o_proj, out.reshape(t, attn.q_size), epilogue="residual", residual=h)
     act = proj(mlp.gate_up_proj, h, norm_weight=norm2.weight, eps=norm2.eps, epilogue="silu_mul")
     return proj(mlp.down_proj, act, epilogue="residual", residual=h)

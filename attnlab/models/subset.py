@@ -18,8 +18,11 @@ class _RemappedContext:
         object.__setattr__(self, "_ctx", ctx)
         object.__setattr__(self, "_index", index)
 
-    def attend(self, layer, q, k, v):
-        return self._ctx.attend(self._index[layer], q, k, v)
+    def attend(self, layer, q, k, v, stored=False):
+        return self._ctx.attend(self._index[layer], q, k, v, stored=stored)
+
+    def kv_store_target(self, layer, dtype):
+        return self._ctx.kv_store_target(self._index[layer], dtype)
 
     def __getattr__(self, name):
         return getattr(self._ctx, name)

@@ -77,3 +77,64 @@ def test_gemm_path_in_graphs_matches_unfused_eager(k):
     same = sum(a == b for x, y in zip(outs[0], outs[1]) for a, b in zip(x, y))
     assert same / sum(map(len, outs[0])) >= 0.9
 
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_ticket_reduction_is_the_reduce_pass_bit_for_bit_racing_and_in_graphs(n, k):
+    """engine.gemm_split=*/ticket: the last split program of a column tile sums the partials. Compiled, with
+    programs racing on real SMs: 50 launches and 50 graph replays give the reduce pass's bits every time (a
+    missing fence or a ticket left non-zero would show as a wrong or stale tile), with PDL off and on."""
+    from attnlab.kernels import pdl
+
+    g = torch.Generator(device="cuda").manual_seed(n * 3 + k)
+    x = torch.randn(16, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16)
+    nw = (torch.rand(k, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
+    for on in (False, True) if not pdl.unsupported("cuda") else (False,):
+        with pdl.using(on, "cuda"):
+            for policy in ("fill", "lean"):
+                with gemm.splitting(f"{policy}/pass"):
+                    refs = [gemm.linear(x[:m], w) for m in (1, 16)] + [gemm.gemm(x[:5], w, norm_weight=nw)]
+                with gemm.splitting(f"{policy}/ticket"):
+                    def run():
+                        return [gemm.linear(x[:m], w) for m in (1, 16)] + [gemm.gemm(x[:5], w, norm_weight=nw)]
+                    for _ in range(50):
+                        assert all(torch.equal(a, b) for a, b in zip(run(), refs)), f"{policy}: eager launch"
+                    stream = torch.cuda.Stream()
+                    stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(stream):
+                        run()
+                    torch.cuda.current_stream().wait_stream(stream)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        outs = run()
+                    for _ in range(50):
+                        graph.replay()
+                        torch.cuda.synchronize()
+                        assert all(torch.equal(a, b) for a, b in zip(outs, refs)), f"{policy}: graph replay"
+    assert not gemm._ticket_buffer(x.device).any()
+
+
+def test_qkv_epilogue_kv_store_on_the_gpu():
+    """The qkv GEMM's KV store compiled (SmolLM2's shape, split under fill): the pool slots hold the output's k and v
+    columns bit for bit; slot -1 rows store nothing."""
+    heads, kv_heads, d, hidden = 9, 3, 64, 576
+    n = (heads + 2 * kv_heads) * d
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(5, hidden, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(n, hidden, device="cuda", generator=g) / hidden**0.5).to(torch.bfloat16)
+    nw = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
+    cs = torch.rand(5, d, device="cuda", generator=g).to(torch.bfloat16)
+    cache = torch.zeros(2, 64, kv_heads, d, device="cuda", dtype=torch.bfloat16)
+    slots = torch.tensor([3, -1, 17, 40, 9], device="cuda")
+    for mode in gemm.SPLIT_MODES:
+        cache.zero_()
+        with gemm.splitting(mode):
+            y = gemm.gemm(x, w, norm_weight=nw, epilogue="rope", cos=cs, sin=cs, head_dim=d,
+                          rope_cols=(heads + kv_heads) * d, kv_store=(cache[0], cache[1], slots))
+        q_cols, kv = heads * d, kv_heads * d
+        for r, s in enumerate(slots.tolist()):
+            if s >= 0:
+                assert torch.equal(cache[0, s].reshape(-1), y[r, q_cols:q_cols + kv]), mode
+                assert torch.equal(cache[1, s].reshape(-1), y[r, q_cols + kv:]), mode
+        assert int((cache.reshape(2, 64, -1).abs().sum(-1) > 0).sum()) <= 8, mode  # 4 slots x k, v

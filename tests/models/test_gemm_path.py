@@ -61,11 +61,44 @@ def test_gemm_path_runs_the_gemm_and_falls_back_above_16_tokens(monkeypatch):
     assert calls == []
 
 
-def test_gemm_path_greedy_output_identical():
+@pytest.mark.parametrize("split", ["fill/pass", "lean/ticket"])
+def test_gemm_path_greedy_output_identical(split):
     """fp32 greedy decoding, target-only: the gemm side emits the tokens the unfused side emits
-    (prompts of 11 and 5 tokens: the 16-token prefill and the decode steps run on the gemm path)."""
+    (prompts of 11 and 5 tokens: the 16-token prefill and the decode steps run on the gemm path, whose qkv
+    GEMM also writes K/V into the pool), in both reductions of split K."""
+    from attnlab.kernels import gemm
+
     model = tiny_model(CFG, seed=9)
     ps = prompts(2, CFG.vocab_size, lengths=(11, 5))
     ref = SpeculativeDecoder(_runner(model, torch.float32, False), NoDrafter("cpu"), SpecParams(0)).generate(ps, 4)
-    out = SpeculativeDecoder(_runner(model, torch.float32, "gemm"), NoDrafter("cpu"), SpecParams(0)).generate(ps, 4)
+    with gemm.splitting(split):
+        out = SpeculativeDecoder(_runner(model, torch.float32, "gemm"), NoDrafter("cpu"),
+                                 SpecParams(0)).generate(ps, 4)
     assert [r.output_ids for r in out.requests] == [r.output_ids for r in ref.requests]
+
+
+def test_gemm_path_qkv_writes_the_pool_and_skips_the_store_kernel(monkeypatch):
+    """The qkv GEMM's epilogue stores K/V (no store_kv launch), and the pool holds what the unfused side
+    stores; an fp8 pool keeps the Triton store (it quantizes)."""
+    import importlib
+
+    store_mod = importlib.import_module("attnlab.kernels.store_kv")  # the package re-exports the function
+    model = tiny_model(CFG, seed=10)
+    calls = []
+    real = store_mod.store_kv
+    monkeypatch.setattr(store_mod, "store_kv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ids = torch.arange(6)
+    pools = []
+    for mode in (False, "gemm"):
+        r = _runner(model, torch.float32, mode)
+        r.run([0], [0], [6], ids, mode=Mode.PREFILL)
+        pools.append(r.pool.layer(0).clone())
+    assert calls == []
+    torch.testing.assert_close(pools[1], pools[0], atol=1e-5, rtol=1e-5)
+    ctx_pool = KVPool(CFG.num_layers, 4, 16, CFG.num_kv_heads, CFG.head_dim, torch.float8_e4m3fn, "cpu")
+    from attnlab.backends.context import AttnContext
+
+    ctx = AttnContext(None, ctx_pool, torch.zeros(1, dtype=torch.long), fused_ops="gemm")
+    assert ctx.kv_store_target(0, torch.float32) is None
+    assert AttnContext(None, r.pool, torch.zeros(1, dtype=torch.long), fused_ops=True).kv_store_target(
+        0, torch.float32) is None

@@ -20,3 +20,17 @@ def test_interpret_smoke(capsys, tmp_path):
 
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 4 and all(r["inv_attnlab"] and r["max_err_attnlab"] < 0.1 for r in rows)
+
+
+def test_interpret_split_modes(capsys, tmp_path):
+    """--split-modes: one column per further mode, each mode's rows invariance-checked; bad modes refused."""
+    out = tmp_path / "gemm.json"
+    assert bench.main(["--interpret", "--gemms", "down", "--ms", "2", "--split-modes", "fill/pass,lean/ticket",
+                       "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "attnlab fill/pass us" in text and "lean/ticket us (ratio)" in text
+    import json
+
+    (row,) = json.loads(out.read_text())["rows"]
+    assert set(row["split_us"]) == {"lean/ticket"} and row["split_us"]["lean/ticket"]["us"] > 0
+    assert bench.main(["--interpret", "--split-modes", "fill"]) == 2

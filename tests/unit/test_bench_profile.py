@@ -28,5 +28,12 @@ def test_kernel_table_per_step_and_shares():
     assert g["launches_per_step"] == 30 and g["us_per_step"] == 250 and g["share"] == pytest.approx(0.5)
     assert g["us_per_launch"] == pytest.approx(500 / 60) and g["kernels"] == ["_gemm_kernel", "_reduce_kernel"]
     assert sum(r["share"] for r in rows) == pytest.approx(1.0)
+    assert [(k["name"], k["launches_per_step"], k["us_per_step"]) for k in g["by_kernel"]] == [
+        ("_gemm_kernel", 20, 200), ("_reduce_kernel", 10, 50)]
+    from attnlab.bench.profile import table_lines
+
+    lines = table_lines(rows)  # a role, then its kernels where it has several
+    assert lines[0].startswith("| attnlab GEMM | 30.0 | 250.0 | 50% |")
+    assert "_reduce_kernel | 10.0 | 50.0 | | 5.00 |" in lines[2] and lines[3].startswith("| attention |")
     with pytest.raises(ValueError, match="steps"):
         kernel_table([], steps=0)

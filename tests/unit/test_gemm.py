@@ -144,3 +144,115 @@ def test_fp8_weights_match_dequantized_reference(m, n, k, dtype):
     _close(y, ref, dtype)
     with pytest.raises(ValueError, match="w_scale"):
         gemm.linear(x, w8)
+
+
+def test_lean_policy_leaves_small_layers_unsplit():
+    """lean splits only where a split program still streams >= LEAN_MIN_BYTES: none of SmolLM2's layer GEMMs
+    (latency-bound), but the weight-bound ones of Llama-3.1-8B still."""
+    def tiles(n):  # BLOCK_N 64 (bf16)
+        return -(-n // 64)
+
+    for n, k, paired in ((960, 576, 1), (576, 576, 1), (1536, 576, 2), (576, 1536, 1)):  # SmolLM2 qkv o gate_up down
+        assert gemm.split_k(tiles(n) * paired, k, 128)[0] > 1  # fill splits them all
+        assert gemm.split_k(tiles(n) * paired, k, 128, paired * 64 * k * 2)[0] <= 2
+    assert gemm.split_k(tiles(960), 576, 128, 64 * 576 * 2)[0] == 1
+    assert gemm.split_k(tiles(4096), 4096, 128, 64 * 4096 * 2)[0] == 2  # 8B o_proj: as fill
+    assert gemm.split_k(tiles(4096), 14336, 128, 64 * 14336 * 2)[0] == 2  # 8B down_proj
+
+
+def _all_variants(dtype):
+    """Every kernel variant on a split shape (64 x 1100: 8+ fill splits) and an unsplit one."""
+    out = _variants(dtype)
+    for n, k in ((64, 1100), (96, 80)):
+        _, w, g = _data(1, n, k, dtype, seed=9)
+        nw = (torch.rand(k, generator=g) + 0.5).to(dtype)
+        out.append((f"res-{n}x{k}", lambda x, w=w: gemm.gemm(
+            x, w, epilogue="residual", residual=torch.full((x.shape[0], w.shape[0]), 0.5, dtype=x.dtype))))
+        out.append((f"rope-{n}x{k}", lambda x, w=w, nw=nw: gemm.gemm(
+            x, w, norm_weight=nw, epilogue="rope", cos=torch.full((x.shape[0], 16), 0.6, dtype=x.dtype),
+            sin=torch.full((x.shape[0], 16), 0.8, dtype=x.dtype), head_dim=16, rope_cols=(w.shape[0] // 32) * 16)))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["fill", "lean"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ticket_reduction_equals_the_reduce_pass(policy, dtype):
+    """The in-kernel ticket reduction sums the same partials in the same order as the second launch: the same
+    bits, for every variant, at M = 1 and 7; the tickets are back to zero afterwards."""
+    g = torch.Generator().manual_seed(11)
+    for name, fn in _all_variants(dtype):
+        k = int(name.rsplit("x", 1)[1])
+        for m in (1, 7):
+            x = torch.randn(m, k, generator=g).to(dtype)
+            with gemm.splitting(f"{policy}/pass"):
+                ref = fn(x)
+            with gemm.splitting(f"{policy}/ticket"):
+                out = fn(x)
+            assert torch.equal(out, ref), f"{name}, M={m}: ticket != pass"
+    assert not gemm._ticket_buffer(torch.device("cpu")).any()
+
+
+@pytest.mark.parametrize("mode", gemm.SPLIT_MODES)
+def test_every_split_mode_is_row_invariant_and_correct(mode):
+    g = torch.Generator().manual_seed(12)
+    with gemm.splitting(mode):
+        for name, fn in _variants(torch.bfloat16):
+            k = int(name.rsplit("x", 1)[1])
+            xs = torch.randn(9, k, generator=g).to(torch.bfloat16)
+            ys = fn(xs)
+            for r in (0, 8):
+                assert torch.equal(ys[r:r + 1], fn(xs[r:r + 1])), f"{mode} {name}: row {r} differs from M=1"
+        x, w, _ = _data(5, 64, 1100, torch.bfloat16, seed=13)
+        _close(gemm.linear(x, w), F.linear(x.float(), w.float()).to(torch.bfloat16), torch.bfloat16)
+
+
+def test_split_mode_is_checked_and_restored():
+    assert gemm.split_mode() == gemm.DEFAULT_SPLIT_MODE
+    with pytest.raises(ValueError, match="split mode 'fill'"):
+        gemm.set_split_mode("fill")
+    with gemm.splitting("lean/ticket"):
+        assert gemm.split_mode() == "lean/ticket"
+    assert gemm.split_mode() == gemm.DEFAULT_SPLIT_MODE
+
+
+@pytest.mark.parametrize("mode", ["fill/pass", "lean/ticket"])
+@pytest.mark.parametrize("m", [1, 6])
+def test_rope_epilogue_stores_k_and_v_into_their_slots(m, mode):
+    """kv_store: the k (rotated) and v columns of each row land in its pool slot, exactly the values of the
+    output's columns; a row with slot -1 writes nothing; the q columns never reach the cache."""
+    heads, kv_heads, d, k = 3, 1, 64, 1100  # K long enough to split under fill
+    n = (heads + 2 * kv_heads) * d
+    x, w, g = _data(m, n, k, torch.bfloat16, seed=14)
+    nw = (torch.rand(k, generator=g) + 0.5).to(torch.bfloat16)
+    cos, sin = rope.cos_sin(torch.randint(0, 4000, (m,), generator=g), rope.inv_freq(d, 10000.0), torch.bfloat16)
+    kc = torch.full((20, kv_heads, d), 7.0, dtype=torch.bfloat16)
+    vc = torch.full((20, kv_heads, d), 7.0, dtype=torch.bfloat16)
+    slots = torch.randperm(20, generator=g)[:m]
+    slots[m // 2] = -1
+    kw = {"norm_weight": nw, "epilogue": "rope", "cos": cos, "sin": sin, "head_dim": d,
+          "rope_cols": (heads + kv_heads) * d}
+    with gemm.splitting(mode):
+        ref = gemm.gemm(x, w, **kw)
+        y = gemm.gemm(x, w, kv_store=(kc, vc, slots), **kw)
+    assert torch.equal(y, ref)
+    q_cols, kv_cols = heads * d, kv_heads * d
+    for r in range(m):
+        if slots[r] < 0:
+            continue
+        assert torch.equal(kc[slots[r]].reshape(-1), y[r, q_cols:q_cols + kv_cols])
+        assert torch.equal(vc[slots[r]].reshape(-1), y[r, q_cols + kv_cols:])
+    untouched = torch.ones(20, dtype=torch.bool)
+    untouched[slots[slots >= 0]] = False
+    assert (kc[untouched] == 7).all() and (vc[untouched] == 7).all()
+    with pytest.raises(ValueError, match="kv_store"):
+        gemm.gemm(x, w, kv_store=(kc, vc, slots), epilogue="none")
+    with pytest.raises(ValueError, match="kv_store: caches"):
+        gemm.gemm(x, w, kv_store=(kc.float(), vc.float(), slots), **kw)
+
+
+def test_config_lists_the_kernels_split_modes():
+    from attnlab.config import GEMM_SPLITS, EngineSchema
+    from attnlab.plan import EnginePlan
+
+    assert GEMM_SPLITS == gemm.SPLIT_MODES
+    assert EngineSchema.gemm_split == EnginePlan.gemm_split == gemm.DEFAULT_SPLIT_MODE
