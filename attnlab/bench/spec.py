@@ -417,6 +417,9 @@ def parse(argv=None):
                     help="attnlab layers through the fused Triton kernels (engine.fused_ops; CUDA only)")
     ap.add_argument("--gemm", choices=("cublas", "triton"), default="cublas",
                     help="engine.gemm: triton runs decode / verify passes on attnlab's small-M GEMM (CUDA only)")
+    ap.add_argument("--gemm-split", default=None,
+                    help="engine.gemm_split with --gemm triton: fill/pass, fill/ticket, lean/pass or lean/ticket "
+                         "(attnlab.kernels.gemm; default: its default)")
     ap.add_argument("--pdl", action="store_true",
                     help="engine.pdl: attnlab's kernels with programmatic dependent launch (CUDA, sm_90+)")
     ap.add_argument("--skip-hf", action="store_true")
@@ -440,6 +443,11 @@ def parse(argv=None):
         why = pdl.unsupported(a.device)
         if why:
             ap.error(f"--pdl: engine.pdl=true: {why}")
+    if a.gemm_split is not None:
+        from attnlab.kernels import gemm
+
+        if a.gemm != "triton" or a.gemm_split not in gemm.SPLIT_MODES:
+            ap.error(f"--gemm-split {a.gemm_split}: needs --gemm triton and one of {', '.join(gemm.SPLIT_MODES)}")
     if a.invariant and a.gemm == "triton":
         ap.error("--invariant runs the target's GEMMs through invariant_linear; it does not combine with --gemm triton")
     if a.invariant and not (cuda and a.graphs):
@@ -527,7 +535,8 @@ def run(a) -> dict:
             f"attnlab CUDA graphs "
             f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}, fused layer ops "
             f"{'on' if a.fused_ops else 'on (target side, invariant)' if a.invariant else 'off'}"
-            f"{', engine.gemm=triton' if a.gemm == 'triton' else ''}{', PDL on' if a.pdl else ''}"
+            f"{', engine.gemm=triton' if a.gemm == 'triton' else ''}"
+            f"{f' ({a.gemm_split})' if a.gemm == 'triton' and a.gemm_split else ''}{', PDL on' if a.pdl else ''}"
             f"{', EOS ignored' if a.ignore_eos else ''}{', target side invariant (engine.invariant)' if a.invariant else ''}")
     lines = [head, ""] + table(rows)
     if not a.skip_hf:  # the two engines' target-only outputs (fp32: identical but for near-ties)
@@ -561,9 +570,10 @@ def main(argv=None) -> int:
     a = parse(argv)
     if a.out:  # before the run, not after it: a missing folder must not cost the measurements
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    from attnlab.kernels import pdl
+    from attnlab.kernels import gemm, pdl
 
-    with pdl.using(a.pdl, a.device if a.pdl else None):  # process-wide: restored after the run
+    # process-wide switches: restored after the run
+    with pdl.using(a.pdl, a.device if a.pdl else None), gemm.splitting(a.gemm_split or gemm.split_mode()):
         res = run(a)
     print(res["markdown"])
     write_report(a.out, {k: v for k, v in res.items() if k != "outputs"}, res["markdown"])

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The fourth H200 sitting of 2026-12-02 (README.md here): calls back to back on one warm machine (installs in /opt
+# stay while it is held). Bundles (git-ignored, made on the CPU machine as ../h200-2026-12-02b/README.md and
+# ../h200-2026-12-02c/README.md say):
+#   run.sh 1  carry .gpu/a: install; GPU tests (the GEMM's ticket reduction racing and in graphs, the qkv epilogue's
+#             KV store, the gemm path, PDL identity incl. its unfused case); bench.gemm in every split mode
+#   run.sh 2  carry nothing: bench.pdl, PDL and the split modes as arms in rotating rounds (SmolLM2, Llama-3.2-1B,
+#             Llama-3.1-8B shapes); bench.profile of the gemm path
+#   run.sh 3  carry .gpu/b: install (the GGUF joins)
+#   run.sh 4  carry .gpu/c + .gpu/6: the real model, every pair (eagle) and ngram, batch 1 and 4, fused ops vs
+#             engine.gemm=triton + PDL in the split mode SPLIT (env, default lean/ticket); a host profile (cProfile)
+#             of the flashinfer / triton draft
+# At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
+set -u -o pipefail
+PART=${1:?part 1-4}
+OUT=${OUT:-/tmp/out}; LOGS=/tmp/logs; mkdir -p "$OUT" "$LOGS" /opt/site /opt/models /opt/data
+T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
+export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
+exec > >(tee "$OUT/run$PART.log") 2>&1
+PY=python3
+DATA=/opt/data/sharegpt.jsonl.gz  # the 212 held-out first turns (never trained on)
+S="$PY -m attnlab.bench.spec --device cuda --skip-hf --fused-ops"
+SPLIT=${SPLIT:-lean/ticket}
+MODES=fill/pass,fill/ticket,lean/ticket,lean/pass
+case $PART in
+1)
+  step "install .gpu/a"; bash .gpu/a/install.sh | tail -1
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  step "GPU tests: the small-M GEMM (ticket reduction, KV store, gemm path), PDL identity"
+  timeout 300 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py \
+    tests/integration/test_gpu_pdl.py > $LOGS/tests1.log 2>&1
+  grep -E "passed|failed|FAILED|Error" $LOGS/tests1.log | tail -n 12; cp $LOGS/tests1.log "$OUT/"
+  step "issue 17: bench.gemm, cuBLAS vs attnlab in each split mode, 3 shapes x 5 GEMMs x M 1,4,16"
+  timeout 220 $PY -m attnlab.bench.gemm --quick --models smollm2,llama1b,llama8b --split-modes $MODES \
+    --out "$OUT/gemm_modes.json" > $LOGS/gemm.log 2>&1; echo "exit code $?"; cp $LOGS/gemm.log "$OUT/gemm_modes.md"
+  grep -E "^\| (smollm2|llama1b)" $LOGS/gemm.log | head -n 30
+  ;;
+2)
+  step "issue 17: PDL and split modes as arms, target-only decode in graphs, batch 1, 3 rounds"
+  timeout 260 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines fused,gemm --host thin8 \
+    --batches 1 --rounds 3 --new 256 --gemm-splits $MODES --out "$OUT/arms" > $LOGS/arms.log 2>&1
+  echo "exit code $?"; grep "^|" $LOGS/arms.log | tail -n 16
+  step "issue 17: Llama-3.1-8B shapes, 2 rounds"
+  timeout 170 $PY -m attnlab.bench.pdl --models llama-3.1-8b --engines fused,gemm --host thin8 --batches 1 \
+    --rounds 2 --new 128 --gemm-splits fill/pass,lean/ticket --out "$OUT/arms_8b" > $LOGS/arms8b.log 2>&1
+  echo "exit code $?"; grep "^|" $LOGS/arms8b.log | tail -n 6
+  step "issue 17: the gemm path's decode step, kernel by kernel ($SPLIT)"
+  timeout 100 $PY -m attnlab.bench.profile --models smollm2-135m,llama-3.2-1b --engines gemm --pdl off,on \
+    --gemm-split $SPLIT --host thin8 --out "$OUT/profile_gemm" > $LOGS/profile.log 2>&1; echo "exit code $?"
+  grep -E "^step|^###" $LOGS/profile.log
+  ;;
+3)
+  step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
+  ;;
+4)
+  step "install .gpu/c and .gpu/6"; bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
+  cp .gpu/c/sg_heldout_all.jsonl.gz $DATA; mkdir -p /tmp/pairs
+  $PY -c "import flashinfer; print('flashinfer', flashinfer.__version__)"
+  for NAME in fused gemm; do
+    E=""; [ $NAME = gemm ] && E="--gemm triton --gemm-split $SPLIT --pdl"
+    step "every pair (eagle k 4) and ngram, batch 1 and 4, 16 held-out prompts, 3 rounds, fused ops $E"
+    timeout 200 $S --batch 1,4 --prompts $DATA --new 128 --num-prompts 16 --backends triton,flashinfer \
+      --draft-backends triton,flashinfer --drafters eagle,ngram --k 4 --repeats 3 $E \
+      --out "/tmp/pairs/pairs_$NAME" > $LOGS/pairs_$NAME.log 2>&1; echo "exit code $?"
+    grep "^| attnlab" $LOGS/pairs_$NAME.log
+  done
+  step "issue 12: where the flashinfer draft's host time goes (cProfile, flashinfer / triton and triton / triton)"
+  for D in flashinfer triton; do
+    timeout 60 $PY -m cProfile -o /tmp/pairs/host_$D.prof -m attnlab.bench.spec --device cuda --skip-hf --fused-ops \
+      --batch 1 --prompts $DATA --new 128 --num-prompts 8 --backends triton --draft-backends $D --drafters eagle \
+      --k 4 --repeats 1 > /dev/null 2>&1; echo "exit code $?"
+    $PY -c "import pstats,sys; pstats.Stats('/tmp/pairs/host_$D.prof').sort_stats('tottime').print_stats(35)" \
+      > /tmp/pairs/host_$D.txt 2>&1
+  done
+  cp /tmp/pairs/*.md "$OUT/"; cat /tmp/pairs/host_*.txt > "$OUT/host_profile.txt"
+  tar czf "$OUT/pairs_json.tgz" -C /tmp pairs  # 8 files at most come back
+  ;;
+*) echo "unknown part $PART"; exit 2 ;;
+esac
+step "part $PART done"
