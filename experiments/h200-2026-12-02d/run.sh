@@ -2,7 +2,7 @@
 # The fourth H200 sitting of 2026-12-02 (README.md here): calls back to back on one warm machine (installs in /opt
 # stay while it is held). Bundles (git-ignored, made on the CPU machine as ../h200-2026-12-02b/README.md and
 # ../h200-2026-12-02c/README.md say):
-#   run.sh 1  carry .gpu/a: install; GPU tests (the GEMM's ticket reduction racing and in graphs, the qkv epilogue's
+#   run.sh 1  carry .gpu/a2 (.gpu/a without the ShareGPT part: tree + bundle under 64 MiB): install; GPU tests (the GEMM's ticket reduction racing and in graphs, the qkv epilogue's
 #             KV store, the gemm path, PDL identity incl. its unfused case); bench.gemm in every split mode
 #   run.sh 2  carry nothing: bench.pdl, PDL and the split modes as arms in rotating rounds (SmolLM2, Llama-3.2-1B,
 #             Llama-3.1-8B shapes); bench.profile of the gemm path
@@ -24,7 +24,7 @@ SPLIT=${SPLIT:-lean/ticket}
 MODES=fill/pass,fill/ticket,lean/ticket,lean/pass
 case $PART in
 1)
-  step "install .gpu/a"; bash .gpu/a/install.sh | tail -1
+  step "install .gpu/a2"; bash .gpu/a2/install.sh | tail -1
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   step "GPU tests: the small-M GEMM (ticket reduction, KV store, gemm path), PDL identity"
