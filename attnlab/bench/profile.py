@@ -76,7 +76,7 @@ def table_lines(rows: list[dict]) -> list[str]:
     for r in rows:
         out.append(f"| {r['role']} | {r['launches_per_step']:.1f} | {r['us_per_step']:.1f} | {r['share']:.0%} | "
                    f"{r['us_per_launch']:.2f} |")
-        if len(r["by_kernel"]) > 1:
+        if 1 < len(r["by_kernel"]) <= 4:  # attnlab's split roles; not torch's many elementwise variants
             out += [f"| &nbsp;&nbsp;{k['name'][:60]} | {k['launches_per_step']:.1f} | {k['us_per_step']:.1f} | | "
                     f"{k['us_per_launch']:.2f} |" for k in r["by_kernel"]]
     return out

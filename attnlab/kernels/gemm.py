@@ -15,9 +15,10 @@ fp32 workspace and are summed in split order, then the epilogue runs. So a row c
 bit-identical to the same row inside M = 5, 9 or 16 (verify).
 
 Split modes (``engine.gemm_split``, process-wide: ``set_split_mode`` / ``splitting``), ``<policy>/<reduce>``:
-- policy ``fill``: split K until the programs about fill an H200 (132); ``lean``: split only while each
-  program still streams >= ``LEAN_MIN_BYTES`` of weights (a small layer's GEMMs are latency, not bandwidth:
-  an unsplit program streams its 74 KB in about the time a split pays for its reduction);
+- policy ``fill``: split K until the programs about fill an H200 (132); ``lean``: as fill, but a K of at most
+  ``LEAN_MAX_CHUNKS`` BLOCK_K chunks runs unsplit (a split's reduction costs about what a short K loop does:
+  SmolLM2's qkv, 2.8 vs 3.4 us alone on an H200; but inside a PDL-chained step the shorter loops of fill won,
+  experiments/h200-2026-12-02d);
 - reduce ``pass``: a second tiny launch sums the partials; ``ticket``: each split program, after writing its
   partial, takes a ticket on its column tile (an acq_rel atomic), and the last to arrive sums all partials in
   split order and runs the epilogue, then resets the ticket (one launch per GEMM; the same sums in the same
@@ -58,9 +59,11 @@ EPILOGUES = ("none", "residual", "silu_mul", "rope")
 _EPI = {name: i for i, name in enumerate(EPILOGUES)}
 SPLIT_MODES = ("fill/pass", "fill/ticket", "lean/pass", "lean/ticket")
 DEFAULT_SPLIT_MODE = "fill/pass"
-LEAN_MIN_BYTES = 64 << 10  # lean: a split program streams at least this much weight (bytes)
+LEAN_MAX_CHUNKS = 8  # lean: a K loop of at most this many BLOCK_K chunks runs unsplit
 MAX_TICKETS = 4096  # column tiles with a ticket; a split GEMM has < TARGET_PROGRAMS of them
-SS_BLOCK = 512  # RMSNorm prologue: columns of x per unrolled sum-of-squares chunk
+SS_BLOCK = 512  # exact RMSNorm prologue: columns of x per unrolled sum-of-squares chunk
+NORM_MODES = ("exact", "deferred")
+NORM_MODE = "exact"  # the prologue's default (bench.gemm --fused compares them)
 _split_mode = DEFAULT_SPLIT_MODE
 _tickets: dict = {}
 
@@ -89,6 +92,19 @@ def splitting(mode: str):
         set_split_mode(old)
 
 
+@contextmanager
+def norm_rounding(mode: str):
+    """The RMSNorm prologue's default rounding (NORM_MODE) for a block: benches comparing exact and deferred."""
+    global NORM_MODE
+    if mode not in NORM_MODES:
+        raise ValueError(f"norm mode {mode!r}: choose from {', '.join(NORM_MODES)}")
+    old, NORM_MODE = NORM_MODE, mode
+    try:
+        yield
+    finally:
+        NORM_MODE = old
+
+
 def _ticket_buffer(device: torch.device) -> torch.Tensor:
     """The per-device ticket counters (zero between launches: the last program of a tile resets its own)."""
     key = (device.type, device.index)
@@ -103,15 +119,14 @@ def tile_config(w_dtype: torch.dtype, x_dtype: torch.dtype) -> tuple[int, int]:
     return (64, 64) if torch.float32 in (w_dtype, x_dtype) else (64, 128)
 
 
-def split_k(n_tiles: int, k: int, block_k: int, program_bytes: int | None = None) -> tuple[int, int]:
-    """(splits, k_per_split): split K only while the N tiles alone leave SMs idle, and, given ``program_bytes``
-    (the weight bytes an unsplit program streams: the ``lean`` policy), only while each split program still
-    streams >= LEAN_MIN_BYTES. A function of (N tiles, K, BLOCK_K, the program's bytes) only — never of M — so
-    rows stay bit-identical across M."""
+def split_k(n_tiles: int, k: int, block_k: int, lean: bool = False) -> tuple[int, int]:
+    """(splits, k_per_split): split K only while the N tiles alone leave SMs idle (``fill``); ``lean``: and only
+    where K is longer than LEAN_MAX_CHUNKS chunks. A function of (N tiles, K, BLOCK_K, the policy) only — never
+    of M — so rows stay bit-identical across M."""
     chunks = triton.cdiv(k, block_k)
     want = min(triton.cdiv(TARGET_PROGRAMS, n_tiles), chunks, MAX_SPLIT_K)
-    if program_bytes is not None:
-        want = max(1, min(want, program_bytes // LEAN_MIN_BYTES))
+    if lean and chunks <= LEAN_MAX_CHUNKS:
+        want = 1
     splits = 1 << (want.bit_length() - 1)  # a power of two below the target
     per = triton.cdiv(chunks, splits) * block_k
     return triton.cdiv(k, per), per
@@ -128,10 +143,34 @@ def _columns(j, PAIRED: tl.constexpr, G):
 
 
 @triton.jit
-def _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, stride_om,
-              stride_rm, stride_cm, stride_slot, G, ROPE_COLS, Q_COLS, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+def _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, stride_rm, stride_cm, G, ROPE_COLS,
+                 EPI: tl.constexpr, PAIRED: tl.constexpr, KV_STORE: tl.constexpr):
+    """What the epilogue reads besides the sums (the residual tile, RoPE's cos / sin, the pool slots), loaded
+    before the K loop so their latency hides under the weight stream instead of following it."""
+    c1, _ = _columns(j, PAIRED, G)
+    rows = offs_m[None, :]
+    mask = n_mask[:, None] & m_mask[None, :]
+    r = tl.zeros([j.shape[0], offs_m.shape[0]], dtype=tl.float32)
+    c = tl.zeros([j.shape[0], offs_m.shape[0]], dtype=tl.float32)
+    s = tl.zeros([j.shape[0], offs_m.shape[0]], dtype=tl.float32)
+    slot = tl.zeros([offs_m.shape[0]], dtype=tl.int64)
+    if EPI == 1:
+        r = tl.load(RES + rows * stride_rm + c1[:, None], mask=mask, other=0.0).to(tl.float32)
+    if EPI == 3:  # cos = cat(f, f): index the first half
+        cm = (n_mask & (c1 < ROPE_COLS))[:, None] & m_mask[None, :]
+        c = tl.load(COS + rows * stride_cm + (j % G)[:, None], mask=cm, other=1.0).to(tl.float32)
+        s = tl.load(SIN + rows * stride_cm + (j % G)[:, None], mask=cm, other=0.0).to(tl.float32)
+        if KV_STORE:
+            slot = tl.load(SLOTS + offs_m, mask=m_mask, other=-1).to(tl.int64)
+    return r, c, s, slot
+
+
+@triton.jit
+def _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, cos, sin, slot, stride_om,
+              stride_slot, G, ROPE_COLS, Q_COLS, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
               EPI: tl.constexpr, PAIRED: tl.constexpr, KV_STORE: tl.constexpr):
-    # a1, a2: [BLOCK_N, BLOCK_M] fp32 sums of logical columns j (and their pair columns when PAIRED)
+    # a1, a2: [BLOCK_N, BLOCK_M] fp32 sums of logical columns j (and their pair columns when PAIRED);
+    # res, cos, sin, slot: _side_inputs
     c1, c2 = _columns(j, PAIRED, G)
     mask = n_mask[:, None] & m_mask[None, :]
     ty = OUT.dtype.element_ty
@@ -148,20 +187,16 @@ def _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN
     if EPI == 0:
         tl.store(OUT + rows * stride_om + c1[:, None], y1, mask=mask)
     elif EPI == 1:  # residual add: h + round(proj)
-        r = tl.load(RES + rows * stride_rm + c1[:, None], mask=mask, other=0.0)
-        tl.store(OUT + rows * stride_om + c1[:, None], (y1.to(tl.float32) + r.to(tl.float32)).to(ty), mask=mask)
+        tl.store(OUT + rows * stride_om + c1[:, None], (y1.to(tl.float32) + res).to(ty), mask=mask)
     elif EPI == 2:  # SiLU(gate) * up -> [M, I], F.silu rounded to the model dtype first
         g = y1.to(tl.float32)
         act = (g / (1.0 + tl.exp(-g))).to(ty)
         y = (act.to(tl.float32) * a2.to(ty).to(tl.float32)).to(ty)
         tl.store(OUT + rows * stride_om + j[:, None], y, mask=mask)
-    else:  # RoPE on pairs (x1, x2) = (c1, c2) of each q / k head; cos = cat(f, f): index the first half
+    else:  # RoPE on pairs (x1, x2) = (c1, c2) of each q / k head
         y2 = a2.to(ty)
-        half = j % G
-        rot = n_mask & (c1 < ROPE_COLS)
-        cm = rot[:, None] & m_mask[None, :]
-        c = tl.load(COS + rows * stride_cm + half[:, None], mask=cm, other=1.0).to(tl.float32)
-        s = tl.load(SIN + rows * stride_cm + half[:, None], mask=cm, other=0.0).to(tl.float32)
+        cm = (n_mask & (c1 < ROPE_COLS))[:, None] & m_mask[None, :]
+        c, s = cos, sin
         x1, x2 = y1.to(tl.float32), y2.to(tl.float32)
         o1 = ((x1 * c).to(ty).to(tl.float32) + (-x2 * s).to(ty).to(tl.float32)).to(ty)
         o2 = ((x2 * c).to(ty).to(tl.float32) + (x1 * s).to(ty).to(tl.float32)).to(ty)
@@ -170,7 +205,6 @@ def _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN
         tl.store(OUT + rows * stride_om + c1[:, None], o1, mask=mask)
         tl.store(OUT + rows * stride_om + c2[:, None], o2, mask=mask)
         if KV_STORE:  # k (rotated) and v straight into their pool slots; slot -1: a padded row, not stored
-            slot = tl.load(SLOTS + offs_m, mask=m_mask, other=-1).to(tl.int64)
             keep = mask & (slot >= 0)[None, :]
             dst = slot[None, :] * stride_slot
             kt = KC.dtype.element_ty
@@ -182,13 +216,15 @@ def _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN
 
 
 @triton.jit
-def _gemm_kernel(X, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, K,
+def _gemm_kernel(X, W, OUT, PART, SSP, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, K,
                  k_per_split, stride_xm, stride_wn, stride_om, stride_rm, stride_cm, stride_slot, eps, G, ROPE_COLS,
                  Q_COLS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  NORM: tl.constexpr, SS_BLOCK: tl.constexpr, SS_ITERS: tl.constexpr, FP8: tl.constexpr,
                  HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PAIRED: tl.constexpr, KV_STORE: tl.constexpr,
                  IEEE: tl.constexpr, USE_PDL: tl.constexpr = False):
-    # SPLIT: 0 one program per column tile; 1 partials for _reduce_kernel; 2 partials, the last program reduces
+    # SPLIT: 0 one program per column tile; 1 partials for _reduce_kernel; 2 partials, the last program reduces.
+    # NORM: 0 none; 1 exact (HF RMSNorm rounding: the sum of squares first, then the K loop on normalized x);
+    # 2 deferred (x * norm weight in the K loop, the sum of squares beside it, 1 / rms on the fp32 sum)
     pdl_start(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -198,7 +234,9 @@ def _gemm_kernel(X, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, K
     n_mask = j < N_LOG
     c1, c2 = _columns(j, PAIRED, G)
     x_dt = X.dtype.element_ty
-    if NORM:  # sum of squares of each row over all of K, chunk by chunk (the same order for every row and M);
+    res, cos, sin, slot = _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, stride_rm, stride_cm, G,
+                                       ROPE_COLS, EPI, PAIRED, KV_STORE)
+    if NORM == 1:  # sum of squares of each row over all of K, chunk by chunk (the same order for every row and M);
         # unrolled, so the chunks' loads are in flight together instead of one latency per chunk
         ss = tl.zeros([BLOCK_M], dtype=tl.float32)
         for c in tl.static_range(SS_ITERS):
@@ -209,16 +247,22 @@ def _gemm_kernel(X, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, K
         rstd = tl.math.rsqrt(ss / K + eps)
     acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    ssum = tl.zeros([BLOCK_M], dtype=tl.float32)  # NORM 2: this program's K range's sum of squares
     k_lo = pid_k * k_per_split
     for k0 in range(k_lo, tl.minimum(k_lo + k_per_split, K), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
         xt = tl.load(X + offs_m[None, :] * stride_xm + offs_k[:, None], mask=m_mask[None, :] & k_mask[:, None],
                      other=0.0)  # [BLOCK_K, BLOCK_M]
-        if NORM:  # HF RMSNorm: normalize in fp32, round, scale, round
+        if NORM == 1:  # HF RMSNorm: normalize in fp32, round, scale, round
             nw = tl.load(NORM_W + offs_k, mask=k_mask, other=0.0).to(tl.float32)
             xt = (xt.to(tl.float32) * rstd[None, :]).to(x_dt)
             xt = (nw[:, None] * xt.to(tl.float32)).to(x_dt)
+        if NORM == 2:  # scale by the norm weight, round; 1 / rms multiplies the fp32 sum at the end
+            nw = tl.load(NORM_W + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+            xf = xt.to(tl.float32)
+            ssum += tl.sum(xf * xf, axis=0)
+            xt = (nw[:, None] * xf).to(x_dt)
         wmask = n_mask[:, None] & k_mask[None, :]
         w1 = tl.load(W + c1[:, None].to(tl.int64) * stride_wn + offs_k[None, :], mask=wmask, other=0.0)
         if FP8:  # e4m3 -> the activation dtype is exact; the row scale comes after the sum
@@ -237,14 +281,20 @@ def _gemm_kernel(X, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, K
             else:
                 acc2 = tl.dot(w2, xt, acc2)
     if SPLIT == 0:
-        _epilogue(acc1, acc2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, stride_om,
-                  stride_rm, stride_cm, stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
+        if NORM == 2:
+            rstd = tl.math.rsqrt(ssum / K + eps)[None, :]
+            acc1 = acc1 * rstd
+            acc2 = acc2 * rstd
+        _epilogue(acc1, acc2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, cos, sin, slot, stride_om,
+                  stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
     else:  # partials [splits, 2 (pair), BLOCK_M, N_LOG] fp32, summed in split order
         base0 = PART + offs_m[None, :] * N_LOG + j[:, None]
         pmask = n_mask[:, None] & m_mask[None, :]
         tl.store(base0 + pid_k * 2 * BLOCK_M * N_LOG, acc1, mask=pmask)
         if PAIRED:
             tl.store(base0 + pid_k * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, acc2, mask=pmask)
+        if NORM == 2:  # [splits, column tiles, BLOCK_M]: each program its own (the ticket orders a tile's only)
+            tl.store(SSP + (pid_k * tl.num_programs(0) + pid_n) * BLOCK_M + offs_m, ssum)
         if SPLIT == 2:  # the ticket: every thread's partial stores before the arrival (barrier), published by the
             # acq_rel atomic; the last program to arrive sees all partials (its loads bypass L1) and reduces
             tl.debug_barrier()
@@ -253,37 +303,53 @@ def _gemm_kernel(X, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, K
             if arrived == num_splits - 1:
                 a1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
                 a2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-                for s in range(num_splits):  # fixed order: split 0, 1, ... (as _reduce_kernel)
-                    a1 += tl.load(base0 + s * 2 * BLOCK_M * N_LOG, mask=pmask, other=0.0, cache_modifier=".cg")
+                ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+                for sp in range(num_splits):  # fixed order: split 0, 1, ... (as _reduce_kernel)
+                    a1 += tl.load(base0 + sp * 2 * BLOCK_M * N_LOG, mask=pmask, other=0.0, cache_modifier=".cg")
                     if PAIRED:
-                        a2 += tl.load(base0 + s * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, mask=pmask, other=0.0,
+                        a2 += tl.load(base0 + sp * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, mask=pmask, other=0.0,
                                       cache_modifier=".cg")
-                _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS,
-                          stride_om, stride_rm, stride_cm, stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI,
-                          PAIRED, KV_STORE)
+                    if NORM == 2:
+                        ss += tl.load(SSP + (sp * tl.num_programs(0) + pid_n) * BLOCK_M + offs_m,
+                                      cache_modifier=".cg")
+                if NORM == 2:
+                    rstd = tl.math.rsqrt(ss / K + eps)[None, :]
+                    a1 = a1 * rstd
+                    a2 = a2 * rstd
+                _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, cos, sin, slot,
+                          stride_om, stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
                 tl.store(TICKETS + pid_n, 0)  # ready for the next launch
 
 
 @triton.jit
-def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, stride_om, stride_rm,
-                   stride_cm, stride_slot, G, ROPE_COLS, Q_COLS, num_splits, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr,
-                   PAIRED: tl.constexpr, KV_STORE: tl.constexpr, USE_PDL: tl.constexpr = False):
+def _reduce_kernel(PART, SSP, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, K, eps, stride_om,
+                   stride_rm, stride_cm, stride_slot, G, ROPE_COLS, Q_COLS, num_splits, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, NORM: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   EPI: tl.constexpr, PAIRED: tl.constexpr, KV_STORE: tl.constexpr, USE_PDL: tl.constexpr = False):
     pdl_start(USE_PDL)
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
     j = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = j < N_LOG
     pmask = n_mask[:, None] & m_mask[None, :]
+    res, cos, sin, slot = _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, stride_rm, stride_cm, G,
+                                       ROPE_COLS, EPI, PAIRED, KV_STORE)
     base = PART + offs_m[None, :] * N_LOG + j[:, None]
     a1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     a2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for s in range(num_splits):  # fixed order: split 0, 1, ...
-        a1 += tl.load(base + s * 2 * BLOCK_M * N_LOG, mask=pmask, other=0.0)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for sp in range(num_splits):  # fixed order: split 0, 1, ...
+        a1 += tl.load(base + sp * 2 * BLOCK_M * N_LOG, mask=pmask, other=0.0)
         if PAIRED:
-            a2 += tl.load(base + s * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, mask=pmask, other=0.0)
-    _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, stride_om,
-              stride_rm, stride_cm, stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
+            a2 += tl.load(base + sp * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, mask=pmask, other=0.0)
+        if NORM == 2:
+            ss += tl.load(SSP + (sp * tl.num_programs(0) + tl.program_id(0)) * BLOCK_M + offs_m)
+    if NORM == 2:
+        rstd = tl.math.rsqrt(ss / K + eps)[None, :]
+        a1 = a1 * rstd
+        a2 = a2 * rstd
+    _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, cos, sin, slot, stride_om,
+              stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
 
 
 def _rowmajor(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -293,13 +359,15 @@ def _rowmajor(t: torch.Tensor | None) -> torch.Tensor | None:
 def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, w_scale: torch.Tensor | None = None,
          norm_weight: torch.Tensor | None = None, eps: float = 1e-6, epilogue: str = "none",
          residual: torch.Tensor | None = None, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
-         head_dim: int = 0, rope_cols: int = 0, kv_store: tuple | None = None) -> torch.Tensor:
+         head_dim: int = 0, rope_cols: int = 0, kv_store: tuple | None = None,
+         norm_mode: str | None = None) -> torch.Tensor:
     """x [M, K] (fp32 / fp16 / bf16, M <= 16), w [N, K] (x's dtype, or float8_e4m3fn with w_scale [N] fp32),
     bias [N] or None -> [M, N] in x's dtype ([M, N / 2] for silu_mul). See the module docstring for
     norm_weight [K] (RMSNorm prologue, eps) and the epilogues: residual [M, N]; rope: cos / sin [M, head_dim]
     (or [M, 1, head_dim]), rotating columns [0, rope_cols) (q and k) per head. ``kv_store`` (rope only):
     (k_cache, v_cache, slots), caches [num_slots, kv_heads, head_dim] of x's dtype with each slot's heads
-    contiguous, slots [M] int (-1: not stored): the k (rotated) and v columns of each row also go to its slot."""
+    contiguous, slots [M] int (-1: not stored): the k (rotated) and v columns of each row also go to its slot.
+    ``norm_mode`` (exact | deferred, default NORM_MODE): how the RMSNorm prologue rounds (module docstring)."""
     m, k = x.shape
     n, kw = w.shape
     if m > MAX_M:
@@ -308,6 +376,9 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         raise ValueError(f"attnlab.kernels.gemm: x has K={k}, w has K={kw}")
     if epilogue not in _EPI:
         raise ValueError(f"epilogue={epilogue!r}: choose from {', '.join(EPILOGUES)}")
+    norm_mode = norm_mode or NORM_MODE
+    if norm_mode not in NORM_MODES:
+        raise ValueError(f"norm_mode={norm_mode!r}: choose from {', '.join(NORM_MODES)}")
     fp8 = w.dtype == torch.float8_e4m3fn
     if fp8 != (w_scale is not None):
         raise ValueError("float8_e4m3fn weights need w_scale [N] fp32, and only they take one")
@@ -347,11 +418,12 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     block_n, block_k = tile_config(w.dtype, x.dtype)
     n_tiles = triton.cdiv(n_log, block_n)
     policy, reduce = _split_mode.split("/")
-    programs = 2 if paired else 1
-    lean_bytes = programs * block_n * k * w.element_size() if policy == "lean" else None
-    splits, per = split_k(n_tiles * programs, k, block_k, lean_bytes)
+    splits, per = split_k(n_tiles * (2 if paired else 1), k, block_k, policy == "lean")
     split = 0 if splits == 1 else 2 if reduce == "ticket" and n_tiles <= MAX_TICKETS else 1
     part = torch.empty(splits, 2, BLOCK_M, n_log, dtype=torch.float32, device=x.device) if split else out
+    norm = 0 if norm_weight is None else NORM_MODES.index(norm_mode) + 1
+    ssp = (torch.empty(splits, n_tiles, BLOCK_M, dtype=torch.float32, device=x.device) if split and norm == 2
+           else out)
     tickets = _ticket_buffer(x.device) if split == 2 else out
     ss_block = min(SS_BLOCK, max(16, triton.next_power_of_2(k)))
     dummy = out
@@ -367,12 +439,13 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             "SIN": sin if sin is not None else dummy, "KC": kc if kc is not None else dummy,
             "VC": vc if vc is not None else dummy, "SLOTS": slots if slots is not None else dummy}
     _gemm_kernel[(n_tiles, splits)](
-        x, w, out, part, tickets, NORM_W=norm_weight if norm_weight is not None else dummy, K=k,
+        x, w, out, part, ssp, tickets, NORM_W=norm_weight if norm_weight is not None else dummy, K=k,
         k_per_split=per, stride_xm=x.stride(0), stride_wn=w.stride(0), eps=eps, BLOCK_K=block_k, SPLIT=split,
-        NORM=norm_weight is not None, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block),
+        NORM=norm, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block) if norm == 1 else 0,
         IEEE=fp32_dot(x.dtype), num_warps=4, num_stages=3, **ptrs, **args, **launch_args(x))
     if split == 1:
-        _reduce_kernel[(n_tiles,)](part, out, **ptrs, num_splits=splits, num_warps=4, **args, **launch_args(part))
+        _reduce_kernel[(n_tiles,)](part, ssp, out, **ptrs, K=k, eps=eps, num_splits=splits, NORM=norm, num_warps=4,
+                                   **args, **launch_args(part))
     return out
 
 

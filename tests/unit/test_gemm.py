@@ -68,8 +68,9 @@ def _variants(dtype):
         _, w, g = _data(1, n, k, dtype, seed=1)
         nw = (torch.rand(k, generator=g) + 0.5).to(dtype)
         out.append((f"linear-{n}x{k}", lambda x, w=w: gemm.linear(x, w)))
-        out.append((f"norm-silu-{n}x{k}", lambda x, w=w, nw=nw: gemm.gemm(x, w, norm_weight=nw,
-                                                                            epilogue="silu_mul")))
+        for mode in gemm.NORM_MODES:
+            out.append((f"norm-{mode}-silu-{n}x{k}", lambda x, w=w, nw=nw, mode=mode: gemm.gemm(
+                x, w, norm_weight=nw, epilogue="silu_mul", norm_mode=mode)))
         w8, sw = quantize_rows(w)
         out.append((f"fp8-{n}x{k}", lambda x, w8=w8, sw=sw: gemm.linear(x, w8, w_scale=sw.reshape(-1))))
     return out
@@ -98,7 +99,13 @@ def test_norm_prologue_and_residual_epilogue(m, n, k, dtype):
     with torch.no_grad():
         norm.weight.copy_(torch.rand(k, generator=g) + 0.5)
     h = norm(x)  # the unfused path: RMSNorm, then the GEMM
-    _close(gemm.gemm(x, w, norm_weight=norm.weight, eps=norm.eps), F.linear(h.float(), w.float()).to(dtype), dtype)
+    for mode in gemm.NORM_MODES:  # deferred rounds x * weight instead of x / rms: within the same tolerance
+        for split in ("fill/pass", "fill/ticket"):
+            with gemm.splitting(split):
+                y = gemm.gemm(x, w, norm_weight=norm.weight, eps=norm.eps, norm_mode=mode)
+            _close(y, F.linear(h.float(), w.float()).to(dtype), dtype)
+    with pytest.raises(ValueError, match="norm_mode='fast'"):
+        gemm.gemm(x, w, norm_weight=norm.weight, norm_mode="fast")
     res = torch.randn(m, n, generator=g).to(dtype)
     y = gemm.gemm(x, w, epilogue="residual", residual=res)
     _close(y, res + F.linear(x.float(), w.float()).to(dtype), dtype)
@@ -146,18 +153,18 @@ def test_fp8_weights_match_dequantized_reference(m, n, k, dtype):
         gemm.linear(x, w8)
 
 
-def test_lean_policy_leaves_small_layers_unsplit():
-    """lean splits only where a split program still streams >= LEAN_MIN_BYTES: none of SmolLM2's layer GEMMs
-    (latency-bound), but the weight-bound ones of Llama-3.1-8B still."""
+def test_lean_policy_leaves_short_k_unsplit():
+    """lean runs a K of <= LEAN_MAX_CHUNKS chunks unsplit (SmolLM2's qkv, o, gate_up: K 576) and splits longer
+    ones as fill does (SmolLM2's down, every Llama-3.1-8B GEMM that fill splits)."""
     def tiles(n):  # BLOCK_N 64 (bf16)
         return -(-n // 64)
 
-    for n, k, paired in ((960, 576, 1), (576, 576, 1), (1536, 576, 2), (576, 1536, 1)):  # SmolLM2 qkv o gate_up down
-        assert gemm.split_k(tiles(n) * paired, k, 128)[0] > 1  # fill splits them all
-        assert gemm.split_k(tiles(n) * paired, k, 128, paired * 64 * k * 2)[0] <= 2
-    assert gemm.split_k(tiles(960), 576, 128, 64 * 576 * 2)[0] == 1
-    assert gemm.split_k(tiles(4096), 4096, 128, 64 * 4096 * 2)[0] == 2  # 8B o_proj: as fill
-    assert gemm.split_k(tiles(4096), 14336, 128, 64 * 14336 * 2)[0] == 2  # 8B down_proj
+    for n, k, paired in ((960, 576, 1), (576, 576, 1), (1536, 576, 2)):  # SmolLM2 qkv, o, gate_up
+        assert gemm.split_k(tiles(n) * paired, k, 128)[0] > 1  # fill splits them
+        assert gemm.split_k(tiles(n) * paired, k, 128, lean=True)[0] == 1
+    for n, k in ((576, 1536), (4096, 4096), (4096, 14336)):  # SmolLM2 down; 8B o, down
+        assert gemm.split_k(tiles(n), k, 128, lean=True) == gemm.split_k(tiles(n), k, 128)
+        assert gemm.split_k(tiles(n), k, 128)[0] > 1
 
 
 def _all_variants(dtype):
@@ -168,9 +175,11 @@ def _all_variants(dtype):
         nw = (torch.rand(k, generator=g) + 0.5).to(dtype)
         out.append((f"res-{n}x{k}", lambda x, w=w: gemm.gemm(
             x, w, epilogue="residual", residual=torch.full((x.shape[0], w.shape[0]), 0.5, dtype=x.dtype))))
-        out.append((f"rope-{n}x{k}", lambda x, w=w, nw=nw: gemm.gemm(
-            x, w, norm_weight=nw, epilogue="rope", cos=torch.full((x.shape[0], 16), 0.6, dtype=x.dtype),
-            sin=torch.full((x.shape[0], 16), 0.8, dtype=x.dtype), head_dim=16, rope_cols=(w.shape[0] // 32) * 16)))
+        for mode in gemm.NORM_MODES:
+            out.append((f"rope-{mode}-{n}x{k}", lambda x, w=w, nw=nw, mode=mode: gemm.gemm(
+                x, w, norm_weight=nw, epilogue="rope", cos=torch.full((x.shape[0], 16), 0.6, dtype=x.dtype),
+                sin=torch.full((x.shape[0], 16), 0.8, dtype=x.dtype), head_dim=16, rope_cols=(w.shape[0] // 32) * 16,
+                norm_mode=mode)))
     return out
 
 

@@ -1,0 +1,224 @@
+"""The gemm path's four layer GEMMs as the decoder launches them (prologue and epilogue fused), in each arm of
+split mode x RMSNorm rounding, beside cuBLAS ``F.linear`` alone.
+
+    python -m attnlab.bench.gemm_fused [--models smollm2,llama1b,llama8b] [--ms 1,5]
+        [--arms fill/pass:exact,fill/ticket:exact,fill/ticket:deferred,lean/ticket:deferred] [--pdl]
+        [--repeats 3] [--out FILE.json]
+    python -m attnlab.bench.gemm_fused --interpret     # CPU, TRITON_INTERPRET=1, the tiny model: a CI smoke
+
+Calls (attnlab.models.gemm_path.layer_forward): ``qkv`` RMSNorm prologue + RoPE epilogue + the KV store into a
+pool; ``o`` residual epilogue; ``gate_up`` RMSNorm prologue + SiLU-mul epilogue; ``down`` residual epilogue.
+``layer`` is the four in a row (what a layer's GEMMs cost, less attention). Arms ``<split mode>:<norm mode>``:
+engine.gemm_split and the prologue's rounding (attnlab.kernels.gemm: ``exact`` normalizes x before the K loop,
+as HF's RMSNorm rounds; ``deferred`` scales x by the norm weight in the loop and 1 / rms on the fp32 sum).
+
+Time: as bench.gemm (a CUDA graph of ``reps`` calls over weight copies walking > 4x the L2; the median of
+``iters`` replays; repeats interleaved over the arms), per call; ``--pdl`` captures with engine.pdl on, so a
+call's launch overlaps the previous one's tail as in a decode step. Each arm's outputs are checked against the
+first arm's (exact arms: the same bits across split modes; deferred: within 2 bf16 ulps) and for row invariance
+(M = 1 rows inside M = ``max(ms)``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+CALLS = ("qkv", "o", "gate_up", "down")
+DEFAULT_ARMS = "fill/pass:exact,fill/ticket:exact,fill/ticket:deferred,lean/ticket:deferred"
+
+
+def layer_calls(model: str, device: str, m_max: int, copies_for):
+    """-> (config, {call: fn(i, x_rows) -> tensor}, {call: cuBLAS fn(i, x_rows)}, {call: input x [m_max, K]})
+    for one layer of a preset, with ``copies_for(bytes)`` weight copies per GEMM."""
+    import torch
+    import torch.nn.functional as F
+
+    from attnlab.bench.gemm import MODELS
+    from attnlab.kernels import gemm
+    from attnlab.models import rope
+    from attnlab.models.presets import get_preset
+
+    c = get_preset(MODELS.get(model, model)).config()
+    dt = torch.bfloat16
+    g = torch.Generator(device=device).manual_seed(7)
+    d, q, kv, h, inter = c.head_dim, c.q_size, c.kv_size, c.hidden_size, c.intermediate_size
+
+    def weights(n, k):
+        return [(torch.randn(n, k, device=device, generator=g) / k**0.5).to(dt) for _ in range(copies_for(n * k * 2))]
+
+    wq, wo, wgu, wd = weights(q + 2 * kv, h), weights(h, q), weights(2 * inter, h), weights(h, inter)
+    nw = (torch.rand(h, device=device, generator=g) + 0.5).to(dt)
+    cos, sin = rope.cos_sin(torch.arange(m_max, device=device) + 100, rope.inv_freq(d, 10000.0).to(device), dt)
+    pool = torch.zeros(2, 4 * m_max, c.num_kv_heads, d, device=device, dtype=dt)
+    slots = torch.arange(m_max, device=device) * 2
+    xs = {"qkv": torch.randn(m_max, h, device=device, generator=g).to(dt),
+          "o": torch.randn(m_max, q, device=device, generator=g).to(dt),
+          "gate_up": torch.randn(m_max, h, device=device, generator=g).to(dt),
+          "down": torch.randn(m_max, inter, device=device, generator=g).to(dt)}
+    res = torch.randn(m_max, h, device=device, generator=g).to(dt)
+
+    def fused(mode):
+        return {
+            "qkv": lambda i, x: gemm.gemm(x, wq[i % len(wq)], norm_weight=nw, epilogue="rope", cos=cos[:len(x)],
+                                          sin=sin[:len(x)], head_dim=d, rope_cols=q + kv, norm_mode=mode,
+                                          kv_store=(pool[0], pool[1], slots[:len(x)])),
+            "o": lambda i, x: gemm.gemm(x, wo[i % len(wo)], epilogue="residual", residual=res[:len(x)]),
+            "gate_up": lambda i, x: gemm.gemm(x, wgu[i % len(wgu)], norm_weight=nw, epilogue="silu_mul",
+                                              norm_mode=mode),
+            "down": lambda i, x: gemm.gemm(x, wd[i % len(wd)], epilogue="residual", residual=res[:len(x)]),
+        }
+
+    cublas = {"qkv": lambda i, x: F.linear(x, wq[i % len(wq)]), "o": lambda i, x: F.linear(x, wo[i % len(wo)]),
+              "gate_up": lambda i, x: F.linear(x, wgu[i % len(wgu)]), "down": lambda i, x: F.linear(x, wd[i % len(wd)])}
+    return c, fused, cublas, xs
+
+
+def parse_arms(text: str) -> list[tuple[str, str]]:
+    from attnlab.kernels import gemm
+
+    arms = []
+    for item in [s.strip() for s in text.split(",") if s.strip()]:
+        split, _, norm = item.partition(":")
+        if split not in gemm.SPLIT_MODES or norm not in gemm.NORM_MODES:
+            raise ValueError(f"--arms {item!r}: <split mode>:<norm mode>, split of {', '.join(gemm.SPLIT_MODES)}, "
+                             f"norm of {', '.join(gemm.NORM_MODES)}")
+        arms.append((split, norm))
+    if not arms:
+        raise ValueError("--arms: at least one arm")
+    return arms
+
+
+def bench_model(model, arms, ms, a, device) -> list[dict]:
+    import torch
+
+    from attnlab.bench.gemm import MAX_COPIES, WALK_BYTES, EagerTimer, GraphTimer
+    from attnlab.kernels import gemm, pdl
+
+    copies_for = (lambda b: 1) if device == "cpu" else (lambda b: max(1, min(MAX_COPIES, WALK_BYTES // b)))
+    m_max = max(ms)
+    _, fused, cublas, xs = layer_calls(model, device, m_max, copies_for)
+    timer_cls = GraphTimer if device == "cuda" else EagerTimer
+    rows = []
+    for m in ms:
+        def wrap(fn, split=None, on=False):
+            def run(i):
+                with pdl.using(on, device if on else None), gemm.splitting(split or gemm.split_mode()):
+                    return fn(i)
+            return run
+
+        fns = {("cuBLAS", c): wrap(lambda i, c=c, m=m: cublas[c](i, xs[c][:m])) for c in CALLS}
+        outs = {}
+        for split, norm in arms:
+            arm = f"{split}:{norm}"
+            calls = fused(norm)
+            for c in CALLS:
+                fns[(arm, c)] = wrap(lambda i, c=c, m=m, calls=calls: calls[c](i, xs[c][:m]), split, a.pdl)
+            fns[(arm, "layer")] = wrap(lambda i, m=m, calls=calls: [calls[c](i, xs[c][:m]) for c in CALLS], split,
+                                       a.pdl)
+            with gemm.splitting(split):  # correctness: the outputs, and rows of M = 1 inside M = m_max
+                outs[arm] = {c: calls[c](0, xs[c][:m]) for c in CALLS}
+                full = {c: calls[c](0, xs[c]) for c in CALLS}
+                one = {c: calls[c](0, xs[c][:1]) for c in CALLS}
+            outs[arm]["invariant"] = all(torch.equal(full[c][:1], one[c]) for c in CALLS)
+        timers = {key: timer_cls(fn, MAX_COPIES, a.reps, a.iters) for key, fn in fns.items()}
+        samples = {key: [] for key in fns}
+        for _ in range(a.repeats):
+            for key, t in timers.items():
+                samples[key].append(t.measure())
+        first = f"{arms[0][0]}:{arms[0][1]}"
+        for arm_key in ["cuBLAS"] + [f"{s}:{n}" for s, n in arms]:
+            row = {"model": model, "m": m, "arm": arm_key}
+            for c in (*CALLS, "layer") if arm_key != "cuBLAS" else CALLS:
+                s = samples[(arm_key, c)]
+                med = statistics.median(s)
+                row[f"{c}_us"], row[f"{c}_spread"] = med, (max(s) - min(s)) / med if med else 0.0
+            if arm_key == "cuBLAS":
+                row["layer_us"] = sum(row[f"{c}_us"] for c in CALLS)  # four launches, timed one by one
+            else:
+                ref = outs[first]
+                exact = arm_key.endswith(":exact") and first.endswith(":exact")
+                row["same_as_first"] = all(
+                    torch.equal(outs[arm_key][c], ref[c]) if exact else
+                    torch.allclose(outs[arm_key][c].float(), ref[c].float(), atol=0.1, rtol=2 * 2.0**-8)
+                    for c in CALLS)
+                row["invariant"] = outs[arm_key]["invariant"]
+            rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [("| model | M | arm | qkv us | o us | gate_up us | down us | layer us | vs cuBLAS (sum of four) | "
+              "matches the first arm | rows invariant |"), "|" + "---|" * 11]
+    base = {(r["model"], r["m"]): r["layer_us"] for r in rows if r["arm"] == "cuBLAS"}
+    for r in rows:
+        cells = " | ".join(f"{r[f'{c}_us']:.1f}" for c in CALLS)
+        vs = f"{base[(r['model'], r['m'])] / r['layer_us']:.2f}x"
+        same = "-" if r["arm"] == "cuBLAS" else "yes" if r["same_as_first"] else "NO"
+        inv = "-" if r["arm"] == "cuBLAS" else "yes" if r["invariant"] else "NO"
+        lines.append(f"| {r['model']} | {r['m']} | {r['arm']} | {cells} | {r['layer_us']:.1f} | {vs} | {same} | "
+                     f"{inv} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="smollm2,llama1b,llama8b")
+    ap.add_argument("--ms", default="1,5")
+    ap.add_argument("--arms", default=DEFAULT_ARMS)
+    ap.add_argument("--pdl", action="store_true", help="capture with engine.pdl on (CUDA, sm_90+)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--interpret", action="store_true", help="CPU, Triton interpreter, the tiny model (a smoke)")
+    ap.add_argument("--out", default=None, help="also write the rows and versions as JSON here")
+    a = ap.parse_args(argv)
+    if a.interpret:
+        os.environ["TRITON_INTERPRET"] = "1"  # before the first import of a @triton.jit module
+    import torch
+
+    from attnlab.bench.gemm import MODELS
+    from attnlab.bench.kernels import versions
+
+    try:
+        arms = parse_arms(a.arms)
+        ms = [int(s) for s in a.ms.split(",") if s]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not ms or any(m < 1 or m > 16 for m in ms):
+        print("error: --ms: rows 1..16 (the small-M GEMM's range)", file=sys.stderr)
+        return 2
+    device = "cpu" if a.interpret else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: bench.gemm_fused needs CUDA (or --interpret on CPU)", file=sys.stderr)
+        return 2
+    models = ["tiny"] if a.interpret else [s for s in a.models.split(",") if s]
+    bad = [s for s in models if s not in MODELS]
+    if bad:
+        print(f"error: --models {','.join(bad)}: choose from {', '.join(MODELS)}", file=sys.stderr)
+        return 2
+    a.repeats = 1 if a.interpret else a.repeats
+    a.reps, a.iters = (1, 1) if a.interpret else (20, 20)
+    info = versions()
+    print(f"# bench.gemm_fused on {info.get('gpu') or 'CPU (interpreter)'}: torch {info['torch']}, triton "
+          f"{info.get('triton')}, CUDA {info.get('cuda')}; PDL {'on' if a.pdl else 'off'}; {a.repeats} repeats; "
+          f"us per call (layer: the four calls)", flush=True)
+    t0 = time.perf_counter()
+    rows = []
+    for model in models:
+        rows += bench_model(model, arms, ms, a, device)
+        print(markdown([r for r in rows if r["model"] == model]).split("\n", 2)[2], file=sys.stderr, flush=True)
+    print(markdown(rows))
+    print(f"\n{len(rows)} rows in {time.perf_counter() - t0:.0f} s")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"versions": info, "pdl": a.pdl, "rows": rows}, f, indent=1)
+    ok = all(r.get("same_as_first", True) and r.get("invariant", True) for r in rows)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
