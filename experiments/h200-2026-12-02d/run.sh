@@ -2,14 +2,18 @@
 # The fourth H200 sitting of 2026-12-02 (README.md here): calls back to back on one warm machine (installs in /opt
 # stay while it is held). Bundles (git-ignored, made on the CPU machine as ../h200-2026-12-02b/README.md and
 # ../h200-2026-12-02c/README.md say):
-#   run.sh 1  carry .gpu/a2 (.gpu/a without the ShareGPT part: tree + bundle under 64 MiB): install; GPU tests (the GEMM's ticket reduction racing and in graphs, the qkv epilogue's
-#             KV store, the gemm path, PDL identity incl. its unfused case); bench.gemm in every split mode
+#   run.sh 1  carry .gpu/a2 (.gpu/a without the ShareGPT part: tree + bundle under 64 MiB): install; GPU tests (the
+#             GEMM's ticket reduction racing and in graphs, the qkv epilogue's KV store, the gemm path, PDL identity
+#             incl. its unfused case); bench.gemm in every split mode
 #   run.sh 2  carry nothing: bench.pdl, PDL and the split modes as arms in rotating rounds (SmolLM2, Llama-3.2-1B,
 #             Llama-3.1-8B shapes); bench.profile of the gemm path
+#   (then the machine was given back: the deferred RMSNorm prologue and bench.gemm_fused were written)
+#   run.sh A  carry .gpu/a2: install; GPU tests of the GEMM; bench.gemm_fused, PDL off and on
+#   run.sh B  carry nothing: bench.pdl arms of split x norm mode; Llama-3.1-8B; the profile
 #   run.sh 3  carry .gpu/b: install (the GGUF joins)
 #   run.sh 4  carry .gpu/c + .gpu/6: the real model, every pair (eagle) and ngram, batch 1 and 4, fused ops vs
-#             engine.gemm=triton + PDL in the split mode SPLIT (env, default lean/ticket); a host profile (cProfile)
-#             of the flashinfer / triton draft
+#             engine.gemm=triton + PDL in the mode SPLIT (env, <split>:<norm>); a host profile (cProfile) of the
+#             flashinfer / triton draft
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1-4}
@@ -20,10 +24,10 @@ exec > >(tee "$OUT/run$PART.log") 2>&1
 PY=python3
 DATA=/opt/data/sharegpt.jsonl.gz  # the 212 held-out first turns (never trained on)
 S="$PY -m attnlab.bench.spec --device cuda --skip-hf --fused-ops"
-SPLIT=${SPLIT:-lean/ticket}
+SPLIT=${SPLIT:-fill/ticket:deferred}
 MODES=fill/pass,fill/ticket,lean/ticket,lean/pass
 case $PART in
-1)
+1)  # run as the sitting's first call; its bench.gemm table chose the lean rule (K <= 8 chunks unsplit)
   step "install .gpu/a2"; bash .gpu/a2/install.sh | tail -1
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
@@ -36,7 +40,7 @@ case $PART in
     --out "$OUT/gemm_modes.json" > $LOGS/gemm.log 2>&1; echo "exit code $?"; cp $LOGS/gemm.log "$OUT/gemm_modes.md"
   grep -E "^\| (smollm2|llama1b)" $LOGS/gemm.log | head -n 30
   ;;
-2)
+2)  # run second, with the lean rule of part 1 (its arms: results/arms.md, arms_8b.md, profile_gemm.md)
   step "issue 17: PDL and split modes as arms, target-only decode in graphs, batch 1, 3 rounds"
   timeout 260 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines fused,gemm --host thin8 \
     --batches 1 --rounds 3 --new 256 --gemm-splits $MODES --out "$OUT/arms" > $LOGS/arms.log 2>&1
@@ -49,6 +53,32 @@ case $PART in
   timeout 100 $PY -m attnlab.bench.profile --models smollm2-135m,llama-3.2-1b --engines gemm --pdl off,on \
     --gemm-split $SPLIT --host thin8 --out "$OUT/profile_gemm" > $LOGS/profile.log 2>&1; echo "exit code $?"
   grep -E "^step|^###" $LOGS/profile.log
+  ;;
+A)  # second machine start, carry .gpu/a2: the new tests, the fused calls per arm (PDL off, on)
+  step "install .gpu/a2"; bash .gpu/a2/install.sh | tail -1
+  step "GPU tests: the small-M GEMM (deferred norm, ticket, KV store), the gemm path"
+  timeout 200 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py > $LOGS/testsA.log 2>&1
+  grep -E "passed|failed|FAILED|Error" $LOGS/testsA.log | tail -n 12; cp $LOGS/testsA.log "$OUT/"
+  for P in "" "--pdl"; do
+    step "issue 17: bench.gemm_fused $P: the gemm path's four calls per arm of split x norm mode"
+    timeout 150 $PY -m attnlab.bench.gemm_fused --models smollm2,llama1b,llama8b --ms 1,5 $P \
+      --out "$OUT/gemm_fused$(echo $P | tr -d ' -').json" > $LOGS/fused.log 2>&1; echo "exit code $?"
+    grep "^|" $LOGS/fused.log | tail -n 30; cp $LOGS/fused.log "$OUT/gemm_fused$(echo $P | tr -d ' -').md"
+  done
+  ;;
+B)  # carry nothing: the arms end to end
+  step "issue 17: PDL x split x norm as arms, target-only decode in graphs, batch 1, 3 rounds"
+  timeout 300 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines fused,gemm --host thin8 \
+    --batches 1 --rounds 3 --new 256 --out "$OUT/arms2" \
+    --gemm-splits fill/pass:exact,fill/ticket:exact,fill/ticket:deferred,lean/ticket:deferred > $LOGS/arms2.log 2>&1
+  echo "exit code $?"; grep "^|" $LOGS/arms2.log | tail -n 16
+  step "issue 17: Llama-3.1-8B shapes, 2 rounds"
+  timeout 150 $PY -m attnlab.bench.pdl --models llama-3.1-8b --engines fused,gemm --host thin8 --batches 1 \
+    --rounds 2 --new 128 --gemm-splits fill/pass:exact,fill/ticket:deferred --out "$OUT/arms2_8b" \
+    > $LOGS/arms28b.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/arms28b.log | tail -n 6
+  step "issue 17: the gemm path's decode step, kernel by kernel ($SPLIT)"
+  timeout 80 $PY -m attnlab.bench.profile --models smollm2-135m --engines gemm --pdl off --gemm-split ${SPLIT%%:*} \
+    --host thin8 --out "$OUT/profile_gemm2" > $LOGS/profile2.log 2>&1; echo "exit code $?"; grep -E "^step" $LOGS/profile2.log
   ;;
 3)
   step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
