@@ -183,7 +183,7 @@ class EngineSchema:
     # How engine.gemm=triton splits K (attnlab/kernels/gemm.py), <policy>/<reduce>: fill (split until ~132
     # programs) or lean (split only weight-bound GEMMs); pass (a second launch sums the partials) or ticket (the
     # last split program sums them, one launch). Rows are bit-identical whatever M in every mode.
-    gemm_split: str = "fill/pass"
+    gemm_split: str = "fill/ticket"
     # Target-only greedy decode: this many steps per launch and host sync (engine/multistep.py; one CUDA graph
     # of N steps with engine.cuda_graph). 1 = one step per sync, as the speculative loop's iterations.
     decode_steps_per_sync: int = 1

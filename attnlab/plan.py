@@ -151,7 +151,7 @@ class EnginePlan:
     invariant: bool = False  # engine.invariant: the target side is invariant (fused, invariant verify backend)
     kv_policy: str = "reserve"  # serving admission: reserve (whole budgets, never preempts) | preempt (recompute)
     pdl: bool = False  # engine.pdl: attnlab's Triton kernels use programmatic dependent launch (process-wide)
-    gemm_split: str = "fill/pass"  # engine.gemm_split: attnlab.kernels.gemm's split mode (process-wide)
+    gemm_split: str = "fill/ticket"  # engine.gemm_split: attnlab.kernels.gemm's split mode (process-wide)
 
 
 @dataclass(frozen=True)

@@ -58,12 +58,12 @@ MAX_SPLIT_K = 16
 EPILOGUES = ("none", "residual", "silu_mul", "rope")
 _EPI = {name: i for i, name in enumerate(EPILOGUES)}
 SPLIT_MODES = ("fill/pass", "fill/ticket", "lean/pass", "lean/ticket")
-DEFAULT_SPLIT_MODE = "fill/pass"
+DEFAULT_SPLIT_MODE = "fill/ticket"
 LEAN_MAX_CHUNKS = 8  # lean: a K loop of at most this many BLOCK_K chunks runs unsplit
 MAX_TICKETS = 4096  # column tiles with a ticket; a split GEMM has < TARGET_PROGRAMS of them
 SS_BLOCK = 512  # exact RMSNorm prologue: columns of x per unrolled sum-of-squares chunk
 NORM_MODES = ("exact", "deferred")
-NORM_MODE = "exact"  # the prologue's default (bench.gemm --fused compares them)
+NORM_MODE = "deferred"  # the prologue's default (bench.gemm_fused compares them)
 _split_mode = DEFAULT_SPLIT_MODE
 _tickets: dict = {}
 
@@ -416,9 +416,11 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             sin = sin.contiguous()
             cos = cos.contiguous()
     block_n, block_k = tile_config(w.dtype, x.dtype)
+    if paired:  # a program streams both halves of each pair: half the columns, as many weight rows
+        block_n //= 2
     n_tiles = triton.cdiv(n_log, block_n)
     policy, reduce = _split_mode.split("/")
-    splits, per = split_k(n_tiles * (2 if paired else 1), k, block_k, policy == "lean")
+    splits, per = split_k(n_tiles, k, block_k, policy == "lean")
     split = 0 if splits == 1 else 2 if reduce == "ticket" and n_tiles <= MAX_TICKETS else 1
     part = torch.empty(splits, 2, BLOCK_M, n_log, dtype=torch.float32, device=x.device) if split else out
     norm = 0 if norm_weight is None else NORM_MODES.index(norm_mode) + 1

@@ -10,6 +10,8 @@
 #   (then the machine was given back: the deferred RMSNorm prologue and bench.gemm_fused were written)
 #   run.sh A  carry .gpu/a2: install; GPU tests of the GEMM; bench.gemm_fused, PDL off and on
 #   run.sh B  carry nothing: bench.pdl arms of split x norm mode; Llama-3.1-8B; the profile
+#   (the fused calls showed paired programs (RoPE, SiLU-mul) at half the programs of plain ones: BLOCK_N halved)
+#   run.sh C  carry .gpu/a2: GPU tests; bench.gemm_fused --pdl; bench.pdl arms (the sitting's closing GEMM figures)
 #   run.sh 3  carry .gpu/b: install (the GGUF joins)
 #   run.sh 4  carry .gpu/c + .gpu/6: the real model, every pair (eagle) and ngram, batch 1 and 4, fused ops vs
 #             engine.gemm=triton + PDL in the mode SPLIT (env, <split>:<norm>); a host profile (cProfile) of the
@@ -80,6 +82,20 @@ B)  # carry nothing: the arms end to end
   timeout 80 $PY -m attnlab.bench.profile --models smollm2-135m --engines gemm --pdl off --gemm-split ${SPLIT%%:*} \
     --host thin8 --out "$OUT/profile_gemm2" > $LOGS/profile2.log 2>&1; echo "exit code $?"; grep -E "^step" $LOGS/profile2.log
   ;;
+C)  # third machine start, carry .gpu/a2: paired programs at half BLOCK_N; the new defaults (fill/ticket, deferred)
+  step "install .gpu/a2"; bash .gpu/a2/install.sh | tail -1
+  step "GPU tests: the small-M GEMM"
+  timeout 150 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py > $LOGS/testsC.log 2>&1
+  grep -E "passed|failed|FAILED|Error" $LOGS/testsC.log | tail -n 12; cp $LOGS/testsC.log "$OUT/"
+  step "issue 17: bench.gemm_fused --pdl (paired programs at BLOCK_N 32)"
+  timeout 100 $PY -m attnlab.bench.gemm_fused --models smollm2,llama1b,llama8b --ms 1,5 --pdl \
+    --arms fill/pass:exact,fill/ticket:deferred --out "$OUT/gemm_fused_half.json" > $LOGS/fusedC.log 2>&1
+  echo "exit code $?"; grep "^|" $LOGS/fusedC.log | tail -n 18; cp $LOGS/fusedC.log "$OUT/gemm_fused_half.md"
+  step "issue 17: bench.pdl arms, batch 1, 3 rounds"
+  timeout 200 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines fused,gemm --host thin8 \
+    --batches 1 --rounds 3 --new 256 --out "$OUT/arms3" --gemm-splits fill/pass:exact,fill/ticket:deferred \
+    > $LOGS/arms3.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/arms3.log | tail -n 10
+  ;;
 3)
   step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
   ;;
@@ -87,7 +103,7 @@ B)  # carry nothing: the arms end to end
   step "install .gpu/c and .gpu/6"; bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
   cp .gpu/c/sg_heldout_all.jsonl.gz $DATA; mkdir -p /tmp/pairs
   $PY -c "import flashinfer; print('flashinfer', flashinfer.__version__)"
-  for NAME in fused gemm; do
+  for NAME in ${NAMES:-fused gemm}; do
     E=""; [ $NAME = gemm ] && E="--gemm triton --gemm-split $SPLIT --pdl"
     step "every pair (eagle k 4) and ngram, batch 1 and 4, 16 held-out prompts, 3 rounds, fused ops $E"
     timeout 200 $S --batch 1,4 --prompts $DATA --new 128 --num-prompts 16 --backends triton,flashinfer \
