@@ -29,7 +29,7 @@ import sys
 import time
 
 CALLS = ("qkv", "o", "gate_up", "down")
-DEFAULT_ARMS = "fill/pass:exact,fill/ticket:exact,fill/ticket:deferred,lean/ticket:deferred"
+DEFAULT_ARMS = "fill/pass:exact,fill/ticket:exact,fill/ticket:deferred,lean/ticket:exact"
 
 
 def layer_calls(model: str, device: str, m_max: int, copies_for):

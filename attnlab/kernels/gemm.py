@@ -63,7 +63,7 @@ LEAN_MAX_CHUNKS = 8  # lean: a K loop of at most this many BLOCK_K chunks runs u
 MAX_TICKETS = 4096  # column tiles with a ticket; a split GEMM has < TARGET_PROGRAMS of them
 SS_BLOCK = 512  # exact RMSNorm prologue: columns of x per unrolled sum-of-squares chunk
 NORM_MODES = ("exact", "deferred")
-NORM_MODE = "deferred"  # the prologue's default (bench.gemm_fused compares them)
+NORM_MODE = "exact"  # the prologue's default (bench.gemm_fused compares them; deferred lost on large paired GEMMs)
 _split_mode = DEFAULT_SPLIT_MODE
 _tickets: dict = {}
 
@@ -247,7 +247,7 @@ def _gemm_kernel(X, W, OUT, PART, SSP, TICKETS, SCALE, BIAS, NORM_W, RES, COS, S
         rstd = tl.math.rsqrt(ss / K + eps)
     acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    ssum = tl.zeros([BLOCK_M], dtype=tl.float32)  # NORM 2: this program's K range's sum of squares
+    sq = tl.zeros([BLOCK_K, BLOCK_M], dtype=tl.float32)  # NORM 2: squares summed per K lane, reduced after
     k_lo = pid_k * k_per_split
     for k0 in range(k_lo, tl.minimum(k_lo + k_per_split, K), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -261,7 +261,7 @@ def _gemm_kernel(X, W, OUT, PART, SSP, TICKETS, SCALE, BIAS, NORM_W, RES, COS, S
         if NORM == 2:  # scale by the norm weight, round; 1 / rms multiplies the fp32 sum at the end
             nw = tl.load(NORM_W + offs_k, mask=k_mask, other=0.0).to(tl.float32)
             xf = xt.to(tl.float32)
-            ssum += tl.sum(xf * xf, axis=0)
+            sq += xf * xf
             xt = (nw[:, None] * xf).to(x_dt)
         wmask = n_mask[:, None] & k_mask[None, :]
         w1 = tl.load(W + c1[:, None].to(tl.int64) * stride_wn + offs_k[None, :], mask=wmask, other=0.0)
@@ -280,6 +280,7 @@ def _gemm_kernel(X, W, OUT, PART, SSP, TICKETS, SCALE, BIAS, NORM_W, RES, COS, S
                 acc2 = tl.dot(w2.to(tl.float32), xt.to(tl.float32), acc2, input_precision="ieee")
             else:
                 acc2 = tl.dot(w2, xt, acc2)
+    ssum = tl.sum(sq, axis=0)  # NORM 2: this program's K range's sum of squares (zeros otherwise)
     if SPLIT == 0:
         if NORM == 2:
             rstd = tl.math.rsqrt(ssum / K + eps)[None, :]
