@@ -216,10 +216,11 @@ def _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, 
 
 
 @triton.jit
-def _gemm_kernel(X, W, OUT, PART, SSP, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, K,
+def _gemm_kernel(X, XN, W, OUT, PART, SSP, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, K,
                  k_per_split, stride_xm, stride_wn, stride_om, stride_rm, stride_cm, stride_slot, eps, G, ROPE_COLS,
                  Q_COLS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                 NORM: tl.constexpr, SS_BLOCK: tl.constexpr, SS_ITERS: tl.constexpr, FP8: tl.constexpr,
+                 NORM: tl.constexpr, SS_BLOCK: tl.constexpr, SS_ITERS: tl.constexpr, NRM_ITERS: tl.constexpr,
+                 FP8: tl.constexpr,
                  HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PAIRED: tl.constexpr, KV_STORE: tl.constexpr,
                  IEEE: tl.constexpr, USE_PDL: tl.constexpr = False):
     # SPLIT: 0 one program per column tile; 1 partials for _reduce_kernel; 2 partials, the last program reduces.
@@ -249,15 +250,27 @@ def _gemm_kernel(X, W, OUT, PART, SSP, TICKETS, SCALE, BIAS, NORM_W, RES, COS, S
     acc2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     sq = tl.zeros([BLOCK_K, BLOCK_M], dtype=tl.float32)  # NORM 2: squares summed per K lane, reduced after
     k_lo = pid_k * k_per_split
-    for k0 in range(k_lo, tl.minimum(k_lo + k_per_split, K), BLOCK_K):
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    src = X
+    src_stride = stride_xm
+    if NORM == 1:  # HF RMSNorm (normalize in fp32, round, scale, round) of this program's K range, once, into the
+        # XN scratch [M, K], unrolled (the loads in flight together); the K loop then streams XN as it streams x,
+        # pipelined, instead of waiting on each chunk of x in registers. Programs of one split write the same bits.
+        for c in tl.static_range(NRM_ITERS):
+            offs_s = k_lo + c * SS_BLOCK + tl.arange(0, SS_BLOCK)
+            smask = m_mask[None, :] & (offs_s[:, None] < k_hi)
+            xv = tl.load(X + offs_m[None, :] * stride_xm + offs_s[:, None], mask=smask, other=0.0)
+            nw = tl.load(NORM_W + offs_s, mask=offs_s < k_hi, other=0.0).to(tl.float32)
+            xn = (nw[:, None] * (xv.to(tl.float32) * rstd[None, :]).to(x_dt).to(tl.float32)).to(x_dt)
+            tl.store(XN + offs_m[None, :] * K + offs_s[:, None], xn, mask=smask)
+        tl.debug_barrier()  # the CTA's stores before its loads of XN
+        src = XN
+        src_stride = K
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
-        xt = tl.load(X + offs_m[None, :] * stride_xm + offs_k[:, None], mask=m_mask[None, :] & k_mask[:, None],
+        xt = tl.load(src + offs_m[None, :] * src_stride + offs_k[:, None], mask=m_mask[None, :] & k_mask[:, None],
                      other=0.0)  # [BLOCK_K, BLOCK_M]
-        if NORM == 1:  # HF RMSNorm: normalize in fp32, round, scale, round
-            nw = tl.load(NORM_W + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-            xt = (xt.to(tl.float32) * rstd[None, :]).to(x_dt)
-            xt = (nw[:, None] * xt.to(tl.float32)).to(x_dt)
         if NORM == 2:  # scale by the norm weight, round; 1 / rms multiplies the fp32 sum at the end
             nw = tl.load(NORM_W + offs_k, mask=k_mask, other=0.0).to(tl.float32)
             xf = xt.to(tl.float32)
@@ -441,10 +454,12 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             "RES": residual if residual is not None else dummy, "COS": cos if cos is not None else dummy,
             "SIN": sin if sin is not None else dummy, "KC": kc if kc is not None else dummy,
             "VC": vc if vc is not None else dummy, "SLOTS": slots if slots is not None else dummy}
+    xn = torch.empty(m, k, dtype=x.dtype, device=x.device) if norm == 1 else x  # the normalized rows (exact)
     _gemm_kernel[(n_tiles, splits)](
-        x, w, out, part, ssp, tickets, NORM_W=norm_weight if norm_weight is not None else dummy, K=k,
+        x, xn, w, out, part, ssp, tickets, NORM_W=norm_weight if norm_weight is not None else dummy, K=k,
         k_per_split=per, stride_xm=x.stride(0), stride_wn=w.stride(0), eps=eps, BLOCK_K=block_k, SPLIT=split,
         NORM=norm, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block) if norm == 1 else 0,
+        NRM_ITERS=triton.cdiv(min(per, k), ss_block) if norm == 1 else 0,
         IEEE=fp32_dot(x.dtype), num_warps=4, num_stages=3, **ptrs, **args, **launch_args(x))
     if split == 1:
         _reduce_kernel[(n_tiles,)](part, ssp, out, **ptrs, K=k, eps=eps, num_splits=splits, NORM=norm, num_warps=4,
