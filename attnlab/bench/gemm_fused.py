@@ -1,22 +1,20 @@
-"""The gemm path's four layer GEMMs as the decoder launches them (prologue and epilogue fused), in each arm of
-split mode x RMSNorm rounding, beside cuBLAS ``F.linear`` alone.
+"""The gemm path's four layer GEMMs as the decoder launches them (prologue and epilogue fused), in each split
+mode, beside cuBLAS ``F.linear`` alone.
 
     python -m attnlab.bench.gemm_fused [--models smollm2,llama1b,llama8b] [--ms 1,5]
-        [--arms fill/pass:exact,fill/ticket:exact,fill/ticket:deferred,lean/ticket:deferred] [--pdl]
-        [--repeats 3] [--out FILE.json]
+        [--splits fill/pass,fill/ticket,lean/ticket] [--pdl] [--repeats 3] [--out FILE.json]
     python -m attnlab.bench.gemm_fused --interpret     # CPU, TRITON_INTERPRET=1, the tiny model: a CI smoke
 
 Calls (attnlab.models.gemm_path.layer_forward): ``qkv`` RMSNorm prologue + RoPE epilogue + the KV store into a
 pool; ``o`` residual epilogue; ``gate_up`` RMSNorm prologue + SiLU-mul epilogue; ``down`` residual epilogue.
-``layer`` is the four in a row (what a layer's GEMMs cost, less attention). Arms ``<split mode>:<norm mode>``:
-engine.gemm_split and the prologue's rounding (attnlab.kernels.gemm: ``exact`` normalizes x before the K loop,
-as HF's RMSNorm rounds; ``deferred`` scales x by the norm weight in the loop and 1 / rms on the fp32 sum).
+``layer`` is the four in a row (what a layer's GEMMs cost, less attention). Arms: engine.gemm_split modes
+(attnlab.kernels.gemm).
 
 Time: as bench.gemm (a CUDA graph of ``reps`` calls over weight copies walking > 4x the L2; the median of
 ``iters`` replays; repeats interleaved over the arms), per call; ``--pdl`` captures with engine.pdl on, so a
 call's launch overlaps the previous one's tail as in a decode step. Each arm's outputs are checked against the
-first arm's (exact arms: the same bits across split modes; deferred: within 2 bf16 ulps) and for row invariance
-(M = 1 rows inside M = ``max(ms)``).
+first arm's (the same bits where only the reduction differs, pass vs ticket; within 2 bf16 ulps across split
+policies) and for row invariance (M = 1 rows inside M = ``max(ms)``).
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ import sys
 import time
 
 CALLS = ("qkv", "o", "gate_up", "down")
-DEFAULT_ARMS = "fill/pass:exact,fill/ticket:exact,fill/ticket:deferred,lean/ticket:exact"
+DEFAULT_SPLITS = "fill/pass,fill/ticket,lean/ticket"
 
 
 def layer_calls(model: str, device: str, m_max: int, copies_for):
@@ -62,34 +60,27 @@ def layer_calls(model: str, device: str, m_max: int, copies_for):
           "down": torch.randn(m_max, inter, device=device, generator=g).to(dt)}
     res = torch.randn(m_max, h, device=device, generator=g).to(dt)
 
-    def fused(mode):
-        return {
-            "qkv": lambda i, x: gemm.gemm(x, wq[i % len(wq)], norm_weight=nw, epilogue="rope", cos=cos[:len(x)],
-                                          sin=sin[:len(x)], head_dim=d, rope_cols=q + kv, norm_mode=mode,
-                                          kv_store=(pool[0], pool[1], slots[:len(x)])),
-            "o": lambda i, x: gemm.gemm(x, wo[i % len(wo)], epilogue="residual", residual=res[:len(x)]),
-            "gate_up": lambda i, x: gemm.gemm(x, wgu[i % len(wgu)], norm_weight=nw, epilogue="silu_mul",
-                                              norm_mode=mode),
-            "down": lambda i, x: gemm.gemm(x, wd[i % len(wd)], epilogue="residual", residual=res[:len(x)]),
-        }
+    fused = {
+        "qkv": lambda i, x: gemm.gemm(x, wq[i % len(wq)], norm_weight=nw, epilogue="rope", cos=cos[:len(x)],
+                                      sin=sin[:len(x)], head_dim=d, rope_cols=q + kv,
+                                      kv_store=(pool[0], pool[1], slots[:len(x)])),
+        "o": lambda i, x: gemm.gemm(x, wo[i % len(wo)], epilogue="residual", residual=res[:len(x)]),
+        "gate_up": lambda i, x: gemm.gemm(x, wgu[i % len(wgu)], norm_weight=nw, epilogue="silu_mul"),
+        "down": lambda i, x: gemm.gemm(x, wd[i % len(wd)], epilogue="residual", residual=res[:len(x)]),
+    }
 
     cublas = {"qkv": lambda i, x: F.linear(x, wq[i % len(wq)]), "o": lambda i, x: F.linear(x, wo[i % len(wo)]),
               "gate_up": lambda i, x: F.linear(x, wgu[i % len(wgu)]), "down": lambda i, x: F.linear(x, wd[i % len(wd)])}
     return c, fused, cublas, xs
 
 
-def parse_arms(text: str) -> list[tuple[str, str]]:
+def parse_splits(text: str) -> list[str]:
     from attnlab.kernels import gemm
 
-    arms = []
-    for item in [s.strip() for s in text.split(",") if s.strip()]:
-        split, _, norm = item.partition(":")
-        if split not in gemm.SPLIT_MODES or norm not in gemm.NORM_MODES:
-            raise ValueError(f"--arms {item!r}: <split mode>:<norm mode>, split of {', '.join(gemm.SPLIT_MODES)}, "
-                             f"norm of {', '.join(gemm.NORM_MODES)}")
-        arms.append((split, norm))
-    if not arms:
-        raise ValueError("--arms: at least one arm")
+    arms = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in arms if s not in gemm.SPLIT_MODES]
+    if bad or not arms:
+        raise ValueError(f"--splits {','.join(bad) or text!r}: split modes, of {', '.join(gemm.SPLIT_MODES)}")
     return arms
 
 
@@ -113,9 +104,9 @@ def bench_model(model, arms, ms, a, device) -> list[dict]:
 
         fns = {("cuBLAS", c): wrap(lambda i, c=c, m=m: cublas[c](i, xs[c][:m])) for c in CALLS}
         outs = {}
-        for split, norm in arms:
-            arm = f"{split}:{norm}"
-            calls = fused(norm)
+        calls = fused
+        for split in arms:
+            arm = split
             for c in CALLS:
                 fns[(arm, c)] = wrap(lambda i, c=c, m=m, calls=calls: calls[c](i, xs[c][:m]), split, a.pdl)
             fns[(arm, "layer")] = wrap(lambda i, m=m, calls=calls: [calls[c](i, xs[c][:m]) for c in CALLS], split,
@@ -130,8 +121,8 @@ def bench_model(model, arms, ms, a, device) -> list[dict]:
         for _ in range(a.repeats):
             for key, t in timers.items():
                 samples[key].append(t.measure())
-        first = f"{arms[0][0]}:{arms[0][1]}"
-        for arm_key in ["cuBLAS"] + [f"{s}:{n}" for s, n in arms]:
+        first = arms[0]
+        for arm_key in ["cuBLAS", *arms]:
             row = {"model": model, "m": m, "arm": arm_key}
             for c in (*CALLS, "layer") if arm_key != "cuBLAS" else CALLS:
                 s = samples[(arm_key, c)]
@@ -141,7 +132,7 @@ def bench_model(model, arms, ms, a, device) -> list[dict]:
                 row["layer_us"] = sum(row[f"{c}_us"] for c in CALLS)  # four launches, timed one by one
             else:
                 ref = outs[first]
-                exact = arm_key.endswith(":exact") and first.endswith(":exact")
+                exact = arm_key.split("/")[0] == first.split("/")[0]  # same policy: only the reduction differs
                 row["same_as_first"] = all(
                     torch.equal(outs[arm_key][c], ref[c]) if exact else
                     torch.allclose(outs[arm_key][c].float(), ref[c].float(), atol=0.1, rtol=2 * 2.0**-8)
@@ -169,7 +160,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="smollm2,llama1b,llama8b")
     ap.add_argument("--ms", default="1,5")
-    ap.add_argument("--arms", default=DEFAULT_ARMS)
+    ap.add_argument("--splits", default=DEFAULT_SPLITS)
     ap.add_argument("--pdl", action="store_true", help="capture with engine.pdl on (CUDA, sm_90+)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--interpret", action="store_true", help="CPU, Triton interpreter, the tiny model (a smoke)")
@@ -183,7 +174,7 @@ def main(argv=None) -> int:
     from attnlab.bench.kernels import versions
 
     try:
-        arms = parse_arms(a.arms)
+        arms = parse_splits(a.splits)
         ms = [int(s) for s in a.ms.split(",") if s]
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

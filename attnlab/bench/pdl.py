@@ -51,7 +51,7 @@ def timed_decode(runner, prompts: list[list[int]], new: int) -> tuple[float, lis
 
 
 def arms_for(engine: str, splits: list[str]) -> list[tuple[bool, str]]:
-    """(PDL on, gemm split mode[:norm mode]) per arm; the first is the baseline of the ratios."""
+    """(PDL on, gemm split mode) per arm; the first is the baseline of the ratios."""
     if engine != "gemm":
         return [(False, splits[0]), (True, splits[0])]
     return [(False, splits[0]), (True, splits[0])] + [(True, m) for m in splits[1:]]
@@ -72,8 +72,7 @@ def rounds_over(runner, prompts, new: int, host: str, rounds: int, arms: list[tu
         outs = [None] * n
         for a in [(i + j) % n for j in range(n)]:
             on, split = arms[a]
-            mode, _, norm = split.partition(":")
-            with pdl.using(on, runner.device), gemm.splitting(mode), gemm.norm_rounding(norm or gemm.NORM_MODE):
+            with pdl.using(on, runner.device), gemm.splitting(split):
                 set_host_path(runner, host)  # re-captures the graphs with this arm's launches
                 t, outs[a] = timed_decode(runner, prompts, new)
             tok[a].append(t)
@@ -94,9 +93,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--gemm-splits", default=gemm.DEFAULT_SPLIT_MODE,
-                    help=f"engine gemm: split modes to compare, of {', '.join(gemm.SPLIT_MODES)}, each optionally "
-                         f"with :exact or :deferred (the RMSNorm prologue's rounding); the first is also run with "
-                         f"PDL off")
+                    help=f"engine gemm: split modes to compare, of {', '.join(gemm.SPLIT_MODES)} (the first is "
+                         f"also run with PDL off)")
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)
@@ -105,11 +103,9 @@ def main(argv=None) -> int:
     if bad or a.rounds < 1:
         ap.error(f"--engines: unknown {bad} (choose from {', '.join(ENGINES)})" if bad else "--rounds must be >= 1")
     splits = [m.strip() for m in a.gemm_splits.split(",") if m.strip()]
-    bad = [m for m in splits if m.partition(":")[0] not in gemm.SPLIT_MODES
-           or m.partition(":")[2] not in ("", *gemm.NORM_MODES)]
+    bad = [m for m in splits if m not in gemm.SPLIT_MODES]
     if bad or not splits:
-        ap.error(f"--gemm-splits: unknown {bad} (choose from {', '.join(gemm.SPLIT_MODES)}, each optionally with "
-                 f":{' or :'.join(gemm.NORM_MODES)}, the RMSNorm prologue's rounding)")
+        ap.error(f"--gemm-splits: unknown {bad} (choose from {', '.join(gemm.SPLIT_MODES)})")
     why = pdl.unsupported("cuda")
     if why:
         print(f"attnlab.bench.pdl: {why}")
@@ -145,9 +141,8 @@ def main(argv=None) -> int:
                         emit({**key, "host": host}, "-", f"error: {e!r} |||", {"error": repr(e)})
                         continue
                     for i, arm in enumerate(arms):
-                        # another split policy or prologue rounding changes fp32 sums: tokens may differ at near-ties
-                        policy_differs = (arm[1].split("/")[0] != arms[0][1].split("/")[0]
-                                          or arm[1].partition(":")[2] != arms[0][1].partition(":")[2])
+                        # another split policy changes fp32 sums: tokens may differ at near-ties
+                        policy_differs = arm[1].split("/")[0] != arms[0][1].split("/")[0]
                         same = "yes" if r["same_tokens"][i] else "differs" if policy_differs else "NO"
                         cells = f"{_spread(r['tok_s'][i], '.0f')} | {_spread(r['ratio'][i], '.3f')} | {same}"
                         emit({**key, "host": host}, arm_name(eng, arm), cells,

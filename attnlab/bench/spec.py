@@ -419,8 +419,7 @@ def parse(argv=None):
                     help="engine.gemm: triton runs decode / verify passes on attnlab's small-M GEMM (CUDA only)")
     ap.add_argument("--gemm-split", default=None,
                     help="engine.gemm_split with --gemm triton: fill/pass, fill/ticket, lean/pass or lean/ticket "
-                         "(attnlab.kernels.gemm; default: its default), optionally with :exact or :deferred (the "
-                         "RMSNorm prologue's rounding)")
+                         "(attnlab.kernels.gemm; default: its default)")
     ap.add_argument("--pdl", action="store_true",
                     help="engine.pdl: attnlab's kernels with programmatic dependent launch (CUDA, sm_90+)")
     ap.add_argument("--skip-hf", action="store_true")
@@ -447,10 +446,8 @@ def parse(argv=None):
     if a.gemm_split is not None:
         from attnlab.kernels import gemm
 
-        mode, _, norm = a.gemm_split.partition(":")
-        if a.gemm != "triton" or mode not in gemm.SPLIT_MODES or norm not in ("", *gemm.NORM_MODES):
-            ap.error(f"--gemm-split {a.gemm_split}: needs --gemm triton and one of {', '.join(gemm.SPLIT_MODES)} "
-                     f"(optionally :exact or :deferred)")
+        if a.gemm != "triton" or a.gemm_split not in gemm.SPLIT_MODES:
+            ap.error(f"--gemm-split {a.gemm_split}: needs --gemm triton and one of {', '.join(gemm.SPLIT_MODES)}")
     if a.invariant and a.gemm == "triton":
         ap.error("--invariant runs the target's GEMMs through invariant_linear; it does not combine with --gemm triton")
     if a.invariant and not (cuda and a.graphs):
@@ -576,8 +573,7 @@ def main(argv=None) -> int:
     from attnlab.kernels import gemm, pdl
 
     # process-wide switches: restored after the run
-    mode, _, norm = (a.gemm_split or gemm.split_mode()).partition(":")
-    with pdl.using(a.pdl, a.device if a.pdl else None), gemm.splitting(mode), gemm.norm_rounding(norm or gemm.NORM_MODE):
+    with pdl.using(a.pdl, a.device if a.pdl else None), gemm.splitting(a.gemm_split or gemm.split_mode()):
         res = run(a)
     print(res["markdown"])
     write_report(a.out, {k: v for k, v in res.items() if k != "outputs"}, res["markdown"])

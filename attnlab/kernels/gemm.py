@@ -16,17 +16,19 @@ bit-identical to the same row inside M = 5, 9 or 16 (verify).
 
 Split modes (``engine.gemm_split``, process-wide: ``set_split_mode`` / ``splitting``), ``<policy>/<reduce>``:
 - policy ``fill``: split K until the programs about fill an H200 (132); ``lean``: as fill, but a K of at most
-  ``LEAN_MAX_CHUNKS`` BLOCK_K chunks runs unsplit (a split's reduction costs about what a short K loop does:
-  SmolLM2's qkv, 2.8 vs 3.4 us alone on an H200; but inside a PDL-chained step the shorter loops of fill won,
-  experiments/h200-2026-12-02d);
+  ``LEAN_MAX_CHUNKS`` BLOCK_K chunks runs unsplit (alone, SmolLM2's qkv takes 2.8 us unsplit vs 3.4 split; in a
+  PDL-chained decode step fill's shorter loops won: 1110 vs 1006 tok/s, experiments/h200-2026-12-02d);
 - reduce ``pass``: a second tiny launch sums the partials; ``ticket``: each split program, after writing its
   partial, takes a ticket on its column tile (an acq_rel atomic), and the last to arrive sums all partials in
   split order and runs the epilogue, then resets the ticket (one launch per GEMM; the same sums in the same
   order as ``pass``, so the same bits). Tickets live in one per-device buffer: GEMMs on one device must not
-  run concurrently on two streams (attnlab's engine runs one stream).
+  run concurrently on two streams (attnlab's engine runs one stream). Default ``fill/ticket``.
 
-Prologue ``norm_weight``: HF RMSNorm of each x row (sum of squares over K in BLOCK_K chunks, fixed order;
-normalize in fp32, round to the model dtype, scale, round) before the dot, as RMSNorm then F.linear does.
+Prologue ``norm_weight``: HF RMSNorm of each x row (sum of squares over all of K in SS_BLOCK chunks, fixed
+order; normalize in fp32, round to the model dtype, scale, round), as RMSNorm then F.linear does. Each program
+normalizes its own K range once, unrolled, into a scratch [M, K] (the programs of a split write the same bits),
+and its K loop then streams the scratch as it would stream x: pipelined. (Normalizing each chunk inside the loop
+kept x in registers and waited on every chunk: Llama-3.2-1B's qkv took 13.2 us against 9.6 this way.)
 Weights may be float8_e4m3fn with per-output-row fp32 scales (``w_scale``): dequantized inside (e4m3 -> the
 activation dtype is exact), the scale applied to the fp32 sum. Epilogues (``epilogue=``):
 - ``none``:     y = round(acc (+ bias))
@@ -35,7 +37,11 @@ activation dtype is exact), the scale applied to the fp32 sum. Epilogues (``epil
 - ``rope``:     w = qkv_proj; RoPE (rotate-half) on the first ``rope_cols`` columns (q and k), per head of
                 ``head_dim``; v untouched (qkv_proj; rounding as attnlab.models.rope in the model dtype)
 The paired epilogues (silu_mul, rope) give a program both columns of each pair it needs: for a group size G
-(I for silu_mul, head_dim / 2 for rope), logical column j maps to c1 = (j // G) * 2G + j % G and c2 = c1 + G.
+(I for silu_mul, head_dim / 2 for rope), logical column j maps to c1 = (j // G) * 2G + j % G and c2 = c1 + G;
+a paired program covers BLOCK_N / 2 logical columns, so it streams as many weight rows as a plain one.
+``kv_store`` (rope): the qkv epilogue also writes k (rotated) and v into their KV-pool slots (the gemm path's
+layer then launches no store kernel). The epilogue's other inputs (residual, cos / sin, slots) load before the K
+loop, their latency under the weight stream.
 """
 
 from __future__ import annotations
@@ -62,8 +68,6 @@ DEFAULT_SPLIT_MODE = "fill/ticket"
 LEAN_MAX_CHUNKS = 8  # lean: a K loop of at most this many BLOCK_K chunks runs unsplit
 MAX_TICKETS = 4096  # column tiles with a ticket; a split GEMM has < TARGET_PROGRAMS of them
 SS_BLOCK = 512  # exact RMSNorm prologue: columns of x per unrolled sum-of-squares chunk
-NORM_MODES = ("exact", "deferred")
-NORM_MODE = "exact"  # the prologue's default (bench.gemm_fused compares them; deferred lost on large paired GEMMs)
 _split_mode = DEFAULT_SPLIT_MODE
 _tickets: dict = {}
 
@@ -90,19 +94,6 @@ def splitting(mode: str):
         yield
     finally:
         set_split_mode(old)
-
-
-@contextmanager
-def norm_rounding(mode: str):
-    """The RMSNorm prologue's default rounding (NORM_MODE) for a block: benches comparing exact and deferred."""
-    global NORM_MODE
-    if mode not in NORM_MODES:
-        raise ValueError(f"norm mode {mode!r}: choose from {', '.join(NORM_MODES)}")
-    old, NORM_MODE = NORM_MODE, mode
-    try:
-        yield
-    finally:
-        NORM_MODE = old
 
 
 def _ticket_buffer(device: torch.device) -> torch.Tensor:
@@ -216,16 +207,14 @@ def _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, 
 
 
 @triton.jit
-def _gemm_kernel(X, XN, W, OUT, PART, SSP, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, K,
+def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, K,
                  k_per_split, stride_xm, stride_wn, stride_om, stride_rm, stride_cm, stride_slot, eps, G, ROPE_COLS,
                  Q_COLS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  NORM: tl.constexpr, SS_BLOCK: tl.constexpr, SS_ITERS: tl.constexpr, NRM_ITERS: tl.constexpr,
                  FP8: tl.constexpr,
                  HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PAIRED: tl.constexpr, KV_STORE: tl.constexpr,
                  IEEE: tl.constexpr, USE_PDL: tl.constexpr = False):
-    # SPLIT: 0 one program per column tile; 1 partials for _reduce_kernel; 2 partials, the last program reduces.
-    # NORM: 0 none; 1 exact (HF RMSNorm rounding: the sum of squares first, then the K loop on normalized x);
-    # 2 deferred (x * norm weight in the K loop, the sum of squares beside it, 1 / rms on the fp32 sum)
+    # SPLIT: 0 one program per column tile; 1 partials for _reduce_kernel; 2 partials, the last program reduces
     pdl_start(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -237,7 +226,7 @@ def _gemm_kernel(X, XN, W, OUT, PART, SSP, TICKETS, SCALE, BIAS, NORM_W, RES, CO
     x_dt = X.dtype.element_ty
     res, cos, sin, slot = _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, stride_rm, stride_cm, G,
                                        ROPE_COLS, EPI, PAIRED, KV_STORE)
-    if NORM == 1:  # sum of squares of each row over all of K, chunk by chunk (the same order for every row and M);
+    if NORM:  # sum of squares of each row over all of K, chunk by chunk (the same order for every row and M);
         # unrolled, so the chunks' loads are in flight together instead of one latency per chunk
         ss = tl.zeros([BLOCK_M], dtype=tl.float32)
         for c in tl.static_range(SS_ITERS):
@@ -248,12 +237,11 @@ def _gemm_kernel(X, XN, W, OUT, PART, SSP, TICKETS, SCALE, BIAS, NORM_W, RES, CO
         rstd = tl.math.rsqrt(ss / K + eps)
     acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    sq = tl.zeros([BLOCK_K, BLOCK_M], dtype=tl.float32)  # NORM 2: squares summed per K lane, reduced after
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     src = X
     src_stride = stride_xm
-    if NORM == 1:  # HF RMSNorm (normalize in fp32, round, scale, round) of this program's K range, once, into the
+    if NORM:  # HF RMSNorm (normalize in fp32, round, scale, round) of this program's K range, once, into the
         # XN scratch [M, K], unrolled (the loads in flight together); the K loop then streams XN as it streams x,
         # pipelined, instead of waiting on each chunk of x in registers. Programs of one split write the same bits.
         for c in tl.static_range(NRM_ITERS):
@@ -271,11 +259,6 @@ def _gemm_kernel(X, XN, W, OUT, PART, SSP, TICKETS, SCALE, BIAS, NORM_W, RES, CO
         k_mask = offs_k < K
         xt = tl.load(src + offs_m[None, :] * src_stride + offs_k[:, None], mask=m_mask[None, :] & k_mask[:, None],
                      other=0.0)  # [BLOCK_K, BLOCK_M]
-        if NORM == 2:  # scale by the norm weight, round; 1 / rms multiplies the fp32 sum at the end
-            nw = tl.load(NORM_W + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-            xf = xt.to(tl.float32)
-            sq += xf * xf
-            xt = (nw[:, None] * xf).to(x_dt)
         wmask = n_mask[:, None] & k_mask[None, :]
         w1 = tl.load(W + c1[:, None].to(tl.int64) * stride_wn + offs_k[None, :], mask=wmask, other=0.0)
         if FP8:  # e4m3 -> the activation dtype is exact; the row scale comes after the sum
@@ -293,12 +276,7 @@ def _gemm_kernel(X, XN, W, OUT, PART, SSP, TICKETS, SCALE, BIAS, NORM_W, RES, CO
                 acc2 = tl.dot(w2.to(tl.float32), xt.to(tl.float32), acc2, input_precision="ieee")
             else:
                 acc2 = tl.dot(w2, xt, acc2)
-    ssum = tl.sum(sq, axis=0)  # NORM 2: this program's K range's sum of squares (zeros otherwise)
     if SPLIT == 0:
-        if NORM == 2:
-            rstd = tl.math.rsqrt(ssum / K + eps)[None, :]
-            acc1 = acc1 * rstd
-            acc2 = acc2 * rstd
         _epilogue(acc1, acc2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, cos, sin, slot, stride_om,
                   stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
     else:  # partials [splits, 2 (pair), BLOCK_M, N_LOG] fp32, summed in split order
@@ -307,8 +285,6 @@ def _gemm_kernel(X, XN, W, OUT, PART, SSP, TICKETS, SCALE, BIAS, NORM_W, RES, CO
         tl.store(base0 + pid_k * 2 * BLOCK_M * N_LOG, acc1, mask=pmask)
         if PAIRED:
             tl.store(base0 + pid_k * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, acc2, mask=pmask)
-        if NORM == 2:  # [splits, column tiles, BLOCK_M]: each program its own (the ticket orders a tile's only)
-            tl.store(SSP + (pid_k * tl.num_programs(0) + pid_n) * BLOCK_M + offs_m, ssum)
         if SPLIT == 2:  # the ticket: every thread's partial stores before the arrival (barrier), published by the
             # acq_rel atomic; the last program to arrive sees all partials (its loads bypass L1) and reduces
             tl.debug_barrier()
@@ -317,29 +293,21 @@ def _gemm_kernel(X, XN, W, OUT, PART, SSP, TICKETS, SCALE, BIAS, NORM_W, RES, CO
             if arrived == num_splits - 1:
                 a1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
                 a2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-                ss = tl.zeros([BLOCK_M], dtype=tl.float32)
                 for sp in range(num_splits):  # fixed order: split 0, 1, ... (as _reduce_kernel)
                     a1 += tl.load(base0 + sp * 2 * BLOCK_M * N_LOG, mask=pmask, other=0.0, cache_modifier=".cg")
                     if PAIRED:
                         a2 += tl.load(base0 + sp * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, mask=pmask, other=0.0,
                                       cache_modifier=".cg")
-                    if NORM == 2:
-                        ss += tl.load(SSP + (sp * tl.num_programs(0) + pid_n) * BLOCK_M + offs_m,
-                                      cache_modifier=".cg")
-                if NORM == 2:
-                    rstd = tl.math.rsqrt(ss / K + eps)[None, :]
-                    a1 = a1 * rstd
-                    a2 = a2 * rstd
                 _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, cos, sin, slot,
                           stride_om, stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
                 tl.store(TICKETS + pid_n, 0)  # ready for the next launch
 
 
 @triton.jit
-def _reduce_kernel(PART, SSP, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, K, eps, stride_om,
-                   stride_rm, stride_cm, stride_slot, G, ROPE_COLS, Q_COLS, num_splits, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, NORM: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   EPI: tl.constexpr, PAIRED: tl.constexpr, KV_STORE: tl.constexpr, USE_PDL: tl.constexpr = False):
+def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, stride_om, stride_rm,
+                   stride_cm, stride_slot, G, ROPE_COLS, Q_COLS, num_splits, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr,
+                   PAIRED: tl.constexpr, KV_STORE: tl.constexpr, USE_PDL: tl.constexpr = False):
     pdl_start(USE_PDL)
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
@@ -351,17 +319,10 @@ def _reduce_kernel(PART, SSP, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, M,
     base = PART + offs_m[None, :] * N_LOG + j[:, None]
     a1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     a2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
     for sp in range(num_splits):  # fixed order: split 0, 1, ...
         a1 += tl.load(base + sp * 2 * BLOCK_M * N_LOG, mask=pmask, other=0.0)
         if PAIRED:
             a2 += tl.load(base + sp * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, mask=pmask, other=0.0)
-        if NORM == 2:
-            ss += tl.load(SSP + (sp * tl.num_programs(0) + tl.program_id(0)) * BLOCK_M + offs_m)
-    if NORM == 2:
-        rstd = tl.math.rsqrt(ss / K + eps)[None, :]
-        a1 = a1 * rstd
-        a2 = a2 * rstd
     _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, cos, sin, slot, stride_om,
               stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
 
@@ -373,15 +334,13 @@ def _rowmajor(t: torch.Tensor | None) -> torch.Tensor | None:
 def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, w_scale: torch.Tensor | None = None,
          norm_weight: torch.Tensor | None = None, eps: float = 1e-6, epilogue: str = "none",
          residual: torch.Tensor | None = None, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
-         head_dim: int = 0, rope_cols: int = 0, kv_store: tuple | None = None,
-         norm_mode: str | None = None) -> torch.Tensor:
+         head_dim: int = 0, rope_cols: int = 0, kv_store: tuple | None = None) -> torch.Tensor:
     """x [M, K] (fp32 / fp16 / bf16, M <= 16), w [N, K] (x's dtype, or float8_e4m3fn with w_scale [N] fp32),
     bias [N] or None -> [M, N] in x's dtype ([M, N / 2] for silu_mul). See the module docstring for
     norm_weight [K] (RMSNorm prologue, eps) and the epilogues: residual [M, N]; rope: cos / sin [M, head_dim]
     (or [M, 1, head_dim]), rotating columns [0, rope_cols) (q and k) per head. ``kv_store`` (rope only):
     (k_cache, v_cache, slots), caches [num_slots, kv_heads, head_dim] of x's dtype with each slot's heads
-    contiguous, slots [M] int (-1: not stored): the k (rotated) and v columns of each row also go to its slot.
-    ``norm_mode`` (exact | deferred, default NORM_MODE): how the RMSNorm prologue rounds (module docstring)."""
+    contiguous, slots [M] int (-1: not stored): the k (rotated) and v columns of each row also go to its slot."""
     m, k = x.shape
     n, kw = w.shape
     if m > MAX_M:
@@ -390,9 +349,6 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         raise ValueError(f"attnlab.kernels.gemm: x has K={k}, w has K={kw}")
     if epilogue not in _EPI:
         raise ValueError(f"epilogue={epilogue!r}: choose from {', '.join(EPILOGUES)}")
-    norm_mode = norm_mode or NORM_MODE
-    if norm_mode not in NORM_MODES:
-        raise ValueError(f"norm_mode={norm_mode!r}: choose from {', '.join(NORM_MODES)}")
     fp8 = w.dtype == torch.float8_e4m3fn
     if fp8 != (w_scale is not None):
         raise ValueError("float8_e4m3fn weights need w_scale [N] fp32, and only they take one")
@@ -437,9 +393,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     splits, per = split_k(n_tiles, k, block_k, policy == "lean")
     split = 0 if splits == 1 else 2 if reduce == "ticket" and n_tiles <= MAX_TICKETS else 1
     part = torch.empty(splits, 2, BLOCK_M, n_log, dtype=torch.float32, device=x.device) if split else out
-    norm = 0 if norm_weight is None else NORM_MODES.index(norm_mode) + 1
-    ssp = (torch.empty(splits, n_tiles, BLOCK_M, dtype=torch.float32, device=x.device) if split and norm == 2
-           else out)
+    norm = norm_weight is not None
     tickets = _ticket_buffer(x.device) if split == 2 else out
     ss_block = min(SS_BLOCK, max(16, triton.next_power_of_2(k)))
     dummy = out
@@ -454,16 +408,15 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             "RES": residual if residual is not None else dummy, "COS": cos if cos is not None else dummy,
             "SIN": sin if sin is not None else dummy, "KC": kc if kc is not None else dummy,
             "VC": vc if vc is not None else dummy, "SLOTS": slots if slots is not None else dummy}
-    xn = torch.empty(m, k, dtype=x.dtype, device=x.device) if norm == 1 else x  # the normalized rows (exact)
+    xn = torch.empty(m, k, dtype=x.dtype, device=x.device) if norm else x  # the normalized rows (scratch)
     _gemm_kernel[(n_tiles, splits)](
-        x, xn, w, out, part, ssp, tickets, NORM_W=norm_weight if norm_weight is not None else dummy, K=k,
+        x, xn, w, out, part, tickets, NORM_W=norm_weight if norm_weight is not None else dummy, K=k,
         k_per_split=per, stride_xm=x.stride(0), stride_wn=w.stride(0), eps=eps, BLOCK_K=block_k, SPLIT=split,
-        NORM=norm, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block) if norm == 1 else 0,
-        NRM_ITERS=triton.cdiv(min(per, k), ss_block) if norm == 1 else 0,
+        NORM=norm, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block) if norm else 0,
+        NRM_ITERS=triton.cdiv(min(per, k), ss_block) if norm else 0,
         IEEE=fp32_dot(x.dtype), num_warps=4, num_stages=3, **ptrs, **args, **launch_args(x))
     if split == 1:
-        _reduce_kernel[(n_tiles,)](part, ssp, out, **ptrs, K=k, eps=eps, num_splits=splits, NORM=norm, num_warps=4,
-                                   **args, **launch_args(part))
+        _reduce_kernel[(n_tiles,)](part, out, **ptrs, num_splits=splits, num_warps=4, **args, **launch_args(part))
     return out
 
 

@@ -9,12 +9,11 @@ import pytest
 from attnlab.bench import gemm_fused as bench
 
 
-def test_arms_are_split_and_norm_modes():
-    assert bench.parse_arms("fill/pass:exact, lean/ticket:deferred") == [("fill/pass", "exact"),
-                                                                         ("lean/ticket", "deferred")]
-    for bad in ("fill/pass", "fill:exact", "fill/pass:fast", ""):
-        with pytest.raises(ValueError, match="--arms"):
-            bench.parse_arms(bad)
+def test_arms_are_split_modes():
+    assert bench.parse_splits("fill/pass, lean/ticket") == ["fill/pass", "lean/ticket"]
+    for bad in ("fill", "fill/pass:exact", ""):
+        with pytest.raises(ValueError, match="--splits"):
+            bench.parse_splits(bad)
 
 
 def test_interpret_smoke(capsys, tmp_path):
@@ -22,7 +21,7 @@ def test_interpret_smoke(capsys, tmp_path):
     out = tmp_path / "fused.json"
     assert bench.main(["--interpret", "--ms", "1,3", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "| tiny | 3 | fill/ticket:deferred |" in text and "| tiny | 1 | cuBLAS |" in text
+    assert "| tiny | 3 | lean/ticket |" in text and "| tiny | 1 | cuBLAS |" in text
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 2 * 5 and all(r.get("same_as_first", True) and r.get("invariant", True) for r in rows)
-    assert bench.main(["--interpret", "--arms", "fill:exact"]) == 2
+    assert len(rows) == 2 * 4 and all(r.get("same_as_first", True) and r.get("invariant", True) for r in rows)
+    assert bench.main(["--interpret", "--splits", "fill"]) == 2

@@ -68,9 +68,8 @@ def _variants(dtype):
         _, w, g = _data(1, n, k, dtype, seed=1)
         nw = (torch.rand(k, generator=g) + 0.5).to(dtype)
         out.append((f"linear-{n}x{k}", lambda x, w=w: gemm.linear(x, w)))
-        for mode in gemm.NORM_MODES:
-            out.append((f"norm-{mode}-silu-{n}x{k}", lambda x, w=w, nw=nw, mode=mode: gemm.gemm(
-                x, w, norm_weight=nw, epilogue="silu_mul", norm_mode=mode)))
+        out.append((f"norm-silu-{n}x{k}", lambda x, w=w, nw=nw: gemm.gemm(x, w, norm_weight=nw,
+                                                                            epilogue="silu_mul")))
         w8, sw = quantize_rows(w)
         out.append((f"fp8-{n}x{k}", lambda x, w8=w8, sw=sw: gemm.linear(x, w8, w_scale=sw.reshape(-1))))
     return out
@@ -99,13 +98,11 @@ def test_norm_prologue_and_residual_epilogue(m, n, k, dtype):
     with torch.no_grad():
         norm.weight.copy_(torch.rand(k, generator=g) + 0.5)
     h = norm(x)  # the unfused path: RMSNorm, then the GEMM
-    for mode in gemm.NORM_MODES:  # deferred rounds x * weight instead of x / rms: within the same tolerance
-        for split in ("fill/pass", "fill/ticket"):
-            with gemm.splitting(split):
-                y = gemm.gemm(x, w, norm_weight=norm.weight, eps=norm.eps, norm_mode=mode)
-            _close(y, F.linear(h.float(), w.float()).to(dtype), dtype)
-    with pytest.raises(ValueError, match="norm_mode='fast'"):
-        gemm.gemm(x, w, norm_weight=norm.weight, norm_mode="fast")
+    outs = []
+    for split in gemm.SPLIT_MODES:  # the normalized rows go through the scratch, split or not
+        with gemm.splitting(split):
+            outs.append(gemm.gemm(x, w, norm_weight=norm.weight, eps=norm.eps))
+        _close(outs[-1], F.linear(h.float(), w.float()).to(dtype), dtype)
     res = torch.randn(m, n, generator=g).to(dtype)
     y = gemm.gemm(x, w, epilogue="residual", residual=res)
     _close(y, res + F.linear(x.float(), w.float()).to(dtype), dtype)
@@ -175,11 +172,9 @@ def _all_variants(dtype):
         nw = (torch.rand(k, generator=g) + 0.5).to(dtype)
         out.append((f"res-{n}x{k}", lambda x, w=w: gemm.gemm(
             x, w, epilogue="residual", residual=torch.full((x.shape[0], w.shape[0]), 0.5, dtype=x.dtype))))
-        for mode in gemm.NORM_MODES:
-            out.append((f"rope-{mode}-{n}x{k}", lambda x, w=w, nw=nw, mode=mode: gemm.gemm(
-                x, w, norm_weight=nw, epilogue="rope", cos=torch.full((x.shape[0], 16), 0.6, dtype=x.dtype),
-                sin=torch.full((x.shape[0], 16), 0.8, dtype=x.dtype), head_dim=16, rope_cols=(w.shape[0] // 32) * 16,
-                norm_mode=mode)))
+        out.append((f"rope-{n}x{k}", lambda x, w=w, nw=nw: gemm.gemm(
+            x, w, norm_weight=nw, epilogue="rope", cos=torch.full((x.shape[0], 16), 0.6, dtype=x.dtype),
+            sin=torch.full((x.shape[0], 16), 0.8, dtype=x.dtype), head_dim=16, rope_cols=(w.shape[0] // 32) * 16)))
     return out
 
 
