@@ -16,6 +16,9 @@
 #   run.sh 4  carry .gpu/c + .gpu/6: the real model, every pair (eagle) and ngram, batch 1 and 4, fused ops vs
 #             engine.gemm=triton + PDL in the mode SPLIT (env, <split>:<norm>); a host profile (cProfile) of the
 #             flashinfer / triton draft
+#   run.sh R  the final code's figures, to reproduce (carry .gpu/a2): GPU tests, bench.gemm_fused --pdl, bench.pdl
+# Parts 2, A, B, C and 4 ran on code of this sitting that changed after them (their arms named a "deferred" RMSNorm
+# prologue since removed: `git log attnlab/kernels/gemm.py`); README.md says which figures came from which commit.
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1-4}
@@ -95,6 +98,16 @@ C)  # third machine start, carry .gpu/a2: paired programs at half BLOCK_N; the n
   timeout 200 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines fused,gemm --host thin8 \
     --batches 1 --rounds 3 --new 256 --out "$OUT/arms3" --gemm-splits fill/pass:exact,fill/ticket:deferred \
     > $LOGS/arms3.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/arms3.log | tail -n 10
+  ;;
+R)  # the final code: tests, the fused calls, end to end (fused and gemm in one process), batch 1
+  step "install .gpu/a2"; bash .gpu/a2/install.sh | tail -1
+  timeout 200 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py tests/integration/test_gpu_pdl.py \
+    > $LOGS/testsR.log 2>&1; grep -E "passed|failed|FAILED|Error" $LOGS/testsR.log | tail -n 8; cp $LOGS/testsR.log "$OUT/"
+  timeout 100 $PY -m attnlab.bench.gemm_fused --models smollm2,llama1b,llama8b --ms 1,5 --pdl \
+    --out "$OUT/gemm_fused_final.json" > $LOGS/fusedR.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/fusedR.log
+  timeout 240 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b,llama-3.1-8b --engines fused,gemm \
+    --host thin8 --batches 1 --rounds 3 --new 128 --gemm-splits fill/ticket,fill/pass --out "$OUT/arms_final" \
+    > $LOGS/armsR.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/armsR.log
   ;;
 3)
   step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
