@@ -181,8 +181,9 @@ class EngineSchema:
     # kernels a layer; implies the fused ops); longer passes stay on cuBLAS. CUDA only.
     gemm: str = "cublas"
     # How engine.gemm=triton splits K (attnlab/kernels/gemm.py), <policy>/<reduce>: fill (split until ~132
-    # programs) or lean (split only weight-bound GEMMs); pass (a second launch sums the partials) or ticket (the
-    # last split program sums them, one launch). Rows are bit-identical whatever M in every mode.
+    # programs) or lean (as fill, but a K of <= 8 chunks unsplit); pass (a second launch sums the partials) or
+    # ticket (the last split program sums them, one launch, the same bits). Rows are bit-identical whatever M in
+    # every mode. fill/ticket measured fastest end to end on the H200 (experiments/h200-2026-12-02d).
     gemm_split: str = "fill/ticket"
     # Target-only greedy decode: this many steps per launch and host sync (engine/multistep.py; one CUDA graph
     # of N steps with engine.cuda_graph). 1 = one step per sync, as the speculative loop's iterations.

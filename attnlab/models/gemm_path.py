@@ -8,8 +8,8 @@
     gate_up    RMSNorm prologue + SiLU·up epilogue                              -> act [T, I]
     down_proj  residual-add epilogue                                            -> h + down(act)
 
-plus, per split GEMM with ``engine.gemm_split=*/pass``, the split-K reduction launch. Rounding follows the unfused torch
-layer step by step (attnlab.kernels.gemm), so only fp32 summation orders differ, and rows are bit-identical
+plus, per split GEMM with ``engine.gemm_split=*/pass``, the split-K reduction launch. Rounding follows the unfused
+torch layer step by step (attnlab.kernels.gemm), so only fp32 summation orders differ, and rows are bit-identical
 whatever the number of tokens in the pass (decode vs verify). Passes of more than ``gemm.MAX_M`` tokens
 (prefill) take the fused cuBLAS path instead; a layer with Qwen3's q/k norm (between projection and RoPE)
 is not fused (``usable``).
