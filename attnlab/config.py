@@ -183,8 +183,9 @@ class EngineSchema:
     # How engine.gemm=triton splits K (attnlab/kernels/gemm.py), <policy>/<reduce>: fill (split until ~132
     # programs) or lean (as fill, but a K of <= 8 chunks unsplit); pass (a second launch sums the partials) or
     # ticket (the last split program sums them, one launch, the same bits). Rows are bit-identical whatever M in
-    # every mode. fill/ticket measured fastest end to end on the H200 (experiments/h200-2026-12-02d).
-    gemm_split: str = "fill/ticket"
+    # every mode. Unset: fill/ticket (DEFAULT_GEMM_SPLIT), fastest end to end on the H200
+    # (experiments/h200-2026-12-02d). Set with engine.gemm=cublas: refused.
+    gemm_split: str | None = None
     # Target-only greedy decode: this many steps per launch and host sync (engine/multistep.py; one CUDA graph
     # of N steps with engine.cuda_graph). 1 = one step per sync, as the speculative loop's iterations.
     decode_steps_per_sync: int = 1
@@ -266,6 +267,7 @@ def resolve_device(device: str) -> str:
 FP8_GEMMS = ("w8a8", "weight_only")  # precision.fp8_gemm
 GEMM_KINDS = ("cublas", "triton")  # engine.gemm
 GEMM_SPLITS = ("fill/pass", "fill/ticket", "lean/pass", "lean/ticket")  # engine.gemm_split (= gemm.SPLIT_MODES)
+DEFAULT_GEMM_SPLIT = "fill/ticket"  # = gemm.DEFAULT_SPLIT_MODE (a test keeps them equal; config imports no Triton)
 WEIGHT_DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3")  # fp8_e5m2 is a KV format only
 TARGET_WEIGHT_DTYPES = ("fp32", "fp16", "bf16")  # fp8 weights: draft side only (docs/precision.md)
 
@@ -581,11 +583,12 @@ def validate(cfg: DictConfig) -> RunPlan:
     if cfg.engine.gemm == "triton" and device != "cuda":
         raise ConfigError("engine.gemm=triton runs attnlab's Triton GEMM and needs device=cuda (use "
                           "engine.gemm=cublas on CPU)")
-    gemm_split = cfg.engine.get("gemm_split", EngineSchema.gemm_split)
-    _choice("engine.gemm_split", gemm_split, GEMM_SPLITS)
-    if gemm_split != EngineSchema.gemm_split and cfg.engine.gemm != "triton":
-        raise ConfigError(f"engine.gemm_split={gemm_split} splits attnlab's Triton GEMM: it needs engine.gemm=triton "
-                          f"(cuBLAS picks its own split)")
+    gemm_split = cfg.engine.get("gemm_split")
+    if gemm_split is not None:
+        _choice("engine.gemm_split", gemm_split, GEMM_SPLITS)
+        if cfg.engine.gemm != "triton":
+            raise ConfigError(f"engine.gemm_split={gemm_split} splits attnlab's Triton GEMM: it needs "
+                              f"engine.gemm=triton (cuBLAS picks its own split)")
 
     n_steps = cfg.engine.decode_steps_per_sync
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
@@ -677,7 +680,7 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
                              decode_steps_per_sync=cfg.engine.decode_steps_per_sync,
                              invariant=bool(cfg.engine.get("invariant", False)), kv_policy=cfg.engine.kv_policy,
                              pdl=bool(cfg.engine.get("pdl", False)),
-                             gemm_split=cfg.engine.get("gemm_split", EngineSchema.gemm_split)),
+                             gemm_split=cfg.engine.get("gemm_split") or DEFAULT_GEMM_SPLIT),
         bench=pl.BenchPlan(cfg.bench.repeats or (3 if device == "cuda" else 1), float(cfg.bench.noisy_ratio),
                            cfg.bench.cold),
         logger=pl.LoggerPlan(lg.kind, lg.project, lg.entity, lg.mode, lg.group, tuple(lg.tags)),

@@ -209,10 +209,10 @@ def main(argv=None) -> int:
     a.repeats = a.repeats or (1 if a.interpret else 2 if a.quick else 3)
     from attnlab.kernels import gemm
 
-    a.split_modes = [m for m in (a.split_modes or gemm.DEFAULT_SPLIT_MODE).split(",") if m]
-    bad = [m for m in a.split_modes if m not in gemm.SPLIT_MODES]
-    if bad or not a.split_modes:
-        print(f"error: --split-modes {','.join(bad)}: choose from {', '.join(gemm.SPLIT_MODES)}", file=sys.stderr)
+    try:
+        a.split_modes = gemm.parse_split_modes(a.split_modes or gemm.DEFAULT_SPLIT_MODE)
+    except ValueError as e:
+        print(f"error: --split-modes: {e}", file=sys.stderr)
         return 2
     a.reps, a.iters = (1, 1) if a.interpret else (20, 10 if a.quick else 20)
     gemms = [s for s in a.gemms.split(",") if s]

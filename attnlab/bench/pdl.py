@@ -102,10 +102,10 @@ def main(argv=None) -> int:
     bad = [e for e in engines if e not in ENGINES]
     if bad or a.rounds < 1:
         ap.error(f"--engines: unknown {bad} (choose from {', '.join(ENGINES)})" if bad else "--rounds must be >= 1")
-    splits = [m.strip() for m in a.gemm_splits.split(",") if m.strip()]
-    bad = [m for m in splits if m not in gemm.SPLIT_MODES]
-    if bad or not splits:
-        ap.error(f"--gemm-splits: unknown {bad} (choose from {', '.join(gemm.SPLIT_MODES)})")
+    try:
+        splits = gemm.parse_split_modes(a.gemm_splits)
+    except ValueError as e:
+        ap.error(f"--gemm-splits: {e}")
     why = pdl.unsupported("cuda")
     if why:
         print(f"attnlab.bench.pdl: {why}")

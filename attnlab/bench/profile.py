@@ -151,14 +151,16 @@ def main(argv=None) -> int:
     split = a.gemm_split or gemm.DEFAULT_SPLIT_MODE
     if split not in gemm.SPLIT_MODES:
         ap.error(f"--gemm-split {split}: choose from {', '.join(gemm.SPLIT_MODES)}")
+    if a.gemm_split and "gemm" not in [e.strip() for e in a.engines.split(",")]:
+        ap.error("--gemm-split applies to the gemm engine: add gemm to --engines")
     if not torch.cuda.is_available():
         print("attnlab.bench.profile needs a CUDA GPU")
         return 2
     bw = copy_bandwidth_gb_s()
     res = {"gpu": torch.cuda.get_device_name(), "versions": versions(), "copy_gb_s": bw, "runs": []}
     head = (f"{res['gpu']}; {res['versions']}; copy bandwidth {bw:.0f} GB/s; target-only greedy decode, random "
-            f"weights, CUDA graphs, host path {a.host}, batch {a.batch}, {a.steps} steps profiled; engine gemm: split "
-            f"mode {split}")
+            f"weights, CUDA graphs, host path {a.host}, batch {a.batch}, {a.steps} steps profiled"
+            f"{f'; engine gemm: split mode {split}' if 'gemm' in engines else ''}")
     lines = [head, ""]
     for model in [m.strip() for m in a.models.split(",") if m.strip()]:
         for eng in engines:

@@ -285,6 +285,10 @@ class ModelRunner:
 
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
+        if self.fused_ops == "gemm":  # its split-K tickets exist before any capture (attnlab.kernels.gemm.prepare)
+            from attnlab.kernels import gemm
+
+            gemm.prepare(self.device)
         if buckets is None:  # every default bucket below max_batch, and the first one that holds it
             buckets = [b for b in DEFAULT_BUCKETS if b < self.max_batch]
             buckets.append(next((b for b in DEFAULT_BUCKETS if b >= self.max_batch), self.max_batch))

@@ -96,11 +96,31 @@ def splitting(mode: str):
         set_split_mode(old)
 
 
+def parse_split_modes(text: str) -> list[str]:
+    """``"fill/pass, lean/ticket"`` -> the modes, in order, without repeats; ValueError names the bad ones."""
+    modes = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    bad = [m for m in modes if m not in SPLIT_MODES]
+    if bad or not modes:
+        raise ValueError(f"split mode(s) {', '.join(bad) or repr(text)}: choose from {', '.join(SPLIT_MODES)}")
+    return modes
+
+
+def prepare(device) -> None:
+    """Create the device's ticket counters now (the engine calls it before capturing graphs): created inside a
+    capture, their zero fill would belong to the graph and eager launches before its first replay would read
+    uninitialized counters."""
+    _ticket_buffer(torch.device(device))
+
+
 def _ticket_buffer(device: torch.device) -> torch.Tensor:
     """The per-device ticket counters (zero between launches: the last program of a tile resets its own)."""
-    key = (device.type, device.index)
+    key = (device.type, device.index if device.index is not None else
+           (torch.cuda.current_device() if device.type == "cuda" else 0))
     buf = _tickets.get(key)
     if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("attnlab.kernels.gemm: the ticket counters must exist before a CUDA graph capture "
+                               "(call gemm.prepare(device) first)")
         buf = _tickets[key] = torch.zeros(MAX_TICKETS, dtype=torch.int32, device=device)
     return buf
 
@@ -135,7 +155,7 @@ def _columns(j, PAIRED: tl.constexpr, G):
 
 @triton.jit
 def _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, stride_rm, stride_cm, G, ROPE_COLS,
-                 EPI: tl.constexpr, PAIRED: tl.constexpr, KV_STORE: tl.constexpr):
+                 EPI: tl.constexpr, PAIRED: tl.constexpr, KV_STORE: tl.constexpr, LOAD: tl.constexpr = True):
     """What the epilogue reads besides the sums (the residual tile, RoPE's cos / sin, the pool slots), loaded
     before the K loop so their latency hides under the weight stream instead of following it."""
     c1, _ = _columns(j, PAIRED, G)
@@ -145,9 +165,9 @@ def _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, stride_rm, str
     c = tl.zeros([j.shape[0], offs_m.shape[0]], dtype=tl.float32)
     s = tl.zeros([j.shape[0], offs_m.shape[0]], dtype=tl.float32)
     slot = tl.zeros([offs_m.shape[0]], dtype=tl.int64)
-    if EPI == 1:
+    if LOAD and EPI == 1:
         r = tl.load(RES + rows * stride_rm + c1[:, None], mask=mask, other=0.0).to(tl.float32)
-    if EPI == 3:  # cos = cat(f, f): index the first half
+    if LOAD and EPI == 3:  # cos = cat(f, f): index the first half
         cm = (n_mask & (c1 < ROPE_COLS))[:, None] & m_mask[None, :]
         c = tl.load(COS + rows * stride_cm + (j % G)[:, None], mask=cm, other=1.0).to(tl.float32)
         s = tl.load(SIN + rows * stride_cm + (j % G)[:, None], mask=cm, other=0.0).to(tl.float32)
@@ -225,7 +245,7 @@ def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SI
     c1, c2 = _columns(j, PAIRED, G)
     x_dt = X.dtype.element_ty
     res, cos, sin, slot = _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, stride_rm, stride_cm, G,
-                                       ROPE_COLS, EPI, PAIRED, KV_STORE)
+                                       ROPE_COLS, EPI, PAIRED, KV_STORE, SPLIT != 1)  # pass: _reduce_kernel's
     if NORM:  # sum of squares of each row over all of K, chunk by chunk (the same order for every row and M);
         # unrolled, so the chunks' loads are in flight together instead of one latency per chunk
         ss = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -365,11 +385,16 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         if epilogue != "rope" or kv_cols <= 0 or 2 * rope_cols - n < 0:
             raise ValueError("kv_store needs epilogue='rope' with rope_cols = q + k columns (v after them)")
         if (kc.shape != vc.shape or kc.stride() != vc.stride() or kc.dim() != 3 or kc.dtype != x.dtype
-                or kc.shape[1] * kc.shape[2] != kv_cols or kc.stride(1) != kc.shape[2] or kc.stride(2) != 1):
+                or vc.dtype != x.dtype or kc.shape[1] * kc.shape[2] != kv_cols or kc.stride(1) != kc.shape[2]
+                or kc.stride(2) != 1):
             raise ValueError(f"kv_store: caches must be [slots, kv_heads, head_dim] of {x.dtype} with {kv_cols} "
-                             f"contiguous columns per slot, got {tuple(kc.shape)} {kc.dtype} strides {kc.stride()}")
-        if slots.shape != (m,):
-            raise ValueError(f"kv_store: slots must be [{m}], got {tuple(slots.shape)}")
+                             f"contiguous columns per slot, got {tuple(kc.shape)} {kc.dtype} / {vc.dtype} strides "
+                             f"{kc.stride()}")
+        if slots.shape != (m,) or slots.dtype not in (torch.int32, torch.int64) or (m > 1 and slots.stride(0) != 1):
+            raise ValueError(f"kv_store: slots must be a contiguous [{m}] int32 / int64 tensor, got "
+                             f"{tuple(slots.shape)} {slots.dtype} stride {slots.stride()}")
+        if not (kc.device == vc.device == slots.device == x.device):
+            raise ValueError(f"kv_store: caches and slots must be on {x.device}")
     n_log = n // 2 if paired else n
     out = torch.empty(m, n_log if epilogue == "silu_mul" else n, dtype=x.dtype, device=x.device)
     if m == 0:
@@ -391,7 +416,8 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     n_tiles = triton.cdiv(n_log, block_n)
     policy, reduce = _split_mode.split("/")
     splits, per = split_k(n_tiles, k, block_k, policy == "lean")
-    split = 0 if splits == 1 else 2 if reduce == "ticket" and n_tiles <= MAX_TICKETS else 1
+    split = 0 if splits == 1 else 2 if reduce == "ticket" else 1
+    assert split != 2 or n_tiles <= MAX_TICKETS, "a split GEMM has fewer column tiles than TARGET_PROGRAMS"
     part = torch.empty(splits, 2, BLOCK_M, n_log, dtype=torch.float32, device=x.device) if split else out
     norm = norm_weight is not None
     tickets = _ticket_buffer(x.device) if split == 2 else out
@@ -409,12 +435,17 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             "SIN": sin if sin is not None else dummy, "KC": kc if kc is not None else dummy,
             "VC": vc if vc is not None else dummy, "SLOTS": slots if slots is not None else dummy}
     xn = torch.empty(m, k, dtype=x.dtype, device=x.device) if norm else x  # the normalized rows (scratch)
-    _gemm_kernel[(n_tiles, splits)](
-        x, xn, w, out, part, tickets, NORM_W=norm_weight if norm_weight is not None else dummy, K=k,
-        k_per_split=per, stride_xm=x.stride(0), stride_wn=w.stride(0), eps=eps, BLOCK_K=block_k, SPLIT=split,
-        NORM=norm, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block) if norm else 0,
-        NRM_ITERS=triton.cdiv(min(per, k), ss_block) if norm else 0,
-        IEEE=fp32_dot(x.dtype), num_warps=4, num_stages=3, **ptrs, **args, **launch_args(x))
+    try:
+        _gemm_kernel[(n_tiles, splits)](
+            x, xn, w, out, part, tickets, NORM_W=norm_weight if norm_weight is not None else dummy, K=k,
+            k_per_split=per, stride_xm=x.stride(0), stride_wn=w.stride(0), eps=eps, BLOCK_K=block_k, SPLIT=split,
+            NORM=norm, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block) if norm else 0,
+            NRM_ITERS=triton.cdiv(min(per, k), ss_block) if norm else 0,
+            IEEE=fp32_dot(x.dtype), num_warps=4, num_stages=3, **ptrs, **args, **launch_args(x))
+    except BaseException:
+        if split == 2:  # a launch cut short may leave tickets taken: every later split GEMM on them would be wrong
+            tickets.zero_()
+        raise
     if split == 1:
         _reduce_kernel[(n_tiles,)](part, out, **ptrs, num_splits=splits, num_warps=4, **args, **launch_args(part))
     return out

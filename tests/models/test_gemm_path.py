@@ -61,13 +61,16 @@ def test_gemm_path_runs_the_gemm_and_falls_back_above_16_tokens(monkeypatch):
     assert calls == []
 
 
-@pytest.mark.parametrize("split", ["fill/pass", "lean/ticket"])
-def test_gemm_path_greedy_output_identical(split):
+@pytest.mark.parametrize("split", ["fill/pass", "fill/ticket", "lean/ticket"])
+def test_gemm_path_greedy_output_identical(split, monkeypatch):
     """fp32 greedy decoding, target-only: the gemm side emits the tokens the unfused side emits
     (prompts of 11 and 5 tokens: the 16-token prefill and the decode steps run on the gemm path, whose qkv
-    GEMM also writes K/V into the pool), in both reductions of split K."""
+    GEMM also writes K/V into the pool), in each reduction of split K; under fill some GEMMs do split."""
     from attnlab.kernels import gemm
 
+    splits = []
+    real = gemm.split_k
+    monkeypatch.setattr(gemm, "split_k", lambda *a, **k: splits.append(real(*a, **k)[0]) or real(*a, **k))
     model = tiny_model(CFG, seed=9)
     ps = prompts(2, CFG.vocab_size, lengths=(11, 5))
     ref = SpeculativeDecoder(_runner(model, torch.float32, False), NoDrafter("cpu"), SpecParams(0)).generate(ps, 4)
@@ -75,6 +78,7 @@ def test_gemm_path_greedy_output_identical(split):
         out = SpeculativeDecoder(_runner(model, torch.float32, "gemm"), NoDrafter("cpu"),
                                  SpecParams(0)).generate(ps, 4)
     assert [r.output_ids for r in out.requests] == [r.output_ids for r in ref.requests]
+    assert splits and (max(splits) > 1) == split.startswith("fill")  # the tiny model's K: lean never splits
 
 
 def test_gemm_path_qkv_writes_the_pool_and_skips_the_store_kernel(monkeypatch):

@@ -25,3 +25,24 @@ def test_interpret_smoke(capsys, tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 2 * 4 and all(r.get("same_as_first", True) and r.get("invariant", True) for r in rows)
     assert bench.main(["--interpret", "--splits", "fill"]) == 2
+
+
+def test_bench_pdl_arms():
+    """bench.pdl: PDL off and on for every engine; the gemm engine adds PDL-on arms for the further split modes."""
+    from attnlab.bench import pdl as bench_pdl
+
+    assert bench_pdl.arms_for("fused", ["fill/ticket"]) == [(False, "fill/ticket"), (True, "fill/ticket")]
+    arms = bench_pdl.arms_for("gemm", ["fill/ticket", "fill/pass", "lean/ticket"])
+    assert arms == [(False, "fill/ticket"), (True, "fill/ticket"), (True, "fill/pass"), (True, "lean/ticket")]
+    assert bench_pdl.arm_name("gemm", arms[2]) == "PDL on, fill/pass" and bench_pdl.arm_name("fused", arms[0]) == "PDL off"
+    with pytest.raises(SystemExit):  # argparse's error: exit 2 before anything runs
+        bench_pdl.main(["--gemm-splits", "fill/pass:exact"])
+
+
+def test_split_mode_parsing_is_shared():
+    from attnlab.kernels import gemm
+
+    assert gemm.parse_split_modes(" fill/pass, lean/ticket,fill/pass") == ["fill/pass", "lean/ticket"]
+    for bad in ("", "fill", "fill/pass:exact"):
+        with pytest.raises(ValueError, match="split mode"):
+            gemm.parse_split_modes(bad)

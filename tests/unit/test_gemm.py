@@ -1,7 +1,7 @@
 """The small-M GEMM (attnlab/kernels/gemm.py) against torch, and its row invariance, under the interpreter.
 
-Shapes are small but cover a split-K shape (few N tiles, long K: the two-pass reduction), a single-split one,
-N and K that are not multiples of the tile, and each fused prologue / epilogue.
+Shapes are small but cover a split-K shape (few N tiles, long K: both reductions of the partials, the second launch
+and the ticket), a single-split one, N and K that are not multiples of the tile, and each fused prologue / epilogue.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_zero_rows_and_too_many_rows():
 def _variants(dtype):
     """(name, fn(x) -> y) for every kernel variant, on one (N, K) with split-K and one without."""
     out = []
-    for n, k in ((256, 96), (64, 520)):
+    for n, k in ((256, 96), (64, 520), (64, 1100)):  # 1100: split under lean too
         _, w, g = _data(1, n, k, dtype, seed=1)
         nw = (torch.rand(k, generator=g) + 0.5).to(dtype)
         out.append((f"linear-{n}x{k}", lambda x, w=w: gemm.linear(x, w)))
@@ -231,8 +231,9 @@ def test_rope_epilogue_stores_k_and_v_into_their_slots(m, mode):
     cos, sin = rope.cos_sin(torch.randint(0, 4000, (m,), generator=g), rope.inv_freq(d, 10000.0), torch.bfloat16)
     kc = torch.full((20, kv_heads, d), 7.0, dtype=torch.bfloat16)
     vc = torch.full((20, kv_heads, d), 7.0, dtype=torch.bfloat16)
-    slots = torch.randperm(20, generator=g)[:m]
-    slots[m // 2] = -1
+    slots = torch.randperm(20, generator=g)[:m].to(torch.int32 if m > 1 else torch.int64)
+    if m > 1:
+        slots[m // 2] = -1
     kw = {"norm_weight": nw, "epilogue": "rope", "cos": cos, "sin": sin, "head_dim": d,
           "rope_cols": (heads + kv_heads) * d}
     with gemm.splitting(mode):
@@ -252,11 +253,17 @@ def test_rope_epilogue_stores_k_and_v_into_their_slots(m, mode):
         gemm.gemm(x, w, kv_store=(kc, vc, slots), epilogue="none")
     with pytest.raises(ValueError, match="kv_store: caches"):
         gemm.gemm(x, w, kv_store=(kc.float(), vc.float(), slots), **kw)
+    with pytest.raises(ValueError, match="kv_store: slots"):
+        gemm.gemm(x, w, kv_store=(kc, vc, slots.float()), **kw)
+    with gemm.splitting(mode):  # every row skipped: the caches stay as they were
+        gemm.gemm(x, w, kv_store=(kc, vc, torch.full((m,), -1)), **kw)
+    assert (kc[untouched] == 7).all() and (vc[untouched] == 7).all()
 
 
 def test_config_lists_the_kernels_split_modes():
-    from attnlab.config import GEMM_SPLITS, EngineSchema
+    from attnlab.config import DEFAULT_GEMM_SPLIT, GEMM_SPLITS, EngineSchema
     from attnlab.plan import EnginePlan
 
     assert GEMM_SPLITS == gemm.SPLIT_MODES
-    assert EngineSchema.gemm_split == EnginePlan.gemm_split == gemm.DEFAULT_SPLIT_MODE
+    assert EngineSchema.gemm_split is None  # unset: the kernel's default; set: refused without engine.gemm=triton
+    assert DEFAULT_GEMM_SPLIT == EnginePlan.gemm_split == gemm.DEFAULT_SPLIT_MODE
