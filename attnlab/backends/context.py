@@ -36,25 +36,27 @@ class AttnContext:
         # once per pass; every layer's torch store goes through it
         self.index = None if self.fused_ops else self.pool.store_index(self.slots)
 
+    def _store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self.fused_ops:
+            from attnlab.kernels.store_kv import store_kv
+
+            store_kv(self.pool, layer, k, v, self.slots)
+        else:
+            self.pool.store(layer, k, v, self.slots, self.index)
+
     def kv_store_target(self, layer: int, dtype: torch.dtype) -> tuple | None:
         """(k_cache, v_cache, slots) for a projection that writes this pass's K/V into the pool itself (the gemm
         path's qkv epilogue), then ``attend(..., stored=True)``; None where the pool needs the Triton store's
         quantization (fp8 KV) or holds another dtype than the activations."""
         if self.fused_ops != "gemm" or self.pool.is_fp8 or self.pool.dtype != dtype:
             return None
-        lay = self.pool.layer(layer).view(2, -1, self.pool.num_kv_heads, self.pool.head_dim)
-        return lay[0], lay[1], self.slots
+        k_cache, v_cache = self.pool.slots_view(layer)
+        return k_cache, v_cache, self.slots
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                stored: bool = False) -> torch.Tensor:
         """q: [T, Hq, D], k/v: [T, Hkv, D] (RoPE applied) -> [T, Hq, D]. ``stored``: the caller already wrote k / v
         into their slots (``kv_store_target``)."""
-        if stored:
-            pass
-        elif self.fused_ops:
-            from attnlab.kernels.store_kv import store_kv
-
-            store_kv(self.pool, layer, k, v, self.slots)
-        else:
-            self.pool.store(layer, k, v, self.slots, self.index)
+        if not stored:
+            self._store(layer, k, v)
         return self.backend.run(q, layer)

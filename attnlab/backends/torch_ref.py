@@ -137,7 +137,7 @@ class TorchBackend(AttentionBackend):
 
     def run(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         pool = self.pool
-        flat = pool.layer(layer).view(2, -1, pool.num_kv_heads, pool.head_dim)
+        flat = pool.slots_view(layer)
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         group = self.num_q_heads // self.num_kv_heads
         for plan in self.active_plan:

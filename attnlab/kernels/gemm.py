@@ -227,13 +227,28 @@ def _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, 
 
 
 @triton.jit
+def _sum_partials(base, pmask, num_splits, N_LOG, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                  PAIRED: tl.constexpr):
+    """The partials [splits, 2 (pair), BLOCK_M, N_LOG] of one column tile summed in split order (0, 1, ...): the
+    one order both reductions use (the ticket's last program, _reduce_kernel), so they give the same bits. The
+    loads bypass L1 (.cg): the ticket's reducer reads other programs' stores."""
+    a1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    a2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for sp in range(num_splits):
+        a1 += tl.load(base + sp * 2 * BLOCK_M * N_LOG, mask=pmask, other=0.0, cache_modifier=".cg")
+        if PAIRED:
+            a2 += tl.load(base + sp * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, mask=pmask, other=0.0,
+                          cache_modifier=".cg")
+    return a1, a2
+
+
+@triton.jit
 def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, K,
                  k_per_split, stride_xm, stride_wn, stride_om, stride_rm, stride_cm, stride_slot, eps, G, ROPE_COLS,
                  Q_COLS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  NORM: tl.constexpr, SS_BLOCK: tl.constexpr, SS_ITERS: tl.constexpr, NRM_ITERS: tl.constexpr,
-                 FP8: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PAIRED: tl.constexpr, KV_STORE: tl.constexpr,
-                 IEEE: tl.constexpr, USE_PDL: tl.constexpr = False):
+                 FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PAIRED: tl.constexpr,
+                 KV_STORE: tl.constexpr, IEEE: tl.constexpr, USE_PDL: tl.constexpr = False):
     # SPLIT: 0 one program per column tile; 1 partials for _reduce_kernel; 2 partials, the last program reduces
     pdl_start(USE_PDL)
     pid_n = tl.program_id(0)
@@ -311,13 +326,7 @@ def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SI
             num_splits = tl.num_programs(1)
             arrived = tl.atomic_add(TICKETS + pid_n, 1, sem="acq_rel")
             if arrived == num_splits - 1:
-                a1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-                a2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-                for sp in range(num_splits):  # fixed order: split 0, 1, ... (as _reduce_kernel)
-                    a1 += tl.load(base0 + sp * 2 * BLOCK_M * N_LOG, mask=pmask, other=0.0, cache_modifier=".cg")
-                    if PAIRED:
-                        a2 += tl.load(base0 + sp * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, mask=pmask, other=0.0,
-                                      cache_modifier=".cg")
+                a1, a2 = _sum_partials(base0, pmask, num_splits, N_LOG, BLOCK_N, BLOCK_M, PAIRED)
                 _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, cos, sin, slot,
                           stride_om, stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
                 tl.store(TICKETS + pid_n, 0)  # ready for the next launch
@@ -336,13 +345,8 @@ def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, M, N_LO
     pmask = n_mask[:, None] & m_mask[None, :]
     res, cos, sin, slot = _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, stride_rm, stride_cm, G,
                                        ROPE_COLS, EPI, PAIRED, KV_STORE)
-    base = PART + offs_m[None, :] * N_LOG + j[:, None]
-    a1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    a2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for sp in range(num_splits):  # fixed order: split 0, 1, ...
-        a1 += tl.load(base + sp * 2 * BLOCK_M * N_LOG, mask=pmask, other=0.0)
-        if PAIRED:
-            a2 += tl.load(base + sp * 2 * BLOCK_M * N_LOG + BLOCK_M * N_LOG, mask=pmask, other=0.0)
+    a1, a2 = _sum_partials(PART + offs_m[None, :] * N_LOG + j[:, None], pmask, num_splits, N_LOG, BLOCK_N, BLOCK_M,
+                           PAIRED)
     _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, cos, sin, slot, stride_om,
               stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
 

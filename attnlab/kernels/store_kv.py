@@ -41,7 +41,7 @@ def store_kv(pool: KVPool, layer: int, k: torch.Tensor, v: torch.Tensor, slots: 
         return
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()
-    lay = pool.layer(layer).view(2, -1, pool.num_kv_heads, pool.head_dim)
+    lay = pool.slots_view(layer)
     k_cache, v_cache = lay[0], lay[1]
     _store_kv_kernel[(num_tokens,)](
         k, v, k_cache, v_cache, slots, 1.0 / pool.k_scale, 1.0 / pool.v_scale,

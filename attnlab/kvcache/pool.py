@@ -56,6 +56,11 @@ class KVPool:
         """``[2, num_pages + 1, page_size, kv_heads, head_dim]`` view of one layer."""
         return self.kv[layer]
 
+    def slots_view(self, layer: int) -> torch.Tensor:
+        """``[2, num_slots, kv_heads, head_dim]`` view of one layer: K / V by flat slot (page * page_size + offset),
+        each slot's heads contiguous (the scratch page's slots last)."""
+        return self.kv[layer].view(2, -1, self.num_kv_heads, self.head_dim)
+
     def bytes_per_token(self) -> int:
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.kv.element_size()
 
@@ -71,7 +76,7 @@ class KVPool:
               index: torch.Tensor | None = None) -> None:
         """Write new tokens' K/V. k, v: [num_tokens, kv_heads, head_dim]; slots: [num_tokens] int (-1 = skip);
         index: ``store_index(slots)`` when the caller already has it."""
-        flat = self.kv[layer].view(2, -1, self.num_kv_heads, self.head_dim)
+        flat = self.slots_view(layer)
         idx = self.store_index(slots) if index is None else index
         if self.is_fp8:
             k = (k.float() / self.k_scale).to(self.dtype)
