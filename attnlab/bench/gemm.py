@@ -59,6 +59,32 @@ def row_invariant(fn, x16) -> bool:
     return True
 
 
+def in_mode(fn, split: str | None = None, pdl_on: bool = False, device: str = "cuda"):
+    """fn(i) run under the GEMM split mode ``split`` (None: the current one) and PDL on / off: what a bench times
+    (and captures) per arm, the process-wide switches restored after each call."""
+    from attnlab.kernels import gemm, pdl
+
+    def run(i):
+        with pdl.using(pdl_on, device if pdl_on else None), gemm.splitting(split or gemm.split_mode()):
+            return fn(i)
+    return run
+
+
+def check_target(interpret: bool, models_text: str, bench: str) -> tuple[str, list[str]]:
+    """(device, models) of a GEMM bench: the interpreter's tiny model on CPU, else CUDA and presets of MODELS;
+    ValueError says what is wrong."""
+    import torch
+
+    device = "cpu" if interpret else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{bench} needs CUDA (or --interpret on CPU)")
+    models = ["tiny"] if interpret else [s for s in models_text.split(",") if s]
+    unknown = [s for s in models if s not in MODELS]
+    if unknown or not models:
+        raise ValueError(f"--models {','.join(unknown)}: choose from {', '.join(MODELS)}")
+    return device, models
+
+
 class GraphTimer:
     """``reps`` calls of fn(i) (i = weight copy) captured in one CUDA graph; measure() -> median us per call."""
 
@@ -115,20 +141,14 @@ def cell(model, name, n, k, m, args, device, copy_gb_s) -> dict:
     x = x16[:m].clone()
     row = {"model": model, "gemm": name, "n": n, "k": k, "m": m}
     ref = F.linear(x.float(), ws[0].float())
-    def in_mode(mode, fn):
-        def run(i):
-            with gemm.splitting(mode):
-                return fn(i)
-        return run
-
     modes = args.split_modes
     fns = {"cublas": lambda i: F.linear(x, ws[i]),
-           "attnlab": in_mode(modes[0], lambda i: gemm.linear(x, ws[i])),
-           "fp8w": in_mode(modes[0], lambda i: gemm.linear(x, w8s[i][0], w_scale=w8s[i][1].view(-1))),
-           **{f"split {mode}": in_mode(mode, lambda i: gemm.linear(x, ws[i])) for mode in modes[1:]}}
+           "attnlab": in_mode(lambda i: gemm.linear(x, ws[i]), modes[0]),
+           "fp8w": in_mode(lambda i: gemm.linear(x, w8s[i][0], w_scale=w8s[i][1].view(-1)), modes[0]),
+           **{f"split {mode}": in_mode(lambda i: gemm.linear(x, ws[i]), mode) for mode in modes[1:]}}
     row["max_err_attnlab"] = (fns["attnlab"](0).float() - ref).abs().max().item()
     row["max_err_fp8w"] = (fns["fp8w"](0).float() - x.float() @ (w8s[0][0].float() * w8s[0][1]).t()).abs().max().item()
-    row["inv_attnlab"] = all(row_invariant(in_mode(mode, lambda xx: gemm.linear(xx, ws[0])), x16) for mode in modes)
+    row["inv_attnlab"] = all(row_invariant(in_mode(lambda xx: gemm.linear(xx, ws[0]), mode), x16) for mode in modes)
     row["inv_cublas"] = row_invariant(lambda xx: F.linear(xx, ws[0]), x16)
     timer = GraphTimer if device == "cuda" else EagerTimer
     timers = {key: timer(fn, copies, args.reps, args.iters) for key, fn in fns.items()}
@@ -189,18 +209,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # before the first import of a @triton.jit module
-    import torch
-
     from attnlab.bench.kernels import copy_bandwidth_gb_s, versions
 
-    device = "cpu" if a.interpret else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        print("error: bench.gemm needs CUDA (or --interpret on CPU)", file=sys.stderr)
-        return 2
-    models = ["tiny"] if a.interpret else [s for s in a.models.split(",") if s]
-    unknown = [s for s in models if s not in MODELS]
-    if unknown:
-        print(f"error: --models {','.join(unknown)}: choose from {', '.join(MODELS)}", file=sys.stderr)
+    try:
+        device, models = check_target(a.interpret, a.models, "bench.gemm")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     ms = [int(s) for s in a.ms.split(",")] if a.ms else ([1, 4] if a.interpret else QUICK_MS if a.quick else MS)
     if any(m < 1 or m > 16 for m in ms):

@@ -88,8 +88,8 @@ def parse_splits(text: str) -> list[str]:
 def bench_model(model, arms, ms, a, device) -> list[dict]:
     import torch
 
-    from attnlab.bench.gemm import MAX_COPIES, WALK_BYTES, EagerTimer, GraphTimer
-    from attnlab.kernels import gemm, pdl
+    from attnlab.bench.gemm import MAX_COPIES, WALK_BYTES, EagerTimer, GraphTimer, in_mode
+    from attnlab.kernels import gemm
 
     copies_for = (lambda b: 1) if device == "cpu" else (lambda b: max(1, min(MAX_COPIES, WALK_BYTES // b)))
     m_max = max(ms)
@@ -97,18 +97,13 @@ def bench_model(model, arms, ms, a, device) -> list[dict]:
     timer_cls = GraphTimer if device == "cuda" else EagerTimer
     rows = []
     for m in ms:
-        def wrap(fn, split=None, on=False):
-            def run(i):
-                with pdl.using(on, device if on else None), gemm.splitting(split or gemm.split_mode()):
-                    return fn(i)
-            return run
-
-        fns = {("cuBLAS", c): wrap(lambda i, c=c, m=m: cublas[c](i, xs[c][:m])) for c in CALLS}
+        fns = {("cuBLAS", c): in_mode(lambda i, c=c, m=m: cublas[c](i, xs[c][:m]), device=device) for c in CALLS}
         outs = {}
         for arm in arms:
             for c in CALLS:
-                fns[(arm, c)] = wrap(lambda i, c=c, m=m: fused[c](i, xs[c][:m]), arm, a.pdl)
-            fns[(arm, "layer")] = wrap(lambda i, m=m: [fused[c](i, xs[c][:m]) for c in CALLS], arm, a.pdl)
+                fns[(arm, c)] = in_mode(lambda i, c=c, m=m: fused[c](i, xs[c][:m]), arm, a.pdl, device)
+            fns[(arm, "layer")] = in_mode(lambda i, m=m: [fused[c](i, xs[c][:m]) for c in CALLS], arm, a.pdl,
+                                          device)
             with gemm.splitting(arm):  # correctness: the outputs and the pool, and rows of M = 1 inside M = m_max
                 pool.zero_()
                 outs[arm] = {c: fused[c](0, xs[c][:m]) for c in CALLS}
@@ -168,9 +163,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # before the first import of a @triton.jit module
-    import torch
-
-    from attnlab.bench.gemm import MODELS
+    from attnlab.bench.gemm import check_target
     from attnlab.bench.kernels import versions
 
     try:
@@ -182,7 +175,11 @@ def main(argv=None) -> int:
     if not ms or any(m < 1 or m > 16 for m in ms) or a.repeats < 1:
         print("error: --ms: rows 1..16 (the small-M GEMM's range); --repeats >= 1", file=sys.stderr)
         return 2
-    device = "cpu" if a.interpret else "cuda"
+    try:
+        device, models = check_target(a.interpret, a.models, "bench.gemm_fused")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if a.pdl:
         from attnlab.kernels import pdl
 
@@ -190,14 +187,6 @@ def main(argv=None) -> int:
         if why:
             print(f"error: --pdl: {why}", file=sys.stderr)
             return 2
-    if device == "cuda" and not torch.cuda.is_available():
-        print("error: bench.gemm_fused needs CUDA (or --interpret on CPU)", file=sys.stderr)
-        return 2
-    models = ["tiny"] if a.interpret else [s for s in a.models.split(",") if s]
-    bad = [s for s in models if s not in MODELS]
-    if bad:
-        print(f"error: --models {','.join(bad)}: choose from {', '.join(MODELS)}", file=sys.stderr)
-        return 2
     a.repeats = 1 if a.interpret else a.repeats
     a.reps, a.iters = (1, 1) if a.interpret else (20, 20)
     info = versions()

@@ -14,15 +14,8 @@
 #             bench.serving in 2 rounds with prompts reused (c = 100 holds)
 #   run.sh N1, N2, N3: the next sitting (README "Next"): carry .gpu/a, .gpu/b, .gpu/c + .gpu/6 (~16 minutes)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
-set -u -o pipefail
-PART=${1:?part 1-5}
-OUT=${OUT:-/tmp/out}; LOGS=/tmp/logs; mkdir -p "$OUT" "$LOGS" /opt/site /opt/models /opt/data
-T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
-export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
-exec > >(tee "$OUT/run$PART.log") 2>&1
-PY=python3
-DATA=/opt/data/sharegpt.jsonl.gz  # the 212 held-out first turns (never trained on)
-S="$PY -m attnlab.bench.spec --device cuda --skip-hf --fused-ops"
+PART=${1:?part 1-5, N1-N3}
+. experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 case $PART in
 1)
   step "install .gpu/a"; bash .gpu/a/install.sh | tail -1; cp .gpu/a/sharegpt.part0.gz /opt/data/

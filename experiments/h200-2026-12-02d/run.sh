@@ -25,13 +25,7 @@ PART=${1:?part 1, 2, A, B, C, 3, 4 or R}
 case $PART in 2|A|B|C)  # they pass arms of the removed "deferred" prologue (and B / C its :exact suffix)
   [ -z "${HISTORICAL:-}" ] && { echo "part $PART ran on this sitting's earlier code (README.md: the commit of each call;"\
     "git checkout it, then HISTORICAL=1 bash run.sh $PART)"; exit 2; } ;; esac
-OUT=${OUT:-/tmp/out}; LOGS=/tmp/logs; mkdir -p "$OUT" "$LOGS" /opt/site /opt/models /opt/data
-T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
-export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
-exec > >(tee "$OUT/run$PART.log") 2>&1
-PY=python3
-DATA=/opt/data/sharegpt.jsonl.gz  # the 212 held-out first turns (never trained on)
-S="$PY -m attnlab.bench.spec --device cuda --skip-hf --fused-ops"
+. experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 SPLIT=${SPLIT:-fill/ticket}  # part 4 ran with SPLIT=fill/ticket:exact on 6f31412 (its syntax then)
 MODES=fill/pass,fill/ticket,lean/ticket,lean/pass
 case $PART in

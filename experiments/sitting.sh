@@ -1,0 +1,11 @@
+# Sourced by the H200 sittings' run.sh files, after PART is set: one GPU call's output folder ($OUT, which comes
+# back; at most 8 files), its logs (/tmp/logs, which do not), the bundle installs' paths, a step timer, the log of the
+# whole call ($OUT/run$PART.log, tee'd: it comes back even when the call times out), and the bench.spec command line.
+set -u -o pipefail
+OUT=${OUT:-/tmp/out}; LOGS=/tmp/logs; mkdir -p "$OUT" "$LOGS" /opt/site /opt/models /opt/data
+T0=$(date +%s); step() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
+export PYTHONUNBUFFERED=1 PYTHONPATH=/opt/site:$PWD TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
+exec > >(tee "$OUT/run$PART.log") 2>&1
+PY=python3
+DATA=/opt/data/sharegpt.jsonl.gz  # the 212 held-out ShareGPT first turns (never trained on), from .gpu/c
+S="$PY -m attnlab.bench.spec --device cuda --skip-hf --fused-ops"
