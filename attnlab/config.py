@@ -186,6 +186,10 @@ class EngineSchema:
     # every mode. Unset: fill/ticket (DEFAULT_GEMM_SPLIT), fastest end to end on the H200
     # (experiments/h200-2026-12-02d). Set with engine.gemm=cublas: refused.
     gemm_split: str | None = None
+    # With engine.gemm=triton and engine.pdl: each GEMM program prefetches the first N BLOCK_K chunks of its
+    # weight rows into L2 before its PDL wait, so they stream while the kernel before it runs (0..16; 0 = off).
+    # Unset: DEFAULT_GEMM_PREFETCH. Set without both: refused (it would do nothing).
+    gemm_prefetch: int | None = None
     # Target-only greedy decode: this many steps per launch and host sync (engine/multistep.py; one CUDA graph
     # of N steps with engine.cuda_graph). 1 = one step per sync, as the speculative loop's iterations.
     decode_steps_per_sync: int = 1
@@ -245,6 +249,14 @@ register_configs()
 # validation
 
 
+def _gemm_prefetch(engine) -> int:
+    """engine.gemm_prefetch resolved: as set, else the default where it acts (engine.gemm=triton with PDL), else 0."""
+    pf = engine.get("gemm_prefetch")
+    if pf is not None:
+        return int(pf)
+    return DEFAULT_GEMM_PREFETCH if engine.gemm == "triton" and engine.get("pdl", False) else 0
+
+
 def _choice(field_name: str, value, allowed) -> None:
     if value not in allowed:
         raise ConfigError(f"{field_name}={value!r}: unknown value (choose from: {', '.join(map(str, allowed))})")
@@ -268,6 +280,8 @@ FP8_GEMMS = ("w8a8", "weight_only")  # precision.fp8_gemm
 GEMM_KINDS = ("cublas", "triton")  # engine.gemm
 GEMM_SPLITS = ("fill/pass", "fill/ticket", "lean/pass", "lean/ticket")  # engine.gemm_split (= gemm.SPLIT_MODES)
 DEFAULT_GEMM_SPLIT = "fill/ticket"  # = gemm.DEFAULT_SPLIT_MODE (a test keeps them equal; config imports no Triton)
+DEFAULT_GEMM_PREFETCH = 0  # = gemm.DEFAULT_PREFETCH (the same test)
+MAX_GEMM_PREFETCH = 16  # = gemm.MAX_PREFETCH
 WEIGHT_DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3")  # fp8_e5m2 is a KV format only
 TARGET_WEIGHT_DTYPES = ("fp32", "fp16", "bf16")  # fp8 weights: draft side only (docs/precision.md)
 
@@ -589,6 +603,13 @@ def validate(cfg: DictConfig) -> RunPlan:
         if cfg.engine.gemm != "triton":
             raise ConfigError(f"engine.gemm_split={gemm_split} splits attnlab's Triton GEMM: it needs "
                               f"engine.gemm=triton (cuBLAS picks its own split)")
+    pf = cfg.engine.get("gemm_prefetch")
+    if pf is not None:
+        if isinstance(pf, bool) or not isinstance(pf, int) or not 0 <= pf <= MAX_GEMM_PREFETCH:
+            raise ConfigError(f"engine.gemm_prefetch={pf!r}: an integer of BLOCK_K chunks in 0..{MAX_GEMM_PREFETCH}")
+        if pf and (cfg.engine.gemm != "triton" or not cfg.engine.get("pdl", False)):
+            raise ConfigError(f"engine.gemm_prefetch={pf} prefetches attnlab's Triton GEMM weights before its PDL "
+                              f"wait: it needs engine.gemm=triton and engine.pdl=true")
 
     n_steps = cfg.engine.decode_steps_per_sync
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
@@ -680,7 +701,8 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
                              decode_steps_per_sync=cfg.engine.decode_steps_per_sync,
                              invariant=bool(cfg.engine.get("invariant", False)), kv_policy=cfg.engine.kv_policy,
                              pdl=bool(cfg.engine.get("pdl", False)),
-                             gemm_split=cfg.engine.get("gemm_split") or DEFAULT_GEMM_SPLIT),
+                             gemm_split=cfg.engine.get("gemm_split") or DEFAULT_GEMM_SPLIT,
+                             gemm_prefetch=_gemm_prefetch(cfg.engine)),
         bench=pl.BenchPlan(cfg.bench.repeats or (3 if device == "cuda" else 1), float(cfg.bench.noisy_ratio),
                            cfg.bench.cold),
         logger=pl.LoggerPlan(lg.kind, lg.project, lg.entity, lg.mode, lg.group, tuple(lg.tags)),

@@ -107,6 +107,7 @@ def describe(plan: RunPlan, work: Prepared) -> dict:
         "batch_size": plan.workload.batch_size, "warmup_plan": plan.warmup.plan,
         "cuda_graph": plan.engine.cuda_graph, "fused_ops": plan.engine.fused_ops,
         "gemm": plan.engine.gemm, "gemm_split": plan.engine.gemm_split if plan.engine.gemm == "triton" else None,
+        "gemm_prefetch": plan.engine.gemm_prefetch,
         "pdl": plan.engine.pdl,
     }
 

@@ -152,6 +152,7 @@ class EnginePlan:
     kv_policy: str = "reserve"  # serving admission: reserve (whole budgets, never preempts) | preempt (recompute)
     pdl: bool = False  # engine.pdl: attnlab's Triton kernels use programmatic dependent launch (process-wide)
     gemm_split: str = "fill/ticket"  # engine.gemm_split: attnlab.kernels.gemm's split mode (process-wide)
+    gemm_prefetch: int = 0  # engine.gemm_prefetch: weight chunks prefetched before the PDL wait (0 without it)
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,7 @@ def build_pair(plan: RunPlan, work: Prepared, verify: str, backend: str, *, targ
             from attnlab.kernels import gemm
 
             gemm.set_split_mode(plan.engine.gemm_split)
+            gemm.set_prefetch(plan.engine.gemm_prefetch)
     if target is None:
         target = build(side_spec(plan, work, "target", verify, graphs=graphs, name="target" + tag))
     kind, runner = plan.draft.kind, None

@@ -29,7 +29,7 @@ SMOLLM2 = "smollm2-135m"
 
 @pytest.fixture(autouse=True)
 def _pdl_off_after_each_test():
-    """engine.pdl and engine.gemm_split are process-wide switches (attnlab.kernels.pdl, attnlab.kernels.gemm): no
+    """engine.pdl, engine.gemm_split and engine.gemm_prefetch are process-wide switches (attnlab.kernels.pdl, attnlab.kernels.gemm): no
     test leaves them changed for the next one."""
     yield
     import sys
@@ -40,6 +40,7 @@ def _pdl_off_after_each_test():
     mod = sys.modules.get("attnlab.kernels.gemm")
     if mod is not None:
         mod.set_split_mode(mod.DEFAULT_SPLIT_MODE)
+        mod.set_prefetch(mod.DEFAULT_PREFETCH)
 
 
 def _smollm2_path():

@@ -133,6 +133,9 @@ def test_the_run_plan_is_frozen_and_typed():
     (["engine.gemm_split=lean"], "engine.gemm_split='lean'"),
     (["engine.gemm_split=lean/ticket"], "engine.gemm_split=lean/ticket splits attnlab's Triton GEMM"),
     (["engine.gemm_split=fill/ticket"], "engine.gemm_split=fill/ticket splits attnlab's Triton GEMM"),  # the default
+    (["engine.gemm_prefetch=4"], "engine.gemm_prefetch=4 prefetches attnlab's Triton GEMM weights"),
+    (["engine.gemm_prefetch=17"], "engine.gemm_prefetch=17: an integer"),
+    (["engine.gemm_prefetch=-1"], "engine.gemm_prefetch=-1: an integer"),
     (["precision.fp8_gemm=weight_only"], "precision.fp8_gemm=weight_only"),  # bf16 draft weights
     (["precision.fp8_gemm=w4a16"], "precision.fp8_gemm='w4a16'"),
     (["precision=fp8w-draft"], "precision.draft='fp8_e4m3'"),  # CPU: no fp8 matmul

@@ -60,12 +60,15 @@ def row_invariant(fn, x16) -> bool:
 
 
 def in_mode(fn, split: str | None = None, pdl_on: bool = False, device: str = "cuda"):
-    """fn(i) run under the GEMM split mode ``split`` (None: the current one) and PDL on / off: what a bench times
-    (and captures) per arm, the process-wide switches restored after each call."""
+    """fn(i) run under the GEMM arm ``split`` (``gemm.arm``: a split mode, optionally +pf<chunks>; None: the current
+    mode and prefetch) and PDL on / off: what a bench times (and captures) per arm, the process-wide switches
+    restored after each call."""
+    import contextlib
+
     from attnlab.kernels import gemm, pdl
 
     def run(i):
-        with pdl.using(pdl_on, device if pdl_on else None), gemm.splitting(split or gemm.split_mode()):
+        with pdl.using(pdl_on, device if pdl_on else None), gemm.arm(split) if split else contextlib.nullcontext():
             return fn(i)
     return run
 

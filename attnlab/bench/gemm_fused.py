@@ -104,7 +104,7 @@ def bench_model(model, arms, ms, a, device) -> list[dict]:
                 fns[(arm, c)] = in_mode(lambda i, c=c, m=m: fused[c](i, xs[c][:m]), arm, a.pdl, device)
             fns[(arm, "layer")] = in_mode(lambda i, m=m: [fused[c](i, xs[c][:m]) for c in CALLS], arm, a.pdl,
                                           device)
-            with gemm.splitting(arm):  # correctness: the outputs and the pool, and rows of M = 1 inside M = m_max
+            with gemm.arm(arm):  # correctness: the outputs and the pool, and rows of M = 1 inside M = m_max
                 pool.zero_()
                 outs[arm] = {c: fused[c](0, xs[c][:m]) for c in CALLS}
                 outs[arm]["pool"] = pool.clone()

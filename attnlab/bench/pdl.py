@@ -72,7 +72,7 @@ def rounds_over(runner, prompts, new: int, host: str, rounds: int, arms: list[tu
         outs = [None] * n
         for a in [(i + j) % n for j in range(n)]:
             on, split = arms[a]
-            with pdl.using(on, runner.device), gemm.splitting(split):
+            with pdl.using(on, runner.device), gemm.arm(split):
                 set_host_path(runner, host)  # re-captures the graphs with this arm's launches
                 t, outs[a] = timed_decode(runner, prompts, new)
             tok[a].append(t)

@@ -137,7 +137,8 @@ def main(argv=None) -> int:
     ap.add_argument("--host", default="thin8", help="bench.e2e's host path: thin (one step per replay and sync) or "
                     "thinN (N steps per replay)")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--gemm-split", default=None, help="engine gemm: engine.gemm_split (default: the default mode)")
+    ap.add_argument("--gemm-split", default=None, help="engine gemm: engine.gemm_split, optionally +pf<chunks> (engine.gemm_prefetch; "
+                                                    "default: the default mode, no prefetch)")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)
@@ -148,9 +149,11 @@ def main(argv=None) -> int:
     engines = [e.strip() for e in a.engines.split(",") if e.strip()]
     if not settings or set(settings) - {"off", "on"} or set(engines) - set(ENGINES) or a.steps < 1:
         ap.error("--pdl takes off / on, --engines names from " + ", ".join(ENGINES) + ", --steps >= 1")
-    split = a.gemm_split or gemm.DEFAULT_SPLIT_MODE
-    if split not in gemm.SPLIT_MODES:
-        ap.error(f"--gemm-split {split}: choose from {', '.join(gemm.SPLIT_MODES)}")
+    split = a.gemm_split or f"{gemm.DEFAULT_SPLIT_MODE}+pf{gemm.DEFAULT_PREFETCH}"
+    try:
+        (split,) = gemm.parse_split_modes(split)
+    except ValueError as e:
+        ap.error(f"--gemm-split: {e} (one arm)")
     if a.gemm_split and "gemm" not in [e.strip() for e in a.engines.split(",")]:
         ap.error("--gemm-split applies to the gemm engine: add gemm to --engines")
     if not torch.cuda.is_available():
@@ -171,7 +174,7 @@ def main(argv=None) -> int:
                     lines.append(f"{model} {eng} PDL on: {pdl.unsupported('cuda')}")
                     continue
                 try:
-                    with pdl.using(s == "on", "cuda"), gemm.splitting(split):
+                    with pdl.using(s == "on", "cuda"), gemm.arm(split):
                         set_host_path(rs, a.host)  # re-captures the graphs with this setting's launches
                         kernels, wall_ms = _profile_side(rs, a.batch, a.steps)
                 except Exception as e:  # noqa: BLE001 - one run failing must not lose the others

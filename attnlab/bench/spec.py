@@ -418,8 +418,9 @@ def parse(argv=None):
     ap.add_argument("--gemm", choices=("cublas", "triton"), default="cublas",
                     help="engine.gemm: triton runs decode / verify passes on attnlab's small-M GEMM (CUDA only)")
     ap.add_argument("--gemm-split", default=None,
-                    help="engine.gemm_split with --gemm triton: fill/pass, fill/ticket, lean/pass or lean/ticket "
-                         "(attnlab.kernels.gemm; default: its default)")
+                    help="engine.gemm_split with --gemm triton: fill/pass, fill/ticket, lean/pass or lean/ticket, "
+                         "optionally +pf<chunks> (engine.gemm_prefetch, with --pdl; attnlab.kernels.gemm; default: "
+                         "its default, no prefetch)")
     ap.add_argument("--pdl", action="store_true",
                     help="engine.pdl: attnlab's kernels with programmatic dependent launch (CUDA, sm_90+)")
     ap.add_argument("--skip-hf", action="store_true")
@@ -446,8 +447,12 @@ def parse(argv=None):
     if a.gemm_split is not None:
         from attnlab.kernels import gemm
 
-        if a.gemm != "triton" or a.gemm_split not in gemm.SPLIT_MODES:
-            ap.error(f"--gemm-split {a.gemm_split}: needs --gemm triton and one of {', '.join(gemm.SPLIT_MODES)}")
+        try:
+            (a.gemm_split,) = gemm.parse_split_modes(a.gemm_split)
+        except ValueError as e:
+            ap.error(f"--gemm-split: {e} (one)")
+        if a.gemm != "triton":
+            ap.error(f"--gemm-split {a.gemm_split}: needs --gemm triton")
     if a.invariant and a.gemm == "triton":
         ap.error("--invariant runs the target's GEMMs through invariant_linear; it does not combine with --gemm triton")
     if a.invariant and not (cuda and a.graphs):
@@ -573,7 +578,7 @@ def main(argv=None) -> int:
     from attnlab.kernels import gemm, pdl
 
     # process-wide switches: restored after the run
-    with pdl.using(a.pdl, a.device if a.pdl else None), gemm.splitting(a.gemm_split or gemm.split_mode()):
+    with pdl.using(a.pdl, a.device if a.pdl else None), gemm.arm(a.gemm_split or f"{gemm.split_mode()}+pf{gemm.prefetch_chunks()}"):
         res = run(a)
     print(res["markdown"])
     write_report(a.out, {k: v for k, v in res.items() if k != "outputs"}, res["markdown"])

@@ -29,6 +29,7 @@ class CompileLog:
     target: str
     variants: dict[str, int] = field(default_factory=dict)  # kernel name -> distinct variants compiled
     pdl_variants: int = 0  # of them, those whose PTX waits on the previous grid (griddepcontrol.wait: engine.pdl)
+    prefetch_variants: int = 0  # of them, those that prefetch into L2 (engine.gemm_prefetch)
     seconds: float = 0.0
 
     @property
@@ -70,7 +71,9 @@ def compile_only(arch: int = 90, warp_size: int = 32):
         if id(kernel) not in seen:
             seen.add(id(kernel))
             log.variants[self.__name__] = log.variants.get(self.__name__, 0) + 1
-            log.pdl_variants += "griddepcontrol.wait" in kernel.asm.get("ptx", "")
+            ptx = kernel.asm.get("ptx", "")
+            log.pdl_variants += "griddepcontrol.wait" in ptx
+            log.prefetch_variants += "prefetch.global.L2" in ptx
         return kernel
 
     previous = driver._active
@@ -192,15 +195,17 @@ def _compile_gemm_dtypes(gemm, dtypes, arch: int) -> None:
 
 def compile_pdl(arch: int = 90) -> None:
     """One variant of every kernel with programmatic dependent launch on (attnlab.kernels.pdl): the fused ops, the
-    store, the GEMM (quick grid), every attention launch of the backend and the invariant kernel with its ordered
+    store, the GEMM (quick grid, without and with the weight prefetch), every attention launch of the backend and the invariant kernel with its ordered
     merge, bf16, head dim 64, GQA 4."""
-    from attnlab.kernels import pdl
+    from attnlab.kernels import gemm, pdl
     from attnlab.kernels.invariant import warmup_invariant
 
     with pdl.forced_for_compile():
         warmup_invariant(8, 2, 64, 16, torch.bfloat16, torch.bfloat16, "cpu")  # split counts 1, 2, 16
         compile_store_and_fused(True, arch)
         compile_gemm(True, arch)
+        with gemm.prefetching(4):  # engine.gemm_prefetch: the weights into L2 before the wait
+            compile_gemm(True, arch)
         for shape in backend_shapes():
             compile_backend_case(*shape, dtype=torch.bfloat16, kv_dtype=torch.bfloat16, head_dim=64, gqa=4)
 
@@ -230,6 +235,7 @@ def main(argv=None) -> int:
     for name, n in sorted(log.variants.items()):
         print(f"  {name}: {n}")
     print(f"programmatic dependent launch (griddepcontrol.wait in the PTX): {log.pdl_variants} variants")
+    print(f"weight prefetch before the wait (prefetch.global.L2 in the PTX): {log.prefetch_variants} variants")
     return 0
 
 

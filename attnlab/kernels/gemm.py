@@ -68,7 +68,11 @@ DEFAULT_SPLIT_MODE = "fill/ticket"
 LEAN_MAX_CHUNKS = 8  # lean: a K loop of at most this many BLOCK_K chunks runs unsplit
 MAX_TICKETS = 4096  # column tiles with a ticket; a split GEMM has < TARGET_PROGRAMS of them
 SS_BLOCK = 512  # exact RMSNorm prologue: columns of x per unrolled sum-of-squares chunk
+MAX_PREFETCH = 16  # engine.gemm_prefetch: BLOCK_K chunks of its weight rows a program may prefetch
+DEFAULT_PREFETCH = 0
+L2_LINE = 128  # bytes per prefetch.global.L2
 _split_mode = DEFAULT_SPLIT_MODE
+_prefetch = DEFAULT_PREFETCH
 _tickets: dict = {}
 
 
@@ -96,12 +100,61 @@ def splitting(mode: str):
         set_split_mode(old)
 
 
+def set_prefetch(chunks: int) -> None:
+    """How many BLOCK_K chunks of its weight rows each program prefetches into L2 before its PDL wait (module
+    docstring; process-wide, like the split mode; nothing without engine.pdl)."""
+    global _prefetch
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or not 0 <= chunks <= MAX_PREFETCH:
+        raise ValueError(f"gemm prefetch {chunks!r}: an int of BLOCK_K chunks in 0..{MAX_PREFETCH}")
+    _prefetch = chunks
+
+
+def prefetch_chunks() -> int:
+    return _prefetch
+
+
+@contextmanager
+def prefetching(chunks: int):
+    """``set_prefetch(chunks)`` for a block, restored after."""
+    old = _prefetch
+    set_prefetch(chunks)
+    try:
+        yield
+    finally:
+        set_prefetch(old)
+
+
+@contextmanager
+def arm(text: str):
+    """A bench arm ``<split mode>[+pf<chunks>]`` (``fill/ticket``, ``fill/ticket+pf4``): the split mode and the
+    prefetch for a block (the prefetch 0 unless given), both restored after."""
+    mode, chunks = _parse_arm(text)
+    with splitting(mode), prefetching(chunks):
+        yield
+
+
+def _parse_arm(text: str) -> tuple[str, int]:
+    mode, plus, pf = text.partition("+")
+    if mode not in SPLIT_MODES or (plus and not (pf.startswith("pf") and pf[2:].isdigit()
+                                                and int(pf[2:]) <= MAX_PREFETCH)):
+        raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>], split modes {', '.join(SPLIT_MODES)}, "
+                         f"chunks 0..{MAX_PREFETCH}")
+    return mode, int(pf[2:]) if plus else 0
+
+
 def parse_split_modes(text: str) -> list[str]:
-    """``"fill/pass, lean/ticket"`` -> the modes, in order, without repeats; ValueError names the bad ones."""
+    """``"fill/pass, lean/ticket+pf4"`` -> the bench arms (``arm``), in order, without repeats; ValueError names
+    the bad ones."""
     modes = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
-    bad = [m for m in modes if m not in SPLIT_MODES]
+    bad = []
+    for m in modes:
+        try:
+            _parse_arm(m)
+        except ValueError:
+            bad.append(m)
     if bad or not modes:
-        raise ValueError(f"split mode(s) {', '.join(bad) or repr(text)}: choose from {', '.join(SPLIT_MODES)}")
+        raise ValueError(f"split mode(s) {', '.join(bad) or repr(text)}: choose from {', '.join(SPLIT_MODES)}, "
+                         f"each optionally +pf<chunks> (0..{MAX_PREFETCH}: engine.gemm_prefetch)")
     return modes
 
 
@@ -243,21 +296,48 @@ def _sum_partials(base, pmask, num_splits, N_LOG, BLOCK_N: tl.constexpr, BLOCK_M
 
 
 @triton.jit
+def _prefetch_l2(ptrs):
+    """``prefetch.global.L2`` of the line at each pointer: a hint, no result, no fault semantics to rely on (the
+    callers point masked lanes at a valid address)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_weights(W, c1, c2, n_mask, k_lo, k_hi, stride_wn, PAIRED: tl.constexpr, CHUNKS: tl.constexpr,
+                      BLOCK_K: tl.constexpr, LINE: tl.constexpr):
+    """The first CHUNKS BLOCK_K chunks of this program's weight rows into L2, one prefetch per ``LINE`` elements
+    (128 bytes): issued before the PDL wait, so they stream while the previous kernel still runs. The weights are
+    no kernel's output, so reading them early is safe; the K loop's loads, and so the sums, are unchanged."""
+    lines = tl.arange(0, BLOCK_K // LINE) * LINE
+    for c in tl.static_range(CHUNKS):
+        offs = k_lo + c * BLOCK_K + lines
+        mask = n_mask[:, None] & (offs[None, :] < k_hi)
+        _prefetch_l2(tl.where(mask, W + c1[:, None].to(tl.int64) * stride_wn + offs[None, :], W))
+        if PAIRED:
+            _prefetch_l2(tl.where(mask, W + c2[:, None].to(tl.int64) * stride_wn + offs[None, :], W))
+
+
+@triton.jit
 def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, K,
                  k_per_split, stride_xm, stride_wn, stride_om, stride_rm, stride_cm, stride_slot, eps, G, ROPE_COLS,
                  Q_COLS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  NORM: tl.constexpr, SS_BLOCK: tl.constexpr, SS_ITERS: tl.constexpr, NRM_ITERS: tl.constexpr,
                  FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PAIRED: tl.constexpr,
-                 KV_STORE: tl.constexpr, IEEE: tl.constexpr, USE_PDL: tl.constexpr = False):
+                 KV_STORE: tl.constexpr, IEEE: tl.constexpr, PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
+                 USE_PDL: tl.constexpr = False):
     # SPLIT: 0 one program per column tile; 1 partials for _reduce_kernel; 2 partials, the last program reduces
-    pdl_start(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    offs_m = tl.arange(0, BLOCK_M)
-    m_mask = offs_m < M
     j = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = j < N_LOG
     c1, c2 = _columns(j, PAIRED, G)
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    if USE_PDL and PREFETCH > 0:  # engine.gemm_prefetch: weights only, before the wait
+        _prefetch_weights(W, c1, c2, n_mask, k_lo, k_hi, stride_wn, PAIRED, PREFETCH, BLOCK_K, LINE)
+    pdl_start(USE_PDL)
+    offs_m = tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
     x_dt = X.dtype.element_ty
     res, cos, sin, slot = _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, stride_rm, stride_cm, G,
                                        ROPE_COLS, EPI, PAIRED, KV_STORE, SPLIT != 1)  # pass: _reduce_kernel's
@@ -272,8 +352,6 @@ def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SI
         rstd = tl.math.rsqrt(ss / K + eps)
     acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
     src = X
     src_stride = stride_xm
     if NORM:  # HF RMSNorm (normalize in fp32, round, scale, round) of this program's K range, once, into the
@@ -439,13 +517,17 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             "SIN": sin if sin is not None else dummy, "KC": kc if kc is not None else dummy,
             "VC": vc if vc is not None else dummy, "SLOTS": slots if slots is not None else dummy}
     xn = torch.empty(m, k, dtype=x.dtype, device=x.device) if norm else x  # the normalized rows (scratch)
+    pdl_args = launch_args(x)
+    if pdl_args and _prefetch:  # a prefetch only where the launch overlaps the previous kernel (PDL)
+        pdl_args = {**pdl_args, "PREFETCH": min(_prefetch, per // block_k),
+                    "LINE": min(block_k, L2_LINE // w.element_size())}
     try:
         _gemm_kernel[(n_tiles, splits)](
             x, xn, w, out, part, tickets, NORM_W=norm_weight if norm_weight is not None else dummy, K=k,
             k_per_split=per, stride_xm=x.stride(0), stride_wn=w.stride(0), eps=eps, BLOCK_K=block_k, SPLIT=split,
             NORM=norm, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block) if norm else 0,
             NRM_ITERS=triton.cdiv(min(per, k), ss_block) if norm else 0,
-            IEEE=fp32_dot(x.dtype), num_warps=4, num_stages=3, **ptrs, **args, **launch_args(x))
+            IEEE=fp32_dot(x.dtype), num_warps=4, num_stages=3, **ptrs, **args, **pdl_args)
     except BaseException:
         if split == 2:  # a launch cut short may leave tickets taken: every later split GEMM on them would be wrong
             tickets.zero_()

@@ -43,6 +43,21 @@ def test_split_mode_parsing_is_shared():
     from attnlab.kernels import gemm
 
     assert gemm.parse_split_modes(" fill/pass, lean/ticket,fill/pass") == ["fill/pass", "lean/ticket"]
-    for bad in ("", "fill", "fill/pass:exact"):
+    assert gemm.parse_split_modes("fill/ticket,fill/ticket+pf4") == ["fill/ticket", "fill/ticket+pf4"]
+    for bad in ("", "fill", "fill/pass:exact", "fill/ticket+pf17", "fill/ticket+4", "fill/ticket+pf"):
         with pytest.raises(ValueError, match="split mode"):
             gemm.parse_split_modes(bad)
+
+
+def test_arm_sets_and_restores_the_split_mode_and_the_prefetch():
+    from attnlab.kernels import gemm
+
+    before = gemm.split_mode(), gemm.prefetch_chunks()
+    with gemm.arm("lean/pass+pf8"):
+        assert (gemm.split_mode(), gemm.prefetch_chunks()) == ("lean/pass", 8)
+        with gemm.arm("fill/ticket"):  # no suffix: no prefetch
+            assert (gemm.split_mode(), gemm.prefetch_chunks()) == ("fill/ticket", 0)
+    assert (gemm.split_mode(), gemm.prefetch_chunks()) == before
+    for bad in (-1, 17, True, 2.0):
+        with pytest.raises(ValueError, match="gemm prefetch"):
+            gemm.set_prefetch(bad)

@@ -267,3 +267,8 @@ def test_config_lists_the_kernels_split_modes():
     assert GEMM_SPLITS == gemm.SPLIT_MODES
     assert EngineSchema.gemm_split is None  # unset: the kernel's default; set: refused without engine.gemm=triton
     assert DEFAULT_GEMM_SPLIT == EnginePlan.gemm_split == gemm.DEFAULT_SPLIT_MODE
+    from attnlab.config import DEFAULT_GEMM_PREFETCH, MAX_GEMM_PREFETCH
+
+    assert EngineSchema.gemm_prefetch is None  # unset: the default where it acts (triton GEMM + PDL), else 0
+    assert DEFAULT_GEMM_PREFETCH == gemm.DEFAULT_PREFETCH and MAX_GEMM_PREFETCH == gemm.MAX_PREFETCH
+    assert EnginePlan.gemm_prefetch == 0
