@@ -187,8 +187,9 @@ class EngineSchema:
     # (experiments/h200-2026-12-02d). Set with engine.gemm=cublas: refused.
     gemm_split: str | None = None
     # With engine.gemm=triton and engine.pdl: each GEMM program prefetches the first N BLOCK_K chunks of its
-    # weight rows into L2 before its PDL wait, so they stream while the kernel before it runs (0..16; 0 = off).
-    # Unset: DEFAULT_GEMM_PREFETCH. Set without both: refused (it would do nothing).
+    # weight rows into L2 before its PDL wait, so they stream while the kernel before it runs (0..16; 0 = off),
+    # on weights of at most 4 MiB only (latency-bound: SmolLM2 +7% end to end; larger ones lost). Unset:
+    # DEFAULT_GEMM_PREFETCH (16: all of a program's chunks). Set without both: refused (it would do nothing).
     gemm_prefetch: int | None = None
     # Target-only greedy decode: this many steps per launch and host sync (engine/multistep.py; one CUDA graph
     # of N steps with engine.cuda_graph). 1 = one step per sync, as the speculative loop's iterations.
@@ -280,7 +281,7 @@ FP8_GEMMS = ("w8a8", "weight_only")  # precision.fp8_gemm
 GEMM_KINDS = ("cublas", "triton")  # engine.gemm
 GEMM_SPLITS = ("fill/pass", "fill/ticket", "lean/pass", "lean/ticket")  # engine.gemm_split (= gemm.SPLIT_MODES)
 DEFAULT_GEMM_SPLIT = "fill/ticket"  # = gemm.DEFAULT_SPLIT_MODE (a test keeps them equal; config imports no Triton)
-DEFAULT_GEMM_PREFETCH = 0  # = gemm.DEFAULT_PREFETCH (the same test)
+DEFAULT_GEMM_PREFETCH = 16  # = gemm.DEFAULT_PREFETCH (the same test)
 MAX_GEMM_PREFETCH = 16  # = gemm.MAX_PREFETCH
 WEIGHT_DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3")  # fp8_e5m2 is a KV format only
 TARGET_WEIGHT_DTYPES = ("fp32", "fp16", "bf16")  # fp8 weights: draft side only (docs/precision.md)

@@ -191,9 +191,10 @@ class AttentionBackend(ABC):
     # n-step graph beside the device-planned one
     DEVICE_STEPS_ALWAYS_FIT: ClassVar[bool] = True
 
-    def device_steps_fit(self, starts, n: int) -> bool:
+    def device_steps_fit(self, starts, n: int, rows: int | None = None) -> bool:
         """Whether ``n`` device-planned steps of requests whose first step feeds position ``starts[i]`` can run
-        on one launch plan (triton: always; flashinfer: when no request crosses a page boundary)."""
+        on one launch plan of ``rows`` rows (the graph bucket; None: one per request) (triton: always; flashinfer:
+        when its schedule is the same at the first and the last step, e.g. no request crosses a page)."""
         return True
 
     def device_steps_host_plan(self, rows: int, kv_indptr: list[int], kv_lens: list[int],

@@ -46,6 +46,7 @@ from typing import ClassVar
 
 import torch
 
+from attnlab.backends import flashinfer_schedule as fis
 from attnlab.backends.base import DTYPE_TO_NAME, AttentionBackend, AttnMeta, Capabilities, Mode
 from attnlab.errors import BackendUnavailable, ConfigError
 from attnlab.kvcache.layout import pages_needed
@@ -237,6 +238,11 @@ class FlashInferBackend(AttentionBackend):
         self.cuda_graph = cuda_graph
         self.device_steps = device_steps
         self.step_plans_reused = 0  # device-steps launches that kept the previous launch's plan
+        self.step_launches_widened = 0  # device-steps launches in which a request crossed a page
+        # rows -> (split, grid rows) of the slot-1 decode wrappers, once a real plan confirmed the schedule model
+        # (flashinfer_schedule); False after a disagreement: then only launches within pages run device-planned
+        self._schedules: dict[int, tuple[bool, int | None]] = {}
+        self._schedule_model_ok = True
         if cuda_graph and not max_batch_size:
             raise ConfigError("flashinfer with cuda_graph=True needs max_batch_size (the largest graph bucket)")
         self.max_batch_size = max_batch_size
@@ -248,7 +254,9 @@ class FlashInferBackend(AttentionBackend):
         self._wrappers: dict[tuple, object] = {}
         self._wrapper_bufs: dict[tuple, _GraphBuffers | None] = {}  # the buffers a fixed-buffer wrapper reads
         self._graph_bufs: dict[int, _GraphBuffers] = {}
-        self._step_plans: dict[int, tuple[int, ...]] = {}  # id(wrapper) -> kv_indptr of its device-steps plan
+        # id(wrapper) -> what its device-steps plan was made for: (rows, schedule), or its kv_indptr before the
+        # schedule model is confirmed
+        self._step_plans: dict[int, tuple] = {}
         self._resolved: dict[str, set[str]] = {}  # pass label -> kernel families its wrappers resolved to
         # fp8 KV stores value / scale; FlashInfer folds k_scale into sm_scale and multiplies out by v_scale.
         self._k_scale = pool.k_scale if pool.is_fp8 else None
@@ -445,20 +453,34 @@ class FlashInferBackend(AttentionBackend):
         plan.mask_buf[: plan.packing.num_bytes].copy_(plan.packing.pack(custom_mask))
 
     # -- device-planned steps --------------------------------------------------------------------------
-    # FlashInfer's CUDA-core decode plan depends on each request's page count only (its split-KV partition is in
-    # pages, kernel/scheduler DecodePlan), and its kernel reads the last page's length from our buffer when it
-    # runs. So while no request crosses a page boundary, one plan (the first step's) serves all n steps of a
-    # draft, and each step only rewrites last_page_len on the device, inside the graph. The tensor-core decode
-    # (GQA >= 4, fp8 KV) plans on token lengths: it keeps one host plan per step, as do launches that cross a page.
+    # FlashInfer's CUDA-core decode plan depends on the page counts only through its schedule (chunk size in pages,
+    # tiles per request: flashinfer_schedule), and its kernel reads the last page's length from our buffer when it
+    # runs. So one plan, made on the launch's last-step layout, serves all n steps of a draft whose first and last
+    # steps have the same schedule, and each step only rewrites last_page_len on the device, inside the graph: a
+    # step before a page crossing runs with a last-page length in (-page_size, 0]. The schedule model is used for a
+    # row count once a real plan confirmed it; until then, launches that cross a page plan every step on the host.
+    # The tensor-core decode (GQA >= 4, fp8 KV) plans on token lengths: it keeps one host plan per step.
 
     DEVICE_STEPS_ALWAYS_FIT = False
 
     def supports_device_steps(self) -> bool:
         return self.device_steps and self.cuda_graph and not self.use_tensor_cores
 
-    def device_steps_fit(self, starts, n: int) -> bool:
+    def device_steps_fit(self, starts, n: int, rows: int | None = None) -> bool:
         ps = self.pool.page_size
-        return all(pages_needed(s + 1, ps) == pages_needed(s + n, ps) for s in starts)
+        first = [pages_needed(s + 1, ps) for s in starts]
+        last = [pages_needed(s + n, ps) for s in starts]
+        return first == last or self._same_schedule(first, last, rows or len(starts))
+
+    def _same_schedule(self, first: list[int], last: list[int], rows: int) -> bool:
+        """Whether a plan of the ``last`` page counts schedules the ``first`` ones identically (padded rows hold
+        one page), on the confirmed model of a ``rows``-row wrapper."""
+        known = self._schedules.get(rows) if self._schedule_model_ok else None
+        if known is None:
+            return False
+        pad = [1] * (rows - len(first))
+        ps = self.pool.page_size
+        return fis.decode_schedule(first + pad, ps, *known) == fis.decode_schedule(last + pad, ps, *known)
 
     def device_steps_host_plan(self, rows: int, kv_indptr: list[int], kv_lens: list[int],
                                kv_indptr_dev: torch.Tensor, kv_indices: torch.Tensor) -> None:
@@ -470,23 +492,47 @@ class FlashInferBackend(AttentionBackend):
         between left its own there. The last page lengths are written by ``use_step`` on the device."""
         wrapper, buf = self._wrapper(1, "decode", "decode", rows, 1)
         ps = self.pool.page_size
-        last = [n - (kv_indptr[i + 1] - kv_indptr[i] - 1) * ps for i, n in enumerate(kv_lens)]
-        if min(last, default=1) < 1 or max(last, default=1) > ps:
+        pages = [kv_indptr[i + 1] - kv_indptr[i] for i in range(rows)]
+        last = [n - (p - 1) * ps for p, n in zip(pages, kv_lens)]
+        if min(last, default=1) < 1:  # the layout has pages the first step does not reach yet
+            first = [pages_needed(n, ps) for n in kv_lens]
+            if min(last) <= -ps or not self._same_schedule(first, pages, rows):
+                raise ValueError(f"flashinfer device steps: last page lengths {last} (page {ps}) on this layout "
+                                 "change FlashInfer's schedule between the launch's steps")
+            self.step_launches_widened += 1
+        elif max(last, default=1) > ps:
             raise ValueError(f"flashinfer device steps: last page lengths {last} outside 1..{ps} (a layout that "
-                             "is not the first step's pages)")
-        key = tuple(kv_indptr)
+                             "is not the last step's pages)")
+        known = self._schedules.get(rows) if self._schedule_model_ok else None
+        # a kept plan serves any layout of the same schedule (the plan's content is a function of it)
+        key = (rows, fis.decode_schedule(pages, ps, *known)) if known else tuple(kv_indptr)
         if self._step_plans.get(id(wrapper)) == key:
             buf.kv_indptr[:rows + 1].copy_(kv_indptr_dev[:rows + 1])
-            buf.kv_indices[:key[-1]].copy_(kv_indices[:key[-1]])
+            buf.kv_indices[:kv_indptr[-1]].copy_(kv_indices[:kv_indptr[-1]])
             self.step_plans_reused += 1
             return
+        # the plan's last-page lengths only land in the buffer use_step rewrites before each step: kept in 1..ps
         wrapper.plan(torch.tensor(kv_indptr, dtype=torch.int32), kv_indices[:kv_indptr[-1]],
-                     torch.tensor(last, dtype=torch.int32), self.num_q_heads, self.num_kv_heads, self.head_dim, ps,
-                     pos_encoding_mode="NONE", q_data_type=self.dtype, kv_data_type=self.pool.dtype,
-                     sm_scale=self.scale)
-        self._step_plans[id(wrapper)] = key
+                     torch.tensor([max(x, 1) for x in last], dtype=torch.int32), self.num_q_heads,
+                     self.num_kv_heads, self.head_dim, ps, pos_encoding_mode="NONE", q_data_type=self.dtype,
+                     kv_data_type=self.pool.dtype, sm_scale=self.scale)
+        self._learn_schedule(wrapper, rows, pages)
+        known = self._schedules.get(rows) if self._schedule_model_ok else None
+        self._step_plans[id(wrapper)] = (rows, fis.decode_schedule(pages, ps, *known)) if known else tuple(kv_indptr)
         self._resolved.setdefault("decode_steps", set()).add(
             resolved_family(wrapper, "decode", "decode") + " (planned once per launch)")
+
+    def _learn_schedule(self, wrapper, rows: int, pages: list[int]) -> None:
+        """Check the schedule model against the plan just made (its page-locked copy): the first agreement enables
+        the model for this row count; a disagreement disables it for good (flashinfer_schedule)."""
+        if not self._schedule_model_ok:
+            return
+        got, known = fis.planned(wrapper, rows, self.pool.page_size), fis.learned(wrapper)
+        if got is None or known is None or fis.decode_schedule(pages, self.pool.page_size, *known) != got:
+            self._schedule_model_ok = False  # unreadable, or not the model's schedule: launches keep within pages
+            self._schedules.clear()
+            return
+        self._schedules[rows] = known
 
     def device_step_plans(self, batch, n, kv_indptr, kv_indices, kv_lens, max_kv_len=None) -> list:
         if not self.supports_device_steps():

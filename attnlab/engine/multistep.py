@@ -18,9 +18,10 @@ positions, pool slots and KV lengths are computed from it on the device (``devic
 same graph), into the tensors the backend's step plans read (``device_step_plans``). Per launch, the host then
 builds no per-step metadata and plans nothing: the draft's host cost was most of its time at batch 1 on an H200
 (experiments/h200-2026-12-01e: 0.68 of 0.77 ms at k = 4). flashinfer plans the launch once on the host
-(``device_steps_host_plan``: its CUDA-core decode plan depends on page counts only) and rewrites each step's
-last-page length on the device, for launches in which no request crosses a page boundary
-(``device_steps_fit``); the others, and backends without device steps, plan every step on the host.
+(``device_steps_host_plan``: its CUDA-core decode plan depends on page counts only, through its schedule) and
+rewrites each step's last-page length on the device, for launches whose first and last steps FlashInfer schedules
+alike (``device_steps_fit``: no page crossed, or one the schedule does not see, backends/flashinfer_schedule.py);
+the others, and backends without device steps, plan every step on the host.
 """
 
 from __future__ import annotations
@@ -118,8 +119,10 @@ def decode_steps(r, reqs: Sequence[Hashable], starts: Sequence[int], last: torch
     ``features`` [B, F]: a draft head's input feature for the first step (see greedy_steps)."""
     b = len(reqs)
     width = None if features is None else features.shape[1]
-    if r.backend.supports_device_steps() and r.backend.device_steps_fit(starts, n):
-        return _device_steps(r, reqs, starts, last, n, features, width)
+    if r.backend.supports_device_steps():
+        bs = _device_bucket(r, b, n, width)
+        if r.backend.device_steps_fit(starts, n, bs or b):
+            return _device_steps(r, reqs, starts, last, n, features, bs)
     passes = r.prepare_steps(reqs, starts, n)  # one host-to-device copy for the n passes
     r.plan_steps(passes)
     bs = passes[0].padded_to
@@ -135,14 +138,19 @@ def decode_steps(r, reqs: Sequence[Hashable], starts: Sequence[int], last: torch
     return tokens[:, :b].t()
 
 
-def _device_steps(r, reqs, starts, last, n, features, width) -> torch.Tensor:
-    """decode_steps on a backend that plans steps on the device: one staged buffer, then one graph replay (or the
-    same code eagerly, planned for this launch's lengths)."""
+def _device_bucket(r, b: int, n: int, width) -> int | None:
+    """The graph bucket a device-planned launch of ``b`` requests replays, or None (eager)."""
     from attnlab.engine.graphs import bucket_for
 
-    b = len(reqs)
     bs = bucket_for(b, r.graphs.buckets) if r.graphs is not None else None
-    if bs is not None and r.graphs.has_steps(bs, n, width, device=True):
+    return bs if bs is not None and r.graphs.has_steps(bs, n, width, device=True) else None
+
+
+def _device_steps(r, reqs, starts, last, n, features, bs) -> torch.Tensor:
+    """decode_steps on a backend that plans steps on the device: one staged buffer, then one graph replay of
+    bucket ``bs`` (or, bs None, the same code eagerly, planned for this launch's lengths)."""
+    b = len(reqs)
+    if bs is not None:
         meta, _ = r.prepare_device_steps(reqs, starts, n, pad_to=bs)
         return r.graphs.replay_device_steps(bs, n, meta, last, features)[:, :b].t()
     meta, rows = r.prepare_device_steps(reqs, starts, n)

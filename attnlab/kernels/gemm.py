@@ -39,6 +39,9 @@ activation dtype is exact), the scale applied to the fp32 sum. Epilogues (``epil
 The paired epilogues (silu_mul, rope) give a program both columns of each pair it needs: for a group size G
 (I for silu_mul, head_dim / 2 for rope), logical column j maps to c1 = (j // G) * 2G + j % G and c2 = c1 + G;
 a paired program covers BLOCK_N / 2 logical columns, so it streams as many weight rows as a plain one.
+Weight prefetch (``engine.gemm_prefetch``, with PDL): before its ``griddepcontrol.wait`` each program issues
+``prefetch.global.L2`` for the first chunks of its own weight rows, so they stream in while the previous kernel
+still runs; only on weights of at most PREFETCH_MAX_WEIGHT_BYTES (latency-bound GEMMs). A hint: the sums are unchanged.
 ``kv_store`` (rope): the qkv epilogue also writes k (rotated) and v into their KV-pool slots (the gemm path's
 layer then launches no store kernel). The epilogue's other inputs (residual, cos / sin, slots) load before the K
 loop, their latency under the weight stream.
@@ -69,7 +72,11 @@ LEAN_MAX_CHUNKS = 8  # lean: a K loop of at most this many BLOCK_K chunks runs u
 MAX_TICKETS = 4096  # column tiles with a ticket; a split GEMM has < TARGET_PROGRAMS of them
 SS_BLOCK = 512  # exact RMSNorm prologue: columns of x per unrolled sum-of-squares chunk
 MAX_PREFETCH = 16  # engine.gemm_prefetch: BLOCK_K chunks of its weight rows a program may prefetch
-DEFAULT_PREFETCH = 0
+DEFAULT_PREFETCH = 16  # as many as the program has (SmolLM2's layer GEMMs have <= 5)
+# Only GEMMs whose whole weight is at most this prefetch: latency-bound ones (SmolLM2's layer GEMMs, 0.7-3.5 MB).
+# On bandwidth-bound weights the prefetch competes with the previous kernel's own stream and lost on the H200
+# (Llama-3.2-1B, 8-67 MB: 870 -> 825 tok/s at 4 chunks; experiments/h200-2026-12-02e).
+PREFETCH_MAX_WEIGHT_BYTES = 4 << 20
 L2_LINE = 128  # bytes per prefetch.global.L2
 _split_mode = DEFAULT_SPLIT_MODE
 _prefetch = DEFAULT_PREFETCH
@@ -102,7 +109,8 @@ def splitting(mode: str):
 
 def set_prefetch(chunks: int) -> None:
     """How many BLOCK_K chunks of its weight rows each program prefetches into L2 before its PDL wait (module
-    docstring; process-wide, like the split mode; nothing without engine.pdl)."""
+    docstring; process-wide, like the split mode; nothing without engine.pdl, nor on weights above
+    PREFETCH_MAX_WEIGHT_BYTES)."""
     global _prefetch
     if isinstance(chunks, bool) or not isinstance(chunks, int) or not 0 <= chunks <= MAX_PREFETCH:
         raise ValueError(f"gemm prefetch {chunks!r}: an int of BLOCK_K chunks in 0..{MAX_PREFETCH}")
@@ -518,7 +526,8 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             "VC": vc if vc is not None else dummy, "SLOTS": slots if slots is not None else dummy}
     xn = torch.empty(m, k, dtype=x.dtype, device=x.device) if norm else x  # the normalized rows (scratch)
     pdl_args = launch_args(x)
-    if pdl_args and _prefetch:  # a prefetch only where the launch overlaps the previous kernel (PDL)
+    if pdl_args and _prefetch and w.numel() * w.element_size() <= PREFETCH_MAX_WEIGHT_BYTES:
+        # a prefetch only where the launch overlaps the previous kernel (PDL) and the GEMM is latency-bound
         pdl_args = {**pdl_args, "PREFETCH": min(_prefetch, per // block_k),
                     "LINE": min(block_k, L2_LINE // w.element_size())}
     try:

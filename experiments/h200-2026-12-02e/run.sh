@@ -3,12 +3,28 @@
 # stay while it is held). Bundles as ../h200-2026-12-02d/README.md says (.gpu/a2, .gpu/b, .gpu/c, .gpu/6).
 #   run.sh 1  carry .gpu/a2: install; GPU tests (the GEMM incl. the weight prefetch, PDL identity); bench.gemm_fused
 #             --pdl with prefetch arms; bench.pdl arms (SmolLM2, Llama-3.2-1B shapes), prefetch 0 / 4 / 16 chunks
-#   run.sh 2  carry nothing: Llama-3.1-8B arms; the gemm path's step kernel by kernel, prefetch off and on
+#   (the machine was given back: the prefetch was limited to weights <= 4 MiB, default 16 chunks; the flashinfer draft
+#    was let cross pages on one plan where FlashInfer's schedule does not change)
+#   run.sh 2  carry .gpu/a2: install; the prefetch GPU test; bench.pdl with the size rule (SmolLM2, Llama-3.2-1B);
+#             the gemm path's step kernel by kernel, prefetch off and on
+#   run.sh 3  carry .gpu/b: install (the GGUF joins)
+#   run.sh 4  carry .gpu/c + .gpu/6: flashinfer GPU tests (a launch crossing pages on one plan, bit for bit; the
+#             multi-step graphs); every pair with EAGLE k 4 at batch 1, 32 held-out prompts, 5 rounds, gemm + PDL
+#             + prefetch
+#   run.sh 5  carry nothing: the same pairs on the fused cuBLAS engine
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 or 2}
+PART=${1:?part 1, 2, 3, 4 or 5}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
-PF=${PF:-4}  # the prefetch depth profiled in part 2
+PF=${PF:-16}  # the prefetch depth profiled in part 2
+pairs() {  # NAME, bench.spec engine flags, timeout: issue 12's pairs at batch 1 (EAGLE k = 4, held-out prompts)
+  step "issue 12: every pair, EAGLE k 4, batch 1, 32 held-out prompts, 5 rounds, fused ops $2"
+  timeout $3 $S --batch 1 --prompts $DATA --new 128 --num-prompts 32 --backends triton,flashinfer \
+    --draft-backends triton,flashinfer --drafters eagle --k 4 --repeats 5 $2 --out "/tmp/pairs/pairs_$1" \
+    > $LOGS/pairs_$1.log 2>&1; echo "exit code $?"
+  grep "^| attnlab" $LOGS/pairs_$1.log; cp /tmp/pairs/pairs_$1.md /tmp/pairs/pairs_$1.json "$OUT/" 2>/dev/null
+  cp $LOGS/pairs_$1.log "$OUT/"
+}
 case $PART in
 1)
   step "install .gpu/a2"; bash .gpu/a2/install.sh | tail -1
@@ -28,16 +44,37 @@ case $PART in
     --out "$OUT/arms_pf" > $LOGS/arms.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/arms.log
   ;;
 2)
-  step "issue 17: Llama-3.1-8B shapes, 2 rounds"
-  timeout 200 $PY -m attnlab.bench.pdl --models llama-3.1-8b --engines fused,gemm --host thin8 --batches 1 \
-    --rounds 2 --new 64 --gemm-splits fill/ticket,fill/ticket+pf4 --out "$OUT/arms_pf_8b" > $LOGS/arms8b.log 2>&1
-  echo "exit code $?"; grep "^|" $LOGS/arms8b.log
-  step "issue 17: the gemm path's decode step, kernel by kernel, prefetch off and $PF"
+  step "install .gpu/a2"; bash .gpu/a2/install.sh | tail -1
+  step "GPU tests: the weight prefetch changes no bit"
+  timeout 100 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py -k prefetch \
+    > $LOGS/tests2.log 2>&1; grep -E "passed|failed|FAILED|Error" $LOGS/tests2.log | tail -n 5
+  step "issue 17: bench.pdl arms with the 4 MiB rule (prefetch 16 = the default), batch 1, 3 rounds"
+  timeout 200 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines fused,gemm --host thin8 \
+    --batches 1 --rounds 3 --new 128 --gemm-splits fill/ticket,fill/ticket+pf16 --out "$OUT/arms_rule" \
+    > $LOGS/arms2.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/arms2.log
+  step "issue 17: the gemm path's decode step, kernel by kernel, PDL on, prefetch off and $PF"
   for A in fill/ticket fill/ticket+pf$PF; do
-    timeout 80 $PY -m attnlab.bench.profile --models smollm2-135m,llama-3.2-1b --engines gemm --pdl on \
-      --gemm-split $A --host thin8 --out "$OUT/profile_$(echo $A | tr '/+' '__')" > $LOGS/profile.log 2>&1
+    timeout 80 $PY -m attnlab.bench.profile --models smollm2-135m --engines gemm --pdl on \
+      --gemm-split $A --host thin8 --out "/tmp/profile_$(echo $A | tr '/+' '__')" > $LOGS/profile.log 2>&1
     echo "exit code $?"; grep -E "^step|^###" $LOGS/profile.log
   done
+  cat /tmp/profile_*.md > "$OUT/profile_pf.md"; tar czf "$OUT/profile_pf_json.tgz" -C /tmp $(cd /tmp; ls profile_*.json)
+  ;;
+3)
+  step "install .gpu/b (joins the GGUF)"; bash .gpu/b/install.sh | tail -2
+  ;;
+4)
+  step "install .gpu/c and .gpu/6"; bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
+  cp .gpu/c/sg_heldout_all.jsonl.gz $DATA; mkdir -p /tmp/pairs
+  $PY -c "import flashinfer; print('flashinfer', flashinfer.__version__)"
+  step "GPU tests: a flashinfer launch crossing pages on one plan; the multi-step graphs"
+  timeout 150 $PY -m pytest -q -p no:cacheprovider -ra tests/backends/test_flashinfer_steps.py \
+    "tests/integration/test_gpu_engine.py::test_multistep_graph_matches_one_step_per_sync" > $LOGS/tests4.log 2>&1
+  grep -E "passed|failed|FAILED|Error" $LOGS/tests4.log | tail -n 8; cp $LOGS/tests4.log "$OUT/"
+  pairs gemm "--gemm triton --gemm-split fill/ticket+pf16 --pdl" 330
+  ;;
+5)
+  mkdir -p /tmp/pairs; pairs fused "" 400
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac

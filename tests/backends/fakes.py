@@ -100,11 +100,62 @@ class FakeDecode(_FakeWrapper):
     def resolved_backend(self):  # FlashInfer 0.7.2: "fa2" for the CUDA-core kernel and the tensor-core auto pick
         return "fa2" if self._backend == "auto" else self._backend
 
+    # the CUDA-core decode's schedule in graph mode, as FlashInfer 0.7.2's DecodePlan writes it (scheduler.cuh,
+    # transliterated here on its own, not shared with attnlab's model): max_grid_size = blocks per SM x SMs
+    MAX_GRID: ClassVar[int] = 64
+    CHUNK_BIAS: ClassVar[int] = 0  # a test's "other FlashInfer version": the chunk this many pages off
+
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
              pos_encoding_mode="NONE", q_data_type="float16", kv_data_type=None, sm_scale=None):
         qo = torch.arange(len(last_page_len) + 1, dtype=torch.int32)
         self._store(qo, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
                     False, None, q_data_type, kv_data_type, sm_scale)
+        self.sched = None
+        if self.use_cuda_graph and not self.use_tensor_cores:
+            self._decode_plan([int(indptr[i + 1] - indptr[i]) for i in range(len(last_page_len))], num_kv_heads,
+                              page_size)
+
+    def _decode_plan(self, pages, gdy, ps):
+        batch = len(pages)
+        if batch * gdy >= self.MAX_GRID:
+            split, chunk = False, max([1, *pages])
+        else:
+            low, high = max(128 // ps, 1), 0
+            for p in pages:
+                high = max(high, p)
+            while low < high:
+                mid = (low + high) // 2
+                new_batch = sum(math.ceil(p / mid) for p in pages)
+                if new_batch * gdy > self.MAX_GRID:
+                    low = mid + 1
+                else:
+                    high = mid
+            split, chunk = True, low + self.CHUNK_BIAS
+        o_indptr = [0]
+        for p in pages:
+            o_indptr.append(o_indptr[-1] + math.ceil(max(p, 1) / chunk))
+        padded = self.MAX_GRID // gdy if split else batch
+        chunk_off, o_off = 3, 16  # the chunk size is 1-byte aligned in FlashInfer's int workspace
+        pinned = torch.zeros(o_off + 4 * (padded + 1), dtype=torch.uint8)
+        pinned[chunk_off:chunk_off + 4] = torch.tensor([chunk * ps], dtype=torch.int32).view(torch.uint8)
+        pinned[o_off:o_off + 4 * len(o_indptr)] = torch.tensor(o_indptr, dtype=torch.int32).view(torch.uint8)
+        self._pin_memory_int_workspace_buffer = pinned
+        self._plan_info = [padded, 0, 0, 0, 0, o_off, 0, chunk_off, 1, int(split)]
+        self.sched = (split, chunk, o_indptr)
+
+    def run(self, q, paged_kv_cache, k_scale=None, v_scale=None):
+        if getattr(self, "sched", None) is not None and self.sched[0]:
+            # as the kernel: tile t of request i covers [t x chunk, min((t + 1) x chunk, kv_len)) tokens of the
+            # lengths in the buffers now; a tile starting past kv_len underflows its chunk size (a wrong result or a
+            # fault on the GPU), and tokens past the last tile are never read
+            _, chunk, o_indptr = self.sched
+            kv_indptr, last, ps = self.state[1], self.state[3], self.state[4]
+            for i in range(len(last)):
+                n = (int(kv_indptr[i + 1] - kv_indptr[i]) - 1) * ps + int(last[i])
+                tiles = o_indptr[i + 1] - o_indptr[i]
+                assert (tiles - 1) * chunk * ps < max(n, 1), f"request {i}: a tile starts past its {n} tokens"
+                assert tiles * chunk * ps >= n, f"request {i}: {n} tokens, the plan's tiles cover fewer"
+        return super().run(q, paged_kv_cache, k_scale, v_scale)
 
 
 class FakePrefill(_FakeWrapper):

@@ -12,8 +12,17 @@ from attnlab.errors import ConfigError
 from attnlab.kvcache import KVPool, PageAllocator
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import NoDrafter
+from tests.backends.cases import make_case
 from tests.backends.fakes import FakeDecode
-from tests.backends.test_flashinfer import SMALL_WS, backend, cpu_case, meta_over, reference
+from tests.backends.test_flashinfer import (
+    SMALL_WS,
+    backend,
+    cpu_case,
+    meta_over,
+    needs_flashinfer_gpu,
+    reference,
+    run_all_layers,
+)
 from tests.spec.tiny import prompts, tiny_config, tiny_model
 
 STARTS, N = [5, 17, 9], 3  # step j of request i feeds position STARTS[i] + j: KV length STARTS[i] + 1 + j
@@ -62,7 +71,7 @@ def test_when_device_steps_apply(fake_fi):
     with pytest.raises(NotImplementedError, match="device_steps=true"):
         off[1].device_step_plans(4, 3, torch.zeros(5, dtype=torch.int32), torch.zeros(4, dtype=torch.int32),
                                  torch.ones(3, 4, dtype=torch.int32))
-    with pytest.raises(ValueError, match="outside 1..4"):  # a layout that is not the first step's pages
+    with pytest.raises(ValueError, match="change FlashInfer.s schedule"):  # pages the first step lacks, no model
         be.device_steps_host_plan(1, [0, 3], [5], torch.tensor([0, 3], dtype=torch.int32),
                                   torch.zeros(3, dtype=torch.int32))
     with pytest.raises(ConfigError, match="device_steps='yes'"):
@@ -102,7 +111,9 @@ def test_multi_step_decode_takes_both_paths_with_the_same_tokens(fake_fi, monkey
         else:  # consecutive launches inside the same pages kept the previous launch's plan
             assert r.backend.step_plans_reused > 0
     assert outs[0] == outs[1]
-    assert 0 < len(calls) < launches  # some launches fit, some cross a page (page size 16, 3 steps)
+    # once a plan confirmed FlashInfer's schedule model, launches that cross a page (page size 16, 3 steps) run
+    # device-planned too; before that, they plan every step on the host
+    assert 0 < len(calls) <= launches and r.backend.step_launches_widened > 0
     assert all(r.backend.device_steps_fit(s, N) for s in calls)
 
 
@@ -178,3 +189,113 @@ def test_multi_step_decode_with_the_batch_changing_between_runs(fake_fi):
         runs.append([[o.output_ids for o in dec.generate(batch, 20).requests] for batch in (ps, ps[:1], ps)])
         assert r.allocator.num_free == r.allocator.num_pages
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("max_grid", [16, 64, 264])
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_the_schedule_model_is_the_planners(fake_fi, max_grid, page_size, monkeypatch):
+    """flashinfer_schedule.decode_schedule, fed the (split, grid rows) a plan reports, predicts the chunk size and
+    every row's tiles the planner wrote (the fake transliterates FlashInfer 0.7.2's scheduler.cuh on its own), for
+    random page counts, with and without split."""
+    from attnlab.backends import flashinfer_schedule as fis
+
+    monkeypatch.setattr(FakeDecode, "MAX_GRID", max_grid)
+    g = torch.Generator().manual_seed(max_grid + page_size)
+    for _ in range(40):
+        rows = int(torch.randint(1, 9, (1,), generator=g))
+        pages = torch.randint(0, 300, (rows,), generator=g).tolist()
+        w = FakeDecode(torch.zeros(8, dtype=torch.uint8), use_cuda_graph=True)
+        w._decode_plan(pages, 2, page_size)
+        known = fis.learned(w)
+        assert fis.decode_schedule(pages, page_size, *known) == fis.planned(w, rows, page_size), (pages, known)
+
+
+def test_a_launch_that_crosses_a_page_runs_on_one_plan(fake_fi):
+    """Page 4, 3 steps, request 0 at lengths 7..9 crosses from 2 pages to 3. Before any plan confirmed the schedule
+    model it does not fit; after one (a launch within pages on the same layout), it fits, keeps that plan (same
+    schedule) and each step attends its own length (the steps before the crossing with a last-page length <= 0
+    in the buffer the kernel reads; the fake checks no tile starts past a length)."""
+    ps, rows = 4, 4
+    cross, within = [6, 17, 9], [8, 17, 9]  # first-step lengths 7 / 9: layout (the last step's) 3, 5, 3 pages
+    case = cpu_case([1] * 3, [s + N for s in cross], page_size=ps, gqa=3)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=64)
+    lay = case.meta.layout
+    indptr = lay.kv_indptr.tolist() + [int(lay.kv_indptr[-1]) + 1]
+    indices = torch.cat([lay.kv_indices, torch.tensor([case.pool.num_pages], dtype=torch.int32)])
+    dev_indptr = torch.tensor(indptr, dtype=torch.int32)
+    kv_lens = torch.zeros(N, rows, dtype=torch.int32)
+    be.device_step_plans(rows, N, dev_indptr, indices, kv_lens)
+    q = torch.cat([case.q, torch.randn(1, *case.q.shape[1:]).to(case.q.dtype)])
+
+    def launch(starts):
+        kv_lens.copy_(torch.tensor([[s + 1 + j for s in starts] + [1] for j in range(N)], dtype=torch.int32))
+        be.device_steps_host_plan(rows, indptr, [s + 1 for s in starts] + [1], dev_indptr, indices)
+        for j in range(N):
+            be.use_step(j)
+            got = torch.stack([be.run(q, layer)[:3].float() for layer in range(case.pool.num_layers)])
+            want = reference(case, meta_over(case, [s + 1 + j for s in starts], [1] * 3), case.q)
+            torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+    assert not be.device_steps_fit(cross, N, rows)  # no plan yet: the model is unconfirmed
+    assert be.device_steps_fit(within, N, rows)
+    launch(within)
+    assert be.device_steps_fit(cross, N, rows) and plans_made() == 1
+    launch(cross)
+    assert (plans_made(), be.step_plans_reused, be.step_launches_widened) == (1, 1, 1)
+    assert int(be.active_plan.wrapper.bufs["last"][0]) == 9 - 2 * ps  # the last step: 9 tokens on 3 pages
+    be.use_step(0)
+    assert int(be.active_plan.wrapper.bufs["last"][0]) == 7 - 2 * ps  # step 0: 7 tokens, last page empty (-1)
+
+
+def test_a_crossing_that_changes_the_schedule_plans_every_step(fake_fi, monkeypatch):
+    """Page 16: FlashInfer's chunks are >= 8 pages (128 tokens). Crossing from 1 page to 2 keeps one tile; from 8
+    pages to 9 adds a tile (its first step would meet a tile past its length): that launch does not fit. And when
+    a plan disagrees with the model (another FlashInfer), no crossing fits any more."""
+    case = cpu_case([1], [140], page_size=16, gqa=3)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=256)
+    lay = case.meta.layout
+    indptr = lay.kv_indptr.tolist()
+    be.device_step_plans(1, N, lay.kv_indptr, lay.kv_indices, torch.zeros(N, 1, dtype=torch.int32))
+    be.device_steps_host_plan(1, indptr, [137], lay.kv_indptr, lay.kv_indices)  # 137..139: 9 pages throughout
+    assert be.device_steps_fit([14], N, 1) and be.device_steps_fit([62], N, 1)  # 1 -> 2, 4 -> 5 pages
+    assert not be.device_steps_fit([126], N, 1)  # 127..129: 8 -> 9 pages, one tile -> two
+    with pytest.raises(ValueError, match="change FlashInfer.s schedule"):
+        be.device_steps_host_plan(1, indptr, [127], lay.kv_indptr, lay.kv_indices)
+    monkeypatch.setattr(FakeDecode, "CHUNK_BIAS", 1)
+    be.plan_slot(meta_over(case, [129], [1]), 1)  # a host-planned step in slot 1: the next launch plans anew
+    be.device_steps_host_plan(1, indptr, [129], lay.kv_indptr, lay.kv_indices)
+    assert not be.device_steps_fit([14], N, 1) and be.device_steps_fit([20], N, 1)  # within pages still fits
+
+
+@pytest.mark.gpu
+@needs_flashinfer_gpu
+def test_gpu_a_launch_that_crosses_pages_gives_each_steps_own_bits():
+    """The real FlashInfer: its plan at the capture-like trivial layout confirms the schedule model; then a launch
+    of 4 steps in which two requests cross a page (1 -> 2 and 3 -> 4 pages, beside 19- and 63-page requests, so the
+    split runs 1 to 8 tiles a request) runs on one plan of its last-step layout and gives every step the bits of
+    that step's own host plan, close to the reference."""
+    ps, n, rows = 16, 4, 4
+    starts = [14, 300, 1000, 45]
+    case = make_case(kv_lens=[s + n for s in starts], q_lens=[1] * rows, page_size=ps, num_kv_heads=2, gqa=3,
+                     head_dim=64, dtype=torch.bfloat16, device="cuda", num_layers=2)
+    be, host = (FlashInferBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale,
+                                  torch.bfloat16, cuda_graph=True, max_batch_size=rows, max_context=2048)
+                for _ in range(2))
+    lay = case.meta.layout
+    indptr, indices = lay.kv_indptr.tolist(), lay.kv_indices
+    kv_lens = torch.zeros(n, rows, dtype=torch.int32, device="cuda")
+    be.device_step_plans(rows, n, lay.kv_indptr, indices, kv_lens)
+    trivial = torch.arange(rows + 1, dtype=torch.int32, device="cuda")
+    be.device_steps_host_plan(rows, list(range(rows + 1)), [1] * rows, trivial, indices)  # as a graph capture
+    assert be._schedule_model_ok and be.device_steps_fit(starts, n, rows)
+    kv_lens.copy_(torch.tensor([[s + 1 + j for s in starts] for j in range(n)], dtype=torch.int32))
+    be.device_steps_host_plan(rows, indptr, [s + 1 for s in starts], lay.kv_indptr, indices)
+    assert be.step_launches_widened == 1 and be._schedule_model_ok
+    metas = [meta_over(case, [s + 1 + j for s in starts], [1] * rows) for j in range(n)]
+    host.plan_steps(metas)
+    for j in range(n):
+        be.use_step(j)
+        host.use_step(j)
+        got, want = run_all_layers(be, case), run_all_layers(host, case)
+        assert torch.equal(got, want), f"step {j}: device-planned bits differ from the step's own plan"
+        torch.testing.assert_close(got, reference(case, metas[j], case.q), atol=2e-2, rtol=2e-2)

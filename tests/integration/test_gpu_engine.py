@@ -295,9 +295,11 @@ def test_multistep_graph_matches_one_step_per_sync(backend, n_steps):
     assert c.n <= len(out.iterations) + 1, (c.n, sorted(set(c.where)))
     want = "device-planned" if backend == "triton" else "planned once per launch"
     assert want in t.backend.kernel_info()["decode_steps"]
-    replays = t.graphs.step_replays  # flashinfer: launches within a page device-planned, the others per step
-    assert sum(replays.values()) >= len(out.iterations) and (replays["steps"] > 0) == (backend == "flashinfer")
-    # flashinfer at N = 8: all 3 rows stay inside one 16-token page for 8 steps in few launches (none of the 5 did
-    # on the H200, 2026-12-02); at N = 4, in most
-    assert replays["dsteps"] > 0 or (backend, n_steps) == ("flashinfer", 8), replays
+    replays = t.graphs.step_replays
+    assert sum(replays.values()) >= len(out.iterations) and replays["dsteps"] > 0, replays
+    if backend == "triton":
+        assert replays["steps"] == 0, replays
+    else:  # flashinfer: a launch that crosses a page runs device-planned too when FlashInfer's schedule does not
+        # change across it (the capture's plan confirmed the schedule model): at N = 8, 3 rows cross in most launches
+        assert t.backend.step_launches_widened > 0 and t.backend._schedule_model_ok, replays
     assert t.allocator.num_free == t.allocator.num_pages
