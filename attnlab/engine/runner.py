@@ -267,10 +267,18 @@ class ModelRunner:
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """The argmax of ``logits(hidden)`` per row; a draft head with a reduced vocabulary takes it over its own
-        logits (EagleHead.greedy_tokens: the same ids, without the [rows, vocab] -inf scatter)."""
+        logits (EagleHead.greedy_tokens: the same ids, without the [rows, vocab] -inf scatter); a gemm-path side
+        (engine.gemm=triton) in one launch, the LM head's argmax epilogue (attnlab.kernels.gemm.argmax_linear)."""
         head_argmax = getattr(self.model, "greedy_tokens", None)
         if head_argmax is not None and not self.invariant:
             return head_argmax(hidden)
+        head = getattr(self.model, "lm_head", None)
+        if (self.fused_ops == "gemm" and hidden.shape[0] <= 16 and type(head) is torch.nn.Linear
+                and head.weight.dtype == hidden.dtype):  # the LM head's argmax epilogue: one launch
+            from attnlab.kernels import gemm
+
+            if gemm.argmax_head():
+                return gemm.argmax_linear(hidden, head.weight, head.bias)
         return self.logits(hidden).argmax(dim=-1)
 
     def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None, keep: bool = False,

@@ -191,6 +191,7 @@ def _compile_gemm_dtypes(gemm, dtypes, arch: int) -> None:
             gemm.gemm(x, torch.zeros(2 * inter, hidden, dtype=dtype), norm_weight=nw, epilogue="silu_mul")
             gemm.gemm(torch.zeros(4, inter, dtype=dtype), torch.zeros(hidden, inter, dtype=dtype),
                       epilogue="residual", residual=x)
+            gemm.argmax_linear(x, torch.zeros(8 * hidden, hidden, dtype=dtype))  # an LM head's greedy tokens
 
 
 def compile_pdl(arch: int = 90) -> None:

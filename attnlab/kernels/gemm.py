@@ -36,6 +36,9 @@ activation dtype is exact), the scale applied to the fp32 sum. Epilogues (``epil
 - ``silu_mul``: w = [gate; up] [2I, K] -> y [M, I] = round(round(silu(gate)) * up)   (gate_up_proj)
 - ``rope``:     w = qkv_proj; RoPE (rotate-half) on the first ``rope_cols`` columns (q and k), per head of
                 ``head_dim``; v untouched (qkv_proj; rounding as attnlab.models.rope in the model dtype)
+- ``argmax``:   y [M] int64 = the first maximal column of round(acc (+ bias)) (an LM head's greedy tokens,
+                ``argmax_linear``): tile maxima, then one ticket over all tiles; the last program reduces them in
+                column order. Never split.
 The paired epilogues (silu_mul, rope) give a program both columns of each pair it needs: for a group size G
 (I for silu_mul, head_dim / 2 for rope), logical column j maps to c1 = (j // G) * 2G + j % G and c2 = c1 + G;
 a paired program covers BLOCK_N / 2 logical columns, so it streams as many weight rows as a plain one.
@@ -64,12 +67,14 @@ BLOCK_M = 16  # rows padded to one tensor-core tile; fixed, so a row's arithmeti
 # the reduction order (and so every bit of the output) is the same on every GPU and under the interpreter.
 TARGET_PROGRAMS = 132
 MAX_SPLIT_K = 16
-EPILOGUES = ("none", "residual", "silu_mul", "rope")
+EPILOGUES = ("none", "residual", "silu_mul", "rope", "argmax")
 _EPI = {name: i for i, name in enumerate(EPILOGUES)}
 SPLIT_MODES = ("fill/pass", "fill/ticket", "lean/pass", "lean/ticket")
 DEFAULT_SPLIT_MODE = "fill/ticket"
 LEAN_MAX_CHUNKS = 8  # lean: a K loop of at most this many BLOCK_K chunks runs unsplit
 MAX_TICKETS = 4096  # column tiles with a ticket; a split GEMM has < TARGET_PROGRAMS of them
+ARGMAX_TICKET = MAX_TICKETS - 1  # the argmax epilogue's one ticket over all its column tiles
+ARGMAX_BLOCK = 256  # column tiles' partial maxima the argmax's last program reduces at a time
 SS_BLOCK = 512  # exact RMSNorm prologue: columns of x per unrolled sum-of-squares chunk
 MAX_PREFETCH = 16  # engine.gemm_prefetch: BLOCK_K chunks of its weight rows a program may prefetch
 DEFAULT_PREFETCH = 16  # as many as the program has (SmolLM2's layer GEMMs have <= 5)
@@ -80,6 +85,7 @@ PREFETCH_MAX_WEIGHT_BYTES = 4 << 20
 L2_LINE = 128  # bytes per prefetch.global.L2
 _split_mode = DEFAULT_SPLIT_MODE
 _prefetch = DEFAULT_PREFETCH
+_argmax_head = True  # greedy tokens of a gemm-path side: the LM head's argmax epilogue (False: cuBLAS + argmax)
 _tickets: dict = {}
 
 
@@ -132,22 +138,41 @@ def prefetching(chunks: int):
         set_prefetch(old)
 
 
+def argmax_head() -> bool:
+    """Whether a gemm-path side takes its greedy tokens from the LM head's argmax epilogue (``argmax_linear``)."""
+    return _argmax_head
+
+
 @contextmanager
 def arm(text: str):
-    """A bench arm ``<split mode>[+pf<chunks>]`` (``fill/ticket``, ``fill/ticket+pf4``): the split mode and the
-    prefetch for a block (the prefetch 0 unless given), both restored after."""
-    mode, chunks = _parse_arm(text)
+    """A bench arm ``<split mode>[+pf<chunks>][+lmcublas]`` (``fill/ticket``, ``fill/ticket+pf4``): the split
+    mode, the prefetch (0 unless given) and, with ``+lmcublas``, greedy tokens from cuBLAS logits and a torch
+    argmax instead of the LM head's argmax epilogue, for a block; all restored after."""
+    global _argmax_head
+    mode, chunks, fused_argmax = _parse_arm(text)
+    old = _argmax_head
     with splitting(mode), prefetching(chunks):
-        yield
+        _argmax_head = fused_argmax
+        try:
+            yield
+        finally:
+            _argmax_head = old
 
 
-def _parse_arm(text: str) -> tuple[str, int]:
-    mode, plus, pf = text.partition("+")
-    if mode not in SPLIT_MODES or (plus and not (pf.startswith("pf") and pf[2:].isdigit()
-                                                and int(pf[2:]) <= MAX_PREFETCH)):
-        raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>], split modes {', '.join(SPLIT_MODES)}, "
-                         f"chunks 0..{MAX_PREFETCH}")
-    return mode, int(pf[2:]) if plus else 0
+def _parse_arm(text: str) -> tuple[str, int, bool]:
+    mode, *extras = text.split("+")
+    chunks, fused_argmax, ok = 0, True, mode in SPLIT_MODES and len(set(extras)) == len(extras)
+    for e in extras:
+        if e.startswith("pf") and e[2:].isdigit() and int(e[2:]) <= MAX_PREFETCH:
+            chunks = int(e[2:])
+        elif e == "lmcublas":
+            fused_argmax = False
+        else:
+            ok = False
+    if not ok:
+        raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmcublas], split modes "
+                         f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}")
+    return mode, chunks, fused_argmax
 
 
 def parse_split_modes(text: str) -> list[str]:
@@ -288,6 +313,43 @@ def _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, 
 
 
 @triton.jit
+def _argmax_tail(acc, offs_m, j, m_mask, n_mask, OUT, PART, TICKET, SCALE, BIAS, pid_n, x_dt, FP8: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, RED: tl.constexpr):
+    """The argmax epilogue (an LM head's greedy tokens): each column tile's first maximal column per row, of the
+    logits rounded as F.linear rounds them and compared in fp32 (as ``F.linear(x, w).float().argmax(-1)``), into
+    PART [2, tiles, BLOCK_M] (maxima, then columns as exact fp32); then one ticket over all tiles, and the last
+    program to arrive reduces the tiles in column order, a later tile winning only with a strictly larger max:
+    the first maximal column overall, whatever M (row-invariant: a row's logits never depend on the others)."""
+    if FP8:
+        acc = acc * tl.load(SCALE + j, mask=n_mask, other=0.0)[:, None]
+    if HAS_BIAS:
+        acc = acc + tl.load(BIAS + j, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    y = tl.where(n_mask[:, None], acc.to(x_dt).to(tl.float32), float("-inf"))
+    tiles = tl.num_programs(0)
+    tl.store(PART + pid_n * BLOCK_M + offs_m, tl.max(y, axis=0))
+    tl.store(PART + (tiles + pid_n) * BLOCK_M + offs_m, (pid_n * j.shape[0] + tl.argmax(y, axis=0)).to(tl.float32))
+    tl.debug_barrier()  # every thread's partial before the arrival
+    if tl.atomic_add(TICKET, 1, sem="acq_rel") == tiles - 1:
+        best = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        col = tl.zeros([BLOCK_M], dtype=tl.int32)
+        for t0 in range(0, tiles, RED):
+            t = t0 + tl.arange(0, RED)
+            tm = (t < tiles)[:, None]
+            v = tl.load(PART + t[:, None] * BLOCK_M + offs_m[None, :], mask=tm, other=float("-inf"),
+                        cache_modifier=".cg")
+            c = tl.load(PART + (tiles + t[:, None]) * BLOCK_M + offs_m[None, :], mask=tm, other=0.0,
+                        cache_modifier=".cg")
+            at = tl.argmax(v, axis=0)  # the block's first tile holding its max
+            bc = tl.sum(tl.where(tl.arange(0, RED)[:, None] == at[None, :], c, 0.0), axis=0)
+            bv = tl.max(v, axis=0)
+            take = bv > best
+            best = tl.where(take, bv, best)
+            col = tl.where(take, bc.to(tl.int32), col)
+        tl.store(OUT + offs_m, col.to(tl.int64), mask=m_mask)
+        tl.store(TICKET, 0)  # ready for the next launch
+
+
+@triton.jit
 def _sum_partials(base, pmask, num_splits, N_LOG, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                   PAIRED: tl.constexpr):
     """The partials [splits, 2 (pair), BLOCK_M, N_LOG] of one column tile summed in split order (0, 1, ...): the
@@ -332,7 +394,7 @@ def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SI
                  NORM: tl.constexpr, SS_BLOCK: tl.constexpr, SS_ITERS: tl.constexpr, NRM_ITERS: tl.constexpr,
                  FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PAIRED: tl.constexpr,
                  KV_STORE: tl.constexpr, IEEE: tl.constexpr, PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
-                 USE_PDL: tl.constexpr = False):
+                 ARGMAX_RED: tl.constexpr = 256, USE_PDL: tl.constexpr = False):
     # SPLIT: 0 one program per column tile; 1 partials for _reduce_kernel; 2 partials, the last program reduces
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -397,7 +459,10 @@ def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SI
                 acc2 = tl.dot(w2.to(tl.float32), xt.to(tl.float32), acc2, input_precision="ieee")
             else:
                 acc2 = tl.dot(w2, xt, acc2)
-    if SPLIT == 0:
+    if EPI == 4:  # argmax (never split: gemm() keeps it unsplit)
+        _argmax_tail(acc1, offs_m, j, m_mask, n_mask, OUT, PART, TICKETS, SCALE, BIAS, pid_n, x_dt, FP8, HAS_BIAS,
+                     BLOCK_M, ARGMAX_RED)
+    elif SPLIT == 0:
         _epilogue(acc1, acc2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, cos, sin, slot, stride_om,
                   stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
     else:  # partials [splits, 2 (pair), BLOCK_M, N_LOG] fp32, summed in split order
@@ -446,9 +511,9 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
          residual: torch.Tensor | None = None, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
          head_dim: int = 0, rope_cols: int = 0, kv_store: tuple | None = None) -> torch.Tensor:
     """x [M, K] (fp32 / fp16 / bf16, M <= 16), w [N, K] (x's dtype, or float8_e4m3fn with w_scale [N] fp32),
-    bias [N] or None -> [M, N] in x's dtype ([M, N / 2] for silu_mul). See the module docstring for
-    norm_weight [K] (RMSNorm prologue, eps) and the epilogues: residual [M, N]; rope: cos / sin [M, head_dim]
-    (or [M, 1, head_dim]), rotating columns [0, rope_cols) (q and k) per head. ``kv_store`` (rope only):
+    bias [N] or None -> [M, N] in x's dtype ([M, N / 2] for silu_mul, [M] int64 for argmax). See the module
+    docstring for norm_weight [K] (RMSNorm prologue, eps) and the epilogues: residual [M, N]; rope: cos / sin
+    [M, head_dim] (or [M, 1, head_dim]), rotating columns [0, rope_cols) (q and k) per head. ``kv_store`` (rope only):
     (k_cache, v_cache, slots), caches [num_slots, kv_heads, head_dim] of x's dtype with each slot's heads
     contiguous, slots [M] int (-1: not stored): the k (rotated) and v columns of each row also go to its slot."""
     m, k = x.shape
@@ -486,7 +551,10 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         if not (kc.device == vc.device == slots.device == x.device):
             raise ValueError(f"kv_store: caches and slots must be on {x.device}")
     n_log = n // 2 if paired else n
-    out = torch.empty(m, n_log if epilogue == "silu_mul" else n, dtype=x.dtype, device=x.device)
+    if epilogue == "argmax":
+        out = torch.empty(m, dtype=torch.int64, device=x.device)
+    else:
+        out = torch.empty(m, n_log if epilogue == "silu_mul" else n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
     x, w = _rowmajor(x), _rowmajor(w)
@@ -506,11 +574,16 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     n_tiles = triton.cdiv(n_log, block_n)
     policy, reduce = _split_mode.split("/")
     splits, per = split_k(n_tiles, k, block_k, policy == "lean")
+    if epilogue == "argmax":  # unsplit: the tiles' maxima need whole sums (its LM heads have thousands of tiles)
+        splits, per = 1, triton.cdiv(k, block_k) * block_k
     split = 0 if splits == 1 else 2 if reduce == "ticket" else 1
-    assert split != 2 or n_tiles <= MAX_TICKETS, "a split GEMM has fewer column tiles than TARGET_PROGRAMS"
+    assert split != 2 or n_tiles < ARGMAX_TICKET, "a split GEMM has fewer column tiles than TARGET_PROGRAMS"
     part = torch.empty(splits, 2, BLOCK_M, n_log, dtype=torch.float32, device=x.device) if split else out
     norm = norm_weight is not None
     tickets = _ticket_buffer(x.device) if split == 2 else out
+    if epilogue == "argmax":  # tile maxima and columns; the one ticket over all tiles
+        part = torch.empty(2, n_tiles, BLOCK_M, dtype=torch.float32, device=x.device)
+        tickets = _ticket_buffer(x.device)[ARGMAX_TICKET:]
     ss_block = min(SS_BLOCK, max(16, triton.next_power_of_2(k)))
     dummy = out
     args = {"M": m, "N_LOG": n_log, "stride_om": out.stride(0),
@@ -536,14 +609,21 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             k_per_split=per, stride_xm=x.stride(0), stride_wn=w.stride(0), eps=eps, BLOCK_K=block_k, SPLIT=split,
             NORM=norm, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block) if norm else 0,
             NRM_ITERS=triton.cdiv(min(per, k), ss_block) if norm else 0,
-            IEEE=fp32_dot(x.dtype), num_warps=4, num_stages=3, **ptrs, **args, **pdl_args)
+            IEEE=fp32_dot(x.dtype), ARGMAX_RED=ARGMAX_BLOCK, num_warps=4, num_stages=3, **ptrs, **args, **pdl_args)
     except BaseException:
-        if split == 2:  # a launch cut short may leave tickets taken: every later split GEMM on them would be wrong
-            tickets.zero_()
+        if split == 2 or epilogue == "argmax":  # a launch cut short may leave tickets taken: every later GEMM on
+            tickets.zero_()  # them would be wrong
         raise
     if split == 1:
         _reduce_kernel[(n_tiles,)](part, out, **ptrs, num_splits=splits, num_warps=4, **args, **launch_args(part))
     return out
+
+
+def argmax_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+                  w_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, bias).float().argmax(-1)`` for x [M <= 16, K] -> [M] int64 (the first maximal column,
+    of this GEMM's logits), in one launch: an LM head's greedy tokens without the [M, vocab] logits."""
+    return gemm(x, w, bias, w_scale=w_scale, epilogue="argmax")
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,

@@ -11,10 +11,15 @@
 #   run.sh 4  carry .gpu/c + .gpu/6: flashinfer GPU tests (a launch crossing pages on one plan, bit for bit; the
 #             multi-step graphs); every pair with EAGLE k 4 at batch 1, 32 held-out prompts, 5 rounds, gemm + PDL
 #             + prefetch
-#   run.sh 5  carry nothing: the same pairs on the fused cuBLAS engine
+#   run.sh 5  carry nothing: the same pairs on the fused cuBLAS engine (run twice: NAME5=fused, then fused2)
+#   (the machine was given back: the LM head's argmax epilogue was written)
+#   run.sh 6  carry .gpu/a2: install; GPU tests of the argmax epilogue and the prefetch; bench.pdl arms with the
+#             LM head on the argmax epilogue vs cuBLAS + torch argmax (SmolLM2, Llama-3.2-1B shapes)
+#   run.sh 7  carry .gpu/c + .gpu/6: issue 16's hybrid end to end (verify=hybrid vs triton vs flashinfer, mixed
+#             200 / 4000-token prompts, graphs, batch 1 and 8) and its table
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1, 2, 3, 4 or 5}
+PART=${1:?part 1 to 7}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 PF=${PF:-16}  # the prefetch depth profiled in part 2
 pairs() {  # NAME, bench.spec engine flags, timeout: issue 12's pairs at batch 1 (EAGLE k = 4, held-out prompts)
@@ -75,6 +80,26 @@ case $PART in
   ;;
 5)
   mkdir -p /tmp/pairs; pairs fused "" 400
+  ;;
+6)
+  step "install .gpu/a2"; bash .gpu/a2/install.sh | tail -1
+  step "GPU tests: the argmax epilogue (LM heads of 49,152 and 128,256 columns), the prefetch"
+  timeout 120 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py -k "argmax or prefetch" \
+    > $LOGS/tests6.log 2>&1; grep -E "passed|failed|FAILED|Error" $LOGS/tests6.log | tail -n 5; cp $LOGS/tests6.log "$OUT/"
+  step "issue 17: bench.pdl, the LM head's argmax epilogue vs cuBLAS + argmax, batch 1, 3 rounds"
+  timeout 220 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines fused,gemm --host thin8 \
+    --batches 1 --rounds 3 --new 128 --gemm-splits fill/ticket+pf16+lmcublas,fill/ticket+pf16 \
+    --out "$OUT/arms_argmax" > $LOGS/arms6.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/arms6.log
+  ;;
+7)
+  step "install .gpu/c and .gpu/6"; bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
+  R="experiment=hybrid_routing model.init=random precision=bf16 device=cuda logger=jsonl parity=off"
+  step "issue 16: e2e verify=hybrid vs triton vs flashinfer, mixed 200 / 4000-token prompts, graphs, batch 1 and 8"
+  timeout 300 $PY -m attnlab -m $R engine.cuda_graph=true warmup=full verify=hybrid,triton,flashinfer \
+    workload.batch_size=1,8 hydra.sweep.dir=/tmp/sweep/hybrid > $LOGS/e2e_hybrid.log 2>&1; echo "exit code $?"
+  grep -E "tau|rror|failed" $LOGS/e2e_hybrid.log | tail -8
+  $PY experiments/fair-backends/floors.py --hybrid /tmp/sweep/hybrid --out "$OUT/floors_hybrid.md"; cat "$OUT/floors_hybrid.md"
+  cp $LOGS/e2e_hybrid.log "$OUT/"; tar czf "$OUT/sweep_hybrid.tgz" -C /tmp/sweep hybrid
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac

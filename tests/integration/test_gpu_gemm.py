@@ -178,3 +178,38 @@ def test_weight_prefetch_changes_no_bit(n, k):
                     graph.replay()
                 torch.cuda.synchronize()
                 assert all(torch.equal(a, b) for a, b in zip(outs, refs)), f"prefetch {chunks}: graph replay"
+
+
+@pytest.mark.parametrize("n,k", [(49152, 576), (128256, 2048)])
+def test_argmax_epilogue_on_lm_heads(n, k):
+    """The LM head's argmax epilogue at SmolLM2's and Llama-3's vocabularies (768 and 2,004 column tiles, the last
+    program reducing them in blocks): the first maximal column of the same GEMM's logits, row-invariant, racing
+    launches and graph replays, with PDL and the prefetch where they apply; the ticket back at 0."""
+    from attnlab.kernels import pdl
+
+    g = torch.Generator(device="cuda").manual_seed(n)
+    x = torch.randn(16, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16)
+    w[n - 7] = w[11]  # an exact tie across tiles: column 11 must win where it is the max
+    x[3] = w[11]
+    want = gemm.linear(x, w).float().argmax(-1)
+    assert int(want[3]) == 11
+    for on in (False, True) if not pdl.unsupported("cuda") else (False,):
+        with pdl.using(on, "cuda"):
+            for m in (1, 5, 16):
+                assert torch.equal(gemm.argmax_linear(x[:m], w), want[:m]), f"M={m}"
+            for _ in range(20):
+                assert torch.equal(gemm.argmax_linear(x, w), want)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                gemm.argmax_linear(x[:5], w)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = gemm.argmax_linear(x[:5], w)
+            for _ in range(20):
+                graph.replay()
+                torch.cuda.synchronize()
+                assert torch.equal(out, want[:5])
+    assert not gemm._ticket_buffer(x.device).any()

@@ -81,6 +81,28 @@ def test_gemm_path_greedy_output_identical(split, monkeypatch):
     assert splits and (max(splits) > 1) == split.startswith("fill")  # the tiny model's K: lean never splits
 
 
+@pytest.mark.parametrize("fused_argmax", [True, False])
+def test_multi_step_greedy_tokens_come_from_the_lm_heads_argmax_epilogue(fused_argmax, monkeypatch):
+    """engine.decode_steps_per_sync = 3 on the gemm path: each step's greedy tokens come from one launch, the LM
+    head's argmax epilogue (``+lmcublas``: logits and a torch argmax), the tokens of the unfused side (fp32)."""
+    from attnlab.kernels import gemm
+
+    calls = []
+    real = gemm.argmax_linear
+    monkeypatch.setattr(gemm, "argmax_linear", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    model = tiny_model(CFG, seed=9)
+    ps = prompts(2, CFG.vocab_size, lengths=(11, 5))
+    outs = []
+    for fused in (False, "gemm"):
+        r = _runner(model, torch.float32, fused)
+        r.decode_steps_per_sync = 3
+        with gemm.arm("fill/ticket" + ("" if fused_argmax else "+lmcublas")):
+            out = SpeculativeDecoder(r, NoDrafter("cpu"), SpecParams(0)).generate(ps, 7)
+        outs.append([o.output_ids for o in out.requests])
+    assert outs[0] == outs[1]
+    assert (calls and set(calls) == {2}) if fused_argmax else not calls  # batch 2, one launch a step
+
+
 def test_gemm_path_qkv_writes_the_pool_and_skips_the_store_kernel(monkeypatch):
     """The qkv GEMM's epilogue stores K/V (no store_kv launch), and the pool holds what the unfused side
     stores; an fp8 pool keeps the Triton store (it quantizes)."""

@@ -272,3 +272,41 @@ def test_config_lists_the_kernels_split_modes():
     assert EngineSchema.gemm_prefetch is None  # unset: the default where it acts (triton GEMM + PDL), else 0
     assert DEFAULT_GEMM_PREFETCH == gemm.DEFAULT_PREFETCH and MAX_GEMM_PREFETCH == gemm.MAX_PREFETCH
     assert EnginePlan.gemm_prefetch == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_argmax_epilogue_is_the_first_maximal_logit_and_row_invariant(dtype, m, monkeypatch):
+    """argmax_linear = F.linear(x, w).float().argmax(-1) on this GEMM's own logits, ties to the first column
+    (integer data: many exact ties, within tiles and across them, and the last program's reduction in blocks:
+    ARGMAX_BLOCK shrunk to 2 tiles, so the 7-tile vocabulary reduces in 4), the same tokens at M = 1 as inside
+    M = m, the ticket back at 0."""
+    monkeypatch.setattr(gemm, "ARGMAX_BLOCK", 2)
+    g = torch.Generator().manual_seed(m)
+    k, n = 48, 7 * 64 - 20  # 7 column tiles, the last partial
+    # small integers: every logit exact in any summation order (|logit| < 128), so ties are real ties
+    x = torch.randint(-2, 3, (m, k), generator=g).to(dtype)
+    w = torch.randint(-1, 2, (n, k), generator=g).to(dtype)
+    w[[6, 400]] = x[0].sign()  # row 0's max (its L1 norm), in tiles 0 and 6: column 6 wins
+    bias = torch.randint(-2, 3, (n,), generator=g).to(dtype)
+    bias[[6, 400]] = 3
+    for b in (None, bias):
+        got = gemm.argmax_linear(x, w, b)
+        logits = gemm.linear(x, w, b).float()  # the same GEMM's logits (the argmax reads them in registers)
+        assert got.dtype == torch.int64 and torch.equal(got, logits.argmax(-1))
+        assert int(got[0]) == 6
+        for r in range(m):
+            assert torch.equal(gemm.argmax_linear(x[r:r + 1], w, b), got[r:r + 1])
+    assert gemm.argmax_linear(x[:0], w).shape == (0,)
+    assert not gemm._ticket_buffer(x.device).any()
+
+
+def test_arms_name_the_lm_head_path():
+    with gemm.arm("fill/ticket+pf4+lmcublas"):
+        assert (gemm.prefetch_chunks(), gemm.argmax_head()) == (4, False)
+    assert gemm.argmax_head()
+    for bad in ("fill/ticket+lm", "fill/ticket+pf4+pf4", "fill/ticket+lmcublas+lmcublas"):
+        with pytest.raises(ValueError, match="gemm arm"), gemm.arm(bad):
+            pass
+        with pytest.raises(ValueError, match="split mode"):
+            gemm.parse_split_modes(bad)
