@@ -180,20 +180,24 @@ class _Plan:
 @dataclass
 class _DeviceStep:
     """Step j of a device-planned launch: slot 1's wrapper (planned once per launch), and what ``use_step(j)``
-    writes into its last-page-length buffer: ``kv_lens`` (this step's row of the engine's device lengths) minus
-    ``offset`` = page_size x (pages - 1) per row, computed from the launch's kv_indptr at step 0."""
+    writes before it runs (one kernel, attnlab.kernels.steps): into its last-page-length buffer ``kv_lens`` (this
+    step's row of the engine's device lengths) minus page_size x (pages - 1) per row of the launch's layout; at
+    step 0 also the layout (kv_indptr, page ids) into the wrapper's buffers, which every slot-1 wrapper shares."""
 
     plan: _Plan
     step: int
     kv_lens: torch.Tensor  # [batch] int32
     kv_indptr: torch.Tensor  # [batch + 1] int32, the launch's (device) layout
-    offset: torch.Tensor  # [batch] int32, shared by the launch's steps
-    last_page_len: torch.Tensor  # [batch] int32: the wrapper's buffer
+    kv_indices: torch.Tensor  # int32, its page ids
+    bufs: _GraphBuffers  # the wrapper's: kv_indptr, kv_indices, kv_last_page_len
 
     def advance(self, page_size: int) -> None:
-        if self.step == 0:
-            torch.mul(self.kv_indptr[1:] - self.kv_indptr[:-1] - 1, page_size, out=self.offset)
-        torch.sub(self.kv_lens, self.offset, out=self.last_page_len)
+        from attnlab.kernels.steps import write_step_meta
+
+        b = self.kv_lens.shape[0]
+        write_step_meta(self.kv_lens, self.kv_indptr, self.bufs.kv_last_page_len[:b], page_size,
+                        (self.bufs.kv_indptr[:b + 1], self.kv_indices, self.bufs.kv_indices) if self.step == 0
+                        else None)
 
 
 class FlashInferBackend(AttentionBackend):
@@ -484,13 +488,12 @@ class FlashInferBackend(AttentionBackend):
 
     def device_steps_host_plan(self, rows: int, kv_indptr: list[int], kv_lens: list[int],
                                kv_indptr_dev: torch.Tensor, kv_indices: torch.Tensor) -> None:
-        """Plan slot 1 for the launch, or, when its wrapper already holds a plan of the same page counts (the
-        previous launch's, as long as no request gained a page), keep that schedule (the wrapper's own int
-        workspace) and copy only the layout into the slot's buffers: at batch 1 and page 16 that skips the host
-        plan on most draft launches. The buffers are shared by every slot-1 wrapper (each bucket's, the tree
-        passes'), so the reused launch rewrites kv_indptr as well as the page ids: another bucket planned in
-        between left its own there. The last page lengths are written by ``use_step`` on the device."""
-        wrapper, buf = self._wrapper(1, "decode", "decode", rows, 1)
+        """Plan slot 1 for the launch (on its last-step layout), or, when its wrapper already holds a plan of the
+        same schedule (flashinfer_schedule; before the model is confirmed, of the same page counts), keep it (the
+        wrapper's own int workspace): at batch 1 and page 16 that skips the host plan on most draft launches. The
+        layout reaches the slot's buffers on the device, at step 0 (``use_step``: every slot-1 wrapper shares
+        them, so each launch writes its own), with each step's last page length."""
+        wrapper, _ = self._wrapper(1, "decode", "decode", rows, 1)
         ps = self.pool.page_size
         pages = [kv_indptr[i + 1] - kv_indptr[i] for i in range(rows)]
         last = [n - (p - 1) * ps for p, n in zip(pages, kv_lens)]
@@ -506,9 +509,7 @@ class FlashInferBackend(AttentionBackend):
         known = self._schedules.get(rows) if self._schedule_model_ok else None
         # a kept plan serves any layout of the same schedule (the plan's content is a function of it)
         key = (rows, fis.decode_schedule(pages, ps, *known)) if known else tuple(kv_indptr)
-        if self._step_plans.get(id(wrapper)) == key:
-            buf.kv_indptr[:rows + 1].copy_(kv_indptr_dev[:rows + 1])
-            buf.kv_indices[:kv_indptr[-1]].copy_(kv_indices[:kv_indptr[-1]])
+        if self._step_plans.get(id(wrapper)) == key:  # the layout is written by step 0 on the device (advance)
             self.step_plans_reused += 1
             return
         # the plan's last-page lengths only land in the buffer use_step rewrites before each step: kept in 1..ps
@@ -540,8 +541,7 @@ class FlashInferBackend(AttentionBackend):
                                       "and device_steps=true")
         wrapper, buf = self._wrapper(1, "decode", "decode", batch, 1)
         plan = _Plan(wrapper, "decode", "decode", batch, batch)
-        offset = torch.zeros(batch, dtype=torch.int32, device=self.device)
-        steps = [_DeviceStep(plan, j, kv_lens[j], kv_indptr, offset, buf.kv_last_page_len[:batch]) for j in range(n)]
+        steps = [_DeviceStep(plan, j, kv_lens[j], kv_indptr, kv_indices, buf) for j in range(n)]
         for j, step in enumerate(steps):
             self._slots[j + 1] = step
         return steps

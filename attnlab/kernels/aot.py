@@ -156,6 +156,11 @@ def compile_store_and_fused(quick: bool, arch: int = 90) -> None:
             fused.rope_qk(qkv, None, None, heads, kv_heads, d, positions=torch.zeros(2, dtype=torch.long),
                           inv_freq=torch.ones(d // 2))  # an EAGLE head's fused steps: cos / sin in the kernel
             fused.silu_mul(torch.zeros(2, 2 * inter, dtype=dtype), inter)
+    from attnlab.kernels.steps import write_step_meta  # a device-planned flashinfer draft step's metadata
+
+    z = torch.zeros(5, dtype=torch.int32)
+    write_step_meta(z[:4], z, z[:4].clone(), 16)
+    write_step_meta(z[:4], z, z[:4].clone(), 16, (z.clone(), torch.zeros(64, dtype=torch.int32), z.new_zeros(80)))
 
 
 def compile_gemm(quick: bool, arch: int = 90) -> None:

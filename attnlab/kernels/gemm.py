@@ -598,18 +598,18 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             "SIN": sin if sin is not None else dummy, "KC": kc if kc is not None else dummy,
             "VC": vc if vc is not None else dummy, "SLOTS": slots if slots is not None else dummy}
     xn = torch.empty(m, k, dtype=x.dtype, device=x.device) if norm else x  # the normalized rows (scratch)
-    pdl_args = launch_args(x)
-    if pdl_args and _prefetch and w.numel() * w.element_size() <= PREFETCH_MAX_WEIGHT_BYTES:
+    prefetch = {}
+    if launch_args(x) and _prefetch and w.numel() * w.element_size() <= PREFETCH_MAX_WEIGHT_BYTES:
         # a prefetch only where the launch overlaps the previous kernel (PDL) and the GEMM is latency-bound
-        pdl_args = {**pdl_args, "PREFETCH": min(_prefetch, per // block_k),
-                    "LINE": min(block_k, L2_LINE // w.element_size())}
+        prefetch = {"PREFETCH": min(_prefetch, per // block_k), "LINE": min(block_k, L2_LINE // w.element_size())}
     try:
         _gemm_kernel[(n_tiles, splits)](
             x, xn, w, out, part, tickets, NORM_W=norm_weight if norm_weight is not None else dummy, K=k,
             k_per_split=per, stride_xm=x.stride(0), stride_wn=w.stride(0), eps=eps, BLOCK_K=block_k, SPLIT=split,
             NORM=norm, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block) if norm else 0,
             NRM_ITERS=triton.cdiv(min(per, k), ss_block) if norm else 0,
-            IEEE=fp32_dot(x.dtype), ARGMAX_RED=ARGMAX_BLOCK, num_warps=4, num_stages=3, **ptrs, **args, **pdl_args)
+            IEEE=fp32_dot(x.dtype), ARGMAX_RED=ARGMAX_BLOCK, num_warps=4, num_stages=3, **ptrs, **args, **prefetch,
+            **launch_args(x))
     except BaseException:
         if split == 2 or epilogue == "argmax":  # a launch cut short may leave tickets taken: every later GEMM on
             tickets.zero_()  # them would be wrong
