@@ -15,7 +15,7 @@
 #   (the machine was given back: the LM head's argmax epilogue was written)
 #   run.sh 6  carry .gpu/a2: install; GPU tests of the argmax epilogue and the prefetch; bench.pdl arms with the
 #             LM head on the argmax epilogue vs cuBLAS + torch argmax (SmolLM2, Llama-3.2-1B shapes)
-#   run.sh 7  carry .gpu/c + .gpu/6: issue 16's hybrid end to end (verify=hybrid vs triton vs flashinfer, mixed
+#   run.sh 7  carry .gpu/c + .gpu/6: flashinfer device-step GPU tests; issue 16's hybrid end to end (verify=hybrid vs triton vs flashinfer, mixed
 #             200 / 4000-token prompts, graphs, batch 1 and 8) and its table
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
@@ -93,9 +93,13 @@ case $PART in
   ;;
 7)
   step "install .gpu/c and .gpu/6"; bash .gpu/c/install.sh | tail -1; bash .gpu/6/install.sh | tail -1
+  step "GPU tests: flashinfer device steps (the step kernel, a launch crossing pages), the multi-step graphs"
+  timeout 100 $PY -m pytest -q -p no:cacheprovider -ra tests/backends/test_flashinfer_steps.py \
+    "tests/integration/test_gpu_engine.py::test_multistep_graph_matches_one_step_per_sync" > $LOGS/tests7.log 2>&1
+  grep -E "passed|failed|FAILED|Error" $LOGS/tests7.log | tail -n 8; cp $LOGS/tests7.log "$OUT/"
   R="experiment=hybrid_routing model.init=random precision=bf16 device=cuda logger=jsonl parity=off"
   step "issue 16: e2e verify=hybrid vs triton vs flashinfer, mixed 200 / 4000-token prompts, graphs, batch 1 and 8"
-  timeout 300 $PY -m attnlab -m $R engine.cuda_graph=true warmup=full verify=hybrid,triton,flashinfer \
+  timeout 230 $PY -m attnlab -m $R engine.cuda_graph=true warmup=full verify=hybrid,triton,flashinfer \
     workload.batch_size=1,8 hydra.sweep.dir=/tmp/sweep/hybrid > $LOGS/e2e_hybrid.log 2>&1; echo "exit code $?"
   grep -E "tau|rror|failed" $LOGS/e2e_hybrid.log | tail -8
   $PY experiments/fair-backends/floors.py --hybrid /tmp/sweep/hybrid --out "$OUT/floors_hybrid.md"; cat "$OUT/floors_hybrid.md"
