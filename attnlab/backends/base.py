@@ -24,6 +24,11 @@ from attnlab.kvcache.layout import PagedLayout
 from attnlab.kvcache.pool import KVPool
 
 
+class DeviceStepsUnfit(RuntimeError):
+    """A device-planned launch's host plan found that the plan cannot serve all its steps after all (the engine
+    then plans every step on the host): raised by ``device_steps_host_plan``, before anything was replayed."""
+
+
 class Mode(str, Enum):
     PREFILL = "prefill"  # prompt tokens, q_len = prompt length (or a chunk)
     DECODE = "decode"  # q_len = 1 per request (target decode and every draft step)

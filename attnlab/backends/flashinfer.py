@@ -47,7 +47,14 @@ from typing import ClassVar
 import torch
 
 from attnlab.backends import flashinfer_schedule as fis
-from attnlab.backends.base import DTYPE_TO_NAME, AttentionBackend, AttnMeta, Capabilities, Mode
+from attnlab.backends.base import (
+    DTYPE_TO_NAME,
+    AttentionBackend,
+    AttnMeta,
+    Capabilities,
+    DeviceStepsUnfit,
+    Mode,
+)
 from attnlab.errors import BackendUnavailable, ConfigError
 from attnlab.kvcache.layout import pages_needed
 from attnlab.kvcache.pool import FP8_DTYPES
@@ -461,8 +468,9 @@ class FlashInferBackend(AttentionBackend):
     # tiles per request: flashinfer_schedule), and its kernel reads the last page's length from our buffer when it
     # runs. So one plan, made on the launch's last-step layout, serves all n steps of a draft whose first and last
     # steps have the same schedule, and each step only rewrites last_page_len on the device, inside the graph: a
-    # step before a page crossing runs with a last-page length in (-page_size, 0]. The schedule model is used for a
-    # row count once a real plan confirmed it; until then, launches that cross a page plan every step on the host.
+    # step before a page crossing runs with a last-page length <= 0 (its length (pages - 1) x ps + last stays
+    # exact). The schedule model is used for a row count once a real plan confirmed it; until then, launches that
+    # cross a page plan every step on the host.
     # The tensor-core decode (GQA >= 4, fp8 KV) plans on token lengths: it keeps one host plan per step.
 
     DEVICE_STEPS_ALWAYS_FIT = False
@@ -498,19 +506,23 @@ class FlashInferBackend(AttentionBackend):
         pages = [kv_indptr[i + 1] - kv_indptr[i] for i in range(rows)]
         last = [n - (p - 1) * ps for p, n in zip(pages, kv_lens)]
         if min(last, default=1) < 1:  # the layout has pages the first step does not reach yet
+            # any number of pages ahead: the kernel's length (pages - 1) x ps + last stays exact while >= 1
             first = [pages_needed(n, ps) for n in kv_lens]
-            if min(last) <= -ps or not self._same_schedule(first, pages, rows):
+            if min(kv_lens, default=1) < 1 or not self._same_schedule(first, pages, rows):
                 raise ValueError(f"flashinfer device steps: last page lengths {last} (page {ps}) on this layout "
                                  "change FlashInfer's schedule between the launch's steps")
-            self.step_launches_widened += 1
+            widened = first
         elif max(last, default=1) > ps:
             raise ValueError(f"flashinfer device steps: last page lengths {last} outside 1..{ps} (a layout that "
                              "is not the last step's pages)")
+        else:
+            widened = None
         known = self._schedules.get(rows) if self._schedule_model_ok else None
         # a kept plan serves any layout of the same schedule (the plan's content is a function of it)
         key = (rows, fis.decode_schedule(pages, ps, *known)) if known else tuple(kv_indptr)
         if self._step_plans.get(id(wrapper)) == key:  # the layout is written by step 0 on the device (advance)
             self.step_plans_reused += 1
+            self.step_launches_widened += widened is not None
             return
         # the plan's last-page lengths only land in the buffer use_step rewrites before each step: kept in 1..ps
         wrapper.plan(torch.tensor(kv_indptr, dtype=torch.int32), kv_indices[:kv_indptr[-1]],
@@ -518,10 +530,24 @@ class FlashInferBackend(AttentionBackend):
                      self.num_kv_heads, self.head_dim, ps, pos_encoding_mode="NONE", q_data_type=self.dtype,
                      kv_data_type=self.pool.dtype, sm_scale=self.scale)
         self._learn_schedule(wrapper, rows, pages)
+        if widened is not None and not self._plan_serves(wrapper, rows, widened):
+            # the model was wrong for this plan (it is now off): nothing has run on it; the engine plans each step
+            self._step_plans.pop(id(wrapper), None)
+            raise DeviceStepsUnfit("flashinfer: the launch's plan does not schedule its first step alike")
         known = self._schedules.get(rows) if self._schedule_model_ok else None
         self._step_plans[id(wrapper)] = (rows, fis.decode_schedule(pages, ps, *known)) if known else tuple(kv_indptr)
         self._resolved.setdefault("decode_steps", set()).add(
             resolved_family(wrapper, "decode", "decode") + " (planned once per launch)")
+
+    def _plan_serves(self, wrapper, rows: int, first: list[int]) -> bool:
+        """Whether the plan just made (its page-locked copy) gives the first step's page counts its own tiles."""
+        got = fis.planned(wrapper, rows, self.pool.page_size)
+        if got is None:
+            return False
+        if got[0] and tuple(-(-max(p, 1) // got[1]) for p in first) != got[2]:
+            return False
+        self.step_launches_widened += 1
+        return True
 
     def _learn_schedule(self, wrapper, rows: int, pages: list[int]) -> None:
         """Check the schedule model against the plan just made (its page-locked copy): the first agreement enables

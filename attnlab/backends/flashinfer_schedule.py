@@ -13,7 +13,7 @@ valid-block mask, the chunk size) depends on the page counts only through
 Its kernel reads a request's length as ``(pages - 1) x page_size + last_page_len`` when it runs, from buffers
 attnlab rewrites on the device. So a plan made on the launch's last-step layout (every page the launch will
 write) serves every step whose page counts give the same schedule: the steps before a crossing then run with a
-last-page length in ``(-page_size, 0]``, the same length, the same tiles, the same bits as their own plan would
+last-page length <= 0 (one page or more ahead), the same length, the same tiles, the same bits as their own plan would
 give. Were the schedules to differ, a step could meet a tile that starts past its length (the kernel's chunk size
 underflows): ``decode_schedule`` equality is the condition. The backend checks this model against every real plan
 it makes (``planned``) and uses it only for a row count it has checked, switching it off at the first

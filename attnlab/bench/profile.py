@@ -138,7 +138,7 @@ def main(argv=None) -> int:
                     "thinN (N steps per replay)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--gemm-split", default=None, help="engine gemm: engine.gemm_split, optionally +pf<chunks> (engine.gemm_prefetch; "
-                                                    "default: the default mode, no prefetch)")
+                                                    "default: the default mode and prefetch)")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)

@@ -420,7 +420,7 @@ def parse(argv=None):
     ap.add_argument("--gemm-split", default=None,
                     help="engine.gemm_split with --gemm triton: fill/pass, fill/ticket, lean/pass or lean/ticket, "
                          "optionally +pf<chunks> (engine.gemm_prefetch, with --pdl; attnlab.kernels.gemm; default: "
-                         "its default, no prefetch)")
+                         "its default mode and prefetch)")
     ap.add_argument("--pdl", action="store_true",
                     help="engine.pdl: attnlab's kernels with programmatic dependent launch (CUDA, sm_90+)")
     ap.add_argument("--skip-hf", action="store_true")
@@ -453,6 +453,9 @@ def parse(argv=None):
             ap.error(f"--gemm-split: {e} (one)")
         if a.gemm != "triton":
             ap.error(f"--gemm-split {a.gemm_split}: needs --gemm triton")
+        if "+pf" in a.gemm_split and not a.gemm_split.endswith("+pf0") and "+pf0+" not in a.gemm_split \
+                and not a.pdl:
+            ap.error(f"--gemm-split {a.gemm_split}: the prefetch acts before the PDL wait: add --pdl (or +pf0)")
     if a.invariant and a.gemm == "triton":
         ap.error("--invariant runs the target's GEMMs through invariant_linear; it does not combine with --gemm triton")
     if a.invariant and not (cuda and a.graphs):

@@ -122,7 +122,12 @@ def decode_steps(r, reqs: Sequence[Hashable], starts: Sequence[int], last: torch
     if r.backend.supports_device_steps():
         bs = _device_bucket(r, b, n, width)
         if r.backend.device_steps_fit(starts, n, bs or b):
-            return _device_steps(r, reqs, starts, last, n, features, bs)
+            from attnlab.backends.base import DeviceStepsUnfit
+
+            try:
+                return _device_steps(r, reqs, starts, last, n, features, bs)
+            except DeviceStepsUnfit:  # its host plan disagreed with the backend's model: nothing ran; per step
+                pass
     passes = r.prepare_steps(reqs, starts, n)  # one host-to-device copy for the n passes
     r.plan_steps(passes)
     bs = passes[0].padded_to

@@ -262,8 +262,25 @@ class ModelRunner:
         return self.logits(hidden), None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head (through invariant_linear on an invariant side)."""
-        return self.model.compute_logits(hidden, invariant=True) if self.invariant else self.model.compute_logits(hidden)
+        """The LM head (through invariant_linear on an invariant side; on attnlab's small-M GEMM on a gemm-path
+        side, as its layers: the logits whose argmax ``greedy_tokens`` takes in one launch there)."""
+        if self.invariant:
+            return self.model.compute_logits(hidden, invariant=True)
+        head = self._gemm_head(hidden)
+        if head is not None:
+            from attnlab.kernels import gemm
+
+            return gemm.linear(hidden, head.weight, head.bias).float()
+        return self.model.compute_logits(hidden)
+
+    def _gemm_head(self, hidden: torch.Tensor):
+        """The LM head module where this side runs it on attnlab's GEMM (engine.gemm=triton, <= 16 rows, a plain
+        nn.Linear of the activation dtype: not an fp8 or reduced-vocabulary head), else None."""
+        head = getattr(self.model, "lm_head", None)
+        if (self.fused_ops == "gemm" and hidden.shape[0] <= 16 and type(head) is torch.nn.Linear
+                and head.weight.dtype == hidden.dtype and hasattr(self.model, "compute_logits")):
+            return head
+        return None
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """The argmax of ``logits(hidden)`` per row; a draft head with a reduced vocabulary takes it over its own
@@ -272,9 +289,8 @@ class ModelRunner:
         head_argmax = getattr(self.model, "greedy_tokens", None)
         if head_argmax is not None and not self.invariant:
             return head_argmax(hidden)
-        head = getattr(self.model, "lm_head", None)
-        if (self.fused_ops == "gemm" and hidden.shape[0] <= 16 and type(head) is torch.nn.Linear
-                and head.weight.dtype == hidden.dtype):  # the LM head's argmax epilogue: one launch
+        head = self._gemm_head(hidden)
+        if head is not None:  # the LM head's argmax epilogue: one launch, the argmax of ``logits`` there
             from attnlab.kernels import gemm
 
             if gemm.argmax_head():

@@ -145,9 +145,10 @@ def argmax_head() -> bool:
 
 @contextmanager
 def arm(text: str):
-    """A bench arm ``<split mode>[+pf<chunks>][+lmcublas]`` (``fill/ticket``, ``fill/ticket+pf4``): the split
-    mode, the prefetch (0 unless given) and, with ``+lmcublas``, greedy tokens from cuBLAS logits and a torch
-    argmax instead of the LM head's argmax epilogue, for a block; all restored after."""
+    """A bench arm ``<split mode>[+pf<chunks>][+lmcublas]`` (``fill/ticket``, ``fill/ticket+pf0``): the split
+    mode, the prefetch (DEFAULT_PREFETCH unless given: a bare arm is the engine's default) and, with
+    ``+lmcublas``, greedy tokens from cuBLAS logits and a torch argmax instead of the LM head's argmax epilogue,
+    for a block; all restored after."""
     global _argmax_head
     mode, chunks, fused_argmax = _parse_arm(text)
     old = _argmax_head
@@ -161,7 +162,7 @@ def arm(text: str):
 
 def _parse_arm(text: str) -> tuple[str, int, bool]:
     mode, *extras = text.split("+")
-    chunks, fused_argmax, ok = 0, True, mode in SPLIT_MODES and len(set(extras)) == len(extras)
+    chunks, fused_argmax, ok = DEFAULT_PREFETCH, True, mode in SPLIT_MODES and len(set(extras)) == len(extras)
     for e in extras:
         if e.startswith("pf") and e[2:].isdigit() and int(e[2:]) <= MAX_PREFETCH:
             chunks = int(e[2:])
@@ -552,6 +553,8 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             raise ValueError(f"kv_store: caches and slots must be on {x.device}")
     n_log = n // 2 if paired else n
     if epilogue == "argmax":
+        if n >= 1 << 24:
+            raise ValueError(f"epilogue='argmax': N={n} columns (the partials hold them as exact fp32, < 2^24)")
         out = torch.empty(m, dtype=torch.int64, device=x.device)
     else:
         out = torch.empty(m, n_log if epilogue == "silu_mul" else n, dtype=x.dtype, device=x.device)
@@ -621,8 +624,14 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
 
 def argmax_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                   w_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, w, bias).float().argmax(-1)`` for x [M <= 16, K] -> [M] int64 (the first maximal column,
-    of this GEMM's logits), in one launch: an LM head's greedy tokens without the [M, vocab] logits."""
+    """``linear(x, w, bias).float().argmax(-1)`` for x [M <= 16, K] -> [M] int64 (the first maximal column of this
+    GEMM's logits, bit for bit: its sums are linear's), in one launch where linear runs unsplit (an LM head: its
+    column tiles fill the GPU), without the [M, vocab] logits; elsewhere (a small vocabulary whose K linear
+    splits) through linear's logits. A NaN logit is skipped, where torch's argmax would return it."""
+    block_n, block_k = tile_config(w.dtype, x.dtype)
+    if x.shape[1] == w.shape[1] and split_k(triton.cdiv(w.shape[0], block_n), x.shape[1], block_k,
+                                            _split_mode.startswith("lean"))[0] > 1:
+        return linear(x, w, bias, w_scale).float().argmax(-1)
     return gemm(x, w, bias, w_scale=w_scale, epilogue="argmax")
 
 

@@ -29,10 +29,12 @@ def _step_meta_kernel(KV_LENS, KV_INDPTR, LAST, SRC_IDX, DST_INDPTR, DST_IDX, ro
         if COPY:
             m1 = r < rows + 1
             tl.store(DST_INDPTR + r, tl.load(KV_INDPTR + r, mask=m1, other=0), mask=m1)
-    if COPY:
-        i = pid * BLOCK_I + tl.arange(0, BLOCK_I)
-        mi = i < n_idx
-        tl.store(DST_IDX + i, tl.load(SRC_IDX + i, mask=mi, other=0), mask=mi)
+    if COPY:  # the launch's page ids only (kv_indptr[rows] of them), not the buffer's capacity
+        used = tl.minimum(tl.load(KV_INDPTR + rows), n_idx)
+        if pid * BLOCK_I < used:
+            i = pid * BLOCK_I + tl.arange(0, BLOCK_I)
+            mi = i < used
+            tl.store(DST_IDX + i, tl.load(SRC_IDX + i, mask=mi, other=0), mask=mi)
 
 
 def write_step_meta(kv_lens: torch.Tensor, kv_indptr: torch.Tensor, last_page_len: torch.Tensor, page_size: int,
@@ -40,9 +42,12 @@ def write_step_meta(kv_lens: torch.Tensor, kv_indptr: torch.Tensor, last_page_le
     """last_page_len[i] = kv_lens[i] - page_size x (pages of row i - 1) over the layout ``kv_indptr`` [rows + 1]
     (int32, rows = len(kv_lens)); a value <= 0 is a step before its row's last page (FlashInfer's kernel reads the
     length as (pages - 1) x page_size + last). ``copy`` = (dst_indptr [rows + 1], src_indices, dst_indices): also
-    copy the layout, as many page ids as both index tensors hold."""
+    copy the layout: kv_indptr, and the kv_indptr[rows] page ids it uses (read on the device; the grid covers
+    src_indices, which dst_indices must hold)."""
     rows = kv_lens.shape[0]
-    n_idx = min(copy[1].numel(), copy[2].numel()) if copy else 0
+    if copy and copy[2].numel() < copy[1].numel():
+        raise ValueError(f"write_step_meta: {copy[1].numel()} page ids do not fit the {copy[2].numel()}-id buffer")
+    n_idx = copy[1].numel() if copy else 0
     src_idx, dst_indptr, dst_idx = (copy[1], copy[0], copy[2]) if copy else (kv_lens, kv_lens, kv_lens)
     grid = (max(1, triton.cdiv(n_idx, BLOCK_I)),)
     _step_meta_kernel[grid](kv_lens, kv_indptr, last_page_len, src_idx, dst_indptr, dst_idx, rows, n_idx, page_size,

@@ -22,6 +22,8 @@ set -u -o pipefail
 PART=${1:?part 1 to 7}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 PF=${PF:-16}  # the prefetch depth profiled in part 2
+# arms: until 9d8857c a bare arm (fill/ticket) meant no prefetch and the LM head on cuBLAS + argmax (parts 1-5); since,
+# the engine's defaults (prefetch 16, the argmax epilogue): parts 1-5 spell fill/ticket+pf0+lmcublas today
 pairs() {  # NAME, bench.spec engine flags, timeout: issue 12's pairs at batch 1 (EAGLE k = 4, held-out prompts)
   step "issue 12: every pair, EAGLE k 4, batch 1, 32 held-out prompts, 5 rounds, fused ops $2"
   timeout $3 $S --batch 1 --prompts $DATA --new 128 --num-prompts 32 --backends triton,flashinfer \
@@ -88,7 +90,7 @@ case $PART in
     > $LOGS/tests6.log 2>&1; grep -E "passed|failed|FAILED|Error" $LOGS/tests6.log | tail -n 5; cp $LOGS/tests6.log "$OUT/"
   step "issue 17: bench.pdl, the LM head's argmax epilogue vs cuBLAS + argmax, batch 1, 3 rounds"
   timeout 220 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines fused,gemm --host thin8 \
-    --batches 1 --rounds 3 --new 128 --gemm-splits fill/ticket+pf16+lmcublas,fill/ticket+pf16 \
+    --batches 1 --rounds 3 --new 128 --gemm-splits fill/ticket+lmcublas,fill/ticket \
     --out "$OUT/arms_argmax" > $LOGS/arms6.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/arms6.log
   ;;
 7)

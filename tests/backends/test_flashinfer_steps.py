@@ -299,3 +299,102 @@ def test_gpu_a_launch_that_crosses_pages_gives_each_steps_own_bits():
         got, want = run_all_layers(be, case), run_all_layers(host, case)
         assert torch.equal(got, want), f"step {j}: device-planned bits differ from the step's own plan"
         torch.testing.assert_close(got, reference(case, metas[j], case.q), atol=2e-2, rtol=2e-2)
+
+
+def test_page_size_1_launches_cross_several_pages_on_one_plan(fake_fi):
+    """Page 1, 3 steps: every launch gains two pages, its first step two pages short of the layout (a last-page
+    length of -1 in the buffer): it fits, plans once, and each step attends its own length."""
+    ps, rows, starts = 1, 2, [5, 9]
+    case = cpu_case([1] * rows, [s + N for s in starts], page_size=ps, gqa=3)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=64)
+    lay = case.meta.layout
+    indptr = lay.kv_indptr.tolist()
+    kv_lens = torch.zeros(N, rows, dtype=torch.int32)
+    be.device_step_plans(rows, N, lay.kv_indptr, lay.kv_indices, kv_lens)
+    be.device_steps_host_plan(rows, list(range(rows + 1)), [1] * rows, torch.arange(rows + 1, dtype=torch.int32),
+                              lay.kv_indices)  # as a graph capture: confirms the model
+    assert be.device_steps_fit(starts, N, rows)
+    kv_lens.copy_(torch.tensor([[s + 1 + j for s in starts] for j in range(N)], dtype=torch.int32))
+    be.device_steps_host_plan(rows, indptr, [s + 1 for s in starts], lay.kv_indptr, lay.kv_indices)
+    assert be.step_launches_widened == 1
+    for j in range(N):
+        be.use_step(j)
+        got = torch.stack([be.run(case.q, layer).float() for layer in range(case.pool.num_layers)])
+        want = reference(case, meta_over(case, [s + 1 + j for s in starts], [1] * rows), case.q)
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    be.use_step(0)
+    assert be.active_plan.wrapper.bufs["last"][:rows].tolist() == [-1, -1]
+
+
+def test_a_kept_plan_serves_another_layout_of_the_same_schedule(fake_fi):
+    """Two launches on different page counts (3, 5, 3 then 2, 5, 4 pages at page 4: one tile each either way) keep
+    one plan; the second's layout reaches the buffers from the device at step 0 and each step attends it."""
+    ps, rows = 4, 3
+    case = cpu_case([1] * rows, [12, 20, 16], page_size=ps, gqa=3)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=64)
+    lay = case.meta.layout
+    tables = [lay.kv_indices[int(lay.kv_indptr[i]):int(lay.kv_indptr[i + 1])] for i in range(rows)]
+    kv_lens = torch.zeros(N, rows, dtype=torch.int32)
+    launches = [([8, 17, 9], [3, 5, 3]), ([5, 17, 13], [2, 5, 4])]  # first step 9 / 6 tokens ... last step's pages
+    dev_indptr = torch.zeros(rows + 1, dtype=torch.int32)
+    indices = torch.zeros(int(lay.kv_indices.numel()) + 8, dtype=torch.int32)
+    be.device_step_plans(rows, N, dev_indptr, indices, kv_lens)
+    for starts, pages in launches:
+        indptr = [0]
+        for p in pages:
+            indptr.append(indptr[-1] + p)
+        dev_indptr.copy_(torch.tensor(indptr, dtype=torch.int32))
+        ids = torch.cat([t[:p] for t, p in zip(tables, pages)])
+        indices.zero_()
+        indices[:len(ids)] = ids
+        kv_lens.copy_(torch.tensor([[s + 1 + j for s in starts] for j in range(N)], dtype=torch.int32))
+        be.device_steps_host_plan(rows, indptr, [s + 1 for s in starts], dev_indptr, indices)
+        for j in range(N):
+            be.use_step(j)
+            got = torch.stack([be.run(case.q, layer).float() for layer in range(case.pool.num_layers)])
+            want = reference(case, meta_over(case, [s + 1 + j for s in starts], [1] * rows), case.q)
+            torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert (plans_made(), be.step_plans_reused) == (1, 1)
+
+
+def test_a_plan_that_disagrees_with_the_model_runs_nothing(fake_fi, monkeypatch):
+    """The model, confirmed, says a launch from 4 to 5 pages (page 16) keeps one tile; a FlashInfer whose chunk is 4
+    pages (CHUNK_BIAS -4) plans 2 tiles for 5 pages, 1 for the first step's 4: device_steps_host_plan raises
+    DeviceStepsUnfit before any step runs, keeps no plan, and the model is off."""
+    from attnlab.backends.base import DeviceStepsUnfit
+
+    case = cpu_case([1], [66], page_size=16, gqa=3)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=256)
+    lay = case.meta.layout
+    be.device_step_plans(1, 4, lay.kv_indptr, lay.kv_indices, torch.zeros(4, 1, dtype=torch.int32))
+    be.device_steps_host_plan(1, [0, 1], [1], torch.tensor([0, 1], dtype=torch.int32), lay.kv_indices)
+    assert be.device_steps_fit([62], 4, 1)  # 63..66 tokens: 4 -> 5 pages
+    monkeypatch.setattr(FakeDecode, "CHUNK_BIAS", -4)
+    be.plan_slot(meta_over(case, [63], [1]), 1)  # drops the kept plan: the launch plans anew
+    with pytest.raises(DeviceStepsUnfit):
+        be.device_steps_host_plan(1, lay.kv_indptr.tolist(), [63], lay.kv_indptr, lay.kv_indices)
+    assert not be._schedule_model_ok and not be.device_steps_fit([62], 4, 1)
+    assert not be._step_plans
+
+
+@pytest.mark.parametrize("copy", [False, True])
+def test_step_meta_kernel(copy):
+    """attnlab.kernels.steps.write_step_meta under the interpreter: last-page lengths (<= 0 a page or more ahead),
+    and at step 0 the layout: kv_indptr and only the kv_indptr[rows] page ids it uses, over several programs."""
+    from attnlab.kernels import steps
+
+    rows, ps = 3, 4
+    indptr = torch.tensor([0, 700, 1500, 2600], dtype=torch.int32)  # 2,600 page ids: 3 programs of 1,024
+    kv_lens = torch.tensor([2797, 3199, 4397], dtype=torch.int32)  # last pages 1, 3, -3 ... (pages - 1) x 4 + last
+    last = torch.full((rows,), 99, dtype=torch.int32)
+    src = torch.arange(3000, dtype=torch.int32)
+    dst_ptr, dst = torch.zeros(rows + 1, dtype=torch.int32), torch.full((3100,), -7, dtype=torch.int32)
+    steps.write_step_meta(kv_lens, indptr, last, ps, (dst_ptr, src, dst) if copy else None)
+    assert last.tolist() == [2797 - 699 * ps, 3199 - 799 * ps, 4397 - 1099 * ps] == [1, 3, 1]
+    if copy:
+        assert torch.equal(dst_ptr, indptr) and torch.equal(dst[:2600], src[:2600])
+        assert (dst[2600:] == -7).all()  # past the launch's page ids: untouched
+        with pytest.raises(ValueError, match="do not fit"):
+            steps.write_step_meta(kv_lens, indptr, last, ps, (dst_ptr, src, dst[:100]))
+    else:
+        assert (dst == -7).all()

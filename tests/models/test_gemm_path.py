@@ -55,10 +55,10 @@ def test_gemm_path_runs_the_gemm_and_falls_back_above_16_tokens(monkeypatch):
     monkeypatch.setattr(gemm, "gemm", lambda x, *a, **k: calls.append(x.shape[0]) or real(x, *a, **k))
     r = _runner(model, torch.float32, "gemm")
     r.run([0], [0], [4], torch.arange(4), mode=Mode.PREFILL)
-    assert calls == [4] * 4 * CFG.num_layers  # qkv, o, gate_up, down per layer
+    assert calls == [4] * 4 * CFG.num_layers + [1]  # qkv, o, gate_up, down per layer; the LM head's one row
     calls.clear()
     r.run([1], [0], [17], torch.arange(17), mode=Mode.PREFILL)  # > 16 tokens: cuBLAS (the fused path)
-    assert calls == []
+    assert calls == [1]  # the layers on cuBLAS; the logits of the last row on the GEMM, as every gemm-path logit
 
 
 @pytest.mark.parametrize("split", ["fill/pass", "fill/ticket", "lean/ticket"])

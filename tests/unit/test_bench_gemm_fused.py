@@ -55,8 +55,10 @@ def test_arm_sets_and_restores_the_split_mode_and_the_prefetch():
     before = gemm.split_mode(), gemm.prefetch_chunks()
     with gemm.arm("lean/pass+pf8"):
         assert (gemm.split_mode(), gemm.prefetch_chunks()) == ("lean/pass", 8)
-        with gemm.arm("fill/ticket"):  # no suffix: no prefetch
-            assert (gemm.split_mode(), gemm.prefetch_chunks()) == ("fill/ticket", 0)
+        with gemm.arm("fill/ticket"):  # no suffix: the engine's default prefetch
+            assert (gemm.split_mode(), gemm.prefetch_chunks()) == ("fill/ticket", gemm.DEFAULT_PREFETCH)
+        with gemm.arm("fill/ticket+pf0"):
+            assert gemm.prefetch_chunks() == 0
     assert (gemm.split_mode(), gemm.prefetch_chunks()) == before
     for bad in (-1, 17, True, 2.0):
         with pytest.raises(ValueError, match="gemm prefetch"):
