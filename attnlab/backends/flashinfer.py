@@ -517,11 +517,8 @@ class FlashInferBackend(AttentionBackend):
                              "is not the last step's pages)")
         else:
             widened = None
-        known = self._schedules.get(rows) if self._schedule_model_ok else None
-        # a kept plan serves any layout of the same schedule (the plan's content is a function of it)
-        key = (rows, fis.decode_schedule(pages, ps, *known)) if known else tuple(kv_indptr)
-        if self._step_plans.get(id(wrapper)) == key:  # the layout is written by step 0 on the device (advance)
-            self.step_plans_reused += 1
+        if self._step_plans.get(id(wrapper)) == self._plan_key(rows, pages, kv_indptr):
+            self.step_plans_reused += 1  # the layout is written by step 0 on the device (advance)
             self.step_launches_widened += widened is not None
             return
         # the plan's last-page lengths only land in the buffer use_step rewrites before each step: kept in 1..ps
@@ -529,37 +526,36 @@ class FlashInferBackend(AttentionBackend):
                      torch.tensor([max(x, 1) for x in last], dtype=torch.int32), self.num_q_heads,
                      self.num_kv_heads, self.head_dim, ps, pos_encoding_mode="NONE", q_data_type=self.dtype,
                      kv_data_type=self.pool.dtype, sm_scale=self.scale)
-        self._learn_schedule(wrapper, rows, pages)
-        if widened is not None and not self._plan_serves(wrapper, rows, widened):
-            # the model was wrong for this plan (it is now off): nothing has run on it; the engine plans each step
-            self._step_plans.pop(id(wrapper), None)
-            raise DeviceStepsUnfit("flashinfer: the launch's plan does not schedule its first step alike")
-        known = self._schedules.get(rows) if self._schedule_model_ok else None
-        self._step_plans[id(wrapper)] = (rows, fis.decode_schedule(pages, ps, *known)) if known else tuple(kv_indptr)
+        got = self._learn_schedule(wrapper, rows, pages)
+        if widened is not None:
+            if got is None or (got[0] and tuple(-(-max(p, 1) // got[1]) for p in widened) != got[2]):
+                # the plan does not give the first step its own tiles (the model, now off, was wrong): nothing has
+                # run on it; the engine plans each step
+                self._step_plans.pop(id(wrapper), None)
+                raise DeviceStepsUnfit("flashinfer: the launch's plan does not schedule its first step alike")
+            self.step_launches_widened += 1
+        self._step_plans[id(wrapper)] = self._plan_key(rows, pages, kv_indptr)
         self._resolved.setdefault("decode_steps", set()).add(
             resolved_family(wrapper, "decode", "decode") + " (planned once per launch)")
 
-    def _plan_serves(self, wrapper, rows: int, first: list[int]) -> bool:
-        """Whether the plan just made (its page-locked copy) gives the first step's page counts its own tiles."""
-        got = fis.planned(wrapper, rows, self.pool.page_size)
-        if got is None:
-            return False
-        if got[0] and tuple(-(-max(p, 1) // got[1]) for p in first) != got[2]:
-            return False
-        self.step_launches_widened += 1
-        return True
+    def _plan_key(self, rows: int, pages: list[int], kv_indptr: list[int]) -> tuple:
+        """What a slot-1 plan serves: its schedule, once the model is confirmed (the plan's content is a function of
+        it, so any layout of the same schedule keeps it); before, its exact page counts."""
+        known = self._schedules.get(rows) if self._schedule_model_ok else None
+        return (rows, fis.decode_schedule(pages, self.pool.page_size, *known)) if known else tuple(kv_indptr)
 
-    def _learn_schedule(self, wrapper, rows: int, pages: list[int]) -> None:
-        """Check the schedule model against the plan just made (its page-locked copy): the first agreement enables
-        the model for this row count; a disagreement disables it for good (flashinfer_schedule)."""
-        if not self._schedule_model_ok:
-            return
-        got, known = fis.planned(wrapper, rows, self.pool.page_size), fis.learned(wrapper)
-        if got is None or known is None or fis.decode_schedule(pages, self.pool.page_size, *known) != got:
-            self._schedule_model_ok = False  # unreadable, or not the model's schedule: launches keep within pages
-            self._schedules.clear()
-            return
-        self._schedules[rows] = known
+    def _learn_schedule(self, wrapper, rows: int, pages: list[int]) -> tuple | None:
+        """The schedule of the plan just made (its page-locked copy), checked against the model: the first agreement
+        enables the model for this row count; a disagreement (or an unreadable plan) disables it for good."""
+        got = fis.planned(wrapper, rows, self.pool.page_size)
+        if self._schedule_model_ok:
+            known = fis.learned(wrapper)
+            if got is None or known is None or fis.decode_schedule(pages, self.pool.page_size, *known) != got:
+                self._schedule_model_ok = False  # launches keep within pages from now on
+                self._schedules.clear()
+            else:
+                self._schedules[rows] = known
+        return got
 
     def device_step_plans(self, batch, n, kv_indptr, kv_indices, kv_lens, max_kv_len=None) -> list:
         if not self.supports_device_steps():

@@ -38,7 +38,7 @@ activation dtype is exact), the scale applied to the fp32 sum. Epilogues (``epil
                 ``head_dim``; v untouched (qkv_proj; rounding as attnlab.models.rope in the model dtype)
 - ``argmax``:   y [M] int64 = the first maximal column of round(acc (+ bias)) (an LM head's greedy tokens,
                 ``argmax_linear``): tile maxima, then one ticket over all tiles; the last program reduces them in
-                column order. Never split.
+                column order. Where K would be split (a small N), the argmax of the split logits instead.
 The paired epilogues (silu_mul, rope) give a program both columns of each pair it needs: for a group size G
 (I for silu_mul, head_dim / 2 for rope), logical column j maps to c1 = (j // G) * 2G + j % G and c2 = c1 + G;
 a paired program covers BLOCK_N / 2 logical columns, so it streams as many weight rows as a plain one.
@@ -103,14 +103,19 @@ def split_mode() -> str:
 
 
 @contextmanager
-def splitting(mode: str):
-    """``set_split_mode(mode)`` for a block (benches comparing modes in one process), restored after."""
-    old = _split_mode
-    set_split_mode(mode)
+def _scoped(get, put, value):
+    """``put(value)`` for a block, the value ``get()`` had restored after (the module's process-wide switches)."""
+    old = get()
+    put(value)
     try:
         yield
     finally:
-        set_split_mode(old)
+        put(old)
+
+
+def splitting(mode: str):
+    """``set_split_mode(mode)`` for a block (benches comparing modes in one process), restored after."""
+    return _scoped(split_mode, set_split_mode, mode)
 
 
 def set_prefetch(chunks: int) -> None:
@@ -127,20 +132,19 @@ def prefetch_chunks() -> int:
     return _prefetch
 
 
-@contextmanager
 def prefetching(chunks: int):
     """``set_prefetch(chunks)`` for a block, restored after."""
-    old = _prefetch
-    set_prefetch(chunks)
-    try:
-        yield
-    finally:
-        set_prefetch(old)
+    return _scoped(prefetch_chunks, set_prefetch, chunks)
 
 
 def argmax_head() -> bool:
     """Whether a gemm-path side takes its greedy tokens from the LM head's argmax epilogue (``argmax_linear``)."""
     return _argmax_head
+
+
+def _set_argmax_head(on: bool) -> None:
+    global _argmax_head
+    _argmax_head = bool(on)
 
 
 @contextmanager
@@ -149,15 +153,9 @@ def arm(text: str):
     mode, the prefetch (DEFAULT_PREFETCH unless given: a bare arm is the engine's default) and, with
     ``+lmcublas``, greedy tokens from cuBLAS logits and a torch argmax instead of the LM head's argmax epilogue,
     for a block; all restored after."""
-    global _argmax_head
     mode, chunks, fused_argmax = _parse_arm(text)
-    old = _argmax_head
-    with splitting(mode), prefetching(chunks):
-        _argmax_head = fused_argmax
-        try:
-            yield
-        finally:
-            _argmax_head = old
+    with splitting(mode), prefetching(chunks), _scoped(argmax_head, _set_argmax_head, fused_argmax):
+        yield
 
 
 def _parse_arm(text: str) -> tuple[str, int, bool]:
@@ -577,8 +575,8 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     n_tiles = triton.cdiv(n_log, block_n)
     policy, reduce = _split_mode.split("/")
     splits, per = split_k(n_tiles, k, block_k, policy == "lean")
-    if epilogue == "argmax":  # unsplit: the tiles' maxima need whole sums (its LM heads have thousands of tiles)
-        splits, per = 1, triton.cdiv(k, block_k) * block_k
+    if epilogue == "argmax" and splits > 1:  # the tiles' maxima need whole sums: linear's (split) logits' argmax
+        return gemm(x, w, bias, w_scale=w_scale, norm_weight=norm_weight, eps=eps).float().argmax(-1)
     split = 0 if splits == 1 else 2 if reduce == "ticket" else 1
     assert split != 2 or n_tiles < ARGMAX_TICKET, "a split GEMM has fewer column tiles than TARGET_PROGRAMS"
     part = torch.empty(splits, 2, BLOCK_M, n_log, dtype=torch.float32, device=x.device) if split else out
@@ -628,10 +626,6 @@ def argmax_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     GEMM's logits, bit for bit: its sums are linear's), in one launch where linear runs unsplit (an LM head: its
     column tiles fill the GPU), without the [M, vocab] logits; elsewhere (a small vocabulary whose K linear
     splits) through linear's logits. A NaN logit is skipped, where torch's argmax would return it."""
-    block_n, block_k = tile_config(w.dtype, x.dtype)
-    if x.shape[1] == w.shape[1] and split_k(triton.cdiv(w.shape[0], block_n), x.shape[1], block_k,
-                                            _split_mode.startswith("lean"))[0] > 1:
-        return linear(x, w, bias, w_scale).float().argmax(-1)
     return gemm(x, w, bias, w_scale=w_scale, epilogue="argmax")
 
 

@@ -16,6 +16,19 @@ from tests.spec.tiny import perturbed, prompts, tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
+def _captured(run):
+    """(graph, outputs) of ``run()`` captured in a CUDA graph after one warmup on a side stream."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = run()
+    return graph, outs
+
+
 # (N, K): SmolLM2 qkv / down, Llama-3.2-1B o, Llama-3.1-8B qkv / down (split-K 1..16 across these)
 SHAPES = [(960, 576), (576, 1536), (2048, 2048), (6144, 4096), (4096, 14336)]
 
@@ -100,14 +113,7 @@ def test_ticket_reduction_is_the_reduce_pass_bit_for_bit_racing_and_in_graphs(n,
                         return [gemm.linear(x[:m], w) for m in (1, 16)] + [gemm.gemm(x[:5], w, norm_weight=nw)]
                     for _ in range(50):
                         assert all(torch.equal(a, b) for a, b in zip(run(), refs)), f"{policy}: eager launch"
-                    stream = torch.cuda.Stream()
-                    stream.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(stream):
-                        run()
-                    torch.cuda.current_stream().wait_stream(stream)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        outs = run()
+                    graph, outs = _captured(run)
                     for _ in range(50):
                         graph.replay()
                         torch.cuda.synchronize()
@@ -166,14 +172,7 @@ def test_weight_prefetch_changes_no_bit(n, k):
         for chunks in (2, 16):
             with gemm.prefetching(chunks):
                 assert all(torch.equal(a, b) for a, b in zip(run(), refs)), f"prefetch {chunks}: eager"
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    run()
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    outs = run()
+                graph, outs = _captured(run)
                 for _ in range(20):
                     graph.replay()
                 torch.cuda.synchronize()
@@ -200,14 +199,7 @@ def test_argmax_epilogue_on_lm_heads(n, k):
                 assert torch.equal(gemm.argmax_linear(x[:m], w), want[:m]), f"M={m}"
             for _ in range(20):
                 assert torch.equal(gemm.argmax_linear(x, w), want)
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                gemm.argmax_linear(x[:5], w)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = gemm.argmax_linear(x[:5], w)
+            graph, out = _captured(lambda: gemm.argmax_linear(x[:5], w))
             for _ in range(20):
                 graph.replay()
                 torch.cuda.synchronize()

@@ -299,6 +299,10 @@ def test_argmax_epilogue_is_the_first_maximal_logit_and_row_invariant(dtype, m, 
             assert torch.equal(gemm.argmax_linear(x[r:r + 1], w, b), got[r:r + 1])
     assert gemm.argmax_linear(x[:0], w).shape == (0,)
     assert not gemm._ticket_buffer(x.device).any()
+    # a K that fill splits (2 chunks, 7 tiles): the argmax of linear's split logits, not another summation
+    x2, w2 = torch.randn(m, 256, generator=g).to(dtype), torch.randn(n, 256, generator=g).to(dtype)
+    assert gemm.split_k(7, 256, gemm.tile_config(w2.dtype, x2.dtype)[1])[0] > 1
+    assert torch.equal(gemm.argmax_linear(x2, w2), gemm.linear(x2, w2).float().argmax(-1))
 
 
 def test_arms_name_the_lm_head_path():
