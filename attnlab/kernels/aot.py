@@ -107,21 +107,26 @@ def backend_shapes():
             ([64, 33], [64, 33], Mode.PREFILL, False), ([300, 70], [200, 70], Mode.PREFILL, False)]
 
 
-def compile_backend_case(kv_lens, q_lens, mode, tree: bool, *, dtype, kv_dtype, head_dim: int, gqa: int) -> None:
-    """Plan and run the triton backend on one random paged case (2 kv heads, ``gqa`` query heads each)."""
+def compile_backend_case(kv_lens, q_lens, mode, tree: bool, *, dtype, kv_dtype, head_dim: int, gqa: int,
+                         fused_merge: bool = False) -> None:
+    """Plan and run the triton backend on one random paged case (2 kv heads, ``gqa`` query heads each);
+    ``fused_merge``: the backend option (split-KV partials merged inside the kernel, its loops unrolled)."""
     from attnlab.backends.cases import random_paged_case
     from attnlab.backends.triton import TritonBackend
 
     pool, meta, q = random_paged_case(kv_lens=kv_lens, q_lens=q_lens, page_size=16, num_q_heads=2 * gqa,
                                       num_kv_heads=2, head_dim=head_dim, dtype=dtype, kv_dtype=kv_dtype, mode=mode,
                                       tree_mask=tree)
-    be = TritonBackend(pool, 2 * gqa, 2, head_dim, head_dim ** -0.5, dtype)
+    be = TritonBackend(pool, 2 * gqa, 2, head_dim, head_dim ** -0.5, dtype, fused_merge=fused_merge)
     be.plan(meta)
     be.run(q, 0)
 
 
 def compile_backend_grid(quick: bool, arch: int = 90) -> None:
-    """The triton backend over decode / verify (causal and tree) / prefill, per dtype, KV dtype and head dim."""
+    """The triton backend over decode / verify (causal and tree) / prefill, per dtype, KV dtype and head dim; decode
+    and verify also with the fused split merge."""
+    from attnlab.backends.base import Mode
+
     dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float16, torch.float32]
     head_dims = [64, 128] if quick else [64, 80, 96, 128, 256]  # every head_dim the capabilities list >= 64
     for dtype in dtypes:
@@ -130,7 +135,9 @@ def compile_backend_grid(quick: bool, arch: int = 90) -> None:
             for d in head_dims:
                 for gqa in (1, 4):
                     for shape in backend_shapes():
-                        compile_backend_case(*shape, dtype=dtype, kv_dtype=kv_dtype, head_dim=d, gqa=gqa)
+                        for fused in (False, True) if shape[2] != Mode.PREFILL else (False,):
+                            compile_backend_case(*shape, dtype=dtype, kv_dtype=kv_dtype, head_dim=d, gqa=gqa,
+                                                 fused_merge=fused)
 
 
 def compile_store_and_fused(quick: bool, arch: int = 90) -> None:

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from attnlab.kernels.decode import LOG2E
 from attnlab.kernels.heuristics import LaunchParams, fp32_dot
-from attnlab.kernels.merge import merge_arrived, merge_splits
+from attnlab.kernels.merge import merge_arrived, merge_bound, merge_splits
 from attnlab.kernels.paged import attend_tile, tile_slots, write_result
 from attnlab.kernels.pdl import launch_args, pdl_start
 
@@ -32,7 +32,8 @@ def _extend_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
                    TOKENS_PER_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, HAS_MASK: tl.constexpr, SPLIT: tl.constexpr,
-                   FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr, USE_PDL: tl.constexpr = False):
+                   FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr, MERGE_SPLITS: tl.constexpr,
+                   USE_PDL: tl.constexpr = False):
     pdl_start(USE_PDL)
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -98,7 +99,7 @@ def _extend_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
     if SPLIT and FUSE_MERGE:
         merge_arrived(O, O_PART, LSE_PART, COUNTERS, pid * tl.num_programs(1) + kvh, num_splits, rows, heads,
                       m_mask, offs_d, d_mask, stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt,
-                      stride_lh)
+                      stride_lh, MERGE_SPLITS)
 
 
 def query_blocks(q_lens: list[int], tokens_per_block: int,
@@ -162,7 +163,7 @@ def paged_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         TOKENS_PER_BLOCK=params.tokens_per_block, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
         BLOCK_D=params.block_d, HAS_MASK=has_mask, SPLIT=split, FP32_DOT=fp32_dot(q.dtype),
-        FUSE_MERGE=fuse,
+        FUSE_MERGE=fuse, MERGE_SPLITS=merge_bound(params.num_splits, fuse),
         num_warps=params.num_warps, num_stages=params.num_stages, **launch_args(q))
     if split and not fuse:
         merge_splits(out, o_part, lse_part)

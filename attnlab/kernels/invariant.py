@@ -39,7 +39,7 @@ import triton.language as tl
 
 from attnlab.kernels.decode import LOG2E
 from attnlab.kernels.heuristics import LaunchParams, cdiv, fp32_dot, interpreter_on, next_pow2
-from attnlab.kernels.merge import merge_arrived, merge_counters
+from attnlab.kernels.merge import merge_arrived, merge_bound, merge_counters
 from attnlab.kernels.paged import tile_slots, write_result
 from attnlab.kernels.pdl import launch_args, pdl_start
 
@@ -101,7 +101,8 @@ def _invariant_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDP
                       GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
                       TOKENS_PER_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr, SPLIT_TOKENS: tl.constexpr, FP32_DOT: tl.constexpr,
-                      ROWWISE_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr, USE_PDL: tl.constexpr = False):
+                      ROWWISE_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr, MERGE_SPLITS: tl.constexpr,
+                      USE_PDL: tl.constexpr = False):
     pdl_start(USE_PDL)
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -145,7 +146,8 @@ def _invariant_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDP
                  0, 0, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, True)
     if FUSE_MERGE:  # the ordered merge, by the last split to arrive: merge_ordered's bits, one launch less
         merge_arrived(O, O_PART, LSE_PART, COUNTERS, pid * tl.num_programs(1) + kvh, num_splits, rows, heads, m_mask,
-                      offs_d, d_mask, stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh)
+                      offs_d, d_mask, stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
+                      MERGE_SPLITS)
 
 
 @triton.jit
@@ -215,7 +217,8 @@ def paged_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         TOKENS_PER_BLOCK=params.tokens_per_block, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
         BLOCK_D=params.block_d, SPLIT_TOKENS=params.split_tokens, FP32_DOT=fp32_dot(q.dtype),
-        ROWWISE_DOT=interpreter_on(), FUSE_MERGE=fuse, num_warps=params.num_warps, num_stages=params.num_stages,
+        ROWWISE_DOT=interpreter_on(), FUSE_MERGE=fuse, MERGE_SPLITS=merge_bound(params.num_splits, fuse),
+        num_warps=params.num_warps, num_stages=params.num_stages,
         **launch_args(q))
     if not fuse:
         merge_ordered(out, o_part, lse_part)
