@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attnlab.bench.cells import parse_spec, skip_unsupported
+from attnlab.bench.host_profile import drafter_profile
 from attnlab.bench.output import write_report
 from attnlab.config import check_backend, check_invariant
 from attnlab.engine.build import SideSpec, build_side
@@ -215,6 +216,12 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
             for key, n in graphs.step_replays.items():
                 c.launches[key] = c.launches.get(key, 0) + n - launches0.get(key, 0)
 
+    def run_prompts(c: _Cell) -> None:
+        """Every prompt through a row's decoder once more, untimed (the host profile)."""
+        for i in range(0, len(prompts), c.row.batch):
+            c.dec.generate(prompts[i:i + c.row.batch], a.new, eos)
+        _sync(dev)
+
     def group_rows(cells: list[_Cell]) -> list[Row]:
         """The rows of one (batch, verify) group, cells[0] its target-only row: the repeats run round-robin over
         the cells, so a drift of the GPU's speed during the group lands on every row of a round alike; each row's
@@ -222,6 +229,11 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         for _ in range(a.repeats):
             for c in cells:
                 once(c)
+        if a.host_profile:
+            for c in cells[1:]:
+                text = drafter_profile(c.dec.drafter, lambda c=c: run_prompts(c), a.host_profile)
+                print(f"\n### host profile: {c.row.drafter} {c.row.pair}, batch {c.row.batch}, k={c.row.k}\n{text}",
+                      flush=True)
         ref = cells[0].row
         for c in cells:
             r = c.row
@@ -428,8 +440,14 @@ def parse(argv=None):
                     help="the target side in engine.invariant mode (verify=triton, fused, CUDA): every attnlab row's "
                          "output must equal its target-only output on every prompt, else the bench exits 3")
     ap.add_argument("--ignore-eos", action="store_true", help="decode exactly --new tokens per prompt (no EOS stop)")
+    ap.add_argument("--host-profile", type=int, default=0, metavar="N",
+                    help="after each group's timed rounds, run every speculative row's prompts once more (untimed) "
+                         "with cProfile on inside the drafter's propose / extend and print its N costliest functions "
+                         "(bench/host_profile.py)")
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)
+    if a.host_profile < 0:
+        ap.error(f"--host-profile {a.host_profile}: a number of functions >= 0")
     cuda = a.device == "cuda"
     a.backends = (a.backends or ("triton,flashinfer" if cuda else "torch")).split(",")
     a.draft_backends = a.draft_backends.split(",") if a.draft_backends else list(a.backends)

@@ -10,7 +10,8 @@
 #             the multi-step graphs; issue 16's hybrid end to end (verify=hybrid vs triton vs flashinfer, mixed 200 /
 #             4000-token prompts, graphs, batch 1 and 8) and its table
 #   run.sh 3  carry .gpu/3: install (the GGUF joins); every pair, EAGLE k 4, batch 1, 32 held-out prompts, 5 rounds,
-#             fused engine: the triton sides with the merge launch, then with the fused merge
+#             fused engine: the triton sides with the merge launch (and a host profile of each drafter's propose /
+#             extend, bench/host_profile.py), then with the fused merge
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1 to 3}
@@ -19,7 +20,8 @@ pairs() {  # NAME, bench.spec backend flags, timeout: issue 12's pairs at batch 
   step "issue 12: every pair, EAGLE k 4, batch 1, 32 held-out prompts, 5 rounds, fused ops, $2"
   timeout $3 $S --batch 1 --prompts $DATA --new 128 --num-prompts 32 $2 --drafters eagle --k 4 --repeats 5 \
     --out "/tmp/pairs/pairs_$1" > $LOGS/pairs_$1.log 2>&1; echo "exit code $?"
-  grep -E "^\| attnlab|device-planned" $LOGS/pairs_$1.log; cp /tmp/pairs/pairs_$1.md /tmp/pairs/pairs_$1.json "$OUT/"
+  grep -E "^\| attnlab|device-planned|calls of propose" $LOGS/pairs_$1.log
+  cp /tmp/pairs/pairs_$1.md /tmp/pairs/pairs_$1.json $LOGS/pairs_$1.log "$OUT/"
 }
 case $PART in
 1)
@@ -65,7 +67,7 @@ case $PART in
 3)
   step "install .gpu/3 (joins the GGUF)"; bash .gpu/3/install.sh | tail -2
   cp .gpu/3/sg_heldout_all.jsonl.gz $DATA; mkdir -p /tmp/pairs
-  pairs merge "--backends triton,flashinfer --draft-backends triton,flashinfer" 270
+  pairs merge "--backends triton,flashinfer --draft-backends triton,flashinfer --host-profile 25" 300
   pairs fused_merge "--backends triton/fused_merge=true,flashinfer --draft-backends triton/fused_merge=true,flashinfer" 270
   ;;
 *) echo "unknown part $PART"; exit 2 ;;

@@ -229,3 +229,35 @@ def test_spec_bench_repeats_run_in_rounds_and_the_speedup_is_per_round(monkeypat
         assert r["speedup_rounds"] == pytest.approx(ratios) and r["speedup"] == pytest.approx(ratios[1])
         assert f"{r['speedup']:.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})" in res["markdown"]
     assert ref["speedup"] is None and ref["speedup_rounds"] == []
+
+
+def test_host_profile_sees_the_drafters_phases_only(tmp_path, capsys):
+    """--host-profile: after the timed rounds each speculative row runs once more with cProfile on inside the
+    drafter's propose / extend; the table names the draft path's functions, none of the verify pass's."""
+    from tests.cli.test_eagle_cli import _head_for_tiny_llama
+
+    head = _head_for_tiny_llama(tmp_path / "head")
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--num-prompts", "2",
+                    "--new", "8", "--k", "3", "--drafters", "eagle", "--eagle-head", str(head), "--repeats", "1",
+                    "--host-profile", "40"])
+    rows = spec.run(a)["rows"]
+    out = capsys.readouterr().out
+    assert "### host profile: eagle torch / torch, batch 1, k=3" in out and "calls of propose, extend" in out
+    cumulative, own = out.split("### host profile")[1].split("-- by cumulative time")[1].split("-- by tottime time")
+    assert "decode_steps" in cumulative and "(extend)" in cumulative  # the k - 1 head steps, the draft-extend
+    assert "verify" not in out.split("calls of")[1].split("\n", 1)[0] and "function calls" in own
+    assert [r["drafter"] for r in rows] == ["none", "eagle"]  # the profiled pass adds no row
+    with pytest.raises(SystemExit):
+        spec.parse(["--device", "cpu", "--host-profile", "-1"])
+
+
+def test_host_profile_restores_the_drafters_methods():
+    from attnlab.bench.host_profile import drafter_profile
+
+    class D:
+        def propose(self):
+            return sum(range(100))
+
+    d = D()
+    text = drafter_profile(d, lambda: [d.propose() for _ in range(3)], 5)
+    assert text.startswith("3 calls of propose:") and "propose" in d.__class__.__dict__ and "propose" not in vars(d)
