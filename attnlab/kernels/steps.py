@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from attnlab.kernels.heuristics import interpreter_on
 from attnlab.kernels.pdl import launch_args, pdl_start
 
 BLOCK_I = 1024  # page ids copied per program
@@ -49,7 +50,22 @@ def write_step_meta(kv_lens: torch.Tensor, kv_indptr: torch.Tensor, last_page_le
         raise ValueError(f"write_step_meta: {copy[1].numel()} page ids do not fit the {copy[2].numel()}-id buffer")
     n_idx = copy[1].numel() if copy else 0
     src_idx, dst_indptr, dst_idx = (copy[1], copy[0], copy[2]) if copy else (kv_lens, kv_lens, kv_lens)
+    if kv_lens.device.type != "cuda" and not interpreter_on():  # CPU tensors, compiled Triton: the same in torch
+        _step_meta_torch(kv_lens, kv_indptr, last_page_len, page_size, copy)
+        return
     grid = (max(1, triton.cdiv(n_idx, BLOCK_I)),)
     _step_meta_kernel[grid](kv_lens, kv_indptr, last_page_len, src_idx, dst_indptr, dst_idx, rows, n_idx, page_size,
                             COPY=copy is not None, BLOCK_R=triton.next_power_of_2(rows + 1), BLOCK_I=BLOCK_I,
                             num_warps=4, **launch_args(kv_lens))
+
+
+def _step_meta_torch(kv_lens, kv_indptr, last_page_len, page_size, copy) -> None:
+    """write_step_meta for CPU tensors where Triton compiles for the GPU (a fake backend's tests on a GPU machine)."""
+    rows = kv_lens.shape[0]
+    pages = kv_indptr[1:rows + 1] - kv_indptr[:rows]
+    last_page_len.copy_(kv_lens - (pages - 1) * page_size)
+    if copy:
+        dst_indptr, src_idx, dst_idx = copy
+        dst_indptr[:rows + 1] = kv_indptr[:rows + 1]
+        used = min(int(kv_indptr[rows]), src_idx.numel())
+        dst_idx[:used] = src_idx[:used]

@@ -12,9 +12,15 @@
 #   run.sh 3  carry .gpu/3: install (the GGUF joins); every pair, EAGLE k 4, batch 1, 32 held-out prompts, 5 rounds,
 #             fused engine: the triton sides with the merge launch (and a host profile of each drafter's propose /
 #             extend, bench/host_profile.py), then with the fused merge
+#   (the machine was given back: the step kernel got a torch twin for CPU tensors where Triton compiles for the GPU;
+#    part 1's -k filter had deselected the fused merge's GPU tests)
+#   run.sh 4  carry .gpu/fb (core + flashinfer + fa3_fwd, no GGUF part; a fresh machine): install; FlashInfer JIT
+#             (SmolLM2 and Llama-8B shapes) in the background while the GPU tests run (the fused merge racing and
+#             bitwise, flashinfer device steps); bench.pdl argmax epilogue vs cuBLAS + argmax again (SmolLM2, 5
+#             rounds); issue 16's full kernel grid (every backend, phase, batch 1 / 16 / 64, context 512 / 4k / 16k)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 3}
+PART=${1:?part 1 to 4}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 pairs() {  # NAME, bench.spec backend flags, timeout: issue 12's pairs at batch 1 (EAGLE k = 4, held-out prompts)
   step "issue 12: every pair, EAGLE k 4, batch 1, 32 held-out prompts, 5 rounds, fused ops, $2"
@@ -69,6 +75,31 @@ case $PART in
   cp .gpu/3/sg_heldout_all.jsonl.gz $DATA; mkdir -p /tmp/pairs
   pairs merge "--backends triton,flashinfer --draft-backends triton,flashinfer --host-profile 25" 300
   pairs fused_merge "--backends triton/fused_merge=true,flashinfer --draft-backends triton/fused_merge=true,flashinfer" 270
+  ;;
+4)
+  step "install .gpu/fb"; bash .gpu/fb/install.sh | tail -1
+  $PY -c "import torch, triton, flashinfer; print('torch', torch.__version__, 'triton', triton.__version__, \
+'flashinfer', flashinfer.__version__)"; $PY -c "import fa3_fwd_interface; print('fa3_fwd ok')"
+  step "background: FlashInfer JIT, SmolLM2 and Llama-8B shapes, both verify modes (2 processes)"
+  K="$PY -m attnlab.bench.kernels --compile-only --contexts 512,4096 --ks 4"
+  C0=$(date +%s)
+  timeout 300 $K --backends flashinfer,flashinfer/verify_backend=auto --models smollm2 > $LOGS/compile_s.log 2>&1 &
+  timeout 300 $K --backends flashinfer,flashinfer/verify_backend=auto --models llama8b > $LOGS/compile_l.log 2>&1 &
+  step "GPU tests: the fused merge (racing, graph replay, the invariant kernel's bits); flashinfer device steps"
+  timeout 200 $PY -m pytest -q -p no:cacheprovider -ra tests/backends/test_fused_merge.py \
+    tests/backends/test_flashinfer_steps.py > $LOGS/tests4.log 2>&1; echo "exit code $?"
+  grep -E "passed|failed|FAILED|Error" $LOGS/tests4.log | tail -n 8; cp $LOGS/tests4.log "$OUT/"
+  step "waiting for the FlashInfer compile"; wait; echo "compile wall time: $(( $(date +%s) - C0 )) s"
+  tail -n 2 $LOGS/compile_s.log $LOGS/compile_l.log
+  step "issue 17: bench.pdl again, the argmax epilogue vs cuBLAS + argmax, SmolLM2, 5 rounds"
+  timeout 100 $PY -m attnlab.bench.pdl --models smollm2-135m --engines gemm --host thin8 \
+    --batches 1 --rounds 5 --new 128 --gemm-splits fill/ticket+lmcublas,fill/ticket \
+    --out "$OUT/arms_argmax2" > $LOGS/arms4.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/arms4.log
+  step "issue 16: bench.kernels, full grid: batch 1/16/64 x context 512/4k/16k, decode / verify k=4 / prefill"
+  timeout ${GRID_S:-240} $PY -m attnlab.bench.kernels --ks 4 \
+    --backends triton,flashinfer,flashinfer/verify_backend=auto,fa,hybrid/short=flashinfer/long=triton/threshold=1024 \
+    --out "$OUT/kernels_full" > $LOGS/grid.log 2>&1; echo "exit code $?"; tail -n 60 $LOGS/grid.log
+  tar czf "$OUT/logs4.tgz" -C /tmp logs
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac

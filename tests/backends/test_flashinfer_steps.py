@@ -377,18 +377,26 @@ def test_a_plan_that_disagrees_with_the_model_runs_nothing(fake_fi, monkeypatch)
     assert not be._step_plans
 
 
+@pytest.mark.parametrize("device", ["cpu", "cpu-torch", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU: the compiled kernel")])])
 @pytest.mark.parametrize("copy", [False, True])
-def test_step_meta_kernel(copy):
-    """attnlab.kernels.steps.write_step_meta under the interpreter: last-page lengths (<= 0 a page or more ahead),
-    and at step 0 the layout: kv_indptr and only the kv_indptr[rows] page ids it uses, over several programs."""
+def test_step_meta_kernel(copy, device, monkeypatch):
+    """attnlab.kernels.steps.write_step_meta: last-page lengths (<= 0 a page or more ahead), and at step 0 the layout:
+    kv_indptr and only the kv_indptr[rows] page ids it uses, over several programs. On CPU tensors the interpreter
+    runs the kernel (CI) or, where Triton compiles for a GPU, its torch twin; on cuda the compiled kernel."""
     from attnlab.kernels import steps
 
+    if device == "cpu-torch":  # the torch twin, as on a GPU machine's CPU tensors
+        monkeypatch.setattr(steps, "interpreter_on", lambda: False)
+        device = "cpu"
     rows, ps = 3, 4
-    indptr = torch.tensor([0, 700, 1500, 2600], dtype=torch.int32)  # 2,600 page ids: 3 programs of 1,024
-    kv_lens = torch.tensor([2797, 3199, 4397], dtype=torch.int32)  # last pages 1, 3, -3 ... (pages - 1) x 4 + last
-    last = torch.full((rows,), 99, dtype=torch.int32)
-    src = torch.arange(3000, dtype=torch.int32)
-    dst_ptr, dst = torch.zeros(rows + 1, dtype=torch.int32), torch.full((3100,), -7, dtype=torch.int32)
+    t = lambda x: torch.tensor(x, dtype=torch.int32, device=device)
+    indptr = t([0, 700, 1500, 2600])  # 2,600 page ids: 3 programs of 1,024
+    kv_lens = t([2797, 3199, 4397])  # last pages 1, 3, -3 ... (pages - 1) x 4 + last
+    last = torch.full((rows,), 99, dtype=torch.int32, device=device)
+    src = torch.arange(3000, dtype=torch.int32, device=device)
+    dst_ptr = torch.zeros(rows + 1, dtype=torch.int32, device=device)
+    dst = torch.full((3100,), -7, dtype=torch.int32, device=device)
     steps.write_step_meta(kv_lens, indptr, last, ps, (dst_ptr, src, dst) if copy else None)
     assert last.tolist() == [2797 - 699 * ps, 3199 - 799 * ps, 4397 - 1099 * ps] == [1, 3, 1]
     if copy:
