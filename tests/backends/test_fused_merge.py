@@ -57,16 +57,18 @@ def test_unsplit_plans_take_no_counters_and_bad_values_are_refused():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: the split programs race only there")
+@pytest.mark.parametrize("splits", [32, 11])
 @pytest.mark.parametrize("kind", ["decode", "verify"])
-def test_gpu_fused_merge_under_races_and_graph_replay(kind):
-    """Many splits racing on an H200 (batch 16, 4k context, 32 splits), launched 50 times and replayed from a
-    CUDA graph: every launch equals the separate merge's result to bf16 rounding, and the counters end at 0."""
+def test_gpu_fused_merge_under_races_and_graph_replay(kind, splits):
+    """Many splits racing on an H200 (batch 16, 4k context, 32 splits, and 11: the merge's unrolled loops masked past
+    the split count), launched 50 times and replayed from a CUDA graph: every launch equals the separate merge's
+    result to bf16 rounding, and the counters end at 0."""
     q_len = 1 if kind == "decode" else 5
     case = make_case(kv_lens=[4096 - 37 * i for i in range(16)], q_lens=[q_len] * 16, page_size=16,
                      num_kv_heads=8, gqa=4, head_dim=128, dtype=torch.bfloat16, device="cuda", num_layers=1)
-    _, ref = run_layers(case, False, 32)
+    _, ref = run_layers(case, False, splits)
     be = case.backend(TritonBackend)
-    be.num_splits, be.fused_merge = 32, True
+    be.num_splits, be.fused_merge = splits, True
     be.plan(case.meta)
     for _ in range(50):
         torch.testing.assert_close(be.run(case.q, 0).float(), ref[0].float(), **TOL[torch.bfloat16])
