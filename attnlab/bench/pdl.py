@@ -95,7 +95,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gemm-splits", default=gemm.DEFAULT_SPLIT_MODE,
                     help=f"engine gemm: arms to compare, split modes of {', '.join(gemm.SPLIT_MODES)}, each "
                          f"optionally +pf<chunks> (prefetch; bare: the default {gemm.DEFAULT_PREFETCH}) and "
-                         f"+lmcublas (the LM head on cuBLAS + argmax); the first is also run with PDL off")
+                         f"+lmargmax / +lmlogits (greedy tokens from the LM head's argmax epilogue / its logits + argmax, the "
+                         f"default); the first is also run with PDL off")
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)

@@ -85,7 +85,10 @@ PREFETCH_MAX_WEIGHT_BYTES = 4 << 20
 L2_LINE = 128  # bytes per prefetch.global.L2
 _split_mode = DEFAULT_SPLIT_MODE
 _prefetch = DEFAULT_PREFETCH
-_argmax_head = True  # greedy tokens of a gemm-path side: the LM head's argmax epilogue (False: cuBLAS + argmax)
+# Greedy tokens of a gemm-path side from the LM head's argmax epilogue (True) or from its logits (this GEMM) and torch's
+# argmax (False, the default: the epilogue did not pay on the H200, SmolLM2 1,330 vs 1,370 tok/s, 1B 851 vs 855;
+# experiments/h200-2026-12-03). Both give the same tokens.
+_argmax_head = False
 _tickets: dict = {}
 
 
@@ -149,10 +152,10 @@ def _set_argmax_head(on: bool) -> None:
 
 @contextmanager
 def arm(text: str):
-    """A bench arm ``<split mode>[+pf<chunks>][+lmcublas]`` (``fill/ticket``, ``fill/ticket+pf0``): the split
-    mode, the prefetch (DEFAULT_PREFETCH unless given: a bare arm is the engine's default) and, with
-    ``+lmcublas``, greedy tokens from cuBLAS logits and a torch argmax instead of the LM head's argmax epilogue,
-    for a block; all restored after."""
+    """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits]`` (``fill/ticket``, ``fill/ticket+pf0``): the
+    split mode, the prefetch (DEFAULT_PREFETCH unless given: a bare arm is the engine's default) and the greedy
+    tokens' LM head: ``+lmargmax`` its argmax epilogue, ``+lmlogits`` the side's logits (``ModelRunner.logits``: this
+    GEMM, unsplit, on a gemm-path side) and torch's argmax (the default), for a block; all restored after."""
     mode, chunks, fused_argmax = _parse_arm(text)
     with splitting(mode), prefetching(chunks), _scoped(argmax_head, _set_argmax_head, fused_argmax):
         yield
@@ -160,16 +163,17 @@ def arm(text: str):
 
 def _parse_arm(text: str) -> tuple[str, int, bool]:
     mode, *extras = text.split("+")
-    chunks, fused_argmax, ok = DEFAULT_PREFETCH, True, mode in SPLIT_MODES and len(set(extras)) == len(extras)
+    chunks, fused_argmax = DEFAULT_PREFETCH, _argmax_head
+    ok = mode in SPLIT_MODES and len(set(extras)) == len(extras) and not {"lmargmax", "lmlogits"} <= set(extras)
     for e in extras:
         if e.startswith("pf") and e[2:].isdigit() and int(e[2:]) <= MAX_PREFETCH:
             chunks = int(e[2:])
-        elif e == "lmcublas":
-            fused_argmax = False
+        elif e in ("lmargmax", "lmlogits"):
+            fused_argmax = e == "lmargmax"
         else:
             ok = False
     if not ok:
-        raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmcublas], split modes "
+        raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits], split modes "
                          f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}")
     return mode, chunks, fused_argmax
 

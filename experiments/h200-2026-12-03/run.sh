@@ -51,7 +51,7 @@ case $PART in
   echo "exit code $?"; tail -n 30 $LOGS/merge.log
   step "issue 17: bench.pdl, the LM head's argmax epilogue vs cuBLAS + argmax, batch 1, 3 rounds"
   timeout 200 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines fused,gemm --host thin8 \
-    --batches 1 --rounds 3 --new 128 --gemm-splits fill/ticket+lmcublas,fill/ticket \
+    --batches 1 --rounds 3 --new 128 --gemm-splits fill/ticket+lmlogits,fill/ticket \
     --out "$OUT/arms_argmax" > $LOGS/arms.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/arms.log
   tar czf "$OUT/logs1.tgz" -C /tmp logs
   ;;
@@ -93,7 +93,7 @@ case $PART in
   tail -n 2 $LOGS/compile_s.log $LOGS/compile_l.log
   step "issue 17: bench.pdl again, the argmax epilogue vs cuBLAS + argmax, SmolLM2, 5 rounds"
   timeout 100 $PY -m attnlab.bench.pdl --models smollm2-135m --engines gemm --host thin8 \
-    --batches 1 --rounds 5 --new 128 --gemm-splits fill/ticket+lmcublas,fill/ticket \
+    --batches 1 --rounds 5 --new 128 --gemm-splits fill/ticket+lmlogits,fill/ticket \
     --out "$OUT/arms_argmax2" > $LOGS/arms4.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/arms4.log
   step "issue 16: bench.kernels, full grid: batch 1/16/64 x context 512/4k/16k, decode / verify k=4 / prefill"
   timeout ${GRID_S:-240} $PY -m attnlab.bench.kernels --ks 4 \

@@ -84,7 +84,8 @@ def test_gemm_path_greedy_output_identical(split, monkeypatch):
 @pytest.mark.parametrize("fused_argmax", [True, False])
 def test_multi_step_greedy_tokens_come_from_the_lm_heads_argmax_epilogue(fused_argmax, monkeypatch):
     """engine.decode_steps_per_sync = 3 on the gemm path: each step's greedy tokens come from one launch, the LM
-    head's argmax epilogue (``+lmcublas``: logits and a torch argmax), the tokens of the unfused side (fp32)."""
+    head's argmax epilogue (``+lmargmax``; ``+lmlogits``, the default: logits and a torch argmax), the tokens of the
+    unfused side (fp32)."""
     from attnlab.kernels import gemm
 
     calls = []
@@ -96,7 +97,7 @@ def test_multi_step_greedy_tokens_come_from_the_lm_heads_argmax_epilogue(fused_a
     for fused in (False, "gemm"):
         r = _runner(model, torch.float32, fused)
         r.decode_steps_per_sync = 3
-        with gemm.arm("fill/ticket" + ("" if fused_argmax else "+lmcublas")):
+        with gemm.arm("fill/ticket" + ("+lmargmax" if fused_argmax else "+lmlogits")):
             out = SpeculativeDecoder(r, NoDrafter("cpu"), SpecParams(0)).generate(ps, 7)
         outs.append([o.output_ids for o in out.requests])
     assert outs[0] == outs[1]
