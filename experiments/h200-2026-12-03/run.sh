@@ -18,6 +18,8 @@
 #             (SmolLM2 and Llama-8B shapes) in the background while the GPU tests run (the fused merge racing and
 #             bitwise, flashinfer device steps); bench.pdl argmax epilogue vs cuBLAS + argmax again (SmolLM2, 5
 #             rounds); issue 16's full kernel grid (every backend, phase, batch 1 / 16 / 64, context 512 / 4k / 16k)
+# (argmax arms: spelled +lmlogits / +lmargmax since the epilogue went off by default; the calls of this sitting ran
+#  them as +lmcublas / bare, the same two paths)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1 to 4}
@@ -41,8 +43,9 @@ case $PART in
     echo "flashinfer compile: exit $?, $(( $(date +%s) - C0 )) s" >> $LOGS/compile_fi.log ) &
   CPID=$!
   step "GPU tests: the argmax epilogue (LM heads of 49,152 and 128,256 columns), the prefetch, the fused merge"
+  # (as run, the fused merge's file sat behind the same -k filter, which deselected its tests: they ran in part 4)
   timeout 240 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py -k "argmax or prefetch" \
-    tests/backends/test_fused_merge.py > $LOGS/tests1.log 2>&1; echo "exit code $?"
+    > $LOGS/tests1.log 2>&1; echo "exit code $?"
   grep -E "passed|failed|FAILED|Error" $LOGS/tests1.log | tail -n 8
   step "waiting for the FlashInfer compile"; wait $CPID; tail -n 3 $LOGS/compile_fi.log
   step "issue 16: the fused split merge, unrolled: bench.kernels decode + verify, triton vs triton/fused_merge=true"
@@ -51,7 +54,7 @@ case $PART in
   echo "exit code $?"; tail -n 30 $LOGS/merge.log
   step "issue 17: bench.pdl, the LM head's argmax epilogue vs cuBLAS + argmax, batch 1, 3 rounds"
   timeout 200 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines fused,gemm --host thin8 \
-    --batches 1 --rounds 3 --new 128 --gemm-splits fill/ticket+lmlogits,fill/ticket \
+    --batches 1 --rounds 3 --new 128 --gemm-splits fill/ticket+lmlogits,fill/ticket+lmargmax \
     --out "$OUT/arms_argmax" > $LOGS/arms.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/arms.log
   tar czf "$OUT/logs1.tgz" -C /tmp logs
   ;;
@@ -84,16 +87,20 @@ case $PART in
   K="$PY -m attnlab.bench.kernels --compile-only --contexts 512,4096 --ks 4"
   C0=$(date +%s)
   timeout 300 $K --backends flashinfer,flashinfer/verify_backend=auto --models smollm2 > $LOGS/compile_s.log 2>&1 &
+  P1=$!
   timeout 300 $K --backends flashinfer,flashinfer/verify_backend=auto --models llama8b > $LOGS/compile_l.log 2>&1 &
+  P2=$!
   step "GPU tests: the fused merge (racing, graph replay, the invariant kernel's bits); flashinfer device steps"
   timeout 200 $PY -m pytest -q -p no:cacheprovider -ra tests/backends/test_fused_merge.py \
     tests/backends/test_flashinfer_steps.py > $LOGS/tests4.log 2>&1; echo "exit code $?"
   grep -E "passed|failed|FAILED|Error" $LOGS/tests4.log | tail -n 8; cp $LOGS/tests4.log "$OUT/"
-  step "waiting for the FlashInfer compile"; wait; echo "compile wall time: $(( $(date +%s) - C0 )) s"
+  # (wait for these two only: a bare `wait` also waits for the tee of sitting.sh's process substitution, forever;
+  #  the first run of this part lost the rest of its call that way)
+  step "waiting for the FlashInfer compile"; wait $P1 $P2; echo "compile wall time: $(( $(date +%s) - C0 )) s"
   tail -n 2 $LOGS/compile_s.log $LOGS/compile_l.log
   step "issue 17: bench.pdl again, the argmax epilogue vs cuBLAS + argmax, SmolLM2, 5 rounds"
   timeout 100 $PY -m attnlab.bench.pdl --models smollm2-135m --engines gemm --host thin8 \
-    --batches 1 --rounds 5 --new 128 --gemm-splits fill/ticket+lmlogits,fill/ticket \
+    --batches 1 --rounds 5 --new 128 --gemm-splits fill/ticket+lmlogits,fill/ticket+lmargmax \
     --out "$OUT/arms_argmax2" > $LOGS/arms4.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/arms4.log
   step "issue 16: bench.kernels, full grid: batch 1/16/64 x context 512/4k/16k, decode / verify k=4 / prefill"
   timeout ${GRID_S:-240} $PY -m attnlab.bench.kernels --ks 4 \
