@@ -57,6 +57,7 @@ from attnlab.bench.host_profile import drafter_profile
 from attnlab.bench.output import write_report
 from attnlab.config import check_backend, check_invariant
 from attnlab.engine.build import SideSpec, build_side
+from attnlab.metrics.interval import floor_verdict, median_interval
 from attnlab.metrics.perf import percentile
 from attnlab.plan import ModelSource
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
@@ -84,6 +85,10 @@ class Row:
     tau: float | None = None
     speedup: float | None = None
     speedup_rounds: list[float] = field(default_factory=list)  # per round of interleaved repeats, sorted
+    # the median's order-statistic interval over the rounds (metrics/interval.py) and its coverage; None: one round
+    speedup_ci: list[float] | None = None
+    speedup_ci_coverage: float | None = None
+    floor_verdict: str | None = None  # --floor: "met" | "missed" | "undecided" by that interval
     same_as_target_only: float | None = None
     batch: int = 1
     k: int = 0
@@ -362,6 +367,9 @@ def invariance_broken(rows: list[Row]) -> list[str]:
     return out
 
 
+CI_LEVEL = 0.95  # the coverage asked of the speedup's interval (five rounds only reach 93.75%: min-max)
+
+
 def finish(row: Row, ref: Row) -> Row:
     """Speedup and output identity of ``row`` against its target-only row ``ref``. With repeats taken in rounds
     (attnlab rows: ``row.repeats_s[i]`` and ``ref.repeats_s[i]`` ran back to back), the speedup is the median of
@@ -370,6 +378,8 @@ def finish(row: Row, ref: Row) -> Row:
     if len(row.repeats_s) == len(ref.repeats_s) > 1:
         row.speedup_rounds = sorted(r / t * scale for r, t in zip(ref.repeats_s, row.repeats_s))
         row.speedup = percentile(row.speedup_rounds, 50)
+        lo, hi, row.speedup_ci_coverage = median_interval(row.speedup_rounds, CI_LEVEL)
+        row.speedup_ci = [lo, hi]
     else:
         row.speedup = ref.seconds / row.seconds * scale
     row.same_as_target_only = sum(x == y for x, y in zip(row.outputs, ref.outputs)) / max(1, len(ref.outputs))
@@ -377,6 +387,26 @@ def finish(row: Row, ref: Row) -> Row:
 
 
 # ---------------------------------------------------------------------------------------------------------
+
+
+def floor_lines(rows: list[Row], floor: float) -> str:
+    """Each speculative attnlab row against a speedup floor, decided by its median's interval over the rounds
+    (sets ``row.floor_verdict``)."""
+    head = (f"\nSpeedup floor {floor:.2f}x, by the interval of each row's median over its rounds (order statistics, "
+            f"distribution-free; 'undecided': the interval straddles the floor, more rounds would tell):")
+    out = [head]
+    for r in rows:
+        if r.engine != "attnlab" or not r.k:
+            continue
+        if r.speedup_ci is None:
+            r.floor_verdict = "undecided"
+            out.append(f"- {r.drafter} {r.pair}, batch {r.batch}, k={r.k}: undecided (one round: no interval)")
+            continue
+        r.floor_verdict = floor_verdict(*r.speedup_ci, floor)
+        out.append(f"- {r.drafter} {r.pair}, batch {r.batch}, k={r.k}: **{r.floor_verdict}**, median {r.speedup:.2f}x, "
+                   f"{r.speedup_ci_coverage:.1%} interval {r.speedup_ci[0]:.2f}-{r.speedup_ci[1]:.2f}x over "
+                   f"{len(r.speedup_rounds)} rounds")
+    return "\n".join(out)
 
 
 def _spread(rounds: list[float]) -> str:
@@ -444,8 +474,14 @@ def parse(argv=None):
                     help="after each group's timed rounds, run every speculative row's prompts once more (untimed) "
                          "with cProfile on inside the drafter's propose / extend and print its N costliest functions "
                          "(bench/host_profile.py)")
+    ap.add_argument("--floor", type=float, default=None, metavar="X",
+                    help="a speedup floor (e.g. 1.5): each speculative attnlab row is 'met', 'missed' or 'undecided' by "
+                         "the order-statistic interval of its per-round median (metrics/interval.py; needs --repeats "
+                         ">= 2, and >= 6 for 95%% coverage)")
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)
+    if a.floor is not None and not a.floor > 0:
+        ap.error(f"--floor {a.floor}: a speedup > 0")
     if a.host_profile < 0:
         ap.error(f"--host-profile {a.host_profile}: a number of functions >= 0")
     cuda = a.device == "cuda"
@@ -577,6 +613,8 @@ def run(a) -> dict:
         n, d = sum(r.step_launches.values()), r.step_launches["dsteps"]
         lines.append(f"\n{r.drafter} {r.pair}, batch {r.batch}, k={r.k}: {d} of {n} draft launches device-planned "
                      f"({d / n:.0%}), the others planned per step")
+    if a.floor is not None:
+        lines.append(floor_lines(rows, a.floor))
     if a.weights == "random":
         lines.append("\nRandom weights: acceptance (and so tau and speedup) says nothing about real text.")
     broken = invariance_broken(rows) if a.invariant else []

@@ -261,3 +261,21 @@ def test_host_profile_restores_the_drafters_methods():
     d = D()
     text = drafter_profile(d, lambda: [d.propose() for _ in range(3)], 5)
     assert text.startswith("3 calls of propose:") and "propose" in d.__class__.__dict__ and "propose" not in vars(d)
+
+
+def test_floor_verdicts_come_from_the_medians_interval(capsys):
+    """--floor: every speculative row is met / missed / undecided by the order-statistic interval of its per-round
+    median, in the markdown and the JSON; a floor below every round is met, one above every round missed."""
+    base = ["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--num-prompts", "2", "--new", "8",
+            "--k", "3", "--drafters", "ngram", "--skip-hf", "--repeats", "3"]
+    for floor, want in ((0.01, "met"), (1000.0, "missed")):
+        res = spec.run(spec.parse(base + ["--floor", str(floor)]))
+        row = res["rows"][1]
+        lo, hi = row["speedup_ci"]
+        assert lo == min(row["speedup_rounds"]) and hi == max(row["speedup_rounds"])  # 3 rounds: min-max, 75%
+        assert row["speedup_ci_coverage"] == pytest.approx(0.75) and row["floor_verdict"] == want
+        assert f"**{want}**, median" in res["markdown"] and "75.0% interval" in res["markdown"]
+    assert res["rows"][0]["floor_verdict"] is None  # target-only: no floor
+    for bad in ("0", "-1"):
+        with pytest.raises(SystemExit):
+            spec.parse(base + ["--floor", bad])
