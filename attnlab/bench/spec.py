@@ -197,29 +197,50 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         return _Cell(dec, Row("attnlab", drafter_name, pair, 0.0, 0, 0, batch=batch, k=k,
                               tree="chain" if K == 1 else f"{K}x{S}"))
 
-    def once(c: _Cell) -> None:
-        """One timed repeat of a row: every prompt, in batches; its seconds, outputs and phase times."""
-        graphs = getattr(getattr(c.dec.drafter, "runner", None), "graphs", None)
-        launches0 = dict(graphs.step_replays) if graphs is not None else {}
-        _sync(dev)
-        t0, outs, passes = time.perf_counter(), [], 0
-        for i in range(0, len(prompts), c.row.batch):
+    def once(cells: list[_Cell]) -> None:
+        """One timed round over a group's rows: every prompt, in batches; each row's seconds, outputs and phase
+        times. ``--interleave round``: each row runs all its batches, then the next row; ``batch``: every row runs
+        batch i before any runs batch i + 1, so a drift of the GPU's or the host's speed within the round lands on
+        every row alike (the round's time of a row is the sum of its batches')."""
+        starts = range(0, len(prompts), cells[0].row.batch)
+        order = ([(c, i) for c in cells for i in starts] if a.interleave == "round"
+                 else [(c, i) for i in starts for c in cells])
+        state = {id(c): _Round(c) for c in cells}
+        for c, i in order:
+            state[id(c)].batch(c, i)
+        for c in cells:
+            state[id(c)].close(c)
+
+    class _Round:
+        """One row's part of a timed round: its launch counters at the start, seconds and outputs so far."""
+
+        def __init__(self, c: _Cell):
+            self.graphs = getattr(getattr(c.dec.drafter, "runner", None), "graphs", None)
+            self.launches0 = dict(self.graphs.step_replays) if self.graphs is not None else {}
+            self.seconds, self.outs, self.passes = 0.0, [], 0
+
+        def batch(self, c: _Cell, i: int) -> None:
+            _sync(dev)
+            t0 = time.perf_counter()
             out = c.dec.generate(prompts[i:i + c.row.batch], a.new, eos)
+            _sync(dev)
+            self.seconds += time.perf_counter() - t0
             for o in out.requests:
-                outs.append(o.output_ids)
+                self.outs.append(o.output_ids)
                 c.taus += o.accept_lens
-            passes += 1 + len(out.iterations)
+            self.passes += 1 + len(out.iterations)
             for it in out.iterations:
                 for ph in PHASES:
                     c.phases.setdefault(ph, []).append(getattr(it, f"{ph}_ms"))
                     c.host.setdefault(ph, []).append(it.host_ms.get(ph, 0.0))
-        _sync(dev)
-        c.row.repeats_s.append(time.perf_counter() - t0)
-        c.row.outputs, c.row.new_tokens, c.row.target_passes = outs, sum(map(len, outs)), passes
-        c.row.outputs_rounds.append(outs)
-        if graphs is not None:
-            for key, n in graphs.step_replays.items():
-                c.launches[key] = c.launches.get(key, 0) + n - launches0.get(key, 0)
+
+        def close(self, c: _Cell) -> None:
+            c.row.repeats_s.append(self.seconds)
+            c.row.outputs, c.row.new_tokens, c.row.target_passes = self.outs, sum(map(len, self.outs)), self.passes
+            c.row.outputs_rounds.append(self.outs)
+            if self.graphs is not None:
+                for key, n in self.graphs.step_replays.items():
+                    c.launches[key] = c.launches.get(key, 0) + n - self.launches0.get(key, 0)
 
     def run_prompts(c: _Cell) -> None:
         """Every prompt through a row's decoder once more, untimed (the host profile)."""
@@ -229,11 +250,11 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
 
     def group_rows(cells: list[_Cell]) -> list[Row]:
         """The rows of one (batch, verify) group, cells[0] its target-only row: the repeats run round-robin over
-        the cells, so a drift of the GPU's speed during the group lands on every row of a round alike; each row's
-        speedup is the median over rounds of the target-only time / its time in the same round."""
+        the cells (``once``: row by row, or prompt batch by prompt batch), so a drift of the GPU's speed during the
+        group lands on every row of a round alike; each row's speedup is the median over rounds of the target-only
+        time / its time in the same round."""
         for _ in range(a.repeats):
-            for c in cells:
-                once(c)
+            once(cells)
         if a.host_profile:
             for c in cells[1:]:
                 text = drafter_profile(c.dec.drafter, lambda c=c: run_prompts(c), a.host_profile)
@@ -474,6 +495,10 @@ def parse(argv=None):
                     help="after each group's timed rounds, run every speculative row's prompts once more (untimed) "
                          "with cProfile on inside the drafter's propose / extend and print its N costliest functions "
                          "(bench/host_profile.py)")
+    ap.add_argument("--interleave", choices=("round", "batch"), default="round",
+                    help="a timed round runs each row over every prompt before the next row (round), or every row over "
+                         "prompt batch i before batch i + 1 (batch: a row's time and its target-only time are then "
+                         "measured seconds apart, not a whole row's run apart)")
     ap.add_argument("--floor", type=float, default=None, metavar="X",
                     help="a speedup floor (e.g. 1.5): each speculative attnlab row is 'met', 'missed' or 'undecided' by "
                          "the order-statistic interval of its per-round median (metrics/interval.py; needs --repeats "
@@ -593,7 +618,8 @@ def run(a) -> dict:
             f"({a.weights} weights), {a.dtype}, k={','.join(map(str, a.ks))}, self-draft layers={a.draft_layers}, {len(prompts)} "
             f"{a.prompts} prompts x <= {a.new} new tokens, batch {','.join(map(str, a.batches))}, "
             f"{a.repeats} timed repeat(s) (tok/s: median, min-max"
-            f"{'; attnlab: in rounds, speedup the median of per-round ratios, min-max' if a.repeats > 1 else ''}), "
+            f"{'; attnlab: in rounds, speedup the median of per-round ratios, min-max' if a.repeats > 1 else ''}"
+            f"{', rows interleaved by prompt batch' if a.interleave == 'batch' else ''}), "
             f"attnlab CUDA graphs "
             f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}, fused layer ops "
             f"{'on' if a.fused_ops else 'on (target side, invariant)' if a.invariant else 'off'}"

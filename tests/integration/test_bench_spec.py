@@ -279,3 +279,35 @@ def test_floor_verdicts_come_from_the_medians_interval(capsys):
     for bad in ("0", "-1"):
         with pytest.raises(SystemExit):
             spec.parse(base + ["--floor", bad])
+
+
+def test_batch_interleaving_runs_every_row_on_a_batch_before_the_next(monkeypatch):
+    """--interleave batch: within a round every row decodes prompt batch i before any decodes batch i + 1; the rows,
+    their outputs and their rounds are those of --interleave round."""
+    from attnlab.spec.decoder import SpeculativeDecoder
+
+    calls = []
+    real = SpeculativeDecoder.generate
+
+    def spy(self, prompts, *args, **kwargs):
+        calls.append((type(self.drafter).__name__, tuple(map(tuple, prompts))))
+        return real(self, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", spy)
+    base = ["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--num-prompts", "3", "--new", "6",
+            "--k", "2", "--drafters", "ngram", "--skip-hf", "--repeats", "2"]
+    results = {}
+    for mode in ("round", "batch"):
+        calls.clear()
+        res = spec.run(spec.parse(base + ["--interleave", mode]))
+        results[mode] = res
+        timed = calls[-12:]  # 2 rounds x 2 rows x 3 prompts (batch 1); the warm-ups come first
+        first_round = [name for name, _ in timed[:6]]
+        if mode == "round":
+            assert first_round == ["NoDrafter"] * 3 + ["NgramDrafter"] * 3
+        else:
+            assert first_round == ["NoDrafter", "NgramDrafter"] * 3
+            assert timed[0][1] == timed[1][1] != timed[2][1]  # both rows on the same prompt, then the next
+    assert "interleaved by prompt batch" in results["batch"]["markdown"]
+    assert results["round"]["outputs"] == results["batch"]["outputs"]
+    assert all(len(r["repeats_s"]) == 2 for r in results["batch"]["rows"])
