@@ -18,11 +18,14 @@
 #             (SmolLM2 and Llama-8B shapes) in the background while the GPU tests run (the fused merge racing and
 #             bitwise, flashinfer device steps); bench.pdl argmax epilogue vs cuBLAS + argmax again (SmolLM2, 5
 #             rounds); issue 16's full kernel grid (every backend, phase, batch 1 / 16 / 64, context 512 / 4k / 16k)
+#   run.sh 5  (next sitting; after parts 1-3's installs on the same machine, carry nothing) issue 12's floor decided:
+#             every pair, 16 held-out prompts, 12 rounds interleaved by prompt batch, --floor 1.5 (each row met /
+#             missed / undecided by the 96% order-statistic interval of its median)
 # (argmax arms: spelled +lmlogits / +lmargmax since the epilogue went off by default; the calls of this sitting ran
 #  them as +lmcublas / bare, the same two paths)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 4}
+PART=${1:?part 1 to 5}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 pairs() {  # NAME, bench.spec backend flags, timeout: issue 12's pairs at batch 1 (EAGLE k = 4, held-out prompts)
   step "issue 12: every pair, EAGLE k 4, batch 1, 32 held-out prompts, 5 rounds, fused ops, $2"
@@ -107,6 +110,15 @@ case $PART in
     --backends triton,flashinfer,flashinfer/verify_backend=auto,fa,hybrid/short=flashinfer/long=triton/threshold=1024 \
     --out "$OUT/kernels_full" > $LOGS/grid.log 2>&1; echo "exit code $?"; tail -n 60 $LOGS/grid.log
   tar czf "$OUT/logs4.tgz" -C /tmp logs
+  ;;
+5)
+  mkdir -p /tmp/pairs
+  step "issue 12: every pair, EAGLE k 4, batch 1, 16 held-out prompts, 12 rounds interleaved by batch, floor 1.5x"
+  timeout 560 $S --batch 1 --prompts $DATA --new 128 --num-prompts 16 --backends triton,flashinfer \
+    --draft-backends triton,flashinfer --drafters eagle --k 4 --repeats 12 --interleave batch --floor 1.5 \
+    --out /tmp/pairs/pairs_floor > $LOGS/pairs_floor.log 2>&1; echo "exit code $?"
+  grep -E "^\| attnlab|^- eagle|device-planned" $LOGS/pairs_floor.log
+  cp /tmp/pairs/pairs_floor.md /tmp/pairs/pairs_floor.json $LOGS/pairs_floor.log "$OUT/"
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac
