@@ -14,7 +14,7 @@ import io
 import pstats
 from collections.abc import Callable
 
-PHASES = ("propose", "extend")
+PHASES = ("propose", "extend", "propose_tree", "extend_tree")  # a chain's draft phases, then a tree's
 
 
 def drafter_profile(drafter, run: Callable[[], None], top: int) -> str:
@@ -22,11 +22,12 @@ def drafter_profile(drafter, run: Callable[[], None], top: int) -> str:
     time (which of attnlab's steps cost) and by own time (where it is spent), pstats' tables, after the calls and the
     time profiled per call."""
     prof = cProfile.Profile()
-    calls = [0]
+    calls, hits = [0], set()
 
     def wrap(fn):
         def profiled(*args, **kwargs):
             calls[0] += 1
+            hits.add(fn.__name__)
             prof.enable()
             try:
                 return fn(*args, **kwargs)
@@ -35,17 +36,21 @@ def drafter_profile(drafter, run: Callable[[], None], top: int) -> str:
         return profiled
 
     wrapped = [name for name in PHASES if hasattr(drafter, name)]
-    for name in wrapped:  # instance attributes shadow the class's methods until deleted
-        setattr(drafter, name, wrap(getattr(drafter, name)))
     try:
+        for name in wrapped:  # instance attributes shadow the class's methods until deleted
+            setattr(drafter, name, wrap(getattr(drafter, name)))
         run()
     finally:
         for name in wrapped:
-            delattr(drafter, name)
+            if name in vars(drafter):
+                delattr(drafter, name)
+    if not calls[0]:
+        return f"no calls of {', '.join(wrapped) or 'a draft phase'}: nothing to profile\n"
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out)
     for key in ("cumulative", "tottime"):
         out.write(f"-- by {key} time\n")
         stats.sort_stats(key).print_stats(top)
-    per_call = stats.total_tt / max(1, calls[0]) * 1e3
-    return f"{calls[0]} calls of {', '.join(wrapped)}: {per_call:.3f} ms each under the profiler\n{out.getvalue()}"
+    per_call = stats.total_tt / calls[0] * 1e3
+    called = [name for name in wrapped if name in hits]
+    return f"{calls[0]} calls of {', '.join(called)}: {per_call:.3f} ms each under the profiler\n{out.getvalue()}"

@@ -285,12 +285,13 @@ class ModelRunner:
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """The argmax of ``logits(hidden)`` per row; a draft head with a reduced vocabulary takes it over its own
         logits (EagleHead.greedy_tokens: the same ids, without the [rows, vocab] -inf scatter); a gemm-path side
-        (engine.gemm=triton) in one launch, the LM head's argmax epilogue (attnlab.kernels.gemm.argmax_linear)."""
+        (engine.gemm=triton), where ``gemm.argmax_head()`` is on (a bench arm's ``+lmargmax``; off by default: it did
+        not pay on the H200), in one launch, the LM head's argmax epilogue (attnlab.kernels.gemm.argmax_linear)."""
         head_argmax = getattr(self.model, "greedy_tokens", None)
         if head_argmax is not None and not self.invariant:
             return head_argmax(hidden)
         head = self._gemm_head(hidden)
-        if head is not None:  # the LM head's argmax epilogue: one launch, the argmax of ``logits`` there
+        if head is not None:  # the LM head's argmax epilogue (when on): one launch, the argmax of ``logits`` there
             from attnlab.kernels import gemm
 
             if gemm.argmax_head():

@@ -88,7 +88,8 @@ _prefetch = DEFAULT_PREFETCH
 # Greedy tokens of a gemm-path side from the LM head's argmax epilogue (True) or from its logits (this GEMM) and torch's
 # argmax (False, the default: the epilogue did not pay on the H200, SmolLM2 1,330 vs 1,370 tok/s, 1B 851 vs 855;
 # experiments/h200-2026-12-03). Both give the same tokens.
-_argmax_head = False
+DEFAULT_ARGMAX_HEAD = False
+_argmax_head = DEFAULT_ARGMAX_HEAD
 _tickets: dict = {}
 
 
@@ -163,7 +164,7 @@ def arm(text: str):
 
 def _parse_arm(text: str) -> tuple[str, int, bool]:
     mode, *extras = text.split("+")
-    chunks, fused_argmax = DEFAULT_PREFETCH, _argmax_head
+    chunks, fused_argmax = DEFAULT_PREFETCH, DEFAULT_ARGMAX_HEAD  # a bare arm: the engine's defaults
     ok = mode in SPLIT_MODES and len(set(extras)) == len(extras) and not {"lmargmax", "lmlogits"} <= set(extras)
     for e in extras:
         if e.startswith("pf") and e[2:].isdigit() and int(e[2:]) <= MAX_PREFETCH:
@@ -190,7 +191,8 @@ def parse_split_modes(text: str) -> list[str]:
             bad.append(m)
     if bad or not modes:
         raise ValueError(f"split mode(s) {', '.join(bad) or repr(text)}: choose from {', '.join(SPLIT_MODES)}, "
-                         f"each optionally +pf<chunks> (0..{MAX_PREFETCH}: engine.gemm_prefetch)")
+                         f"each optionally +pf<chunks> (0..{MAX_PREFETCH}: engine.gemm_prefetch) and +lmargmax or "
+                         f"+lmlogits (the greedy tokens' LM head)")
     return modes
 
 

@@ -217,7 +217,8 @@ def paged_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         TOKENS_PER_BLOCK=params.tokens_per_block, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
         BLOCK_D=params.block_d, SPLIT_TOKENS=params.split_tokens, FP32_DOT=fp32_dot(q.dtype),
-        ROWWISE_DOT=interpreter_on(), FUSE_MERGE=fuse, MERGE_SPLITS=merge_bound(params.num_splits, fuse),
+        ROWWISE_DOT=interpreter_on(), FUSE_MERGE=fuse,
+        MERGE_SPLITS=merge_bound(params.num_splits, fuse, unroll=False),
         num_warps=params.num_warps, num_stages=params.num_stages,
         **launch_args(q))
     if not fuse:

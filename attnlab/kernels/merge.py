@@ -50,15 +50,29 @@ def merge_splits(out: torch.Tensor, o_part: torch.Tensor, lse_part: torch.Tensor
         num_warps=4 if head_dim >= 128 else 2, **launch_args(out))
 
 
-def merge_bound(num_splits: int, fused: bool) -> int:
-    """``merge_arrived``'s MAX_SPLITS for a launch of ``num_splits`` (1 where the kernel does not merge: no variant)."""
-    return next_pow2(num_splits) if fused and num_splits > 1 else 1
+def merge_bound(num_splits: int, fused: bool, unroll: bool = True) -> int:
+    """``merge_arrived``'s MAX_SPLITS for a launch of ``num_splits``: the next power of two (each its own compiled
+    variant: warmup compiles the plans' own counts; an eager pass in a new power-of-two bucket compiles mid-run),
+    0 (``unroll`` False: the runtime loop, one variant), 1 where the kernel does not merge (no variant)."""
+    if not fused or num_splits <= 1:
+        return 1
+    return next_pow2(num_splits) if unroll else 0
 
 
 def merge_counters(programs: int, num_kv_heads: int, device) -> torch.Tensor:
     """The zeroed arrival counters ``merge_arrived`` needs: one per (request or query block, kv head) of a grid
     of ``programs`` x ``num_kv_heads`` x splits."""
     return torch.zeros(max(1, programs) * num_kv_heads, dtype=torch.int32, device=device)
+
+
+@triton.jit
+def _merge_one(lse_rows, part, s, stride_ps, row_mask, mask, m, acc, denom):
+    """Split ``s``'s partial into the ordered merge's sums; a split a row does not reach (lse -inf) leaves them."""
+    lse = tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg")
+    w = tl.math.exp2(lse - m)[:, None]
+    o = tl.load(part + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+    seen = (lse > float("-inf"))[:, None]
+    return tl.where(seen, acc + o * w, acc), tl.where(seen, denom + w, denom)
 
 
 @triton.jit
@@ -76,8 +90,11 @@ def merge_arrived(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads
 
     ``MAX_SPLITS`` (a power of two >= num_splits, ``merge_bound``) unrolls both loops, splits past num_splits masked
     off: no load depends on the sums, so the compiler issues them together. A loop bounded by the runtime split
-    count waited for each load in turn, 2 x num_splits L2 round trips in one program after every other had finished
-    (H200, 2026-12-02b: 0.025 ms against 0.007 for SmolLM2's batch-1 decode with the merge as its own launch)."""
+    count waits for each load in turn, 2 x num_splits L2 round trips in one program after every other had finished
+    (H200, 2026-12-02b: 0.025 ms against 0.007 for SmolLM2's batch-1 decode with the merge as its own launch;
+    unrolled 0.008). ``MAX_SPLITS`` 0 keeps that runtime loop: one compiled variant for every split count, which the
+    invariant kernel needs (its split count follows the context, up to 128 at 32k, and its warmup compiles three).
+    Both give the same bits (the same operations in the same order)."""
     tl.debug_barrier()
     arrived = tl.atomic_add(COUNTERS + ticket, 1, sem="acq_rel")
     if arrived == num_splits - 1:
@@ -86,20 +103,23 @@ def merge_arrived(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads
         mask = row_mask[:, None] & d_mask[None, :]
         m = tl.full([row_mask.shape[0]], float("-inf"), tl.float32)
         zero = rows * 0  # a split index as a row tensor: num_splits may be a runtime value or a constant
-        for s in tl.static_range(MAX_SPLITS):
-            m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask & (zero + s < num_splits), other=float("-inf"),
-                                      cache_modifier=".cg"))
+        if MAX_SPLITS == 0:
+            for s in range(num_splits):
+                m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg"))
+        else:
+            for s in tl.static_range(MAX_SPLITS):
+                m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask & (zero + s < num_splits), other=float("-inf"),
+                                          cache_modifier=".cg"))
         m = tl.where(m == float("-inf"), 0.0, m)
         acc = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
         denom = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
-        for s in tl.static_range(MAX_SPLITS):
-            live = row_mask & (zero + s < num_splits)
-            lse = tl.load(lse_rows + s, mask=live, other=float("-inf"), cache_modifier=".cg")
-            w = tl.math.exp2(lse - m)[:, None]
-            o = tl.load(part + s * stride_ps, mask=mask & live[:, None], other=0.0, cache_modifier=".cg")
-            seen = (lse > float("-inf"))[:, None]
-            acc = tl.where(seen, acc + o * w, acc)
-            denom = tl.where(seen, denom + w, denom)
+        if MAX_SPLITS == 0:
+            for s in range(num_splits):
+                acc, denom = _merge_one(lse_rows, part, s, stride_ps, row_mask, mask, m, acc, denom)
+        else:
+            for s in tl.static_range(MAX_SPLITS):
+                live = row_mask & (zero + s < num_splits)
+                acc, denom = _merge_one(lse_rows, part, s, stride_ps, live, mask & live[:, None], m, acc, denom)
         out = acc / tl.where(denom > 0, denom, 1.0)
         dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
         tl.store(dst, out.to(O.dtype.element_ty), mask=mask)

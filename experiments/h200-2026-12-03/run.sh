@@ -5,7 +5,7 @@
 #   run.sh 1  carry .gpu/1: install; FlashInfer's SmolLM2-shaped modules JIT-compiled in the background while the GPU
 #             tests run (the argmax epilogue, the weight prefetch, the fused split merge racing and bitwise); then the
 #             kernel bench of the fused merge with its loops unrolled (triton vs triton/fused_merge=true, decode and
-#             verify) and bench.pdl with the LM head's argmax epilogue vs cuBLAS + argmax
+#             verify) and bench.pdl with the LM head's argmax epilogue vs its logits + torch argmax
 #   run.sh 2  carry .gpu/2: install; flashinfer device-step GPU tests (the step kernel, a launch crossing pages) and
 #             the multi-step graphs; issue 16's hybrid end to end (verify=hybrid vs triton vs flashinfer, mixed 200 /
 #             4000-token prompts, graphs, batch 1 and 8) and its table
@@ -16,7 +16,7 @@
 #    part 1's -k filter had deselected the fused merge's GPU tests)
 #   run.sh 4  carry .gpu/fb (core + flashinfer + fa3_fwd, no GGUF part; a fresh machine): install; FlashInfer JIT
 #             (SmolLM2 and Llama-8B shapes) in the background while the GPU tests run (the fused merge racing and
-#             bitwise, flashinfer device steps); bench.pdl argmax epilogue vs cuBLAS + argmax again (SmolLM2, 5
+#             bitwise, flashinfer device steps); bench.pdl argmax epilogue vs logits + torch argmax again (SmolLM2, 5
 #             rounds); issue 16's full kernel grid (every backend, phase, batch 1 / 16 / 64, context 512 / 4k / 16k)
 #   run.sh 5  (next sitting; after parts 1-3's installs on the same machine, carry nothing) issue 12's floor decided:
 #             every pair, 16 held-out prompts, 12 rounds interleaved by prompt batch, --floor 1.5 (each row met /
@@ -55,7 +55,7 @@ case $PART in
   timeout 200 $PY -m attnlab.bench.kernels --phases decode,verify --contexts 512,4096,16384 --batches 1,16 --ks 4 \
     --models smollm2,llama8b --backends triton,triton/fused_merge=true --out "$OUT/merge" > $LOGS/merge.log 2>&1
   echo "exit code $?"; tail -n 30 $LOGS/merge.log
-  step "issue 17: bench.pdl, the LM head's argmax epilogue vs cuBLAS + argmax, batch 1, 3 rounds"
+  step "issue 17: bench.pdl, the LM head's argmax epilogue vs its logits + torch argmax, batch 1, 3 rounds"
   timeout 200 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines fused,gemm --host thin8 \
     --batches 1 --rounds 3 --new 128 --gemm-splits fill/ticket+lmlogits,fill/ticket+lmargmax \
     --out "$OUT/arms_argmax" > $LOGS/arms.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/arms.log
@@ -101,7 +101,7 @@ case $PART in
   #  the first run of this part lost the rest of its call that way)
   step "waiting for the FlashInfer compile"; wait $P1 $P2; echo "compile wall time: $(( $(date +%s) - C0 )) s"
   tail -n 2 $LOGS/compile_s.log $LOGS/compile_l.log
-  step "issue 17: bench.pdl again, the argmax epilogue vs cuBLAS + argmax, SmolLM2, 5 rounds"
+  step "issue 17: bench.pdl again, the argmax epilogue vs logits + torch argmax, SmolLM2, 5 rounds"
   timeout 100 $PY -m attnlab.bench.pdl --models smollm2-135m --engines gemm --host thin8 \
     --batches 1 --rounds 5 --new 128 --gemm-splits fill/ticket+lmlogits,fill/ticket+lmargmax \
     --out "$OUT/arms_argmax2" > $LOGS/arms4.log 2>&1; echo "exit code $?"; grep "^|" $LOGS/arms4.log

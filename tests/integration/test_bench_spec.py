@@ -261,6 +261,20 @@ def test_host_profile_restores_the_drafters_methods():
     d = D()
     text = drafter_profile(d, lambda: [d.propose() for _ in range(3)], 5)
     assert text.startswith("3 calls of propose:") and "propose" in d.__class__.__dict__ and "propose" not in vars(d)
+    assert drafter_profile(d, lambda: None, 5).startswith("no calls of propose")  # an empty profile is no error
+    with pytest.raises(RuntimeError):  # run() failing: the methods are restored all the same
+        drafter_profile(d, lambda: (_ for _ in ()).throw(RuntimeError("x")), 5)
+    assert "propose" not in vars(d)
+
+
+def test_host_profile_of_a_tree_row(capsys):
+    """Tree rows draft through propose_tree / extend_tree: profiled too (an empty profile crashed the bench)."""
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--num-prompts", "1",
+                    "--new", "6", "--k", "4", "--drafters", "self", "--draft-layers", "1", "--trees", "2x3",
+                    "--skip-hf", "--repeats", "1", "--host-profile", "5"])
+    rows = spec.run(a)["rows"]
+    assert [r["tree"] for r in rows if r["k"]] == ["2x3"]
+    assert "calls of propose_tree" in capsys.readouterr().out
 
 
 def test_floor_verdicts_come_from_the_medians_interval(capsys):

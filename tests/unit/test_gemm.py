@@ -306,7 +306,7 @@ def test_argmax_epilogue_is_the_first_maximal_logit_and_row_invariant(dtype, m, 
 
 
 def test_arms_name_the_lm_head_path():
-    assert not gemm.argmax_head()  # the default: cuBLAS logits + torch's argmax (the epilogue did not pay)
+    assert not gemm.argmax_head()  # the default: the logits, then torch's argmax (the epilogue did not pay)
     with gemm.arm("fill/ticket+pf4+lmargmax"):
         assert (gemm.prefetch_chunks(), gemm.argmax_head()) == (4, True)
         with gemm.arm("fill/ticket+lmlogits"):
@@ -314,6 +314,8 @@ def test_arms_name_the_lm_head_path():
         assert gemm.argmax_head()
     with gemm.arm("fill/ticket"):  # a bare arm: the defaults
         assert (gemm.prefetch_chunks(), gemm.argmax_head()) == (gemm.DEFAULT_PREFETCH, False)
+    with gemm.arm("fill/ticket+lmargmax"), gemm.arm("fill/ticket"):  # nested: still the defaults
+        assert not gemm.argmax_head()
     assert not gemm.argmax_head()
     for bad in ("fill/ticket+lm", "fill/ticket+pf4+pf4", "fill/ticket+lmlogits+lmlogits",
                 "fill/ticket+lmargmax+lmlogits"):
