@@ -124,8 +124,10 @@ def compile_backend_case(kv_lens, q_lens, mode, tree: bool, *, dtype, kv_dtype, 
 
 def compile_backend_grid(quick: bool, arch: int = 90) -> None:
     """The triton backend over decode / verify (causal and tree) / prefill, per dtype, KV dtype and head dim; decode
-    and verify also with the fused split merge."""
+    and verify also with the fused split merge; the invariant kernel (engine.invariant) with its merge launch and
+    fused (the runtime loop), per head dim."""
     from attnlab.backends.base import Mode
+    from attnlab.kernels.invariant import warmup_invariant
 
     dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float16, torch.float32]
     head_dims = [64, 128] if quick else [64, 80, 96, 128, 256]  # every head_dim the capabilities list >= 64
@@ -134,8 +136,14 @@ def compile_backend_grid(quick: bool, arch: int = 90) -> None:
         for kv_dtype in kv_dtypes:
             for d in head_dims:
                 for gqa in (1, 4):
+                    # the fused split merge and the invariant kernel: one GQA and KV dtype per head dim (their code
+                    # differs from the grid's only in the merge; the whole grid twice would double this compile)
+                    extra = gqa == 4 and kv_dtype == dtype
+                    if extra:
+                        for fused in (False, True):  # split counts 1, 2, 16 (WARMUP_SPLITS)
+                            warmup_invariant(2 * gqa, 2, d, 16, dtype, kv_dtype, "cpu", fused_merge=fused)
                     for shape in backend_shapes():
-                        for fused in (False, True) if shape[2] != Mode.PREFILL else (False,):
+                        for fused in (False, True) if extra and shape[2] != Mode.PREFILL else (False,):
                             compile_backend_case(*shape, dtype=dtype, kv_dtype=kv_dtype, head_dim=d, gqa=gqa,
                                                  fused_merge=fused)
 

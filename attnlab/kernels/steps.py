@@ -50,7 +50,9 @@ def write_step_meta(kv_lens: torch.Tensor, kv_indptr: torch.Tensor, last_page_le
         raise ValueError(f"write_step_meta: {copy[1].numel()} page ids do not fit the {copy[2].numel()}-id buffer")
     n_idx = copy[1].numel() if copy else 0
     src_idx, dst_indptr, dst_idx = (copy[1], copy[0], copy[2]) if copy else (kv_lens, kv_lens, kv_lens)
-    if kv_lens.device.type != "cuda" and not interpreter_on():  # CPU tensors, compiled Triton: the same in torch
+    if kv_lens.device.type != "cuda" and not interpreter_on() and torch.cuda.is_available():
+        # CPU tensors where Triton compiles for this machine's GPU (a fake backend's tests): the same in torch. (A
+        # machine with no GPU and no interpreter is attnlab.kernels.aot's compile-only run: the kernel, compiled.)
         _step_meta_torch(kv_lens, kv_indptr, last_page_len, page_size, copy)
         return
     grid = (max(1, triton.cdiv(n_idx, BLOCK_I)),)

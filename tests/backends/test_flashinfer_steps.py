@@ -388,6 +388,7 @@ def test_step_meta_kernel(copy, device, monkeypatch):
 
     if device == "cpu-torch":  # the torch twin, as on a GPU machine's CPU tensors
         monkeypatch.setattr(steps, "interpreter_on", lambda: False)
+        monkeypatch.setattr(steps.torch.cuda, "is_available", lambda: True)
         device = "cpu"
     rows, ps = 3, 4
     t = lambda x: torch.tensor(x, dtype=torch.int32, device=device)

@@ -24,9 +24,9 @@ def test_all_kernels_compile_for_sm90():
     counts = {}
     for line in proc.stdout.splitlines():
         name, _, n = line.strip().partition(": ")
-        if name in KERNELS:
+        if line.startswith("  ") and n.isdigit():
             counts[name] = int(n)
-    assert set(counts) == set(KERNELS), proc.stdout
+    assert set(counts) == set(KERNELS) | {"_invariant_kernel", "_merge_ordered_kernel"}, proc.stdout
     # decode: dtype x kv dtype x head dim x GQA x (short, split) -> several variants; extend: causal, tree, prefill
     assert counts["_decode_kernel"] >= 4 and counts["_extend_kernel"] >= 8, counts
 
