@@ -410,20 +410,25 @@ def finish(row: Row, ref: Row) -> Row:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def judge_floor(rows: list[Row], floor: float) -> None:
+    """Each speculative attnlab row's ``floor_verdict`` against a speedup floor, by its median's interval over the
+    rounds (one round: no interval, "undecided")."""
+    for r in rows:
+        if r.engine == "attnlab" and r.k:
+            r.floor_verdict = floor_verdict(*r.speedup_ci, floor) if r.speedup_ci else "undecided"
+
+
 def floor_lines(rows: list[Row], floor: float) -> str:
-    """Each speculative attnlab row against a speedup floor, decided by its median's interval over the rounds
-    (sets ``row.floor_verdict``)."""
+    """The verdicts ``judge_floor`` gave, one line a row."""
     head = (f"\nSpeedup floor {floor:.2f}x, by the interval of each row's median over its rounds (order statistics, "
             f"distribution-free; 'undecided': the interval straddles the floor, more rounds would tell):")
     out = [head]
     for r in rows:
-        if r.engine != "attnlab" or not r.k:
+        if r.floor_verdict is None:
             continue
         if r.speedup_ci is None:
-            r.floor_verdict = "undecided"
             out.append(f"- {r.drafter} {r.pair}, batch {r.batch}, k={r.k}: undecided (one round: no interval)")
             continue
-        r.floor_verdict = floor_verdict(*r.speedup_ci, floor)
         out.append(f"- {r.drafter} {r.pair}, batch {r.batch}, k={r.k}: **{r.floor_verdict}**, median {r.speedup:.2f}x, "
                    f"{r.speedup_ci_coverage:.1%} interval {r.speedup_ci[0]:.2f}-{r.speedup_ci[1]:.2f}x over "
                    f"{len(r.speedup_rounds)} rounds")
@@ -640,6 +645,7 @@ def run(a) -> dict:
         lines.append(f"\n{r.drafter} {r.pair}, batch {r.batch}, k={r.k}: {d} of {n} draft launches device-planned "
                      f"({d / n:.0%}), the others planned per step")
     if a.floor is not None:
+        judge_floor(rows, a.floor)
         lines.append(floor_lines(rows, a.floor))
     if a.weights == "random":
         lines.append("\nRandom weights: acceptance (and so tau and speedup) says nothing about real text.")
