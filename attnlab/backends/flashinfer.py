@@ -220,17 +220,21 @@ class FlashInferBackend(AttentionBackend):
         "prefill_min_q_len": f"int >= 1 (default {PREFILL_MIN_Q_LEN}): a causal pass whose longest request has "
                              "this many new tokens runs prefill_backend",
         "workspace_bytes": f"float workspace per backend instance (default {WORKSPACE_BYTES})",
+        "keep_plans": "true (default) / false: in CUDA-graph mode, a decode (CUDA-core) or fa2 verify / extend pass "
+                      "whose FlashInfer schedule equals the one its wrapper holds keeps that plan and writes only "
+                      "its layout (no plan() on the host)",
     }
 
     def __init__(self, pool, num_q_heads, num_kv_heads, head_dim, scale, dtype, *,
                  decode_tensor_cores: bool | None = None, device_steps: bool = True, verify_backend: str = "fa2",
                  prefill_backend: str = "auto", prefill_min_q_len: int = PREFILL_MIN_Q_LEN,
                  cuda_graph: bool = False, max_batch_size: int | None = None, max_q_len: int = 16,
-                 max_context: int | None = None, workspace_bytes: int = WORKSPACE_BYTES):
+                 max_context: int | None = None, workspace_bytes: int = WORKSPACE_BYTES, keep_plans: bool = True):
         super().__init__(pool, num_q_heads, num_kv_heads, head_dim, scale, dtype)
         check_shapes(dtype, pool.dtype, head_dim)
         self.check_options({"verify_backend": verify_backend, "prefill_backend": prefill_backend,
-                            "prefill_min_q_len": prefill_min_q_len, "device_steps": device_steps}, "flashinfer")
+                            "prefill_min_q_len": prefill_min_q_len, "device_steps": device_steps,
+                            "keep_plans": keep_plans}, "flashinfer")
         fa3 = [n for n, v in (("verify_backend", verify_backend), ("prefill_backend", prefill_backend)) if v == "fa3"]
         if fa3 and pool.dtype in FP8_DTYPES:
             raise ConfigError(f"flashinfer: {fa3[0]}=fa3 with fp8 KV: FlashInfer's FA3 kernels need an fp8 query "
@@ -254,6 +258,13 @@ class FlashInferBackend(AttentionBackend):
         # (flashinfer_schedule); False after a disagreement: then only launches within pages run device-planned
         self._schedules: dict[int, tuple[bool, int | None]] = {}
         self._schedule_model_ok = True
+        # (rows, q_len) -> (query tiles a request, padded work count) of graph-mode fa2 prefill wrappers, confirmed
+        # by a real plan (flashinfer_schedule.prefill_schedule); off for good after a disagreement
+        self._prefill_models: dict[tuple[int, int], tuple[int, int]] = {}
+        self._prefill_model_ok = True
+        self.keep_plans = keep_plans
+        self.plans_made = 0  # make_plan calls that ran FlashInfer's plan()
+        self.plans_kept = 0  # make_plan calls that kept the wrapper's plan (same schedule) and wrote the layout only
         if cuda_graph and not max_batch_size:
             raise ConfigError("flashinfer with cuda_graph=True needs max_batch_size (the largest graph bucket)")
         self.max_batch_size = max_batch_size
@@ -285,8 +296,9 @@ class FlashInferBackend(AttentionBackend):
         tc = options.get("decode_tensor_cores")
         if tc is not None and not isinstance(tc, bool):
             raise ConfigError(f"{field}.decode_tensor_cores={tc!r}: must be true, false or null")
-        if not isinstance(options.get("device_steps", True), bool):
-            raise ConfigError(f"{field}.device_steps={options['device_steps']!r}: must be true or false")
+        for key in ("device_steps", "keep_plans"):
+            if not isinstance(options.get(key, True), bool):
+                raise ConfigError(f"{field}.{key}={options[key]!r}: must be true or false")
 
     @classmethod
     def capabilities(cls) -> Capabilities:
@@ -337,7 +349,10 @@ class FlashInferBackend(AttentionBackend):
         """What the wrappers planned so far resolved to, per pass label (``decode``, ``verify``, ``prefill``,
         ``verify_tree``...): FlashInfer's kernel family (fa2 / fa3 / cudnn / ...; ``cuda-core`` for the
         CUDA-core decode kernel), several joined by ``+`` (e.g. short and long prefills)."""
-        return {label: "+".join(sorted(v)) for label, v in sorted(self._resolved.items())}
+        out = {label: "+".join(sorted(v)) for label, v in sorted(self._resolved.items())}
+        if self.plans_kept:
+            out["plans_kept"] = f"{self.plans_kept} of {self.plans_kept + self.plans_made} passes kept their plan"
+        return out
 
     # -- wrappers ---------------------------------------------------------------------------------------
 
@@ -423,8 +438,16 @@ class FlashInferBackend(AttentionBackend):
                 raise ConfigError(f"flashinfer graph mode: tree mask needs {need} bytes, buffer holds "
                                   f"{cap}; raise max_q_len / max_context")
         wrapper, buf = self._wrapper(slot, kind, family, meta.batch_size, graph_q_len)
-        self._step_plans.pop(id(wrapper), None)  # this plan replaces a device-steps launch plan in the wrapper
         qo_indptr, kv_indptr, last_page_len = host_csr(meta)
+        ind = kv_indptr.tolist()
+        pages = fis.page_counts(ind)
+        keep = self._keep_key(kind, family, meta, graph_q_len, ind, pages) if buf is not None else None
+        if keep is not None and self._step_plans.get(id(wrapper)) == keep:
+            self._write_layout(buf, meta, qo_indptr, kv_indptr, last_page_len, kind != "decode")
+            self.plans_kept += 1
+            return _Plan(wrapper, kind, family, meta.batch_size, meta.num_tokens)
+        self._step_plans.pop(id(wrapper), None)  # this plan replaces what the wrapper's workspace held
+        self.plans_made += 1
         common = {"q_data_type": self.dtype, "kv_data_type": self.pool.dtype, "sm_scale": self.scale}
         shape = (self.num_q_heads, self.num_kv_heads, self.head_dim, meta.page_size)
         packing = None
@@ -450,8 +473,63 @@ class FlashInferBackend(AttentionBackend):
                 buf.mask_indptr[: meta.batch_size + 1].copy_(packing.byte_indptr, non_blocking=True)
         label = meta.mode.value + ("_tree" if kind == "mask" else "")
         self._resolved.setdefault(label, set()).add(resolved_family(wrapper, kind, family))
+        if keep is not None:
+            self._confirm_model(kind, wrapper, meta.batch_size, graph_q_len, pages)
+            self._step_plans[id(wrapper)] = self._keep_key(kind, family, meta, graph_q_len, ind, pages)
         return _Plan(wrapper, kind, family, meta.batch_size, meta.num_tokens,
                      buf.custom_mask if packing is not None else None, packing)
+
+    # -- kept plans ------------------------------------------------------------------------------------
+    # A graph-mode wrapper's plan is a function of its schedule (flashinfer_schedule): the CUDA-core decode's of the
+    # page counts, the fa2 prefill's (uniform q_len: verify, draft-extend) of the page counts too. A pass whose
+    # schedule equals the one the wrapper's workspace holds keeps that plan and only writes its layout (indptr, page
+    # ids, last page lengths) into the buffers the wrapper reads: no FlashInfer plan() on the host. Before a real
+    # plan confirmed the model for a shape, only the same page counts keep a plan; a disagreement switches the model
+    # off for good (another FlashInfer version).
+
+    def _keep_key(self, kind: str, family: str, meta: AttnMeta, graph_q_len: int | None, ind: list[int],
+                  pages: list[int]) -> tuple | None:
+        """What a plan of this pass (kv_indptr ``ind``, page counts ``pages``) serves, or None where plans are not
+        kept (keep_plans off, no graphs, the tensor-core decode, a tree mask, a family other than fa2)."""
+        if not (self.keep_plans and self.cuda_graph and graph_q_len is not None):
+            return None
+        rows, ps = meta.batch_size, self.pool.page_size
+        if kind == "decode" and not self.use_tensor_cores:
+            return self._plan_key(rows, pages, ind)
+        if kind != "causal" or family != "fa2":
+            return None
+        known = self._prefill_models.get((rows, graph_q_len)) if self._prefill_model_ok else None
+        if known is None:
+            return ("fa2", rows, graph_q_len, tuple(pages))
+        return ("fa2", rows, graph_q_len, fis.prefill_schedule(pages, ps, *known))
+
+    def _confirm_model(self, kind: str, wrapper, rows: int, q_len: int, pages: list[int]) -> None:
+        """Check the schedule model against the plan just made (its page-locked copy, no device sync)."""
+        ps = self.pool.page_size
+        if kind == "decode":
+            self._learn_schedule(wrapper, rows, pages)
+            return
+        if not self._prefill_model_ok:
+            return
+        known = fis.prefill_learned(wrapper, q_len, self.num_q_heads // self.num_kv_heads)
+        got = fis.prefill_planned(wrapper, rows, q_len, ps)
+        if known is None or got is None or fis.prefill_schedule(pages, ps, *known) != got:
+            self._prefill_model_ok = False
+            self._prefill_models.clear()
+        else:
+            self._prefill_models[(rows, q_len)] = known
+
+    def _write_layout(self, buf: _GraphBuffers, meta: AttnMeta, qo_indptr, kv_indptr, last_page_len,
+                      prefill: bool) -> None:
+        """A kept plan's new layout, into the buffers its wrapper reads (what FlashInfer's plan() copies there)."""
+        b, n = meta.batch_size, int(kv_indptr[-1])
+        if n > buf.kv_indices.numel():
+            raise ValueError(f"flashinfer: {n} page ids exceed the graph buffer's {buf.kv_indices.numel()}")
+        if prefill:
+            buf.qo_indptr[:b + 1].copy_(qo_indptr, non_blocking=True)
+        buf.kv_indptr[:b + 1].copy_(kv_indptr, non_blocking=True)
+        buf.kv_last_page_len[:b].copy_(last_page_len, non_blocking=True)
+        buf.kv_indices[:n].copy_(meta.layout.kv_indices[:n], non_blocking=True)
 
     def write_mask(self, plan: _Plan, custom_mask: torch.Tensor) -> None:
         """Re-pack the new values into the plan's own mask buffer, in place (graph-safe)."""

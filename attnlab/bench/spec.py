@@ -98,6 +98,8 @@ class Row:
     host_ms: dict[str, float] = field(default_factory=dict)  # the host's own time in the same phases
     # the draft's n-step graph replays over the timed repeats: host-planned ("steps") / device-planned ("dsteps")
     step_launches: dict[str, int] = field(default_factory=dict)
+    # a flashinfer side's plans over the timed repeats: side ("draft" / "verify") -> [planned, kept]
+    plans: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def tok_s(self) -> float:
@@ -217,6 +219,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         def __init__(self, c: _Cell):
             self.graphs = getattr(getattr(c.dec.drafter, "runner", None), "graphs", None)
             self.launches0 = dict(self.graphs.step_replays) if self.graphs is not None else {}
+            self.plans0 = _plan_counts(c.dec)
             self.seconds, self.outs, self.passes = 0.0, [], 0
 
         def batch(self, c: _Cell, i: int) -> None:
@@ -241,6 +244,10 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
             if self.graphs is not None:
                 for key, n in self.graphs.step_replays.items():
                     c.launches[key] = c.launches.get(key, 0) + n - self.launches0.get(key, 0)
+            for side, now in _plan_counts(c.dec).items():
+                total = c.row.plans.setdefault(side, [0, 0])
+                for j in range(2):
+                    total[j] += now[j] - self.plans0[side][j]
 
     def run_prompts(c: _Cell) -> None:
         """Every prompt through a row's decoder once more, untimed (the host profile)."""
@@ -319,6 +326,16 @@ class _Cell:
     phases: dict[str, list[float]] = field(default_factory=dict)
     host: dict[str, list[float]] = field(default_factory=dict)
     launches: dict[str, int] = field(default_factory=dict)
+
+
+def _plan_counts(dec) -> dict[str, tuple[int, int]]:
+    """(plans made, plans kept) of each side whose backend counts them (flashinfer), by side."""
+    out = {}
+    for side, runner in (("draft", getattr(dec.drafter, "runner", None)), ("verify", dec.target)):
+        be = getattr(runner, "backend", None)
+        if hasattr(be, "plans_kept"):
+            out[side] = (be.plans_made, be.plans_kept)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -639,6 +656,10 @@ def run(a) -> dict:
                 same = sum(x == y for x, y in zip(r.outputs, hf_ref))
                 lines.append(f"\nattnlab target-only ({r.pair}) = HF generate, token for token: {same} of "
                              f"{len(hf_ref)} prompts")
+    for r in rows:  # flashinfer sides: passes that kept their wrapper's plan (same schedule) vs planned anew
+        kept = [f"{side} {k} of {m + k} ({k / (m + k):.0%})" for side, (m, k) in r.plans.items() if m + k]
+        if kept and r.engine == "attnlab":
+            lines.append(f"\n{r.drafter} {r.pair}, batch {r.batch}: flashinfer plans kept: {', '.join(kept)}")
     planned = [r for r in rows if r.step_launches.get("steps") and r.step_launches.get("dsteps")]
     for r in planned:  # a backend whose launches are device-planned only within a page (flashinfer)
         n, d = sum(r.step_launches.values()), r.step_launches["dsteps"]

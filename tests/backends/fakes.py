@@ -206,6 +206,53 @@ class FakePrefill(_FakeWrapper):
         self._store(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
                     num_kv_heads, head_dim_qk, page_size, causal, custom_mask, q_data_type, kv_data_type, sm_scale,
                     uniform_q_len=uniform_q_len, backend=self._backend, packed=packed_custom_mask is not None)
+        self.sched = None
+        if self.use_cuda_graph and self._backend == "fa2" and uniform_q_len and not masked:
+            pages = (paged_kv_indptr[1:] - paged_kv_indptr[:-1]).tolist()
+            self._fa2_plan(pages, uniform_q_len, num_qo_heads // num_kv_heads, num_kv_heads, page_size)
+
+    # the fa2 paged prefill's schedule in graph mode with uniform_q_len, as FlashInfer 0.7.2's PrefillPlan writes it
+    # (scheduler.cuh, PrefillSplitQOKVIndptr: transliterated here on its own, not shared with attnlab's model)
+    MAX_GRID: ClassVar[int] = 64
+    CHUNK_BIAS: ClassVar[int] = 0  # a test's "other FlashInfer version": the chunk this many pages off
+
+    def _fa2_plan(self, pages, q_len, group, hkv, ps):
+        packed = q_len * group
+        cta = 16 if packed <= 16 else 64 if packed <= 64 else 128
+        tiles_q = math.ceil(packed / cta)
+        max_if_split = self.MAX_GRID // hkv
+        low, high = max(128 // ps, 1), max(1, *pages)
+        while low < high:
+            mid = (low + high) // 2
+            if sum(tiles_q * math.ceil(max(p, 1) / mid) for p in pages) > max_if_split:
+                low = mid + 1
+            else:
+                high = mid
+        chunk = low + self.CHUNK_BIAS
+        o_indptr = [0]
+        for p in pages:
+            o_indptr.append(o_indptr[-1] + q_len * math.ceil(max(p, 1) / chunk))
+        padded = max(max_if_split, tiles_q * len(pages))
+        chunk_off, o_off = 5, 32
+        pinned = torch.zeros(o_off + 4 * (len(pages) + 1), dtype=torch.uint8)
+        pinned[chunk_off:chunk_off + 4] = torch.tensor([chunk * ps], dtype=torch.int32).view(torch.uint8)
+        pinned[o_off:o_off + 4 * len(o_indptr)] = torch.tensor(o_indptr, dtype=torch.int32).view(torch.uint8)
+        self._pin_memory_int_workspace_buffer = pinned
+        self._plan_info = [padded, q_len * len(pages), 0, cta, 0, 0, 0, 0, o_off, chunk_off, 0, 0, 0, 1, 1]
+        self.sched = (chunk, o_indptr, q_len)
+
+    def run(self, q, paged_kv_cache, k_scale=None, v_scale=None):
+        if getattr(self, "sched", None) is not None:
+            # as the kernel: request i's chunks of `chunk` pages cover its length in the buffers now; a chunk that
+            # starts past it (a plan kept for other page counts) would underflow on the GPU
+            chunk, o_indptr, q_len = self.sched
+            kv_indptr, last, ps = self.state[1], self.state[3], self.state[4]
+            for i in range(len(last)):
+                n = (int(kv_indptr[i + 1] - kv_indptr[i]) - 1) * ps + int(last[i])
+                tiles = (o_indptr[i + 1] - o_indptr[i]) // q_len
+                assert (tiles - 1) * chunk * ps < max(n, 1), f"request {i}: a chunk starts past its {n} tokens"
+                assert tiles * chunk * ps >= n, f"request {i}: {n} tokens, the plan's chunks cover fewer"
+        return super().run(q, paged_kv_cache, k_scale, v_scale)
 
 
 MODULES = {"fa3": "flash_attn_interface", "fa3_fwd": "fa3_fwd_interface", "fa2": "flash_attn"}

@@ -117,13 +117,15 @@ def test_multi_step_decode_takes_both_paths_with_the_same_tokens(fake_fi, monkey
     assert all(r.backend.device_steps_fit(s, N) for s in calls)
 
 
-def test_a_launch_with_the_previous_page_counts_keeps_its_plan(fake_fi):
+@pytest.mark.parametrize("keep_plans", [True, False])
+def test_a_launch_with_the_previous_page_counts_keeps_its_plan(fake_fi, keep_plans):
     """The next launch with the same page counts (each request's next tokens still inside its pages) copies the
-    page ids and plans nothing; a host plan of slot 1 in between (a launch that crossed a page), or new page
-    counts, plans again. Each step still attends its own length."""
+    page ids and plans nothing. A host plan of slot 1 in between (a launch that crossed a page) with the same page
+    counts keeps that plan too (keep_plans), and the launch after it still finds it; with keep_plans off the host
+    plan plans, and so does the launch after it. Each step still attends its own length."""
     ps = 16
     case = cpu_case([1] * 3, [s + 2 * N for s in STARTS], page_size=ps, gqa=3)
-    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=64)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=64, keep_plans=keep_plans)
     lay = case.meta.layout
     indptr, indices = lay.kv_indptr.tolist(), lay.kv_indices
     kv_lens = torch.zeros(N, 3, dtype=torch.int32)
@@ -144,7 +146,7 @@ def test_a_launch_with_the_previous_page_counts_keeps_its_plan(fake_fi):
     assert (plans_made(), be.step_plans_reused) == (1, 1)
     be.plan_slot(meta_over(case, [s + 1 for s in STARTS], [1] * 3), 1)  # a host-planned launch's step 0
     launch(STARTS)
-    assert (plans_made(), be.step_plans_reused) == (3, 1)
+    assert (plans_made(), be.step_plans_reused, be.plans_kept) == ((1, 2, 1) if keep_plans else (3, 1, 0))
 
 
 def test_a_kept_plan_rewrites_the_layout_another_bucket_left_in_the_shared_buffers(fake_fi):
@@ -252,7 +254,7 @@ def test_a_crossing_that_changes_the_schedule_plans_every_step(fake_fi, monkeypa
     pages to 9 adds a tile (its first step would meet a tile past its length): that launch does not fit. And when
     a plan disagrees with the model (another FlashInfer), no crossing fits any more."""
     case = cpu_case([1], [140], page_size=16, gqa=3)
-    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=256)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=256, keep_plans=False)
     lay = case.meta.layout
     indptr = lay.kv_indptr.tolist()
     be.device_step_plans(1, N, lay.kv_indptr, lay.kv_indices, torch.zeros(N, 1, dtype=torch.int32))
@@ -364,7 +366,7 @@ def test_a_plan_that_disagrees_with_the_model_runs_nothing(fake_fi, monkeypatch)
     from attnlab.backends.base import DeviceStepsUnfit
 
     case = cpu_case([1], [66], page_size=16, gqa=3)
-    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=256)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=256, keep_plans=False)
     lay = case.meta.layout
     be.device_step_plans(1, 4, lay.kv_indptr, lay.kv_indices, torch.zeros(4, 1, dtype=torch.int32))
     be.device_steps_host_plan(1, [0, 1], [1], torch.tensor([0, 1], dtype=torch.int32), lay.kv_indices)

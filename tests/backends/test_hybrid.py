@@ -130,7 +130,10 @@ def test_graph_mode_buffers_are_static_across_routing(fake_fi, q_len):
             [_ref(case, m, layer) for layer in range(2)]), atol=2e-2, rtol=2e-2)
     assert seen[0] == seen[1], "select buffer, flashinfer graph wrapper and triton static plan are reused"
     w = seen[0][1]
-    assert w.use_cuda_graph and len(w.plans) == 2
+    # verify: the second routing's schedule is the first's (FlashInfer's chunks are >= 8 pages), a kept plan whose
+    # layout the pass rewrote (the outputs above are the reference's); decode at GQA 4 runs the tensor-core decode,
+    # whose plans are not kept
+    assert w.use_cuda_graph and (len(w.plans), be.short.plans_kept) == ((2, 0) if q_len == 1 else (1, 1))
     if q_len > 1:  # the fa2 verify wrapper gets the exact uniform q_len (dummies have it too)
         assert w.plans[-1]["uniform_q_len"] == q_len and w.plans[-1]["backend"] == "fa2"
 
