@@ -12,10 +12,12 @@
 #             every flashinfer pair, batch 1
 #   run.sh 3  carry .gpu/g3: install (the GGUF joins); issue 12's floor: every pair, EAGLE k 4, batch 1, 16
 #             held-out prompts, 12 rounds interleaved by prompt batch, --floor 1.5
-#   run.sh 4  (carry nothing) kept plans on / off on the real model: the flashinfer pairs, 16 prompts, 6 rounds
+#   run.sh 4  (carry nothing) kept plans on / off on the real model: the flashinfer pairs, 16 prompts, 6 rounds; then
+#             every pair at batch 4 and 16 (32 prompts, 4 rounds)
+#   run.sh 5  carry .gpu/fb (the machine had gone back): issue 17's bench.e2e --quick, triton, thin8 host path
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 4}
+PART=${1:?part 1 to 5}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 KEEP="flashinfer,flashinfer/keep_plans=false"
 case $PART in
@@ -71,6 +73,19 @@ case $PART in
     --drafters eagle --k 4 --repeats 6 --interleave batch --out /tmp/pairs/keep_real > $LOGS/keep_real.log 2>&1
   echo "exit code $?"; grep -E "^\| attnlab|plans kept|device-planned" $LOGS/keep_real.log
   cp /tmp/pairs/keep_real.md /tmp/pairs/keep_real.json $LOGS/keep_real.log "$OUT/"
+  step "issue 12: every pair at batch 4 and 16, EAGLE k 4, 32 held-out prompts, 4 rounds interleaved by batch"
+  timeout 300 $S --batch 4,16 --prompts $DATA --new 128 --num-prompts 32 --backends triton,flashinfer \
+    --draft-backends triton,flashinfer --drafters eagle --k 4 --repeats 4 --interleave batch --floor 1.5 \
+    --out /tmp/pairs/pairs_b4_16 > $LOGS/pairs_b4_16.log 2>&1; echo "exit code $?"
+  grep -E "^\| attnlab|^- eagle|plans kept" $LOGS/pairs_b4_16.log
+  cp /tmp/pairs/pairs_b4_16.md /tmp/pairs/pairs_b4_16.json $LOGS/pairs_b4_16.log "$OUT/"
+  ;;
+5)
+  step "install .gpu/fb (a fresh machine)"; bash .gpu/fb/install.sh | tail -1
+  step "issue 17: bench.e2e --quick (SmolLM2, Llama-3.2-1B, Llama-3.1-8B shapes, batch 1), triton, thin8 host path"
+  timeout 450 $PY -m attnlab.bench.e2e --quick --backends triton --host thin8 --out "$OUT/e2e" \
+    > $LOGS/e2e.log 2>&1; echo "exit code $?"; grep -E "^\||roofline|GB/s" $LOGS/e2e.log | head -60
+  cp $LOGS/e2e.log "$OUT/"
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac
