@@ -15,9 +15,12 @@
 #   run.sh 4  (carry nothing) kept plans on / off on the real model: the flashinfer pairs, 16 prompts, 6 rounds; then
 #             every pair at batch 4 and 16 (32 prompts, 4 rounds)
 #   run.sh 5  carry .gpu/fb (the machine had gone back): issue 17's bench.e2e --quick, triton, thin8 host path
+#             (refused a machine)
+#   run.sh 6  carry .gpu/fb: issue 16's contiguous prefill kernel (GPU test; experiments/prefill-contig/bench.py
+#             against the paged kernel), then part 5's bench.e2e
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 5}
+PART=${1:?part 1 to 6}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 KEEP="flashinfer,flashinfer/keep_plans=false"
 case $PART in
@@ -84,6 +87,18 @@ case $PART in
   step "install .gpu/fb (a fresh machine)"; bash .gpu/fb/install.sh | tail -1
   step "issue 17: bench.e2e --quick (SmolLM2, Llama-3.2-1B, Llama-3.1-8B shapes, batch 1), triton, thin8 host path"
   timeout 450 $PY -m attnlab.bench.e2e --quick --backends triton --host thin8 --out "$OUT/e2e" \
+    > $LOGS/e2e.log 2>&1; echo "exit code $?"; grep -E "^\||roofline|GB/s" $LOGS/e2e.log | head -60
+  cp $LOGS/e2e.log "$OUT/"
+  ;;
+6)
+  step "install .gpu/fb (a fresh machine)"; bash .gpu/fb/install.sh | tail -1
+  step "issue 16: the contiguous (TMA) prefill kernel: GPU test, then against the paged kernel, 3 rounds"
+  timeout 120 $PY -m pytest -q -p no:cacheprovider -ra tests/unit/test_prefill_contig.py > $LOGS/tests6.log 2>&1
+  echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests6.log | tail -n 6
+  timeout 200 $PY experiments/prefill-contig/bench.py --out "$OUT/prefill_contig" > $LOGS/prefill.log 2>&1
+  echo "exit code $?"; cat $LOGS/prefill.log | tail -n 45; cp $LOGS/tests6.log $LOGS/prefill.log "$OUT/"
+  step "issue 17: bench.e2e --quick (SmolLM2, Llama-3.2-1B, Llama-3.1-8B shapes, batch 1), triton, thin8 host path"
+  timeout 300 $PY -m attnlab.bench.e2e --quick --backends triton --host thin8 --out "$OUT/e2e" \
     > $LOGS/e2e.log 2>&1; echo "exit code $?"; grep -E "^\||roofline|GB/s" $LOGS/e2e.log | head -60
   cp $LOGS/e2e.log "$OUT/"
   ;;

@@ -1,0 +1,125 @@
+"""Causal prefill over contiguous Q / K / V (the in-flight projection output), read through tensor descriptors.
+
+A prefill with no cached prefix attends only to its own new tokens, whose K/V the layer has just projected into
+contiguous ``[T, Hkv, D]`` rows; the paged extend kernel (extend.py) reads them back from the pool a token at a time
+through the page table. This kernel reads them where they are, as FlashAttention's varlen forward does: one program
+per (query tile of BLOCK_M tokens of one request, query head), Q / K / V tiles loaded through host tensor descriptors
+(TMA on Hopper, plain loads elsewhere and under the interpreter) over 2-D views ``[T, H * D]``; the output is
+stored through masked pointers (a tile's rows past its request's end belong to the next request). Tiles wholly
+below the causal diagonal run unmasked; the diagonal's tiles are masked. Tiles run heaviest first (the host orders
+them, ``tiles``). Scores in the log2 domain (exp2), fp32 accumulation.
+
+Issue 16's lead (experiments/prefill-contig/): measured against the paged kernel and FlashInfer's FA3; not wired
+into the engine's passes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from attnlab.kernels.decode import LOG2E
+from attnlab.kernels.heuristics import fp32_dot
+
+
+@triton.jit
+def _prefill_contig_kernel(Qd, Kd, Vd, O, CU, TILE_REQ, TILE_Q0, qk_scale, stride_ot, stride_oh,
+                           GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr):
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    req = tl.load(TILE_REQ + tile)
+    q0 = tl.load(TILE_Q0 + tile)
+    start = tl.load(CU + req)
+    q_len = tl.load(CU + req + 1) - start
+    kvh = h // GROUP
+    offs_m = q0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    q = Qd.load([start + q0, h * HEAD_DIM])
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    hi = tl.minimum(q0 + BLOCK_M, q_len)  # keys the tile's last row sees (no prefix)
+    full_hi = (q0 + 1) // BLOCK_N * BLOCK_N  # tiles every row of the tile sees whole
+    full_hi = tl.minimum(full_hi, hi // BLOCK_N * BLOCK_N)
+    for n0 in range(0, full_hi, BLOCK_N):
+        k = Kd.load([start + n0, kvh * HEAD_DIM])
+        v = Vd.load([start + n0, kvh * HEAD_DIM])
+        if FP32_DOT:
+            qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        qk = qk * qk_scale
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if FP32_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    for n0 in range(full_hi, hi, BLOCK_N):
+        k = Kd.load([start + n0, kvh * HEAD_DIM])
+        v = Vd.load([start + n0, kvh * HEAD_DIM])
+        if FP32_DOT:
+            qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        pos = n0 + offs_n
+        valid = (pos[None, :] <= offs_m[:, None]) & (pos[None, :] < q_len)
+        qk = tl.where(valid, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_safe)
+        p = tl.math.exp2(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if FP32_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    rows = (start + offs_m).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM)
+    tl.store(O + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
+             mask=(offs_m < q_len)[:, None])
+
+
+def tiles(q_lens: list[int], block_m: int) -> tuple[list[int], list[int]]:
+    """(request, first query token) of every BLOCK_M tile, heaviest first (the most keys: its last row's)."""
+    work = [(min(s + block_m, n), i, s) for i, n in enumerate(q_lens) for s in range(0, n, block_m)]
+    work.sort(key=lambda w: -w[0])
+    return [w[1] for w in work], [w[2] for w in work]
+
+
+def prefill_contig(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                   tile_req: torch.Tensor, tile_q0: torch.Tensor, *, scale: float, block_m: int = 128,
+                   block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal varlen prefill, no cached prefix. q: [T, Hq, D]; k, v: [T, Hkv, D] (rows contiguous in the last two
+    dims, any row stride, e.g. slices of a fused qkv output); cu_seqlens [B + 1] int32 (device); tile_req /
+    tile_q0: int32 from ``tiles(q_lens, block_m)``. D a power of two >= 16. Returns out [T, Hq, D]."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    T, hq, d = q.shape
+    hkv = k.shape[1]
+    if d & (d - 1) or d < 16 or hq % hkv:
+        raise ValueError(f"prefill_contig: head_dim {d} (a power of two >= 16), {hq} query / {hkv} kv heads")
+    out = torch.empty_like(q) if out is None else out
+    if tile_req.numel() == 0:
+        return out
+
+    def desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
+        # a 2-D view [T, H * D]: TMA wants a 16-byte aligned base and row stride, the last dim contiguous
+        if t.stride(2) != 1 or t.stride(1) != d or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+            raise ValueError("prefill_contig: each token's heads x head_dim must be contiguous, its row stride and "
+                             "base 16-byte aligned")
+        return TensorDescriptor(t, [T, t.shape[1] * d], [t.stride(0), 1], [rows, d])
+
+    _prefill_contig_kernel[(tile_req.numel(), hq)](
+        desc(q, block_m), desc(k, block_n), desc(v, block_n), out, cu_seqlens, tile_req, tile_q0,
+        scale * LOG2E, out.stride(0), out.stride(1), GROUP=hq // hkv, HEAD_DIM=d, BLOCK_M=block_m,
+        BLOCK_N=block_n, FP32_DOT=fp32_dot(q.dtype), num_warps=num_warps, num_stages=num_stages)
+    return out
