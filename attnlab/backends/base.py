@@ -174,6 +174,11 @@ class AttentionBackend(ABC):
     def run(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         """q: [num_tokens, num_q_heads, head_dim] -> out: same shape and dtype, using the active plan."""
 
+    def run_new(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        """``run`` with this pass's new K / V ([num_tokens, num_kv_heads, head_dim], already in the pool) at hand: a
+        backend that can read them where they are (triton's contiguous prefill) does; the others run as ``run``."""
+        return self.run(q, layer)
+
     def plan(self, meta: AttnMeta) -> None:
         self.plan_slot(meta, 0)
 

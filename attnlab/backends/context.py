@@ -59,4 +59,4 @@ class AttnContext:
         into their slots (``kv_store_target``)."""
         if not stored:
             self._store(layer, k, v)
-        return self.backend.run(q, layer)
+        return self.backend.run_new(q, k, v, layer)

@@ -73,6 +73,11 @@ PREFILL_FAMILIES = ("fa2", "fa3", "auto")  # BatchPrefillWithPagedKVCacheWrapper
 # most SMs idle, where fa2's GQA-packed, split-KV plan wins (H200, 2026-12-01: verify q_len 5 ran 6x
 # slower under FA3 than the Triton kernel; a 4096-token prefill ran 2x faster).
 PREFILL_MIN_Q_LEN = 512
+# Kept plans (make_plan): the FlashInfer versions whose schedulers flashinfer_schedule models; and a real plan,
+# checked against the model, at least every KEEP_CHECK_EVERY kept passes, so a planner that disagrees where the
+# model says "same schedule" is caught.
+MODELLED_VERSIONS = ("0.7.",)
+KEEP_CHECK_EVERY = 64
 def import_flashinfer():
     """The flashinfer module, or BackendUnavailable naming the fix."""
     try:
@@ -263,6 +268,9 @@ class FlashInferBackend(AttentionBackend):
         self._prefill_models: dict[tuple[int, int], tuple[int, int]] = {}
         self._prefill_model_ok = True
         self.keep_plans = keep_plans
+        # the schedulers flashinfer_schedule models are FlashInfer 0.7's: another version plans every pass
+        self._modelled_version = str(getattr(self._fi, "__version__", "")).startswith(MODELLED_VERSIONS)
+        self._unchecked = 0  # passes kept since the last real plan: every KEEP_CHECK_EVERY-th plans and checks
         self.plans_made = 0  # make_plan calls that ran FlashInfer's plan()
         self.plans_kept = 0  # make_plan calls that kept the wrapper's plan (same schedule) and wrote the layout only
         if cuda_graph and not max_batch_size:
@@ -349,10 +357,11 @@ class FlashInferBackend(AttentionBackend):
         """What the wrappers planned so far resolved to, per pass label (``decode``, ``verify``, ``prefill``,
         ``verify_tree``...): FlashInfer's kernel family (fa2 / fa3 / cudnn / ...; ``cuda-core`` for the
         CUDA-core decode kernel), several joined by ``+`` (e.g. short and long prefills)."""
-        out = {label: "+".join(sorted(v)) for label, v in sorted(self._resolved.items())}
-        if self.plans_kept:
-            out["plans_kept"] = f"{self.plans_kept} of {self.plans_kept + self.plans_made} passes kept their plan"
-        return out
+        return {label: "+".join(sorted(v)) for label, v in sorted(self._resolved.items())}
+
+    def plan_counts(self) -> tuple[int, int]:
+        """(make_plan calls that ran FlashInfer's plan(), calls that kept their wrapper's plan)."""
+        return self.plans_made, self.plans_kept
 
     # -- wrappers ---------------------------------------------------------------------------------------
 
@@ -442,12 +451,14 @@ class FlashInferBackend(AttentionBackend):
         ind = kv_indptr.tolist()
         pages = fis.page_counts(ind)
         keep = self._keep_key(kind, family, meta, graph_q_len, ind, pages) if buf is not None else None
-        if keep is not None and self._step_plans.get(id(wrapper)) == keep:
+        if keep is not None and self._step_plans.get(id(wrapper)) == keep and self._unchecked < KEEP_CHECK_EVERY:
+            self._unchecked += 1
             self._write_layout(buf, meta, qo_indptr, kv_indptr, last_page_len, kind != "decode")
             self.plans_kept += 1
             return _Plan(wrapper, kind, family, meta.batch_size, meta.num_tokens)
         self._step_plans.pop(id(wrapper), None)  # this plan replaces what the wrapper's workspace held
         self.plans_made += 1
+        self._unchecked = 0
         common = {"q_data_type": self.dtype, "kv_data_type": self.pool.dtype, "sm_scale": self.scale}
         shape = (self.num_q_heads, self.num_kv_heads, self.head_dim, meta.page_size)
         packing = None
@@ -491,7 +502,7 @@ class FlashInferBackend(AttentionBackend):
                   pages: list[int]) -> tuple | None:
         """What a plan of this pass (kv_indptr ``ind``, page counts ``pages``) serves, or None where plans are not
         kept (keep_plans off, no graphs, the tensor-core decode, a tree mask, a family other than fa2)."""
-        if not (self.keep_plans and self.cuda_graph and graph_q_len is not None):
+        if not (self.keep_plans and self.cuda_graph and graph_q_len is not None and self._modelled_version):
             return None
         rows, ps = meta.batch_size, self.pool.page_size
         if kind == "decode" and not self.use_tensor_cores:

@@ -34,10 +34,21 @@ class TritonPlan:
     lse_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits] fp32
     counters: torch.Tensor | None = None  # fused_merge: int32 [programs over (block, kv head)], 0 between launches
     mask_len: int = 0  # entries of the custom mask this pass was planned with (``mask`` may be a larger buffer)
+    # a prefill with no cached prefix: (tile_req, tile_q0, (BLOCK_M, BLOCK_N, warps, stages)) of the contiguous
+    # kernel, which run_new launches on the new K / V (run, without them, keeps the paged kernel)
+    contig: tuple | None = None
 
 
 def _int32(t: torch.Tensor, device) -> torch.Tensor:
     return t.to(device=device, dtype=torch.int32)
+
+
+def _tma_rows(t: torch.Tensor) -> torch.Tensor:
+    """t [T, H, D] as the contiguous prefill's descriptors want it: each token's H x D contiguous, its row stride and
+    base 16-byte aligned (a view of a fused qkv output is; anything else is copied)."""
+    ok = (t.stride(2) == 1 and t.stride(1) == t.shape[2] and (t.stride(0) * t.element_size()) % 16 == 0
+          and t.data_ptr() % 16 == 0)
+    return t if ok else t.contiguous()
 
 
 def _mask_offsets(meta: AttnMeta) -> list[int]:
@@ -57,6 +68,9 @@ class TritonBackend(AttentionBackend):
         "prefill_tiles": "BLOCK_MxBLOCK_NxWARPSxSTAGES (e.g. 128x64x8x3): the extend kernel's launch for "
                          "prefills (>= 65 new tokens per request), in place of the heuristic (tuning); null = "
                          "heuristic",
+        "prefill_contig": "true (default) / false: a prefill with no cached prefix (head dim 64 or 128, fp16 / "
+                          "bf16) reads its new K / V from the projection output (kernels/prefill_contig.py, tensor "
+                          "descriptors: TMA on Hopper) instead of the pool's pages",
         "fused_merge": "true / false (default): merge split-KV partials inside the decode / extend kernel (the "
                        "last split to finish merges), not in a second launch per layer (H200: 1.1-3.6x slower)",
     }
@@ -69,8 +83,9 @@ class TritonBackend(AttentionBackend):
             n = options.get(key)
             if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
                 raise ConfigError(f"{field}.{key}={n!r}: must be an int >= 1 or null ({what})")
-        if not isinstance(options.get("fused_merge", False), bool):
-            raise ConfigError(f"{field}.fused_merge={options['fused_merge']!r}: must be true or false")
+        for key in ("fused_merge", "prefill_contig"):
+            if not isinstance(options.get(key, False), bool):
+                raise ConfigError(f"{field}.{key}={options[key]!r}: must be true or false")
         tiles = options.get("prefill_tiles")
         if tiles is not None:
             try:
@@ -81,7 +96,7 @@ class TritonBackend(AttentionBackend):
     def __init__(self, *args, num_splits: int | None = None, cuda_graph: bool = False,
                  max_batch_size: int | None = None, max_q_len: int = 16, max_context: int | None = None,
                  invariant: bool = False, split_tokens: int | None = None, prefill_tiles: str | None = None,
-                 fused_merge: bool = False, **kwargs):
+                 fused_merge: bool = False, prefill_contig: bool = True, **kwargs):
         """num_splits: force the split-KV count (tests, tuning); None = heuristic.
 
         invariant (engine.invariant): every pass, prefill, decode and verify, runs attnlab.kernels.invariant
@@ -100,6 +115,7 @@ class TritonBackend(AttentionBackend):
         self.split_tokens = split_tokens
         self.prefill_tiles = prefill_tiles
         self.fused_merge = fused_merge
+        self.prefill_contig = prefill_contig
         self.cuda_graph = cuda_graph
         self.max_context = max_context or self.pool.capacity_tokens()
         self.max_q_len = max_q_len
@@ -149,7 +165,28 @@ class TritonBackend(AttentionBackend):
         merge = " merge=fused" if plan.counters is not None else ""
         self._kernels[label] = (f"{p.kind} BLOCK_M={p.block_m} BLOCK_N={p.block_n} {split}splits={p.num_splits}{merge} "
                                 f"warps={p.num_warps} stages={p.num_stages}")
+        plan.contig = self._contig(meta)  # per pass (a graph bucket's static plan may also serve a prefill)
+        if plan.contig is not None:
+            bm, bn, w, st = plan.contig[2]
+            self._kernels[label] = (f"contig BLOCK_M={bm} BLOCK_N={bn} warps={w} stages={st} (new K/V from the "
+                                    f"projection; {self._kernels[label]} where they are not at hand)")
         return plan
+
+    def _contig(self, meta: AttnMeta) -> tuple | None:
+        """The contiguous prefill's tiles for a prefill whose every request has no cached prefix (kv_len = q_len)
+        and >= PREFILL_MIN_Q_LEN new tokens somewhere, at a head dim it has a launch for; None otherwise."""
+        from attnlab.kernels.heuristics import PREFILL_MIN_Q_LEN, contig_tiles, interpreter_on
+        from attnlab.kernels.prefill_contig import tiles
+
+        cfg = contig_tiles(self.head_dim)
+        if (not self.prefill_contig or self.invariant or cfg is None or meta.mode != Mode.PREFILL
+                or meta.custom_mask is not None or max(meta.q_lens, default=0) < PREFILL_MIN_Q_LEN
+                or list(meta.q_lens) != list(meta.kv_lens_host)
+                or (self.dtype == torch.float32 and not interpreter_on())):  # fp32 tiles overflow shared memory
+            return None
+        reqs, starts = tiles(meta.q_lens, cfg[0])
+        as_t = (lambda x: torch.tensor(x, dtype=torch.int32).to(self.device, non_blocking=True))
+        return as_t(reqs), as_t(starts), cfg
 
     def supports_device_steps(self) -> bool:
         return not self.invariant
@@ -304,6 +341,18 @@ class TritonBackend(AttentionBackend):
         return paged_extend(q, k_cache, v_cache, out, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
                             plan.kv_lens, plan.block_req, plan.block_qstart, mask=plan.mask,
                             mask_indptr=plan.mask_indptr, **common)
+
+    def run_new(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        """``run``, but a prefill planned for the contiguous kernel (``_contig``) reads the new K / V given here."""
+        plan: TritonPlan = self.active_plan
+        if plan.contig is None or k is None or v is None:
+            return self.run(q, layer)
+        from attnlab.kernels.prefill_contig import prefill_contig
+
+        req, q0, (bm, bn, warps, stages) = plan.contig
+        q, k, v = (_tma_rows(t) for t in (q, k, v))
+        return prefill_contig(q, k, v, plan.qo_indptr, req, q0, scale=self.scale, block_m=bm, block_n=bn,
+                              num_warps=warps, num_stages=stages)
 
     def warmup(self, *, batch_sizes=(1,), q_lens=(1,), kv_lens=(1,), custom_mask: bool = False) -> list:
         """Compile every kernel variant the given shapes will use (see attnlab.kernels.warmup); an invariant

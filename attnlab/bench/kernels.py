@@ -129,17 +129,33 @@ def make_backend(cls, pool, meta, q, model: str):
     return be
 
 
-class Timer:
-    """One backend on one shape: warm, captured (if it can be), then timed on demand."""
+def new_kv(pool, meta, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This pass's new tokens' K / V as the layer's projection hands them to attention ([T, Hkv, D], contiguous),
+    read back from their pool slots: what ``run_new`` takes (a prefill: every token of every request is new)."""
+    lay, ps = meta.layout, meta.page_size
+    q_lens = torch.tensor(meta.q_lens, device=lay.kv_indices.device)
+    req = torch.repeat_interleave(torch.arange(len(meta.q_lens), device=q_lens.device), q_lens)
+    qo = meta.qo_indptr.to(q_lens.device).long()
+    pos = torch.arange(req.numel(), device=q_lens.device) - qo[req] + (lay.kv_lens.long() - q_lens)[req]
+    slots = lay.kv_indices.long()[lay.kv_indptr.long()[req] + pos // ps] * ps + pos % ps
+    k_cache, v_cache = pool.slots_view(layer)
+    return k_cache[slots].contiguous(), v_cache[slots].contiguous()
 
-    def __init__(self, be, q, num_layers: int, graphable: bool, reps: int, iters: int):
+
+class Timer:
+    """One backend on one shape: warm, captured (if it can be), then timed on demand. ``kv``: per layer the new
+    tokens' K / V (prefill cells), handed to ``run_new`` as the engine's layers do; else ``run``."""
+
+    def __init__(self, be, q, num_layers: int, graphable: bool, reps: int, iters: int, kv: list | None = None):
         self.be, self.q, self.num_layers = be, q, num_layers
+        self.call = ((lambda layer: be.run(q, layer)) if kv is None
+                     else (lambda layer: be.run_new(q, kv[layer][0], kv[layer][1], layer)))
         for layer in range(num_layers):  # warmup (JIT, autotune, caches)
-            out = be.run(q, layer)
+            out = self.call(layer)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for layer in range(num_layers):  # one warm pass: how many runs fit a measurement's budget
-            be.run(q, layer)
+            self.call(layer)
         torch.cuda.synchronize()
         one_ms = (time.perf_counter() - t0) * 1e3 / num_layers
         if not torch.isfinite(out.float()).all():
@@ -153,12 +169,12 @@ class Timer:
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):  # side-stream warmup as torch.cuda.graphs recommends
                     for r in range(self.reps):
-                        be.run(q, r % num_layers)
+                        self.call(r % num_layers)
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     for r in range(self.reps):
-                        be.run(q, r % num_layers)
+                        self.call(r % num_layers)
                 graph.replay()
                 torch.cuda.synchronize()
                 self.graph = graph
@@ -173,7 +189,7 @@ class Timer:
 
         def eager():
             for r in range(self.reps):
-                self.be.run(self.q, r % self.num_layers)
+                self.call(r % self.num_layers)
         return event_median_ms(eager, self.iters) / self.reps
 
 
@@ -231,6 +247,7 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
     ``args.repeats`` interleaved measurements."""
     hq, hkv, d = HEADS[model]
     pools: dict[int, tuple] = {}
+    kv_cache: dict[int, list] = {}  # page size -> per layer the prefill's new K / V
     cells, timers = [], {}
     for label, cls in classes.items():
         cell = Cell(phase, model, batch, ctx, q_len, label)
@@ -254,13 +271,21 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
             info = getattr(be, "kernel_info", dict)()
             cell.extra["kernels"] = info
             cell.kernel = kernel_tag(info, meta.mode.value)
+            kv = None
+            if meta.mode == Mode.PREFILL:  # the engine's layers hand a prefill's new K / V to run_new
+                if ps not in kv_cache:
+                    kv_cache[ps] = [new_kv(pool, meta, layer) for layer in range(num_layers)]
+                kv = kv_cache[ps]
             if compile_only:
                 for layer in range(num_layers):
-                    be.run(q, layer)
+                    if kv is None:
+                        be.run(q, layer)
+                    else:
+                        be.run_new(q, kv[layer][0], kv[layer][1], layer)
                 torch.cuda.synchronize()
                 continue
             timers[label] = Timer(be, q, num_layers, meta.mode in cls.capabilities().cuda_graph, args.reps,
-                                  args.iters)
+                                  args.iters, kv)
             cell.extra.update(cuda_graph=timers[label].graph is not None, reps=timers[label].reps,
                               iters=timers[label].iters)
             if timers[label].graph_error:

@@ -98,7 +98,7 @@ class Row:
     host_ms: dict[str, float] = field(default_factory=dict)  # the host's own time in the same phases
     # the draft's n-step graph replays over the timed repeats: host-planned ("steps") / device-planned ("dsteps")
     step_launches: dict[str, int] = field(default_factory=dict)
-    # a flashinfer side's plans over the timed repeats: side ("draft" / "verify") -> [planned, kept]
+    # a flashinfer side's plans over the row's timed batches: side ("draft" / "target") -> [planned, kept]
     plans: dict[str, list[int]] = field(default_factory=dict)
 
     @property
@@ -219,15 +219,19 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         def __init__(self, c: _Cell):
             self.graphs = getattr(getattr(c.dec.drafter, "runner", None), "graphs", None)
             self.launches0 = dict(self.graphs.step_replays) if self.graphs is not None else {}
-            self.plans0 = _plan_counts(c.dec)
             self.seconds, self.outs, self.passes = 0.0, [], 0
 
         def batch(self, c: _Cell, i: int) -> None:
+            plans0 = _plan_counts(c.dec)  # around this row's own batch: rows of a group share their target
             _sync(dev)
             t0 = time.perf_counter()
             out = c.dec.generate(prompts[i:i + c.row.batch], a.new, eos)
             _sync(dev)
             self.seconds += time.perf_counter() - t0
+            for side, now in _plan_counts(c.dec).items():
+                total = c.row.plans.setdefault(side, [0, 0])
+                for j in range(2):
+                    total[j] += now[j] - plans0[side][j]
             for o in out.requests:
                 self.outs.append(o.output_ids)
                 c.taus += o.accept_lens
@@ -244,10 +248,6 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
             if self.graphs is not None:
                 for key, n in self.graphs.step_replays.items():
                     c.launches[key] = c.launches.get(key, 0) + n - self.launches0.get(key, 0)
-            for side, now in _plan_counts(c.dec).items():
-                total = c.row.plans.setdefault(side, [0, 0])
-                for j in range(2):
-                    total[j] += now[j] - self.plans0[side][j]
 
     def run_prompts(c: _Cell) -> None:
         """Every prompt through a row's decoder once more, untimed (the host profile)."""
@@ -329,12 +329,13 @@ class _Cell:
 
 
 def _plan_counts(dec) -> dict[str, tuple[int, int]]:
-    """(plans made, plans kept) of each side whose backend counts them (flashinfer), by side."""
+    """(plans made, plans kept) of each side whose backend counts them (flashinfer): the draft side's every host
+    plan (draft-extend, host-planned steps, prefill), the target side's (verify, or decode for target-only rows)."""
     out = {}
-    for side, runner in (("draft", getattr(dec.drafter, "runner", None)), ("verify", dec.target)):
-        be = getattr(runner, "backend", None)
-        if hasattr(be, "plans_kept"):
-            out[side] = (be.plans_made, be.plans_kept)
+    for side, runner in (("draft", getattr(dec.drafter, "runner", None)), ("target", dec.target)):
+        counts = getattr(getattr(runner, "backend", None), "plan_counts", None)
+        if counts is not None:
+            out[side] = counts()
     return out
 
 

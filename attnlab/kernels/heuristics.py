@@ -149,6 +149,17 @@ def extend_params(*, num_q_blocks_fn, num_kv_heads: int, group: int, head_dim: i
     return LaunchParams("extend", block_m, block_n, block_d, tokens_per_block, splits, num_warps, num_stages)
 
 
+# The contiguous prefill kernel's launch per head dim (kernels/prefill_contig.py), from the H200 sweep of 2026-12-03b
+# (experiments/prefill-contig: head_dim 128 465-533 TF/s, 1.44-1.59x the paged kernel; head_dim 64 388-392 TF/s,
+# 1.23-1.26x); other head dims keep the paged extend kernel.
+CONTIG_TILES = {128: (128, 128, 8, 3), 64: (64, 64, 4, 3)}
+
+
+def contig_tiles(head_dim: int) -> tuple[int, int, int, int] | None:
+    """(BLOCK_M, BLOCK_N, warps, stages) of the contiguous prefill kernel for this head dim, or None."""
+    return CONTIG_TILES.get(head_dim)
+
+
 def parse_tiles(spec: str) -> tuple[int, int, int, int]:
     """``"BLOCK_MxBLOCK_NxWARPSxSTAGES"`` (e.g. ``"128x64x8x3"``) -> the four ints; ValueError naming the rule."""
     parts = str(spec).lower().split("x")

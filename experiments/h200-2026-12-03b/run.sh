@@ -18,9 +18,11 @@
 #             (refused a machine)
 #   run.sh 6  carry .gpu/fb: issue 16's contiguous prefill kernel (GPU test; experiments/prefill-contig/bench.py
 #             against the paged kernel), then part 5's bench.e2e
+#   run.sh 7  carry .gpu/fb: the contiguous prefill wired into the triton backend (run_new): GPU tests, bench.kernels
+#             prefill (contiguous vs paged vs FlashInfer), kept plans' GPU tests after the review's mends
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 6}
+PART=${1:?part 1 to 7}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 KEEP="flashinfer,flashinfer/keep_plans=false"
 case $PART in
@@ -101,6 +103,20 @@ case $PART in
   timeout 300 $PY -m attnlab.bench.e2e --quick --backends triton --host thin8 --out "$OUT/e2e" \
     > $LOGS/e2e.log 2>&1; echo "exit code $?"; grep -E "^\||roofline|GB/s" $LOGS/e2e.log | head -60
   cp $LOGS/e2e.log "$OUT/"
+  ;;
+7)
+  step "install .gpu/fb (a fresh machine)"; bash .gpu/fb/install.sh | tail -1
+  step "GPU tests: the contiguous prefill (kernel, triton backend's run_new)"
+  timeout 100 $PY -m pytest -q -p no:cacheprovider -ra tests/unit/test_prefill_contig.py > $LOGS/tests7.log 2>&1
+  echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests7.log | tail -n 6
+  step "issue 16: bench.kernels prefill, the contiguous kernel (default) vs the paged one vs FlashInfer (JIT)"
+  timeout 200 $PY -m attnlab.bench.kernels --phases prefill --models llama8b,smollm2 --batches 1,16 \
+    --contexts 4096,16384 --backends triton,triton/prefill_contig=false,flashinfer --out "$OUT/prefill_grid" \
+    > $LOGS/prefill_grid.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/prefill_grid.log
+  step "GPU tests: kept FlashInfer plans (version gate, periodic check)"
+  timeout 100 $PY -m pytest -q -p no:cacheprovider -ra tests/backends/test_flashinfer_keep.py > $LOGS/tests7b.log 2>&1
+  echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests7b.log | tail -n 6
+  cp $LOGS/tests7.log $LOGS/tests7b.log $LOGS/prefill_grid.log "$OUT/"
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac

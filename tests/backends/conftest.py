@@ -13,7 +13,7 @@ from tests.backends.fakes import MODULES, FakeDecode, FakePrefill, fake_fa_modul
 @pytest.fixture
 def fake_fi(monkeypatch):
     mod = types.ModuleType("flashinfer")
-    mod.__version__ = "0.0.0+fake"
+    mod.__version__ = "0.7.2+fake"  # its wrappers transliterate 0.7.2's schedulers (fakes.py)
     FakeDecode.created, FakePrefill.created = [], []
     mod.BatchDecodeWithPagedKVCacheWrapper = FakeDecode
     mod.BatchPrefillWithPagedKVCacheWrapper = FakePrefill

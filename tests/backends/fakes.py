@@ -209,16 +209,16 @@ class FakePrefill(_FakeWrapper):
         self.sched = None
         if self.use_cuda_graph and self._backend == "fa2" and uniform_q_len and not masked:
             pages = (paged_kv_indptr[1:] - paged_kv_indptr[:-1]).tolist()
-            self._fa2_plan(pages, uniform_q_len, num_qo_heads // num_kv_heads, num_kv_heads, page_size)
+            self._fa2_plan(pages, uniform_q_len, num_qo_heads // num_kv_heads, num_kv_heads, page_size, head_dim_qk)
 
     # the fa2 paged prefill's schedule in graph mode with uniform_q_len, as FlashInfer 0.7.2's PrefillPlan writes it
     # (scheduler.cuh, PrefillSplitQOKVIndptr: transliterated here on its own, not shared with attnlab's model)
     MAX_GRID: ClassVar[int] = 64
     CHUNK_BIAS: ClassVar[int] = 0  # a test's "other FlashInfer version": the chunk this many pages off
 
-    def _fa2_plan(self, pages, q_len, group, hkv, ps):
+    def _fa2_plan(self, pages, q_len, group, hkv, ps, head_dim=64):
         packed = q_len * group
-        cta = 16 if packed <= 16 else 64 if packed <= 64 else 128
+        cta = 16 if packed <= 16 else 64 if packed <= 64 or head_dim >= 256 else 128  # FA2DetermineCtaTileQ-like
         tiles_q = math.ceil(packed / cta)
         max_if_split = self.MAX_GRID // hkv
         low, high = max(128 // ps, 1), max(1, *pages)

@@ -78,7 +78,7 @@ def test_unavailable_without_flashinfer(monkeypatch):
 
 
 def test_flavor_info(fake_fi):
-    assert FlashInferBackend.flavor_info() == {"module": "flashinfer", "version": "0.0.0+fake"}
+    assert FlashInferBackend.flavor_info() == {"module": "flashinfer", "version": "0.7.2+fake"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")

@@ -46,6 +46,43 @@ def test_passes_of_one_schedule_keep_the_plan_and_attend_their_own_lengths(fake_
         lens = [n + int(torch.randint(0, 3, (1,), generator=g)) for n in lens]
     assert be.plans_made + be.plans_kept == 24 + 3 and be.plans_made == plans_made()
     assert be.plans_kept >= 12, (be.plans_made, be.plans_kept)
+    assert be._schedule_model_ok if q_len == 1 else be._prefill_model_ok  # every real plan agreed with the model
+
+
+def test_a_kept_plan_rewrites_the_query_indptr_another_q_len_left_in_the_slot(fake_fi):
+    """Verify wrappers of several q_lens (k = 4 and k = 2) share slot 0's qo_indptr buffer: a q_len-5 pass keeps its
+    plan after a q_len-3 pass wrote its offsets there, and still attends exactly (it rewrites qo_indptr)."""
+    case = cpu_case([1] * 3, MAX_LENS, page_size=16, gqa=3)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=200)
+    g = torch.Generator().manual_seed(7)
+    run_pass(be, case, [100, 20, 50], 5, g)
+    run_pass(be, case, [100, 20, 50], 3, g)
+    run_pass(be, case, [101, 21, 51], 5, g)  # same schedule: kept
+    assert be.plans_kept == 1
+
+
+def test_kept_plans_are_checked_by_a_real_plan_every_so_often(fake_fi, monkeypatch):
+    """At most KEEP_CHECK_EVERY passes in a row keep a plan: the next plans for real and is checked against the
+    model (a planner that disagrees where the model sees the same schedule is caught within that many passes)."""
+    from attnlab.backends import flashinfer as fib
+
+    monkeypatch.setattr(fib, "KEEP_CHECK_EVERY", 4)
+    case = cpu_case([1] * 3, MAX_LENS, page_size=16, gqa=3)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=200)
+    g = torch.Generator().manual_seed(8)
+    for n in range(11):
+        run_pass(be, case, [100 + n, 20, 50], 5, g)
+    assert (be.plans_made, be.plans_kept) == (3, 8)  # plan, 4 kept, plan, 4 kept, plan
+
+
+def test_another_flashinfer_version_plans_every_pass(fake_fi):
+    fake_fi.__version__ = "0.8.0"  # a scheduler the model was not written against
+    case = cpu_case([1] * 3, MAX_LENS, page_size=16, gqa=3)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=200)
+    g = torch.Generator().manual_seed(9)
+    for n in range(3):
+        run_pass(be, case, [100 + n, 20, 50], 5, g)
+    assert be.plan_counts() == (3, 0)
 
 
 def test_without_graphs_or_with_keep_plans_off_every_pass_plans(fake_fi):
@@ -84,10 +121,11 @@ def test_the_prefill_schedule_model_is_the_planners(fake_fi, max_grid, page_size
     g = torch.Generator().manual_seed(max_grid + page_size)
     for _ in range(40):
         rows = int(torch.randint(1, 12, (1,), generator=g))
-        q_len, group, hkv = int(torch.randint(1, 30, (1,), generator=g)), 3, 2
+        q_len, group, hkv = int(torch.randint(1, 30, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g)), 2
+        head_dim = (64, 128, 256)[int(torch.randint(0, 3, (1,), generator=g))]  # 256: a 64-row tile, tiles_q > 1
         pages = torch.randint(0, 300, (rows,), generator=g).tolist()
         w = FakePrefill(torch.zeros(8, dtype=torch.uint8), use_cuda_graph=True)
-        w._fa2_plan(pages, q_len, group, hkv, page_size)
+        w._fa2_plan(pages, q_len, group, hkv, page_size, head_dim)
         known = fis.prefill_learned(w, q_len, group)
         assert fis.prefill_schedule(pages, page_size, *known) == fis.prefill_planned(w, rows, q_len, page_size)
 

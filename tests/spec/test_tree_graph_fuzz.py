@@ -90,7 +90,7 @@ def test_tree_pass_padding_flashinfer_fake_cpu(monkeypatch):
     from tests.backends.fakes import FakeDecode, FakePrefill
 
     fi = types.ModuleType("flashinfer")
-    fi.__version__ = "0.0.0+fake"
+    fi.__version__ = "0.7.2+fake"
     fi.BatchDecodeWithPagedKVCacheWrapper, fi.BatchPrefillWithPagedKVCacheWrapper = FakeDecode, FakePrefill
     monkeypatch.setitem(sys.modules, "flashinfer", fi)
     cfg = tiny_config(head_dim=64)  # flashinfer's head dims
