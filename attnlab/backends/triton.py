@@ -367,5 +367,6 @@ class TritonBackend(AttentionBackend):
 
         shape = WarmupShape(self.num_q_heads, self.num_kv_heads, self.head_dim, self.pool.page_size,
                             self.dtype, self.pool.dtype, tuple(batch_sizes), tuple(q_lens), tuple(kv_lens),
-                            custom_mask, self.num_splits, self.prefill_tiles, self.fused_merge)
+                            custom_mask, self.num_splits, self.prefill_tiles, self.fused_merge,
+                            self.prefill_contig)
         return warmup([shape], self.device)

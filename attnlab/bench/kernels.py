@@ -237,6 +237,8 @@ def kernel_tag(info: dict, label: str) -> str:
         return "+".join(f"{info[r]}:" + kernel_tag({k.split(".", 1)[1]: v for k, v in info.items()
                                                      if k.startswith(f"{r}.")}, label) for r in sides)
     v = info.get(label) or info.get("all", "")
+    if v.startswith("contig"):  # triton's contiguous prefill (its paged fallback follows in parentheses)
+        return "contig"
     if " splits=" in v:  # triton: the split count is what differs between cells
         return "splits " + v.split(" splits=")[1].split()[0]
     return v.split(" (")[0]

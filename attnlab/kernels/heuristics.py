@@ -36,7 +36,8 @@ INTERPRETER_SM_COUNT = 2
 
 @dataclass(frozen=True)
 class LaunchParams:
-    """kind: "decode" | "extend" | "invariant" (attnlab.kernels.invariant). block_m: query rows per program
+    """kind: "decode" | "extend" | "invariant" (attnlab.kernels.invariant) | "contig" (prefill_contig, warmup
+    records only). block_m: query rows per program
     (decode: the GQA group padded to >= 16; extend: tokens_per_block * group padded); block_n: KV tokens per
     tile; split_tokens: the invariant kernel's fixed split size in KV tokens (0 elsewhere: splits are
     num_splits equal chunks of each request's KV)."""

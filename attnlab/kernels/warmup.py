@@ -15,7 +15,7 @@ import torch
 
 from attnlab.kernels.decode import paged_decode
 from attnlab.kernels.extend import paged_extend, query_blocks
-from attnlab.kernels.heuristics import plan_params, sm_count
+from attnlab.kernels.heuristics import PREFILL_MIN_Q_LEN, LaunchParams, plan_params, sm_count
 from attnlab.kernels.merge import merge_counters
 from attnlab.kernels.store_kv import store_kv
 from attnlab.kvcache.layout import build_layout, pages_needed
@@ -40,6 +40,7 @@ class WarmupShape:
     num_splits: int | None = None
     prefill_tiles: str | None = None  # the triton backend's option: the prefill launch it overrides
     fused_merge: bool = False  # the triton backend's option: split-KV partials merged inside the kernel
+    prefill_contig: bool = False  # the triton backend's option: prefills without a prefix on the contiguous kernel
 
 
 def _variants(shape: WarmupShape, sms: int) -> dict:
@@ -107,4 +108,29 @@ def warmup(shapes: list[WarmupShape], device: torch.device | str = "cuda") -> li
                 torch.cuda.synchronize(device)
             records.append({"params": params, "custom_mask": has_mask, "example": example,
                             "fused_merge": "counters" in scratch, "seconds": time.perf_counter() - t0})
+        if shape.prefill_contig and q_len_max >= PREFILL_MIN_Q_LEN:
+            records += _warm_contig(shape, device)
     return records
+
+
+def _warm_contig(shape: WarmupShape, device: torch.device) -> list[dict]:
+    """The contiguous prefill kernel's variant for this shape (triton's ``_contig`` rule), compiled on a one-token
+    prefill; [] where the rule keeps the paged kernel."""
+    from attnlab.kernels.heuristics import contig_tiles, interpreter_on
+    from attnlab.kernels.prefill_contig import prefill_contig
+
+    cfg = contig_tiles(shape.head_dim)
+    if cfg is None or (shape.dtype == torch.float32 and not interpreter_on()):
+        return []
+    t0 = time.perf_counter()
+    q = torch.zeros(1, shape.num_q_heads, shape.head_dim, dtype=shape.dtype, device=device)
+    kv = torch.zeros(1, shape.num_kv_heads, shape.head_dim, dtype=shape.dtype, device=device)
+    zero = torch.zeros(1, dtype=torch.int32, device=device)
+    prefill_contig(q, kv, kv, torch.tensor([0, 1], dtype=torch.int32, device=device), zero, zero,
+                   scale=shape.head_dim ** -0.5, block_m=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    bm, bn, warps, stages = cfg
+    params = LaunchParams("contig", bm, bn, shape.head_dim, bm, 1, warps, stages)
+    return [{"params": params, "custom_mask": False, "example": (1, 1, 1), "fused_merge": False,
+             "seconds": time.perf_counter() - t0}]

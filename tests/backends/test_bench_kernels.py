@@ -30,6 +30,9 @@ def test_kernel_tags():
     assert kernel_tag({"decode": "fa2", "verify": "fa2", "prefill": "fa3"}, "prefill") == "fa3"
     assert kernel_tag({"decode": "decode BLOCK_M=16 BLOCK_N=128 splits=32 warps=4 stages=3"}, "decode") == "splits 32"
     assert kernel_tag({"all": "fa3_fwd (fa3_fwd_interface 0.0.3) graphs"}, "verify") == "fa3_fwd"
+    contig = ("contig BLOCK_M=128 BLOCK_N=128 warps=8 stages=3 (new K/V from the projection; extend BLOCK_M=64 "
+              "BLOCK_N=64 splits=1 warps=4 stages=3 where they are not at hand)")
+    assert kernel_tag({"prefill": contig}, "prefill") == "contig"
     hybrid = {"short": "flashinfer", "long": "triton", "threshold": "1024", "routed_short": "0", "routed_long": "16",
               "long.verify": "extend BLOCK_M=32 BLOCK_N=64 splits=4 warps=4 stages=3"}
     assert kernel_tag(hybrid, "verify") == "triton:splits 4"
@@ -79,8 +82,8 @@ def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
         return pool, meta, q, 1
 
     class FakeTimer:
-        def __init__(self, be, q, num_layers, graphable, reps, iters):
-            self.out = be.run(q, 0)
+        def __init__(self, be, q, num_layers, graphable, reps, iters, kv=None):
+            self.out = be.run(q, 0) if kv is None else be.run_new(q, kv[0][0], kv[0][1], 0)
             assert torch.isfinite(self.out.float()).all()
             self.graph, self.graph_error, self.reps, self.iters = (object() if graphable else None), None, reps, iters
             self.graphable_cuda = getattr(be, "cuda_graph", False)

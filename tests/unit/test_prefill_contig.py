@@ -162,3 +162,18 @@ def test_bench_new_kv_reads_the_new_tokens_slots():
     for layer in range(2):
         for got, want in zip(new_kv(case.pool, case.meta, layer), _new_kv(case, layer)):
             assert torch.equal(got, want)
+
+
+@interp
+def test_triton_warmup_compiles_the_contiguous_prefill():
+    from attnlab.backends.base import Mode
+    from attnlab.backends.triton import TritonBackend
+    from tests.backends.cases import make_case
+
+    case = make_case(kv_lens=[3], q_lens=[3], page_size=16, num_kv_heads=2, gqa=3, head_dim=64,
+                     dtype=torch.float32, mode=Mode.PREFILL)
+    for contig in (True, False):
+        be = TritonBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale, torch.float32,
+                           prefill_contig=contig)
+        kinds = {r["params"].kind for r in be.warmup(q_lens=(1, 100), kv_lens=(100,))}
+        assert ("contig" in kinds) == contig and {"decode", "extend"} <= kinds
