@@ -66,3 +66,16 @@ def random_paged_case(*, kv_lens: list[int], q_lens: list[int], page_size: int, 
                     kv_lens_host=list(kv_lens), page_size=page_size, custom_mask=mask)
     q = torch.randn(sum(q_lens), num_q_heads, head_dim, generator=g).to(dtype).to(device)
     return pool, meta, q
+
+
+def new_kv(pool, meta, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This pass's new tokens' K / V as the layer's projection hands them to attention ([T, Hkv, D], contiguous),
+    read back from their pool slots: what ``run_new`` takes (a prefill: every token of every request is new)."""
+    lay, ps = meta.layout, meta.page_size
+    q_lens = torch.tensor(meta.q_lens, device=lay.kv_indices.device)
+    req = torch.repeat_interleave(torch.arange(len(meta.q_lens), device=q_lens.device), q_lens)
+    qo = meta.qo_indptr.to(q_lens.device).long()
+    pos = torch.arange(req.numel(), device=q_lens.device) - qo[req] + (lay.kv_lens.long() - q_lens)[req]
+    slots = lay.kv_indices.long()[lay.kv_indptr.long()[req] + pos // ps] * ps + pos % ps
+    k_cache, v_cache = pool.slots_view(layer)
+    return k_cache[slots].contiguous(), v_cache[slots].contiguous()

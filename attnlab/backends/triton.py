@@ -37,6 +37,7 @@ class TritonPlan:
     # a prefill with no cached prefix: (tile_req, tile_q0, (BLOCK_M, BLOCK_N, warps, stages)) of the contiguous
     # kernel, which run_new launches on the new K / V (run, without them, keeps the paged kernel)
     contig: tuple | None = None
+    paged_label: str = ""  # with contig: kernel_info's prefill label when ``run`` launches the paged kernel instead
 
 
 def _int32(t: torch.Tensor, device) -> torch.Tensor:
@@ -45,10 +46,10 @@ def _int32(t: torch.Tensor, device) -> torch.Tensor:
 
 def _tma_rows(t: torch.Tensor) -> torch.Tensor:
     """t [T, H, D] as the contiguous prefill's descriptors want it: each token's H x D contiguous, its row stride and
-    base 16-byte aligned (a view of a fused qkv output is; anything else is copied)."""
-    ok = (t.stride(2) == 1 and t.stride(1) == t.shape[2] and (t.stride(0) * t.element_size()) % 16 == 0
-          and t.data_ptr() % 16 == 0)
-    return t if ok else t.contiguous()
+    base 16-byte aligned (a view of a fused qkv output is; anything else is copied, whatever its strides)."""
+    from attnlab.kernels.prefill_contig import descriptor_ready
+
+    return t if descriptor_ready(t) else t.clone(memory_format=torch.contiguous_format)
 
 
 def _mask_offsets(meta: AttnMeta) -> list[int]:
@@ -68,9 +69,10 @@ class TritonBackend(AttentionBackend):
         "prefill_tiles": "BLOCK_MxBLOCK_NxWARPSxSTAGES (e.g. 128x64x8x3): the extend kernel's launch for "
                          "prefills (>= 65 new tokens per request), in place of the heuristic (tuning); null = "
                          "heuristic",
-        "prefill_contig": "true (default) / false: a prefill with no cached prefix (head dim 64 or 128, fp16 / "
-                          "bf16) reads its new K / V from the projection output (kernels/prefill_contig.py, tensor "
-                          "descriptors: TMA on Hopper) instead of the pool's pages",
+        "prefill_contig": "true / false; null (default) = true unless prefill_tiles is set: a prefill with no "
+                          "cached prefix (head dim 64 or 128, fp16 / bf16, a KV pool of the same dtype, the launch "
+                          "fitting the GPU's shared memory) reads its new K / V from the projection output "
+                          "(kernels/prefill_contig.py, tensor descriptors: TMA on Hopper) instead of the pool's pages",
         "fused_merge": "true / false (default): merge split-KV partials inside the decode / extend kernel (the "
                        "last split to finish merges), not in a second launch per layer (H200: 1.1-3.6x slower)",
     }
@@ -83,9 +85,10 @@ class TritonBackend(AttentionBackend):
             n = options.get(key)
             if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
                 raise ConfigError(f"{field}.{key}={n!r}: must be an int >= 1 or null ({what})")
-        for key in ("fused_merge", "prefill_contig"):
-            if not isinstance(options.get(key, False), bool):
-                raise ConfigError(f"{field}.{key}={options[key]!r}: must be true or false")
+        if not isinstance(options.get("fused_merge", False), bool):
+            raise ConfigError(f"{field}.fused_merge={options['fused_merge']!r}: must be true or false")
+        if options.get("prefill_contig") not in (None, True, False):
+            raise ConfigError(f"{field}.prefill_contig={options['prefill_contig']!r}: must be true, false or null")
         tiles = options.get("prefill_tiles")
         if tiles is not None:
             try:
@@ -96,7 +99,7 @@ class TritonBackend(AttentionBackend):
     def __init__(self, *args, num_splits: int | None = None, cuda_graph: bool = False,
                  max_batch_size: int | None = None, max_q_len: int = 16, max_context: int | None = None,
                  invariant: bool = False, split_tokens: int | None = None, prefill_tiles: str | None = None,
-                 fused_merge: bool = False, prefill_contig: bool = True, **kwargs):
+                 fused_merge: bool = False, prefill_contig: bool | None = None, **kwargs):
         """num_splits: force the split-KV count (tests, tuning); None = heuristic.
 
         invariant (engine.invariant): every pass, prefill, decode and verify, runs attnlab.kernels.invariant
@@ -115,7 +118,8 @@ class TritonBackend(AttentionBackend):
         self.split_tokens = split_tokens
         self.prefill_tiles = prefill_tiles
         self.fused_merge = fused_merge
-        self.prefill_contig = prefill_contig
+        # a prefill_tiles sweep times the paged kernel's launches: it keeps them unless prefill_contig says otherwise
+        self.prefill_contig = prefill_tiles is None if prefill_contig is None else prefill_contig
         self.cuda_graph = cuda_graph
         self.max_context = max_context or self.pool.capacity_tokens()
         self.max_q_len = max_q_len
@@ -166,10 +170,7 @@ class TritonBackend(AttentionBackend):
         self._kernels[label] = (f"{p.kind} BLOCK_M={p.block_m} BLOCK_N={p.block_n} {split}splits={p.num_splits}{merge} "
                                 f"warps={p.num_warps} stages={p.num_stages}")
         plan.contig = self._contig(meta)  # per pass (a graph bucket's static plan may also serve a prefill)
-        if plan.contig is not None:
-            bm, bn, w, st = plan.contig[2]
-            self._kernels[label] = (f"contig BLOCK_M={bm} BLOCK_N={bn} warps={w} stages={st} (new K/V from the "
-                                    f"projection; {self._kernels[label]} where they are not at hand)")
+        plan.paged_label = self._kernels[label]
         return plan
 
     def _contig(self, meta: AttnMeta) -> tuple | None:
@@ -182,7 +183,10 @@ class TritonBackend(AttentionBackend):
         if (not self.prefill_contig or self.invariant or cfg is None or meta.mode != Mode.PREFILL
                 or meta.custom_mask is not None or max(meta.q_lens, default=0) < PREFILL_MIN_Q_LEN
                 or list(meta.q_lens) != list(meta.kv_lens_host)
-                or (self.dtype == torch.float32 and not interpreter_on())):  # fp32 tiles overflow shared memory
+                # the pool's values are what attention reads: an fp8 (or other-dtype) pool keeps the paged kernel
+                or self.pool.dtype != self.dtype
+                or (self.dtype == torch.float32 and not interpreter_on())  # fp32 tiles overflow shared memory
+                or not self._contig_fits(cfg)):
             return None
         reqs, starts = tiles(meta.q_lens, cfg[0])
         as_t = (lambda x: torch.tensor(x, dtype=torch.int32).to(self.device, non_blocking=True))
@@ -321,6 +325,8 @@ class TritonBackend(AttentionBackend):
         from attnlab.kernels.extend import paged_extend
 
         plan: TritonPlan = self.active_plan
+        if plan.contig is not None:  # a contiguous-prefill plan run without its new K / V: the paged kernel runs
+            self._kernels["prefill"] = plan.paged_label
         pool = self.pool
         lay = pool.layer(layer)
         k_cache = lay[0].view(-1, pool.num_kv_heads, pool.head_dim)
@@ -342,14 +348,30 @@ class TritonBackend(AttentionBackend):
                             plan.kv_lens, plan.block_req, plan.block_qstart, mask=plan.mask,
                             mask_indptr=plan.mask_indptr, **common)
 
+    def _contig_fits(self, cfg: tuple) -> bool:
+        """Whether the contiguous prefill's launch fits this GPU's shared memory (Q once, K and V per stage; the
+        128 x 128 x 3-stage launch at head dim 128 takes ~230 KB: Hopper's 227 KiB, not an A100's 164 or an
+        sm_89's 99); always under the interpreter."""
+        if self.device.type != "cuda":
+            return True
+        import triton
+
+        from attnlab.kernels.prefill_contig import shared_bytes
+
+        props = triton.runtime.driver.active.utils.get_device_properties(self.device.index or 0)
+        return shared_bytes(cfg, self.head_dim, torch.tensor([], dtype=self.dtype).element_size()) \
+            <= props["max_shared_mem"]
+
     def run_new(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        """``run``, but a prefill planned for the contiguous kernel (``_contig``) reads the new K / V given here."""
+        """``run``, but a prefill planned for the contiguous kernel (``_contig``) reads the new K / V given here.
+        kernel_info's prefill label says which kernel ran, when it ran (a hybrid's triton side is run by ``run``)."""
         plan: TritonPlan = self.active_plan
         if plan.contig is None or k is None or v is None:
             return self.run(q, layer)
         from attnlab.kernels.prefill_contig import prefill_contig
 
         req, q0, (bm, bn, warps, stages) = plan.contig
+        self._kernels["prefill"] = f"contig BLOCK_M={bm} BLOCK_N={bn} warps={warps} stages={stages} (new K/V)"
         q, k, v = (_tma_rows(t) for t in (q, k, v))
         return prefill_contig(q, k, v, plan.qo_indptr, req, q0, scale=self.scale, block_m=bm, block_n=bn,
                               num_warps=warps, num_stages=stages)

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from attnlab.backends.base import Mode
-from attnlab.backends.cases import random_paged_case
+from attnlab.backends.cases import new_kv, random_paged_case
 from attnlab.backends.registry import require_available
 from attnlab.bench.cells import parse_spec
 
@@ -129,19 +129,6 @@ def make_backend(cls, pool, meta, q, model: str):
     return be
 
 
-def new_kv(pool, meta, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This pass's new tokens' K / V as the layer's projection hands them to attention ([T, Hkv, D], contiguous),
-    read back from their pool slots: what ``run_new`` takes (a prefill: every token of every request is new)."""
-    lay, ps = meta.layout, meta.page_size
-    q_lens = torch.tensor(meta.q_lens, device=lay.kv_indices.device)
-    req = torch.repeat_interleave(torch.arange(len(meta.q_lens), device=q_lens.device), q_lens)
-    qo = meta.qo_indptr.to(q_lens.device).long()
-    pos = torch.arange(req.numel(), device=q_lens.device) - qo[req] + (lay.kv_lens.long() - q_lens)[req]
-    slots = lay.kv_indices.long()[lay.kv_indptr.long()[req] + pos // ps] * ps + pos % ps
-    k_cache, v_cache = pool.slots_view(layer)
-    return k_cache[slots].contiguous(), v_cache[slots].contiguous()
-
-
 class Timer:
     """One backend on one shape: warm, captured (if it can be), then timed on demand. ``kv``: per layer the new
     tokens' K / V (prefill cells), handed to ``run_new`` as the engine's layers do; else ``run``."""
@@ -230,6 +217,13 @@ def load_backends(specs: list[str]) -> dict:
     return classes
 
 
+def tag(cell, be, meta) -> None:
+    """The cell's kernel tag and the backend's kernel_info."""
+    info = getattr(be, "kernel_info", dict)()
+    cell.extra["kernels"] = info
+    cell.kernel = kernel_tag(info, meta.mode.value)
+
+
 def kernel_tag(info: dict, label: str) -> str:
     """A short tag of what ran for a pass label, from a backend's kernel_info()."""
     if "routed_short" in info:  # hybrid: the side(s) that got requests
@@ -270,9 +264,6 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
                 pools[ps] = build(model, batch, ctx, q_len, ps, dtype)
             pool, meta, q, num_layers = pools[ps]
             be = make_backend(cls, pool, meta, q, model)
-            info = getattr(be, "kernel_info", dict)()
-            cell.extra["kernels"] = info
-            cell.kernel = kernel_tag(info, meta.mode.value)
             kv = None
             if meta.mode == Mode.PREFILL:  # the engine's layers hand a prefill's new K / V to run_new
                 if ps not in kv_cache:
@@ -285,9 +276,11 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
                     else:
                         be.run_new(q, kv[layer][0], kv[layer][1], layer)
                 torch.cuda.synchronize()
+                tag(cell, be, meta)
                 continue
             timers[label] = Timer(be, q, num_layers, meta.mode in cls.capabilities().cuda_graph, args.reps,
                                   args.iters, kv)
+            tag(cell, be, meta)  # after its runs: a backend may say which kernel ran only once it ran
             cell.extra.update(cuda_graph=timers[label].graph is not None, reps=timers[label].reps,
                               iters=timers[label].iters)
             if timers[label].graph_error:

@@ -66,6 +66,7 @@ def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
 
     import torch
 
+    from attnlab.backends.base import Mode
     from attnlab.backends.cases import random_paged_case
     from attnlab.backends.registry import get_backend_class
     from attnlab.bench import kernels
@@ -77,8 +78,10 @@ def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
     def cpu_build(model, batch, context, q_len, page_size, dtype, seed=0):
         hq, hkv, d = kernels.HEADS[model]
         built.append(page_size)
+        mode = Mode.DECODE if q_len == 1 else Mode.PREFILL if q_len == context else Mode.VERIFY  # as build
         pool, meta, q = random_paged_case(kv_lens=[context] * batch, q_lens=[q_len] * batch, page_size=page_size,
-                                          num_q_heads=hq, num_kv_heads=hkv, head_dim=d, dtype=dtype, spare_pages=0)
+                                          num_q_heads=hq, num_kv_heads=hkv, head_dim=d, dtype=dtype, spare_pages=0,
+                                          mode=mode)
         return pool, meta, q, 1
 
     class FakeTimer:
@@ -113,6 +116,15 @@ def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
     cells = run_shape({"fa": classes["fa"], "triton": classes["triton"]}, "verify", "smollm2", 1, 40, 5,
                       argparse.Namespace(page_size=16, reps=5, iters=10, repeats=1, copy_gb_s=1000.0), torch.float16)
     assert cells[0].status.startswith("error: ConfigError: fa (fa3_fwd") and cells[1].status == "ok"
+    # a prefill: triton runs the contiguous kernel on the new K / V (run_new) and says so; its hybrid side runs the
+    # paged one (a hybrid hands its sides run, not run_new) and says that; prefill_contig=false is the paged kernel
+    pre = {s: classes[s] for s in ("triton", "hybrid/short=torch/long=triton/threshold=8")}
+    pre["triton/prefill_contig=false"] = get_backend_class(*parse_spec("triton/prefill_contig=false"))
+    cells = run_shape(pre, "prefill", "smollm2", 1, 80, 80, args, torch.float32)
+    by = {c.backend: c for c in cells}
+    assert all(c.status == "ok" for c in cells), [(c.backend, c.status) for c in cells]
+    assert by["triton"].kernel == "contig" and by["triton/prefill_contig=false"].kernel == "splits 1"
+    assert by["hybrid/short=torch/long=triton/threshold=8"].kernel == "triton:splits 1"
 
 
 def test_floors_script_on_fake_results(tmp_path):

@@ -102,21 +102,47 @@ def test_triton_backend_runs_a_prefill_without_prefix_on_the_new_kv(contig, devi
     torch.testing.assert_close(got.float(), case.reference()[0], atol=tol, rtol=tol)
     assert be.kernel_info()["prefill"].startswith("contig" if contig else "extend")
     torch.testing.assert_close(be.run(case.q, 0).float(), got.float(), atol=tol, rtol=tol)  # run: the paged kernel
+    assert be.kernel_info()["prefill"].startswith("extend")  # the label says what ran last
 
 
 @interp
-@pytest.mark.parametrize("kv_lens,q_lens,why", [([100, 40], [70, 40], "a cached prefix"),
-                                                 ([30, 40], [30, 40], "fewer than 65 new tokens")])
-def test_prefills_it_cannot_serve_keep_the_paged_kernel(kv_lens, q_lens, why):
+@pytest.mark.parametrize("kv_lens,q_lens,why,kw", [
+    ([100, 40], [70, 40], "a cached prefix", {}),
+    ([30, 40], [30, 40], "fewer than 65 new tokens", {}),
+    ([70, 40], [70, 40], "an fp8 pool: attention reads its values", {"kv_dtype": torch.float8_e5m2}),
+    ([70, 40], [70, 40], "a prefill_tiles sweep times the paged kernel", {"prefill_tiles": "64x64x4x3"}),
+    ([70, 40], [70, 40], "a verify pass", {"mode": "verify"}),
+])
+def test_prefills_it_cannot_serve_keep_the_paged_kernel(kv_lens, q_lens, why, kw):
     from attnlab.backends.base import Mode
     from attnlab.backends.triton import TritonBackend
     from tests.backends.cases import make_case
 
+    mode = Mode.VERIFY if kw.get("mode") == "verify" else Mode.PREFILL
     case = make_case(kv_lens=kv_lens, q_lens=q_lens, page_size=16, num_kv_heads=2, gqa=3, head_dim=64,
-                     dtype=torch.float32, mode=Mode.PREFILL)
-    be = case.backend(TritonBackend)
+                     dtype=torch.float32, mode=mode, kv_dtype=kw.get("kv_dtype"))
+    be = TritonBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale, torch.float32,
+                       prefill_tiles=kw.get("prefill_tiles"))
     be.plan(case.meta)
-    assert be.active_plan.contig is None and be.kernel_info()["prefill"].startswith("extend"), why
+    assert be.active_plan.contig is None, why
+    got = be.run_new(case.q, *_new_kv(case), 0)  # falls back to the paged kernel
+    torch.testing.assert_close(got, be.run(case.q, 0))
+
+
+def test_the_launch_must_fit_the_gpus_shared_memory():
+    """128 x 128 x 3 stages at head dim 128 takes ~230 KB: Hopper's 227 KiB holds it, an A100's 164 KiB does not."""
+    from attnlab.kernels.heuristics import contig_tiles
+    from attnlab.kernels.prefill_contig import shared_bytes
+
+    assert shared_bytes(contig_tiles(128), 128, 2) <= 232448 < shared_bytes(contig_tiles(128), 128, 2) + 4096
+    assert shared_bytes(contig_tiles(128), 128, 2) > 166912 and shared_bytes(contig_tiles(64), 64, 2) < 101376
+
+
+def test_one_kv_head_with_any_head_stride_needs_no_copy():
+    from attnlab.kernels.prefill_contig import descriptor_ready
+
+    t = torch.zeros(8, 4, 64)[:, 1:2]  # [8, 1, 64]: stride(1) 64 but one head
+    assert descriptor_ready(torch.as_strided(t, (8, 1, 64), (256, 7, 1)))
 
 
 @interp
@@ -152,9 +178,9 @@ def test_engine_prefill_on_the_contiguous_kernel_decodes_as_the_paged_one():
 
 
 def test_bench_new_kv_reads_the_new_tokens_slots():
-    """bench.kernels.new_kv (what its prefill cells hand run_new): the new tokens' K / V, prefix or not."""
+    """backends.cases.new_kv (what bench.kernels' prefill cells and kernel parity hand run_new): the new tokens' K / V, prefix or not."""
     from attnlab.backends.base import Mode
-    from attnlab.bench.kernels import new_kv
+    from attnlab.backends.cases import new_kv
     from tests.backends.cases import make_case
 
     case = make_case(kv_lens=[40, 9, 33], q_lens=[40, 9, 33], page_size=4, num_kv_heads=2, gqa=2, head_dim=16,
