@@ -8,6 +8,7 @@ sync, and nothing it touches is shared between plans of different ``slot`` value
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import ClassVar
@@ -42,6 +43,18 @@ class TritonPlan:
 
 def _int32(t: torch.Tensor, device) -> torch.Tensor:
     return t.to(device=device, dtype=torch.int32)
+
+
+@functools.cache
+def _max_shared_mem(device_index: int) -> int:
+    """Bytes of shared memory a block may use on this GPU (Triton's driver query); 0 where it cannot be read (then
+    the contiguous prefill is not used)."""
+    try:
+        import triton
+
+        return int(triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"])
+    except Exception:  # noqa: BLE001 - an unreadable limit keeps the paged kernel
+        return 0
 
 
 def _tma_rows(t: torch.Tensor) -> torch.Tensor:
@@ -354,13 +367,10 @@ class TritonBackend(AttentionBackend):
         sm_89's 99); always under the interpreter."""
         if self.device.type != "cuda":
             return True
-        import triton
-
         from attnlab.kernels.prefill_contig import shared_bytes
 
-        props = triton.runtime.driver.active.utils.get_device_properties(self.device.index or 0)
-        return shared_bytes(cfg, self.head_dim, torch.tensor([], dtype=self.dtype).element_size()) \
-            <= props["max_shared_mem"]
+        limit = _max_shared_mem(self.device.index or 0)
+        return shared_bytes(cfg, self.head_dim, torch.tensor([], dtype=self.dtype).element_size()) <= limit
 
     def run_new(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         """``run``, but a prefill planned for the contiguous kernel (``_contig``) reads the new K / V given here.
