@@ -21,12 +21,14 @@ import triton.language as tl
 
 from attnlab.kernels.decode import LOG2E
 from attnlab.kernels.heuristics import fp32_dot
+from attnlab.kernels.pdl import launch_args, pdl_start
 
 
 @triton.jit
 def _prefill_contig_kernel(Qd, Kd, Vd, O, CU, TILE_REQ, TILE_Q0, qk_scale, stride_ot, stride_oh,
                            GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr):
+                           BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_start(USE_PDL)
     tile = tl.program_id(0)
     h = tl.program_id(1)
     req = tl.load(TILE_REQ + tile)
@@ -137,5 +139,5 @@ def prefill_contig(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     _prefill_contig_kernel[(tile_req.numel(), hq)](
         desc(q, block_m), desc(k, block_n), desc(v, block_n), out, cu_seqlens, tile_req, tile_q0,
         scale * LOG2E, out.stride(0), out.stride(1), GROUP=hq // hkv, HEAD_DIM=d, BLOCK_M=block_m,
-        BLOCK_N=block_n, FP32_DOT=fp32_dot(q.dtype), num_warps=num_warps, num_stages=num_stages)
+        BLOCK_N=block_n, FP32_DOT=fp32_dot(q.dtype), num_warps=num_warps, num_stages=num_stages, **launch_args(q))
     return out
