@@ -8,7 +8,6 @@ sync, and nothing it touches is shared between plans of different ``slot`` value
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 from typing import ClassVar
@@ -35,26 +34,14 @@ class TritonPlan:
     lse_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits] fp32
     counters: torch.Tensor | None = None  # fused_merge: int32 [programs over (block, kv head)], 0 between launches
     mask_len: int = 0  # entries of the custom mask this pass was planned with (``mask`` may be a larger buffer)
-    # a prefill with no cached prefix: (tile_req, tile_q0, (BLOCK_M, BLOCK_N, warps, stages)) of the contiguous
-    # kernel, which run_new launches on the new K / V (run, without them, keeps the paged kernel)
+    # a prefill with no cached prefix: (tile_req, tile_q0, (BLOCK_M, BLOCK_N, warps, stages), kernel_info label) of
+    # the contiguous kernel, which run_new launches on the new K / V (run, without them, keeps the paged kernel)
     contig: tuple | None = None
     paged_label: str = ""  # with contig: kernel_info's prefill label when ``run`` launches the paged kernel instead
 
 
 def _int32(t: torch.Tensor, device) -> torch.Tensor:
     return t.to(device=device, dtype=torch.int32)
-
-
-@functools.cache
-def _max_shared_mem(device_index: int) -> int:
-    """Bytes of shared memory a block may use on this GPU (Triton's driver query); 0 where it cannot be read (then
-    the contiguous prefill is not used)."""
-    try:
-        import triton
-
-        return int(triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"])
-    except Exception:  # noqa: BLE001 - an unreadable limit keeps the paged kernel
-        return 0
 
 
 def _tma_rows(t: torch.Tensor) -> torch.Tensor:
@@ -189,21 +176,20 @@ class TritonBackend(AttentionBackend):
     def _contig(self, meta: AttnMeta) -> tuple | None:
         """The contiguous prefill's tiles for a prefill whose every request has no cached prefix (kv_len = q_len)
         and >= PREFILL_MIN_Q_LEN new tokens somewhere, at a head dim it has a launch for; None otherwise."""
-        from attnlab.kernels.heuristics import PREFILL_MIN_Q_LEN, contig_tiles, interpreter_on
-        from attnlab.kernels.prefill_contig import tiles
+        from attnlab.kernels.extend import query_blocks
+        from attnlab.kernels.heuristics import PREFILL_MIN_Q_LEN
+        from attnlab.kernels.prefill_contig import contig_config
 
-        cfg = contig_tiles(self.head_dim)
-        if (not self.prefill_contig or self.invariant or cfg is None or meta.mode != Mode.PREFILL
-                or meta.custom_mask is not None or max(meta.q_lens, default=0) < PREFILL_MIN_Q_LEN
-                or list(meta.q_lens) != list(meta.kv_lens_host)
-                # the pool's values are what attention reads: an fp8 (or other-dtype) pool keeps the paged kernel
-                or self.pool.dtype != self.dtype
-                or (self.dtype == torch.float32 and not interpreter_on())  # fp32 tiles overflow shared memory
-                or not self._contig_fits(cfg)):
+        if (not self.prefill_contig or self.invariant or meta.mode != Mode.PREFILL or meta.custom_mask is not None
+                or max(meta.q_lens, default=0) < PREFILL_MIN_Q_LEN or list(meta.q_lens) != list(meta.kv_lens_host)):
             return None
-        reqs, starts = tiles(meta.q_lens, cfg[0])
+        cfg = contig_config(self.head_dim, self.dtype, self.pool.dtype, self.device)
+        if cfg is None:
+            return None
+        reqs, starts = query_blocks(meta.q_lens, cfg[0], meta.q_lens)  # heaviest first
         as_t = (lambda x: torch.tensor(x, dtype=torch.int32).to(self.device, non_blocking=True))
-        return as_t(reqs), as_t(starts), cfg
+        bm, bn, warps, stages = cfg
+        return as_t(reqs), as_t(starts), cfg, f"contig BLOCK_M={bm} BLOCK_N={bn} warps={warps} stages={stages} (new K/V)"
 
     def supports_device_steps(self) -> bool:
         return not self.invariant
@@ -361,17 +347,6 @@ class TritonBackend(AttentionBackend):
                             plan.kv_lens, plan.block_req, plan.block_qstart, mask=plan.mask,
                             mask_indptr=plan.mask_indptr, **common)
 
-    def _contig_fits(self, cfg: tuple) -> bool:
-        """Whether the contiguous prefill's launch fits this GPU's shared memory (Q once, K and V per stage; the
-        128 x 128 x 3-stage launch at head dim 128 takes ~230 KB: Hopper's 227 KiB, not an A100's 164 or an
-        sm_89's 99); always under the interpreter."""
-        if self.device.type != "cuda":
-            return True
-        from attnlab.kernels.prefill_contig import shared_bytes
-
-        limit = _max_shared_mem(self.device.index or 0)
-        return shared_bytes(cfg, self.head_dim, torch.tensor([], dtype=self.dtype).element_size()) <= limit
-
     def run_new(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         """``run``, but a prefill planned for the contiguous kernel (``_contig``) reads the new K / V given here.
         kernel_info's prefill label says which kernel ran, when it ran (a hybrid's triton side is run by ``run``)."""
@@ -380,8 +355,8 @@ class TritonBackend(AttentionBackend):
             return self.run(q, layer)
         from attnlab.kernels.prefill_contig import prefill_contig
 
-        req, q0, (bm, bn, warps, stages) = plan.contig
-        self._kernels["prefill"] = f"contig BLOCK_M={bm} BLOCK_N={bn} warps={warps} stages={stages} (new K/V)"
+        req, q0, (bm, bn, warps, stages), label = plan.contig
+        self._kernels["prefill"] = label
         q, k, v = (_tma_rows(t) for t in (q, k, v))
         return prefill_contig(q, k, v, plan.qo_indptr, req, q0, scale=self.scale, block_m=bm, block_n=bn,
                               num_warps=warps, num_stages=stages)

@@ -7,21 +7,50 @@ per (query tile of BLOCK_M tokens of one request, query head), Q / K / V tiles l
 (TMA on Hopper, plain loads elsewhere and under the interpreter) over 2-D views ``[T, H * D]``; the output is
 stored through masked pointers (a tile's rows past its request's end belong to the next request). Tiles wholly
 below the causal diagonal run unmasked; the diagonal's tiles are masked. Tiles run heaviest first (the host orders
-them, ``tiles``). Scores in the log2 domain (exp2), fp32 accumulation.
+them: ``extend.query_blocks`` with kv_len = q_len). Scores in the log2 domain (exp2), fp32 accumulation.
 
-Issue 16's lead (experiments/prefill-contig/): measured against the paged kernel and FlashInfer's FA3; not wired
-into the engine's passes.
+The triton backend runs it for prefills with no cached prefix where ``contig_config`` gives a launch
+(``TritonBackend.run_new``); measured in experiments/prefill-contig/.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from attnlab.kernels.decode import LOG2E
-from attnlab.kernels.heuristics import fp32_dot
+from attnlab.kernels.heuristics import contig_tiles, fp32_dot, interpreter_on
 from attnlab.kernels.pdl import launch_args, pdl_start
+
+
+@triton.jit
+def _step(q, k, v, acc, m_i, l_i, qk_scale, valid, MASKED: tl.constexpr, FP32_DOT: tl.constexpr):
+    """One online-softmax step over a K / V tile (log2 domain); ``valid`` is read only when MASKED (a masked row
+    with nothing valid yet keeps m_i = -inf and acc = 0)."""
+    if FP32_DOT:
+        qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        qk = tl.dot(q, tl.trans(k))
+    if MASKED:
+        qk = tl.where(valid, qk * qk_scale, float("-inf"))
+    else:
+        qk = qk * qk_scale
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    if MASKED:
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_safe = m_new
+    alpha = tl.math.exp2(m_i - m_safe)
+    p = tl.math.exp2(qk - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if FP32_DOT:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
 
 
 @triton.jit
@@ -46,42 +75,13 @@ def _prefill_contig_kernel(Qd, Kd, Vd, O, CU, TILE_REQ, TILE_Q0, qk_scale, strid
     full_hi = (q0 + 1) // BLOCK_N * BLOCK_N  # tiles every row of the tile sees whole
     full_hi = tl.minimum(full_hi, hi // BLOCK_N * BLOCK_N)
     for n0 in range(0, full_hi, BLOCK_N):
-        k = Kd.load([start + n0, kvh * HEAD_DIM])
-        v = Vd.load([start + n0, kvh * HEAD_DIM])
-        if FP32_DOT:
-            qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            qk = tl.dot(q, tl.trans(k))
-        qk = qk * qk_scale
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if FP32_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        acc, m_i, l_i = _step(q, Kd.load([start + n0, kvh * HEAD_DIM]), Vd.load([start + n0, kvh * HEAD_DIM]),
+                              acc, m_i, l_i, qk_scale, None, False, FP32_DOT)
     for n0 in range(full_hi, hi, BLOCK_N):
-        k = Kd.load([start + n0, kvh * HEAD_DIM])
-        v = Vd.load([start + n0, kvh * HEAD_DIM])
-        if FP32_DOT:
-            qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            qk = tl.dot(q, tl.trans(k))
         pos = n0 + offs_n
         valid = (pos[None, :] <= offs_m[:, None]) & (pos[None, :] < q_len)
-        qk = tl.where(valid, qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_safe)
-        p = tl.math.exp2(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if FP32_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        acc, m_i, l_i = _step(q, Kd.load([start + n0, kvh * HEAD_DIM]), Vd.load([start + n0, kvh * HEAD_DIM]),
+                              acc, m_i, l_i, qk_scale, valid, True, FP32_DOT)
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     rows = (start + offs_m).to(tl.int64)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -105,11 +105,31 @@ def shared_bytes(cfg: tuple[int, int, int, int], head_dim: int, elem: int) -> in
     return (bm * head_dim + stages * 2 * bn * head_dim) * elem + 2048
 
 
-def tiles(q_lens: list[int], block_m: int) -> tuple[list[int], list[int]]:
-    """(request, first query token) of every BLOCK_M tile, heaviest first (the most keys: its last row's)."""
-    work = [(min(s + block_m, n), i, s) for i, n in enumerate(q_lens) for s in range(0, n, block_m)]
-    work.sort(key=lambda w: -w[0])
-    return [w[1] for w in work], [w[2] for w in work]
+@functools.cache
+def max_shared_mem(device_index: int) -> int:
+    """Bytes of shared memory a block may use on this GPU (Triton's driver query); 0 where it cannot be read (then
+    no launch fits and the paged kernel runs)."""
+    try:
+        return int(triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"])
+    except Exception:  # noqa: BLE001 - an unreadable limit keeps the paged kernel
+        return 0
+
+
+def contig_config(head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype,
+                  device: torch.device) -> tuple[int, int, int, int] | None:
+    """The launch (BLOCK_M, BLOCK_N, warps, stages) the contiguous prefill runs with here, or None where the paged
+    kernel runs instead: a head dim without a measured launch (heuristics.CONTIG_TILES), a KV pool of another dtype
+    than the queries (an fp8 pool: attention must read its quantized values), fp32 on a GPU (its tiles overflow
+    shared memory), or a launch the GPU's shared memory cannot hold (head dim 128 takes ~230 KB: Hopper's 227 KiB,
+    not an A100's 164 or an sm_89's 99). The one rule for the backend's plans and for warmup."""
+    cfg = contig_tiles(head_dim)
+    if cfg is None or kv_dtype != dtype:
+        return None
+    if device.type != "cuda" or interpreter_on():
+        return cfg
+    if dtype == torch.float32 or shared_bytes(cfg, head_dim, dtype.itemsize) > max_shared_mem(device.index or 0):
+        return None
+    return cfg
 
 
 def prefill_contig(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
@@ -118,7 +138,7 @@ def prefill_contig(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
                    out: torch.Tensor | None = None) -> torch.Tensor:
     """Causal varlen prefill, no cached prefix. q: [T, Hq, D]; k, v: [T, Hkv, D] (rows contiguous in the last two
     dims, any row stride, e.g. slices of a fused qkv output); cu_seqlens [B + 1] int32 (device); tile_req /
-    tile_q0: int32 from ``tiles(q_lens, block_m)``. D a power of two >= 16. Returns out [T, Hq, D]."""
+    tile_q0: int32 from ``extend.query_blocks(q_lens, block_m, q_lens)`` (heaviest first). D a power of two >= 16. Returns out [T, Hq, D]."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     T, hq, d = q.shape

@@ -116,11 +116,10 @@ def warmup(shapes: list[WarmupShape], device: torch.device | str = "cuda") -> li
 def _warm_contig(shape: WarmupShape, device: torch.device) -> list[dict]:
     """The contiguous prefill kernel's variant for this shape (triton's ``_contig`` rule), compiled on a one-token
     prefill; [] where the rule keeps the paged kernel."""
-    from attnlab.kernels.heuristics import contig_tiles, interpreter_on
-    from attnlab.kernels.prefill_contig import prefill_contig
+    from attnlab.kernels.prefill_contig import contig_config, prefill_contig
 
-    cfg = contig_tiles(shape.head_dim)
-    if cfg is None or (shape.dtype == torch.float32 and not interpreter_on()):
+    cfg = contig_config(shape.head_dim, shape.dtype, shape.kv_dtype or shape.dtype, device)
+    if cfg is None:
         return []
     t0 = time.perf_counter()
     q = torch.zeros(1, shape.num_q_heads, shape.head_dim, dtype=shape.dtype, device=device)

@@ -24,7 +24,7 @@ import triton
 from attnlab.bench.kernels import versions
 from attnlab.kernels.extend import paged_extend, query_blocks
 from attnlab.kernels.heuristics import extend_params, sm_count
-from attnlab.kernels.prefill_contig import prefill_contig, tiles
+from attnlab.kernels.prefill_contig import prefill_contig
 
 HEADS = {"llama8b": (32, 8, 128), "smollm2": (9, 3, 64)}
 PAGE = 16
@@ -62,7 +62,7 @@ def paged_fn(c):
 
 def contig_fn(c, cfg: str):
     bm, bn, warps, stages = (int(x) for x in cfg.split("x"))
-    req, q0 = (torch.tensor(x, dtype=torch.int32, device="cuda") for x in tiles(c["q_lens"], bm))
+    req, q0 = (torch.tensor(x, dtype=torch.int32, device="cuda") for x in query_blocks(c["q_lens"], bm, c["q_lens"]))
     out = torch.empty_like(c["q"])
     return lambda: prefill_contig(c["q"], c["k"], c["v"], c["cu"], req, q0, scale=c["scale"], block_m=bm,
                                   block_n=bn, num_warps=warps, num_stages=stages, out=out)

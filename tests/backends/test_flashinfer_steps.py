@@ -254,6 +254,8 @@ def test_a_crossing_that_changes_the_schedule_plans_every_step(fake_fi, monkeypa
     pages to 9 adds a tile (its first step would meet a tile past its length): that launch does not fit. And when
     a plan disagrees with the model (another FlashInfer), no crossing fits any more."""
     case = cpu_case([1], [140], page_size=16, gqa=3)
+    # keep_plans off: the host plan_slot below must really plan, so the changed planner's disagreement is seen here
+    # (with kept plans a same-schedule host plan keeps its plan: test_flashinfer_keep.py covers that path's checks)
     be = backend(case, cuda_graph=True, max_batch_size=4, max_context=256, keep_plans=False)
     lay = case.meta.layout
     indptr = lay.kv_indptr.tolist()
@@ -366,6 +368,8 @@ def test_a_plan_that_disagrees_with_the_model_runs_nothing(fake_fi, monkeypatch)
     from attnlab.backends.base import DeviceStepsUnfit
 
     case = cpu_case([1], [66], page_size=16, gqa=3)
+    # keep_plans off: the host plan_slot below must really plan, so the changed planner's disagreement is seen here
+    # (with kept plans a same-schedule host plan keeps its plan: test_flashinfer_keep.py covers that path's checks)
     be = backend(case, cuda_graph=True, max_batch_size=4, max_context=256, keep_plans=False)
     lay = case.meta.layout
     be.device_step_plans(1, 4, lay.kv_indptr, lay.kv_indices, torch.zeros(4, 1, dtype=torch.int32))

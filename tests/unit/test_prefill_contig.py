@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.kernels.prefill_contig import prefill_contig, tiles
+from attnlab.kernels.extend import query_blocks
+from attnlab.kernels.prefill_contig import prefill_contig
 
 CUDA = torch.cuda.is_available()
 # triton on CPU tensors: the interpreter only (CI's CPU machine); a machine whose Triton compiles for a GPU skips them
@@ -42,18 +43,11 @@ def test_matches_causal_reference(device, dtype, head_dim, hkv, group, q_lens, b
     qkv = torch.randn(T, hq + 2 * hkv, head_dim, generator=g).to(device, dtype)  # one fused projection output
     q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
-    req, q0 = (torch.tensor(x, dtype=torch.int32, device=device) for x in tiles(q_lens, block_m))
+    req, q0 = (torch.tensor(x, dtype=torch.int32, device=device) for x in query_blocks(q_lens, block_m, q_lens))
     scale = head_dim ** -0.5
     out = prefill_contig(q, k, v, cu, req, q0, scale=scale, block_m=block_m, block_n=block_n)
     tol = 2e-2 if dtype == torch.bfloat16 else 2e-4
     torch.testing.assert_close(out.float(), reference(q, k, v, q_lens, scale), atol=tol, rtol=tol)
-
-
-def test_tiles_heaviest_first_and_complete():
-    req, q0 = tiles([70, 0, 20, 129], 32)
-    assert sorted(zip(req, q0)) == [(0, 0), (0, 32), (0, 64), (2, 0), (3, 0), (3, 32), (3, 64), (3, 96), (3, 128)]
-    work = [min(s + 32, [70, 0, 20, 129][r]) for r, s in zip(req, q0)]
-    assert work == sorted(work, reverse=True)
 
 
 def test_bad_layouts_say_what_is_wrong():
@@ -129,13 +123,21 @@ def test_prefills_it_cannot_serve_keep_the_paged_kernel(kv_lens, q_lens, why, kw
     torch.testing.assert_close(got, be.run(case.q, 0))
 
 
-def test_the_launch_must_fit_the_gpus_shared_memory():
-    """128 x 128 x 3 stages at head dim 128 takes ~230 KB: Hopper's 227 KiB holds it, an A100's 164 KiB does not."""
-    from attnlab.kernels.heuristics import contig_tiles
-    from attnlab.kernels.prefill_contig import shared_bytes
+def test_the_launch_must_fit_the_gpus_shared_memory(monkeypatch):
+    """contig_config, the one rule for plans and warmup: 128 x 128 x 3 stages at head dim 128 takes ~230 KB, which
+    Hopper's 227 KiB holds and an A100's 164 KiB does not; head dim 64 fits both; fp32, an fp8 pool, an unmeasured
+    head dim or an unreadable limit keep the paged kernel."""
+    from attnlab.kernels import prefill_contig as pc
 
-    assert shared_bytes(contig_tiles(128), 128, 2) <= 232448 < shared_bytes(contig_tiles(128), 128, 2) + 4096
-    assert shared_bytes(contig_tiles(128), 128, 2) > 166912 and shared_bytes(contig_tiles(64), 64, 2) < 101376
+    monkeypatch.setattr(pc, "interpreter_on", lambda: False)
+    cuda, bf16 = torch.device("cuda", 0), torch.bfloat16
+    for limit, want128 in ((232448, True), (166912, False), (0, False)):
+        monkeypatch.setattr(pc, "max_shared_mem", lambda _i, limit=limit: limit)
+        assert (pc.contig_config(128, bf16, bf16, cuda) is not None) == want128, limit
+        assert (pc.contig_config(64, bf16, bf16, cuda) is not None) == (limit > 0), limit
+    monkeypatch.setattr(pc, "max_shared_mem", lambda _i: 232448)
+    assert pc.contig_config(64, torch.float32, torch.float32, cuda) is None
+    assert pc.contig_config(64, bf16, torch.float8_e4m3fn, cuda) is None and pc.contig_config(96, bf16, bf16, cuda) is None
 
 
 def test_one_kv_head_with_any_head_stride_needs_no_copy():
