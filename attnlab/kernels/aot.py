@@ -31,6 +31,7 @@ class CompileLog:
     pdl_variants: int = 0  # of them, those whose PTX waits on the previous grid (griddepcontrol.wait: engine.pdl)
     prefetch_variants: int = 0  # of them, those that prefetch into L2 (engine.gemm_prefetch)
     seconds: float = 0.0
+    last_shared: int = 0  # shared memory (bytes) of the variant compiled last
 
     @property
     def total(self) -> int:
@@ -68,6 +69,7 @@ def compile_only(arch: int = 90, warp_size: int = 32):
 
     def run(self, *args, grid, warmup, **kwargs):
         kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
+        log.last_shared = int(getattr(kernel.metadata, "shared", 0))
         if id(kernel) not in seen:
             seen.add(id(kernel))
             log.variants[self.__name__] = log.variants.get(self.__name__, 0) + 1
@@ -214,7 +216,30 @@ def _compile_gemm_dtypes(gemm, dtypes, arch: int) -> None:
             gemm.argmax_linear(x, torch.zeros(8 * hidden, hidden, dtype=dtype))  # an LM head's greedy tokens
 
 
-def compile_pdl(arch: int = 90) -> None:
+# opt-in shared memory per block by compute capability (CUDA's limits: sm_80 163 KiB, sm_86 / sm_89 99 KiB, sm_90 227)
+ARCH_SHARED = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
+
+
+def compile_prefill_contig(log: CompileLog, arch: int = 90) -> None:
+    """The contiguous prefill's launch per head dim (heuristics.CONTIG_TILES), bf16, where its shared-memory estimate
+    (prefill_contig.shared_bytes, what contig_config holds against the GPU's limit) fits this arch; the compiled
+    variant must not need more than that estimate, or contig_config would let through a launch that cannot run."""
+    from attnlab.kernels.heuristics import CONTIG_TILES
+    from attnlab.kernels.prefill_contig import prefill_contig, shared_bytes
+
+    for d, cfg in sorted(CONTIG_TILES.items()):
+        if shared_bytes(cfg, d, 2) > ARCH_SHARED.get(arch, min(ARCH_SHARED.values())):
+            continue  # contig_config keeps the paged kernel here
+        q, kv = torch.zeros(256, 8, d, dtype=torch.bfloat16), torch.zeros(256, 2, d, dtype=torch.bfloat16)
+        z = torch.zeros(2, dtype=torch.int32)
+        prefill_contig(q, kv, kv, torch.tensor([0, 256], dtype=torch.int32), z, z, scale=d ** -0.5,
+                       block_m=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3])
+        if log.last_shared > shared_bytes(cfg, d, 2):
+            raise RuntimeError(f"prefill_contig at head dim {d}: {log.last_shared} B of shared memory, above the "
+                               f"{shared_bytes(cfg, d, 2)} B that prefill_contig.shared_bytes estimates")
+
+
+def compile_pdl(arch: int = 90, log: CompileLog | None = None) -> None:
     """One variant of every kernel with programmatic dependent launch on (attnlab.kernels.pdl): the fused ops, the
     store, the GEMM (quick grid, without and with the weight prefetch), every attention launch of the backend and the invariant kernel with its ordered
     merge, bf16, head dim 64, GQA 4."""
@@ -229,6 +254,8 @@ def compile_pdl(arch: int = 90) -> None:
             compile_gemm(True, arch)
         for shape in backend_shapes():
             compile_backend_case(*shape, dtype=torch.bfloat16, kv_dtype=torch.bfloat16, head_dim=64, gqa=4)
+        if log is not None:
+            compile_prefill_contig(log, arch)
 
 
 def main(argv=None) -> int:
@@ -244,8 +271,9 @@ def main(argv=None) -> int:
                 compile_store_and_fused(a.quick, a.arch)
                 compile_gemm(a.quick, a.arch)
                 compile_backend_grid(a.quick, a.arch)
+                compile_prefill_contig(log, a.arch)
             if a.pdl != "off":
-                compile_pdl(a.arch)
+                compile_pdl(a.arch, log)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
