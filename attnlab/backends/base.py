@@ -197,6 +197,16 @@ class AttentionBackend(ABC):
         """True when ``device_step_plans`` can plan single-token steps whose metadata lives on the device."""
         return False
 
+    def supports_device_trees(self) -> bool:
+        """True when ``device_tree_plans`` can plan a tree draft's frontier passes whose metadata the device
+        writes (attnlab.spec.tree_device)."""
+        return False
+
+    def device_tree_plans(self, batch: int, topk: int, n: int, kv_indptr, kv_indices, bufs) -> list:
+        """Plan slots 1 .. n for the frontier passes of a device-planned tree draft (q_len ``topk`` per row, a
+        custom mask); their KV lengths, masks and mask offsets live in ``bufs`` (tree_device.TreeStepBuffers)."""
+        raise NotImplementedError(f"{self.name}: no device-planned tree passes")
+
     # False: some launches cannot run device-planned (``device_steps_fit``), so the engine keeps the host-planned
     # n-step graph beside the device-planned one
     DEVICE_STEPS_ALWAYS_FIT: ClassVar[bool] = True

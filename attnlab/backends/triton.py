@@ -222,6 +222,43 @@ class TritonBackend(AttentionBackend):
                                          f"stages={params.num_stages} (device-planned)")
         return plans
 
+    def supports_device_trees(self) -> bool:
+        return not self.invariant
+
+    def device_tree_plans(self, batch, topk, n, kv_indptr, kv_indices, bufs) -> list:
+        """Plans of ``n`` tree frontier passes (q_len ``topk``, custom mask) whose KV lengths, masks and mask
+        offsets the device writes into ``bufs`` (attnlab.spec.tree_device.TreeStepBuffers) before each pass, over
+        one page layout (``kv_indptr`` / ``kv_indices``, every row's pages up to its last pass). Slots 1 .. n."""
+        from attnlab.kernels.extend import query_blocks
+        from attnlab.kernels.heuristics import plan_params
+
+        if self.invariant:
+            raise NotImplementedError("triton: engine.invariant has no tree passes")
+        group = self.num_q_heads // self.num_kv_heads
+        kv = [self.max_context] * batch  # launch parameters for the longest KV a pass can have, as in graph plans
+        params = plan_params(q_lens=[topk] * batch, kv_lens=kv, num_kv_heads=self.num_kv_heads, group=group,
+                             head_dim=self.head_dim, has_mask=True, sms=self._sms(), num_splits=self.num_splits)
+        reqs, starts = query_blocks([topk] * batch, params.tokens_per_block, kv)
+        as_t = (lambda x: torch.tensor(x, dtype=torch.int32).to(self.device, non_blocking=True))
+        qo, block_req, block_qstart = as_t([i * topk for i in range(batch + 1)]), as_t(reqs), as_t(starts)
+        tokens = batch * topk
+        plans = []
+        for j in range(n):
+            plan = TritonPlan(params, tokens, qo, kv_indptr, kv_indices, bufs.kv_lens[j], block_req, block_qstart,
+                              mask=bufs.masks[j], mask_indptr=bufs.mask_indptr[j])
+            if params.num_splits > 1:
+                plan.o_part = torch.empty(tokens, self.num_q_heads, params.num_splits, self.head_dim,
+                                          dtype=torch.float32, device=self.device)
+                plan.lse_part = torch.empty(tokens, self.num_q_heads, params.num_splits, dtype=torch.float32,
+                                            device=self.device)
+                plan.counters = self._merge_counters(params, len(reqs))
+            self._slots[j + 1] = plan
+            plans.append(plan)
+        self._kernels["tree_steps"] = (f"{params.kind} BLOCK_M={params.block_m} BLOCK_N={params.block_n} "
+                                       f"splits={params.num_splits} warps={params.num_warps} "
+                                       f"stages={params.num_stages} (device-planned)")
+        return plans
+
     def _sms(self) -> int:
         from attnlab.kernels.heuristics import sm_count
 

@@ -67,6 +67,7 @@ class _Graph:
     # what the graph's kernels read but nothing else holds: a device-planned graph's step plans (their
     # o_part / lse_part scratch and qo_indptr), replaced in the backend's slots by the next bucket's capture
     keep: tuple = ()
+    outputs: tuple = ()  # a tree-draft graph's outputs (attnlab.spec.tree_device.tree_draft_body)
 
 
 class GraphCache:
@@ -77,7 +78,7 @@ class GraphCache:
         self.q_lens: tuple[int, ...] = ()  # of causal passes
         self.mask_q_lens: tuple[int, ...] = ()  # of tree passes
         self.pool = None
-        self.step_replays = {"steps": 0, "dsteps": 0}  # n-step graph replays: host- / device-planned
+        self.step_replays = {"steps": 0, "dsteps": 0, "dtree": 0}  # multi-step graph replays: host- / device-planned, trees
 
     def q_lens_for(self, masked: bool) -> tuple[int, ...]:
         return self.mask_q_lens if masked else self.q_lens
@@ -247,6 +248,66 @@ class GraphCache:
         g.graph.replay()
         self.step_replays["steps"] += 1
         return g.tokens
+
+    def _tree_key(self, bs: int, shape, feature_dim: int | None) -> tuple:
+        return bs, shape.topk, ("dtree", shape.num_steps, shape.num_draft_tokens, feature_dim or 0), \
+            self.runner.capture_layers
+
+    def has_tree_steps(self, bs: int, shape, feature_dim: int | None = None) -> bool:
+        """Whether the device-planned tree draft graph of bucket ``bs`` and this tree shape is captured."""
+        return self._tree_key(bs, shape, feature_dim) in self.graphs
+
+    def capture_tree_steps(self, buckets, shape, feature_dim: int | None = None) -> int:
+        """Capture the device-planned tree draft (attnlab.spec.tree_device: a greedy draft's S - 1 frontier
+        passes, expansions and select_tree in one graph) of every bucket not captured yet; ``feature_dim``: an
+        EAGLE head's feature width (None: a plain drafter)."""
+        before = len(self.graphs)
+        self.buckets = tuple(sorted(set(self.buckets) | set(buckets)))
+        self.pool = self.pool or torch.cuda.graph_pool_handle()
+        for bs in sorted(set(buckets), reverse=True):
+            if not self.has_tree_steps(bs, shape, feature_dim):
+                self._capture_tree_steps(self.runner, bs, shape, feature_dim)
+        return len(self.graphs) - before
+
+    def _capture_tree_steps(self, r, bs: int, shape, feature_dim: int | None) -> None:
+        from attnlab.kvcache import pages_needed
+        from attnlab.spec.tree_device import TreeStepBuffers, meta_views, tree_draft_body, tree_steps_values
+
+        K, S, N = shape.topk, shape.num_steps, shape.num_draft_tokens
+        per = pages_needed(max(1, (S - 1) * K), r.allocator.page_size)  # a dummy's scratch pages
+        values = tree_steps_values([], [], [], [i * per for i in range(bs + 1)], [r.pool.num_pages] * (bs * per), bs)
+        cap = len(values) - bs * per + r.pool.num_pages + bs * per  # page ids of any layout
+        meta = torch.zeros(cap, dtype=torch.int32)
+        meta[:len(values)] = torch.tensor(values, dtype=torch.int32)
+        meta = meta.to(r.device)
+        bufs = TreeStepBuffers.empty(bs, K, S - 1, r.backend.max_context, r.device)
+        *_, indptr, indices = meta_views(meta, bs)
+        plans = r.backend.device_tree_plans(bs, K, S - 1, indptr, indices, bufs)
+        root_logits = torch.zeros(bs, r.model_config.vocab_size, dtype=torch.float32, device=r.device)
+        last = torch.zeros(bs, dtype=torch.long, device=r.device)
+        features = _feature_buffer(r, bs, feature_dim)
+        g, outputs = self._record(lambda: tree_draft_body(r, meta, bs, K, S, N, root_logits, last, features, bufs))
+        empty = last[:0]
+        self.graphs[self._tree_key(bs, shape, feature_dim)] = _Graph(
+            g, last, empty, empty, root_logits, None, features, meta=meta, keep=(tuple(plans), bufs),
+            outputs=outputs)
+
+    def replay_tree_steps(self, bs: int, shape, meta: torch.Tensor, root_logits: torch.Tensor, last: torch.Tensor,
+                          features: torch.Tensor | None = None) -> tuple:
+        """Replay the tree draft graph on one staged buffer (tree_device.stage_tree_steps, pad_to=bs); -> the
+        DraftTree tensors over all bs rows (views of the graph's outputs: read them before the next replay)."""
+        g = self.graphs[self._tree_key(bs, shape, None if features is None else features.shape[1])]
+        if meta.numel() > g.meta.numel():
+            raise RuntimeError(f"tree steps: {meta.numel()} metadata entries, the graph holds {g.meta.numel()}")
+        b = last.shape[0]
+        g.ids[:b].copy_(last)
+        g.logits[:b].copy_(root_logits)
+        if features is not None:
+            g.features[:b].copy_(features)
+        g.meta[: meta.numel()].copy_(meta)
+        g.graph.replay()
+        self.step_replays["dtree"] += 1
+        return g.outputs
 
     def replay(self, bs: int, q: int, slot: int, p, input_ids: torch.Tensor,
                features: torch.Tensor | None = None, masked: bool = False):

@@ -114,7 +114,7 @@ class ModelRunner:
         from attnlab.engine.multistep import device_step_views, device_steps_values
 
         ends = [s + n for s in starts]
-        tables = self._allocate(reqs, ends)
+        tables = self.allocate(reqs, ends)
         rows = pad_to or len(reqs)
         pad = rows - len(reqs)
         indptr, indices, _ = layout_lists(tables + [[self.pool.num_pages]] * pad, ends + [1] * pad,
@@ -126,7 +126,7 @@ class ModelRunner:
                                             *device_step_views(meta, rows))
         return meta, rows
 
-    def _allocate(self, reqs, ends) -> list[list[int]]:
+    def allocate(self, reqs, ends) -> list[list[int]]:
         """Grow request i to ``ends[i]`` tokens (allocation only grows); -> their page tables."""
         for r, e in zip(reqs, ends):
             if e > self.max_context:
@@ -142,7 +142,7 @@ class ModelRunner:
         their device views that builds the Pass)."""
         ps = self.allocator.page_size
         ends = [s + q for s, q in zip(starts, q_lens)]
-        tables = self._allocate(reqs, ends)
+        tables = self.allocate(reqs, ends)
         slots: list[int] = []
         positions: list[int] = []
         last_rows: list[int] = []
@@ -306,7 +306,7 @@ class ModelRunner:
         per-token features a draft head reads in these passes (None: no features); ``masked``: graphs of tree
         passes (custom mask; the backend needs ``caps.cuda_graph_mask``); ``multistep`` n > 0: also the n-step
         greedy graph (engine/multistep.py, with ``feature_dim``: a draft head's). Returns how many were captured."""
-        from attnlab.engine.graphs import DEFAULT_BUCKETS, GraphCache
+        from attnlab.engine.graphs import GraphCache
 
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
@@ -314,9 +314,8 @@ class ModelRunner:
             from attnlab.kernels import gemm
 
             gemm.prepare(self.device)
-        if buckets is None:  # every default bucket below max_batch, and the first one that holds it
-            buckets = [b for b in DEFAULT_BUCKETS if b < self.max_batch]
-            buckets.append(next((b for b in DEFAULT_BUCKETS if b >= self.max_batch), self.max_batch))
+        if buckets is None:
+            buckets = self.default_buckets()
         if not (keep and self.graphs):
             self.graphs = GraphCache(self)
         if masked and not self.backend.capabilities().cuda_graph_mask:
@@ -328,6 +327,26 @@ class ModelRunner:
         if multistep > 0:
             n += self.graphs.capture_steps(buckets, multistep, feature_dim)
         return n
+
+    def default_buckets(self) -> list[int]:
+        """Every default graph bucket below max_batch, and the first one that holds it."""
+        from attnlab.engine.graphs import DEFAULT_BUCKETS
+
+        buckets = [b for b in DEFAULT_BUCKETS if b < self.max_batch]
+        buckets.append(next((b for b in DEFAULT_BUCKETS if b >= self.max_batch), self.max_batch))
+        return buckets
+
+    def capture_tree_steps(self, shape, feature_dim: int | None = None) -> int:
+        """The device-planned tree draft's graph (attnlab.spec.tree_device) for every default bucket, added to the
+        graphs captured before; 0 when the backend plans no tree passes on the device."""
+        from attnlab.engine.graphs import GraphCache
+
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        if not self.backend.supports_device_trees() or shape.num_steps < 2:
+            return 0
+        self.graphs = self.graphs or GraphCache(self)
+        return self.graphs.capture_tree_steps(self.default_buckets(), shape, feature_dim)
 
     def decode_greedy_steps(self, reqs, starts, last: torch.Tensor, n: int) -> torch.Tensor:
         """n greedy decode steps in one launch (see engine/multistep.py): -> tokens [B, n] int64."""

@@ -90,6 +90,16 @@ class Drafter:
         top-k (EAGLE-2); the state keeps the draft rows when sampled (its acceptance reads them)."""
         raise NotImplementedError(f"draft={self.kind} drafts chains only")
 
+    def draft_tree(self, reqs, seqs: Sequence[list[int]], shape, sp: SamplingParams, gen, sampled: bool,
+                   root_pos: torch.Tensor, last: torch.Tensor):
+        """-> the attnlab.spec.tree.DraftTree one verify pass checks: ``propose_tree`` then ``select_tree`` (the
+        shape's num_draft_tokens best nodes). last [B]: the root tokens. Model drafters draft a greedy tree as one
+        launch where their backend plans tree passes on the device (attnlab.spec.tree_device)."""
+        from attnlab.spec.tree import select_tree
+
+        return select_tree(self.propose_tree(reqs, seqs, shape, sp, gen, sampled, root_pos), last,
+                           shape.num_draft_tokens)
+
     def rollback_tree(self, reqs, n_before: Sequence[int], tree, path: torch.Tensor,
                       num_accepted: torch.Tensor) -> None:
         """After tree acceptance, before the sync: keep the accepted path's draft KV (device work only);
@@ -156,6 +166,9 @@ class ModelDrafter(Drafter):
         # greedy drafting runs steps 1..k-1 as one multi-step pass (engine/multistep.py: one graph replay);
         # False: a replay and an argmax per step (the previous path)
         self.multistep = True
+        # a greedy tree draft as one launch where the backend plans tree passes on the device
+        # (attnlab.spec.tree_device); False: the frontier passes step by step (the previous path)
+        self.device_trees = True
 
     def prefill(self, reqs, prompts, first_tokens=None, target=None):
         ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long).to(self.runner.device, non_blocking=True)
@@ -215,20 +228,40 @@ class ModelDrafter(Drafter):
     # -- tree drafting ----------------------------------------------------------------------------------
     drafts_trees = True
 
+    def _catch_up(self, reqs, seqs):
+        """The catch-up pass of a tree draft, prepared (not planned): as ``propose``'s, 2 tokens, one shape.
+        -> (the Pass, its input ids on the device)."""
+        r = self.runner
+        starts = [min(r.kv_len(q), max(0, len(s) - 2)) for q, s in zip(reqs, seqs)]
+        catch = [s[m:] for s, m in zip(seqs, starts)]
+        q0 = [len(c) for c in catch]
+        first = r.prepare(reqs, starts, q0, Mode.DECODE if max(q0) == 1 else Mode.VERIFY)
+        return first, torch.tensor([t for c in catch for t in c], dtype=torch.long).to(r.device, non_blocking=True)
+
+    def draft_tree(self, reqs, seqs, shape, sp, gen, sampled, root_pos, last):
+        """Greedy, on a backend with device-planned tree passes: the catch-up pass, then the frontier passes and
+        the tree's construction as one launch (attnlab.spec.tree_device); otherwise step by step."""
+        if sp.greedy and self.device_trees and shape.num_steps > 1 and self.runner.backend.supports_device_trees():
+            from attnlab.spec.tree_device import device_tree_draft
+
+            r = self.runner
+            ns = [len(s) for s in seqs]
+            first, ids0 = self._catch_up(reqs, seqs)
+            r.plan(first)
+            logits = r.forward(first, ids0, first.last_rows)
+            return device_tree_draft(r, reqs, ns, [n - 1 for n in ns], [n - 1 for n in ns], shape, logits, last)
+        return super().draft_tree(reqs, seqs, shape, sp, gen, sampled, root_pos, last)
+
     def propose_tree(self, reqs, seqs, shape, sp, gen, sampled, root_pos):
         """The chain's catch-up pass (slot 0) gives the root's children; frontier pass s (slot s) feeds the
         depth-s frontier at tree slots (s - 1) K .. sK - 1, i.e. KV positions n + (s - 1) K + rank."""
         from attnlab.spec.tree_draft import draft_rows, expand, plan_tree_steps, write_step_mask
 
-        r, dev, K = self.runner, self.runner.device, shape.topk
+        r, K = self.runner, shape.topk
         ns = [len(s) for s in seqs]
-        starts = [min(r.kv_len(q), max(0, n - 2)) for q, n in zip(reqs, ns)]  # as propose: 2 tokens, one shape
-        catch = [s[m:] for s, m in zip(seqs, starts)]
-        q0 = [len(c) for c in catch]
-        first = r.prepare(reqs, starts, q0, Mode.DECODE if max(q0) == 1 else Mode.VERIFY)
+        first, ids0 = self._catch_up(reqs, seqs)
         steps = plan_tree_steps(r, reqs, ns, [n - 1 for n in ns], K, shape.num_steps)
         r.plan(first)
-        ids0 = torch.tensor([t for c in catch for t in c], dtype=torch.long).to(dev, non_blocking=True)
         # The loop: device work only.
         st = expand(None, draft_rows(r.forward(first, ids0, first.last_rows), sp), K, sampled, gen, root_pos,
                     sampled)
@@ -253,7 +286,7 @@ class ModelDrafter(Drafter):
         if masked and shape.num_steps > 1:
             n += self.runner.capture_graphs(q_lens=(shape.topk,), num_slots=shape.num_steps, first_slot=1,
                                             keep=True, masked=True)
-        return n
+        return n + (self.runner.capture_tree_steps(shape) if self.device_trees else 0)
 
     def release(self, req):
         self.runner.release(req)

@@ -60,6 +60,9 @@ class EagleDrafter(Drafter):
         # greedy drafting runs its k - 1 steps as one multi-step pass (one graph replay under CUDA graphs);
         # False: a replay, an argmax and a feature copy per step (the previous path, kept to measure against)
         self.multistep = True
+        # a greedy tree draft as one launch where the backend plans tree passes on the device
+        # (attnlab.spec.tree_device); False: the frontier passes step by step (the previous path)
+        self.device_trees = True
 
     # -- the head's passes --------------------------------------------------------------------------
     def _run(self, p, ids: torch.Tensor, rows: torch.Tensor, features: torch.Tensor) -> None:
@@ -158,6 +161,17 @@ class EagleDrafter(Drafter):
             feat = out.gather(1, st.frontier_parent[:, :, None].expand(B, K, out.shape[-1]))
         return st
 
+    def draft_tree(self, reqs, seqs, shape, sp, gen, sampled, root_pos, last):
+        """Greedy, on a backend with device-planned tree passes: the whole draft as one launch from the stored
+        root logits and feature (attnlab.spec.tree_device); otherwise step by step."""
+        if sp.greedy and self.device_trees and shape.num_steps > 1 and self.runner.backend.supports_device_trees():
+            from attnlab.spec.tree_device import device_tree_draft
+
+            ns = [len(s) for s in seqs]
+            return device_tree_draft(self.runner, reqs, [n - 1 for n in ns], [n - 2 for n in ns], [n - 1 for n in ns],
+                                     shape, self._logits, last, self._feat)
+        return super().draft_tree(reqs, seqs, shape, sp, gen, sampled, root_pos, last)
+
     def extend_tree(self, reqs, n_before, emitted, num_accepted, features):
         r = self.runner
         width = emitted.shape[1]  # S + 1
@@ -177,7 +191,7 @@ class EagleDrafter(Drafter):
         if masked and shape.num_steps > 1:
             n += self.runner.capture_graphs(q_lens=(shape.topk,), num_slots=shape.num_steps, first_slot=1,
                                             keep=True, feature_dim=cfg.hidden_size, masked=True)
-        return n
+        return n + (self.runner.capture_tree_steps(shape, cfg.hidden_size) if self.device_trees else 0)
 
     def retain(self, keep):
         idx = _to_device(keep, self.runner.device)

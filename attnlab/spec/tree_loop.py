@@ -2,8 +2,9 @@
 accept a root-to-node path, roll both sides back to it, draft-extend; all device work before the loop's one sync.
 
 Per request, with n committed tokens (the root is the last one, at position n - 1; the target KV holds n - 1):
-- draft: ``Drafter.propose_tree`` (EAGLE-2 construction, attnlab.spec.tree / tree_draft), then ``select_tree``
-  keeps the N best nodes;
+- draft: ``Drafter.draft_tree``: ``propose_tree`` (EAGLE-2 construction, attnlab.spec.tree / tree_draft), then
+  ``select_tree`` keeps the N best nodes; a greedy model drafter on a backend with device-planned tree passes
+  does all of it as one launch (attnlab.spec.tree_device);
 - verify: the T = N + 1 tree tokens at KV positions n - 1 .. n - 1 + N (node order), RoPE positions
   n - 1 + depth, ancestor mask (prefix all True), through ``ModelRunner.prepare(custom_mask=...)``;
 - accept: ``tree_greedy_accept``, or ``tree_rejection_accept`` with the proposal this shape's drafting makes
@@ -26,7 +27,7 @@ import torch
 from attnlab.backends.base import Mode
 from attnlab.engine.sampler import SamplingParams, probs_from_logits
 from attnlab.errors import ConfigError
-from attnlab.spec.tree import check_tree_shape, sampling_proposal, select_tree
+from attnlab.spec.tree import check_tree_shape, sampling_proposal
 from attnlab.spec.tree_accept import emitted_tokens, tree_greedy_accept, tree_rejection_accept
 from attnlab.spec.tree_draft import TreeShape
 from attnlab.spec.tree_rollback import compact_target
@@ -67,8 +68,7 @@ class TreeIteration:
         dev, B, T = tgt.device, len(reqs), shape.num_nodes
         root = [n - 1 for n in n_before]
         root_pos = torch.tensor(root, dtype=torch.int64).to(dev, non_blocking=True)
-        state = drafter.propose_tree(reqs, seqs, shape, sp, gen, self.sampled, root_pos)
-        tree = select_tree(state, last, shape.num_draft_tokens)
+        tree = drafter.draft_tree(reqs, seqs, shape, sp, gen, self.sampled, root_pos, last)
 
         timer.mark("verify")
         ids, pos = verify_inputs(tree, root_pos)

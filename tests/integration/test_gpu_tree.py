@@ -68,3 +68,60 @@ def test_tree_loop_at_most_one_sync_per_iteration(kind, graphs):
         out = dec.generate(ps, 32)
     assert len(out.iterations) >= 6
     assert c.n <= len(out.iterations) + 1, (c.n, len(out.iterations), sorted(set(c.where)))
+
+
+def test_device_tree_graph_fuzz():
+    """The device-planned tree draft's graph (attnlab.spec.tree_device) over random batch compositions (padded into
+    buckets), tree shapes and page sizes, fp32 greedy: the same outputs and acceptances as the step-by-step path
+    and target-only, one replay per iteration, every page back."""
+    import random
+
+    from attnlab.spec.eagle import EagleDrafter
+
+    rng = random.Random(0)
+    target = tiny_model(CFG, seed=0).to("cuda")
+    bad, cases = [], 24
+    for case in range(cases):
+        kind = rng.choice(["model", "eagle"])
+        K, S, N = rng.choice([(2, 3, 5), (4, 3, 7), (3, 2, 6), (2, 5, 7), (4, 5, 7)])
+        page = rng.choice([1, 3, 16])
+        ps = prompts(rng.choice([1, 2, 3, 4]), CFG.vocab_size, seed=case)
+        base = gpu_runner(target, "triton", torch.float32, False, page_size=page)
+        ref = [r.output_ids for r in SpeculativeDecoder(base, NoDrafter("cuda"), SpecParams(0)).generate(ps, 20).requests]
+        outs = {}
+        for device_trees in (True, False):
+            t = gpu_runner(target, "triton", torch.float32, True, page_size=page)
+            if kind == "eagle":
+                d = EagleDrafter(_head_runner(target, page))
+            else:
+                d = ModelDrafter(gpu_runner(perturbed(target, seed=1, noise=0.2), "triton", torch.float32, True,
+                                            page_size=page, name="draft"), "model")
+            d.device_trees = device_trees
+            capture_tree_graphs(t, d, tree_shape(K, S, N))
+            before = d.runner.graphs.step_replays["dtree"]
+            out = SpeculativeDecoder(t, d, SpecParams(N, topk=K, num_steps=S)).generate(ps, 20)
+            outs[device_trees] = out
+            replays = d.runner.graphs.step_replays["dtree"] - before
+            if replays != (len(out.iterations) if device_trees else 0):
+                bad.append(f"case {case}: {replays} tree-draft replays over {len(out.iterations)} iterations")
+            if (t.allocator.num_free != t.allocator.num_pages
+                    or d.runner.allocator.num_free != d.runner.allocator.num_pages):
+                bad.append(f"case {case}: pages leaked")
+        graph, step = ([r.output_ids for r in outs[x].requests] for x in (True, False))
+        what = f"case {case} {kind} K{K}S{S}N{N} page {page} batch {len(ps)}"
+        if not graph == step == ref:
+            bad.append(f"{what}: outputs differ")
+        if [r.accept_lens for r in outs[True].requests] != [r.accept_lens for r in outs[False].requests]:
+            bad.append(f"{what}: acceptance differs from the step-by-step path")
+    print(f"device tree graph fuzz: {cases} cases, {len(bad)} mismatches")
+    assert not bad, "\n".join(bad)
+
+
+def _head_runner(target, page):
+    """An EAGLE head's draft side at any page size (test_gpu_engine._eagle builds page 16)."""
+    from tests.spec.tiny import tiny_eagle
+
+    head = tiny_eagle(target, CFG, seed=2).to("cuda")
+    r = gpu_runner(head, "triton", torch.float32, True, page_size=page, name="draft")
+    r.model_config = head.config.as_model_config()
+    return r

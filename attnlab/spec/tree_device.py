@@ -1,0 +1,190 @@
+"""Device-planned tree drafting: a greedy tree draft's S - 1 frontier passes and the tree's construction as one
+launch (one CUDA graph replay per iteration), on a backend that plans masked steps on the device
+(``AttentionBackend.supports_device_trees``: triton).
+
+Why: the per-step path (attnlab.spec.tree_draft) prepares and plans every frontier pass on the host and runs the
+tree math between the passes from Python, about 130 launches per frontier step. On an H200 that was ~1.2 ms of
+host time per step (experiments/h200-2026-12-02c: a 4x5 tree's draft took 5.2-6.4 ms, the chain's one
+device-planned replay 0.55 ms), so every tree row lost to target-only in tok/s whatever its tau.
+
+Here the host allocates the tree slots' pages and stages one int32 buffer per iteration; each frontier pass's
+positions, pool slots, KV lengths and dense tree mask are computed from it on the device, between the passes
+and the expansions, and ``select_tree`` ends the launch. Same passes, same masks, same math as the per-step path:
+in fp32 the two give the same tree (tests/spec/test_tree_device.py).
+
+Buffer (``tree_steps_layout``), per row (a graph bucket's rows: the requests, then dummies), each section starting
+on a 16-byte boundary (Triton specializes kernels on pointer alignment):
+  kv_start:  KV position of tree slot 0; everything before it is the prefix every branch reads
+  rope_root: RoPE position of the root (frontier pass s feeds rope_root + s)
+  root_pos:  the target's root position (TreeState.root_pos)
+  real:      1 for a request, 0 for a dummy (slots -1: it writes nothing; it reads the scratch page)
+  kv_indptr [rows + 1], kv_indices: every row's pages up to its last tree slot
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.backends.context import AttnContext
+from attnlab.spec.tree import DraftTree, draft_step_mask, draw_children, select_tree, tree_start, tree_step
+
+
+def _up4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+def tree_steps_layout(rows: int) -> tuple[int, int, int, int, int, int]:
+    """Offsets (int32 entries) of kv_start, rope_root, root_pos, real, kv_indptr, kv_indices for ``rows`` rows."""
+    r4 = _up4(rows)
+    return 0, r4, 2 * r4, 3 * r4, 4 * r4, 4 * r4 + _up4(rows + 1)
+
+
+def tree_steps_values(kv_start, rope_root, root_pos, indptr, indices, rows: int) -> list[int]:
+    """Host values of the buffer: len(kv_start) requests, then dummies up to ``rows`` (all zero, not real)."""
+    b = len(kv_start)
+    r4 = _up4(rows)
+    out: list[int] = []
+    for section in (kv_start, rope_root, root_pos, [1] * b):
+        out += [*section, *[0] * (r4 - len(section))]
+    return [*out, *indptr, *[0] * (_up4(rows + 1) - len(indptr)), *indices]
+
+
+@dataclass
+class TreeStepBuffers:
+    """What the frontier passes' device plans read, rewritten on the device before each pass. Row j = pass j + 1.
+
+    kv_lens [n, rows] int32; mask_indptr [n, rows] int64; masks [n, cap] uint8 (cap = rows * K * width + a dump
+    entry, padded to 16 bytes; width = the longest KV a pass can have, the backend's max_context)."""
+
+    kv_lens: torch.Tensor
+    mask_indptr: torch.Tensor
+    masks: torch.Tensor
+    width: int
+
+    @classmethod
+    def empty(cls, rows: int, topk: int, n: int, width: int, device) -> TreeStepBuffers:
+        cap = -(-(rows * topk * width + 1) // 16) * 16
+        return cls(torch.zeros(n, _up4(rows), dtype=torch.int32, device=device)[:, :rows],
+                   torch.zeros(n, -(-rows // 2) * 2, dtype=torch.int64, device=device)[:, :rows],
+                   torch.ones(n, cap, dtype=torch.uint8, device=device), width)
+
+
+def meta_views(meta: torch.Tensor, rows: int):
+    """(kv_start, rope_root, root_pos, real as int64 [rows]; kv_indptr [rows + 1], kv_indices int32 views)."""
+    o = tree_steps_layout(rows)
+    cols = [meta[o[i]:o[i] + rows].long() for i in range(4)]
+    return (*cols, meta[o[4]:o[4] + rows + 1], meta[o[5]:])
+
+
+def stage_tree_steps(r, reqs: Sequence[Hashable], kv_start: Sequence[int], rope_root: Sequence[int],
+                     root_pos: Sequence[int], topk: int, num_steps: int, pad_to: int | None = None):
+    """The host half: pages for the (S - 1) * K tree slots after ``kv_start[i]`` of request i, and the staged
+    buffer over ``rows = pad_to or len(reqs)`` rows. -> (device buffer, rows)."""
+    from attnlab.kvcache import pages_needed
+    from attnlab.kvcache.layout import layout_lists
+
+    span = (num_steps - 1) * topk
+    ends = [s + span for s in kv_start]
+    tables = r.allocate(reqs, ends)
+    rows = pad_to or len(reqs)
+    pad = rows - len(reqs)
+    ps = r.allocator.page_size
+    indptr, indices, _ = layout_lists(tables + [[r.pool.num_pages] * pages_needed(max(1, span), ps)] * pad,
+                                      ends + [max(1, span)] * pad, ps)
+    values = tree_steps_values(list(kv_start), list(rope_root), list(root_pos), indptr, indices, rows)
+    return r.staging.stage([(values, torch.int32)])[0], rows
+
+
+def step_inputs(meta: torch.Tensor, rows: int, topk: int, s: int, page_size: int):
+    """Frontier pass s (1 .. S - 1): -> (positions [rows * K] int64, pool slots [rows * K] int64, KV length
+    [rows] int64). Its K rows feed tree slots (s - 1) K .. sK - 1 at RoPE position rope_root + s."""
+    kv_start, rope_root, _, real, indptr, indices = meta_views(meta, rows)
+    rank = torch.arange(topk, device=meta.device)
+    pos = kv_start[:, None] + (s - 1) * topk + rank[None]
+    page = indices[indptr[:rows].long()[:, None] + pos // page_size].long()
+    slots = torch.where(real[:, None] > 0, page * page_size + pos % page_size, -1)
+    positions = (rope_root + s)[:, None].expand(rows, topk)
+    return positions.reshape(-1), slots.reshape(-1), kv_start + s * topk
+
+
+def write_tree_mask(mask: torch.Tensor, mask_indptr: torch.Tensor, kv_len: torch.Tensor, kv_start: torch.Tensor,
+                    tree_mask: torch.Tensor, width: int) -> None:
+    """The dense custom mask the extend kernel reads (per request a [K, kv_len] block, row-major, back to back):
+    prefix columns (< kv_start) True, tree columns ``tree_mask`` [rows, K, sK] (ancestor-or-self). Writes
+    ``mask_indptr`` [rows] (block starts) and the blocks into ``mask`` (last entry: where columns past a row's
+    kv_len go)."""
+    rows, K, W = tree_mask.shape
+    size = K * kv_len
+    start = torch.cumsum(size, 0) - size
+    mask_indptr.copy_(start)
+    c = torch.arange(width, device=mask.device)[None, None, :]
+    flat = start[:, None, None] + torch.arange(K, device=mask.device)[None, :, None] * kv_len[:, None, None] + c
+    rel = c - kv_start[:, None, None]
+    bits = tree_mask.gather(2, rel.clamp(0, W - 1).expand(rows, K, width))
+    val = torch.where(rel >= 0, bits, True)
+    dst = torch.where(c < kv_len[:, None, None], flat, mask.numel() - 1)
+    mask.scatter_(0, dst.reshape(-1), val.to(torch.uint8).reshape(-1))
+
+
+def tree_draft_body(r, meta: torch.Tensor, rows: int, topk: int, num_steps: int, num_draft_tokens: int,
+                    root_logits: torch.Tensor, last: torch.Tensor, features: torch.Tensor | None,
+                    bufs: TreeStepBuffers) -> tuple[torch.Tensor, ...]:
+    """The launch (captured into a graph, or run eagerly) under the device plans of slots 1 .. S - 1
+    (``backend.device_tree_plans`` over ``bufs``). root_logits [rows, V]: the root's draft logits;
+    last [rows] int64: the root tokens; features [rows, F]: an EAGLE head's root feature (None: a plain
+    drafter). -> the DraftTree's (tokens, parents, depth, logp, draft_slot) over all rows (greedy: top-k
+    children, EAGLE-2)."""
+    K = topk
+    kv_start, _, root_pos, _, _, _ = meta_views(meta, rows)
+    st = tree_start(*draw_children(torch.softmax(root_logits.float(), dim=-1), K, False), root_pos)
+    feat = None if features is None else features[:, None].expand(rows, K, features.shape[-1])
+    for s in range(1, num_steps):
+        r.use_step(s - 1)
+        positions, slots, kv_len = step_inputs(meta, rows, K, s, r.allocator.page_size)
+        bufs.kv_lens[s - 1].copy_(kv_len)
+        write_tree_mask(bufs.masks[s - 1], bufs.mask_indptr[s - 1], kv_len, kv_start, draft_step_mask(st),
+                        bufs.width)
+        ctx = AttnContext(r.backend, r.pool, slots, fused_ops=r.fused_ops, invariant=r.invariant,
+                          capture=r.capture_layers)
+        extra = {} if feat is None else {"features": feat.reshape(rows * K, -1)}
+        logits = r.logits(r.model(st.frontier_tokens.reshape(-1), positions, ctx, **extra))
+        st = tree_step(st, *draw_children(torch.softmax(logits.float(), dim=-1).view(rows, K, -1), K, False))
+        if feat is not None:
+            out = ctx.captured.view(rows, K, -1)  # this pass's pre-norm output per branch: its children's feature
+            feat = out.gather(1, st.frontier_parent[:, :, None].expand(rows, K, out.shape[-1]))
+    tree = select_tree(st, last, num_draft_tokens)
+    return tree.tokens, tree.parents, tree.depth, tree.logp, tree.draft_slot
+
+
+def as_tree(outputs: Sequence[torch.Tensor], batch: int, topk: int, num_steps: int) -> DraftTree:
+    """The first ``batch`` rows of ``tree_draft_body``'s outputs as a DraftTree (greedy: no draft rows)."""
+    tokens, parents, depth, logp, slot = (t[:batch] for t in outputs)
+    return DraftTree(tokens, parents, depth, logp, slot, None, topk, num_steps)
+
+
+def device_tree_draft(r, reqs, kv_start, rope_root, root_pos, shape, root_logits: torch.Tensor, last: torch.Tensor,
+                      features: torch.Tensor | None = None) -> DraftTree | None:
+    """A greedy tree draft as one launch: the graph of the batch's bucket when captured, else the same code
+    eagerly (planned for this batch). kv_start, rope_root, root_pos: host ints per request (module doc);
+    root_logits [B, V]: the root's draft logits; last [B]: the root tokens; features [B, F]: an EAGLE head's root
+    feature. None when the backend cannot plan it on the device (the caller drafts step by step)."""
+    K, S, N, B = shape.topk, shape.num_steps, shape.num_draft_tokens, len(reqs)
+    if S < 2 or not r.backend.supports_device_trees():
+        return None
+    g = r.graphs
+    if g is not None:
+        from attnlab.engine.graphs import bucket_for
+
+        bs = bucket_for(B, g.buckets)
+        width = None if features is None else features.shape[1]
+        if bs is not None and g.has_tree_steps(bs, shape, width):
+            meta, _ = stage_tree_steps(r, reqs, kv_start, rope_root, root_pos, K, S, pad_to=bs)
+            return as_tree(g.replay_tree_steps(bs, shape, meta, root_logits, last, features), B, K, S)
+    meta, rows = stage_tree_steps(r, reqs, kv_start, rope_root, root_pos, K, S)
+    bufs = TreeStepBuffers.empty(rows, K, S - 1, r.backend.max_context, r.device)
+    _, _, _, _, indptr, indices = meta_views(meta, rows)
+    r.backend.device_tree_plans(rows, K, S - 1, indptr, indices, bufs)
+    return as_tree(tree_draft_body(r, meta, rows, K, S, N, root_logits, last, features, bufs), B, K, S)

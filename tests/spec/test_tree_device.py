@@ -1,0 +1,133 @@
+"""The device-planned tree draft (attnlab.spec.tree_device) drafts the same trees as the step-by-step path: its
+device-built masks equal the host-built ones, padded rows change nothing, and a whole greedy generation gives the
+same drafts, acceptances and outputs (target-only's) and gives back every page. Triton runs under the interpreter
+on CPU (tiny shapes); on a GPU the graph replays are checked by tests/integration/test_gpu_tree.py (test_device_tree_graph_fuzz)."""
+
+import random
+
+import pytest
+import torch
+
+from attnlab.backends.registry import get_backend_class
+from attnlab.spec import tree_device
+from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
+from attnlab.spec.drafters import ModelDrafter, NoDrafter
+from attnlab.spec.eagle import EagleDrafter
+from attnlab.spec.tree import draft_step_mask, draw_children, tree_start, tree_step
+from attnlab.spec.tree_device import TreeStepBuffers, write_tree_mask
+from attnlab.spec.tree_verify import flatten_custom_mask
+from tests.spec.tiny import eagle_runner, perturbed, prompts, runner, tiny_config, tiny_eagle, tiny_model
+
+CFG = tiny_config()
+TARGET = tiny_model(CFG, seed=0)
+OTHER = perturbed(TARGET, seed=1, noise=0.2)
+HEAD = tiny_eagle(TARGET, CFG, seed=0)
+
+
+def _cpu_triton():
+    if "cpu" not in get_backend_class("triton").capabilities().devices:
+        pytest.skip("triton runs on CPU tensors only under TRITON_INTERPRET=1 (CPU-only machines); "
+                    "test_gpu_tree.py::test_device_tree_graph_fuzz covers the GPU")
+
+
+@pytest.mark.parametrize("K,S", [(2, 3), (3, 4), (4, 2)])
+def test_device_mask_equals_host_mask(K, S):
+    """write_tree_mask (device, all requests of a step at once) = flatten_custom_mask (host index) of every step."""
+    g = torch.Generator().manual_seed(K * 10 + S)
+    B, V, width = 3, 20, 40
+    prefix = [0, 7, 19]
+    st = tree_start(*draw_children(torch.softmax(torch.randn(B, V, generator=g), -1), K, False),
+                    torch.tensor(prefix))
+    for s in range(1, S):
+        kv_len = torch.tensor(prefix) + s * K
+        ref = flatten_custom_mask(draft_step_mask(st), prefix)
+        bufs = TreeStepBuffers.empty(B, K, 1, width, "cpu")
+        bufs.masks.fill_(7)  # stale values must not leak into a block
+        write_tree_mask(bufs.masks[0], bufs.mask_indptr[0], kv_len, torch.tensor(prefix), draft_step_mask(st), width)
+        assert bufs.mask_indptr[0].tolist() == [0, *torch.cumsum(K * kv_len, 0)[:-1].tolist()]
+        assert torch.equal(bufs.masks[0][:ref.numel()], ref.to(torch.uint8))
+        q = torch.softmax(torch.randn(B, K, V, generator=g), -1)
+        st = tree_step(st, *draw_children(q, K, False))
+
+
+def _drafter(kind, page_size, max_context):
+    if kind == "eagle":
+        return EagleDrafter(eagle_runner(HEAD, page_size, backend="triton", max_context=max_context))
+    return ModelDrafter(runner(OTHER, CFG, page_size, backend="triton", name="draft", max_context=max_context),
+                        "model")
+
+
+def _generate(kind, page_size, shape, ps, max_new, device_trees, max_context=96):
+    """-> (outputs, accept lengths, the drafted trees, how many device launches ran, pages back on both sides)."""
+    K, S, N = shape
+    tgt = runner(TARGET, CFG, page_size, backend="triton", max_context=max_context)
+    d = _drafter(kind, page_size, max_context)
+    d.device_trees = device_trees
+    dec = SpeculativeDecoder(tgt, d, SpecParams(N, topk=K, num_steps=S))
+    trees, launches = [], [0]
+    draft = d.draft_tree
+
+    def recorded(*a, **kw):
+        t = draft(*a, **kw)
+        trees.append([x.clone() for x in (t.tokens, t.parents, t.depth, t.draft_slot, t.logp)])
+        return t
+
+    real_body = tree_device.tree_draft_body
+
+    def counted(*a, **kw):
+        launches[0] += 1
+        return real_body(*a, **kw)
+
+    d.draft_tree = recorded
+    tree_device.tree_draft_body = counted
+    try:
+        out = dec.generate(ps, max_new)
+    finally:
+        tree_device.tree_draft_body = real_body
+    back = (tgt.allocator.num_free == tgt.allocator.num_pages
+            and d.runner.allocator.num_free == d.runner.allocator.num_pages)
+    return ([r.output_ids for r in out.requests], [r.accept_lens for r in out.requests], trees, launches[0], back)
+
+
+@pytest.mark.parametrize("kind,page_size", [("eagle", 1), ("eagle", 16), ("model", 3)])  # the interpreter is slow
+def test_device_tree_draft_equals_step_by_step_triton(kind, page_size):
+    _cpu_triton()
+    shape = (2, 3, 5)
+    ps = prompts(3, CFG.vocab_size)
+    ref_out = SpeculativeDecoder(runner(TARGET, CFG, 16), NoDrafter("cpu"), SpecParams(0)).generate(ps, 8)
+    dev = _generate(kind, page_size, shape, ps, 8, True)
+    step = _generate(kind, page_size, shape, ps, 8, False)
+    assert dev[3] == len(dev[2]) > 0 and step[3] == 0  # every iteration drafted in one launch (or none did)
+    assert dev[0] == step[0] == [r.output_ids for r in ref_out.requests]
+    assert dev[1] == step[1]
+    for a, b in zip(dev[2], step[2]):
+        for x, y in zip(a[:4], b[:4]):  # tokens, parents, depth, draft slots: exact; scores: within rounding
+            assert torch.equal(x, y)
+        torch.testing.assert_close(a[4], b[4], rtol=1e-5, atol=1e-5)
+    assert dev[4] and step[4]
+
+
+def test_device_tree_padded_rows_change_nothing_triton():
+    """A graph bucket's dummy rows (scratch pages, slots -1) leave the real rows' trees and KV as they are."""
+    _cpu_triton()
+    from attnlab.spec.tree_device import meta_views, stage_tree_steps, tree_draft_body
+    rng = random.Random(0)
+    ps = [[rng.randrange(CFG.vocab_size) for _ in range(n)] for n in (5, 17)]
+    outs, kvs = [], []
+    for pad_to in (None, 4):
+        d = _drafter("model", 3, 96)
+        r, reqs = d.runner, [0, 1]
+        d.prefill(reqs, ps)
+        meta, rows = stage_tree_steps(r, reqs, [len(p) for p in ps], [len(p) - 1 for p in ps],
+                                      [len(p) - 1 for p in ps], 3, 3, pad_to=pad_to)
+        bufs = TreeStepBuffers.empty(rows, 3, 2, r.backend.max_context, "cpu")
+        r.backend.device_tree_plans(rows, 3, 2, *meta_views(meta, rows)[4:], bufs)
+        g = torch.Generator().manual_seed(1)
+        logits = torch.randn(rows, CFG.vocab_size, generator=g)
+        last = torch.tensor([p[-1] for p in ps] + [0] * (rows - 2))
+        outs.append([t[:2] for t in tree_draft_body(r, meta, rows, 3, 3, 6, logits, last, None, bufs)])
+        kvs.append(torch.cat([torch.cat(r.pool.gather(0, r.allocator.page_tables[q], len(p) + 6)) for q, p
+                              in zip(reqs, ps)]))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kvs[0], kvs[1], rtol=1e-5, atol=1e-5)
