@@ -78,6 +78,7 @@ class GraphCache:
         self.q_lens: tuple[int, ...] = ()  # of causal passes
         self.mask_q_lens: tuple[int, ...] = ()  # of tree passes
         self.pool = None
+        self.tree_accept: dict[tuple, object] = {}  # (topk, num_steps, T) -> spec.tree_accept_graph.AcceptGraphs
         self.step_replays = {"steps": 0, "dsteps": 0, "dtree": 0}  # multi-step graph replays: host- / device-planned, trees
 
     def q_lens_for(self, masked: bool) -> tuple[int, ...]:
@@ -109,7 +110,7 @@ class GraphCache:
                         self._capture_one(r, bs, q, slot, feature_dim, masked)
         return len(self.graphs) - before
 
-    def _record(self, fn):
+    def record(self, fn):
         """Run ``fn`` twice on a side stream (compiles kernels, settles the allocator off the capture), then
         capture one call into a graph of this cache's pool: -> (the graph, what the captured call returned,
         i.e. the graph's output buffers)."""
@@ -148,7 +149,7 @@ class GraphCache:
             logits = r.logits(r.model(ids, positions, ctx, **extra))
             return logits, ctx.captured, logits.argmax(dim=-1) if r.graph_argmax else None
 
-        g, (logits, aux, tokens) = self._record(forward)
+        g, (logits, aux, tokens) = self.record(forward)
         self.graphs[(bs, q, slot, r.capture_layers, masked)] = _Graph(g, ids, positions, slots, logits, tokens,
                                                                         features, aux)
 
@@ -185,7 +186,7 @@ class GraphCache:
         positions = torch.stack([d.positions for d in dummies])  # [n, bs]
         slots = torch.stack([d.slots for d in dummies])
         features = _feature_buffer(r, bs, feature_dim)
-        g, tokens = self._record(lambda: greedy_steps(r, ids, positions, slots, features))
+        g, tokens = self.record(lambda: greedy_steps(r, ids, positions, slots, features))
         # logits are not kept: a multi-step pass returns tokens only (greedy)
         self.graphs[self._steps_key(bs, n, feature_dim)] = _Graph(g, ids, positions, slots, None, tokens, features)
 
@@ -214,7 +215,7 @@ class GraphCache:
             positions, slots = device_step_meta(meta, bs, n, ps, kv_lens)
             return positions, slots, greedy_steps(r, ids, positions, slots, features)
 
-        g, (positions, slots, tokens) = self._record(body)
+        g, (positions, slots, tokens) = self.record(body)
         # the plans (and kv_lens, which only their rows view) live as long as the graph: the next bucket's
         # capture replaces them in the slots, and freed scratch would be reused under the graph's kernels
         self.graphs[self._steps_key(bs, n, feature_dim, device=True)] = _Graph(
@@ -286,7 +287,7 @@ class GraphCache:
         root_logits = torch.zeros(bs, r.model_config.vocab_size, dtype=torch.float32, device=r.device)
         last = torch.zeros(bs, dtype=torch.long, device=r.device)
         features = _feature_buffer(r, bs, feature_dim)
-        g, outputs = self._record(lambda: tree_draft_body(r, meta, bs, K, S, N, root_logits, last, features, bufs))
+        g, outputs = self.record(lambda: tree_draft_body(r, meta, bs, K, S, N, root_logits, last, features, bufs))
         empty = last[:0]
         self.graphs[self._tree_key(bs, shape, feature_dim)] = _Graph(
             g, last, empty, empty, root_logits, None, features, meta=meta, keep=(tuple(plans), bufs),

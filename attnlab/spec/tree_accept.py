@@ -66,7 +66,12 @@ def _row(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 def tree_greedy_accept(tree: DraftTree, target_logits: torch.Tensor):
     """From the root, move to the first child whose token is the target's argmax at the current node."""
-    top = target_logits.argmax(dim=-1)  # [B, T]
+    return tree_greedy_accept_top(tree, target_logits.argmax(dim=-1))
+
+
+def tree_greedy_accept_top(tree: DraftTree, top: torch.Tensor):
+    """``tree_greedy_accept`` from the target's argmax per node, top [B, T] int64 (a verify graph computes it).
+    Reads tree.tokens, tree.parents, tree.topk and tree.num_steps only."""
     ch = children_table(tree.parents, tree.topk)
     B = top.shape[0]
     cur = torch.zeros(B, dtype=torch.long, device=top.device)

@@ -28,7 +28,7 @@ from attnlab.backends.base import Mode
 from attnlab.engine.sampler import SamplingParams, probs_from_logits
 from attnlab.errors import ConfigError
 from attnlab.spec.tree import check_tree_shape, sampling_proposal
-from attnlab.spec.tree_accept import emitted_tokens, tree_greedy_accept, tree_rejection_accept
+from attnlab.spec.tree_accept import emitted_tokens, tree_greedy_accept_top, tree_rejection_accept
 from attnlab.spec.tree_draft import TreeShape
 from attnlab.spec.tree_rollback import compact_target
 from attnlab.spec.tree_verify import flatten_custom_mask, verify_inputs, verify_mask
@@ -75,15 +75,25 @@ class TreeIteration:
         mask = flatten_custom_mask(verify_mask(tree), root)
         p = tgt.prepare(reqs, root, [T] * B, Mode.VERIFY, custom_mask=mask, positions=pos.reshape(-1))
         tgt.plan(p)
-        logits = tgt.forward(p, ids.reshape(-1)).view(B, T, -1)
+        if sp.greedy:  # the argmax comes out of the verify graph
+            logits, top = tgt.forward_greedy(p, ids.reshape(-1))
+            logits = logits.view(B, T, -1)
+        else:
+            logits = tgt.forward(p, ids.reshape(-1)).view(B, T, -1)
 
         timer.mark("accept")
-        if sp.greedy:
-            n_acc, path, nxt = tree_greedy_accept(tree, logits)
+        graphs = None if not sp.greedy or tgt.graphs is None else tgt.graphs.tree_accept.get(accept_key(shape))
+        done = graphs.run(tree, top, reqs, root) if graphs is not None else None
+        if done is not None:  # acceptance and the target's compaction: one replay (spec/tree_accept_graph.py)
+            n_acc, path, nxt, emitted = done
+            nxt = nxt.clone()  # the next iteration's root tokens outlive this graph's next replay
         else:
-            n_acc, path, nxt = tree_rejection_accept(tree, probs_from_logits(logits, sp), gen, self.proposal)
-        emitted = emitted_tokens(tree, path, n_acc, nxt)
-        compact_target(tgt, reqs, root, T, path, n_acc)
+            if sp.greedy:
+                n_acc, path, nxt = tree_greedy_accept_top(tree, top.view(B, T))
+            else:
+                n_acc, path, nxt = tree_rejection_accept(tree, probs_from_logits(logits, sp), gen, self.proposal)
+            emitted = emitted_tokens(tree, path, n_acc, nxt)
+            compact_target(tgt, reqs, root, T, path, n_acc)
         drafter.rollback_tree(reqs, n_before, tree, path, n_acc)
 
         timer.mark("draft_extend")  # EAGLE: the head reads the accepted path, before the sync
@@ -97,10 +107,17 @@ class TreeIteration:
         return emitted, n_acc, nxt, path_logits
 
 
+def accept_key(shape: TreeShape) -> tuple[int, int, int]:
+    return shape.topk, shape.num_steps, shape.num_nodes
+
+
 def capture_tree_graphs(target, drafter, shape: TreeShape) -> int:
     """CUDA graphs of a tree run: the target's decode (q_len 1: the target-only baseline), its tree verify (q_len
-    N + 1, masked, with the drafter's captured layers), then the drafter's tree passes. Tree-masked passes are
-    captured only where the side's backend replays them (caps.cuda_graph_mask); else they run eagerly."""
+    N + 1, masked, with the drafter's captured layers), its greedy acceptance and compaction
+    (spec/tree_accept_graph.py), then the drafter's tree passes. Tree-masked passes are captured only where the
+    side's backend replays them (caps.cuda_graph_mask); else they run eagerly."""
+    from attnlab.spec.tree_accept_graph import AcceptGraphs
+
     n = target.capture_graphs(q_lens=(1,), num_slots=1, keep=True)  # keep: a bench adds these to chain graphs
     if target.backend.capabilities().cuda_graph_mask:
         target.capture_layers = drafter.capture_layers
@@ -108,6 +125,8 @@ def capture_tree_graphs(target, drafter, shape: TreeShape) -> int:
             n += target.capture_graphs(q_lens=(shape.num_nodes,), num_slots=1, keep=True, masked=True)
         finally:
             target.capture_layers = None
+    acc = target.graphs.tree_accept.setdefault(accept_key(shape), AcceptGraphs(target, *accept_key(shape)))
+    n += acc.capture(target.graphs.buckets)
     runner = drafter.runner
     masked = runner is not None and runner.backend.capabilities().cuda_graph_mask
     return n + drafter.capture_tree_graphs(target, shape, masked)

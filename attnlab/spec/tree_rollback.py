@@ -19,10 +19,9 @@ from attnlab.spec.tree import DraftTree
 from attnlab.spec.tree_verify import draft_compaction, target_compaction
 
 
-def page_window(allocator, reqs: Sequence[Hashable], first: Sequence[int], span: int, device):
-    """Pages holding positions ``first[i] .. first[i] + span - 1`` of each request (they must be allocated).
-    -> (table [B, P] int64 on device, padded with the request's last page; base [B] int64 on device: the
-    position of the window's first slot, subtract it from positions before ``tree_verify.kv_slots``)."""
+def window_lists(allocator, reqs: Sequence[Hashable], first: Sequence[int], span: int, width: int | None = None):
+    """``page_window``'s host values: (rows of page ids, each padded with its last page to the widest or to
+    ``width``; the position of each window's first slot)."""
     ps = allocator.page_size
     rows, bases = [], []
     for r, f in zip(reqs, first):
@@ -33,8 +32,18 @@ def page_window(allocator, reqs: Sequence[Hashable], first: Sequence[int], span:
                              f"need {hi + 1}")
         rows.append(table[lo:hi + 1])
         bases.append(lo * ps)
-    width = max(len(x) for x in rows)
-    host = torch.tensor([x + [x[-1]] * (width - len(x)) for x in rows], dtype=torch.int64)
+    width = width or max(len(x) for x in rows)
+    if any(len(x) > width for x in rows):
+        raise ValueError(f"window_lists: a window spans more than {width} pages")
+    return [x + [x[-1]] * (width - len(x)) for x in rows], bases
+
+
+def page_window(allocator, reqs: Sequence[Hashable], first: Sequence[int], span: int, device):
+    """Pages holding positions ``first[i] .. first[i] + span - 1`` of each request (they must be allocated).
+    -> (table [B, P] int64 on device, padded with the request's last page; base [B] int64 on device: the
+    position of the window's first slot, subtract it from positions before ``tree_verify.kv_slots``)."""
+    rows, bases = window_lists(allocator, reqs, first, span)
+    host = torch.tensor(rows, dtype=torch.int64)
     return host.to(device, non_blocking=True), torch.tensor(bases, dtype=torch.int64).to(device, non_blocking=True)
 
 

@@ -71,9 +71,10 @@ def test_tree_loop_at_most_one_sync_per_iteration(kind, graphs):
 
 
 def test_device_tree_graph_fuzz():
-    """The device-planned tree draft's graph (attnlab.spec.tree_device) over random batch compositions (padded into
-    buckets), tree shapes and page sizes, fp32 greedy: the same outputs and acceptances as the step-by-step path
-    and target-only, one replay per iteration, every page back."""
+    """The device-planned tree draft's graph (attnlab.spec.tree_device) and the accept graph
+    (spec/tree_accept_graph.py) over random batch compositions (padded into buckets), tree shapes and page sizes,
+    fp32 greedy: the same outputs and acceptances as the step-by-step path and target-only, one replay of each per
+    iteration, every page back."""
     import random
 
     from attnlab.spec.eagle import EagleDrafter
@@ -99,11 +100,16 @@ def test_device_tree_graph_fuzz():
             d.device_trees = device_trees
             capture_tree_graphs(t, d, tree_shape(K, S, N))
             before = d.runner.graphs.step_replays["dtree"]
+            accept = t.graphs.tree_accept[(K, S, N + 1)]
+            accepts = accept.replays
             out = SpeculativeDecoder(t, d, SpecParams(N, topk=K, num_steps=S)).generate(ps, 20)
             outs[device_trees] = out
             replays = d.runner.graphs.step_replays["dtree"] - before
             if replays != (len(out.iterations) if device_trees else 0):
                 bad.append(f"case {case}: {replays} tree-draft replays over {len(out.iterations)} iterations")
+            if accept.replays - accepts != len(out.iterations):
+                bad.append(f"case {case}: {accept.replays - accepts} accept replays over {len(out.iterations)} "
+                           f"iterations")
             if (t.allocator.num_free != t.allocator.num_pages
                     or d.runner.allocator.num_free != d.runner.allocator.num_pages):
                 bad.append(f"case {case}: pages leaked")

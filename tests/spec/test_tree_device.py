@@ -131,3 +131,53 @@ def test_device_tree_padded_rows_change_nothing_triton():
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(kvs[0], kvs[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+def test_accept_graph_body_equals_eager_accept(page_size):
+    """accept_and_compact (the accept graph's body) = tree_greedy_accept + emitted_tokens + compact_target on the
+    real rows, and rows marked not real (a bucket's dummies, holding stale trees) move no K/V."""
+    from attnlab.kvcache import KVPool, PageAllocator
+    from attnlab.spec.tree import select_tree
+    from attnlab.spec.tree_accept import emitted_tokens, tree_greedy_accept
+    from attnlab.spec.tree_accept_graph import accept_and_compact, window_width
+    from attnlab.spec.tree_rollback import compact_target, window_lists
+
+    g = torch.Generator().manual_seed(page_size)
+    B, R, K, S, N, V = 3, 5, 3, 3, 7, 6  # V small: paths of depth >= 2 get accepted
+    T = N + 1
+    st = tree_start(*draw_children(torch.softmax(torch.randn(R, V, generator=g), -1), K, False), torch.zeros(R))
+    for _ in range(1, S):
+        st = tree_step(st, *draw_children(torch.softmax(torch.randn(R, K, V, generator=g), -1), K, False))
+    tree = select_tree(st, torch.zeros(R, dtype=torch.long), N)
+    top = torch.randint(0, V, (R, T), generator=g)
+    pools, alloc = [], PageAllocator(160, page_size)
+    root = [4, 17, 30]
+    for i, n in enumerate(root):
+        alloc.allocate(i, n + T)
+    for _ in range(2):
+        p = KVPool(1, 160, page_size, 1, 4, torch.float32, "cpu")
+        p.kv.copy_(torch.randn(p.kv.shape, generator=torch.Generator().manual_seed(9)))
+        pools.append(p)
+    # eager, on the real rows
+    sub = type(tree)(*(x[:B] if isinstance(x, torch.Tensor) else x for x in (tree.tokens, tree.parents, tree.depth,
+                                                                              tree.logp, tree.draft_slot)),
+                     None, K, S)
+    n_acc, path, nxt = tree_greedy_accept(sub, torch.nn.functional.one_hot(top[:B], V).float())
+    emitted = emitted_tokens(sub, path, n_acc, nxt)
+
+    class _R:
+        allocator, pool, device = alloc, pools[0], torch.device("cpu")
+
+    compact_target(_R, [0, 1, 2], root, T, path, n_acc)
+    # the body, with two stale rows that must move nothing
+    W = window_width(T, page_size)
+    rows, bases = window_lists(alloc, [0, 1, 2], root, T, W)
+    table = torch.tensor(rows + [rows[0]] * (R - B))
+    rel = torch.tensor([f - b for f, b in zip(root, bases)] + [0] * (R - B))
+    real = torch.arange(R) < B
+    out = accept_and_compact(tree.tokens, tree.parents, top, table, rel, real, K, S, pools[1])
+    for a, b in zip(out, (n_acc, path, nxt, emitted)):
+        assert torch.equal(a[:B], b)
+    assert int(n_acc.max()) >= 1  # something moved
+    assert torch.equal(pools[0].kv, pools[1].kv)
