@@ -19,7 +19,9 @@ The drafters are the same on both sides:
 budget (``spec.num_draft_tokens``: tokens one verify pass checks): ``chain`` (topk 1, num_steps k) and
 ``KxS`` trees (``spec.topk=K spec.num_steps=S``, EAGLE-2 drafting, one tree-masked verify); a tree shape that
 cannot fill a budget (S > k, or k > K + (S - 1) K^2) is skipped with the reason. Tree vs chain at the same
-budget: ``--k 4,8 --trees chain,2x3,4x4``.
+budget: ``--k 4,8 --trees chain,2x3,4x4``. ``KxS-steps``: the same tree on the previous path, to measure against
+(the frontier passes step by step from the host and an eager acceptance, not one device-planned draft launch and
+one accept replay).
 ``--invariant``: the target side runs engine.invariant (issue 18): every speculative row must give its target-only
 output on every prompt, bit for bit in bf16; a row that does not is named under the table and the bench exits 3.
 One process serves every drafter and k against one target-only run per batch, where the Hydra sweep builds, graphs
@@ -153,8 +155,8 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
     dev, rows = base.device, []
     graphs = a.graphs and dev.type == "cuda"
     kmax = max(a.ks)
-    topk = max(K for K, _ in a.trees)  # the backends must take tree masks when any row drafts a tree
-    max_ctx = max(map(len, prompts)) + a.new + max([kmax, *(K * (S - 1) for K, S in a.trees if S)]) + 2
+    topk = max(K for K, _, _ in a.trees)  # the backends must take tree masks when any row drafts a tree
+    max_ctx = max(map(len, prompts)) + a.new + max([kmax, *(K * (S - 1) for K, S, _ in a.trees if S)]) + 2
     model = ModelSource(a.model, init="pretrained" if a.weights == "real" else "random")
 
     def spec_for(label, batch, layers=None, name="target"):
@@ -191,13 +193,15 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         d.multistep = kind != "eagle-per-step"  # the previous draft path: a graph replay per head step
         return d
 
-    def cell(target, drafter, k, drafter_name, pair, batch, K=1, S=None) -> _Cell:
+    def cell(target, drafter, k, drafter_name, pair, batch, K=1, S=None, steps=False) -> _Cell:
         """One row's decoder, warmed (compiles, JIT builds, first-use allocations: untimed)."""
         dec = SpeculativeDecoder(target, drafter, SpecParams(k, topk=K, num_steps=S if K > 1 else None))
+        if steps:
+            dec.tree.accept_graph = False
         dec.generate(prompts[:batch], 8, eos)
         _sync(dev)
         return _Cell(dec, Row("attnlab", drafter_name, pair, 0.0, 0, 0, batch=batch, k=k,
-                              tree="chain" if K == 1 else f"{K}x{S}"))
+                              tree="chain" if K == 1 else f"{K}x{S}" + ("-steps" if steps else "")))
 
     def once(cells: list[_Cell]) -> None:
         """One timed round over a group's rows: every prompt, in batches; each row's seconds, outputs and phase
@@ -291,8 +295,8 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
             for drafter_name in a.drafters:
                 pairs = a.draft_backends if drafter_name in ("self", *EAGLES) else ["-"]
                 for draft_backend in pairs:
-                    shapes = a.trees if drafter_name in ("self", *EAGLES) else [(1, None)]
-                    for k, (K, S) in [(k, t) for k in a.ks for t in shapes]:
+                    shapes = a.trees if drafter_name in ("self", *EAGLES) else [(1, None, False)]
+                    for k, (K, S, steps) in [(k, t) for k in a.ks for t in shapes]:
                         shape = None
                         if K > 1:
                             try:
@@ -305,13 +309,14 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                                                    make_drafter(n, b, t, s), skipped)
                         if drafter is None:
                             break
+                        drafter.device_trees = not steps
                         if graphs and shape is not None:
                             capture_tree_graphs(target, drafter, shape)
                         elif graphs:
                             target.capture_graphs(q_lens=sorted({1, k + 1}), keep=True)
                             drafter.capture_graphs(target, k)
                         cells.append(cell(target, drafter, k, drafter_name, f"{draft_backend} / {verify}", batch,
-                                          K, S))
+                                          K, S, steps))
             rows += group_rows(cells)
     return rows
 
@@ -495,7 +500,8 @@ def parse(argv=None):
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--k", default="4", help="draft tokens per verify pass; comma-separated for several (attnlab)")
     ap.add_argument("--trees", default="chain", help="draft shapes at each --k (attnlab self/eagle): chain and/or "
-                    "KxS trees (spec.topk x spec.num_steps), comma-separated, e.g. chain,2x3,4x4")
+                    "KxS trees (spec.topk x spec.num_steps), comma-separated, e.g. chain,2x3,4x4; KxS-steps: the "
+                    "previous tree path (frontier passes step by step, eager acceptance)")
     ap.add_argument("--draft-layers", type=int, default=10)
     ap.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="attnlab eager (CUDA graphs are on)")
@@ -571,16 +577,17 @@ def parse(argv=None):
         ap.error("--k values must be >= 1")
     trees, a.trees = a.trees, []
     for t in (x.strip() for x in trees.split(",") if x.strip()):
+        steps = t.endswith("-steps")
         try:
-            K, S = (1, None) if t == "chain" else tuple(int(v) for v in t.split("x"))
+            K, S = (1, None) if t == "chain" else tuple(int(v) for v in t.removesuffix("-steps").split("x"))
         except ValueError:
-            ap.error(f"--trees {t!r}: chain or KxS (topk x num_steps), e.g. 4x3")
+            ap.error(f"--trees {t!r}: chain, KxS (topk x num_steps, e.g. 4x3) or KxS-steps")
         if K < 1 or (S is not None and S < 1) or (K == 1 and t != "chain"):
             ap.error(f"--trees {t!r}: K >= 2 and S >= 1 (topk 1 is the chain: write chain)")
-        a.trees.append((K, S))
+        a.trees.append((K, S, steps))
     if not a.trees:
         ap.error("--trees: at least one of chain, KxS")
-    if a.invariant and any(K > 1 for K, _ in a.trees):
+    if a.invariant and any(K > 1 for K, _, _ in a.trees):
         ap.error("--invariant: tree verify is not invariant (engine.invariant needs spec.topk=1): --trees chain")
     try:
         a.batches = [int(b) for b in a.batch.split(",") if b]

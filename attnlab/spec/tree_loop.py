@@ -50,6 +50,9 @@ class TreeIteration:
         # Greedy: EAGLE-2's top-k drafting. Sampling: the drafting whose acceptance rule is lossless here.
         self.proposal = full
         self.sampled = not sp.greedy and full == "without_replacement"
+        # greedy acceptance and the target's compaction as one replay where the target captured it
+        # (capture_tree_graphs); False: eagerly (the previous path, kept to measure against)
+        self.accept_graph = True
 
     def fits(self, n_before: Sequence[int]) -> bool:
         """Whether every request has room for a whole tree: the target stores N + 1 tokens from n - 1, a model
@@ -82,7 +85,9 @@ class TreeIteration:
             logits = tgt.forward(p, ids.reshape(-1)).view(B, T, -1)
 
         timer.mark("accept")
-        graphs = None if not sp.greedy or tgt.graphs is None else tgt.graphs.tree_accept.get(accept_key(shape))
+        graphs = None
+        if sp.greedy and self.accept_graph and tgt.graphs is not None:
+            graphs = tgt.graphs.tree_accept.get(accept_key(shape))
         done = graphs.run(tree, top, reqs, root) if graphs is not None else None
         if done is not None:  # acceptance and the target's compaction: one replay (spec/tree_accept_graph.py)
             n_acc, path, nxt, emitted = done

@@ -116,11 +116,11 @@ def test_spec_bench_tree_rows_at_the_same_budget(tmp_path):
     with the reason (2x3 holds at most 2 + 2 * 4 = 10 nodes, k=3 < num_steps would not be; 4x4 needs k >= 4)."""
     a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--num-prompts", "2",
                     "--new", "10", "--k", "3,4", "--drafters", "self", "--draft-layers", "1", "--trees",
-                    "chain,2x3,4x4", "--skip-hf", "--out", str(tmp_path / "t")])
-    assert a.trees == [(1, None), (2, 3), (4, 4)]
+                    "chain,2x3,4x4,2x3-steps", "--skip-hf", "--out", str(tmp_path / "t")])
+    assert a.trees == [(1, None, False), (2, 3, False), (4, 4, False), (2, 3, True)]
     res = spec.run(a)
     rows = [(r["k"], r["tree"]) for r in res["rows"] if r["drafter"] == "self"]
-    assert rows == [(3, "chain"), (3, "2x3"), (4, "chain"), (4, "2x3"), (4, "4x4")]
+    assert rows == [(3, "chain"), (3, "2x3"), (3, "2x3-steps"), (4, "chain"), (4, "2x3"), (4, "4x4"), (4, "2x3-steps")]
     for r in res["rows"]:
         if r["drafter"] == "self":
             assert r["same_as_target_only"] == 1.0 and 1.0 <= r["tau"] <= 5
@@ -128,7 +128,7 @@ def test_spec_bench_tree_rows_at_the_same_budget(tmp_path):
     assert "| attnlab | 1 | self | 4 | 4x4 | torch / torch |" in res["markdown"]
 
 
-@pytest.mark.parametrize("bad", ["1x3", "4", "4x0", ""])
+@pytest.mark.parametrize("bad", ["1x3", "4", "4x0", "", "chain-steps", "4x3-step"])
 def test_spec_bench_rejects_bad_tree_shapes(bad):
     with pytest.raises(SystemExit) as e:
         spec.parse(["--device", "cpu", "--model", "tiny-llama", "--trees", bad])
