@@ -179,6 +179,8 @@ class DraftTree:
     draft_slot:  [B, N + 1] int64 tree slot of the node's draft KV (module doc), -1 if no draft pass fed it
     draft_probs: [B, N + 1, V] fp32 or None: the draft row each node's children were drawn from (zero rows for
                  nodes never expanded)
+    mask:        [B, N + 1, N + 1] bool or None: the verify pass's ancestor-or-self mask (tree_verify.verify_mask),
+                 when the drafting already built it (attnlab.spec.tree_device, inside its launch)
     """
 
     tokens: torch.Tensor
@@ -189,6 +191,7 @@ class DraftTree:
     draft_probs: torch.Tensor | None
     topk: int
     num_steps: int
+    mask: torch.Tensor | None = None
 
     @property
     def num_nodes(self) -> int:

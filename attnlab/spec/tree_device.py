@@ -30,6 +30,7 @@ import torch
 
 from attnlab.backends.context import AttnContext
 from attnlab.spec.tree import DraftTree, draft_step_mask, draw_children, select_tree, tree_start, tree_step
+from attnlab.spec.tree_verify import verify_mask
 
 
 def _up4(n: int) -> int:
@@ -156,13 +157,14 @@ def tree_draft_body(r, meta: torch.Tensor, rows: int, topk: int, num_steps: int,
             out = ctx.captured.view(rows, K, -1)  # this pass's pre-norm output per branch: its children's feature
             feat = out.gather(1, st.frontier_parent[:, :, None].expand(rows, K, out.shape[-1]))
     tree = select_tree(st, last, num_draft_tokens)
-    return tree.tokens, tree.parents, tree.depth, tree.logp, tree.draft_slot
+    return tree.tokens, tree.parents, tree.depth, tree.logp, tree.draft_slot, verify_mask(tree)
 
 
 def as_tree(outputs: Sequence[torch.Tensor], batch: int, topk: int, num_steps: int) -> DraftTree:
-    """The first ``batch`` rows of ``tree_draft_body``'s outputs as a DraftTree (greedy: no draft rows)."""
-    tokens, parents, depth, logp, slot = (t[:batch] for t in outputs)
-    return DraftTree(tokens, parents, depth, logp, slot, None, topk, num_steps)
+    """The first ``batch`` rows of ``tree_draft_body``'s outputs as a DraftTree (greedy: no draft rows), with its
+    verify mask."""
+    tokens, parents, depth, logp, slot, mask = (t[:batch] for t in outputs)
+    return DraftTree(tokens, parents, depth, logp, slot, None, topk, num_steps, mask)
 
 
 def device_tree_draft(r, reqs, kv_start, rope_root, root_pos, shape, root_logits: torch.Tensor, last: torch.Tensor,

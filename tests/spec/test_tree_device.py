@@ -15,7 +15,7 @@ from attnlab.spec.drafters import ModelDrafter, NoDrafter
 from attnlab.spec.eagle import EagleDrafter
 from attnlab.spec.tree import draft_step_mask, draw_children, tree_start, tree_step
 from attnlab.spec.tree_device import TreeStepBuffers, write_tree_mask
-from attnlab.spec.tree_verify import flatten_custom_mask
+from attnlab.spec.tree_verify import flatten_custom_mask, verify_mask
 from tests.spec.tiny import eagle_runner, perturbed, prompts, runner, tiny_config, tiny_eagle, tiny_model
 
 CFG = tiny_config()
@@ -69,6 +69,9 @@ def _generate(kind, page_size, shape, ps, max_new, device_trees, max_context=96)
 
     def recorded(*a, **kw):
         t = draft(*a, **kw)
+        assert (t.mask is not None) == device_trees  # the launch builds the verify mask too
+        if t.mask is not None:
+            assert torch.equal(t.mask, verify_mask(t))
         trees.append([x.clone() for x in (t.tokens, t.parents, t.depth, t.draft_slot, t.logp)])
         return t
 
