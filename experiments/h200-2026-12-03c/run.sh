@@ -10,9 +10,15 @@
 #   run.sh 3  carry .gpu/g3: install (the GGUF joins); issue 13: tree vs chain at budgets 4 and 8, batch 1 and 8,
 #             the trained EAGLE head, triton drafting, triton and flashinfer verify, the one-launch tree beside the
 #             previous step-by-step path (4x5-steps), 16 held-out prompts, 3 rounds interleaved by prompt batch
+#   run.sh 4  (carry nothing, same machine) tree shapes at budget 8, batch 1, triton drafting, both verify backends
+#   run.sh 5  carry .gpu/fb (a fresh machine): install; FlashInfer JIT (SmolLM2) in the background; the device tree
+#             GPU tests on the commit that plans every frontier pass once per launch
+#   run.sh 6  carry .gpu/g2: install
+#   run.sh 7  carry .gpu/g3: install; issue 13: every draft / verify pair, chain vs 4x5 vs 4x6 at budget 8, batch 1
+#             and 8, 16 held-out prompts, 3 rounds interleaved by prompt batch
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 3}
+PART=${1:?part 1 to 7}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 case $PART in
 1)
@@ -55,6 +61,41 @@ case $PART in
       --interleave batch --out /tmp/trees/trees_b$B > $LOGS/trees_b$B.log 2>&1; echo "exit code $?"
     grep -E "^\| attnlab|Skipped|^- " $LOGS/trees_b$B.log | head -40
     cp /tmp/trees/trees_b$B.md /tmp/trees/trees_b$B.json $LOGS/trees_b$B.log "$OUT/"
+  done
+  ;;
+4)
+  mkdir -p /tmp/trees
+  step "issue 13: tree shapes at budget 8, batch 1, triton drafting, both verify backends"
+  timeout 400 $S --batch 1 --prompts $DATA --new 128 --num-prompts 16 --backends flashinfer,triton \
+    --draft-backends triton --drafters eagle --k 8 --trees chain,2x6,2x8,3x6,4x4,4x6 --repeats 3 --interleave batch \
+    --out "$OUT/trees_shapes" > $LOGS/trees_shapes.log 2>&1; echo "exit code $?"
+  grep -E "^\| attnlab|^- " $LOGS/trees_shapes.log | head -40; cp $LOGS/trees_shapes.log "$OUT/"
+  ;;
+5)
+  step "install .gpu/fb (a fresh machine)"; bash .gpu/fb/install.sh | tail -1
+  step "background: FlashInfer JIT, SmolLM2 shapes (fa2 decode / verify, the tree mask's packing)"
+  timeout 300 $PY -m attnlab.bench.kernels --compile-only --contexts 512 --ks 4 --models smollm2 --phases decode,verify \
+    --backends flashinfer > $LOGS/compile_s.log 2>&1 &
+  P1=$!
+  step "GPU tests: the one-launch tree draft and the accept graph"
+  timeout 200 $PY -m pytest -q -p no:cacheprovider -ra -s tests/integration/test_gpu_tree.py -k "device or triton" \
+    > $LOGS/tests5.log 2>&1; echo "exit code $?"
+  grep -E "passed|failed|FAILED|Error|fuzz" $LOGS/tests5.log | tail -n 8; cp $LOGS/tests5.log "$OUT/"
+  step "waiting for the FlashInfer compile"; wait $P1; tail -n 1 $LOGS/compile_s.log
+  ;;
+6)
+  step "install .gpu/g2"; bash .gpu/g2/install.sh | tail -1
+  ;;
+7)
+  step "install .gpu/g3 (joins the GGUF)"; bash .gpu/g3/install.sh | tail -2
+  cp .gpu/g3/sg_heldout_all.jsonl.gz $DATA; mkdir -p /tmp/trees
+  for B in 1 8; do
+    step "issue 13: every pair, chain vs 4x5 vs 4x6 at budget 8, batch $B"
+    timeout $([ $B = 1 ] && echo 330 || echo 220) $S --batch $B --prompts $DATA --new 128 --num-prompts 16 \
+      --backends triton,flashinfer --draft-backends triton,flashinfer --drafters eagle --k 8 --trees chain,4x5,4x6 \
+      --repeats 3 --interleave batch --out /tmp/trees/pairs_b$B > $LOGS/pairs_b$B.log 2>&1; echo "exit code $?"
+    grep -E "^\| attnlab|^- " $LOGS/pairs_b$B.log | head -40
+    cp /tmp/trees/pairs_b$B.md /tmp/trees/pairs_b$B.json $LOGS/pairs_b$B.log "$OUT/"
   done
   ;;
 esac
