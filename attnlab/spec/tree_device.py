@@ -99,52 +99,34 @@ def stage_tree_steps(r, reqs: Sequence[Hashable], kv_start: Sequence[int], rope_
     return r.staging.stage([(values, torch.int32)])[0], rows
 
 
-@dataclass
-class StepPlan:
-    """Every frontier pass's inputs and mask layout, computed once per launch (one set of launches, not one per
-    pass). n passes over ``rows`` rows of K branches; columns ``width`` (TreeStepBuffers.width).
-
-    positions, slots [n, rows * K] int64: pass s (row s - 1) feeds tree slots (s - 1) K .. sK - 1 at RoPE position
-        rope_root + s (slot -1: a dummy row); kv_len [n, rows] int64 = kv_start + sK; start [n, rows]: each
-        request's [K, kv_len] block in the pass's flat mask; row_off [n, rows, K, 1]: each branch row's start;
-    prefix [rows, 1, width] bool: columns before the tree region; col [rows, K, width]: a column's index in the
-    tree region (clamped into it), for ``draft_step_mask(state, width=n K)``."""
-
-    positions: torch.Tensor
-    slots: torch.Tensor
-    kv_len: torch.Tensor
-    start: torch.Tensor
-    row_off: torch.Tensor
-    prefix: torch.Tensor
-    col: torch.Tensor
-    columns: torch.Tensor  # [width] 0 .. width - 1
-
-
-def step_plan(meta: torch.Tensor, rows: int, topk: int, n: int, page_size: int, width: int) -> StepPlan:
-    K, dev = topk, meta.device
+def step_inputs(meta: torch.Tensor, rows: int, topk: int, s: int, page_size: int):
+    """Frontier pass s (1 .. S - 1): -> (positions [rows * K] int64, pool slots [rows * K] int64, KV length
+    [rows] int64). Its K rows feed tree slots (s - 1) K .. sK - 1 at RoPE position rope_root + s."""
     kv_start, rope_root, _, real, indptr, indices = meta_views(meta, rows)
-    s = torch.arange(1, n + 1, device=dev)[:, None, None]
-    rank = torch.arange(K, device=dev)
-    pos = kv_start[None, :, None] + (s - 1) * K + rank
-    page = indices[indptr[:rows].long()[None, :, None] + pos // page_size].long()
-    slots = torch.where(real[None, :, None] > 0, page * page_size + pos % page_size, -1)
-    positions = (rope_root[None, :, None] + s).expand(n, rows, K)
-    kv_len = kv_start[None] + s[:, :, 0] * K
+    rank = torch.arange(topk, device=meta.device)
+    pos = kv_start[:, None] + (s - 1) * topk + rank[None]
+    page = indices[indptr[:rows].long()[:, None] + pos // page_size].long()
+    slots = torch.where(real[:, None] > 0, page * page_size + pos % page_size, -1)
+    positions = (rope_root + s)[:, None].expand(rows, topk)
+    return positions.reshape(-1), slots.reshape(-1), kv_start + s * topk
+
+
+def write_tree_mask(mask: torch.Tensor, mask_indptr: torch.Tensor, kv_len: torch.Tensor, kv_start: torch.Tensor,
+                    tree_mask: torch.Tensor, width: int) -> None:
+    """The dense custom mask the extend kernel reads (per request a [K, kv_len] block, row-major, back to back):
+    prefix columns (< kv_start) True, tree columns ``tree_mask`` [rows, K, sK] (ancestor-or-self). Writes
+    ``mask_indptr`` [rows] (block starts) and the blocks into ``mask`` (last entry: where columns past a row's
+    kv_len go)."""
+    rows, K, W = tree_mask.shape
     size = K * kv_len
-    start = torch.cumsum(size, 1) - size
-    c = torch.arange(width, device=dev)
-    rel = c - kv_start[:, None]
-    return StepPlan(positions.reshape(n, -1), slots.reshape(n, -1), kv_len, start,
-                    (start[:, :, None] + rank * kv_len[:, :, None])[..., None], (rel < 0)[:, None, :],
-                    rel.clamp(0, n * K - 1)[:, None, :].expand(rows, K, width), c)
-
-
-def write_tree_mask(mask: torch.Tensor, plan: StepPlan, j: int, tree_mask: torch.Tensor) -> None:
-    """Pass j + 1's dense custom mask, as the extend kernel reads it (per request a [K, kv_len] block, row-major,
-    back to back, at ``plan.start[j]``): prefix columns True, tree columns ``tree_mask`` [rows, K, n K]
-    (``draft_step_mask(state, width=n K)``: ancestor-or-self). Columns past a row's kv_len go to the last entry."""
-    val = tree_mask.gather(2, plan.col) | plan.prefix
-    dst = torch.where(plan.columns < plan.kv_len[j][:, None, None], plan.row_off[j] + plan.columns, mask.numel() - 1)
+    start = torch.cumsum(size, 0) - size
+    mask_indptr.copy_(start)
+    c = torch.arange(width, device=mask.device)[None, None, :]
+    flat = start[:, None, None] + torch.arange(K, device=mask.device)[None, :, None] * kv_len[:, None, None] + c
+    rel = c - kv_start[:, None, None]
+    bits = tree_mask.gather(2, rel.clamp(0, W - 1).expand(rows, K, width))
+    val = torch.where(rel >= 0, bits, True)
+    dst = torch.where(c < kv_len[:, None, None], flat, mask.numel() - 1)
     mask.scatter_(0, dst.reshape(-1), val.to(torch.uint8).reshape(-1))
 
 
@@ -156,20 +138,20 @@ def tree_draft_body(r, meta: torch.Tensor, rows: int, topk: int, num_steps: int,
     last [rows] int64: the root tokens; features [rows, F]: an EAGLE head's root feature (None: a plain
     drafter). -> the DraftTree's (tokens, parents, depth, logp, draft_slot) over all rows (greedy: top-k
     children, EAGLE-2)."""
-    K, n = topk, num_steps - 1
-    root_pos = meta_views(meta, rows)[2]
-    plan = step_plan(meta, rows, K, n, r.allocator.page_size, bufs.width)
-    bufs.kv_lens.copy_(plan.kv_len)
-    bufs.mask_indptr.copy_(plan.start)
+    K = topk
+    kv_start, _, root_pos, _, _, _ = meta_views(meta, rows)
     st = tree_start(*draw_children(torch.softmax(root_logits.float(), dim=-1), K, False), root_pos)
     feat = None if features is None else features[:, None].expand(rows, K, features.shape[-1])
-    for j in range(n):
-        r.use_step(j)
-        write_tree_mask(bufs.masks[j], plan, j, draft_step_mask(st, width=n * K))
-        ctx = AttnContext(r.backend, r.pool, plan.slots[j], fused_ops=r.fused_ops, invariant=r.invariant,
+    for s in range(1, num_steps):
+        r.use_step(s - 1)
+        positions, slots, kv_len = step_inputs(meta, rows, K, s, r.allocator.page_size)
+        bufs.kv_lens[s - 1].copy_(kv_len)
+        write_tree_mask(bufs.masks[s - 1], bufs.mask_indptr[s - 1], kv_len, kv_start, draft_step_mask(st),
+                        bufs.width)
+        ctx = AttnContext(r.backend, r.pool, slots, fused_ops=r.fused_ops, invariant=r.invariant,
                           capture=r.capture_layers)
         extra = {} if feat is None else {"features": feat.reshape(rows * K, -1)}
-        logits = r.logits(r.model(st.frontier_tokens.reshape(-1), plan.positions[j], ctx, **extra))
+        logits = r.logits(r.model(st.frontier_tokens.reshape(-1), positions, ctx, **extra))
         st = tree_step(st, *draw_children(torch.softmax(logits.float(), dim=-1).view(rows, K, -1), K, False))
         if feat is not None:
             out = ctx.captured.view(rows, K, -1)  # this pass's pre-norm output per branch: its children's feature
