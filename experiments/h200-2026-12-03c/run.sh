@@ -15,10 +15,12 @@
 #             GPU tests on the commit that plans every frontier pass once per launch
 #   run.sh 6  carry .gpu/g2: install
 #   run.sh 7  carry .gpu/g3: install; issue 13: every draft / verify pair, chain vs 4x5 vs 4x6 at budget 8, batch 1
-#             and 8, 16 held-out prompts, 3 rounds interleaved by prompt batch
+#             and 8, 16 held-out prompts, 3 rounds interleaved by prompt batch (batch 1 was cut at 330 s: FlashInfer
+#             JIT-built its fa3 prefill module inside it, which part 5 had not compiled)
+#   run.sh 8  (carry nothing, same machine) batch 1 again, triton drafting only: chain vs 4x6, both verify backends
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 7}
+PART=${1:?part 1 to 8}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 case $PART in
 1)
@@ -97,6 +99,13 @@ case $PART in
     grep -E "^\| attnlab|^- " $LOGS/pairs_b$B.log | head -40
     cp /tmp/trees/pairs_b$B.md /tmp/trees/pairs_b$B.json $LOGS/pairs_b$B.log "$OUT/"
   done
+  ;;
+8)
+  mkdir -p /tmp/trees
+  step "issue 13: chain vs 4x6 at budget 8, batch 1, triton drafting, both verify backends"
+  timeout 200 $S --batch 1 --prompts $DATA --new 128 --num-prompts 16 --backends triton,flashinfer \
+    --draft-backends triton --drafters eagle --k 8 --trees chain,4x6 --repeats 3 --interleave batch \
+    --out "$OUT/pairs4x6_b1" > "$OUT/pairs4x6_b1.log" 2>&1; echo "exit code $?"; grep -E "^\| attnlab" "$OUT/pairs4x6_b1.log"
   ;;
 esac
 step "done"
