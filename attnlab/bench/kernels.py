@@ -19,6 +19,9 @@ with the backends interleaved (so drift hits them alike): cells give the median 
 (max - min over the repeats, % of the median). Successive runs walk over enough layers that the KV read is not
 L2-resident. Bandwidth counts K+V bytes read (every request's whole context) plus q and o. An unsupported
 cell is skipped with its reason; a failing one is an error cell; the bench goes on. CUDA only.
+A spec ending in ``+pdl`` (``triton+pdl``, ``triton/num_splits=64+pdl``) runs that backend's attnlab kernels with
+programmatic dependent launch (attnlab.kernels.pdl, as ``engine.pdl=true`` does): captured with it, so a cell's
+back-to-back runs (and a split decode's merge) overlap their launches; the same spec without it is the A/B.
 ``--compile-only`` plans and runs every (backend, phase, model, context) once at batch 1 and times nothing:
 the warmup that JIT-compiles FlashInfer's and Triton's kernel variants (run several at once, split by
 ``--backends`` / ``--models`` / ``--phases``).
@@ -205,12 +208,22 @@ def shapes(phases, models, batches, contexts, ks):
                         yield phase, model, batch, ctx, q_len
 
 
+def split_pdl(spec: str) -> tuple[str, bool]:
+    """``spec+pdl`` -> (spec, True); anything else -> (spec, False)."""
+    return (spec[:-4], True) if spec.endswith("+pdl") else (spec, False)
+
+
 def load_backends(specs: list[str]) -> dict:
     """spec label -> bound backend class; an unavailable or mis-specified backend is skipped with its reason."""
+    from attnlab.kernels import pdl
+
     classes = {}
     for spec in specs:
         try:
-            name, options = parse_spec(spec)
+            base, on = split_pdl(spec)
+            if on and pdl.unsupported("cuda"):
+                raise ValueError(f"+pdl: {pdl.unsupported('cuda')}")
+            name, options = parse_spec(base)
             classes[spec] = require_available(name, options, f"--backends {spec}")
         except Exception as e:  # noqa: BLE001 - any import/availability/option problem: skip with its reason
             print(f"skipping backend {spec}: {e}", file=sys.stderr)
@@ -241,6 +254,8 @@ def kernel_tag(info: dict, label: str) -> str:
 def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_only: bool = False) -> list[Cell]:
     """Every backend on one shape: build (one pool per page size), check capabilities, warm, capture, then
     ``args.repeats`` interleaved measurements."""
+    from attnlab.kernels import pdl
+
     hq, hkv, d = HEADS[model]
     pools: dict[int, tuple] = {}
     kv_cache: dict[int, list] = {}  # page size -> per layer the prefill's new K / V
@@ -278,8 +293,9 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
                 torch.cuda.synchronize()
                 tag(cell, be, meta)
                 continue
-            timers[label] = Timer(be, q, num_layers, meta.mode in cls.capabilities().cuda_graph, args.reps,
-                                  args.iters, kv)
+            with pdl.using(split_pdl(label)[1], "cuda"):  # graphs record how their kernels were launched
+                timers[label] = Timer(be, q, num_layers, meta.mode in cls.capabilities().cuda_graph, args.reps,
+                                      args.iters, kv)
             tag(cell, be, meta)  # after its runs: a backend may say which kernel ran only once it ran
             cell.extra.update(cuda_graph=timers[label].graph is not None, reps=timers[label].reps,
                               iters=timers[label].iters)
@@ -293,7 +309,8 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
     for _ in range(0 if compile_only else args.repeats):
         for label, t in timers.items():
             try:
-                by_label[label].samples_ms.append(t.measure())
+                with pdl.using(split_pdl(label)[1], "cuda"):  # eager cells launch as they measure
+                    by_label[label].samples_ms.append(t.measure())
             except Exception as e:  # noqa: BLE001
                 by_label[label].status = f"error: {type(e).__name__}: {str(e)[:160]}"
     for c in cells:

@@ -174,3 +174,15 @@ def test_floors_script_on_fake_results(tmp_path):
     assert "1.75x faster | pass" in text and "n/a" in text  # llama8b cells missing: n/a, not a crash
     assert "| batch 1, triton 660 tok/s | 6.60x (100 tok/s eager) | 1.10x (600 tok/s) | pass |" in text
     assert "| hybrid | 1 | 500.0 | 2.0 | 1.5 | 100.0 | 150.0 | verify=fa2 |" in text
+
+
+def test_pdl_specs(capsys):
+    """``spec+pdl``: the same backend with PDL launches (an A/B in one process); refused with the reason where
+    PDL cannot run (here: no sm_90 GPU), like any unavailable backend."""
+    from attnlab.bench.kernels import load_backends, split_pdl
+
+    assert split_pdl("triton+pdl") == ("triton", True)
+    assert split_pdl("triton/num_splits=64+pdl") == ("triton/num_splits=64", True)
+    assert split_pdl("triton/num_splits=64") == ("triton/num_splits=64", False)
+    assert load_backends(["triton+pdl"]) == {}
+    assert "skipping backend triton+pdl: +pdl:" in capsys.readouterr().err
