@@ -8,9 +8,9 @@ host time per step (experiments/h200-2026-12-02c: a 4x5 tree's draft took 5.2-6.
 device-planned replay 0.55 ms), so every tree row lost to target-only in tok/s whatever its tau.
 
 Here the host allocates the tree slots' pages and stages one int32 buffer per iteration; each frontier pass's
-positions, pool slots, KV lengths and dense tree mask are computed from it on the device, between the passes
-and the expansions, and ``select_tree`` ends the launch. Same passes, same masks, same math as the per-step path:
-in fp32 the two give the same tree (tests/spec/test_tree_device.py).
+positions, pool slots, KV lengths and dense tree mask are computed from it on the device, between the passes and
+the expansions (one kernel a pass, attnlab.kernels.tree_meta), and ``select_tree`` ends the launch. Same passes,
+same masks, same math as the per-step path: in fp32 the two give the same tree (tests/spec/test_tree_device.py).
 
 Buffer (``tree_steps_layout``), per row (a graph bucket's rows: the requests, then dummies), each section starting
 on a 16-byte boundary (Triton specializes kernels on pointer alignment):
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.backends.context import AttnContext
-from attnlab.spec.tree import DraftTree, draft_step_mask, draw_children, select_tree, tree_start, tree_step
+from attnlab.spec.tree import DraftTree, draw_children, select_tree, tree_start, tree_step
 from attnlab.spec.tree_verify import verify_mask
 
 
@@ -101,7 +101,8 @@ def stage_tree_steps(r, reqs: Sequence[Hashable], kv_start: Sequence[int], rope_
 
 def step_inputs(meta: torch.Tensor, rows: int, topk: int, s: int, page_size: int):
     """Frontier pass s (1 .. S - 1): -> (positions [rows * K] int64, pool slots [rows * K] int64, KV length
-    [rows] int64). Its K rows feed tree slots (s - 1) K .. sK - 1 at RoPE position rope_root + s."""
+    [rows] int64). Its K rows feed tree slots (s - 1) K .. sK - 1 at RoPE position rope_root + s. The torch
+    reference of attnlab.kernels.tree_meta (which the launch runs), as ``write_tree_mask`` below."""
     kv_start, rope_root, _, real, indptr, indices = meta_views(meta, rows)
     rank = torch.arange(topk, device=meta.device)
     pos = kv_start[:, None] + (s - 1) * topk + rank[None]
@@ -138,16 +139,17 @@ def tree_draft_body(r, meta: torch.Tensor, rows: int, topk: int, num_steps: int,
     last [rows] int64: the root tokens; features [rows, F]: an EAGLE head's root feature (None: a plain
     drafter). -> the DraftTree's (tokens, parents, depth, logp, draft_slot) over all rows (greedy: top-k
     children, EAGLE-2)."""
+    from attnlab.kernels.tree_meta import tree_step_meta
+
     K = topk
-    kv_start, _, root_pos, _, _, _ = meta_views(meta, rows)
+    root_pos = meta_views(meta, rows)[2]
     st = tree_start(*draw_children(torch.softmax(root_logits.float(), dim=-1), K, False), root_pos)
     feat = None if features is None else features[:, None].expand(rows, K, features.shape[-1])
     for s in range(1, num_steps):
         r.use_step(s - 1)
-        positions, slots, kv_len = step_inputs(meta, rows, K, s, r.allocator.page_size)
-        bufs.kv_lens[s - 1].copy_(kv_len)
-        write_tree_mask(bufs.masks[s - 1], bufs.mask_indptr[s - 1], kv_len, kv_start, draft_step_mask(st),
-                        bufs.width)
+        # one launch: what step_inputs + write_tree_mask(draft_step_mask(st)) compute (attnlab.kernels.tree_meta)
+        positions, slots = tree_step_meta(meta, rows, K, s, r.allocator.page_size, st.frontier_anc,
+                                          bufs.kv_lens[s - 1], bufs.mask_indptr[s - 1], bufs.masks[s - 1], bufs.width)
         ctx = AttnContext(r.backend, r.pool, slots, fused_ops=r.fused_ops, invariant=r.invariant,
                           capture=r.capture_layers)
         extra = {} if feat is None else {"features": feat.reshape(rows * K, -1)}

@@ -184,3 +184,44 @@ def test_accept_graph_body_equals_eager_accept(page_size):
         assert torch.equal(a[:B], b)
     assert int(n_acc.max()) >= 1  # something moved
     assert torch.equal(pools[0].kv, pools[1].kv)
+
+
+@pytest.mark.parametrize("K,S,page_size", [(2, 3, 1), (3, 4, 3), (4, 5, 16), (8, 2, 3)])
+def test_tree_meta_kernel_equals_torch_reference(K, S, page_size):
+    """attnlab.kernels.tree_meta (one launch a pass) = step_inputs + write_tree_mask(draft_step_mask) (the torch
+    reference), for requests of several prefix lengths and a padded dummy row; on the GPU where there is one, else
+    under the interpreter."""
+    from attnlab.kernels.tree_meta import tree_step_meta
+    from attnlab.spec.tree_device import stage_tree_steps, step_inputs
+
+    if torch.cuda.is_available():
+        dev = "cuda"
+    else:
+        _cpu_triton()
+        dev = "cpu"
+    g = torch.Generator().manual_seed(K * 100 + S)
+    V, width, prefix = 30, 1100, [1, 7, 19]  # width > one column block: two blocks a row
+    r = runner(TARGET, CFG, page_size, max_context=width)
+    reqs = [0, 1, 2]
+    for q, n in zip(reqs, prefix):
+        r.allocate([q], [n])
+    meta, rows = stage_tree_steps(r, reqs, prefix, [n - 1 for n in prefix], [n - 1 for n in prefix], K, S, pad_to=4)
+    meta = meta.to(dev)
+    st = tree_start(*draw_children(torch.softmax(torch.randn(rows, V, generator=g), -1), K, False),
+                    torch.tensor(prefix + [0]))
+    for s in range(1, S):
+        ref = TreeStepBuffers.empty(rows, K, 1, width, "cpu")
+        got = TreeStepBuffers.empty(rows, K, 1, width, dev)
+        got.masks.fill_(7)
+        pos, slots, kv_len = step_inputs(meta.cpu(), rows, K, s, page_size)
+        ref.kv_lens[0].copy_(kv_len)
+        write_tree_mask(ref.masks[0], ref.mask_indptr[0], kv_len, meta.cpu()[:rows].long(), draft_step_mask(st),
+                        width)
+        kpos, kslots = tree_step_meta(meta, rows, K, s, page_size, st.frontier_anc.to(dev), got.kv_lens[0],
+                                      got.mask_indptr[0], got.masks[0], width)
+        assert torch.equal(kpos.cpu(), pos) and torch.equal(kslots.cpu(), slots)
+        assert torch.equal(got.kv_lens.cpu(), ref.kv_lens) and torch.equal(got.mask_indptr.cpu(), ref.mask_indptr)
+        total = int((K * kv_len).sum())
+        assert torch.equal(got.masks[0][:total].cpu(), ref.masks[0][:total])
+        q = torch.softmax(torch.randn(rows, K, V, generator=g), -1)
+        st = tree_step(st, *draw_children(q, K, False))
