@@ -178,9 +178,9 @@ def compile_store_and_fused(quick: bool, arch: int = 90) -> None:
     z = torch.zeros(5, dtype=torch.int32)
     write_step_meta(z[:4], z, z[:4].clone(), 16)
     write_step_meta(z[:4], z, z[:4].clone(), 16, (z.clone(), torch.zeros(64, dtype=torch.int32), z.new_zeros(80)))
-    from attnlab.kernels.tree_meta import tree_step_meta  # a device-planned tree draft's frontier pass metadata
+    from attnlab.kernels.tree_meta import tree_step_meta
 
-    for rows, K, page in ((1, 4, 16), (8, 2, 1)):
+    for rows, K, page in ((1, 4, 16), (8, 2, 1)):  # a device-planned tree draft's frontier pass metadata
         meta = torch.zeros(64, dtype=torch.int32)
         anc = torch.zeros(rows, K, 2, dtype=torch.long)
         tree_step_meta(meta, rows, K, 2, page, anc, torch.zeros(rows, dtype=torch.int32),
