@@ -71,21 +71,28 @@ def tree_greedy_accept(tree: DraftTree, target_logits: torch.Tensor):
 
 def tree_greedy_accept_top(tree: DraftTree, top: torch.Tensor):
     """``tree_greedy_accept`` from the target's argmax per node, top [B, T] int64 (a verify graph computes it).
-    Reads tree.tokens, tree.parents, tree.topk and tree.num_steps only."""
-    ch = children_table(tree.parents, tree.topk)
-    B = top.shape[0]
-    cur = torch.zeros(B, dtype=torch.long, device=top.device)
-    active = torch.ones(B, dtype=torch.bool, device=top.device)
-    path = [cur]
-    for _ in range(tree.num_steps):
-        c = _walk_rows(ch, cur)
-        hit = (c >= 0) & (tree.tokens.gather(1, c.clamp_min(0)) == top.gather(1, cur[:, None]))
-        active = active & hit.any(dim=1)
-        nxt = c.gather(1, hit.long().argmax(dim=1, keepdim=True)).squeeze(1)  # argmax: the first hit
-        cur = torch.where(active, nxt, cur)
-        path.append(torch.where(active, nxt, -1))
-    path = torch.stack(path, dim=1)
-    return (path[:, 1:] >= 0).sum(dim=1), path, top.gather(1, cur[:, None]).squeeze(1)
+
+    In closed form, not as a walk of num_steps levels (about 25 launches whatever the depth, where the walk took
+    ~10 a level): node i is chosen when its token is the target's argmax at its parent and no earlier sibling's
+    is (the walk takes the first hit); it is on the accepted path when it and every ancestor are chosen. At most
+    one node per depth is, so the path is those nodes by depth. Reads tree.tokens, tree.parents, tree.num_steps
+    and tree.mask (the ancestor-or-self mask, built here when absent)."""
+    from attnlab.spec.tree_verify import ancestor_mask
+
+    parents, tokens = tree.parents, tree.tokens
+    B, T = tokens.shape
+    ar = torch.arange(T, device=tokens.device)
+    matched = (parents >= 0) & (tokens == top.gather(1, parents.clamp_min(0)))
+    earlier_hit = ((parents[:, :, None] == parents[:, None, :]) & (ar[None, :] < ar[:, None]) & matched[:, None, :])
+    chosen = (matched & ~earlier_hit.any(dim=2)) | (ar == 0)  # the root is where every path starts
+    anc = tree.mask if tree.mask is not None else ancestor_mask(parents, tree.num_steps)
+    on_path = (~anc | chosen[:, None, :]).all(dim=2)
+    S = tree.num_steps
+    depth = torch.where(on_path, anc.sum(dim=2) - 1, S + 1)  # column S + 1: nodes off the path
+    path = torch.full((B, S + 2), -1, dtype=torch.long, device=tokens.device).scatter_(1, depth, ar.expand(B, T))
+    path = path[:, :S + 1]
+    num_accepted = on_path.sum(dim=1) - 1
+    return num_accepted, path, top.gather(1, path.gather(1, num_accepted[:, None])).squeeze(1)
 
 
 def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

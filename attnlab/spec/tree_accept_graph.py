@@ -1,8 +1,9 @@
 """Greedy tree acceptance and the target's rollback compaction as one CUDA graph replay per iteration.
 
-Eagerly, ``tree_greedy_accept``, ``emitted_tokens`` and ``compact_target`` are about 200 small launches per
+Eagerly, ``tree_greedy_accept``, ``emitted_tokens`` and ``compact_target`` were about 200 small launches per
 iteration (a walk of num_steps levels over the children table, then the move list): ~1.2-1.5 ms of host time on
-an H200 for a 4x5 tree (experiments/h200-2026-12-02c), more than the verify pass itself. Their shapes depend only
+an H200 for a 4x5 tree (experiments/h200-2026-12-02c), more than the verify pass itself (the acceptance is in closed
+form now, ~25 launches, and these few dozen kernels replay from one graph). Their shapes depend only
 on (batch bucket, T = N + 1, topk, num_steps) and the page window's width, so one graph per bucket holds them; the
 host stages the requests' page windows (a few ints each) and copies the tree and the verify pass's argmax in.
 
@@ -21,14 +22,15 @@ import torch
 from attnlab.spec.tree import DraftTree
 from attnlab.spec.tree_accept import emitted_tokens, tree_greedy_accept_top
 from attnlab.spec.tree_rollback import window_lists
-from attnlab.spec.tree_verify import target_compaction
+from attnlab.spec.tree_verify import target_compaction, verify_mask
 
 
-def accept_and_compact(tokens, parents, top, table, rel, real, topk: int, num_steps: int, pool):
+def accept_and_compact(tokens, parents, mask, top, table, rel, real, topk: int, num_steps: int, pool):
     """The graph's body (or the same eagerly). tokens, parents, top [R, T] int64 (the tree and the target's argmax
-    per node), table [R, W] int64 page window, rel [R] int64 root position inside it, real [R] bool.
+    per node), mask [R, T, T] bool (the tree's ancestor-or-self mask), table [R, W] int64 page window, rel [R]
+    int64 root position inside it, real [R] bool.
     -> (num_accepted [R], path [R, S + 1], next_token [R], emitted [R, S + 1]); the pool's accepted K/V moved."""
-    tree = DraftTree(tokens, parents, None, None, None, None, topk, num_steps)  # the walk reads these four
+    tree = DraftTree(tokens, parents, None, None, None, None, topk, num_steps, mask)  # what acceptance reads
     n_acc, path, nxt = tree_greedy_accept_top(tree, top)
     emitted = emitted_tokens(tree, path, n_acc, nxt)
     src, dst, _ = target_compaction(path, torch.where(real, n_acc, 0), rel, table, pool.page_size)
@@ -44,7 +46,7 @@ def window_width(num_nodes: int, page_size: int) -> int:
 @dataclass
 class _AcceptGraph:
     graph: torch.cuda.CUDAGraph
-    inputs: tuple  # tokens, parents, top, table, rel, real
+    inputs: tuple  # tokens, parents, mask, top, table, rel, real
     outputs: tuple
 
 
@@ -68,11 +70,13 @@ class AcceptGraphs:
             tokens = torch.zeros(bs, T, dtype=torch.long, device=dev)
             parents = torch.zeros(bs, T, dtype=torch.long, device=dev)
             parents[:, 0] = -1  # a valid tree: every node a child of the root
+            mask = torch.eye(T, dtype=torch.bool, device=dev).expand(bs, T, T).clone()
+            mask[:, :, 0] = True
             top = torch.zeros(bs, T, dtype=torch.long, device=dev)
             table = torch.full((bs, self.width), r.pool.num_pages, dtype=torch.long, device=dev)
             rel = torch.zeros(bs, dtype=torch.long, device=dev)
             real = torch.zeros(bs, dtype=torch.bool, device=dev)
-            inputs = (tokens, parents, top, table, rel, real)
+            inputs = (tokens, parents, mask, top, table, rel, real)
             g, out = r.graphs.record(lambda x=inputs: accept_and_compact(*x, self.topk, self.num_steps, r.pool))
             self.graphs[bs] = _AcceptGraph(g, inputs, out)
         return len(self.graphs) - before
@@ -90,9 +94,10 @@ class AcceptGraphs:
         rows, bases = window_lists(r.allocator, reqs, root, self.T, self.width)
         table, rel = r.staging.stage([([p for row in rows for p in row], torch.int64),
                                       ([f - b for f, b in zip(root, bases)], torch.int64)])
-        tokens, parents, top_in, table_in, rel_in, real = g.inputs
+        tokens, parents, mask, top_in, table_in, rel_in, real = g.inputs
         tokens[:B].copy_(tree.tokens)
         parents[:B].copy_(tree.parents)
+        mask[:B].copy_(tree.mask if tree.mask is not None else verify_mask(tree))
         top_in[:B].copy_(top.view(B, self.T))
         table_in[:B].copy_(table.view(B, self.width))
         rel_in[:B].copy_(rel)

@@ -179,7 +179,7 @@ def test_accept_graph_body_equals_eager_accept(page_size):
     table = torch.tensor(rows + [rows[0]] * (R - B))
     rel = torch.tensor([f - b for f, b in zip(root, bases)] + [0] * (R - B))
     real = torch.arange(R) < B
-    out = accept_and_compact(tree.tokens, tree.parents, top, table, rel, real, K, S, pools[1])
+    out = accept_and_compact(tree.tokens, tree.parents, verify_mask(tree), top, table, rel, real, K, S, pools[1])
     for a, b in zip(out, (n_acc, path, nxt, emitted)):
         assert torch.equal(a[:B], b)
     assert int(n_acc.max()) >= 1  # something moved
