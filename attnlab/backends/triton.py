@@ -228,14 +228,16 @@ class TritonBackend(AttentionBackend):
     def device_tree_plans(self, batch, topk, n, kv_indptr, kv_indices, bufs) -> list:
         """Plans of ``n`` tree frontier passes (q_len ``topk``, custom mask) whose KV lengths, masks and mask
         offsets the device writes into ``bufs`` (attnlab.spec.tree_device.TreeStepBuffers) before each pass, over
-        one page layout (``kv_indptr`` / ``kv_indices``, every row's pages up to its last pass). Slots 1 .. n."""
+        one page layout (``kv_indptr`` / ``kv_indices``, every row's pages up to its last pass). Slots 1 .. n. Launch
+        parameters for the longest KV a pass can have, ``bufs.width`` (the split boundaries follow each row's own
+        kv_len in the kernel)."""
         from attnlab.kernels.extend import query_blocks
         from attnlab.kernels.heuristics import plan_params
 
         if self.invariant:
             raise NotImplementedError("triton: engine.invariant has no tree passes")
         group = self.num_q_heads // self.num_kv_heads
-        kv = [self.max_context] * batch  # launch parameters for the longest KV a pass can have, as in graph plans
+        kv = [bufs.width] * batch
         params = plan_params(q_lens=[topk] * batch, kv_lens=kv, num_kv_heads=self.num_kv_heads, group=group,
                              head_dim=self.head_dim, has_mask=True, sms=self._sms(), num_splits=self.num_splits)
         reqs, starts = query_blocks([topk] * batch, params.tokens_per_block, kv)

@@ -285,11 +285,12 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
                     kv_cache[ps] = [new_kv(pool, meta, layer) for layer in range(num_layers)]
                 kv = kv_cache[ps]
             if compile_only:
-                for layer in range(num_layers):
-                    if kv is None:
-                        be.run(q, layer)
-                    else:
-                        be.run_new(q, kv[layer][0], kv[layer][1], layer)
+                with pdl.using(split_pdl(label)[1], "cuda"):  # a +pdl spec compiles the PDL variants
+                    for layer in range(num_layers):
+                        if kv is None:
+                            be.run(q, layer)
+                        else:
+                            be.run_new(q, kv[layer][0], kv[layer][1], layer)
                 torch.cuda.synchronize()
                 tag(cell, be, meta)
                 continue

@@ -21,7 +21,7 @@ budget (``spec.num_draft_tokens``: tokens one verify pass checks): ``chain`` (to
 cannot fill a budget (S > k, or k > K + (S - 1) K^2) is skipped with the reason. Tree vs chain at the same
 budget: ``--k 4,8 --trees chain,2x3,4x4``. ``KxS-steps``: the same tree on the previous path, to measure against
 (the frontier passes step by step from the host and an eager acceptance, not one device-planned draft launch and
-one accept replay).
+one accept replay; the acceptance reads the verify graph's argmax, as the chain's does, and is in closed form).
 ``--invariant``: the target side runs engine.invariant (issue 18): every speculative row must give its target-only
 output on every prompt, bit for bit in bf16; a row that does not is named under the table and the bench exits 3.
 One process serves every drafter and k against one target-only run per batch, where the Hydra sweep builds, graphs

@@ -277,18 +277,18 @@ class GraphCache:
         K, S, N = shape.topk, shape.num_steps, shape.num_draft_tokens
         per = pages_needed(max(1, (S - 1) * K), r.allocator.page_size)  # a dummy's scratch pages
         values = tree_steps_values([], [], [], [i * per for i in range(bs + 1)], [r.pool.num_pages] * (bs * per), bs)
-        cap = len(values) - bs * per + r.pool.num_pages + bs * per  # page ids of any layout
+        cap = len(values) + r.pool.num_pages  # room for the page ids of any layout: every page, a scratch page per row
         meta = torch.zeros(cap, dtype=torch.int32)
         meta[:len(values)] = torch.tensor(values, dtype=torch.int32)
         meta = meta.to(r.device)
-        bufs = TreeStepBuffers.empty(bs, K, S - 1, r.backend.max_context, r.device)
+        bufs = TreeStepBuffers.empty(bs, K, S - 1, r.max_context, r.device)  # a pass's KV never exceeds it
         *_, indptr, indices = meta_views(meta, bs)
         plans = r.backend.device_tree_plans(bs, K, S - 1, indptr, indices, bufs)
         root_logits = torch.zeros(bs, r.model_config.vocab_size, dtype=torch.float32, device=r.device)
         last = torch.zeros(bs, dtype=torch.long, device=r.device)
         features = _feature_buffer(r, bs, feature_dim)
         g, outputs = self.record(lambda: tree_draft_body(r, meta, bs, K, S, N, root_logits, last, features, bufs))
-        empty = last[:0]
+        empty = last[:0]  # inputs: ids = the root tokens, logits = the root's draft logits; outputs: ``outputs``
         self.graphs[self._tree_key(bs, shape, feature_dim)] = _Graph(
             g, last, empty, empty, root_logits, None, features, meta=meta, keep=(tuple(plans), bufs),
             outputs=outputs)
@@ -296,7 +296,8 @@ class GraphCache:
     def replay_tree_steps(self, bs: int, shape, meta: torch.Tensor, root_logits: torch.Tensor, last: torch.Tensor,
                           features: torch.Tensor | None = None) -> tuple:
         """Replay the tree draft graph on one staged buffer (tree_device.stage_tree_steps, pad_to=bs); -> the
-        DraftTree tensors over all bs rows (views of the graph's outputs: read them before the next replay)."""
+        DraftTree tensors over all bs rows (views of the graph's outputs, in the runner's shared graph pool: read
+        them before any other replay on this runner)."""
         g = self.graphs[self._tree_key(bs, shape, None if features is None else features.shape[1])]
         if meta.numel() > g.meta.numel():
             raise RuntimeError(f"tree steps: {meta.numel()} metadata entries, the graph holds {g.meta.numel()}")

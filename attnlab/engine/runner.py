@@ -346,7 +346,7 @@ class ModelRunner:
         if not self.backend.supports_device_trees() or shape.num_steps < 2:
             return 0
         self.graphs = self.graphs or GraphCache(self)
-        return self.graphs.capture_tree_steps(self.default_buckets(), shape, feature_dim)
+        return self.graphs.capture_tree_steps(self.graphs.buckets or self.default_buckets(), shape, feature_dim)
 
     def decode_greedy_steps(self, reqs, starts, last: torch.Tensor, n: int) -> torch.Tensor:
         """n greedy decode steps in one launch (see engine/multistep.py): -> tokens [B, n] int64."""

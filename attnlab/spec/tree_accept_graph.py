@@ -40,7 +40,7 @@ def accept_and_compact(tokens, parents, mask, top, table, rel, real, topk: int, 
 
 def window_width(num_nodes: int, page_size: int) -> int:
     """Pages a window of ``num_nodes`` positions can touch, wherever it starts."""
-    return (num_nodes - 1) // page_size + 2 if num_nodes > 1 else 1
+    return -(-(num_nodes - 1) // page_size) + 1
 
 
 @dataclass
@@ -92,8 +92,9 @@ class AcceptGraphs:
             return None
         r, g = self.target, self.graphs[bs]
         rows, bases = window_lists(r.allocator, reqs, root, self.T, self.width)
-        table, rel = r.staging.stage([([p for row in rows for p in row], torch.int64),
-                                      ([f - b for f, b in zip(root, bases)], torch.int64)])
+        table, rel, is_real = r.staging.stage([([p for row in rows for p in row], torch.int64),
+                                               ([f - b for f, b in zip(root, bases)], torch.int64),
+                                               ([1] * B + [0] * (bs - B), torch.int64)])
         tokens, parents, mask, top_in, table_in, rel_in, real = g.inputs
         tokens[:B].copy_(tree.tokens)
         parents[:B].copy_(tree.parents)
@@ -101,8 +102,7 @@ class AcceptGraphs:
         top_in[:B].copy_(top.view(B, self.T))
         table_in[:B].copy_(table.view(B, self.width))
         rel_in[:B].copy_(rel)
-        real[:B].fill_(True)
-        real[B:].fill_(False)
+        real.copy_(is_real)
         g.graph.replay()
         self.replays += 1
         return tuple(t[:B] for t in g.outputs)

@@ -10,7 +10,9 @@ device-planned replay 0.55 ms), so every tree row lost to target-only in tok/s w
 Here the host allocates the tree slots' pages and stages one int32 buffer per iteration; each frontier pass's
 positions, pool slots, KV lengths and dense tree mask are computed from it on the device, between the passes and
 the expansions (one kernel a pass, attnlab.kernels.tree_meta), and ``select_tree`` ends the launch. Same passes,
-same masks, same math as the per-step path: in fp32 the two give the same tree (tests/spec/test_tree_device.py).
+same masks, same math as the per-step path, except the attention's split count (planned for the longest KV a pass
+can have, as graph plans are): in fp32 the two give the same tree, scores within rounding
+(tests/spec/test_tree_device.py).
 
 Buffer (``tree_steps_layout``), per row (a graph bucket's rows: the requests, then dummies), each section starting
 on a 16-byte boundary (Triton specializes kernels on pointer alignment):
@@ -58,7 +60,8 @@ class TreeStepBuffers:
     """What the frontier passes' device plans read, rewritten on the device before each pass. Row j = pass j + 1.
 
     kv_lens [n, rows] int32; mask_indptr [n, rows] int64; masks [n, cap] uint8 (cap = rows * K * width + a dump
-    entry, padded to 16 bytes; width = the longest KV a pass can have, the backend's max_context)."""
+    entry, padded to 16 bytes; width = the longest KV a pass can have: the runner's max_context for a graph, this
+    launch's longest for an eager one)."""
 
     kv_lens: torch.Tensor
     mask_indptr: torch.Tensor
@@ -137,8 +140,8 @@ def tree_draft_body(r, meta: torch.Tensor, rows: int, topk: int, num_steps: int,
     """The launch (captured into a graph, or run eagerly) under the device plans of slots 1 .. S - 1
     (``backend.device_tree_plans`` over ``bufs``). root_logits [rows, V]: the root's draft logits;
     last [rows] int64: the root tokens; features [rows, F]: an EAGLE head's root feature (None: a plain
-    drafter). -> the DraftTree's (tokens, parents, depth, logp, draft_slot) over all rows (greedy: top-k
-    children, EAGLE-2)."""
+    drafter). -> the DraftTree's (tokens, parents, depth, logp, draft_slot) and its verify mask (ancestor-or-self,
+    [rows, T, T]) over all rows (greedy: top-k children, EAGLE-2)."""
     from attnlab.kernels.tree_meta import tree_step_meta
 
     K = topk
@@ -170,25 +173,26 @@ def as_tree(outputs: Sequence[torch.Tensor], batch: int, topk: int, num_steps: i
 
 
 def device_tree_draft(r, reqs, kv_start, rope_root, root_pos, shape, root_logits: torch.Tensor, last: torch.Tensor,
-                      features: torch.Tensor | None = None) -> DraftTree | None:
+                      features: torch.Tensor | None = None) -> DraftTree:
     """A greedy tree draft as one launch: the graph of the batch's bucket when captured, else the same code
     eagerly (planned for this batch). kv_start, rope_root, root_pos: host ints per request (module doc);
     root_logits [B, V]: the root's draft logits; last [B]: the root tokens; features [B, F]: an EAGLE head's root
-    feature. None when the backend cannot plan it on the device (the caller drafts step by step)."""
+    feature. The caller checked ``r.backend.supports_device_trees()`` and that the tree has frontier passes."""
     K, S, N, B = shape.topk, shape.num_steps, shape.num_draft_tokens, len(reqs)
     if S < 2 or not r.backend.supports_device_trees():
-        return None
+        raise ValueError(f"device_tree_draft: {K}x{S} on {r.backend.name}: no frontier pass planned on the device")
     g = r.graphs
     if g is not None:
         from attnlab.engine.graphs import bucket_for
 
         bs = bucket_for(B, g.buckets)
-        width = None if features is None else features.shape[1]
-        if bs is not None and g.has_tree_steps(bs, shape, width):
+        fdim = None if features is None else features.shape[1]
+        if bs is not None and g.has_tree_steps(bs, shape, fdim):
             meta, _ = stage_tree_steps(r, reqs, kv_start, rope_root, root_pos, K, S, pad_to=bs)
             return as_tree(g.replay_tree_steps(bs, shape, meta, root_logits, last, features), B, K, S)
     meta, rows = stage_tree_steps(r, reqs, kv_start, rope_root, root_pos, K, S)
-    bufs = TreeStepBuffers.empty(rows, K, S - 1, r.backend.max_context, r.device)
+    # eager: masks and launch parameters for this launch's longest KV, not the side's whole context
+    bufs = TreeStepBuffers.empty(rows, K, S - 1, max(kv_start) + (S - 1) * K, r.device)
     _, _, _, _, indptr, indices = meta_views(meta, rows)
     r.backend.device_tree_plans(rows, K, S - 1, indptr, indices, bufs)
     return as_tree(tree_draft_body(r, meta, rows, K, S, N, root_logits, last, features, bufs), B, K, S)

@@ -4,7 +4,7 @@ accept a root-to-node path, roll both sides back to it, draft-extend; all device
 Per request, with n committed tokens (the root is the last one, at position n - 1; the target KV holds n - 1):
 - draft: ``Drafter.draft_tree``: ``propose_tree`` (EAGLE-2 construction, attnlab.spec.tree / tree_draft), then
   ``select_tree`` keeps the N best nodes; a greedy model drafter on a backend with device-planned tree passes
-  does all of it as one launch (attnlab.spec.tree_device);
+  runs the frontier passes and the selection as one launch after its root pass (attnlab.spec.tree_device);
 - verify: the T = N + 1 tree tokens at KV positions n - 1 .. n - 1 + N (node order), RoPE positions
   n - 1 + depth, ancestor mask (prefix all True), through ``ModelRunner.prepare(custom_mask=...)``;
 - accept: ``tree_greedy_accept``, or ``tree_rejection_accept`` with the proposal this shape's drafting makes
