@@ -209,12 +209,7 @@ class TritonBackend(AttentionBackend):
         plans = []
         for j in range(n):
             plan = TritonPlan(params, batch, qo, kv_indptr, kv_indices, kv_lens[j])
-            if params.num_splits > 1:
-                plan.o_part = torch.empty(batch, self.num_q_heads, params.num_splits, self.head_dim,
-                                          dtype=torch.float32, device=self.device)
-                plan.lse_part = torch.empty(batch, self.num_q_heads, params.num_splits, dtype=torch.float32,
-                                            device=self.device)
-                plan.counters = self._merge_counters(params, batch)
+            self._split_scratch(plan, batch, batch)
             self._slots[j + 1] = plan
             plans.append(plan)
         self._kernels["decode_steps"] = (f"decode BLOCK_M={params.block_m} BLOCK_N={params.block_n} "
@@ -248,12 +243,7 @@ class TritonBackend(AttentionBackend):
         for j in range(n):
             plan = TritonPlan(params, tokens, qo, kv_indptr, kv_indices, bufs.kv_lens[j], block_req, block_qstart,
                               mask=bufs.masks[j], mask_indptr=bufs.mask_indptr[j])
-            if params.num_splits > 1:
-                plan.o_part = torch.empty(tokens, self.num_q_heads, params.num_splits, self.head_dim,
-                                          dtype=torch.float32, device=self.device)
-                plan.lse_part = torch.empty(tokens, self.num_q_heads, params.num_splits, dtype=torch.float32,
-                                            device=self.device)
-                plan.counters = self._merge_counters(params, len(reqs))
+            self._split_scratch(plan, tokens, len(reqs))
             self._slots[j + 1] = plan
             plans.append(plan)
         self._kernels["tree_steps"] = (f"{params.kind} BLOCK_M={params.block_m} BLOCK_N={params.block_n} "
@@ -334,14 +324,19 @@ class TritonBackend(AttentionBackend):
                 offs = _mask_offsets(meta)
                 plan.mask_indptr = torch.tensor(offs[:-1], dtype=torch.int64).to(dev, non_blocking=True)
                 plan.mask_len = offs[-1]
-        if params.num_splits > 1 or params.kind == "invariant":  # the invariant kernel always merges
-            plan.o_part = torch.empty(num_tokens, self.num_q_heads, params.num_splits, self.head_dim,
-                                      dtype=torch.float32, device=dev)
-            plan.lse_part = torch.empty(num_tokens, self.num_q_heads, params.num_splits, dtype=torch.float32,
-                                        device=dev)
-            blocks = len(meta.q_lens) if params.kind == "decode" else len(plan.block_req)
-            plan.counters = self._merge_counters(params, blocks)
+        self._split_scratch(plan, num_tokens, len(meta.q_lens) if params.kind == "decode" else len(plan.block_req))
         return plan
+
+    def _split_scratch(self, plan: TritonPlan, num_tokens: int, blocks: int) -> None:
+        """A split plan's partial outputs, LSEs and (fused_merge) arrival counters over ``blocks`` programs per kv
+        head; nothing for an unsplit one (the invariant kernel always merges, one split too)."""
+        params = plan.params
+        if params.num_splits > 1 or params.kind == "invariant":
+            plan.o_part = torch.empty(num_tokens, self.num_q_heads, params.num_splits, self.head_dim,
+                                      dtype=torch.float32, device=self.device)
+            plan.lse_part = torch.empty(num_tokens, self.num_q_heads, params.num_splits, dtype=torch.float32,
+                                        device=self.device)
+            plan.counters = self._merge_counters(params, blocks)
 
     def _merge_counters(self, params, blocks: int) -> torch.Tensor | None:
         """fused_merge's arrival counters of a split plan: one per (request or query block, kv head), zeros."""

@@ -271,16 +271,15 @@ class GraphCache:
         return len(self.graphs) - before
 
     def _capture_tree_steps(self, r, bs: int, shape, feature_dim: int | None) -> None:
-        from attnlab.kvcache import pages_needed
-        from attnlab.spec.tree_device import TreeStepBuffers, meta_views, tree_draft_body, tree_steps_values
+        from attnlab.spec.tree_device import (
+            TreeStepBuffers,
+            dummy_tree_steps_meta,
+            meta_views,
+            tree_draft_body,
+        )
 
         K, S, N = shape.topk, shape.num_steps, shape.num_draft_tokens
-        per = pages_needed(max(1, (S - 1) * K), r.allocator.page_size)  # a dummy's scratch pages
-        values = tree_steps_values([], [], [], [i * per for i in range(bs + 1)], [r.pool.num_pages] * (bs * per), bs)
-        cap = len(values) + r.pool.num_pages  # room for the page ids of any layout: every page, a scratch page per row
-        meta = torch.zeros(cap, dtype=torch.int32)
-        meta[:len(values)] = torch.tensor(values, dtype=torch.int32)
-        meta = meta.to(r.device)
+        meta = dummy_tree_steps_meta(bs, K, S, r.allocator.page_size, r.pool.num_pages, r.pool.num_pages, r.device)
         bufs = TreeStepBuffers.empty(bs, K, S - 1, r.max_context, r.device)  # a pass's KV never exceeds it
         *_, indptr, indices = meta_views(meta, bs)
         plans = r.backend.device_tree_plans(bs, K, S - 1, indptr, indices, bufs)

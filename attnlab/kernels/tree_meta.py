@@ -1,9 +1,9 @@
 """One frontier pass's device metadata in one launch (attnlab.spec.tree_device): the K branch rows' pool slots and
 RoPE positions, each request's KV length and mask offset, and the dense custom mask the extend kernel reads.
 
-The torch version of the same (``tree_device.step_inputs`` + ``write_tree_mask`` + ``tree.draft_step_mask``) is
-about 30 launches a pass; inside the one-launch tree draft that was ~0.1 ms of a pass's ~0.25 ms on the H200. This
-kernel replaces them with one. It reads the staged buffer (``tree_device.tree_steps_layout``) and the frontier's
+The torch version of the same (tests/spec/test_tree_device.py's reference, with ``tree.draft_step_mask``) is about
+30 launches a pass, by count, inside a pass that took ~0.25 ms of device time on the H200 (experiments/h200-2026-12-03c);
+this kernel replaces them with one (what that saves is still to be measured). It reads the staged buffer (``tree_device.tree_steps_layout``) and the frontier's
 ancestor ranks (``TreeState.frontier_anc`` [rows, K, s]: tree column d K + anc[d] is branch row r's ancestor at
 depth d + 1), so a column c of row r is visible iff c < kv_start (the prefix) or anc[(c - kv_start) // K] ==
 (c - kv_start) % K.

@@ -100,6 +100,12 @@ class Drafter:
         return select_tree(self.propose_tree(reqs, seqs, shape, sp, gen, sampled, root_pos), last,
                            shape.num_draft_tokens)
 
+    def _device_tree(self, sp: SamplingParams, shape) -> bool:
+        """Whether this greedy tree draft runs as one launch (attnlab.spec.tree_device): a model side whose backend
+        plans tree passes on the device, frontier passes to plan, and ``device_trees`` on."""
+        return (sp.greedy and getattr(self, "device_trees", False) and shape.num_steps > 1
+                and self.runner is not None and self.runner.backend.supports_device_trees())
+
     def rollback_tree(self, reqs, n_before: Sequence[int], tree, path: torch.Tensor,
                       num_accepted: torch.Tensor) -> None:
         """After tree acceptance, before the sync: keep the accepted path's draft KV (device work only);
@@ -241,7 +247,7 @@ class ModelDrafter(Drafter):
     def draft_tree(self, reqs, seqs, shape, sp, gen, sampled, root_pos, last):
         """Greedy, on a backend with device-planned tree passes: the catch-up pass, then the frontier passes and
         the tree's construction as one launch (attnlab.spec.tree_device); otherwise step by step."""
-        if sp.greedy and self.device_trees and shape.num_steps > 1 and self.runner.backend.supports_device_trees():
+        if self._device_tree(sp, shape):
             from attnlab.spec.tree_device import device_tree_draft
 
             r = self.runner

@@ -164,7 +164,7 @@ class EagleDrafter(Drafter):
     def draft_tree(self, reqs, seqs, shape, sp, gen, sampled, root_pos, last):
         """Greedy, on a backend with device-planned tree passes: the whole draft as one launch from the stored
         root logits and feature (attnlab.spec.tree_device); otherwise step by step."""
-        if sp.greedy and self.device_trees and shape.num_steps > 1 and self.runner.backend.supports_device_trees():
+        if self._device_tree(sp, shape):
             from attnlab.spec.tree_device import device_tree_draft
 
             ns = [len(s) for s in seqs]

@@ -22,7 +22,7 @@ import torch
 from attnlab.spec.tree import DraftTree
 from attnlab.spec.tree_accept import emitted_tokens, tree_greedy_accept_top
 from attnlab.spec.tree_rollback import window_lists
-from attnlab.spec.tree_verify import target_compaction, verify_mask
+from attnlab.spec.tree_verify import target_compaction
 
 
 def accept_and_compact(tokens, parents, mask, top, table, rel, real, topk: int, num_steps: int, pool):
@@ -83,7 +83,8 @@ class AcceptGraphs:
 
     def run(self, tree: DraftTree, top: torch.Tensor, reqs: Sequence[Hashable], root: Sequence[int]):
         """-> (num_accepted, path, next_token, emitted) of the batch's rows, the target's accepted K/V moved; None
-        when no graph holds this batch (the caller runs the eager path)."""
+        when no graph holds this batch (the caller runs the eager path). ``tree.mask`` must be set (tree_loop
+        builds it once for the verify pass)."""
         from attnlab.engine.graphs import bucket_for
 
         B = len(reqs)
@@ -98,7 +99,7 @@ class AcceptGraphs:
         tokens, parents, mask, top_in, table_in, rel_in, real = g.inputs
         tokens[:B].copy_(tree.tokens)
         parents[:B].copy_(tree.parents)
-        mask[:B].copy_(tree.mask if tree.mask is not None else verify_mask(tree))
+        mask[:B].copy_(tree.mask)
         top_in[:B].copy_(top.view(B, self.T))
         table_in[:B].copy_(table.view(B, self.width))
         rel_in[:B].copy_(rel)

@@ -102,36 +102,17 @@ def stage_tree_steps(r, reqs: Sequence[Hashable], kv_start: Sequence[int], rope_
     return r.staging.stage([(values, torch.int32)])[0], rows
 
 
-def step_inputs(meta: torch.Tensor, rows: int, topk: int, s: int, page_size: int):
-    """Frontier pass s (1 .. S - 1): -> (positions [rows * K] int64, pool slots [rows * K] int64, KV length
-    [rows] int64). Its K rows feed tree slots (s - 1) K .. sK - 1 at RoPE position rope_root + s. The torch
-    reference of attnlab.kernels.tree_meta (which the launch runs), as ``write_tree_mask`` below."""
-    kv_start, rope_root, _, real, indptr, indices = meta_views(meta, rows)
-    rank = torch.arange(topk, device=meta.device)
-    pos = kv_start[:, None] + (s - 1) * topk + rank[None]
-    page = indices[indptr[:rows].long()[:, None] + pos // page_size].long()
-    slots = torch.where(real[:, None] > 0, page * page_size + pos % page_size, -1)
-    positions = (rope_root + s)[:, None].expand(rows, topk)
-    return positions.reshape(-1), slots.reshape(-1), kv_start + s * topk
+def dummy_tree_steps_meta(rows: int, topk: int, num_steps: int, page_size: int, scratch_page: int, num_pages: int,
+                          device) -> torch.Tensor:
+    """A buffer of ``rows`` dummy rows (each on the scratch page), with room for the page ids of any later layout
+    (every page, a scratch page per row): what a tree-draft graph is captured over."""
+    from attnlab.kvcache import pages_needed
 
-
-def write_tree_mask(mask: torch.Tensor, mask_indptr: torch.Tensor, kv_len: torch.Tensor, kv_start: torch.Tensor,
-                    tree_mask: torch.Tensor, width: int) -> None:
-    """The dense custom mask the extend kernel reads (per request a [K, kv_len] block, row-major, back to back):
-    prefix columns (< kv_start) True, tree columns ``tree_mask`` [rows, K, sK] (ancestor-or-self). Writes
-    ``mask_indptr`` [rows] (block starts) and the blocks into ``mask`` (last entry: where columns past a row's
-    kv_len go)."""
-    rows, K, W = tree_mask.shape
-    size = K * kv_len
-    start = torch.cumsum(size, 0) - size
-    mask_indptr.copy_(start)
-    c = torch.arange(width, device=mask.device)[None, None, :]
-    flat = start[:, None, None] + torch.arange(K, device=mask.device)[None, :, None] * kv_len[:, None, None] + c
-    rel = c - kv_start[:, None, None]
-    bits = tree_mask.gather(2, rel.clamp(0, W - 1).expand(rows, K, width))
-    val = torch.where(rel >= 0, bits, True)
-    dst = torch.where(c < kv_len[:, None, None], flat, mask.numel() - 1)
-    mask.scatter_(0, dst.reshape(-1), val.to(torch.uint8).reshape(-1))
+    per = pages_needed(max(1, (num_steps - 1) * topk), page_size)
+    values = tree_steps_values([], [], [], [i * per for i in range(rows + 1)], [scratch_page] * (rows * per), rows)
+    meta = torch.zeros(len(values) + num_pages, dtype=torch.int32)
+    meta[:len(values)] = torch.tensor(values, dtype=torch.int32)
+    return meta.to(device)
 
 
 def tree_draft_body(r, meta: torch.Tensor, rows: int, topk: int, num_steps: int, num_draft_tokens: int,
@@ -150,7 +131,6 @@ def tree_draft_body(r, meta: torch.Tensor, rows: int, topk: int, num_steps: int,
     feat = None if features is None else features[:, None].expand(rows, K, features.shape[-1])
     for s in range(1, num_steps):
         r.use_step(s - 1)
-        # one launch: what step_inputs + write_tree_mask(draft_step_mask(st)) compute (attnlab.kernels.tree_meta)
         positions, slots = tree_step_meta(meta, rows, K, s, r.allocator.page_size, st.frontier_anc,
                                           bufs.kv_lens[s - 1], bufs.mask_indptr[s - 1], bufs.masks[s - 1], bufs.width)
         ctx = AttnContext(r.backend, r.pool, slots, fused_ops=r.fused_ops, invariant=r.invariant,

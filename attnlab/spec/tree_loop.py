@@ -75,7 +75,9 @@ class TreeIteration:
 
         timer.mark("verify")
         ids, pos = verify_inputs(tree, root_pos)
-        mask = flatten_custom_mask(verify_mask(tree) if tree.mask is None else tree.mask, root)
+        if tree.mask is None:  # built once: the verify pass and the acceptance both read it
+            tree.mask = verify_mask(tree)
+        mask = flatten_custom_mask(tree.mask, root)
         p = tgt.prepare(reqs, root, [T] * B, Mode.VERIFY, custom_mask=mask, positions=pos.reshape(-1))
         tgt.plan(p)
         if sp.greedy:  # the argmax comes out of the verify graph

@@ -152,6 +152,12 @@ def test_query_blocks_heaviest_first():
     # with kv lengths: the most KV positions to read first (prefix + the block's last token), ties in order
     reqs, starts = query_blocks([5, 0, 3], 2, kv_lens=[5, 0, 103])
     assert list(zip(reqs, starts)) == [(2, 2), (2, 0), (0, 4), (0, 2), (0, 0)]
+    # no cached prefix (kv_len = q_len: the contiguous prefill's tiles): every tile once, the most keys first
+    q_lens = [70, 0, 20, 129]
+    reqs, starts = query_blocks(q_lens, 32, q_lens)
+    assert sorted(zip(reqs, starts)) == [(0, 0), (0, 32), (0, 64), (2, 0), (3, 0), (3, 32), (3, 64), (3, 96), (3, 128)]
+    work = [min(s + 32, q_lens[r]) for r, s in zip(reqs, starts)]
+    assert work == sorted(work, reverse=True)
 
 
 @pytest.mark.parametrize("page_size", [3, 64, 512])

@@ -14,7 +14,7 @@ from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import ModelDrafter, NoDrafter
 from attnlab.spec.eagle import EagleDrafter
 from attnlab.spec.tree import draft_step_mask, draw_children, tree_start, tree_step
-from attnlab.spec.tree_device import TreeStepBuffers, write_tree_mask
+from attnlab.spec.tree_device import TreeStepBuffers, meta_views
 from attnlab.spec.tree_verify import flatten_custom_mask, verify_mask
 from tests.spec.tiny import eagle_runner, perturbed, prompts, runner, tiny_config, tiny_eagle, tiny_model
 
@@ -22,6 +22,40 @@ CFG = tiny_config()
 TARGET = tiny_model(CFG, seed=0)
 OTHER = perturbed(TARGET, seed=1, noise=0.2)
 HEAD = tiny_eagle(TARGET, CFG, seed=0)
+
+
+# -- the torch reference of attnlab.kernels.tree_meta (what one frontier pass's metadata must be) -------------
+
+def step_inputs(meta: torch.Tensor, rows: int, topk: int, s: int, page_size: int):
+    """Frontier pass s (1 .. S - 1): -> (positions [rows * K] int64, pool slots [rows * K] int64, KV length
+    [rows] int64). Its K rows feed tree slots (s - 1) K .. sK - 1 at RoPE position rope_root + s. The torch
+    reference of attnlab.kernels.tree_meta, as ``write_tree_mask`` below."""
+    kv_start, rope_root, _, real, indptr, indices = meta_views(meta, rows)
+    rank = torch.arange(topk, device=meta.device)
+    pos = kv_start[:, None] + (s - 1) * topk + rank[None]
+    page = indices[indptr[:rows].long()[:, None] + pos // page_size].long()
+    slots = torch.where(real[:, None] > 0, page * page_size + pos % page_size, -1)
+    positions = (rope_root + s)[:, None].expand(rows, topk)
+    return positions.reshape(-1), slots.reshape(-1), kv_start + s * topk
+
+
+def write_tree_mask(mask: torch.Tensor, mask_indptr: torch.Tensor, kv_len: torch.Tensor, kv_start: torch.Tensor,
+                    tree_mask: torch.Tensor, width: int) -> None:
+    """The dense custom mask the extend kernel reads (per request a [K, kv_len] block, row-major, back to back):
+    prefix columns (< kv_start) True, tree columns ``tree_mask`` [rows, K, sK] (ancestor-or-self). Writes
+    ``mask_indptr`` [rows] (block starts) and the blocks into ``mask`` (last entry: where columns past a row's
+    kv_len go)."""
+    rows, K, W = tree_mask.shape
+    size = K * kv_len
+    start = torch.cumsum(size, 0) - size
+    mask_indptr.copy_(start)
+    c = torch.arange(width, device=mask.device)[None, None, :]
+    flat = start[:, None, None] + torch.arange(K, device=mask.device)[None, :, None] * kv_len[:, None, None] + c
+    rel = c - kv_start[:, None, None]
+    bits = tree_mask.gather(2, rel.clamp(0, W - 1).expand(rows, K, width))
+    val = torch.where(rel >= 0, bits, True)
+    dst = torch.where(c < kv_len[:, None, None], flat, mask.numel() - 1)
+    mask.scatter_(0, dst.reshape(-1), val.to(torch.uint8).reshape(-1))
 
 
 def _cpu_triton():
@@ -113,7 +147,7 @@ def test_device_tree_draft_equals_step_by_step_triton(kind, page_size):
 def test_device_tree_padded_rows_change_nothing_triton():
     """A graph bucket's dummy rows (scratch pages, slots -1) leave the real rows' trees and KV as they are."""
     _cpu_triton()
-    from attnlab.spec.tree_device import meta_views, stage_tree_steps, tree_draft_body
+    from attnlab.spec.tree_device import stage_tree_steps, tree_draft_body
     rng = random.Random(0)
     ps = [[rng.randrange(CFG.vocab_size) for _ in range(n)] for n in (5, 17)]
     outs, kvs = [], []
@@ -192,7 +226,7 @@ def test_tree_meta_kernel_equals_torch_reference(K, S, page_size):
     reference), for requests of several prefix lengths and a padded dummy row; on the GPU where there is one, else
     under the interpreter."""
     from attnlab.kernels.tree_meta import tree_step_meta
-    from attnlab.spec.tree_device import stage_tree_steps, step_inputs
+    from attnlab.spec.tree_device import stage_tree_steps
 
     if torch.cuda.is_available():
         dev = "cuda"
