@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The fourth H200 sitting of 2026-12-03 (README.md here): calls back to back on one warm machine (installs in /opt
+# and FlashInfer's JIT cache stay while it is held). Bundles as in ../h200-2026-12-03c/run.sh: .gpu/fb (core +
+# flashinfer + fa3_fwd), .gpu/g2 (the GGUF's parts 0-1), .gpu/g3 (parts 2-3 and the 212 held-out ShareGPT turns).
+#   run.sh 1  carry .gpu/fb: install; FlashInfer JIT for SmolLM2 (fa2 decode / verify, fa3 prefill) in the
+#             background while the GPU tests run (issue 13: the tree metadata kernel against its torch reference,
+#             the one-launch tree draft and accept graph, the device fuzz); then issue 16's batch-1 decode floor:
+#             split counts x fused merge x PDL, one process
+#   run.sh 2  carry .gpu/g2: install
+#   run.sh 3  carry .gpu/g3: install; issue 13 on main: chain vs 4x5 vs 4x6 (and 4x5 step by step) at budget 8,
+#             batch 1 and 8, triton drafting, triton and flashinfer verify, 16 held-out prompts, 3 rounds
+# At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
+set -u -o pipefail
+PART=${1:?part 1 to 3}
+. experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
+case $PART in
+1)
+  step "install .gpu/fb"; bash .gpu/fb/install.sh | tail -1
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+  $PY -c "import torch, triton, flashinfer; print('torch', torch.__version__, 'triton', triton.__version__, \
+'flashinfer', flashinfer.__version__)"; git log -1 --format=%h 2>/dev/null || true
+  step "background: FlashInfer JIT, SmolLM2 shapes (fa2 decode / verify, fa3 prefill)"
+  C0=$(date +%s)
+  timeout 330 $PY -m attnlab.bench.kernels --compile-only --contexts 512 --ks 4 --models smollm2 \
+    --backends flashinfer > $LOGS/compile_s.log 2>&1 &
+  P1=$!
+  step "GPU tests: the tree metadata kernel, the one-launch tree draft and accept graph, the device fuzz"
+  timeout 240 $PY -m pytest -q -p no:cacheprovider -ra -s tests/spec/test_tree_device.py \
+    tests/integration/test_gpu_tree.py -k "device or triton or tree_meta" > $LOGS/tests1.log 2>&1; echo "exit code $?"
+  grep -E "passed|failed|FAILED|Error|fuzz" $LOGS/tests1.log | tail -n 12; cp $LOGS/tests1.log "$OUT/"
+  step "issue 16: batch-1 decode at 4k, split counts x fused merge x PDL"
+  timeout 150 $PY -m attnlab.bench.kernels --phases decode --batches 1 --contexts 4096 --models smollm2,llama8b \
+    --backends triton,triton+pdl,triton/num_splits=16,triton/num_splits=16+pdl,triton/num_splits=64,\
+triton/num_splits=64+pdl,triton/fused_merge=true,triton/fused_merge=true+pdl,triton/num_splits=16/fused_merge=true+pdl \
+    --repeats 5 --out "$OUT/decode_b1" > $LOGS/decode_b1.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/decode_b1.log
+  step "waiting for the FlashInfer compile"; wait $P1; echo "compile wall time: $(( $(date +%s) - C0 )) s"
+  tail -n 2 $LOGS/compile_s.log
+  ;;
+2)
+  step "install .gpu/g2"; bash .gpu/g2/install.sh | tail -1
+  ;;
+3)
+  step "install .gpu/g3 (joins the GGUF)"; bash .gpu/g3/install.sh | tail -2
+  cp .gpu/g3/sg_heldout_all.jsonl.gz $DATA; mkdir -p /tmp/trees
+  for B in 1 8; do
+    step "issue 13: chain vs 4x5 vs 4x6 vs 4x5 step by step, budget 8, batch $B, triton drafting"
+    timeout $([ $B = 1 ] && echo 300 || echo 200) $S --batch $B --prompts $DATA --new 128 --num-prompts 16 \
+      --backends triton,flashinfer --draft-backends triton --drafters eagle --k 8 --trees chain,4x5,4x6,4x5-steps \
+      --repeats 3 --interleave batch --out /tmp/trees/trees_b$B > $LOGS/trees_b$B.log 2>&1; echo "exit code $?"
+    grep -E "^\| attnlab|^- " $LOGS/trees_b$B.log | head -40
+    cp /tmp/trees/trees_b$B.md /tmp/trees/trees_b$B.json $LOGS/trees_b$B.log "$OUT/"
+  done
+  ;;
+esac
+step "done"
