@@ -21,7 +21,8 @@ class AttnContext:
     layers' GEMMs go through attnlab.models.linear.invariant_linear (engine.invariant; the side is fused and its
     backend invariant). capture: layer indices whose output (the
     residual stream) the model concatenates into ``captured`` [num_tokens, len(capture) * hidden]; a draft
-    head leaves its pre-norm output there instead.
+    head leaves its pre-norm output there instead. rope_table: the side's RoPE (cos, sin) [positions, head_dim]
+    over every position its passes reach (ModelRunner.rope_table; gemm path only), else None.
     """
 
     backend: AttentionBackend
@@ -31,6 +32,7 @@ class AttnContext:
     invariant: bool = False
     capture: tuple[int, ...] | None = None
     captured: torch.Tensor | None = None
+    rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __post_init__(self):
         # once per pass; every layer's torch store goes through it

@@ -32,8 +32,6 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlab.backends.context import AttnContext
-
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -144,8 +142,7 @@ class GraphCache:
         def forward():
             # The context is built inside the capture: its store index is derived from the static ``slots``
             # buffer by a captured kernel, so a replay with new slots stores where they say.
-            ctx = AttnContext(r.backend, r.pool, slots, fused_ops=r.fused_ops, invariant=r.invariant,
-                              capture=r.capture_layers)
+            ctx = r.context(slots)
             logits = r.logits(r.model(ids, positions, ctx, **extra))
             return logits, ctx.captured, logits.argmax(dim=-1) if r.graph_argmax else None
 

@@ -30,8 +30,6 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from attnlab.backends.context import AttnContext
-
 
 def greedy_steps(r, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                  features: torch.Tensor | None = None) -> torch.Tensor:
@@ -44,8 +42,7 @@ def greedy_steps(r, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Ten
     out = []
     for j in range(positions.shape[0]):
         r.use_step(j)
-        ctx = AttnContext(r.backend, r.pool, slots[j], fused_ops=r.fused_ops, invariant=r.invariant,
-                          capture=r.capture_layers)
+        ctx = r.context(slots[j])
         extra = {} if features is None else {"features": features}
         ids = r.greedy_tokens(r.model(ids, positions[j], ctx, **extra))
         if features is not None:

@@ -74,6 +74,16 @@ class ModelRunner:
         self.graph_argmax = True
         # Every pass's int metadata goes to the device in one pinned copy (engine/staging.py).
         self.staging = HostStaging(self.device)
+        # A gemm-path side's RoPE cos / sin over every position it can reach (allocate keeps each pass below
+        # max_context), built once, before any graph captures them: the qkv epilogue indexes them by position
+        # (AttnContext.rope_table, Decoder.rope_tables). None elsewhere.
+        tables = getattr(model, "rope_tables", None)
+        self.rope_table = tables(max_context) if fused_ops == "gemm" and tables is not None else None
+
+    def context(self, slots: torch.Tensor) -> AttnContext:
+        """The attention context of one pass of this side writing its new K / V to ``slots``."""
+        return AttnContext(self.backend, self.pool, slots, fused_ops=self.fused_ops, invariant=self.invariant,
+                           capture=self.capture_layers, rope_table=self.rope_table)
 
     def kv_len(self, req: Hashable) -> int:
         return self.allocator.lengths.get(req, 0)
@@ -247,8 +257,7 @@ class ModelRunner:
             if tokens is None:
                 return logits[rows] if rows is not None else logits[:n], None
             return (logits[rows], tokens[rows]) if rows is not None else (logits[:n], tokens[:n])
-        ctx = AttnContext(self.backend, self.pool, p.slots, fused_ops=self.fused_ops, invariant=self.invariant,
-                          capture=self.capture_layers)
+        ctx = self.context(p.slots)
         if p.padded_to is not None and p.positions.shape[0] > n:  # padded, but no graph for this slot: eager
             pad = p.positions.shape[0] - n
             input_ids = torch.cat([input_ids, input_ids.new_zeros(pad)])
@@ -296,6 +305,9 @@ class ModelRunner:
 
             if gemm.argmax_head():
                 return gemm.argmax_linear(hidden, head.weight, head.bias)
+            # the argmax of the model-dtype logits: their fp32 copy (``logits``) is exact and order-preserving,
+            # so it has the same first maximum, and skipping it saves a launch a step
+            return gemm.linear(hidden, head.weight, head.bias).argmax(dim=-1)
         return self.logits(hidden).argmax(dim=-1)
 
     def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None, keep: bool = False,

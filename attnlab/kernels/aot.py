@@ -214,6 +214,10 @@ def _compile_gemm_dtypes(gemm, dtypes, arch: int) -> None:
                 for store in (None, (cache, cache.clone(), torch.zeros(4, dtype=torch.long))):
                     gemm.gemm(x, w, w_scale=scale, norm_weight=nw, epilogue="rope", cos=cs, sin=cs, head_dim=d,
                               rope_cols=(heads + kv_heads) * d, kv_store=store)
+                    # the gemm path's: cos / sin tables read by position (a runner's rope_table)
+                    gemm.gemm(x, w, w_scale=scale, norm_weight=nw, epilogue="rope", cos=cs, sin=cs, head_dim=d,
+                              rope_cols=(heads + kv_heads) * d, kv_store=store,
+                              positions=torch.zeros(4, dtype=torch.long))
                 gemm.linear(x, w, w_scale=scale)
             o = torch.zeros(hidden, heads * d, dtype=dtype)
             gemm.gemm(torch.zeros(4, heads * d, dtype=dtype), o, epilogue="residual", residual=x)

@@ -90,6 +90,11 @@ _prefetch = DEFAULT_PREFETCH
 # experiments/h200-2026-12-03). Both give the same tokens.
 DEFAULT_ARGMAX_HEAD = False
 _argmax_head = DEFAULT_ARGMAX_HEAD
+# A gemm-path side's RoPE: cos / sin tables over every position of the side, built once by its runner, which the
+# qkv epilogue indexes by position (True: no per-pass torch ops), or cos / sin computed by torch every pass (False,
+# as before 2026-12-04: ~7 small launches a pass, outside the PDL chain). Same bits (the tables are the same ops).
+DEFAULT_ROPE_TABLE = True
+_rope_table = DEFAULT_ROPE_TABLE
 _tickets: dict = {}
 
 
@@ -151,32 +156,49 @@ def _set_argmax_head(on: bool) -> None:
     _argmax_head = bool(on)
 
 
+def rope_table() -> bool:
+    """Whether a gemm-path side's qkv epilogue reads RoPE's cos / sin from its runner's position tables (else the
+    pass's own, from torch)."""
+    return _rope_table
+
+
+def _set_rope_table(on: bool) -> None:
+    global _rope_table
+    _rope_table = bool(on)
+
+
 @contextmanager
 def arm(text: str):
-    """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits]`` (``fill/ticket``, ``fill/ticket+pf0``): the
-    split mode, the prefetch (DEFAULT_PREFETCH unless given: a bare arm is the engine's default) and the greedy
-    tokens' LM head: ``+lmargmax`` its argmax epilogue, ``+lmlogits`` the side's logits (``ModelRunner.logits``: this
-    GEMM, unsplit, on a gemm-path side) and torch's argmax (the default), for a block; all restored after."""
-    mode, chunks, fused_argmax = _parse_arm(text)
-    with splitting(mode), prefetching(chunks), _scoped(argmax_head, _set_argmax_head, fused_argmax):
+    """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]`` (``fill/ticket``,
+    ``fill/ticket+pf0``): the split mode, the prefetch (DEFAULT_PREFETCH unless given: a bare arm is the engine's
+    default), the greedy tokens' LM head (``+lmargmax`` its argmax epilogue, ``+lmlogits`` the side's logits
+    (``ModelRunner.logits``: this GEMM, unsplit, on a gemm-path side) and torch's argmax, the default) and RoPE's
+    cos / sin (``+ropetable`` the runner's position tables, the default; ``+ropecalc`` torch every pass), for a block;
+    all restored after."""
+    mode, chunks, fused_argmax, table = _parse_arm(text)
+    with splitting(mode), prefetching(chunks), _scoped(argmax_head, _set_argmax_head, fused_argmax), \
+            _scoped(rope_table, _set_rope_table, table):
         yield
 
 
-def _parse_arm(text: str) -> tuple[str, int, bool]:
+def _parse_arm(text: str) -> tuple[str, int, bool, bool]:
     mode, *extras = text.split("+")
-    chunks, fused_argmax = DEFAULT_PREFETCH, DEFAULT_ARGMAX_HEAD  # a bare arm: the engine's defaults
-    ok = mode in SPLIT_MODES and len(set(extras)) == len(extras) and not {"lmargmax", "lmlogits"} <= set(extras)
+    chunks, fused_argmax, table = DEFAULT_PREFETCH, DEFAULT_ARGMAX_HEAD, DEFAULT_ROPE_TABLE  # bare: the defaults
+    ok = (mode in SPLIT_MODES and len(set(extras)) == len(extras) and not {"lmargmax", "lmlogits"} <= set(extras)
+          and not {"ropetable", "ropecalc"} <= set(extras))
     for e in extras:
         if e.startswith("pf") and e[2:].isdigit() and int(e[2:]) <= MAX_PREFETCH:
             chunks = int(e[2:])
         elif e in ("lmargmax", "lmlogits"):
             fused_argmax = e == "lmargmax"
+        elif e in ("ropetable", "ropecalc"):
+            table = e == "ropetable"
         else:
             ok = False
     if not ok:
-        raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits], split modes "
-                         f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}")
-    return mode, chunks, fused_argmax
+        raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc], "
+                         f"split modes {', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}")
+    return mode, chunks, fused_argmax, table
 
 
 def parse_split_modes(text: str) -> list[str]:
@@ -191,8 +213,8 @@ def parse_split_modes(text: str) -> list[str]:
             bad.append(m)
     if bad or not modes:
         raise ValueError(f"split mode(s) {', '.join(bad) or repr(text)}: choose from {', '.join(SPLIT_MODES)}, "
-                         f"each optionally +pf<chunks> (0..{MAX_PREFETCH}: engine.gemm_prefetch) and +lmargmax or "
-                         f"+lmlogits (the greedy tokens' LM head)")
+                         f"each optionally +pf<chunks> (0..{MAX_PREFETCH}: engine.gemm_prefetch), +lmargmax or "
+                         f"+lmlogits (the greedy tokens' LM head) and +ropetable or +ropecalc (RoPE's cos / sin)")
     return modes
 
 
@@ -245,10 +267,12 @@ def _columns(j, PAIRED: tl.constexpr, G):
 
 
 @triton.jit
-def _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, stride_rm, stride_cm, G, ROPE_COLS,
-                 EPI: tl.constexpr, PAIRED: tl.constexpr, KV_STORE: tl.constexpr, LOAD: tl.constexpr = True):
+def _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, POS, stride_rm, stride_cm, G, ROPE_COLS,
+                 EPI: tl.constexpr, PAIRED: tl.constexpr, KV_STORE: tl.constexpr, ROPE_POS: tl.constexpr,
+                 LOAD: tl.constexpr = True):
     """What the epilogue reads besides the sums (the residual tile, RoPE's cos / sin, the pool slots), loaded
-    before the K loop so their latency hides under the weight stream instead of following it."""
+    before the K loop so their latency hides under the weight stream instead of following it. ROPE_POS: COS / SIN
+    are tables over positions, row i reading the row of its position POS[i]; else row i's own cos / sin."""
     c1, _ = _columns(j, PAIRED, G)
     rows = offs_m[None, :]
     mask = n_mask[:, None] & m_mask[None, :]
@@ -260,8 +284,11 @@ def _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, stride_rm, str
         r = tl.load(RES + rows * stride_rm + c1[:, None], mask=mask, other=0.0).to(tl.float32)
     if LOAD and EPI == 3:  # cos = cat(f, f): index the first half
         cm = (n_mask & (c1 < ROPE_COLS))[:, None] & m_mask[None, :]
-        c = tl.load(COS + rows * stride_cm + (j % G)[:, None], mask=cm, other=1.0).to(tl.float32)
-        s = tl.load(SIN + rows * stride_cm + (j % G)[:, None], mask=cm, other=0.0).to(tl.float32)
+        crow = rows.to(tl.int64)
+        if ROPE_POS:
+            crow = tl.load(POS + offs_m, mask=m_mask, other=0).to(tl.int64)[None, :]
+        c = tl.load(COS + crow * stride_cm + (j % G)[:, None], mask=cm, other=1.0).to(tl.float32)
+        s = tl.load(SIN + crow * stride_cm + (j % G)[:, None], mask=cm, other=0.0).to(tl.float32)
         if KV_STORE:
             slot = tl.load(SLOTS + offs_m, mask=m_mask, other=-1).to(tl.int64)
     return r, c, s, slot
@@ -393,12 +420,13 @@ def _prefetch_weights(W, c1, c2, n_mask, k_lo, k_hi, stride_wn, PAIRED: tl.const
 
 
 @triton.jit
-def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, K,
+def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, POS, M, N_LOG, K,
                  k_per_split, stride_xm, stride_wn, stride_om, stride_rm, stride_cm, stride_slot, eps, G, ROPE_COLS,
                  Q_COLS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  NORM: tl.constexpr, SS_BLOCK: tl.constexpr, SS_ITERS: tl.constexpr, NRM_ITERS: tl.constexpr,
                  FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PAIRED: tl.constexpr,
-                 KV_STORE: tl.constexpr, IEEE: tl.constexpr, PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
+                 KV_STORE: tl.constexpr, IEEE: tl.constexpr, ROPE_POS: tl.constexpr = False,
+                 PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
                  ARGMAX_RED: tl.constexpr = 256, USE_PDL: tl.constexpr = False):
     # SPLIT: 0 one program per column tile; 1 partials for _reduce_kernel; 2 partials, the last program reduces
     pid_n = tl.program_id(0)
@@ -414,8 +442,9 @@ def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SI
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
     x_dt = X.dtype.element_ty
-    res, cos, sin, slot = _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, stride_rm, stride_cm, G,
-                                       ROPE_COLS, EPI, PAIRED, KV_STORE, SPLIT != 1)  # pass: _reduce_kernel's
+    res, cos, sin, slot = _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, POS, stride_rm, stride_cm,
+                                       G, ROPE_COLS, EPI, PAIRED, KV_STORE, ROPE_POS,
+                                       SPLIT != 1)  # pass: _reduce_kernel's
     if NORM:  # sum of squares of each row over all of K, chunk by chunk (the same order for every row and M);
         # unrolled, so the chunks' loads are in flight together instead of one latency per chunk
         ss = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -489,18 +518,19 @@ def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SI
 
 
 @triton.jit
-def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, M, N_LOG, stride_om, stride_rm,
+def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, POS, M, N_LOG, stride_om, stride_rm,
                    stride_cm, stride_slot, G, ROPE_COLS, Q_COLS, num_splits, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr,
-                   PAIRED: tl.constexpr, KV_STORE: tl.constexpr, USE_PDL: tl.constexpr = False):
+                   PAIRED: tl.constexpr, KV_STORE: tl.constexpr, ROPE_POS: tl.constexpr = False,
+                   USE_PDL: tl.constexpr = False):
     pdl_start(USE_PDL)
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
     j = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = j < N_LOG
     pmask = n_mask[:, None] & m_mask[None, :]
-    res, cos, sin, slot = _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, stride_rm, stride_cm, G,
-                                       ROPE_COLS, EPI, PAIRED, KV_STORE)
+    res, cos, sin, slot = _side_inputs(offs_m, j, m_mask, n_mask, RES, COS, SIN, SLOTS, POS, stride_rm, stride_cm,
+                                       G, ROPE_COLS, EPI, PAIRED, KV_STORE, ROPE_POS)
     a1, a2 = _sum_partials(PART + offs_m[None, :] * N_LOG + j[:, None], pmask, num_splits, N_LOG, BLOCK_N, BLOCK_M,
                            PAIRED)
     _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, cos, sin, slot, stride_om,
@@ -514,11 +544,14 @@ def _rowmajor(t: torch.Tensor | None) -> torch.Tensor | None:
 def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, w_scale: torch.Tensor | None = None,
          norm_weight: torch.Tensor | None = None, eps: float = 1e-6, epilogue: str = "none",
          residual: torch.Tensor | None = None, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
-         head_dim: int = 0, rope_cols: int = 0, kv_store: tuple | None = None) -> torch.Tensor:
+         head_dim: int = 0, rope_cols: int = 0, kv_store: tuple | None = None,
+         positions: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (fp32 / fp16 / bf16, M <= 16), w [N, K] (x's dtype, or float8_e4m3fn with w_scale [N] fp32),
     bias [N] or None -> [M, N] in x's dtype ([M, N / 2] for silu_mul, [M] int64 for argmax). See the module
     docstring for norm_weight [K] (RMSNorm prologue, eps) and the epilogues: residual [M, N]; rope: cos / sin
-    [M, head_dim] (or [M, 1, head_dim]), rotating columns [0, rope_cols) (q and k) per head. ``kv_store`` (rope only):
+    [M, head_dim] (or [M, 1, head_dim]), rotating columns [0, rope_cols) (q and k) per head; with ``positions``
+    [M] int (rope only), cos / sin are tables [P, head_dim] over positions and row i takes row ``positions[i]``
+    (the caller keeps every position below P: nothing checks it on the device). ``kv_store`` (rope only):
     (k_cache, v_cache, slots), caches [num_slots, kv_heads, head_dim] of x's dtype with each slot's heads
     contiguous, slots [M] int (-1: not stored): the k (rotated) and v columns of each row also go to its slot."""
     m, k = x.shape
@@ -569,8 +602,19 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         if residual is None or residual.shape != out.shape:
             raise ValueError(f"epilogue='residual' needs residual of shape {tuple(out.shape)}")
         residual = _rowmajor(residual)
+    if positions is not None:
+        if epilogue != "rope":
+            raise ValueError("positions (cos / sin tables over positions) go with epilogue='rope' only")
+        if (positions.shape != (m,) or positions.dtype not in (torch.int32, torch.int64)
+                or positions.device != x.device or (m > 1 and positions.stride(0) != 1)):
+            raise ValueError(f"positions must be a contiguous [{m}] int32 / int64 tensor on {x.device}, got "
+                             f"{tuple(positions.shape)} {positions.dtype} on {positions.device}")
+        if cos.dim() != 2 or cos.shape != sin.shape or cos.shape[1] != head_dim:
+            raise ValueError(f"with positions, cos / sin are tables [P, head_dim={head_dim}], got "
+                             f"{tuple(cos.shape)} / {tuple(sin.shape)}")
     if epilogue == "rope":
-        cos, sin = cos.reshape(m, head_dim), sin.reshape(m, head_dim)
+        if positions is None:
+            cos, sin = cos.reshape(m, head_dim), sin.reshape(m, head_dim)
         cos, sin = _rowmajor(cos), _rowmajor(sin)
         if sin.stride(0) != cos.stride(0):
             sin = sin.contiguous()
@@ -599,11 +643,12 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             "stride_slot": kc.stride(0) if kc is not None else 0, "G": group, "ROPE_COLS": rope_cols,
             "Q_COLS": 2 * rope_cols - n if kc is not None else 0, "BLOCK_M": BLOCK_M, "BLOCK_N": block_n,
             "FP8": fp8, "HAS_BIAS": bias is not None, "EPI": _EPI[epilogue], "PAIRED": paired,
-            "KV_STORE": kc is not None}
+            "KV_STORE": kc is not None, "ROPE_POS": positions is not None}
     ptrs = {"SCALE": w_scale if fp8 else dummy, "BIAS": bias if bias is not None else dummy,
             "RES": residual if residual is not None else dummy, "COS": cos if cos is not None else dummy,
             "SIN": sin if sin is not None else dummy, "KC": kc if kc is not None else dummy,
-            "VC": vc if vc is not None else dummy, "SLOTS": slots if slots is not None else dummy}
+            "VC": vc if vc is not None else dummy, "SLOTS": slots if slots is not None else dummy,
+            "POS": positions if positions is not None else dummy}
     xn = torch.empty(m, k, dtype=x.dtype, device=x.device) if norm else x  # the normalized rows (scratch)
     prefetch = {}
     if launch_args(x) and _prefetch and w.numel() * w.element_size() <= PREFETCH_MAX_WEIGHT_BYTES:

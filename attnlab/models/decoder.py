@@ -154,7 +154,6 @@ class Decoder(nn.Module):
         """Embed, run the layers ``indices`` (all, or a LayerSubset's), final norm -> hidden [T, hidden].
         ``ctx.capture``: layer indices whose output stream is concatenated into ``ctx.captured``."""
         h = self.embed_tokens(input_ids)
-        cos, sin = rope.cos_sin(positions, self.inv_freq, h.dtype)
         capture = getattr(ctx, "capture", None) or ()
         feats = []
         mode = getattr(ctx, "fused_ops", False)
@@ -164,14 +163,21 @@ class Decoder(nn.Module):
             if not gemm_path.usable([self.layers[i] for i in indices], h.shape[0]):
                 mode = True  # prefill (> 16 tokens) or Qwen3's q/k norm: the fused path, cuBLAS GEMMs
         if mode == "gemm":
-            from attnlab.kernels import fused
+            from attnlab.kernels import fused, gemm
 
+            table = getattr(ctx, "rope_table", None) if gemm.rope_table() else None
+            if table is not None:  # the side's cos / sin over positions (its runner's): no torch ops per pass
+                (cos, sin), rope_pos = table, positions
+            else:
+                cos, sin = rope.cos_sin(positions, self.inv_freq, h.dtype)
+                rope_pos = None
             for i in indices:
-                h = gemm_path.layer_forward(self.layers[i], h, cos, sin, ctx)
+                h = gemm_path.layer_forward(self.layers[i], h, cos, sin, ctx, rope_pos)
                 if i in capture:
                     feats.append(h)
             out = fused.add_rmsnorm(h, None, self.norm.weight, self.norm.eps)[0]
         elif not mode:
+            cos, sin = rope.cos_sin(positions, self.inv_freq, h.dtype)
             for i in indices:
                 h = self.layers[i](h, cos, sin, ctx)
                 if i in capture:
@@ -180,6 +186,7 @@ class Decoder(nn.Module):
         else:
             from attnlab.kernels import fused
 
+            cos, sin = rope.cos_sin(positions, self.inv_freq, h.dtype)
             residual = None
             for i in indices:
                 h, residual = self.layers[i].forward_fused(h, residual, cos, sin, ctx)
@@ -191,6 +198,14 @@ class Decoder(nn.Module):
                 raise ValueError(f"capture layers {list(capture)} not all among the layers run")
             ctx.captured = torch.cat(feats, dim=-1)
         return out
+
+    def rope_tables(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos / sin for positions 0 .. num_positions - 1: [num_positions, head_dim] each, in the model
+        dtype, on its device; row p holds the bits ``rope.cos_sin`` gives position p (the same elementwise ops).
+        A gemm-path runner builds them once (AttnContext.rope_table) for its qkv epilogue to index by position."""
+        positions = torch.arange(num_positions, device=self.inv_freq.device)
+        cos, sin = rope.cos_sin(positions, self.inv_freq, self.embed_tokens.weight.dtype)
+        return cos[:, 0].contiguous(), sin[:, 0].contiguous()
 
     def compute_logits(self, hidden: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] fp32 (matmul in the model dtype, as HF); ``invariant``: the

@@ -1,6 +1,7 @@
 """The decoder layer on attnlab's small-M GEMM (``engine.gemm=triton``): 5 kernels per layer.
 
     qkv_proj   RMSNorm prologue + RoPE epilogue (q, k rotated; v as projected)   -> qkv [T, (Hq + 2 Hkv) D]
+               (cos / sin read by position from the runner's tables: no torch RoPE ops per pass)
                and the KV store: k and v written into their pool slots (AttnContext.kv_store_target; an fp8
                pool takes the Triton store kernel, which quantizes)
     attention  the side's backend
@@ -38,15 +39,17 @@ def proj(linear: nn.Module, x: torch.Tensor, **kw) -> torch.Tensor:
     return gemm.gemm(x, linear.weight, linear.bias, **kw)
 
 
-def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx) -> torch.Tensor:
-    """h: [T <= 16, hidden], the residual stream (complete) -> the stream after this layer."""
+def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx,
+                  positions: torch.Tensor | None = None) -> torch.Tensor:
+    """h: [T <= 16, hidden], the residual stream (complete) -> the stream after this layer. cos / sin: the pass's
+    [T, 1, head_dim], or with ``positions`` [T] tables [P, head_dim] over positions (Decoder.rope_tables)."""
     attn, mlp = layer.self_attn, layer.mlp
     t, d = h.shape[0], attn.head_dim
     qk_cols = attn.q_size + attn.kv_size
     norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
     store = ctx.kv_store_target(attn.layer_idx, h.dtype)
     qkv = proj(attn.qkv_proj, h, norm_weight=norm1.weight, eps=norm1.eps, epilogue="rope", cos=cos, sin=sin,
-               head_dim=d, rope_cols=qk_cols, kv_store=store)
+               head_dim=d, rope_cols=qk_cols, kv_store=store, positions=positions)
     q = qkv[:, :attn.q_size].view(t, attn.num_heads, d)  # views of one [T, N] row: strides (N, D, 1)
     k = qkv[:, attn.q_size:qk_cols].view(t, attn.num_kv_heads, d)
     v = qkv[:, qk_cols:].view(t, attn.num_kv_heads, d)

@@ -51,3 +51,6 @@ class LayerSubset(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.parent.compute_logits(hidden)
+
+    def rope_tables(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.parent.rope_tables(num_positions)

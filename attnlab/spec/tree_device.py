@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlab.backends.context import AttnContext
 from attnlab.spec.tree import DraftTree, draw_children, select_tree, tree_start, tree_step
 from attnlab.spec.tree_verify import verify_mask
 
@@ -133,8 +132,7 @@ def tree_draft_body(r, meta: torch.Tensor, rows: int, topk: int, num_steps: int,
         r.use_step(s - 1)
         positions, slots = tree_step_meta(meta, rows, K, s, r.allocator.page_size, st.frontier_anc,
                                           bufs.kv_lens[s - 1], bufs.mask_indptr[s - 1], bufs.masks[s - 1], bufs.width)
-        ctx = AttnContext(r.backend, r.pool, slots, fused_ops=r.fused_ops, invariant=r.invariant,
-                          capture=r.capture_layers)
+        ctx = r.context(slots)
         extra = {} if feat is None else {"features": feat.reshape(rows * K, -1)}
         logits = r.logits(r.model(st.frontier_tokens.reshape(-1), positions, ctx, **extra))
         st = tree_step(st, *draw_children(torch.softmax(logits.float(), dim=-1).view(rows, K, -1), K, False))

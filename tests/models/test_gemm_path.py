@@ -129,3 +129,34 @@ def test_gemm_path_qkv_writes_the_pool_and_skips_the_store_kernel(monkeypatch):
     assert ctx.kv_store_target(0, torch.float32) is None
     assert AttnContext(None, r.pool, torch.zeros(1, dtype=torch.long), fused_ops=True).kv_store_target(
         0, torch.float32) is None
+
+
+def test_rope_tables_change_no_bit_and_leave_no_rope_op_per_pass(monkeypatch):
+    """A gemm-path runner builds RoPE's cos / sin over its positions once (Decoder.rope_tables, the same torch ops)
+    and its qkv epilogue reads them by position: logits bit for bit those of the per-pass torch cos / sin
+    (``+ropecalc``), a prefill and decode steps at scattered positions, and no rope.cos_sin call per pass; a side of
+    another engine builds no tables."""
+    from attnlab.kernels import gemm
+    from attnlab.models import rope
+
+    model = tiny_model(CFG, seed=10).to(torch.bfloat16)
+    r = _runner(model, torch.bfloat16, "gemm")
+    assert r.rope_table is not None and r.rope_table[0].shape == (r.max_context, CFG.head_dim)
+    assert _runner(model, torch.bfloat16, True).rope_table is None
+    calls = []
+    real = rope.cos_sin
+    monkeypatch.setattr(rope, "cos_sin", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ps = prompts(2, CFG.vocab_size, lengths=(7, 3))
+    ids = torch.tensor([t for p in ps for t in p])
+    outs = {}
+    for arm in ("fill/ticket", "fill/ticket+ropecalc"):
+        run = _runner(model, torch.bfloat16, "gemm")  # its tables: one call, once
+        calls.clear()
+        with gemm.arm(arm):
+            pre = run.run([0, 1], [0, 0], [7, 3], ids, mode=Mode.PREFILL, rows="all")
+            dec = run.run([0, 1], [7, 3], [1, 1], torch.tensor([5, 9]), mode=Mode.DECODE, rows="all")
+            dec2 = run.run([0, 1], [8, 4], [1, 1], torch.tensor([2, 11]), mode=Mode.DECODE, rows="all")
+        outs[arm] = (pre, dec, dec2)
+        assert (len(calls) == 0) == (arm == "fill/ticket"), (arm, len(calls))
+    for a, b in zip(*outs.values()):
+        assert torch.equal(a, b)

@@ -136,6 +136,40 @@ def test_rope_epilogue(m, heads, kv_heads, head_dim, dtype):
     _close(y[:, q_cols + kv_cols:], v, dtype)
 
 
+@pytest.mark.parametrize("mode", ["fill/pass", "fill/ticket"])
+@pytest.mark.parametrize("m", [1, 5])
+def test_rope_positions_read_the_tables_bit_for_bit(m, mode):
+    """positions: cos / sin are tables over positions (Decoder.rope_tables) and each row reads its position's row:
+    the same bits as the rows' own cos / sin, K split or not (the pass launch loads them too), KV store included;
+    bad tables or positions are refused."""
+    heads, kv_heads, d, k = 3, 1, 64, 1100  # K long enough to split under fill
+    n = (heads + 2 * kv_heads) * d
+    x, w, g = _data(m, n, k, torch.bfloat16, seed=15)
+    nw = (torch.rand(k, generator=g) + 0.5).to(torch.bfloat16)
+    inv = rope.inv_freq(d, 10000.0)
+    cos_t, sin_t = (t[:, 0].contiguous() for t in rope.cos_sin(torch.arange(300), inv, torch.bfloat16))
+    pos = torch.randint(0, 300, (m,), generator=g)
+    cos, sin = rope.cos_sin(pos, inv, torch.bfloat16)
+    assert torch.equal(cos[:, 0], cos_t[pos]) and torch.equal(sin[:, 0], sin_t[pos])  # the tables' premise
+    kw = {"norm_weight": nw, "epilogue": "rope", "head_dim": d, "rope_cols": (heads + kv_heads) * d}
+    caches = [torch.zeros(8, kv_heads, d, dtype=torch.bfloat16) for _ in range(4)]
+    slots = torch.arange(m) + 1
+    with gemm.splitting(mode):
+        ref = gemm.gemm(x, w, cos=cos, sin=sin, kv_store=(caches[0], caches[1], slots), **kw)
+        for p in (pos, pos.to(torch.int32)):
+            y = gemm.gemm(x, w, cos=cos_t, sin=sin_t, positions=p, kv_store=(caches[2], caches[3], slots), **kw)
+            assert torch.equal(y, ref)
+            assert torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
+    with pytest.raises(ValueError, match="epilogue='rope' only"):
+        gemm.gemm(x, w, positions=pos)
+    with pytest.raises(ValueError, match="positions must be"):
+        gemm.gemm(x, w, cos=cos_t, sin=sin_t, positions=pos.float(), **kw)
+    with pytest.raises(ValueError, match="positions must be"):
+        gemm.gemm(x, w, cos=cos_t, sin=sin_t, positions=pos[:1].expand(m + 1), **kw)
+    with pytest.raises(ValueError, match="tables"):
+        gemm.gemm(x, w, cos=cos, sin=sin, positions=pos, **kw)  # [M, 1, D]: not a table
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n,k", [(96, 80), (64, 1100)])
 @pytest.mark.parametrize("m", [1, 9])
@@ -317,8 +351,15 @@ def test_arms_name_the_lm_head_path():
     with gemm.arm("fill/ticket+lmargmax"), gemm.arm("fill/ticket"):  # nested: still the defaults
         assert not gemm.argmax_head()
     assert not gemm.argmax_head()
+    assert gemm.rope_table()  # the default: the runner's position tables
+    with gemm.arm("fill/ticket+ropecalc"):
+        assert not gemm.rope_table()
+        with gemm.arm("lean/ticket+pf2+ropetable"):
+            assert gemm.rope_table() and gemm.prefetch_chunks() == 2
+        assert not gemm.rope_table()
+    assert gemm.rope_table()
     for bad in ("fill/ticket+lm", "fill/ticket+pf4+pf4", "fill/ticket+lmlogits+lmlogits",
-                "fill/ticket+lmargmax+lmlogits"):
+                "fill/ticket+lmargmax+lmlogits", "fill/ticket+ropetable+ropecalc", "fill/ticket+rope"):
         with pytest.raises(ValueError, match="gemm arm"), gemm.arm(bad):
             pass
         with pytest.raises(ValueError, match="split mode"):
