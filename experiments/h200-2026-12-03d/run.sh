@@ -9,9 +9,14 @@
 #   run.sh 2  carry .gpu/g2: install
 #   run.sh 3  carry .gpu/g3: install; issue 13 on main: chain vs 4x5 vs 4x6 (and 4x5 step by step) at budget 8,
 #             batch 1 and 8, triton drafting, triton and flashinfer verify, 16 held-out prompts, 3 rounds
+#   run.sh 4  carry .gpu/fb (a fresh machine): install; GPU tests of the gemm path (RoPE tables in graphs, PDL
+#             identity); issue 16: bench.launch_floor (the batch-1 decode beside empty kernels of its launches) at
+#             200 and at 5 runs per replay; issue 17: bench.pdl arms (RoPE per pass vs tables, fill vs lean) on
+#             SmolLM2 and Llama-3.2-1B shapes; Llama-3.1-8B: bench.pdl fused vs gemm and bench.profile (the
+#             non-GEMM time of a step)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 3}
+PART=${1:?part 1 to 4}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 case $PART in
 1)
@@ -50,6 +55,31 @@ triton/num_splits=64+pdl,triton/fused_merge=true,triton/fused_merge=true+pdl,tri
     grep -E "^\| attnlab|^- " $LOGS/trees_b$B.log | head -40
     cp /tmp/trees/trees_b$B.md /tmp/trees/trees_b$B.json $LOGS/trees_b$B.log "$OUT/"
   done
+  ;;
+4)
+  step "install .gpu/fb (a fresh machine)"; bash .gpu/fb/install.sh | tail -1
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git log -1 --format=%h 2>/dev/null || true
+  step "GPU tests: the gemm path (RoPE tables, graphs, KV store), PDL changes no token"
+  timeout 200 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py \
+    tests/integration/test_gpu_pdl.py > $LOGS/tests4.log 2>&1; echo "exit code $?"
+  grep -E "passed|failed|FAILED|Error" $LOGS/tests4.log | tail -n 8; cp $LOGS/tests4.log "$OUT/"
+  for R in 200 5; do
+    step "issue 16: the batch-1 decode beside empty kernels of its launches, $R runs per replay"
+    timeout 90 $PY -m attnlab.bench.launch_floor --reps $R --out /tmp/floor_r$R > $LOGS/floor_r$R.log 2>&1
+    echo "exit code $?"; grep -E "^\|" $LOGS/floor_r$R.log
+  done
+  cat /tmp/floor_r200.md /tmp/floor_r5.md > "$OUT/floor.md" 2>/dev/null
+  step "issue 17: bench.pdl arms, SmolLM2 and Llama-3.2-1B shapes"
+  timeout 200 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines gemm --rounds 3 \
+    --gemm-splits fill/ticket+ropecalc,fill/ticket,lean/ticket --out "$OUT/arms" > $LOGS/arms.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/arms.log
+  step "issue 17: Llama-3.1-8B shapes, fused vs gemm with PDL; the step's kernels"
+  timeout 150 $PY -m attnlab.bench.pdl --models llama-3.1-8b --engines fused,gemm --rounds 2 --new 128 \
+    --out /tmp/arms8b > $LOGS/arms8b.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/arms8b.log
+  timeout 120 $PY -m attnlab.bench.profile --models llama-3.1-8b --engines fused,gemm --pdl off --steps 32 \
+    --out /tmp/profile8b > $LOGS/profile8b.log 2>&1; echo "exit code $?"; grep -E "^step|^###|^\|" $LOGS/profile8b.log
+  cat /tmp/arms8b.md /tmp/profile8b.md > "$OUT/llama8b.md" 2>/dev/null
+  tar czf "$OUT/json4.tgz" -C /tmp floor_r200.json floor_r5.json arms8b.json profile8b.json 2>/dev/null
   ;;
 esac
 step "done"

@@ -1,0 +1,151 @@
+"""What a batch-1 decode's time is made of: the triton decode beside empty kernels of its launch shape, with and
+without programmatic dependent launch, timed the way ``bench.kernels`` times a cell (CUDA-graph replay of
+back-to-back runs over the layers). CUDA, compute capability >= 9.0 for the PDL rows.
+
+    python -m attnlab.bench.launch_floor [--models smollm2,llama8b] [--contexts 4096] [--repeats 5] [--out PREFIX]
+
+Rows per (model, context), batch 1, bf16, page 16, the triton backend's own plan (its split count):
+- ``empty x1``: one empty kernel (one program) per run: the graph's launch-to-launch floor;
+- ``empty, decode grid`` and ``empty x2, decode + merge grids``: empty kernels of the decode's grid (request x kv
+  head x split) and of its merge's (token x query head): what launching the real kernels costs with no work in them;
+- ``merge only``: the split merge of the plan's partials (``merge_splits``);
+- ``decode``: the triton backend's decode as the engine runs it (the split kernel and its merge).
+An issue-16 floor ("batch-1 decode 1.5x faster than on 2026-12-01") is judged against the ``empty x2`` row: the part
+of the decode above it is what a kernel change can still take away. Cells: the median over ``--repeats``
+measurements (arms interleaved), its spread (max - min, % of the median), and the ratio to the decode of the same PDL
+setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import triton
+import triton.language as tl
+
+from attnlab.bench.kernels import HEADS, Timer, build, make_backend, versions
+from attnlab.bench.output import write_report
+from attnlab.kernels import pdl
+from attnlab.kernels.pdl import launch_args, pdl_start
+
+# batch-1 decode at 4k on 2026-12-01 (bench.kernels --quick, H200), the "before" of issue 16's floor, in us
+BEFORE_US = {"smollm2": 6.9, "llama8b": 14.1}
+
+
+@triton.jit
+def _empty_kernel(X, USE_PDL: tl.constexpr = False):
+    pdl_start(USE_PDL)
+
+
+class _Launches:
+    """A stand-in backend for ``Timer``: ``run(q, layer)`` launches ``fn`` and returns a finite tensor."""
+
+    def __init__(self, fn, out: torch.Tensor):
+        self.fn, self.out = fn, out
+
+    def run(self, q, layer):
+        self.fn(layer)
+        return self.out
+
+
+def _rows(be, q, hkv: int) -> tuple[dict, int]:
+    """The rows' stand-ins for one backend (planned, PDL as the caller set it): ({row: runner}, its split count)."""
+    from attnlab.kernels.merge import merge_splits
+
+    be.run(q, 0)  # compiles; the plan's split count and scratch
+    plan = be.active_plan
+    splits = plan.params.num_splits
+    out = torch.zeros_like(q)
+    dummy = torch.zeros(1, device=q.device)
+    decode_grid, merge_grid = (1, hkv, splits), (1, q.shape[1])
+
+    def empty(*grids):
+        def launch(layer):
+            for grid in grids:
+                _empty_kernel[grid](dummy, **launch_args(dummy))
+        return _Launches(launch, out)
+
+    rows = {"empty x1": empty((1,)), "empty, decode grid": empty(decode_grid),
+            "empty x2, decode + merge grids": empty(decode_grid, merge_grid)}
+    if splits > 1:
+        rows["merge only"] = _Launches(lambda layer: merge_splits(out, plan.o_part, plan.lse_part), out)
+    rows["decode"] = be
+    return rows, splits
+
+
+def arms(model: str, context: int, page_size: int, reps: int, iters: int) -> tuple[dict[str, Timer], int]:
+    """Every row's timer for one shape, each captured with PDL off and on: ({"<row>, PDL off|on": Timer}, the
+    decode's split count)."""
+    from attnlab.backends.triton import TritonBackend
+
+    pool, meta, q, num_layers = build(model, 1, context, 1, page_size, torch.bfloat16)
+    _, hkv, _ = HEADS[model]
+    timers = {}
+    for on in (False, True):
+        with pdl.using(on, "cuda"):  # graphs record how their kernels were launched
+            rows, splits = _rows(make_backend(TritonBackend, pool, meta, q, model), q, hkv)
+            for name, runner in rows.items():
+                timers[f"{name}, PDL {'on' if on else 'off'}"] = Timer(runner, q, num_layers, True, reps, iters)
+    return timers, splits
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="smollm2,llama8b")
+    ap.add_argument("--contexts", default="4096")
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=200, help="runs per graph replay")
+    ap.add_argument("--iters", type=int, default=20, help="replays per measurement (their median)")
+    ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
+    a = ap.parse_args(argv)
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    bad = [m for m in models if m not in HEADS]
+    if bad or a.repeats < 1:
+        ap.error(f"--models: unknown {bad} (choose from {', '.join(HEADS)})" if bad else "--repeats must be >= 1")
+    why = pdl.unsupported("cuda")
+    if why:
+        print(f"attnlab.bench.launch_floor: {why}")
+        return 2
+    contexts = [int(c) for c in a.contexts.split(",") if c.strip()]
+    gpu = torch.cuda.get_device_name()
+    res = {"gpu": gpu, "versions": versions(), "repeats": a.repeats, "rows": []}
+    lines = [(f"{gpu}; {res['versions']}; batch 1, bf16, page {a.page_size}, CUDA-graph replay of back-to-back runs "
+              f"over the layers; median of {a.repeats} measurements (spread max - min)"), "",
+             "| model | context | row | PDL off: us | vs decode | PDL on: us | vs decode |", "|---|---|---|---|---|---|---|"]
+    print(lines[0], flush=True)
+    for model in models:
+        for ctx in contexts:
+            timers, splits = arms(model, ctx, a.page_size, a.reps, a.iters)
+            samples = {k: [] for k in timers}
+            for _ in range(a.repeats):  # interleaved: drift hits every row alike
+                for k, t in timers.items():
+                    samples[k].append(t.measure() * 1e3)
+            med = {k: statistics.median(v) for k, v in samples.items()}
+            spread = {k: (max(v) - min(v)) / med[k] * 100 for k, v in samples.items()}
+            names = list(dict.fromkeys(k.rsplit(", PDL", 1)[0] for k in timers))
+            for name in names:
+                cells = []
+                for tag in ("off", "on"):
+                    k = f"{name}, PDL {tag}"
+                    cells.append(f"{med[k]:.2f} ±{spread[k]:.0f}% | {med[k] / med[f'decode, PDL {tag}']:.2f}x")
+                    res["rows"].append({"model": model, "context": ctx, "row": name, "pdl": tag == "on",
+                                        "us": samples[k], "median_us": med[k]})
+                lines.append(f"| {model} | {ctx} | {name} | {' | '.join(cells)} |")
+                print(lines[-1], flush=True)
+            if ctx == 4096 and model in BEFORE_US:
+                target = BEFORE_US[model] / 1.5
+                best = min(med["decode, PDL off"], med["decode, PDL on"])
+                floor2 = med["empty x2, decode + merge grids, PDL on"]
+                lines.append(f"| {model} | {ctx} | issue 16 floor: <= {target:.2f} us (2026-12-01: "
+                             f"{BEFORE_US[model]} us / 1.5); best decode {best:.2f} us ({splits} splits); its two "
+                             f"empty launches alone {floor2:.2f} us | | | | |")
+                print(lines[-1], flush=True)
+    write_report(a.out, res, "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
