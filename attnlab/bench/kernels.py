@@ -53,6 +53,10 @@ MAX_POOL_BYTES = 24 << 30  # skip shapes whose KV is larger than this
 MIN_WALK_BYTES = 256 << 20  # enough layers that consecutive runs read > 4x the L2
 MAX_PREFILL_TOKENS = 64 * 1024  # batch * context for prefill
 TORCH_MAX_SCORE_BYTES = 8 << 30  # the reference materializes fp32 scores per request
+# runs per CUDA-graph replay: a replay's own start (~3.5 us on an H200) is spread over them. 5 runs added 0.7 us to a
+# 5-6 us batch-1 decode cell (bench.launch_floor, experiments/h200-2026-12-03d); prefill cells are >= 0.1 ms and
+# their outputs large (every run's is kept by the graph)
+DEFAULT_REPS = {"decode": 50, "verify": 50, "prefill": 5}
 SAMPLE_BUDGET_MS = 400.0  # per measurement: fewer reps / iters for slow cells (the torch reference, prefill)
 
 
@@ -295,8 +299,8 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
                 tag(cell, be, meta)
                 continue
             with pdl.using(split_pdl(label)[1], "cuda"):  # graphs record how their kernels were launched
-                timers[label] = Timer(be, q, num_layers, meta.mode in cls.capabilities().cuda_graph, args.reps,
-                                      args.iters, kv)
+                timers[label] = Timer(be, q, num_layers, meta.mode in cls.capabilities().cuda_graph,
+                                      args.reps or DEFAULT_REPS[phase], args.iters, kv)
             tag(cell, be, meta)  # after its runs: a backend may say which kernel ran only once it ran
             cell.extra.update(cuda_graph=timers[label].graph is not None, reps=timers[label].reps,
                               iters=timers[label].iters)
@@ -398,7 +402,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="context 4096, batches 1 and 16, verify k=4")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=None,
+                    help=f"runs per graph replay (default: {DEFAULT_REPS['decode']} for decode and verify, whose "
+                         f"batch-1 cells are a few us and would carry the replay's own start otherwise, "
+                         f"{DEFAULT_REPS['prefill']} for prefill; fewer where a measurement's budget says so)")
     ap.add_argument("--repeats", type=int, default=3, help="measurements per cell, backends interleaved")
     ap.add_argument("--baseline", default="triton", help="the spec whose time the ratios divide by")
     ap.add_argument("--compile-only", action="store_true", help="plan and run each variant once at batch 1")
@@ -413,6 +420,8 @@ def main(argv=None) -> int:
     bad = [p for p in phases if p not in PHASES] + [m for m in models if m not in HEADS]
     if bad:
         ap.error(f"unknown phase(s) / model(s) {bad}; choose from {list(PHASES)} / {list(HEADS)}")
+    if args.reps is not None and args.reps < 1:
+        ap.error(f"--reps {args.reps}: must be >= 1")
     batches = args.batches or ([1] if args.compile_only else QUICK_BATCHES if args.quick else BATCHES)
     contexts = args.contexts or (QUICK_CONTEXTS if args.quick else CONTEXTS)
     ks = args.ks or (QUICK_K if args.quick else PHASES["verify"])

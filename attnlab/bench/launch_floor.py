@@ -10,6 +10,9 @@ Rows per (model, context), batch 1, bf16, page 16, the triton backend's own plan
   head x split) and of its merge's (token x query head): what launching the real kernels costs with no work in them;
 - ``merge only``: the split merge of the plan's partials (``merge_splits``);
 - ``decode``: the triton backend's decode as the engine runs it (the split kernel and its merge).
+Columns: PDL off; PDL on (the decode reads its plan and prefetches its first K / V tiles into L2 before its wait:
+attnlab.kernels.decode); PDL on with that prefetch off (the wait first). The decode's output is checked to be the same
+bits in every column.
 An issue-16 floor ("batch-1 decode 1.5x faster than on 2026-12-01") is judged against the ``empty x2`` row: the part
 of the decode above it is what a kernel change can still take away. Cells: the median over ``--repeats``
 measurements (arms interleaved), its spread (max - min, % of the median), and the ratio to the decode of the same PDL
@@ -27,7 +30,7 @@ import triton.language as tl
 
 from attnlab.bench.kernels import HEADS, Timer, build, make_backend, versions
 from attnlab.bench.output import write_report
-from attnlab.kernels import pdl
+from attnlab.kernels import decode, pdl
 from attnlab.kernels.pdl import launch_args, pdl_start
 
 # batch-1 decode at 4k on 2026-12-01 (bench.kernels --quick, H200), the "before" of issue 16's floor, in us
@@ -75,19 +78,28 @@ def _rows(be, q, hkv: int) -> tuple[dict, int]:
     return rows, splits
 
 
+# the launch settings each row is captured under: (column name, PDL on, decode KV prefetch tiles)
+SETTINGS = (("PDL off", False, decode.KV_PREFETCH_TILES), ("PDL on", True, decode.KV_PREFETCH_TILES),
+            ("PDL on, KV prefetch off", True, 0))
+
+
 def arms(model: str, context: int, page_size: int, reps: int, iters: int) -> tuple[dict[str, Timer], int]:
-    """Every row's timer for one shape, each captured with PDL off and on: ({"<row>, PDL off|on": Timer}, the
-    decode's split count)."""
+    """Every row's timer for one shape under every SETTINGS column: ({"<row> | <column>": Timer}, the decode's split
+    count). The decode's output must be the same bits under each (PDL and the prefetch move no sum)."""
     from attnlab.backends.triton import TritonBackend
 
     pool, meta, q, num_layers = build(model, 1, context, 1, page_size, torch.bfloat16)
     _, hkv, _ = HEADS[model]
-    timers = {}
-    for on in (False, True):
-        with pdl.using(on, "cuda"):  # graphs record how their kernels were launched
-            rows, splits = _rows(make_backend(TritonBackend, pool, meta, q, model), q, hkv)
+    timers, outs = {}, []
+    for column, on, tiles in SETTINGS:
+        with pdl.using(on, "cuda"), decode.kv_prefetching(tiles):  # graphs record how their kernels were launched
+            be = make_backend(TritonBackend, pool, meta, q, model)
+            rows, splits = _rows(be, q, hkv)
             for name, runner in rows.items():
-                timers[f"{name}, PDL {'on' if on else 'off'}"] = Timer(runner, q, num_layers, True, reps, iters)
+                timers[f"{name} | {column}"] = Timer(runner, q, num_layers, True, reps, iters)
+            outs.append(be.run(q, 0).clone())
+    if any(not torch.equal(o, outs[0]) for o in outs):
+        raise RuntimeError(f"{model} x {context}: the decode's output differs between {[c for c, *_ in SETTINGS]}")
     return timers, splits
 
 
@@ -113,8 +125,10 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name()
     res = {"gpu": gpu, "versions": versions(), "repeats": a.repeats, "rows": []}
     lines = [(f"{gpu}; {res['versions']}; batch 1, bf16, page {a.page_size}, CUDA-graph replay of back-to-back runs "
-              f"over the layers; median of {a.repeats} measurements (spread max - min)"), "",
-             "| model | context | row | PDL off: us | vs decode | PDL on: us | vs decode |", "|---|---|---|---|---|---|---|"]
+              f"over the layers; median of {a.repeats} measurements (spread max - min); ratio: to the decode of the "
+              f"same column"), "",
+             "| model | context | row | " + " | ".join(f"{c}: us | ratio" for c, *_ in SETTINGS) + " |",
+             "|---|---|---|" + "---|---|" * len(SETTINGS)]
     print(lines[0], flush=True)
     for model in models:
         for ctx in contexts:
@@ -125,23 +139,22 @@ def main(argv=None) -> int:
                     samples[k].append(t.measure() * 1e3)
             med = {k: statistics.median(v) for k, v in samples.items()}
             spread = {k: (max(v) - min(v)) / med[k] * 100 for k, v in samples.items()}
-            names = list(dict.fromkeys(k.rsplit(", PDL", 1)[0] for k in timers))
-            for name in names:
+            for name in dict.fromkeys(k.split(" | ")[0] for k in timers):
                 cells = []
-                for tag in ("off", "on"):
-                    k = f"{name}, PDL {tag}"
-                    cells.append(f"{med[k]:.2f} ±{spread[k]:.0f}% | {med[k] / med[f'decode, PDL {tag}']:.2f}x")
-                    res["rows"].append({"model": model, "context": ctx, "row": name, "pdl": tag == "on",
-                                        "us": samples[k], "median_us": med[k]})
+                for column, on, tiles in SETTINGS:
+                    k = f"{name} | {column}"
+                    cells.append(f"{med[k]:.2f} ±{spread[k]:.0f}% | {med[k] / med[f'decode | {column}']:.2f}x")
+                    res["rows"].append({"model": model, "context": ctx, "row": name, "pdl": on, "kv_prefetch": tiles,
+                                        "splits": splits, "us": samples[k], "median_us": med[k]})
                 lines.append(f"| {model} | {ctx} | {name} | {' | '.join(cells)} |")
                 print(lines[-1], flush=True)
             if ctx == 4096 and model in BEFORE_US:
                 target = BEFORE_US[model] / 1.5
-                best = min(med["decode, PDL off"], med["decode, PDL on"])
-                floor2 = med["empty x2, decode + merge grids, PDL on"]
-                lines.append(f"| {model} | {ctx} | issue 16 floor: <= {target:.2f} us (2026-12-01: "
-                             f"{BEFORE_US[model]} us / 1.5); best decode {best:.2f} us ({splits} splits); its two "
-                             f"empty launches alone {floor2:.2f} us | | | | |")
+                best = min(med[f"decode | {c}"] for c, *_ in SETTINGS)
+                floor2 = med["empty x2, decode + merge grids | PDL on"]
+                lines.append(f"| {model} | {ctx} | issue 16 floor: <= {target:.2f} us (2026-12-01: {BEFORE_US[model]} us "
+                             f"/ 1.5); best decode {best:.2f} us ({splits} splits); its two empty launches alone "
+                             f"{floor2:.2f} us |" + " |" * (2 * len(SETTINGS)))
                 print(lines[-1], flush=True)
     write_report(a.out, res, "\n".join(lines))
     return 0

@@ -29,7 +29,9 @@ class CompileLog:
     target: str
     variants: dict[str, int] = field(default_factory=dict)  # kernel name -> distinct variants compiled
     pdl_variants: int = 0  # of them, those whose PTX waits on the previous grid (griddepcontrol.wait: engine.pdl)
-    prefetch_variants: int = 0  # of them, those that prefetch into L2 (engine.gemm_prefetch)
+    # kernel name -> of its variants, those that prefetch into L2 before the wait (the GEMM's weights, engine.gemm_prefetch;
+    # the decode's K / V, attnlab.kernels.decode)
+    prefetch_variants: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     last_shared: int = 0  # shared memory (bytes) of the variant compiled last
 
@@ -75,7 +77,8 @@ def compile_only(arch: int = 90, warp_size: int = 32):
             log.variants[self.__name__] = log.variants.get(self.__name__, 0) + 1
             ptx = kernel.asm.get("ptx", "")
             log.pdl_variants += "griddepcontrol.wait" in ptx
-            log.prefetch_variants += "prefetch.global.L2" in ptx
+            if "prefetch.global.L2" in ptx:
+                log.prefetch_variants[self.__name__] = log.prefetch_variants.get(self.__name__, 0) + 1
         return kernel
 
     previous = driver._active
@@ -295,7 +298,8 @@ def main(argv=None) -> int:
     for name, n in sorted(log.variants.items()):
         print(f"  {name}: {n}")
     print(f"programmatic dependent launch (griddepcontrol.wait in the PTX): {log.pdl_variants} variants")
-    print(f"weight prefetch before the wait (prefetch.global.L2 in the PTX): {log.prefetch_variants} variants")
+    pf = ", ".join(f"{k} {n}" for k, n in sorted(log.prefetch_variants.items())) or "none"
+    print(f"L2 prefetch before the wait (prefetch.global.L2 in the PTX), variants: {pf}")
     return 0
 
 

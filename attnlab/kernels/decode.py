@@ -5,10 +5,22 @@ head (padded to >= 16 rows for tl.dot), so each K/V tile is read once for the wh
 num_splits > 1 each program writes a partial output + log-sum-exp and ``merge_splits`` combines them.
 Split boundaries are computed in the kernel from the request's own kv_len (a multiple of BLOCK_N per
 split), so a plan's grid stays valid while lengths change (CUDA-graph replay).
+
+With programmatic dependent launch (engine.pdl) each program reads its plan's metadata (qo / kv indptr, KV lengths,
+page ids) and issues ``prefetch.global.L2`` for the K / V rows of its split's first ``KV_PREFETCH_TILES`` tiles
+*before* its ``griddepcontrol.wait``, while the previous kernel (the layer's qkv projection or KV store) still runs:
+the chain metadata -> page ids -> K / V is then mostly behind it, and only q (that kernel's output) and the tiles'
+loads follow the wait. This is sound because no launch directly before an attention kernel writes a plan: plans are
+written by host copies, torch ops and step kernels that always have another launch (the embedding, a projection)
+between them and the attention, and a grid two launches back has completed before the one in between let this one
+launch. The prefetch is only a hint; the current token's own K / V row, which that previous kernel may be storing,
+is safe to prefetch because L2 is the point of coherence (the loads after the wait read its final bits).
+``set_kv_prefetch(0)`` restores the wait-first order (a bench arm's ``+kvpf0``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -18,9 +30,52 @@ import triton.language as tl
 from attnlab.kernels.heuristics import LaunchParams, fp32_dot
 from attnlab.kernels.merge import merge_arrived, merge_bound, merge_splits
 from attnlab.kernels.paged import attend_tile, tile_slots, write_result
-from attnlab.kernels.pdl import launch_args, pdl_start
+from attnlab.kernels.pdl import L2_LINE, launch_args, pdl_start, prefetch_l2
 
 LOG2E = 1.0 / math.log(2.0)
+# With PDL: before its wait, each program reads its plan metadata and page ids and prefetches into L2 the K / V rows of
+# its split's first KV_PREFETCH_TILES tiles (module docstring). 0 = the wait first, as every other kernel.
+KV_PREFETCH_TILES = 4
+_kv_prefetch = KV_PREFETCH_TILES
+
+
+def set_kv_prefetch(tiles: int) -> None:
+    """How many KV tiles of its split each decode program prefetches before its PDL wait (process-wide, like
+    engine.gemm_prefetch; 0 = none, the metadata read after the wait too). Nothing without PDL."""
+    global _kv_prefetch
+    if isinstance(tiles, bool) or not isinstance(tiles, int) or not 0 <= tiles <= 8:
+        raise ValueError(f"decode KV prefetch {tiles!r}: an int of KV tiles in 0..8")
+    _kv_prefetch = tiles
+
+
+def kv_prefetch() -> int:
+    return _kv_prefetch
+
+
+@contextlib.contextmanager
+def kv_prefetching(tiles: int):
+    """``set_kv_prefetch(tiles)`` for a block (bench arms), restored after."""
+    old = _kv_prefetch
+    set_kv_prefetch(tiles)
+    try:
+        yield
+    finally:
+        set_kv_prefetch(old)
+
+
+@triton.jit
+def _prefetch_kv(K, V, KV_INDICES, page_base, lo, hi, head_off, stride_slot, PAGE_SIZE: tl.constexpr,
+                 BLOCK_N: tl.constexpr, ROW: tl.constexpr, LINE: tl.constexpr, TILES: tl.constexpr):
+    """L2 prefetch of the K and V rows (ROW elements, one prefetch per LINE) of the first TILES tiles of [lo, hi)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    lines = tl.arange(0, ROW // LINE) * LINE
+    for t in tl.static_range(TILES):
+        start = lo + t * BLOCK_N
+        n_mask = start + offs_n < hi
+        slots = tile_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE, BLOCK_N)
+        off = slots[:, None] * stride_slot + head_off + lines[None, :]
+        prefetch_l2(tl.where(n_mask[:, None], K + off, K))
+        prefetch_l2(tl.where(n_mask[:, None], V + off, V))
 
 
 @triton.jit
@@ -31,12 +86,20 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr,
-                   MERGE_SPLITS: tl.constexpr,
+                   MERGE_SPLITS: tl.constexpr, PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
                    USE_PDL: tl.constexpr = False):
-    pdl_start(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    if USE_PDL and PREFETCH > 0:  # the plan's metadata and page ids, and an L2 prefetch of the first K / V tiles,
+        # before the wait (module docstring: the launch before an attention kernel never writes its plan)
+        row = tl.load(QO_INDPTR + b)
+        kv_len = tl.load(KV_LENS + b) * (tl.load(QO_INDPTR + b + 1) - row)
+        page_base = tl.load(KV_INDPTR + b)
+        chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+        _prefetch_kv(K, V, KV_INDICES, page_base, split * chunk, tl.minimum(split * chunk + chunk, kv_len),
+                     kvh * stride_kh, stride_slot, PAGE_SIZE, BLOCK_N, HEAD_DIM, LINE, PREFETCH)
+    pdl_start(USE_PDL)
     row = tl.load(QO_INDPTR + b)
     q_len = tl.load(QO_INDPTR + b + 1) - row  # 0 (padding: produces nothing) or 1
     kv_len = tl.load(KV_LENS + b) * q_len
@@ -109,8 +172,16 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         BLOCK_M=params.block_m, BLOCK_N=params.block_n, BLOCK_D=params.block_d,
         SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse,
-        MERGE_SPLITS=merge_bound(params.num_splits, fuse),
+        MERGE_SPLITS=merge_bound(params.num_splits, fuse), **_prefetch_args(q, k_cache, head_dim),
         num_warps=params.num_warps, num_stages=params.num_stages, **launch_args(q))
     if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out
+
+
+def _prefetch_args(q: torch.Tensor, k_cache: torch.Tensor, head_dim: int) -> dict:
+    """The KV prefetch's constexprs where it acts (PDL on, a power-of-two head dim of whole L2 lines), else none."""
+    row_bytes = head_dim * k_cache.element_size()
+    if not (launch_args(q) and _kv_prefetch and head_dim & (head_dim - 1) == 0 and row_bytes % L2_LINE == 0):
+        return {}
+    return {"PREFETCH": _kv_prefetch, "LINE": L2_LINE // k_cache.element_size()}

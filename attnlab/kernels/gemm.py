@@ -58,8 +58,9 @@ import torch
 import triton
 import triton.language as tl
 
+from attnlab.kernels import pdl
 from attnlab.kernels.heuristics import fp32_dot
-from attnlab.kernels.pdl import launch_args, pdl_start
+from attnlab.kernels.pdl import launch_args, pdl_start, prefetch_l2
 
 MAX_M = 16  # rows per launch; larger M belongs to cuBLAS (callers fall back)
 BLOCK_M = 16  # rows padded to one tensor-core tile; fixed, so a row's arithmetic never depends on M
@@ -82,7 +83,6 @@ DEFAULT_PREFETCH = 16  # as many as the program has (SmolLM2's layer GEMMs have 
 # On bandwidth-bound weights the prefetch competes with the previous kernel's own stream and lost on the H200
 # (Llama-3.2-1B, 8-67 MB: 870 -> 825 tok/s at 4 chunks; experiments/h200-2026-12-02e).
 PREFETCH_MAX_WEIGHT_BYTES = 4 << 20
-L2_LINE = 128  # bytes per prefetch.global.L2
 _split_mode = DEFAULT_SPLIT_MODE
 _prefetch = DEFAULT_PREFETCH
 # Greedy tokens of a gemm-path side from the LM head's argmax epilogue (True) or from its logits (this GEMM) and torch's
@@ -169,26 +169,34 @@ def _set_rope_table(on: bool) -> None:
 
 @contextmanager
 def arm(text: str):
-    """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]`` (``fill/ticket``,
-    ``fill/ticket+pf0``): the split mode, the prefetch (DEFAULT_PREFETCH unless given: a bare arm is the engine's
-    default), the greedy tokens' LM head (``+lmargmax`` its argmax epilogue, ``+lmlogits`` the side's logits
-    (``ModelRunner.logits``: this GEMM, unsplit, on a gemm-path side) and torch's argmax, the default) and RoPE's
-    cos / sin (``+ropetable`` the runner's position tables, the default; ``+ropecalc`` torch every pass), for a block;
-    all restored after."""
-    mode, chunks, fused_argmax, table = _parse_arm(text)
+    """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc][+kvpf<tiles>]``
+    (``fill/ticket``, ``fill/ticket+pf0``), for a block, everything restored after: the split mode; the prefetch
+    (DEFAULT_PREFETCH unless given: a bare arm is the engine's default); the greedy tokens' LM head (``+lmargmax`` its
+    argmax epilogue, ``+lmlogits`` the side's logits, ``ModelRunner.logits``: this GEMM, unsplit, on a gemm-path
+    side, and torch's argmax, the default); RoPE's cos / sin (``+ropetable`` the runner's position tables, the
+    default; ``+ropecalc`` torch every pass); the decode attention's KV prefetch before its PDL wait
+    (``+kvpf<tiles>``, attnlab.kernels.decode; bare: the default)."""
+    from attnlab.kernels import decode
+
+    mode, chunks, fused_argmax, table, kv_tiles = _parse_arm(text)
     with splitting(mode), prefetching(chunks), _scoped(argmax_head, _set_argmax_head, fused_argmax), \
-            _scoped(rope_table, _set_rope_table, table):
+            _scoped(rope_table, _set_rope_table, table), decode.kv_prefetching(kv_tiles):
         yield
 
 
-def _parse_arm(text: str) -> tuple[str, int, bool, bool]:
+def _parse_arm(text: str) -> tuple[str, int, bool, bool, int]:
+    from attnlab.kernels.decode import KV_PREFETCH_TILES
+
     mode, *extras = text.split("+")
     chunks, fused_argmax, table = DEFAULT_PREFETCH, DEFAULT_ARGMAX_HEAD, DEFAULT_ROPE_TABLE  # bare: the defaults
+    kv_tiles = KV_PREFETCH_TILES
     ok = (mode in SPLIT_MODES and len(set(extras)) == len(extras) and not {"lmargmax", "lmlogits"} <= set(extras)
-          and not {"ropetable", "ropecalc"} <= set(extras))
+          and not {"ropetable", "ropecalc"} <= set(extras) and sum(e.startswith("kvpf") for e in extras) <= 1)
     for e in extras:
         if e.startswith("pf") and e[2:].isdigit() and int(e[2:]) <= MAX_PREFETCH:
             chunks = int(e[2:])
+        elif e.startswith("kvpf") and e[4:].isdigit() and int(e[4:]) <= 8:
+            kv_tiles = int(e[4:])
         elif e in ("lmargmax", "lmlogits"):
             fused_argmax = e == "lmargmax"
         elif e in ("ropetable", "ropecalc"):
@@ -196,9 +204,9 @@ def _parse_arm(text: str) -> tuple[str, int, bool, bool]:
         else:
             ok = False
     if not ok:
-        raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc], "
-                         f"split modes {', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}")
-    return mode, chunks, fused_argmax, table
+        raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
+                         f"[+kvpf<tiles>], split modes {', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, tiles 0..8")
+    return mode, chunks, fused_argmax, table, kv_tiles
 
 
 def parse_split_modes(text: str) -> list[str]:
@@ -214,7 +222,8 @@ def parse_split_modes(text: str) -> list[str]:
     if bad or not modes:
         raise ValueError(f"split mode(s) {', '.join(bad) or repr(text)}: choose from {', '.join(SPLIT_MODES)}, "
                          f"each optionally +pf<chunks> (0..{MAX_PREFETCH}: engine.gemm_prefetch), +lmargmax or "
-                         f"+lmlogits (the greedy tokens' LM head) and +ropetable or +ropecalc (RoPE's cos / sin)")
+                         f"+lmlogits (the greedy tokens' LM head), +ropetable or +ropecalc (RoPE's cos / sin) and "
+                         f"+kvpf<tiles> (the decode's KV prefetch, 0..8)")
     return modes
 
 
@@ -398,13 +407,6 @@ def _sum_partials(base, pmask, num_splits, N_LOG, BLOCK_N: tl.constexpr, BLOCK_M
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """``prefetch.global.L2`` of the line at each pointer: a hint, no result, no fault semantics to rely on (the
-    callers point masked lanes at a valid address)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _prefetch_weights(W, c1, c2, n_mask, k_lo, k_hi, stride_wn, PAIRED: tl.constexpr, CHUNKS: tl.constexpr,
                       BLOCK_K: tl.constexpr, LINE: tl.constexpr):
     """The first CHUNKS BLOCK_K chunks of this program's weight rows into L2, one prefetch per ``LINE`` elements
@@ -414,9 +416,9 @@ def _prefetch_weights(W, c1, c2, n_mask, k_lo, k_hi, stride_wn, PAIRED: tl.const
     for c in tl.static_range(CHUNKS):
         offs = k_lo + c * BLOCK_K + lines
         mask = n_mask[:, None] & (offs[None, :] < k_hi)
-        _prefetch_l2(tl.where(mask, W + c1[:, None].to(tl.int64) * stride_wn + offs[None, :], W))
+        prefetch_l2(tl.where(mask, W + c1[:, None].to(tl.int64) * stride_wn + offs[None, :], W))
         if PAIRED:
-            _prefetch_l2(tl.where(mask, W + c2[:, None].to(tl.int64) * stride_wn + offs[None, :], W))
+            prefetch_l2(tl.where(mask, W + c2[:, None].to(tl.int64) * stride_wn + offs[None, :], W))
 
 
 @triton.jit
@@ -653,7 +655,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     prefetch = {}
     if launch_args(x) and _prefetch and w.numel() * w.element_size() <= PREFETCH_MAX_WEIGHT_BYTES:
         # a prefetch only where the launch overlaps the previous kernel (PDL) and the GEMM is latency-bound
-        prefetch = {"PREFETCH": min(_prefetch, per // block_k), "LINE": min(block_k, L2_LINE // w.element_size())}
+        prefetch = {"PREFETCH": min(_prefetch, per // block_k), "LINE": min(block_k, pdl.L2_LINE // w.element_size())}
     try:
         _gemm_kernel[(n_tiles, splits)](
             x, xn, w, out, part, tickets, NORM_W=norm_weight if norm_weight is not None else dummy, K=k,

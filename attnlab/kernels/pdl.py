@@ -114,3 +114,15 @@ def pdl_start(USE_PDL: tl.constexpr):
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+
+
+L2_LINE = 128  # bytes per prefetch.global.L2
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """``prefetch.global.L2`` of the line at each pointer: a hint, no result, no fault semantics to rely on (the
+    callers point masked lanes at a valid address). The one memory access a kernel may issue before its wait on data
+    the previous grid may be writing: L2 is the GPU's point of coherence, so a line prefetched early is the line that
+    grid's stores update, and the loads after the wait read its final bits (nothing fills this SM's L1 early)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)

@@ -14,9 +14,13 @@
 #             200 and at 5 runs per replay; issue 17: bench.pdl arms (RoPE per pass vs tables, fill vs lean) on
 #             SmolLM2 and Llama-3.2-1B shapes; Llama-3.1-8B: bench.pdl fused vs gemm and bench.profile (the
 #             non-GEMM time of a step)
+#   run.sh 5  carry .gpu/fb (a fresh machine): install; GPU tests (the decode's early plan reads and KV prefetch
+#             change no bit, eager and graphed; PDL changes no token); issue 16: bench.launch_floor with the KV prefetch
+#             on and off, bench.kernels batch-1 decode (50 runs a replay); issue 17: bench.pdl arms (KV prefetch off /
+#             on, lean vs fill) on SmolLM2 and Llama-3.2-1B shapes
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 4}
+PART=${1:?part 1 to 5}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 case $PART in
 1)
@@ -80,6 +84,24 @@ triton/num_splits=64+pdl,triton/fused_merge=true,triton/fused_merge=true+pdl,tri
     --out /tmp/profile8b > $LOGS/profile8b.log 2>&1; echo "exit code $?"; grep -E "^step|^###|^\|" $LOGS/profile8b.log
   cat /tmp/arms8b.md /tmp/profile8b.md > "$OUT/llama8b.md" 2>/dev/null
   tar czf "$OUT/json4.tgz" -C /tmp floor_r200.json floor_r5.json arms8b.json profile8b.json 2>/dev/null
+  ;;
+5)
+  step "install .gpu/fb (a fresh machine)"; bash .gpu/fb/install.sh | tail -1
+  step "GPU tests: the decode's KV prefetch changes no bit; PDL changes no token"
+  timeout 200 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_decode_prefetch.py \
+    tests/integration/test_gpu_pdl.py > $LOGS/tests5.log 2>&1; echo "exit code $?"
+  grep -E "passed|failed|FAILED|Error" $LOGS/tests5.log | tail -n 8; cp $LOGS/tests5.log "$OUT/"
+  step "issue 16: the batch-1 decode beside empty kernels, KV prefetch on and off"
+  timeout 90 $PY -m attnlab.bench.launch_floor --out "$OUT/floor5" > $LOGS/floor5.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/floor5.log
+  step "issue 16: bench.kernels, batch-1 decode at 4k (50 runs a replay)"
+  timeout 90 $PY -m attnlab.bench.kernels --phases decode --batches 1 --contexts 4096 --models smollm2,llama8b \
+    --backends triton,triton+pdl,triton/num_splits=64+pdl --repeats 5 --out "$OUT/decode_b1_r50" \
+    > $LOGS/decode_b1_r50.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/decode_b1_r50.log
+  step "issue 17: bench.pdl arms, KV prefetch off / on, lean vs fill"
+  timeout 240 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines gemm --rounds 3 \
+    --gemm-splits lean/ticket+kvpf0,lean/ticket,fill/ticket --out "$OUT/arms5" > $LOGS/arms5.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/arms5.log
   ;;
 esac
 step "done"

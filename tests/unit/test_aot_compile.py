@@ -36,7 +36,7 @@ def test_all_kernels_compile_for_sm90():
 def test_pdl_variants_compile_for_sm90():
     """engine.pdl's variants (attnlab.kernels.pdl): every kernel on the per-layer path compiles with
     griddepcontrol.wait / launch_dependents, and every one of them carries the wait; the GEMM's prefetch
-    variants (engine.gemm_prefetch) carry prefetch.global.L2."""
+    variants (engine.gemm_prefetch) and the decode's KV prefetch carry prefetch.global.L2."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "attnlab.kernels.aot", "--arch", "90", "--pdl", "only"], env=env,
                           capture_output=True, text=True, timeout=600, check=False)
@@ -50,9 +50,13 @@ def test_pdl_variants_compile_for_sm90():
             pdl = int(line.split(": ")[1].split()[0])
     assert set(counts) == set(KERNELS) | {"_invariant_kernel", "_merge_ordered_kernel"}, proc.stdout
     assert pdl == sum(counts.values()), proc.stdout  # no kernel compiled without the wait
-    # engine.gemm_prefetch: the GEMM's prefetch variants lower to prefetch.global.L2 (no other kernel has one)
-    prefetch = int(proc.stdout.split("prefetch.global.L2 in the PTX): ")[1].split()[0])
-    assert 0 < prefetch < counts["_gemm_kernel"], proc.stdout
+    # the L2 prefetches before the wait lower to prefetch.global.L2: the GEMM's weights (engine.gemm_prefetch, some of
+    # its variants) and the decode's K / V (with PDL on, every head dim of whole lines); no other kernel has one
+    line = proc.stdout.split("prefetch.global.L2 in the PTX), variants: ")[1].splitlines()[0]
+    prefetch = {k: int(n) for k, n in (part.rsplit(" ", 1) for part in line.split(", "))}
+    assert set(prefetch) == {"_gemm_kernel", "_decode_kernel"}, proc.stdout
+    assert 0 < prefetch["_gemm_kernel"] < counts["_gemm_kernel"], proc.stdout
+    assert 0 < prefetch["_decode_kernel"] <= counts["_decode_kernel"], proc.stdout
 
 
 def test_refuses_under_the_interpreter():

@@ -358,8 +358,16 @@ def test_arms_name_the_lm_head_path():
             assert gemm.rope_table() and gemm.prefetch_chunks() == 2
         assert not gemm.rope_table()
     assert gemm.rope_table()
+    from attnlab.kernels import decode
+
+    with gemm.arm("fill/ticket+kvpf0"):
+        assert decode.kv_prefetch() == 0
+        with gemm.arm("fill/ticket"):
+            assert decode.kv_prefetch() == decode.KV_PREFETCH_TILES
+    assert decode.kv_prefetch() == decode.KV_PREFETCH_TILES
     for bad in ("fill/ticket+lm", "fill/ticket+pf4+pf4", "fill/ticket+lmlogits+lmlogits",
-                "fill/ticket+lmargmax+lmlogits", "fill/ticket+ropetable+ropecalc", "fill/ticket+rope"):
+                "fill/ticket+lmargmax+lmlogits", "fill/ticket+ropetable+ropecalc", "fill/ticket+rope",
+                "fill/ticket+kvpf9", "fill/ticket+kvpf1+kvpf2", "fill/ticket+kvpf"):
         with pytest.raises(ValueError, match="gemm arm"), gemm.arm(bad):
             pass
         with pytest.raises(ValueError, match="split mode"):
