@@ -139,12 +139,14 @@ class GraphCache:
         features = _feature_buffer(r, n, feature_dim)
         extra = {} if features is None else {"features": features}
 
+        from attnlab.kernels import argmax
+
         def forward():
             # The context is built inside the capture: its store index is derived from the static ``slots``
             # buffer by a captured kernel, so a replay with new slots stores where they say.
             ctx = r.context(slots)
             logits = r.logits(r.model(ids, positions, ctx, **extra))
-            return logits, ctx.captured, logits.argmax(dim=-1) if r.graph_argmax else None
+            return logits, ctx.captured, argmax.greedy(logits) if r.graph_argmax else None
 
         g, (logits, aux, tokens) = self.record(forward)
         self.graphs[(bs, q, slot, r.capture_layers, masked)] = _Graph(g, ids, positions, slots, logits, tokens,

@@ -243,8 +243,10 @@ class ModelRunner:
                        features: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``forward`` plus the argmax of every returned logits row: (logits [R, vocab] fp32, tokens [R] int64).
         Under a CUDA graph the argmax is part of the graph (no launch after the replay)."""
+        from attnlab.kernels import argmax
+
         logits, tokens = self._forward(p, input_ids, rows, features)
-        return logits, tokens if tokens is not None else logits.argmax(dim=-1)
+        return logits, tokens if tokens is not None else argmax.greedy(logits)
 
     def _forward(self, p: Pass, input_ids: torch.Tensor, rows, features):
         """-> (logits, argmax tokens of those rows when a graph computed them, else None)."""
@@ -296,6 +298,8 @@ class ModelRunner:
         logits (EagleHead.greedy_tokens: the same ids, without the [rows, vocab] -inf scatter); a gemm-path side
         (engine.gemm=triton), where ``gemm.argmax_head()`` is on (a bench arm's ``+lmargmax``; off by default: it did
         not pay on the H200), in one launch, the LM head's argmax epilogue (attnlab.kernels.gemm.argmax_linear)."""
+        from attnlab.kernels import argmax
+
         head_argmax = getattr(self.model, "greedy_tokens", None)
         if head_argmax is not None and not self.invariant:
             return head_argmax(hidden)
@@ -307,8 +311,8 @@ class ModelRunner:
                 return gemm.argmax_linear(hidden, head.weight, head.bias)
             # the argmax of the model-dtype logits: their fp32 copy (``logits``) is exact and order-preserving,
             # so it has the same first maximum, and skipping it saves a launch a step
-            return gemm.linear(hidden, head.weight, head.bias).argmax(dim=-1)
-        return self.logits(hidden).argmax(dim=-1)
+            return argmax.greedy(gemm.linear(hidden, head.weight, head.bias))
+        return argmax.greedy(self.logits(hidden))
 
     def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None, keep: bool = False,
                        feature_dim: int | None = None, first_slot: int = 0, masked: bool = False,
@@ -322,10 +326,11 @@ class ModelRunner:
 
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
-        if self.fused_ops == "gemm":  # its split-K tickets exist before any capture (attnlab.kernels.gemm.prepare)
-            from attnlab.kernels import gemm
+        from attnlab.kernels import gemm
 
-            gemm.prepare(self.device)
+        # the ticket counters exist before any capture (attnlab.kernels.gemm.prepare): the gemm path's split-K
+        # and every side's greedy argmax (attnlab.kernels.argmax)
+        gemm.prepare(self.device)
         if buckets is None:
             buckets = self.default_buckets()
         if not (keep and self.graphs):

@@ -193,7 +193,7 @@ def compile_store_and_fused(quick: bool, arch: int = 90) -> None:
 def compile_gemm(quick: bool, arch: int = 90) -> None:
     """attnlab.kernels.gemm: every prologue / epilogue the decoder's gemm path uses (the qkv one with and without
     the KV store), split and unsplit, in both reductions of split K (pass, ticket), bf16 (and fp16 / fp32 unless
-    quick), and fp8 weights (sm_89+) at SmolLM2 and Llama-3.1-8B layer shapes."""
+    quick), and fp8 weights (sm_89+) at SmolLM2 and Llama-3.1-8B layer shapes; and attnlab.kernels.argmax."""
     from attnlab.kernels import gemm
 
     dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float16, torch.float32]
@@ -203,6 +203,8 @@ def compile_gemm(quick: bool, arch: int = 90) -> None:
 
 
 def _compile_gemm_dtypes(gemm, dtypes, arch: int) -> None:
+    from attnlab.kernels import argmax
+
     for dtype in dtypes:
         for hidden, heads, kv_heads, d, inter in ((576, 9, 3, 64, 1536), (4096, 32, 8, 128, 14336)):
             x = torch.zeros(4, hidden, dtype=dtype)
@@ -228,6 +230,7 @@ def _compile_gemm_dtypes(gemm, dtypes, arch: int) -> None:
             gemm.gemm(torch.zeros(4, inter, dtype=dtype), torch.zeros(hidden, inter, dtype=dtype),
                       epilogue="residual", residual=x)
             gemm.argmax_linear(x, torch.zeros(8 * hidden, hidden, dtype=dtype))  # an LM head's greedy tokens
+            argmax.argmax_rows(torch.zeros(4, 8 * hidden, dtype=dtype))  # the engine's greedy tokens of logits
 
 
 # opt-in shared memory per block by compute capability (CUDA's limits: sm_80 163 KiB, sm_86 / sm_89 99 KiB, sm_90 227)

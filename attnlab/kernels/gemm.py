@@ -169,27 +169,30 @@ def _set_rope_table(on: bool) -> None:
 
 @contextmanager
 def arm(text: str):
-    """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc][+kvpf<tiles>]``
+    """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc][+kvpf<tiles>][+amtorch]``
     (``fill/ticket``, ``fill/ticket+pf0``), for a block, everything restored after: the split mode; the prefetch
     (DEFAULT_PREFETCH unless given: a bare arm is the engine's default); the greedy tokens' LM head (``+lmargmax`` its
     argmax epilogue, ``+lmlogits`` the side's logits, ``ModelRunner.logits``: this GEMM, unsplit, on a gemm-path
     side, and torch's argmax, the default); RoPE's cos / sin (``+ropetable`` the runner's position tables, the
     default; ``+ropecalc`` torch every pass); the decode attention's KV prefetch before its PDL wait
-    (``+kvpf<tiles>``, attnlab.kernels.decode; bare: the default)."""
-    from attnlab.kernels import decode
+    (``+kvpf<tiles>``, attnlab.kernels.decode; bare: the default); ``+amtorch``: greedy tokens by torch's argmax
+    instead of attnlab.kernels.argmax."""
+    from attnlab.kernels import argmax, decode
 
-    mode, chunks, fused_argmax, table, kv_tiles = _parse_arm(text)
+    mode, chunks, fused_argmax, table, kv_tiles, rows_argmax = _parse_arm(text)
     with splitting(mode), prefetching(chunks), _scoped(argmax_head, _set_argmax_head, fused_argmax), \
-            _scoped(rope_table, _set_rope_table, table), decode.kv_prefetching(kv_tiles):
+            _scoped(rope_table, _set_rope_table, table), decode.kv_prefetching(kv_tiles), \
+            _scoped(argmax.enabled, argmax.set_enabled, rows_argmax):
         yield
 
 
-def _parse_arm(text: str) -> tuple[str, int, bool, bool, int]:
+def _parse_arm(text: str) -> tuple[str, int, bool, bool, int, bool]:
+    from attnlab.kernels.argmax import DEFAULT_ON
     from attnlab.kernels.decode import KV_PREFETCH_TILES
 
     mode, *extras = text.split("+")
     chunks, fused_argmax, table = DEFAULT_PREFETCH, DEFAULT_ARGMAX_HEAD, DEFAULT_ROPE_TABLE  # bare: the defaults
-    kv_tiles = KV_PREFETCH_TILES
+    kv_tiles, rows_argmax = KV_PREFETCH_TILES, DEFAULT_ON
     ok = (mode in SPLIT_MODES and len(set(extras)) == len(extras) and not {"lmargmax", "lmlogits"} <= set(extras)
           and not {"ropetable", "ropecalc"} <= set(extras) and sum(e.startswith("kvpf") for e in extras) <= 1)
     for e in extras:
@@ -197,6 +200,8 @@ def _parse_arm(text: str) -> tuple[str, int, bool, bool, int]:
             chunks = int(e[2:])
         elif e.startswith("kvpf") and e[4:].isdigit() and int(e[4:]) <= 8:
             kv_tiles = int(e[4:])
+        elif e == "amtorch":
+            rows_argmax = False
         elif e in ("lmargmax", "lmlogits"):
             fused_argmax = e == "lmargmax"
         elif e in ("ropetable", "ropecalc"):
@@ -205,8 +210,9 @@ def _parse_arm(text: str) -> tuple[str, int, bool, bool, int]:
             ok = False
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
-                         f"[+kvpf<tiles>], split modes {', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, tiles 0..8")
-    return mode, chunks, fused_argmax, table, kv_tiles
+                         f"[+kvpf<tiles>][+amtorch], split modes {', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, "
+                         f"tiles 0..8")
+    return mode, chunks, fused_argmax, table, kv_tiles, rows_argmax
 
 
 def parse_split_modes(text: str) -> list[str]:
@@ -223,7 +229,7 @@ def parse_split_modes(text: str) -> list[str]:
         raise ValueError(f"split mode(s) {', '.join(bad) or repr(text)}: choose from {', '.join(SPLIT_MODES)}, "
                          f"each optionally +pf<chunks> (0..{MAX_PREFETCH}: engine.gemm_prefetch), +lmargmax or "
                          f"+lmlogits (the greedy tokens' LM head), +ropetable or +ropecalc (RoPE's cos / sin) and "
-                         f"+kvpf<tiles> (the decode's KV prefetch, 0..8)")
+                         f"+kvpf<tiles> (the decode's KV prefetch, 0..8), +amtorch (torch's argmax)")
     return modes
 
 

@@ -18,9 +18,13 @@
 #             change no bit, eager and graphed; PDL changes no token); issue 16: bench.launch_floor with the KV prefetch
 #             on and off, bench.kernels batch-1 decode (50 runs a replay); issue 17: bench.pdl arms (KV prefetch off /
 #             on, lean vs fill) on SmolLM2 and Llama-3.2-1B shapes
+#   run.sh 6  carry .gpu/fb (a fresh machine): install; GPU tests (the KV prefetch skipping tiles past a split's end,
+#             the rows argmax against torch, PDL changes no token); issue 16: bench.launch_floor; issue 17: bench.pdl
+#             arms (KV prefetch and the rows argmax off / on, lean vs fill) on SmolLM2 and Llama-3.2-1B shapes;
+#             bench.profile of Llama-3.1-8B (fused) with the rows argmax
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 5}
+PART=${1:?part 1 to 6}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 case $PART in
 1)
@@ -102,6 +106,23 @@ triton/num_splits=64+pdl,triton/fused_merge=true,triton/fused_merge=true+pdl,tri
   timeout 240 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines gemm --rounds 3 \
     --gemm-splits lean/ticket+kvpf0,lean/ticket,fill/ticket --out "$OUT/arms5" > $LOGS/arms5.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/arms5.log
+  ;;
+6)
+  step "install .gpu/fb (a fresh machine)"; bash .gpu/fb/install.sh | tail -1
+  step "GPU tests: KV prefetch, rows argmax, PDL changes no token"
+  timeout 200 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_decode_prefetch.py \
+    tests/unit/test_argmax.py tests/integration/test_gpu_pdl.py > $LOGS/tests6.log 2>&1; echo "exit code $?"
+  grep -E "passed|failed|FAILED|Error" $LOGS/tests6.log | tail -n 8; cp $LOGS/tests6.log "$OUT/"
+  step "issue 16: the batch-1 decode beside empty kernels, KV prefetch on and off"
+  timeout 90 $PY -m attnlab.bench.launch_floor --out "$OUT/floor6" > $LOGS/floor6.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/floor6.log
+  step "issue 17: bench.pdl arms, KV prefetch and rows argmax off / on, lean vs fill"
+  timeout 260 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines gemm --rounds 3 \
+    --gemm-splits lean/ticket+kvpf0+amtorch,lean/ticket+amtorch,lean/ticket,fill/ticket --out "$OUT/arms6" \
+    > $LOGS/arms6.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/arms6.log
+  step "issue 17: Llama-3.1-8B, fused, the step's kernels with the rows argmax"
+  timeout 100 $PY -m attnlab.bench.profile --models llama-3.1-8b --engines fused --pdl off --steps 32 \
+    --out "$OUT/profile8b_6" > $LOGS/profile8b_6.log 2>&1; echo "exit code $?"; grep -E "^step|^\|" $LOGS/profile8b_6.log
   ;;
 esac
 step "done"

@@ -13,6 +13,7 @@ import pytest
 
 KERNELS = ("_decode_kernel", "_extend_kernel", "_merge_kernel", "_store_kv_kernel", "_add_rmsnorm_kernel",
            "_rope_qk_kernel", "_silu_mul_kernel", "_gemm_kernel", "_reduce_kernel", "_step_meta_kernel",
+           "_argmax_rows_kernel",
            "_prefill_contig_kernel", "_tree_meta_kernel")
 
 

@@ -365,9 +365,14 @@ def test_arms_name_the_lm_head_path():
         with gemm.arm("fill/ticket"):
             assert decode.kv_prefetch() == decode.KV_PREFETCH_TILES
     assert decode.kv_prefetch() == decode.KV_PREFETCH_TILES
+    from attnlab.kernels import argmax
+
+    with gemm.arm("fill/ticket+amtorch"):
+        assert not argmax.enabled()
+    assert argmax.enabled()
     for bad in ("fill/ticket+lm", "fill/ticket+pf4+pf4", "fill/ticket+lmlogits+lmlogits",
                 "fill/ticket+lmargmax+lmlogits", "fill/ticket+ropetable+ropecalc", "fill/ticket+rope",
-                "fill/ticket+kvpf9", "fill/ticket+kvpf1+kvpf2", "fill/ticket+kvpf"):
+                "fill/ticket+kvpf9", "fill/ticket+kvpf1+kvpf2", "fill/ticket+kvpf", "fill/ticket+amtorch+amtorch"):
         with pytest.raises(ValueError, match="gemm arm"), gemm.arm(bad):
             pass
         with pytest.raises(ValueError, match="split mode"):
