@@ -131,7 +131,7 @@ triton/num_splits=64+pdl,triton/fused_merge=true,triton/fused_merge=true+pdl,tri
   step "install .gpu/fb (a fresh machine)"; bash .gpu/fb/install.sh | tail -1
   step "issue 16: FlashInfer verify vs its decode at 512 tokens, 50 runs a replay"
   timeout 240 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,16 --contexts 512 --ks 4 \
-    --models smollm2,llama8b --backends flashinfer,triton+pdl --repeats 3 --out "$OUT/fi512" > $LOGS/fi512.log 2>&1
+    --models smollm2,llama8b --backends flashinfer,triton+pdl --baseline flashinfer --repeats 3 --out "$OUT/fi512" > $LOGS/fi512.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/fi512.log
   ;;
 esac
