@@ -357,11 +357,13 @@ class ModelRunner:
         """The device-planned tree draft's graph (attnlab.spec.tree_device) for every default bucket, added to the
         graphs captured before; 0 when the backend plans no tree passes on the device."""
         from attnlab.engine.graphs import GraphCache
+        from attnlab.kernels import gemm
 
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
         if not self.backend.supports_device_trees() or shape.num_steps < 2:
             return 0
+        gemm.prepare(self.device)  # the tickets (split-K GEMMs, the rows argmax) before any capture
         self.graphs = self.graphs or GraphCache(self)
         return self.graphs.capture_tree_steps(self.graphs.buckets or self.default_buckets(), shape, feature_dim)
 

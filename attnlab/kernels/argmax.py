@@ -38,7 +38,8 @@ def set_enabled(on: bool) -> None:
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """``logits.argmax(-1)`` for [R, V] logits: through ``argmax_rows`` on a CUDA tensor of at most MAX_ROWS rows
-    (when enabled), else torch's."""
+    (when enabled), else torch's. The one difference: a row holding a NaN gets its largest number's column here,
+    the NaN's from torch."""
     if _on and logits.is_cuda and logits.dim() == 2 and 0 < logits.shape[0] <= MAX_ROWS and logits.shape[1] > 0:
         return argmax_rows(logits)
     return logits.argmax(dim=-1)

@@ -13,7 +13,9 @@ the chain metadata -> page ids -> K / V is then mostly behind it, and only q (th
 loads follow the wait. This is sound because no launch directly before an attention kernel writes a plan: plans are
 written by host copies, torch ops and step kernels that always have another launch (the embedding, a projection)
 between them and the attention, and a grid two launches back has completed before the one in between let this one
-launch. The prefetch is only a hint; the current token's own K / V row, which that previous kernel may be storing,
+launch. (PTX promises the waiting grid visibility of its direct predecessor's writes only; that a grid further back
+is visible before the wait rests on its completion and on L2 being the coherence point: true on Hopper, not a
+documented guarantee. The H200 tests compare every bit against the wait-first launch.) The prefetch is only a hint; the current token's own K / V row, which that previous kernel may be storing,
 is safe to prefetch because L2 is the point of coherence (the loads after the wait read its final bits).
 ``set_kv_prefetch(0)`` restores the wait-first order (a bench arm's ``+kvpf0``).
 """

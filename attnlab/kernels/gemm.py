@@ -173,7 +173,7 @@ def arm(text: str):
     (``fill/ticket``, ``fill/ticket+pf0``), for a block, everything restored after: the split mode; the prefetch
     (DEFAULT_PREFETCH unless given: a bare arm is the engine's default); the greedy tokens' LM head (``+lmargmax`` its
     argmax epilogue, ``+lmlogits`` the side's logits, ``ModelRunner.logits``: this GEMM, unsplit, on a gemm-path
-    side, and torch's argmax, the default); RoPE's cos / sin (``+ropetable`` the runner's position tables, the
+    side, then their argmax (attnlab.kernels.argmax, or torch's with ``+amtorch``), the default); RoPE's cos / sin (``+ropetable`` the runner's position tables, the
     default; ``+ropecalc`` torch every pass); the decode attention's KV prefetch before its PDL wait
     (``+kvpf<tiles>``, attnlab.kernels.decode; bare: the default); ``+amtorch``: greedy tokens by torch's argmax
     instead of attnlab.kernels.argmax."""
@@ -194,11 +194,12 @@ def _parse_arm(text: str) -> tuple[str, int, bool, bool, int, bool]:
     chunks, fused_argmax, table = DEFAULT_PREFETCH, DEFAULT_ARGMAX_HEAD, DEFAULT_ROPE_TABLE  # bare: the defaults
     kv_tiles, rows_argmax = KV_PREFETCH_TILES, DEFAULT_ON
     ok = (mode in SPLIT_MODES and len(set(extras)) == len(extras) and not {"lmargmax", "lmlogits"} <= set(extras)
-          and not {"ropetable", "ropecalc"} <= set(extras) and sum(e.startswith("kvpf") for e in extras) <= 1)
+          and not {"ropetable", "ropecalc"} <= set(extras) and sum(e.startswith("kvpf") for e in extras) <= 1
+          and sum(e.startswith("pf") for e in extras) <= 1)
     for e in extras:
-        if e.startswith("pf") and e[2:].isdigit() and int(e[2:]) <= MAX_PREFETCH:
+        if e.startswith("pf") and _digits(e[2:]) and int(e[2:]) <= MAX_PREFETCH:
             chunks = int(e[2:])
-        elif e.startswith("kvpf") and e[4:].isdigit() and int(e[4:]) <= 8:
+        elif e.startswith("kvpf") and _digits(e[4:]) and int(e[4:]) <= 8:
             kv_tiles = int(e[4:])
         elif e == "amtorch":
             rows_argmax = False
@@ -213,6 +214,10 @@ def _parse_arm(text: str) -> tuple[str, int, bool, bool, int, bool]:
                          f"[+kvpf<tiles>][+amtorch], split modes {', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, "
                          f"tiles 0..8")
     return mode, chunks, fused_argmax, table, kv_tiles, rows_argmax
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 def parse_split_modes(text: str) -> list[str]:
@@ -617,9 +622,9 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
                 or positions.device != x.device or (m > 1 and positions.stride(0) != 1)):
             raise ValueError(f"positions must be a contiguous [{m}] int32 / int64 tensor on {x.device}, got "
                              f"{tuple(positions.shape)} {positions.dtype} on {positions.device}")
-        if cos.dim() != 2 or cos.shape != sin.shape or cos.shape[1] != head_dim:
+        if cos is None or sin is None or cos.dim() != 2 or cos.shape != sin.shape or cos.shape[1] != head_dim:
             raise ValueError(f"with positions, cos / sin are tables [P, head_dim={head_dim}], got "
-                             f"{tuple(cos.shape)} / {tuple(sin.shape)}")
+                             f"{None if cos is None else tuple(cos.shape)} / {None if sin is None else tuple(sin.shape)}")
     if epilogue == "rope":
         if positions is None:
             cos, sin = cos.reshape(m, head_dim), sin.reshape(m, head_dim)

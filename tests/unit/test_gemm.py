@@ -168,6 +168,8 @@ def test_rope_positions_read_the_tables_bit_for_bit(m, mode):
         gemm.gemm(x, w, cos=cos_t, sin=sin_t, positions=pos[:1].expand(m + 1), **kw)
     with pytest.raises(ValueError, match="tables"):
         gemm.gemm(x, w, cos=cos, sin=sin, positions=pos, **kw)  # [M, 1, D]: not a table
+    with pytest.raises(ValueError, match="tables"):
+        gemm.gemm(x, w, positions=pos, **kw)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -372,7 +374,8 @@ def test_arms_name_the_lm_head_path():
     assert argmax.enabled()
     for bad in ("fill/ticket+lm", "fill/ticket+pf4+pf4", "fill/ticket+lmlogits+lmlogits",
                 "fill/ticket+lmargmax+lmlogits", "fill/ticket+ropetable+ropecalc", "fill/ticket+rope",
-                "fill/ticket+kvpf9", "fill/ticket+kvpf1+kvpf2", "fill/ticket+kvpf", "fill/ticket+amtorch+amtorch"):
+                "fill/ticket+kvpf9", "fill/ticket+kvpf1+kvpf2", "fill/ticket+kvpf", "fill/ticket+amtorch+amtorch",
+                "fill/ticket+pf4+pf2", "fill/ticket+pf\u00b2"):
         with pytest.raises(ValueError, match="gemm arm"), gemm.arm(bad):
             pass
         with pytest.raises(ValueError, match="split mode"):

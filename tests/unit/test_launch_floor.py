@@ -12,8 +12,9 @@ def test_bad_input_and_no_gpu(capsys):
     with pytest.raises(SystemExit):
         launch_floor.main(["--models", "nope"])
     assert "unknown ['nope']" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        launch_floor.main(["--repeats", "0"])
+    for flag in ("--repeats", "--reps", "--iters"):
+        with pytest.raises(SystemExit):
+            launch_floor.main([flag, "0"])
     if not torch.cuda.is_available():
         assert launch_floor.main(["--models", "smollm2"]) == 2
         assert "attnlab.bench.launch_floor:" in capsys.readouterr().out

@@ -91,6 +91,27 @@ def test_every_launched_kernel_waits_first_and_takes_launch_args():
             assert any(ast.unparse(k.value).startswith("launch_args(") for k in spread), (module, fn.name)
 
 
+def test_the_decode_prefetch_helpers_only_read_page_ids_and_prefetch():
+    """The helpers the decode calls before its wait (``_prefetch_kv``, and ``tile_slots`` inside it) load nothing
+    but the page ids (KV_INDICES) and store nothing: the rest of their memory traffic is prefetch_l2 (a hint)."""
+    import ast
+    import inspect
+
+    from attnlab.kernels import decode, paged
+
+    for fn, loads in ((decode._prefetch_kv, {"KV_INDICES"}), (paged.tile_slots, {"KV_INDICES"})):
+        tree = ast.parse(inspect.getsource(fn.fn))
+        for c in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+            name = ast.unparse(c.func)
+            assert name not in ("tl.store", "tl.atomic_add", "tl.atomic_cas", "tl.atomic_xchg"), (fn.fn.__name__, name)
+            if name == "tl.load":
+                base = next(n.id for n in ast.walk(c.args[0]) if isinstance(n, ast.Name))
+                assert base in loads, (fn.fn.__name__, ast.unparse(c))
+            elif name not in ("tl.arange", "tl.static_range", "tile_slots", "prefetch_l2", "range") \
+                    and not name.endswith(").to"):  # a cast of a call's result (the load, checked on its own)
+                raise AssertionError((fn.fn.__name__, name))
+
+
 def _cfg(**engine):
     from omegaconf import OmegaConf
 
