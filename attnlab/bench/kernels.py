@@ -12,7 +12,8 @@ a hybrid. Every backend runs through the common interface (registry -> plan(meta
 same random paged KV (shuffled pages); a backend whose capabilities want another layout gets its own pool
 of the same values' shape (contiguous: one page of the context's size per request; FA2: pages of 256).
 
-Time: CUDA events around ``reps`` back-to-back runs, replayed from a CUDA graph where the backend declares
+Time: CUDA events around ``reps`` back-to-back runs (50 for decode / verify, 5 for prefill: a replay's own start,
+~3.5 us on an H200, is spread over them), replayed from a CUDA graph where the backend declares
 graph support for the mode (built with ``cuda_graph=True`` and the bucket's sizes, as the engine builds it),
 else eager launches (marked *); the median of ``iters`` samples is one measurement, taken ``repeats`` times
 with the backends interleaved (so drift hits them alike): cells give the median measurement and the spread
