@@ -10,19 +10,17 @@ With programmatic dependent launch (engine.pdl) each program reads its plan's me
 page ids) and issues ``prefetch.global.L2`` for the K / V rows of its split's first ``KV_PREFETCH_TILES`` tiles
 *before* its ``griddepcontrol.wait``, while the previous kernel (the layer's qkv projection or KV store) still runs:
 the chain metadata -> page ids -> K / V is then mostly behind it, and only q (that kernel's output) and the tiles'
-loads follow the wait. This is sound because no launch directly before an attention kernel writes a plan: plans are
-written by host copies, torch ops and step kernels that always have another launch (the embedding, a projection)
-between them and the attention, and a grid two launches back has completed before the one in between let this one
-launch. (PTX promises the waiting grid visibility of its direct predecessor's writes only; that a grid further back
-is visible before the wait rests on its completion and on L2 being the coherence point: true on Hopper, not a
-documented guarantee. The H200 tests compare every bit against the wait-first launch.) The prefetch is only a hint; the current token's own K / V row, which that previous kernel may be storing,
-is safe to prefetch because L2 is the point of coherence (the loads after the wait read its final bits).
+loads follow the wait. The outputs never depend on those early reads: the program reads its plan again after the
+wait and computes only from that; the early values only aim the prefetch (a hint). That they are the right values,
+so the prefetch stays inside this request's pages, rests on this: no launch directly before an attention kernel writes
+a plan: plans are written by host copies, torch ops and step kernels that always have another launch (the embedding,
+a projection) between them and the attention. The current token's own K / V row, which the previous kernel may be
+storing, is safe to prefetch: L2 is the point of coherence, and the loads after the wait read its final bits.
 ``set_kv_prefetch(0)`` restores the wait-first order (a bench arm's ``+kvpf0``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -33,6 +31,7 @@ from attnlab.kernels.heuristics import LaunchParams, fp32_dot
 from attnlab.kernels.merge import merge_arrived, merge_bound, merge_splits
 from attnlab.kernels.paged import attend_tile, tile_slots, write_result
 from attnlab.kernels.pdl import L2_LINE, launch_args, pdl_start, prefetch_l2
+from attnlab.kernels.switches import scoped
 
 LOG2E = 1.0 / math.log(2.0)
 # With PDL: before its wait, each program reads its plan metadata and page ids and prefetches into L2 the K / V rows of
@@ -54,15 +53,9 @@ def kv_prefetch() -> int:
     return _kv_prefetch
 
 
-@contextlib.contextmanager
 def kv_prefetching(tiles: int):
     """``set_kv_prefetch(tiles)`` for a block (bench arms), restored after."""
-    old = _kv_prefetch
-    set_kv_prefetch(tiles)
-    try:
-        yield
-    finally:
-        set_kv_prefetch(old)
+    return scoped(kv_prefetch, set_kv_prefetch, tiles)
 
 
 @triton.jit

@@ -61,6 +61,7 @@ import triton.language as tl
 from attnlab.kernels import pdl
 from attnlab.kernels.heuristics import fp32_dot
 from attnlab.kernels.pdl import launch_args, pdl_start, prefetch_l2
+from attnlab.kernels.switches import scoped
 
 MAX_M = 16  # rows per launch; larger M belongs to cuBLAS (callers fall back)
 BLOCK_M = 16  # rows padded to one tensor-core tile; fixed, so a row's arithmetic never depends on M
@@ -92,7 +93,7 @@ DEFAULT_ARGMAX_HEAD = False
 _argmax_head = DEFAULT_ARGMAX_HEAD
 # A gemm-path side's RoPE: cos / sin tables over every position of the side, built once by its runner, which the
 # qkv epilogue indexes by position (True: no per-pass torch ops), or cos / sin computed by torch every pass (False,
-# as before 2026-12-04: ~7 small launches a pass, outside the PDL chain). Same bits (the tables are the same ops).
+# as before 2026-12-03d: ~7 small launches a pass, outside the PDL chain). Same bits (the tables are the same ops).
 DEFAULT_ROPE_TABLE = True
 _rope_table = DEFAULT_ROPE_TABLE
 _tickets: dict = {}
@@ -111,20 +112,9 @@ def split_mode() -> str:
     return _split_mode
 
 
-@contextmanager
-def _scoped(get, put, value):
-    """``put(value)`` for a block, the value ``get()`` had restored after (the module's process-wide switches)."""
-    old = get()
-    put(value)
-    try:
-        yield
-    finally:
-        put(old)
-
-
 def splitting(mode: str):
     """``set_split_mode(mode)`` for a block (benches comparing modes in one process), restored after."""
-    return _scoped(split_mode, set_split_mode, mode)
+    return scoped(split_mode, set_split_mode, mode)
 
 
 def set_prefetch(chunks: int) -> None:
@@ -143,7 +133,7 @@ def prefetch_chunks() -> int:
 
 def prefetching(chunks: int):
     """``set_prefetch(chunks)`` for a block, restored after."""
-    return _scoped(prefetch_chunks, set_prefetch, chunks)
+    return scoped(prefetch_chunks, set_prefetch, chunks)
 
 
 def argmax_head() -> bool:
@@ -170,19 +160,19 @@ def _set_rope_table(on: bool) -> None:
 @contextmanager
 def arm(text: str):
     """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc][+kvpf<tiles>][+amtorch]``
-    (``fill/ticket``, ``fill/ticket+pf0``), for a block, everything restored after: the split mode; the prefetch
-    (DEFAULT_PREFETCH unless given: a bare arm is the engine's default); the greedy tokens' LM head (``+lmargmax`` its
-    argmax epilogue, ``+lmlogits`` the side's logits, ``ModelRunner.logits``: this GEMM, unsplit, on a gemm-path
-    side, then their argmax (attnlab.kernels.argmax, or torch's with ``+amtorch``), the default); RoPE's cos / sin (``+ropetable`` the runner's position tables, the
-    default; ``+ropecalc`` torch every pass); the decode attention's KV prefetch before its PDL wait
-    (``+kvpf<tiles>``, attnlab.kernels.decode; bare: the default); ``+amtorch``: greedy tokens by torch's argmax
-    instead of attnlab.kernels.argmax."""
+    (``fill/ticket``, ``fill/ticket+pf0``), for a block, everything restored after; a bare arm is the engine's
+    defaults. The split mode; ``+pf``: the weight prefetch (DEFAULT_PREFETCH chunks unless given); the greedy tokens'
+    LM head (``+lmargmax`` its argmax epilogue; ``+lmlogits``, the default, the side's logits from this GEMM,
+    ``ModelRunner.logits``, then their argmax); ``+ropetable`` (default) / ``+ropecalc``: RoPE's cos / sin from the
+    runner's position tables or from torch every pass; ``+kvpf<tiles>``: the decode attention's KV prefetch before its
+    PDL wait (attnlab.kernels.decode); ``+amtorch``: greedy tokens by torch's argmax instead of
+    attnlab.kernels.argmax."""
     from attnlab.kernels import argmax, decode
 
     mode, chunks, fused_argmax, table, kv_tiles, rows_argmax = _parse_arm(text)
-    with splitting(mode), prefetching(chunks), _scoped(argmax_head, _set_argmax_head, fused_argmax), \
-            _scoped(rope_table, _set_rope_table, table), decode.kv_prefetching(kv_tiles), \
-            _scoped(argmax.enabled, argmax.set_enabled, rows_argmax):
+    with splitting(mode), prefetching(chunks), scoped(argmax_head, _set_argmax_head, fused_argmax), \
+            scoped(rope_table, _set_rope_table, table), decode.kv_prefetching(kv_tiles), \
+            scoped(argmax.enabled, argmax.set_enabled, rows_argmax):
         yield
 
 
@@ -623,8 +613,8 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             raise ValueError(f"positions must be a contiguous [{m}] int32 / int64 tensor on {x.device}, got "
                              f"{tuple(positions.shape)} {positions.dtype} on {positions.device}")
         if cos is None or sin is None or cos.dim() != 2 or cos.shape != sin.shape or cos.shape[1] != head_dim:
-            raise ValueError(f"with positions, cos / sin are tables [P, head_dim={head_dim}], got "
-                             f"{None if cos is None else tuple(cos.shape)} / {None if sin is None else tuple(sin.shape)}")
+            shapes = [None if t is None else tuple(t.shape) for t in (cos, sin)]
+            raise ValueError(f"with positions, cos / sin are tables [P, head_dim={head_dim}], got {shapes}")
     if epilogue == "rope":
         if positions is None:
             cos, sin = cos.reshape(m, head_dim), sin.reshape(m, head_dim)

@@ -157,27 +157,29 @@ class Decoder(nn.Module):
         capture = getattr(ctx, "capture", None) or ()
         feats = []
         mode = getattr(ctx, "fused_ops", False)
+        table = None
         if mode == "gemm":  # attnlab.models.gemm_path.GEMM; imported here as the other Triton paths are
+            from attnlab.kernels import gemm
             from attnlab.models import gemm_path
 
             if not gemm_path.usable([self.layers[i] for i in indices], h.shape[0]):
                 mode = True  # prefill (> 16 tokens) or Qwen3's q/k norm: the fused path, cuBLAS GEMMs
+            elif gemm.rope_table():
+                table = getattr(ctx, "rope_table", None)
+        if table is not None:  # the side's cos / sin over positions (its runner's): no torch ops per pass
+            (cos, sin), rope_pos = table, positions
+        else:
+            cos, sin = rope.cos_sin(positions, self.inv_freq, h.dtype)
+            rope_pos = None
         if mode == "gemm":
-            from attnlab.kernels import fused, gemm
+            from attnlab.kernels import fused
 
-            table = getattr(ctx, "rope_table", None) if gemm.rope_table() else None
-            if table is not None:  # the side's cos / sin over positions (its runner's): no torch ops per pass
-                (cos, sin), rope_pos = table, positions
-            else:
-                cos, sin = rope.cos_sin(positions, self.inv_freq, h.dtype)
-                rope_pos = None
             for i in indices:
                 h = gemm_path.layer_forward(self.layers[i], h, cos, sin, ctx, rope_pos)
                 if i in capture:
                     feats.append(h)
             out = fused.add_rmsnorm(h, None, self.norm.weight, self.norm.eps)[0]
         elif not mode:
-            cos, sin = rope.cos_sin(positions, self.inv_freq, h.dtype)
             for i in indices:
                 h = self.layers[i](h, cos, sin, ctx)
                 if i in capture:
@@ -186,7 +188,6 @@ class Decoder(nn.Module):
         else:
             from attnlab.kernels import fused
 
-            cos, sin = rope.cos_sin(positions, self.inv_freq, h.dtype)
             residual = None
             for i in indices:
                 h, residual = self.layers[i].forward_fused(h, residual, cos, sin, ctx)
