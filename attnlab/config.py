@@ -17,7 +17,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from attnlab import plan as pl
 from attnlab.errors import AttnlabError, ConfigError
-from attnlab.plan import RunPlan
+from attnlab.plan import GEMM_KINDS, TRITON_GEMMS, RunPlan
 
 DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
 DEVICES = ("auto", "cpu", "cuda")
@@ -176,9 +176,11 @@ class EngineSchema:
     # Triton kernels for residual add + RMSNorm, RoPE, SiLU-mul and the KV store (attnlab/kernels/fused.py)
     # instead of 32 elementwise torch launches per layer; CUDA only. Parity reference sides always run unfused.
     fused_ops: bool = False
-    # cublas | triton: triton runs passes of <= 16 tokens (decode, verify) on attnlab's row-invariant small-M
-    # GEMM with RMSNorm / RoPE / SiLU-mul / residual adds fused into it (attnlab/models/gemm_path.py, ~5
-    # kernels a layer; implies the fused ops); longer passes stay on cuBLAS. CUDA only.
+    # cublas | triton | triton_attn: triton runs passes of <= 16 tokens (decode, verify) on attnlab's
+    # row-invariant small-M GEMM with RMSNorm / RoPE / SiLU-mul / residual adds fused into it
+    # (attnlab/models/gemm_path.py, ~5 kernels a layer; implies the fused ops); longer passes stay on cuBLAS.
+    # triton_attn: only qkv (RoPE + KV store epilogue) and o (residual epilogue) there, the MLP and LM head on
+    # cuBLAS, which streams large MLP weights faster (Llama-3.1-8B shapes). CUDA only.
     gemm: str = "cublas"
     # How engine.gemm=triton splits K (attnlab/kernels/gemm.py), <policy>/<reduce>: fill (split until ~132
     # programs) or lean (as fill, but a K of <= 8 chunks unsplit); pass (a second launch sums the partials) or
@@ -255,7 +257,7 @@ def _gemm_prefetch(engine) -> int:
     pf = engine.get("gemm_prefetch")
     if pf is not None:
         return int(pf)
-    return DEFAULT_GEMM_PREFETCH if engine.gemm == "triton" and engine.get("pdl", False) else 0
+    return DEFAULT_GEMM_PREFETCH if engine.gemm in TRITON_GEMMS and engine.get("pdl", False) else 0
 
 
 def _choice(field_name: str, value, allowed) -> None:
@@ -278,7 +280,6 @@ def resolve_device(device: str) -> str:
 
 
 FP8_GEMMS = ("w8a8", "weight_only")  # precision.fp8_gemm
-GEMM_KINDS = ("cublas", "triton")  # engine.gemm
 GEMM_SPLITS = ("fill/pass", "fill/ticket", "lean/pass", "lean/ticket")  # engine.gemm_split (= gemm.SPLIT_MODES)
 DEFAULT_GEMM_SPLIT = "fill/ticket"  # = gemm.DEFAULT_SPLIT_MODE (a test keeps them equal; config imports no Triton)
 DEFAULT_GEMM_PREFETCH = 16  # = gemm.DEFAULT_PREFETCH (the same test)
@@ -494,7 +495,7 @@ def _check_pdl_has_kernels(cfg: DictConfig, attention_sides) -> None:
         return be.name == "triton" or (be.name == "hybrid" and "triton" in (opts.get("short"), opts.get("long")))
 
     e = cfg.engine
-    if not (e.fused_ops or e.gemm == "triton" or e.get("invariant", False)
+    if not (e.fused_ops or e.gemm in TRITON_GEMMS or e.get("invariant", False)
             or any(map(triton_attention, attention_sides))):
         names = "/".join(be.name for be in attention_sides)
         raise ConfigError(f"engine.pdl=true: no attnlab Triton kernel runs here (attention {names}, "
@@ -595,22 +596,22 @@ def validate(cfg: DictConfig) -> RunPlan:
         raise ConfigError(f"{what} captures CUDA graphs and needs device=cuda (use warmup=jit or none on CPU)")
 
     _choice("engine.gemm", cfg.engine.gemm, GEMM_KINDS)
-    if cfg.engine.gemm == "triton" and device != "cuda":
-        raise ConfigError("engine.gemm=triton runs attnlab's Triton GEMM and needs device=cuda (use "
+    if cfg.engine.gemm in TRITON_GEMMS and device != "cuda":
+        raise ConfigError(f"engine.gemm={cfg.engine.gemm} runs attnlab's Triton GEMM and needs device=cuda (use "
                           "engine.gemm=cublas on CPU)")
     gemm_split = cfg.engine.get("gemm_split")
     if gemm_split is not None:
         _choice("engine.gemm_split", gemm_split, GEMM_SPLITS)
-        if cfg.engine.gemm != "triton":
+        if cfg.engine.gemm not in TRITON_GEMMS:
             raise ConfigError(f"engine.gemm_split={gemm_split} splits attnlab's Triton GEMM: it needs "
-                              f"engine.gemm=triton (cuBLAS picks its own split)")
+                              f"engine.gemm=triton or triton_attn (cuBLAS picks its own split)")
     pf = cfg.engine.get("gemm_prefetch")
     if pf is not None:
         if isinstance(pf, bool) or not isinstance(pf, int) or not 0 <= pf <= MAX_GEMM_PREFETCH:
             raise ConfigError(f"engine.gemm_prefetch={pf!r}: an integer of BLOCK_K chunks in 0..{MAX_GEMM_PREFETCH}")
-        if pf and (cfg.engine.gemm != "triton" or not cfg.engine.get("pdl", False)):
+        if pf and (cfg.engine.gemm not in TRITON_GEMMS or not cfg.engine.get("pdl", False)):
             raise ConfigError(f"engine.gemm_prefetch={pf} prefetches attnlab's Triton GEMM weights before its PDL "
-                              f"wait: it needs engine.gemm=triton and engine.pdl=true")
+                              f"wait: it needs engine.gemm=triton (or triton_attn) and engine.pdl=true")
 
     n_steps = cfg.engine.decode_steps_per_sync
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
@@ -628,9 +629,9 @@ def validate(cfg: DictConfig) -> RunPlan:
 
     if cfg.engine.get("invariant", False):
         check_invariant(cfg.verify.name, cfg.verify.get("options"), device=device, topk=s.topk)
-        if cfg.engine.gemm == "triton":  # two GEMM routes for one side: invariant_linear is the invariant one
-            raise ConfigError("engine.invariant=true routes every GEMM through invariant_linear; it does not combine "
-                              "with engine.gemm=triton yet (use engine.gemm=cublas)")
+        if cfg.engine.gemm in TRITON_GEMMS:  # two GEMM routes for one side: invariant_linear is the invariant one
+            raise ConfigError(f"engine.invariant=true routes every GEMM through invariant_linear; it does not combine "
+                              f"with engine.gemm={cfg.engine.gemm} yet (use engine.gemm=cublas)")
 
     # Backend capabilities with what is known now; max_context is re-checked after tokenization.
     k = s.num_draft_tokens if d.kind != "none" else 0

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from attnlab.metrics.memory import peak_memory_bytes, reset_peak_memory
-from attnlab.plan import RunPlan, plan_dict
+from attnlab.plan import TRITON_GEMMS, RunPlan, plan_dict
 from attnlab.prepare import Prepared, special_ids, step
 from attnlab.sides import Pair, decode
 
@@ -106,7 +106,7 @@ def describe(plan: RunPlan, work: Prepared) -> dict:
         "page_size": work.page_size, "max_context": work.max_context, "device": plan.device,
         "batch_size": plan.workload.batch_size, "warmup_plan": plan.warmup.plan,
         "cuda_graph": plan.engine.cuda_graph, "fused_ops": plan.engine.fused_ops,
-        "gemm": plan.engine.gemm, "gemm_split": plan.engine.gemm_split if plan.engine.gemm == "triton" else None,
+        "gemm": plan.engine.gemm, "gemm_split": plan.engine.gemm_split if plan.engine.gemm in TRITON_GEMMS else None,
         "gemm_prefetch": plan.engine.gemm_prefetch,
         "pdl": plan.engine.pdl,
     }

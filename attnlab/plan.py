@@ -142,11 +142,15 @@ class ParityPlan:
     near_tie_ulps: float = 4.0
 
 
+GEMM_KINDS = ("cublas", "triton", "triton_attn")  # engine.gemm
+TRITON_GEMMS = ("triton", "triton_attn")  # the engine.gemm values that run attnlab's small-M GEMM
+
+
 @dataclass(frozen=True)
 class EnginePlan:
     cuda_graph: bool  # resolved: engine.cuda_graph, or a warmup plan that captures graphs
     fused_ops: bool = False
-    gemm: str = "cublas"  # cublas | triton (attnlab.models.gemm_path for passes of <= 16 tokens)
+    gemm: str = "cublas"  # GEMM_KINDS (attnlab.models.gemm_path for passes of <= 16 tokens)
     decode_steps_per_sync: int = 1  # target-only greedy decode steps per launch and host sync
     invariant: bool = False  # engine.invariant: the target side is invariant (fused, invariant verify backend)
     kv_policy: str = "reserve"  # serving admission: reserve (whole budgets, never preempts) | preempt (recompute)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from attnlab.engine.build import SideSpec, build_side
-from attnlab.plan import RunPlan
+from attnlab.plan import TRITON_GEMMS, RunPlan
 from attnlab.prepare import Prepared, step
 from attnlab.spec.drafters import Drafter, make_drafter
 
@@ -80,7 +80,7 @@ def build_pair(plan: RunPlan, work: Prepared, verify: str, backend: str, *, targ
         from attnlab.kernels import pdl
 
         pdl.set_enabled(plan.engine.pdl, plan.device)
-        if plan.engine.gemm == "triton":
+        if plan.engine.gemm in TRITON_GEMMS:
             from attnlab.kernels import gemm
 
             gemm.set_split_mode(plan.engine.gemm_split)

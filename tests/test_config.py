@@ -129,6 +129,7 @@ def test_the_run_plan_is_frozen_and_typed():
     (["engine.fused_ops=true"], "engine.fused_ops"),
     (["engine.pdl=true"], "engine.pdl=true"),
     (["engine.gemm=triton"], "engine.gemm=triton"),
+    (["engine.gemm=triton_attn"], "engine.gemm=triton_attn runs attnlab's Triton GEMM and needs device=cuda"),
     (["engine.gemm=cutlass"], "engine.gemm='cutlass'"),
     (["engine.gemm_split=lean"], "engine.gemm_split='lean'"),
     (["engine.gemm_split=lean/ticket"], "engine.gemm_split=lean/ticket splits attnlab's Triton GEMM"),

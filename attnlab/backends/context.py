@@ -47,10 +47,11 @@ class AttnContext:
             self.pool.store(layer, k, v, self.slots, self.index)
 
     def kv_store_target(self, layer: int, dtype: torch.dtype) -> tuple | None:
-        """(k_cache, v_cache, slots) for a projection that writes this pass's K/V into the pool itself (the gemm
-        path's qkv epilogue), then ``attend(..., stored=True)``; None where the pool needs the Triton store's
-        quantization (fp8 KV) or holds another dtype than the activations."""
-        if self.fused_ops != "gemm" or self.pool.is_fp8 or self.pool.dtype != dtype:
+        """(k_cache, v_cache, slots) for a kernel that writes this pass's K/V into the pool itself (the gemm
+        path's qkv epilogue, the fused paths' RoPE kernel), then ``attend(..., stored=True)``; None on the unfused
+        path and where the pool needs the Triton store's quantization (fp8 KV) or holds another dtype than the
+        activations."""
+        if not self.fused_ops or self.pool.is_fp8 or self.pool.dtype != dtype:
             return None
         k_cache, v_cache = self.pool.slots_view(layer)
         return k_cache, v_cache, self.slots

@@ -41,15 +41,15 @@ from attnlab.spec.drafters import NoDrafter
 
 def side(model: str, backend: str, batch: int, graphs: bool, max_context: int, dtype="bf16", fused=False):
     """A target side; with ``graphs`` its backend is graph-capable and ``set_host_path`` captures the graphs.
-    fused: False | True (engine.fused_ops) | "gemm" (engine.gemm=triton)."""
+    fused: False | True (engine.fused_ops) | "gemm" (engine.gemm=triton) | "gemm_attn" (engine.gemm=triton_attn)."""
     spec = SideSpec(ModelSource(model, init="random"), backend, dtype, dtype, page_size=16, max_context=max_context,
                     max_batch=batch, device="cuda", cuda_graph=graphs, max_q_len=1, fused_ops=bool(fused),
-                    gemm="triton" if fused == "gemm" else "cublas")
+                    gemm={"gemm": "triton", "gemm_attn": "triton_attn"}.get(fused, "cublas"))
     return build_side(spec, progress=False)
 
 
 def _suffix(fused) -> str:
-    return {False: "", True: "-fused", "gemm": "-gemm"}[fused]
+    return {False: "", True: "-fused", "gemm": "-gemm", "gemm_attn": "-gemm-attn"}[fused]
 
 
 def check_host(names: str) -> list[str]:

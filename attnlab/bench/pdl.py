@@ -7,15 +7,17 @@ compute capability >= 9.0).
 Target-only greedy decode with CUDA graphs on random weights (decode speed does not depend on their values), per
 (model, batch, engine, host path): the side is built once, then ``--rounds`` rounds over its arms, the order
 rotating by one arm per round (so a drift inside a round does not always favour the same arm), the graphs
-re-captured at every switch. Arms: PDL off, PDL on (attnlab.kernels.pdl, engine.pdl); for the ``gemm`` engine,
-PDL off and on with the first of ``--gemm-splits`` (engine.gemm_split, attnlab.kernels.gemm), then PDL on with
-each further split mode. Reported per arm: median tok/s with its min-max, the median of its per-round ratios to
+re-captured at every switch. Arms (``--gemm-splits``, each ``attnlab.kernels.gemm.arm``'s text): PDL off and on with
+the first, then PDL on with each further one. Their split mode and weight prefetch act on the gemm engines; their
+other switches (``+kvsep``: the KV store as its own kernel; ``+kvpf0``: no decode KV prefetch; ``+amtorch``: torch's
+argmax) on every engine. Reported per arm: median tok/s with its min-max, the median of its per-round ratios to
 the first arm (min-max), and whether it decoded the first arm's tokens (PDL and the reduction mechanism change
 when and where sums happen, never their order: anything but "yes" is a bug; a different split *policy* changes
 the order of fp32 sums, so its tokens may differ on random weights at near-ties: "differs" there, not a bug).
 Engines: ``unfused`` (cuBLAS and torch ops between attnlab's attention kernels), ``fused`` (engine.fused_ops:
 the norms, RoPE, SiLU-mul and KV store as attnlab kernels), ``gemm`` (engine.gemm=triton: every GEMM of a
-decode pass is attnlab's small-M kernel too, so every launch of a layer can overlap the one before).
+decode pass is attnlab's small-M kernel too, so every launch of a layer can overlap the one before), ``gemm-attn``
+(engine.gemm=triton_attn: qkv and o on that kernel, the MLP and LM head on cuBLAS).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from attnlab.bench.output import write_report
 from attnlab.kernels import gemm, pdl
 from attnlab.metrics.perf import percentile
 
-ENGINES = {"unfused": False, "fused": True, "gemm": "gemm"}
+ENGINES = {"unfused": False, "fused": True, "gemm": "gemm", "gemm-attn": "gemm_attn"}
+GEMM_ENGINES = ("gemm", "gemm-attn")  # engines whose arms' split mode and prefetch act
 
 
 def timed_decode(runner, prompts: list[list[int]], new: int) -> tuple[float, list[list[int]]]:
@@ -51,15 +54,17 @@ def timed_decode(runner, prompts: list[list[int]], new: int) -> tuple[float, lis
 
 
 def arms_for(engine: str, splits: list[str]) -> list[tuple[bool, str]]:
-    """(PDL on, gemm split mode) per arm; the first is the baseline of the ratios."""
-    if engine != "gemm":
-        return [(False, splits[0]), (True, splits[0])]
+    """(PDL on, arm) per arm (``gemm.arm``'s text); the first is the baseline of the ratios. Every engine runs every
+    arm: on a cuBLAS engine only the arm's switches that touch its kernels act (``+kvsep``, ``+kvpf``, ``+amtorch``)."""
     return [(False, splits[0]), (True, splits[0])] + [(True, m) for m in splits[1:]]
 
 
 def arm_name(engine: str, arm: tuple[bool, str]) -> str:
     on, split = arm
-    return f"PDL {'on' if on else 'off'}" + (f", {split}" if engine == "gemm" else "")
+    if engine in GEMM_ENGINES:
+        return f"PDL {'on' if on else 'off'}, {split}"
+    extras = split.partition("+")[2]  # a cuBLAS engine: only the switches, never its (inert) split mode
+    return f"PDL {'on' if on else 'off'}" + (f", +{extras}" if extras else "")
 
 
 def rounds_over(runner, prompts, new: int, host: str, rounds: int, arms: list[tuple[bool, str]]) -> dict:
@@ -144,11 +149,12 @@ def main(argv=None) -> int:
                         continue
                     for i, arm in enumerate(arms):
                         # another split policy changes fp32 sums: tokens may differ at near-ties
-                        policy_differs = arm[1].split("/")[0] != arms[0][1].split("/")[0]
+                        policy_differs = (eng in GEMM_ENGINES
+                                          and arm[1].split("/")[0] != arms[0][1].split("/")[0])
                         same = "yes" if r["same_tokens"][i] else "differs" if policy_differs else "NO"
                         cells = f"{_spread(r['tok_s'][i], '.0f')} | {_spread(r['ratio'][i], '.3f')} | {same}"
                         emit({**key, "host": host}, arm_name(eng, arm), cells,
-                             {"pdl": arm[0], "gemm_split": arm[1] if eng == "gemm" else None,
+                             {"pdl": arm[0], "gemm_split": arm[1] if eng in GEMM_ENGINES else None, "arm": arm[1],
                               "tok_s": r["tok_s"][i], "ratio": r["ratio"][i], "same_tokens": r["same_tokens"][i],
                               "same_required": not policy_differs})
                 del rs

@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     from attnlab.bench.e2e import check_host, set_host_path, side, step_weight_bytes
     from attnlab.bench.kernels import copy_bandwidth_gb_s, versions
     from attnlab.bench.output import write_report
-    from attnlab.bench.pdl import ENGINES
+    from attnlab.bench.pdl import ENGINES, GEMM_ENGINES
     from attnlab.kernels import gemm, pdl
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,8 +137,9 @@ def main(argv=None) -> int:
     ap.add_argument("--host", default="thin8", help="bench.e2e's host path: thin (one step per replay and sync) or "
                     "thinN (N steps per replay)")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--gemm-split", default=None, help="engine gemm: engine.gemm_split, optionally +pf<chunks> (engine.gemm_prefetch; "
-                                                    "default: the default mode and prefetch)")
+    ap.add_argument("--gemm-split", default=None, help="one gemm.arm: engine.gemm_split, optionally +pf<chunks> "
+                    "(engine.gemm_prefetch; default: the default mode and prefetch), both for the gemm engines, and "
+                    "switches for every engine (+kvsep, +kvpf<tiles>, +amtorch)")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)
@@ -154,8 +155,8 @@ def main(argv=None) -> int:
         (split,) = gemm.parse_split_modes(split)
     except ValueError as e:
         ap.error(f"--gemm-split: {e} (one arm)")
-    if a.gemm_split and "gemm" not in [e.strip() for e in a.engines.split(",")]:
-        ap.error("--gemm-split applies to the gemm engine: add gemm to --engines")
+    if a.gemm_split and not set(engines) & set(GEMM_ENGINES) and "+" not in a.gemm_split:
+        ap.error("--gemm-split without switches applies to the gemm engines: add gemm or gemm-attn to --engines")
     if not torch.cuda.is_available():
         print("attnlab.bench.profile needs a CUDA GPU")
         return 2
@@ -163,7 +164,7 @@ def main(argv=None) -> int:
     res = {"gpu": torch.cuda.get_device_name(), "versions": versions(), "copy_gb_s": bw, "runs": []}
     head = (f"{res['gpu']}; {res['versions']}; copy bandwidth {bw:.0f} GB/s; target-only greedy decode, random "
             f"weights, CUDA graphs, host path {a.host}, batch {a.batch}, {a.steps} steps profiled"
-            f"{f'; engine gemm: split mode {split}' if 'gemm' in engines else ''}")
+            f"; arm {split}{'' if set(engines) & set(GEMM_ENGINES) else ' (its split mode inert: no gemm engine)'}")
     lines = [head, ""]
     for model in [m.strip() for m in a.models.split(",") if m.strip()]:
         for eng in engines:
@@ -185,7 +186,8 @@ def main(argv=None) -> int:
                 rows = kernel_table(kernels, a.steps)
                 busy_us = sum(r["us_per_step"] for r in rows)
                 gemm_us = sum(r["us_per_step"] for r in rows if "GEMM" in r["role"])
-                run = {"model": model, "engine": eng, "pdl": s, "gemm_split": split if eng == "gemm" else None,
+                run = {"model": model, "engine": eng, "pdl": s, "arm": split,
+                       "gemm_split": split if eng in GEMM_ENGINES else None,
                        "wall_ms_per_step": wall_ms,
                        "kernel_us_per_step": busy_us, "idle_share": 1 - busy_us / (wall_ms * 1e3),
                        "launches_per_step": sum(r["launches_per_step"] for r in rows),

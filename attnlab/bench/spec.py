@@ -61,7 +61,7 @@ from attnlab.config import check_backend, check_invariant
 from attnlab.engine.build import SideSpec, build_side
 from attnlab.metrics.interval import floor_verdict, median_interval
 from attnlab.metrics.perf import percentile
-from attnlab.plan import ModelSource
+from attnlab.plan import GEMM_KINDS, TRITON_GEMMS, ModelSource
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import ModelDrafter, NgramDrafter, NoDrafter
 
@@ -507,8 +507,9 @@ def parse(argv=None):
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="attnlab eager (CUDA graphs are on)")
     ap.add_argument("--fused-ops", action="store_true",
                     help="attnlab layers through the fused Triton kernels (engine.fused_ops; CUDA only)")
-    ap.add_argument("--gemm", choices=("cublas", "triton"), default="cublas",
-                    help="engine.gemm: triton runs decode / verify passes on attnlab's small-M GEMM (CUDA only)")
+    ap.add_argument("--gemm", choices=GEMM_KINDS, default="cublas",
+                    help="engine.gemm: triton runs decode / verify passes on attnlab's small-M GEMM, triton_attn only "
+                         "their qkv and o projections (CUDA only)")
     ap.add_argument("--gemm-split", default=None,
                     help="engine.gemm_split with --gemm triton: fill/pass, fill/ticket, lean/pass or lean/ticket, "
                          "optionally +pf<chunks> (engine.gemm_prefetch, with --pdl; attnlab.kernels.gemm; default: "
@@ -544,8 +545,8 @@ def parse(argv=None):
     a.drafters = [d for d in a.drafters.split(",") if d]
     a.dtype = a.dtype or ("bf16" if cuda else "fp32")
     a.repeats = a.repeats or (3 if cuda else 1)
-    if (a.fused_ops or a.gemm == "triton") and not cuda:
-        ap.error("--fused-ops / --gemm triton need --device cuda (the fused layer kernels are Triton kernels for the GPU)")
+    if (a.fused_ops or a.gemm in TRITON_GEMMS) and not cuda:
+        ap.error(f"--fused-ops / --gemm {a.gemm} need --device cuda (the fused layer kernels are Triton kernels for the GPU)")
     if a.pdl:
         from attnlab.kernels import pdl
 
@@ -559,13 +560,13 @@ def parse(argv=None):
             (a.gemm_split,) = gemm.parse_split_modes(a.gemm_split)
         except ValueError as e:
             ap.error(f"--gemm-split: {e} (one)")
-        if a.gemm != "triton":
-            ap.error(f"--gemm-split {a.gemm_split}: needs --gemm triton")
+        if a.gemm not in TRITON_GEMMS:
+            ap.error(f"--gemm-split {a.gemm_split}: needs --gemm triton or triton_attn")
         if "+pf" in a.gemm_split and not a.gemm_split.endswith("+pf0") and "+pf0+" not in a.gemm_split \
                 and not a.pdl:
             ap.error(f"--gemm-split {a.gemm_split}: the prefetch acts before the PDL wait: add --pdl (or +pf0)")
-    if a.invariant and a.gemm == "triton":
-        ap.error("--invariant runs the target's GEMMs through invariant_linear; it does not combine with --gemm triton")
+    if a.invariant and a.gemm in TRITON_GEMMS:
+        ap.error(f"--invariant runs the target's GEMMs through invariant_linear; it does not combine with --gemm {a.gemm}")
     if a.invariant and not (cuda and a.graphs):
         ap.error("--invariant needs --device cuda with CUDA graphs (engine.invariant runs the Triton kernels, "
                  "graphed, as the runner does)")
@@ -653,8 +654,8 @@ def run(a) -> dict:
             f"attnlab CUDA graphs "
             f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}, fused layer ops "
             f"{'on' if a.fused_ops else 'on (target side, invariant)' if a.invariant else 'off'}"
-            f"{', engine.gemm=triton' if a.gemm == 'triton' else ''}"
-            f"{f' ({a.gemm_split})' if a.gemm == 'triton' and a.gemm_split else ''}{', PDL on' if a.pdl else ''}"
+            f"{f', engine.gemm={a.gemm}' if a.gemm in TRITON_GEMMS else ''}"
+            f"{f' ({a.gemm_split})' if a.gemm in TRITON_GEMMS and a.gemm_split else ''}{', PDL on' if a.pdl else ''}"
             f"{', EOS ignored' if a.ignore_eos else ''}{', target side invariant (engine.invariant)' if a.invariant else ''}")
     lines = [head, ""] + table(rows)
     if not a.skip_hf:  # the two engines' target-only outputs (fp32: identical but for near-ties)

@@ -16,7 +16,7 @@ from attnlab.kvcache import KVPool, PageAllocator, pages_needed
 from attnlab.kvcache.quant import DEFAULT_KV_SCALE, FP8_DTYPES
 from attnlab.models.fp8 import has_fp8_linears, quantize_linears
 from attnlab.models.subset import LayerSubset
-from attnlab.plan import ModelSource
+from attnlab.plan import GEMM_KINDS, TRITON_GEMMS, ModelSource
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -62,7 +62,7 @@ class SideSpec:
     cuda_graph: bool = False
     max_q_len: int = 16
     fused_ops: bool = False
-    gemm: str = "cublas"  # triton: passes of <= 16 tokens on attnlab.models.gemm_path (implies fused_ops)
+    gemm: str = "cublas"  # triton / triton_attn: passes of <= 16 tokens on attnlab.models.gemm_path (implies fused_ops)
     invariant: bool = False
     backend_options: Mapping | None = None
     decode_steps_per_sync: int = 1  # engine.decode_steps_per_sync (target-only greedy decode, multistep.py)
@@ -105,12 +105,12 @@ def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, pr
             model = quantize_linears(model, inplace=True, small_m=spec.fp8_gemm)
     if spec.fused_ops and dev.type != "cuda":
         raise ConfigError("engine.fused_ops=true needs device=cuda")
-    if spec.gemm not in ("cublas", "triton"):
-        raise ConfigError(f"engine.gemm={spec.gemm!r}: choose from cublas, triton")
-    if spec.gemm == "triton" and dev.type != "cuda":
-        raise ConfigError("engine.gemm=triton needs device=cuda")
-    # the runner hands this to every pass's AttnContext: "gemm" selects attnlab.models.gemm_path
-    fused_ops = "gemm" if spec.gemm == "triton" else spec.fused_ops
+    if spec.gemm not in GEMM_KINDS:
+        raise ConfigError(f"engine.gemm={spec.gemm!r}: choose from {', '.join(GEMM_KINDS)}")
+    if spec.gemm in TRITON_GEMMS and dev.type != "cuda":
+        raise ConfigError(f"engine.gemm={spec.gemm} needs device=cuda")
+    # the runner hands this to every pass's AttnContext: "gemm" / "gemm_attn" select attnlab.models.gemm_path
+    fused_ops = {"triton": "gemm", "triton_attn": "gemm_attn"}.get(spec.gemm, spec.fused_ops)
     if layers:
         model = LayerSubset(model, list(layers))
     num_layers = len(layers) if layers else mcfg.num_layers

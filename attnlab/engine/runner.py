@@ -78,7 +78,7 @@ class ModelRunner:
         # max_context), built once, before any graph captures them: the qkv epilogue indexes them by position
         # (AttnContext.rope_table, Decoder.rope_tables). None elsewhere.
         tables = getattr(model, "rope_tables", None)
-        self.rope_table = tables(max_context) if fused_ops == "gemm" and tables is not None else None
+        self.rope_table = tables(max_context) if fused_ops in ("gemm", "gemm_attn") and tables is not None else None
 
     def context(self, slots: torch.Tensor) -> AttnContext:
         """The attention context of one pass of this side writing its new K / V to ``slots``."""

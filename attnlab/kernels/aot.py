@@ -175,6 +175,11 @@ def compile_store_and_fused(quick: bool, arch: int = 90) -> None:
             fused.rope_qk(qkv, cs, cs, heads, kv_heads, d)
             fused.rope_qk(qkv, None, None, heads, kv_heads, d, positions=torch.zeros(2, dtype=torch.long),
                           inv_freq=torch.ones(d // 2))  # an EAGLE head's fused steps: cos / sin in the kernel
+            cache = torch.zeros(8, kv_heads, d, dtype=dtype)  # the fused layers' K / V store from the RoPE launch
+            slots = torch.tensor([3, -1])
+            fused.rope_qk(qkv, cs, cs, heads, kv_heads, d, kv_store=(cache, cache.clone(), slots))
+            fused.rope_qk(qkv, None, None, heads, kv_heads, d, positions=torch.zeros(2, dtype=torch.long),
+                          inv_freq=torch.ones(d // 2), kv_store=(cache, cache.clone(), slots))
             fused.silu_mul(torch.zeros(2, 2 * inter, dtype=dtype), inter)
     from attnlab.kernels.steps import write_step_meta  # a device-planned flashinfer draft step's metadata
 

@@ -159,30 +159,33 @@ def _set_rope_table(on: bool) -> None:
 
 @contextmanager
 def arm(text: str):
-    """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc][+kvpf<tiles>][+amtorch]``
+    """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc][+kvpf<tiles>][+amtorch]
+    [+kvsep]``
     (``fill/ticket``, ``fill/ticket+pf0``), for a block, everything restored after; a bare arm is the engine's
     defaults. The split mode; ``+pf``: the weight prefetch (DEFAULT_PREFETCH chunks unless given); the greedy tokens'
     LM head (``+lmargmax`` its argmax epilogue; ``+lmlogits``, the default, the side's logits from this GEMM,
     ``ModelRunner.logits``, then their argmax); ``+ropetable`` (default) / ``+ropecalc``: RoPE's cos / sin from the
     runner's position tables or from torch every pass; ``+kvpf<tiles>``: the decode attention's KV prefetch before its
     PDL wait (attnlab.kernels.decode); ``+amtorch``: greedy tokens by torch's argmax instead of
-    attnlab.kernels.argmax."""
-    from attnlab.kernels import argmax, decode
+    attnlab.kernels.argmax; ``+kvsep``: the fused paths store K / V by their own kernel, not from the RoPE launch
+    (attnlab.kernels.fused.rope_store). Split, prefetch and RoPE-table parts act on gemm-path sides only."""
+    from attnlab.kernels import argmax, decode, fused
 
-    mode, chunks, fused_argmax, table, kv_tiles, rows_argmax = _parse_arm(text)
+    mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store = _parse_arm(text)
     with splitting(mode), prefetching(chunks), scoped(argmax_head, _set_argmax_head, fused_argmax), \
             scoped(rope_table, _set_rope_table, table), decode.kv_prefetching(kv_tiles), \
-            scoped(argmax.enabled, argmax.set_enabled, rows_argmax):
+            scoped(argmax.enabled, argmax.set_enabled, rows_argmax), \
+            scoped(fused.rope_store, fused.set_rope_store, rope_store):
         yield
 
 
-def _parse_arm(text: str) -> tuple[str, int, bool, bool, int, bool]:
+def _parse_arm(text: str) -> tuple[str, int, bool, bool, int, bool, bool]:
     from attnlab.kernels.argmax import DEFAULT_ON
     from attnlab.kernels.decode import KV_PREFETCH_TILES
 
     mode, *extras = text.split("+")
     chunks, fused_argmax, table = DEFAULT_PREFETCH, DEFAULT_ARGMAX_HEAD, DEFAULT_ROPE_TABLE  # bare: the defaults
-    kv_tiles, rows_argmax = KV_PREFETCH_TILES, DEFAULT_ON
+    kv_tiles, rows_argmax, rope_store = KV_PREFETCH_TILES, DEFAULT_ON, True
     ok = (mode in SPLIT_MODES and len(set(extras)) == len(extras) and not {"lmargmax", "lmlogits"} <= set(extras)
           and not {"ropetable", "ropecalc"} <= set(extras) and sum(e.startswith("kvpf") for e in extras) <= 1
           and sum(e.startswith("pf") for e in extras) <= 1)
@@ -193,6 +196,8 @@ def _parse_arm(text: str) -> tuple[str, int, bool, bool, int, bool]:
             kv_tiles = int(e[4:])
         elif e == "amtorch":
             rows_argmax = False
+        elif e == "kvsep":
+            rope_store = False
         elif e in ("lmargmax", "lmlogits"):
             fused_argmax = e == "lmargmax"
         elif e in ("ropetable", "ropecalc"):
@@ -201,9 +206,9 @@ def _parse_arm(text: str) -> tuple[str, int, bool, bool, int, bool]:
             ok = False
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
-                         f"[+kvpf<tiles>][+amtorch], split modes {', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, "
+                         f"[+kvpf<tiles>][+amtorch][+kvsep], split modes {', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, "
                          f"tiles 0..8")
-    return mode, chunks, fused_argmax, table, kv_tiles, rows_argmax
+    return mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store
 
 
 def _digits(text: str) -> bool:
@@ -224,7 +229,8 @@ def parse_split_modes(text: str) -> list[str]:
         raise ValueError(f"split mode(s) {', '.join(bad) or repr(text)}: choose from {', '.join(SPLIT_MODES)}, "
                          f"each optionally +pf<chunks> (0..{MAX_PREFETCH}: engine.gemm_prefetch), +lmargmax or "
                          f"+lmlogits (the greedy tokens' LM head), +ropetable or +ropecalc (RoPE's cos / sin) and "
-                         f"+kvpf<tiles> (the decode's KV prefetch, 0..8), +amtorch (torch's argmax)")
+                         f"+kvpf<tiles> (the decode's KV prefetch, 0..8), +amtorch (torch's argmax), +kvsep (the fused "
+                         f"paths' KV store as its own kernel)")
     return modes
 
 

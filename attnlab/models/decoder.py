@@ -13,6 +13,7 @@ the residual stream after those layers back in ``ctx.captured`` (EAGLE-3 feature
 forward: no extra pass, no sync, CUDA-graph safe. ``fused_ops == "gemm"`` (``engine.gemm=triton``) runs passes of
 up to 16 tokens on attnlab's small-M GEMM with the norms, RoPE, SiLU-mul and residual adds fused into it
 (``attnlab.models.gemm_path``: about 5 kernels per layer); longer passes take the fused path above.
+``"gemm_attn"`` (``engine.gemm=triton_attn``) runs only qkv and o there, the MLP as the fused path does.
 A context with ``invariant`` (``engine.invariant``: the target
 side, always fused) runs the fused path's GEMMs and the LM head through ``attnlab.models.linear.invariant_linear``.
 """
@@ -72,9 +73,10 @@ class Attention(nn.Module):
 
         if self.q_norm is not None:  # Qwen3's q/k norm sits between projection and RoPE: not fused
             return self.forward(x, cos, sin, ctx)
+        store = ctx.kv_store_target(self.layer_idx, x.dtype) if fused.rope_store() else None
         q, k, v = fused.rope_qk(project(self.qkv_proj, x, ctx), cos, sin, self.num_heads, self.num_kv_heads,
-                                self.head_dim)
-        out = ctx.attend(self.layer_idx, q, k, v)
+                                self.head_dim, kv_store=store)
+        out = ctx.attend(self.layer_idx, q, k, v, stored=store is not None)
         return project(self.o_proj, out.reshape(x.shape[0], self.q_size), ctx)
 
 
@@ -158,7 +160,7 @@ class Decoder(nn.Module):
         feats = []
         mode = getattr(ctx, "fused_ops", False)
         table = None
-        if mode == "gemm":  # attnlab.models.gemm_path.GEMM; imported here as the other Triton paths are
+        if mode in ("gemm", "gemm_attn"):  # gemm_path.GEMM / GEMM_ATTN; imported here as the other Triton paths are
             from attnlab.kernels import gemm
             from attnlab.models import gemm_path
 
@@ -187,10 +189,14 @@ class Decoder(nn.Module):
             out = self.norm(h)
         else:
             from attnlab.kernels import fused
+            from attnlab.models.gemm_path import attn_layer_forward
 
             residual = None
             for i in indices:
-                h, residual = self.layers[i].forward_fused(h, residual, cos, sin, ctx)
+                if mode == "gemm_attn":
+                    h, residual = attn_layer_forward(self.layers[i], h, residual, cos, sin, ctx, rope_pos)
+                else:
+                    h, residual = self.layers[i].forward_fused(h, residual, cos, sin, ctx)
                 if i in capture:  # the fused path defers the residual add to the next norm
                     feats.append(h + residual)
             out = fused.add_rmsnorm(h, residual, self.norm.weight, self.norm.eps)[0]

@@ -243,7 +243,7 @@ class EagleHead(nn.Module):
         residual adds, RoPE on q and k, SiLU-mul, one kernel each (the head's draft steps are a few
         microseconds of math in ~60 small kernels unfused). The two input norms write the halves of the qkv
         projection's input (no cat), and RoPE computes its cos / sin from the positions in the same kernel (no
-        rope.cos_sin): about 20 launches per draft step instead of 28."""
+        rope.cos_sin), and stores K / V too (no store kernel): about 19 launches per draft step instead of 28."""
         from attnlab.kernels import fused
 
         c = self.config
@@ -251,9 +251,10 @@ class EagleHead(nn.Module):
         fused.add_rmsnorm(self.shared[0](input_ids), None, self.input_norm.weight, self.input_norm.eps,
                           out=x[:, :c.hidden_size])
         fused.add_rmsnorm(f, None, self.hidden_norm.weight, self.hidden_norm.eps, out=x[:, c.hidden_size:])
+        store = ctx.kv_store_target(0, x.dtype) if fused.rope_store() else None
         q, k, v = fused.rope_qk(self.qkv_proj(x), None, None, c.num_heads, c.num_kv_heads, c.head_dim,
-                                positions=positions, inv_freq=self.inv_freq)
-        o = self.o_proj(ctx.attend(0, q, k, v).reshape(q.shape[0], self.q_size))
+                                positions=positions, inv_freq=self.inv_freq, kv_store=store)
+        o = self.o_proj(ctx.attend(0, q, k, v, stored=store is not None).reshape(q.shape[0], self.q_size))
         x, h = fused.add_rmsnorm(o, f, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
         d = self.down_proj(fused.silu_mul(self.gate_up_proj(x), c.intermediate_size))
         out, a = fused.add_rmsnorm(d, h, self.norm.weight, self.norm.eps)  # a = h + d: the pre-norm output

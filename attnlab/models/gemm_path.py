@@ -9,7 +9,16 @@
     gate_up    RMSNorm prologue + SiLU·up epilogue                              -> act [T, I]
     down_proj  residual-add epilogue                                            -> h + down(act)
 
-plus, per split GEMM with ``engine.gemm_split=*/pass``, the split-K reduction launch. Rounding follows the unfused
+plus, per split GEMM with ``engine.gemm_split=*/pass``, the split-K reduction launch.
+
+``engine.gemm=triton_attn`` (``attn_layer_forward``) keeps the MLP on cuBLAS, where at Llama-3.1-8B shapes cuBLAS
+streams gate_up and down faster than this GEMM (0.87x / 0.91x of it alone, docs/kernels.md) while qkv and o run
+here faster than on cuBLAS (1.06x / 1.05x) and take its RoPE, KV-store and residual work with them:
+
+    add_rmsnorm (residual + previous MLP output) -> qkv (RoPE + KV store epilogue) -> attention
+    -> o (residual epilogue) -> rmsnorm -> gate_up (cuBLAS) -> silu_mul -> down (cuBLAS)
+
+7 launches a layer besides attention (the fused cuBLAS path: 9 and cuBLAS's split-K reductions). Rounding follows the unfused
 torch layer step by step (attnlab.kernels.gemm), so only fp32 summation orders differ, and rows are bit-identical
 whatever the number of tokens in the pass (decode vs verify). Passes of more than ``gemm.MAX_M`` tokens
 (prefill) take the fused cuBLAS path instead; a layer with Qwen3's q/k norm (between projection and RoPE)
@@ -25,6 +34,7 @@ from attnlab.kernels import gemm
 from attnlab.models.fp8 import FP8Linear
 
 GEMM = "gemm"  # the value of AttnContext.fused_ops that selects this path (engine.gemm=triton)
+GEMM_ATTN = "gemm_attn"  # engine.gemm=triton_attn: qkv and o here, the MLP on cuBLAS (attn_layer_forward)
 
 
 def usable(layers, num_tokens: int) -> bool:
@@ -57,3 +67,27 @@ def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
     h = proj(attn.o_proj, out.reshape(t, attn.q_size), epilogue="residual", residual=h)
     act = proj(mlp.gate_up_proj, h, norm_weight=norm2.weight, eps=norm2.eps, epilogue="silu_mul")
     return proj(mlp.down_proj, act, epilogue="residual", residual=h)
+
+
+def attn_layer_forward(layer, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                       ctx, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``DecoderLayer.forward_fused``'s contract (x: the previous sublayer's output, residual: the stream before it,
+    None at layer 0 -> this layer's MLP output and the stream before it) with qkv and o on this GEMM."""
+    from attnlab.kernels import fused
+    from attnlab.models.linear import project
+
+    attn, mlp = layer.self_attn, layer.mlp
+    t, d = x.shape[0], attn.head_dim
+    qk_cols = attn.q_size + attn.kv_size
+    norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
+    x, residual = fused.add_rmsnorm(x, residual, norm1.weight, norm1.eps)
+    store = ctx.kv_store_target(attn.layer_idx, x.dtype)
+    qkv = proj(attn.qkv_proj, x, epilogue="rope", cos=cos, sin=sin, head_dim=d, rope_cols=qk_cols, kv_store=store,
+               positions=positions)
+    q = qkv[:, :attn.q_size].view(t, attn.num_heads, d)
+    k = qkv[:, attn.q_size:qk_cols].view(t, attn.num_kv_heads, d)
+    v = qkv[:, qk_cols:].view(t, attn.num_kv_heads, d)
+    out = ctx.attend(attn.layer_idx, q, k, v, stored=store is not None)
+    h = proj(attn.o_proj, out.reshape(t, attn.q_size), epilogue="residual", residual=residual)
+    x = fused.add_rmsnorm(h, None, norm2.weight, norm2.eps)[0]
+    return project(mlp.down_proj, fused.silu_mul(project(mlp.gate_up_proj, x, ctx), mlp.intermediate_size), ctx), h

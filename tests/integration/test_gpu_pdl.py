@@ -1,7 +1,8 @@
 """engine.pdl on the GPU: programmatic dependent launch changes when attnlab's kernels start, never what they
 compute. A k = 3 speculative run (draft and verify) decodes the same tokens, and a graphed verify pass after long
 prefills (split-KV decode and its merge) returns the same logits bit for bit, with PDL on and off, on the unfused,
-fused and gemm layer paths, eager and graphed."""
+fused and gemm layer paths, eager and graphed. The fused layers' K / V store from the RoPE launch changes no bit
+against the store kernel."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def _decode(model, fused, graphs: bool, on: bool):
         return [r.output_ids for r in out.requests], logits
 
 
-@pytest.mark.parametrize("fused", [False, True, "gemm"])  # unfused: attnlab attention between cuBLAS / torch ops
+@pytest.mark.parametrize("fused", [False, True, "gemm", "gemm_attn"])  # unfused: attention between cuBLAS / torch ops
 @pytest.mark.parametrize("graphs", [False, True])
 def test_pdl_changes_nothing_but_timing(fused, graphs):
     model = tiny_model(CFG, seed=0).to("cuda", torch.bfloat16)
@@ -54,6 +55,24 @@ def test_pdl_changes_nothing_but_timing(fused, graphs):
     tokens_on, logits_on = _decode(model, fused, graphs, on=True)
     assert tokens_on == tokens_off
     assert torch.equal(logits_on, logits_off)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_rope_store_changes_no_bit(graphs):
+    """The fused path storing K / V from its RoPE launch (default) against the store kernel (``+kvsep``): the same
+    tokens and verify logits, bit for bit, with PDL on where the GPU has it."""
+    from attnlab.kernels import fused
+
+    model = tiny_model(CFG, seed=0).to("cuda", torch.bfloat16)
+    on = pdl.unsupported("cuda") is None
+    tokens, logits = _decode(model, True, graphs, on=on)
+    fused.set_rope_store(False)
+    try:
+        tokens_sep, logits_sep = _decode(model, True, graphs, on=on)
+    finally:
+        fused.set_rope_store(True)
+    assert tokens == tokens_sep
+    assert torch.equal(logits, logits_sep)
 
 
 def test_pdl_switch_is_restored_and_checked():

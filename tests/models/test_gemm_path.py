@@ -39,11 +39,12 @@ def test_gemm_layers_match_unfused_layers(dtype, monkeypatch):
     ps = prompts(3, CFG.vocab_size, lengths=(1, 5, 3))  # 9 tokens: one pass on the gemm path
     ids = torch.tensor([t for p in ps for t in p])
     outs = []
-    for mode in (False, "gemm"):
+    for mode in (False, "gemm", "gemm_attn"):
         r = _runner(model, dtype, mode)
         outs.append(r.run(list(range(3)), [0] * 3, [len(p) for p in ps], ids, mode=Mode.PREFILL, rows="all"))
     tol = (1e-5, 1e-5) if dtype == torch.float32 else (3 * 2.0**-8 * outs[0].abs().max().item(), 3 * 2.0**-8)
     torch.testing.assert_close(outs[1], outs[0], atol=tol[0], rtol=tol[1])
+    torch.testing.assert_close(outs[2], outs[0], atol=tol[0], rtol=tol[1])
 
 
 def test_gemm_path_runs_the_gemm_and_falls_back_above_16_tokens(monkeypatch):
@@ -61,6 +62,29 @@ def test_gemm_path_runs_the_gemm_and_falls_back_above_16_tokens(monkeypatch):
     assert calls == [1]  # the layers on cuBLAS; the logits of the last row on the GEMM, as every gemm-path logit
 
 
+def test_gemm_attn_path_runs_qkv_and_o_on_the_gemm_and_stores_kv_there(monkeypatch):
+    """engine.gemm=triton_attn: per layer qkv and o on the GEMM (the qkv epilogue storing K / V: no store kernel),
+    gate_up / down and the LM head not; above 16 tokens the fused path (cuBLAS everywhere)."""
+    import importlib
+
+    from attnlab.kernels import gemm
+
+    store_mod = importlib.import_module("attnlab.kernels.store_kv")  # the package re-exports the function
+    model = tiny_model(CFG, seed=8)
+    calls, stores = [], []
+    real, real_store = gemm.gemm, store_mod.store_kv
+    monkeypatch.setattr(gemm, "gemm", lambda x, w, *a, **k: calls.append((x.shape[0], k.get("epilogue"))) or
+                        real(x, w, *a, **k))
+    monkeypatch.setattr(store_mod, "store_kv", lambda *a, **k: stores.append(1) or real_store(*a, **k))
+    r = _runner(model, torch.float32, "gemm_attn")
+    assert r.rope_table is not None  # the qkv epilogue reads cos / sin by position
+    r.run([0], [0], [4], torch.arange(4), mode=Mode.PREFILL)
+    assert calls == [(4, "rope"), (4, "residual")] * CFG.num_layers and not stores
+    calls.clear()
+    r.run([1], [0], [17], torch.arange(17), mode=Mode.PREFILL)  # > 16 tokens: the fused path, RoPE stores K / V
+    assert calls == [] and not stores
+
+
 @pytest.mark.parametrize("split", ["fill/pass", "fill/ticket", "lean/ticket"])
 def test_gemm_path_greedy_output_identical(split, monkeypatch):
     """fp32 greedy decoding, target-only: the gemm side emits the tokens the unfused side emits
@@ -74,10 +98,11 @@ def test_gemm_path_greedy_output_identical(split, monkeypatch):
     model = tiny_model(CFG, seed=9)
     ps = prompts(2, CFG.vocab_size, lengths=(11, 5))
     ref = SpeculativeDecoder(_runner(model, torch.float32, False), NoDrafter("cpu"), SpecParams(0)).generate(ps, 4)
-    with gemm.splitting(split):
-        out = SpeculativeDecoder(_runner(model, torch.float32, "gemm"), NoDrafter("cpu"),
-                                 SpecParams(0)).generate(ps, 4)
-    assert [r.output_ids for r in out.requests] == [r.output_ids for r in ref.requests]
+    for mode in ("gemm", "gemm_attn"):
+        with gemm.splitting(split):
+            out = SpeculativeDecoder(_runner(model, torch.float32, mode), NoDrafter("cpu"),
+                                     SpecParams(0)).generate(ps, 4)
+        assert [r.output_ids for r in out.requests] == [r.output_ids for r in ref.requests], mode
     assert splits and (max(splits) > 1) == split.startswith("fill")  # the tiny model's K: lean never splits
 
 
@@ -127,8 +152,8 @@ def test_gemm_path_qkv_writes_the_pool_and_skips_the_store_kernel(monkeypatch):
 
     ctx = AttnContext(None, ctx_pool, torch.zeros(1, dtype=torch.long), fused_ops="gemm")
     assert ctx.kv_store_target(0, torch.float32) is None
-    assert AttnContext(None, r.pool, torch.zeros(1, dtype=torch.long), fused_ops=True).kv_store_target(
-        0, torch.float32) is None
+    assert AttnContext(None, r.pool, torch.zeros(1, dtype=torch.long), fused_ops=False).kv_store_target(
+        0, torch.float32) is None  # the unfused path stores through the pool's torch store
 
 
 def test_rope_tables_change_no_bit_and_leave_no_rope_op_per_pass(monkeypatch):

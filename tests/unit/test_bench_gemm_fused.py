@@ -28,13 +28,18 @@ def test_interpret_smoke(capsys, tmp_path):
 
 
 def test_bench_pdl_arms():
-    """bench.pdl: PDL off and on for every engine; the gemm engine adds PDL-on arms for the further split modes."""
+    """bench.pdl: PDL off and on for every engine, then PDL-on arms for the further ``--gemm-splits``."""
     from attnlab.bench import pdl as bench_pdl
 
     assert bench_pdl.arms_for("fused", ["fill/ticket"]) == [(False, "fill/ticket"), (True, "fill/ticket")]
     arms = bench_pdl.arms_for("gemm", ["fill/ticket", "fill/pass", "lean/ticket"])
     assert arms == [(False, "fill/ticket"), (True, "fill/ticket"), (True, "fill/pass"), (True, "lean/ticket")]
     assert bench_pdl.arm_name("gemm", arms[2]) == "PDL on, fill/pass" and bench_pdl.arm_name("fused", arms[0]) == "PDL off"
+    # every engine runs every arm; a cuBLAS engine's name shows only the switches that act on it
+    arms = bench_pdl.arms_for("fused", ["fill/ticket", "fill/ticket+kvsep"])
+    assert arms[2] == (True, "fill/ticket+kvsep") and bench_pdl.arm_name("fused", arms[2]) == "PDL on, +kvsep"
+    assert bench_pdl.arm_name("gemm-attn", arms[2]) == "PDL on, fill/ticket+kvsep"
+    assert bench_pdl.ENGINES["gemm-attn"] == "gemm_attn"
     with pytest.raises(SystemExit):  # argparse's error: exit 2 before anything runs
         bench_pdl.main(["--gemm-splits", "fill/pass:exact"])
 

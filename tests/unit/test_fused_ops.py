@@ -70,6 +70,50 @@ def test_rope_qk_matches_apply_rope(t, head_dim, heads, kv_heads, dtype):
     _close(k2, k, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (6, 2, 128), (3, 1, 64)])  # GQA 1, 3, 3
+@pytest.mark.parametrize("t", [0, 1, 5])
+@pytest.mark.parametrize("from_pos", [False, True])
+def test_rope_qk_stores_k_and_v_as_the_store_kernel_does(t, heads, kv_heads, head_dim, dtype, from_pos):
+    """kv_store: the RoPE launch also writes the rotated k and v into their pool slots: exactly what store_kv writes
+    from rope_qk's own outputs; slot -1 (a padded row) is written nowhere; q / k / v as without it."""
+    from attnlab.kernels.store_kv import store_kv
+    from attnlab.kvcache import KVPool
+
+    g = torch.Generator().manual_seed(17 + t + heads + head_dim)
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * head_dim, generator=g).to(dtype)
+    positions = torch.randint(0, 4000, (t,), generator=g)
+    inv = rope.inv_freq(head_dim, 500000.0)
+    cos, sin = (None, None) if from_pos else rope.cos_sin(positions, inv, dtype)
+    kw = {"positions": positions, "inv_freq": inv} if from_pos else {}
+    slots = torch.tensor([9, -1, 0, 31, 4][:t], dtype=torch.int32)  # page size 8: pages 1, 0, 3, 0
+    pools = [KVPool(2, 4, 8, kv_heads, head_dim, dtype, "cpu") for _ in range(2)]
+    for p in pools:
+        p.kv.fill_(7.0)  # what no store may touch
+    q0, k0, v0 = fused.rope_qk(qkv, cos, sin, heads, kv_heads, head_dim, **kw)
+    store_kv(pools[0], 1, k0, v0, slots)
+    kc, vc = pools[1].slots_view(1)
+    q, k, v = fused.rope_qk(qkv, cos, sin, heads, kv_heads, head_dim, kv_store=(kc, vc, slots), **kw)
+    assert torch.equal(q, q0) and torch.equal(k, k0) and torch.equal(v, v0)
+    assert torch.equal(pools[1].kv, pools[0].kv)
+    assert torch.equal(pools[1].kv[0], torch.full_like(pools[1].kv[0], 7.0))  # another layer: untouched
+
+
+def test_rope_qk_store_refuses_bad_targets():
+    qkv = torch.randn(2, 3 * 8)
+    kc = torch.zeros(16, 1, 8)
+    slots = torch.tensor([0, 1])
+    cos, sin = rope.cos_sin(torch.arange(2), rope.inv_freq(8, 10000.0), torch.float32)
+    with pytest.raises(ValueError, match="caches must be"):
+        fused.rope_qk(qkv, cos, sin, 1, 1, 8, kv_store=(kc.to(torch.bfloat16), kc, slots))
+    with pytest.raises(ValueError, match="caches must be"):
+        fused.rope_qk(qkv, cos, sin, 1, 1, 8, kv_store=(torch.zeros(16, 2, 8), kc, slots))
+    with pytest.raises(ValueError, match="slots must be"):
+        fused.rope_qk(qkv, cos, sin, 1, 1, 8, kv_store=(kc, kc, slots[:1]))
+    with pytest.raises(ValueError, match="slots must be"):
+        fused.rope_qk(qkv, cos, sin, 1, 1, 8, kv_store=(kc, kc, slots.float()))
+
+
 def test_rmsnorm_into_half_of_a_wider_buffer_and_bad_inputs():
     x = torch.randn(3, 8)
     w = torch.rand(8) + 0.5
@@ -108,6 +152,32 @@ def test_fused_decoder_logits_match(page_size):
         ids = torch.tensor([t for p in ps for t in p])
         outs.append(r.run(reqs, [0] * len(ps), [len(p) for p in ps], ids, mode=Mode.PREFILL, rows="all"))
     torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=1e-4)
+
+
+def test_fused_layers_store_kv_from_the_rope_launch(monkeypatch):
+    """The fused layer stores K / V from its RoPE launch (no store kernel) and leaves the pool and the logits as the
+    store kernel did (the ``+kvsep`` bench arm)."""
+    import importlib
+
+    store_mod = importlib.import_module("attnlab.kernels.store_kv")  # the package re-exports the function
+    model = tiny_model(CFG, seed=5)
+    ps = prompts(2, CFG.vocab_size)
+    ids = torch.tensor([t for p in ps for t in p])
+    stores = []
+    real = store_mod.store_kv
+    monkeypatch.setattr(store_mod, "store_kv", lambda *a, **k: stores.append(1) or real(*a, **k))
+    outs, kvs = [], []
+    for on in (True, False):
+        fused.set_rope_store(on)
+        try:
+            r = runner(model, CFG, 16, fused_ops=True)
+            outs.append(r.run([0, 1], [0, 0], [len(p) for p in ps], ids, mode=Mode.PREFILL, rows="all"))
+        finally:
+            fused.set_rope_store(True)
+        kvs.append(r.pool.kv.clone())
+        assert len(stores) == (0 if on else CFG.num_layers)
+        stores.clear()
+    assert torch.equal(outs[0], outs[1]) and torch.equal(kvs[0], kvs[1])
 
 
 @pytest.mark.parametrize("k", [1, 4])
