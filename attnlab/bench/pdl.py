@@ -10,7 +10,7 @@ rotating by one arm per round (so a drift inside a round does not always favour 
 re-captured at every switch. Arms (``--gemm-splits``, each ``attnlab.kernels.gemm.arm``'s text): PDL off and on with
 the first, then PDL on with each further one. Their split mode and weight prefetch act on the gemm engines; their
 other switches (``+kvsep``: the KV store as its own kernel; ``+kvpf0``: no decode KV prefetch; ``+amtorch``: torch's
-argmax) on every engine. Reported per arm: median tok/s with its min-max, the median of its per-round ratios to
+argmax) on every engine; ``+normsep`` (the norms as their own launches) on the gemm engine. Reported per arm: median tok/s with its min-max, the median of its per-round ratios to
 the first arm (min-max), and whether it decoded the first arm's tokens (PDL and the reduction mechanism change
 when and where sums happen, never their order: anything but "yes" is a bug; a different split *policy* changes
 the order of fp32 sums, so its tokens may differ on random weights at near-ties: "differs" there, not a bug).
@@ -149,8 +149,9 @@ def main(argv=None) -> int:
                         continue
                     for i, arm in enumerate(arms):
                         # another split policy changes fp32 sums: tokens may differ at near-ties
-                        policy_differs = (eng in GEMM_ENGINES
-                                          and arm[1].split("/")[0] != arms[0][1].split("/")[0])
+                        # (+normsep: the sum of squares in another order)
+                        policy_differs = eng in GEMM_ENGINES and (arm[1].split("/")[0] != arms[0][1].split("/")[0]
+                                                                   or ("+normsep" in arm[1]) != ("+normsep" in arms[0][1]))
                         same = "yes" if r["same_tokens"][i] else "differs" if policy_differs else "NO"
                         cells = f"{_spread(r['tok_s'][i], '.0f')} | {_spread(r['ratio'][i], '.3f')} | {same}"
                         emit({**key, "host": host}, arm_name(eng, arm), cells,

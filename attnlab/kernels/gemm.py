@@ -96,6 +96,11 @@ _argmax_head = DEFAULT_ARGMAX_HEAD
 # as before 2026-12-03d: ~7 small launches a pass, outside the PDL chain). Same bits (the tables are the same ops).
 DEFAULT_ROPE_TABLE = True
 _rope_table = DEFAULT_ROPE_TABLE
+# The gemm path's RMSNorms as the qkv / gate_up prologue (True: 5 launches a layer) or as their own add_rmsnorm
+# launch before a prologue-free GEMM (False, arm +normsep: 7; the same roundings, the sum of squares in another
+# fp32 order). At Llama-3.2-1B shapes the prologued GEMMs took 1.3-1.45x bare cuBLAS (experiments/h200-2026-12-02d).
+DEFAULT_NORM_PROLOGUE = True
+_norm_prologue = DEFAULT_NORM_PROLOGUE
 _tickets: dict = {}
 
 
@@ -157,10 +162,20 @@ def _set_rope_table(on: bool) -> None:
     _rope_table = bool(on)
 
 
+def norm_prologue() -> bool:
+    """Whether the gemm path normalizes in the qkv / gate_up prologue (else an add_rmsnorm launch before each)."""
+    return _norm_prologue
+
+
+def _set_norm_prologue(on: bool) -> None:
+    global _norm_prologue
+    _norm_prologue = bool(on)
+
+
 @contextmanager
 def arm(text: str):
     """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc][+kvpf<tiles>][+amtorch]
-    [+kvsep]``
+    [+kvsep][+normsep]``
     (``fill/ticket``, ``fill/ticket+pf0``), for a block, everything restored after; a bare arm is the engine's
     defaults. The split mode; ``+pf``: the weight prefetch (DEFAULT_PREFETCH chunks unless given); the greedy tokens'
     LM head (``+lmargmax`` its argmax epilogue; ``+lmlogits``, the default, the side's logits from this GEMM,
@@ -168,24 +183,26 @@ def arm(text: str):
     runner's position tables or from torch every pass; ``+kvpf<tiles>``: the decode attention's KV prefetch before its
     PDL wait (attnlab.kernels.decode); ``+amtorch``: greedy tokens by torch's argmax instead of
     attnlab.kernels.argmax; ``+kvsep``: the fused paths store K / V by their own kernel, not from the RoPE launch
-    (attnlab.kernels.fused.rope_store). Split, prefetch and RoPE-table parts act on gemm-path sides only."""
+    (attnlab.kernels.fused.rope_store); ``+normsep``: the gemm path's RMSNorms as their own launches, not GEMM
+    prologues. Split, prefetch, RoPE-table and norm parts act on gemm-path sides only."""
     from attnlab.kernels import argmax, decode, fused
 
-    mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store = _parse_arm(text)
+    mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, prologue = _parse_arm(text)
     with splitting(mode), prefetching(chunks), scoped(argmax_head, _set_argmax_head, fused_argmax), \
             scoped(rope_table, _set_rope_table, table), decode.kv_prefetching(kv_tiles), \
             scoped(argmax.enabled, argmax.set_enabled, rows_argmax), \
-            scoped(fused.rope_store, fused.set_rope_store, rope_store):
+            scoped(fused.rope_store, fused.set_rope_store, rope_store), \
+            scoped(norm_prologue, _set_norm_prologue, prologue):
         yield
 
 
-def _parse_arm(text: str) -> tuple[str, int, bool, bool, int, bool, bool]:
+def _parse_arm(text: str) -> tuple[str, int, bool, bool, int, bool, bool, bool]:
     from attnlab.kernels.argmax import DEFAULT_ON
     from attnlab.kernels.decode import KV_PREFETCH_TILES
 
     mode, *extras = text.split("+")
     chunks, fused_argmax, table = DEFAULT_PREFETCH, DEFAULT_ARGMAX_HEAD, DEFAULT_ROPE_TABLE  # bare: the defaults
-    kv_tiles, rows_argmax, rope_store = KV_PREFETCH_TILES, DEFAULT_ON, True
+    kv_tiles, rows_argmax, rope_store, prologue = KV_PREFETCH_TILES, DEFAULT_ON, True, DEFAULT_NORM_PROLOGUE
     ok = (mode in SPLIT_MODES and len(set(extras)) == len(extras) and not {"lmargmax", "lmlogits"} <= set(extras)
           and not {"ropetable", "ropecalc"} <= set(extras) and sum(e.startswith("kvpf") for e in extras) <= 1
           and sum(e.startswith("pf") for e in extras) <= 1)
@@ -198,6 +215,8 @@ def _parse_arm(text: str) -> tuple[str, int, bool, bool, int, bool, bool]:
             rows_argmax = False
         elif e == "kvsep":
             rope_store = False
+        elif e == "normsep":
+            prologue = False
         elif e in ("lmargmax", "lmlogits"):
             fused_argmax = e == "lmargmax"
         elif e in ("ropetable", "ropecalc"):
@@ -206,9 +225,9 @@ def _parse_arm(text: str) -> tuple[str, int, bool, bool, int, bool, bool]:
             ok = False
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
-                         f"[+kvpf<tiles>][+amtorch][+kvsep], split modes {', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, "
+                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep], split modes {', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, "
                          f"tiles 0..8")
-    return mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store
+    return mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, prologue
 
 
 def _digits(text: str) -> bool:
@@ -230,7 +249,7 @@ def parse_split_modes(text: str) -> list[str]:
                          f"each optionally +pf<chunks> (0..{MAX_PREFETCH}: engine.gemm_prefetch), +lmargmax or "
                          f"+lmlogits (the greedy tokens' LM head), +ropetable or +ropecalc (RoPE's cos / sin) and "
                          f"+kvpf<tiles> (the decode's KV prefetch, 0..8), +amtorch (torch's argmax), +kvsep (the fused "
-                         f"paths' KV store as its own kernel)")
+                         f"paths' KV store as its own kernel), +normsep (the gemm path's norms as their own launches)")
     return modes
 
 

@@ -58,15 +58,27 @@ def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
     qk_cols = attn.q_size + attn.kv_size
     norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
     store = ctx.kv_store_target(attn.layer_idx, h.dtype)
-    qkv = proj(attn.qkv_proj, h, norm_weight=norm1.weight, eps=norm1.eps, epilogue="rope", cos=cos, sin=sin,
-               head_dim=d, rope_cols=qk_cols, kv_store=store, positions=positions)
+    x, norm = _normed(h, norm1)
+    qkv = proj(attn.qkv_proj, x, **norm, epilogue="rope", cos=cos, sin=sin, head_dim=d, rope_cols=qk_cols,
+               kv_store=store, positions=positions)
     q = qkv[:, :attn.q_size].view(t, attn.num_heads, d)  # views of one [T, N] row: strides (N, D, 1)
     k = qkv[:, attn.q_size:qk_cols].view(t, attn.num_kv_heads, d)
     v = qkv[:, qk_cols:].view(t, attn.num_kv_heads, d)
     out = ctx.attend(attn.layer_idx, q, k, v, stored=store is not None)
     h = proj(attn.o_proj, out.reshape(t, attn.q_size), epilogue="residual", residual=h)
-    act = proj(mlp.gate_up_proj, h, norm_weight=norm2.weight, eps=norm2.eps, epilogue="silu_mul")
+    x, norm = _normed(h, norm2)
+    act = proj(mlp.gate_up_proj, x, **norm, epilogue="silu_mul")
     return proj(mlp.down_proj, act, epilogue="residual", residual=h)
+
+
+def _normed(h: torch.Tensor, norm) -> tuple:
+    """A normed projection's input and prologue: (h, norm kwargs) by default; with ``gemm.norm_prologue()`` off
+    (arm ``+normsep``), the norm as its own launch: (rmsnorm(h), no prologue)."""
+    if gemm.norm_prologue():
+        return h, {"norm_weight": norm.weight, "eps": norm.eps}
+    from attnlab.kernels import fused
+
+    return fused.add_rmsnorm(h, None, norm.weight, norm.eps)[0], {}
 
 
 def attn_layer_forward(layer, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,

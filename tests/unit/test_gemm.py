@@ -377,10 +377,13 @@ def test_arms_name_the_lm_head_path():
     with gemm.arm("fill/ticket+kvsep"):
         assert not fused.rope_store()
     assert fused.rope_store()
+    with gemm.arm("lean/ticket+normsep"):
+        assert not gemm.norm_prologue()
+    assert gemm.norm_prologue()
     for bad in ("fill/ticket+lm", "fill/ticket+pf4+pf4", "fill/ticket+lmlogits+lmlogits",
                 "fill/ticket+lmargmax+lmlogits", "fill/ticket+ropetable+ropecalc", "fill/ticket+rope",
                 "fill/ticket+kvpf9", "fill/ticket+kvpf1+kvpf2", "fill/ticket+kvpf", "fill/ticket+amtorch+amtorch",
-                "fill/ticket+kvsep+kvsep", "fill/ticket+kvstore",
+                "fill/ticket+kvsep+kvsep", "fill/ticket+kvstore", "fill/ticket+normsep+normsep",
                 "fill/ticket+pf4+pf2", "fill/ticket+pf\u00b2"):
         with pytest.raises(ValueError, match="gemm arm"), gemm.arm(bad):
             pass
