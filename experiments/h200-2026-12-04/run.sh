@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The H200 sitting of 2026-12-04 (README.md here): calls back to back on one warm machine (installs in /opt and
+# FlashInfer's JIT cache stay while it is held). Bundles as in ../h200-2026-12-03c/run.sh: .gpu/fb (core +
+# flashinfer + fa3_fwd), .gpu/g2 (the GGUF's parts 0-1), .gpu/g3 (parts 2-3 and the 212 held-out ShareGPT turns).
+#   run.sh 1  carry .gpu/fb: install; FlashInfer JIT for SmolLM2 in the background while the GPU tests run (the
+#             fused layers' K / V store from the RoPE launch changes no bit; engine.gemm=triton_attn in graphs and
+#             under PDL); issue 16: FlashInfer verify against its own decode at 512 and 4k tokens, 50 runs a replay;
+#             issue 17: Llama-3.1-8B shapes, bench.pdl engines fused / gemm-attn / gemm with the arms (KV store
+#             separate, norms separate), bench.profile of fused and gemm-attn (the non-GEMM time of a step);
+#             SmolLM2 and Llama-3.2-1B shapes, the same engines and arms
+#   run.sh 2  carry .gpu/g2: install
+#   run.sh 3  carry .gpu/g3: install; issue 17: speculative decoding on the real SmolLM2, ngram and eagle (the shipped
+#             head), k 4, batch 1, 16 held-out prompts: the fused cuBLAS engine (the 2026-12-01 engine) against the
+#             small-M GEMM engine with PDL, in one call
+# At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
+set -u -o pipefail
+PART=${1:?part 1 to 3}
+. experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
+case $PART in
+1)
+  step "install .gpu/fb"; bash .gpu/fb/install.sh | tail -1
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+  $PY -c "import torch, triton, flashinfer; print('torch', torch.__version__, 'triton', triton.__version__, \
+'flashinfer', flashinfer.__version__)"
+  step "background: FlashInfer JIT, SmolLM2 shapes (fa2 decode / verify)"
+  C0=$(date +%s)
+  timeout 330 $PY -m attnlab.bench.kernels --compile-only --contexts 512 --ks 4 --models smollm2 \
+    --backends flashinfer > $LOGS/compile_s.log 2>&1 &
+  P1=$!
+  step "GPU tests: the RoPE launch's K / V store, engine.gemm=triton_attn, PDL changes no token"
+  timeout 200 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_pdl.py \
+    tests/integration/test_gpu_gemm.py -k "pdl or rope_store or graphs_matches" > $LOGS/tests1.log 2>&1
+  echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests1.log | tail -n 12; cp $LOGS/tests1.log "$OUT/"
+  step "waiting for the FlashInfer compile"; wait $P1; echo "compile wall time: $(( $(date +%s) - C0 )) s"
+  tail -n 2 $LOGS/compile_s.log
+  step "issue 16: FlashInfer verify vs its decode, 512 and 4k tokens, batch 1 / 16, 50 runs a replay"
+  timeout 100 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,16 --contexts 512,4096 --ks 4 \
+    --models smollm2 --backends flashinfer,triton+pdl --baseline flashinfer --repeats 3 --out "$OUT/fi" \
+    > $LOGS/fi.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/fi.log
+  step "issue 17: Llama-3.1-8B shapes, engines fused / gemm-attn / gemm, arms"
+  timeout 170 $PY -m attnlab.bench.pdl --models llama-3.1-8b --engines fused,gemm-attn,gemm --rounds 3 --new 128 \
+    --gemm-splits fill/ticket,fill/ticket+kvsep,fill/ticket+normsep --out /tmp/arms8b > $LOGS/arms8b.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/arms8b.log
+  step "issue 17: Llama-3.1-8B, the step's kernels, fused and gemm-attn, PDL off"
+  timeout 70 $PY -m attnlab.bench.profile --models llama-3.1-8b --engines fused,gemm-attn --pdl off --steps 32 \
+    --out /tmp/profile8b > $LOGS/profile8b.log 2>&1; echo "exit code $?"; grep -E "^step|^###|^\|" $LOGS/profile8b.log
+  cat /tmp/arms8b.md /tmp/profile8b.md > "$OUT/llama8b.md" 2>/dev/null
+  tar czf "$OUT/json8b.tgz" -C /tmp arms8b.json profile8b.json 2>/dev/null
+  step "issue 17: SmolLM2 and Llama-3.2-1B shapes, engines gemm / fused / gemm-attn, arms"
+  timeout 170 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines gemm,fused,gemm-attn --rounds 3 \
+    --gemm-splits fill/ticket,fill/ticket+normsep,lean/ticket,fill/ticket+kvsep --out "$OUT/arms" \
+    > $LOGS/arms.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/arms.log
+  ;;
+2)
+  step "install .gpu/g2"; bash .gpu/g2/install.sh | tail -1
+  ;;
+3)
+  step "install .gpu/g3 (joins the GGUF)"; bash .gpu/g3/install.sh | tail -2
+  cp .gpu/g3/sg_heldout_all.jsonl.gz $DATA; mkdir -p /tmp/spec
+  step "issue 17: real SmolLM2, ngram and eagle, k 4, batch 1: fused cuBLAS, PDL off (the 2026-12-01 engine)"
+  timeout 200 $S --backends triton --drafters ngram,eagle --k 4 --batch 1 --repeats 3 --prompts $DATA \
+    --num-prompts 16 --new 128 --out /tmp/spec/fused > $LOGS/spec_fused.log 2>&1; echo "exit code $?"
+  grep -E "^\| attnlab" $LOGS/spec_fused.log
+  step "issue 17: the same, engine.gemm=triton with PDL"
+  timeout 200 $S --gemm triton --pdl --backends triton --drafters ngram,eagle --k 4 --batch 1 --repeats 3 \
+    --prompts $DATA --num-prompts 16 --new 128 --out /tmp/spec/gemm > $LOGS/spec_gemm.log 2>&1; echo "exit code $?"
+  grep -E "^\| attnlab" $LOGS/spec_gemm.log
+  cp /tmp/spec/fused.md /tmp/spec/gemm.md "$OUT/" 2>/dev/null
+  tar czf "$OUT/spec.tgz" -C /tmp spec 2>/dev/null; tar czf "$OUT/logs3.tgz" -C $LOGS . 2>/dev/null
+  ;;
+esac
+step "done"
