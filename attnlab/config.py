@@ -280,7 +280,7 @@ def resolve_device(device: str) -> str:
 
 
 FP8_GEMMS = ("w8a8", "weight_only")  # precision.fp8_gemm
-GEMM_SPLITS = ("fill/pass", "fill/ticket", "lean/pass", "lean/ticket")  # engine.gemm_split (= gemm.SPLIT_MODES)
+GEMM_SPLITS = ("fill/pass", "fill/ticket", "lean/pass", "lean/ticket", "wave/pass", "wave/ticket")  # engine.gemm_split (= gemm.SPLIT_MODES)
 DEFAULT_GEMM_SPLIT = "fill/ticket"  # = gemm.DEFAULT_SPLIT_MODE (a test keeps them equal; config imports no Triton)
 DEFAULT_GEMM_PREFETCH = 16  # = gemm.DEFAULT_PREFETCH (the same test)
 MAX_GEMM_PREFETCH = 16  # = gemm.MAX_PREFETCH

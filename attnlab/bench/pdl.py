@@ -10,7 +10,8 @@ rotating by one arm per round (so a drift inside a round does not always favour 
 re-captured at every switch. Arms (``--gemm-splits``, each ``attnlab.kernels.gemm.arm``'s text): PDL off and on with
 the first, then PDL on with each further one. Their split mode and weight prefetch act on the gemm engines; their
 other switches (``+kvsep``: the KV store as its own kernel; ``+kvpf0``: no decode KV prefetch; ``+amtorch``: torch's
-argmax) on every engine; ``+normsep`` (the norms as their own launches) on the gemm engine. Reported per arm: median tok/s with its min-max, the median of its per-round ratios to
+argmax) on every engine; ``+normpro`` / ``+normsep`` (the norms as GEMM prologues / their own launches) on the gemm
+engine. Reported per arm: median tok/s with its min-max, the median of its per-round ratios to
 the first arm (min-max), and whether it decoded the first arm's tokens (PDL and the reduction mechanism change
 when and where sums happen, never their order: anything but "yes" is a bug; a different split *policy* changes
 the order of fp32 sums, so its tokens may differ on random weights at near-ties: "differs" there, not a bug).
@@ -57,6 +58,13 @@ def arms_for(engine: str, splits: list[str]) -> list[tuple[bool, str]]:
     """(PDL on, arm) per arm (``gemm.arm``'s text); the first is the baseline of the ratios. Every engine runs every
     arm: on a cuBLAS engine only the arm's switches that touch its kernels act (``+kvsep``, ``+kvpf``, ``+amtorch``)."""
     return [(False, splits[0]), (True, splits[0])] + [(True, m) for m in splits[1:]]
+
+
+def sums_differ(a: str, b: str) -> bool:
+    """Whether two gemm arms sum in different fp32 orders (another split policy; the norms as GEMM prologues or not),
+    so that their tokens may differ at near-ties on random weights."""
+    pa, pb = gemm.parse_arm(a), gemm.parse_arm(b)
+    return pa.split_mode.split("/")[0] != pb.split_mode.split("/")[0] or pa.norm_prologue != pb.norm_prologue
 
 
 def arm_name(engine: str, arm: tuple[bool, str]) -> str:
@@ -149,9 +157,7 @@ def main(argv=None) -> int:
                         continue
                     for i, arm in enumerate(arms):
                         # another split policy changes fp32 sums: tokens may differ at near-ties
-                        # (+normsep: the sum of squares in another order)
-                        policy_differs = eng in GEMM_ENGINES and (arm[1].split("/")[0] != arms[0][1].split("/")[0]
-                                                                   or ("+normsep" in arm[1]) != ("+normsep" in arms[0][1]))
+                        policy_differs = eng in GEMM_ENGINES and sums_differ(arm[1], arms[0][1])
                         same = "yes" if r["same_tokens"][i] else "differs" if policy_differs else "NO"
                         cells = f"{_spread(r['tok_s'][i], '.0f')} | {_spread(r['ratio'][i], '.3f')} | {same}"
                         emit({**key, "host": host}, arm_name(eng, arm), cells,

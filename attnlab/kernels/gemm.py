@@ -17,7 +17,11 @@ bit-identical to the same row inside M = 5, 9 or 16 (verify).
 Split modes (``engine.gemm_split``, process-wide: ``set_split_mode`` / ``splitting``), ``<policy>/<reduce>``:
 - policy ``fill``: split K until the programs about fill an H200 (132); ``lean``: as fill, but a K of at most
   ``LEAN_MAX_CHUNKS`` BLOCK_K chunks runs unsplit (alone, SmolLM2's qkv takes 2.8 us unsplit vs 3.4 split; in a
-  PDL-chained decode step fill's shorter loops won: 1110 vs 1006 tok/s, experiments/h200-2026-12-02d);
+  PDL-chained decode step fill's shorter loops won: 1110 vs 1006 tok/s, experiments/h200-2026-12-02d); ``wave``:
+  as lean for short K, else the power-of-two split whose programs best fill whole waves of 132 (``wave_efficiency``)
+  net of its partials' traffic, for bandwidth-bound weights where a last wave of a few programs idles most SMs
+  (Llama-3.1-8B's qkv: 192 programs under fill, 1.45 waves; gate_up: 448 unsplit, 3.4 waves; wave splits them
+  4x / 2x: 384 / 896 programs, 0.97 of whole waves);
 - reduce ``pass``: a second tiny launch sums the partials; ``ticket``: each split program, after writing its
   partial, takes a ticket on its column tile (an acq_rel atomic), and the last to arrive sums all partials in
   split order and runs the epilogue, then resets the ticket (one launch per GEMM; the same sums in the same
@@ -53,6 +57,7 @@ loop, their latency under the weight stream.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 import triton
@@ -71,9 +76,14 @@ TARGET_PROGRAMS = 132
 MAX_SPLIT_K = 16
 EPILOGUES = ("none", "residual", "silu_mul", "rope", "argmax")
 _EPI = {name: i for i, name in enumerate(EPILOGUES)}
-SPLIT_MODES = ("fill/pass", "fill/ticket", "lean/pass", "lean/ticket")
+SPLIT_MODES = ("fill/pass", "fill/ticket", "lean/pass", "lean/ticket", "wave/pass", "wave/ticket")
 DEFAULT_SPLIT_MODE = "fill/ticket"
-LEAN_MAX_CHUNKS = 8  # lean: a K loop of at most this many BLOCK_K chunks runs unsplit
+LEAN_MAX_CHUNKS = 8  # lean / wave: a K loop of at most this many BLOCK_K chunks runs unsplit
+# wave: a split's cost is 1 / wave_efficiency plus its fp32 partials' traffic (written and read back: BLOCK_M padded
+# rows x 4 bytes x 2 per column) relative to a column's bf16 weights (2 K bytes); the smallest split within
+# WAVE_SLACK of the cheapest wins (an LM head stays unsplit)
+PARTIAL_BYTES_PER_COLUMN = BLOCK_M * 4 * 2
+WAVE_SLACK = 0.01
 MAX_TICKETS = 4096  # column tiles with a ticket; a split GEMM has < TARGET_PROGRAMS of them
 ARGMAX_TICKET = MAX_TICKETS - 1  # the argmax epilogue's one ticket over all its column tiles
 ARGMAX_BLOCK = 256  # column tiles' partial maxima the argmax's last program reduces at a time
@@ -96,10 +106,13 @@ _argmax_head = DEFAULT_ARGMAX_HEAD
 # as before 2026-12-03d: ~7 small launches a pass, outside the PDL chain). Same bits (the tables are the same ops).
 DEFAULT_ROPE_TABLE = True
 _rope_table = DEFAULT_ROPE_TABLE
-# The gemm path's RMSNorms as the qkv / gate_up prologue (True: 5 launches a layer) or as their own add_rmsnorm
-# launch before a prologue-free GEMM (False, arm +normsep: 7; the same roundings, the sum of squares in another
-# fp32 order). At Llama-3.2-1B shapes the prologued GEMMs took 1.3-1.45x bare cuBLAS (experiments/h200-2026-12-02d).
-DEFAULT_NORM_PROLOGUE = True
+# The gemm path's RMSNorms as the qkv / gate_up prologue (True, arm +normpro: 5 launches a layer) or as their own
+# add_rmsnorm launch before a prologue-free GEMM (False, the default, arm +normsep: 7; the same roundings, the sum of
+# squares in another fp32 order). Two launches more a layer won on the H200 (experiments/h200-2026-12-04, bench.pdl,
+# batch 1, PDL on): Llama-3.1-8B shapes 202 -> 220-222 tok/s, Llama-3.2-1B 922-946 -> 1,012-1,017, SmolLM2 +1-3%:
+# every program of a prologued GEMM first sums the squares of all of x and writes its normalized K range to a
+# scratch before its K loop can start.
+DEFAULT_NORM_PROLOGUE = False
 _norm_prologue = DEFAULT_NORM_PROLOGUE
 _tickets: dict = {}
 
@@ -172,40 +185,56 @@ def _set_norm_prologue(on: bool) -> None:
     _norm_prologue = bool(on)
 
 
+class Arm(NamedTuple):
+    """A bench arm's settings (``parse_arm``)."""
+
+    split_mode: str
+    prefetch: int
+    argmax_head: bool
+    rope_table: bool
+    kv_prefetch: int
+    rows_argmax: bool
+    rope_store: bool
+    norm_prologue: bool
+
+
 @contextmanager
 def arm(text: str):
     """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc][+kvpf<tiles>][+amtorch]
-    [+kvsep][+normsep]``
-    (``fill/ticket``, ``fill/ticket+pf0``), for a block, everything restored after; a bare arm is the engine's
-    defaults. The split mode; ``+pf``: the weight prefetch (DEFAULT_PREFETCH chunks unless given); the greedy tokens'
-    LM head (``+lmargmax`` its argmax epilogue; ``+lmlogits``, the default, the side's logits from this GEMM,
-    ``ModelRunner.logits``, then their argmax); ``+ropetable`` (default) / ``+ropecalc``: RoPE's cos / sin from the
-    runner's position tables or from torch every pass; ``+kvpf<tiles>``: the decode attention's KV prefetch before its
-    PDL wait (attnlab.kernels.decode); ``+amtorch``: greedy tokens by torch's argmax instead of
-    attnlab.kernels.argmax; ``+kvsep``: the fused paths store K / V by their own kernel, not from the RoPE launch
-    (attnlab.kernels.fused.rope_store); ``+normsep``: the gemm path's RMSNorms as their own launches, not GEMM
-    prologues. Split, prefetch, RoPE-table and norm parts act on gemm-path sides only."""
+    [+kvsep][+normsep|+normpro]`` (``fill/ticket``, ``fill/ticket+pf0``), for a block, everything restored after; a
+    bare arm is the engine's defaults. The split mode; ``+pf``: the weight prefetch (DEFAULT_PREFETCH chunks unless
+    given); the greedy tokens' LM head (``+lmargmax`` its argmax epilogue; ``+lmlogits``, the default, the side's
+    logits from this GEMM, ``ModelRunner.logits``, then their argmax); ``+ropetable`` (default) / ``+ropecalc``:
+    RoPE's cos / sin from the runner's position tables or from torch every pass; ``+kvpf<tiles>``: the decode
+    attention's KV prefetch before its PDL wait (attnlab.kernels.decode); ``+amtorch``: greedy tokens by torch's
+    argmax instead of attnlab.kernels.argmax; ``+kvsep``: the fused paths store K / V by their own kernel, not from
+    the RoPE launch (attnlab.kernels.fused.rope_store); ``+normsep`` (default) / ``+normpro``: the gemm path's
+    RMSNorms as their own launches or as the qkv / gate_up prologue. Split, prefetch, RoPE-table and norm parts act
+    on gemm-path sides only."""
     from attnlab.kernels import argmax, decode, fused
 
-    mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, prologue = _parse_arm(text)
-    with splitting(mode), prefetching(chunks), scoped(argmax_head, _set_argmax_head, fused_argmax), \
-            scoped(rope_table, _set_rope_table, table), decode.kv_prefetching(kv_tiles), \
-            scoped(argmax.enabled, argmax.set_enabled, rows_argmax), \
-            scoped(fused.rope_store, fused.set_rope_store, rope_store), \
-            scoped(norm_prologue, _set_norm_prologue, prologue):
+    a = parse_arm(text)
+    with splitting(a.split_mode), prefetching(a.prefetch), scoped(argmax_head, _set_argmax_head, a.argmax_head), \
+            scoped(rope_table, _set_rope_table, a.rope_table), decode.kv_prefetching(a.kv_prefetch), \
+            scoped(argmax.enabled, argmax.set_enabled, a.rows_argmax), \
+            scoped(fused.rope_store, fused.set_rope_store, a.rope_store), \
+            scoped(norm_prologue, _set_norm_prologue, a.norm_prologue):
         yield
 
 
-def _parse_arm(text: str) -> tuple[str, int, bool, bool, int, bool, bool, bool]:
+_PAIRS = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, {"normsep", "normpro"})  # at most one of each
+
+
+def parse_arm(text: str) -> Arm:
+    """An arm's text (``arm``) -> its settings, the defaults where it says nothing; ValueError if malformed."""
     from attnlab.kernels.argmax import DEFAULT_ON
     from attnlab.kernels.decode import KV_PREFETCH_TILES
 
     mode, *extras = text.split("+")
     chunks, fused_argmax, table = DEFAULT_PREFETCH, DEFAULT_ARGMAX_HEAD, DEFAULT_ROPE_TABLE  # bare: the defaults
     kv_tiles, rows_argmax, rope_store, prologue = KV_PREFETCH_TILES, DEFAULT_ON, True, DEFAULT_NORM_PROLOGUE
-    ok = (mode in SPLIT_MODES and len(set(extras)) == len(extras) and not {"lmargmax", "lmlogits"} <= set(extras)
-          and not {"ropetable", "ropecalc"} <= set(extras) and sum(e.startswith("kvpf") for e in extras) <= 1
-          and sum(e.startswith("pf") for e in extras) <= 1)
+    ok = (mode in SPLIT_MODES and len(set(extras)) == len(extras) and not any(p <= set(extras) for p in _PAIRS)
+          and sum(e.startswith("kvpf") for e in extras) <= 1 and sum(e.startswith("pf") for e in extras) <= 1)
     for e in extras:
         if e.startswith("pf") and _digits(e[2:]) and int(e[2:]) <= MAX_PREFETCH:
             chunks = int(e[2:])
@@ -215,8 +244,8 @@ def _parse_arm(text: str) -> tuple[str, int, bool, bool, int, bool, bool, bool]:
             rows_argmax = False
         elif e == "kvsep":
             rope_store = False
-        elif e == "normsep":
-            prologue = False
+        elif e in ("normsep", "normpro"):
+            prologue = e == "normpro"
         elif e in ("lmargmax", "lmlogits"):
             fused_argmax = e == "lmargmax"
         elif e in ("ropetable", "ropecalc"):
@@ -225,9 +254,9 @@ def _parse_arm(text: str) -> tuple[str, int, bool, bool, int, bool, bool, bool]:
             ok = False
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
-                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep], split modes {', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, "
-                         f"tiles 0..8")
-    return mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, prologue
+                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro], split modes {', '.join(SPLIT_MODES)}, "
+                         f"chunks 0..{MAX_PREFETCH}, tiles 0..8")
+    return Arm(mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, prologue)
 
 
 def _digits(text: str) -> bool:
@@ -241,7 +270,7 @@ def parse_split_modes(text: str) -> list[str]:
     bad = []
     for m in modes:
         try:
-            _parse_arm(m)
+            parse_arm(m)
         except ValueError:
             bad.append(m)
     if bad or not modes:
@@ -249,7 +278,8 @@ def parse_split_modes(text: str) -> list[str]:
                          f"each optionally +pf<chunks> (0..{MAX_PREFETCH}: engine.gemm_prefetch), +lmargmax or "
                          f"+lmlogits (the greedy tokens' LM head), +ropetable or +ropecalc (RoPE's cos / sin) and "
                          f"+kvpf<tiles> (the decode's KV prefetch, 0..8), +amtorch (torch's argmax), +kvsep (the fused "
-                         f"paths' KV store as its own kernel), +normsep (the gemm path's norms as their own launches)")
+                         f"paths' KV store as its own kernel), +normsep or +normpro (the gemm path's norms as their own "
+                         f"launches, the default, or GEMM prologues)")
     return modes
 
 
@@ -278,14 +308,29 @@ def tile_config(w_dtype: torch.dtype, x_dtype: torch.dtype) -> tuple[int, int]:
     return (64, 64) if torch.float32 in (w_dtype, x_dtype) else (64, 128)
 
 
-def split_k(n_tiles: int, k: int, block_k: int, lean: bool = False) -> tuple[int, int]:
+def wave_efficiency(programs: int) -> float:
+    """The share of TARGET_PROGRAMS-wide waves that ``programs`` equal programs keep busy (1.0: whole waves)."""
+    return programs / (TARGET_PROGRAMS * triton.cdiv(programs, TARGET_PROGRAMS))
+
+
+def split_k(n_tiles: int, k: int, block_k: int, policy: str = "fill") -> tuple[int, int]:
     """(splits, k_per_split): split K only while the N tiles alone leave SMs idle (``fill``); ``lean``: and only
-    where K is longer than LEAN_MAX_CHUNKS chunks. A function of (N tiles, K, BLOCK_K, the policy) only — never
-    of M — so rows stay bit-identical across M."""
+    where K is longer than LEAN_MAX_CHUNKS chunks; ``wave``: as lean for short K, else the power of two of least
+    cost: idle SMs of the last wave (``wave_efficiency``) plus the partials' traffic (the smallest within WAVE_SLACK). A function of (N tiles, K,
+    BLOCK_K, the policy) only — never of M — so rows stay bit-identical across M."""
+    if policy not in ("fill", "lean", "wave"):
+        raise ValueError(f"split_k: policy {policy!r} is not fill, lean or wave")
     chunks = triton.cdiv(k, block_k)
     want = min(triton.cdiv(TARGET_PROGRAMS, n_tiles), chunks, MAX_SPLIT_K)
-    if lean and chunks <= LEAN_MAX_CHUNKS:
+    if policy != "fill" and chunks <= LEAN_MAX_CHUNKS:
         want = 1
+    elif policy == "wave":
+        def cost(c: int) -> float:
+            return 1 / wave_efficiency(n_tiles * c) + (c > 1) * c * PARTIAL_BYTES_PER_COLUMN / (2 * k)
+
+        cands = [1 << i for i in range(MAX_SPLIT_K.bit_length()) if 1 << i <= min(chunks, MAX_SPLIT_K)]
+        least = min(map(cost, cands))
+        want = min(c for c in cands if cost(c) <= least * (1 + WAVE_SLACK))
     splits = 1 << (want.bit_length() - 1)  # a power of two below the target
     per = triton.cdiv(chunks, splits) * block_k
     return triton.cdiv(k, per), per
@@ -652,7 +697,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         block_n //= 2
     n_tiles = triton.cdiv(n_log, block_n)
     policy, reduce = _split_mode.split("/")
-    splits, per = split_k(n_tiles, k, block_k, policy == "lean")
+    splits, per = split_k(n_tiles, k, block_k, policy)
     if epilogue == "argmax" and splits > 1:  # the tiles' maxima need whole sums: linear's (split) logits' argmax
         return gemm(x, w, bias, w_scale=w_scale, norm_weight=norm_weight, eps=eps).float().argmax(-1)
     split = 0 if splits == 1 else 2 if reduce == "ticket" else 1

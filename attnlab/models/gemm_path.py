@@ -1,26 +1,29 @@
-"""The decoder layer on attnlab's small-M GEMM (``engine.gemm=triton``): 5 kernels per layer.
+"""The decoder layer on attnlab's small-M GEMM (``engine.gemm=triton``): 7 launches a layer (5 with ``+normpro``).
 
-    qkv_proj   RMSNorm prologue + RoPE epilogue (q, k rotated; v as projected)   -> qkv [T, (Hq + 2 Hkv) D]
+    rmsnorm    its own launch (the default; arm +normpro: the qkv GEMM's prologue)
+    qkv_proj   RoPE epilogue (q, k rotated; v as projected)                      -> qkv [T, (Hq + 2 Hkv) D]
                (cos / sin read by position from the runner's tables: no torch RoPE ops per pass)
                and the KV store: k and v written into their pool slots (AttnContext.kv_store_target; an fp8
                pool takes the Triton store kernel, which quantizes)
     attention  the side's backend
     o_proj     residual-add epilogue                                            -> h + o(attn)
-    gate_up    RMSNorm prologue + SiLU·up epilogue                              -> act [T, I]
+    rmsnorm    its own launch (or gate_up's prologue)
+    gate_up    SiLU·up epilogue                                                 -> act [T, I]
     down_proj  residual-add epilogue                                            -> h + down(act)
 
-plus, per split GEMM with ``engine.gemm_split=*/pass``, the split-K reduction launch.
+plus, per split GEMM with ``engine.gemm_split=*/pass``, the split-K reduction launch. The norms as GEMM prologues
+(``gemm.norm_prologue``) were the design: 5 launches. Measured, the two launches more won at every shape
+(docs/kernels.md, experiments/h200-2026-12-04): a prologued GEMM's every program sums the squares of all of x and
+writes its normalized K range before its K loop starts.
 
-``engine.gemm=triton_attn`` (``attn_layer_forward``) keeps the MLP on cuBLAS, where at Llama-3.1-8B shapes cuBLAS
-streams gate_up and down faster than this GEMM (0.87x / 0.91x of it alone, docs/kernels.md) while qkv and o run
-here faster than on cuBLAS (1.06x / 1.05x) and take its RoPE, KV-store and residual work with them:
+``engine.gemm=triton_attn`` (``attn_layer_forward``) keeps the MLP and the LM head on cuBLAS, qkv and o here:
 
     add_rmsnorm (residual + previous MLP output) -> qkv (RoPE + KV store epilogue) -> attention
     -> o (residual epilogue) -> rmsnorm -> gate_up (cuBLAS) -> silu_mul -> down (cuBLAS)
 
-7 launches a layer besides attention (the fused cuBLAS path: 9 and cuBLAS's split-K reductions). Rounding follows the unfused
-torch layer step by step (attnlab.kernels.gemm), so only fp32 summation orders differ, and rows are bit-identical
-whatever the number of tokens in the pass (decode vs verify). Passes of more than ``gemm.MAX_M`` tokens
+7 launches a layer besides attention (the fused cuBLAS path: 8 and cuBLAS's split-K reductions). Rounding follows
+the unfused torch layer step by step (attnlab.kernels.gemm), so only fp32 summation orders differ, and rows are
+bit-identical whatever the number of tokens in the pass (decode vs verify). Passes of more than ``gemm.MAX_M`` tokens
 (prefill) take the fused cuBLAS path instead; a layer with Qwen3's q/k norm (between projection and RoPE)
 is not fused (``usable``).
 """

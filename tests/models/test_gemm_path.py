@@ -85,9 +85,9 @@ def test_gemm_attn_path_runs_qkv_and_o_on_the_gemm_and_stores_kv_there(monkeypat
     assert calls == [] and not stores
 
 
-def test_normsep_runs_the_norms_as_their_own_launches(monkeypatch):
-    """Arm +normsep: no GEMM takes a norm prologue; one add_rmsnorm per norm instead, and the logits of the
-    prologue path up to the fp32 order of the sum of squares."""
+def test_norms_run_as_their_own_launches_or_as_prologues(monkeypatch):
+    """The default (+normsep): no GEMM takes a norm prologue, one add_rmsnorm per norm instead; +normpro: qkv and
+    gate_up normalize in their prologue. The same logits up to the fp32 order of the sum of squares."""
     from attnlab.kernels import fused, gemm
 
     model = tiny_model(CFG, seed=11)
@@ -97,14 +97,15 @@ def test_normsep_runs_the_norms_as_their_own_launches(monkeypatch):
                         real(x, w, *a, **k))
     monkeypatch.setattr(fused, "add_rmsnorm", lambda *a, **k: norms.append(1) or real_norm(*a, **k))
     outs = []
-    for arm in ("fill/ticket", "fill/ticket+normsep"):
+    for arm in ("fill/ticket+normpro", "fill/ticket"):
         prologues.clear()
         norms.clear()
         with gemm.arm(arm):
             outs.append(_runner(model, torch.float32, "gemm").run([0], [0], [5], torch.arange(5), mode=Mode.PREFILL))
-        want = [True, False, True, False] * CFG.num_layers if arm == "fill/ticket" else [False] * 4 * CFG.num_layers
+        pro = arm.endswith("normpro")
+        want = [True, False, True, False] * CFG.num_layers if pro else [False] * 4 * CFG.num_layers
         assert prologues[:4 * CFG.num_layers] == want
-        assert len(norms) == 1 + (0 if arm == "fill/ticket" else 2 * CFG.num_layers)  # + the final norm
+        assert len(norms) == 1 + (0 if pro else 2 * CFG.num_layers)  # + the final norm
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
 
 
@@ -113,7 +114,7 @@ def test_gemm_path_greedy_output_identical(split, monkeypatch):
     """fp32 greedy decoding, target-only: the gemm side emits the tokens the unfused side emits
     (prompts of 11 and 5 tokens: the 16-token prefill and the decode steps run on the gemm path, whose qkv
     GEMM also writes K/V into the pool), in each reduction of split K; under fill some GEMMs do split; also with the
-    norms as their own launches (+normsep) and with only qkv and o on the GEMM (gemm_attn)."""
+    norms as GEMM prologues (+normpro) and with only qkv and o on the GEMM (gemm_attn)."""
     from attnlab.kernels import gemm
 
     splits = []
@@ -122,8 +123,8 @@ def test_gemm_path_greedy_output_identical(split, monkeypatch):
     model = tiny_model(CFG, seed=9)
     ps = prompts(2, CFG.vocab_size, lengths=(11, 5))
     ref = SpeculativeDecoder(_runner(model, torch.float32, False), NoDrafter("cpu"), SpecParams(0)).generate(ps, 4)
-    for mode in ("gemm", "gemm_attn", "gemm+normsep"):
-        with gemm.arm(split + "+normsep" if mode.endswith("normsep") else split):
+    for mode in ("gemm", "gemm_attn", "gemm+normpro"):
+        with gemm.arm(split + "+normpro" if mode.endswith("normpro") else split):
             mode = mode.split("+")[0]
             out = SpeculativeDecoder(_runner(model, torch.float32, mode), NoDrafter("cpu"),
                                      SpecParams(0)).generate(ps, 4)

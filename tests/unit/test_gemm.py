@@ -40,6 +40,28 @@ def test_split_k_is_a_function_of_n_and_k_only():
     assert s > 1 and (s - 1) * per < 1100 <= s * per  # every split gets K, none is empty
 
 
+def test_wave_split_fills_whole_waves_net_of_partials():
+    """wave: the power-of-two split whose programs fill whole waves of 132 best, net of the partials' traffic.
+    Column tiles as the gemm path makes them (BLOCK_N 64; paired RoPE / SiLU epilogues 32)."""
+    assert gemm.wave_efficiency(132) == gemm.wave_efficiency(264) == 1.0
+    assert abs(gemm.wave_efficiency(192) - 192 / 264) < 1e-12
+    cases = {  # (tiles, K): (fill, wave) splits
+        (96, 4096): (2, 4),  # Llama-3.1-8B qkv: 192 programs (1.45 waves) -> 384 (2.9)
+        (448, 4096): (1, 2),  # 8B gate_up: 448 (3.4 waves) -> 896 (6.8); 16 would fill better but costs partials
+        (64, 4096): (2, 2),  # 8B o
+        (64, 14336): (2, 2),  # 8B down
+        (2004, 4096): (1, 1),  # an LM head: never split
+        (48, 2048): (2, 8),  # Llama-3.2-1B qkv: 96 programs -> 384
+        (15, 576): (3, 1),  # SmolLM2 qkv: K of 5 chunks, unsplit as lean
+    }
+    for (tiles, k), (fill, wave) in cases.items():
+        assert gemm.split_k(tiles, k, 128)[0] == fill, (tiles, k)
+        s, per = gemm.split_k(tiles, k, 128, "wave")
+        assert s == wave and (s - 1) * per < k <= s * per, (tiles, k)
+    with pytest.raises(ValueError, match="policy"):
+        gemm.split_k(4, 4096, 128, "even")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("m", [1, 2, 5, 16])
@@ -194,9 +216,9 @@ def test_lean_policy_leaves_short_k_unsplit():
 
     for n, k, paired in ((960, 576, 1), (576, 576, 1), (1536, 576, 2)):  # SmolLM2 qkv, o, gate_up
         assert gemm.split_k(tiles(n) * paired, k, 128)[0] > 1  # fill splits them
-        assert gemm.split_k(tiles(n) * paired, k, 128, lean=True)[0] == 1
+        assert gemm.split_k(tiles(n) * paired, k, 128, policy="lean")[0] == 1
     for n, k in ((576, 1536), (4096, 4096), (4096, 14336)):  # SmolLM2 down; 8B o, down
-        assert gemm.split_k(tiles(n), k, 128, lean=True) == gemm.split_k(tiles(n), k, 128)
+        assert gemm.split_k(tiles(n), k, 128, policy="lean") == gemm.split_k(tiles(n), k, 128)
         assert gemm.split_k(tiles(n), k, 128)[0] > 1
 
 
@@ -377,13 +399,17 @@ def test_arms_name_the_lm_head_path():
     with gemm.arm("fill/ticket+kvsep"):
         assert not fused.rope_store()
     assert fused.rope_store()
-    with gemm.arm("lean/ticket+normsep"):
-        assert not gemm.norm_prologue()
-    assert gemm.norm_prologue()
+    assert not gemm.norm_prologue()  # the default: the norms as their own launches
+    with gemm.arm("lean/ticket+normpro"):
+        assert gemm.norm_prologue()
+        with gemm.arm("wave/ticket+normsep"):
+            assert not gemm.norm_prologue() and gemm.split_mode() == "wave/ticket"
+    assert not gemm.norm_prologue()
+    assert gemm.parse_arm("fill/pass+kvsep").rope_store is False
     for bad in ("fill/ticket+lm", "fill/ticket+pf4+pf4", "fill/ticket+lmlogits+lmlogits",
                 "fill/ticket+lmargmax+lmlogits", "fill/ticket+ropetable+ropecalc", "fill/ticket+rope",
                 "fill/ticket+kvpf9", "fill/ticket+kvpf1+kvpf2", "fill/ticket+kvpf", "fill/ticket+amtorch+amtorch",
-                "fill/ticket+kvsep+kvsep", "fill/ticket+kvstore", "fill/ticket+normsep+normsep",
+                "fill/ticket+kvsep+kvsep", "fill/ticket+kvstore", "fill/ticket+normsep+normsep", "fill/ticket+normsep+normpro",
                 "fill/ticket+pf4+pf2", "fill/ticket+pf\u00b2"):
         with pytest.raises(ValueError, match="gemm arm"), gemm.arm(bad):
             pass
