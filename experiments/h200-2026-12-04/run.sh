@@ -12,9 +12,18 @@
 #   run.sh 3  carry .gpu/g3: install; issue 17: speculative decoding on the real SmolLM2, ngram and eagle (the shipped
 #             head), k 4, batch 1, 16 held-out prompts: the fused cuBLAS engine (the 2026-12-01 engine) against the
 #             small-M GEMM engine with PDL, in one call
+#   (calls 4 and 5 of this sitting were inline: bench.pdl of the gemm engine's norm x split arms on the three shapes,
+#   the real-model gemm run again at 5 repeats, bench.profile with the norms separate; README.md has the commands)
+#   run.sh 6  carry .gpu/fb (a fresh machine): install; GPU tests of the gemm path (every split mode, wave's racing
+#             tickets, PDL changes no token); issue 17: bench.gemm (the small-M GEMM alone vs cuBLAS, fill vs wave),
+#             bench.pdl of the gemm engine (fill / wave / lean, the norms as prologues) beside the fused cuBLAS
+#             engine on the three shapes, bench.profile of the gemm engine (wave) at 8B and 1B
+#   run.sh 7  carry .gpu/g2: install
+#   run.sh 8  carry .gpu/g3: install; the real-model spec runs of part 3 again, 5 repeats each, in one call: fused
+#             cuBLAS (PDL off), the gemm engine with PDL (default split), and with wave/ticket
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 3}
+PART=${1:?part 1 to 3 or 6 to 8}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 case $PART in
 1)
@@ -67,6 +76,42 @@ case $PART in
   grep -E "^\| attnlab" $LOGS/spec_gemm.log
   cp /tmp/spec/fused.md /tmp/spec/gemm.md "$OUT/" 2>/dev/null
   tar czf "$OUT/spec.tgz" -C /tmp spec 2>/dev/null; tar czf "$OUT/logs3.tgz" -C $LOGS . 2>/dev/null
+  ;;
+6)
+  step "install .gpu/fb (a fresh machine)"; bash .gpu/fb/install.sh | tail -1
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  step "GPU tests: the gemm path (every split mode incl. wave, racing tickets, graphs), PDL changes no token"
+  timeout 200 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py \
+    tests/integration/test_gpu_pdl.py > $LOGS/tests6.log 2>&1; echo "exit code $?"
+  grep -E "passed|failed|FAILED|Error" $LOGS/tests6.log | tail -n 8; cp $LOGS/tests6.log "$OUT/"
+  step "issue 17: the small-M GEMM alone vs cuBLAS, fill vs wave, 8B and 1B shapes"
+  timeout 120 $PY -m attnlab.bench.gemm --quick --models llama8b,llama1b --split-modes fill/ticket,wave/ticket \
+    --out "$OUT/gemm6.json" > $LOGS/gemm6.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/gemm6.log | head -60
+  cp $LOGS/gemm6.log "$OUT/"
+  step "issue 17: bench.pdl, gemm engine (fill / wave / lean / norm prologues) beside fused cuBLAS, three shapes"
+  timeout 230 $PY -m attnlab.bench.pdl --models llama-3.1-8b,llama-3.2-1b,smollm2-135m --engines gemm,fused \
+    --rounds 3 --new 128 --gemm-splits fill/ticket,wave/ticket,lean/ticket,fill/ticket+normpro --out "$OUT/arms6" \
+    > $LOGS/arms6.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/arms6.log
+  step "issue 17: the step's kernels, gemm engine (wave), 8B and 1B, PDL off"
+  timeout 80 $PY -m attnlab.bench.profile --models llama-3.1-8b,llama-3.2-1b --engines gemm --pdl off --steps 32 \
+    --gemm-split wave/ticket --out "$OUT/profile6" > $LOGS/profile6.log 2>&1; echo "exit code $?"
+  grep -E "^step|^###|^\|" $LOGS/profile6.log
+  ;;
+7)
+  step "install .gpu/g2"; bash .gpu/g2/install.sh | tail -1
+  ;;
+8)
+  step "install .gpu/g3 (joins the GGUF)"; bash .gpu/g3/install.sh | tail -2
+  cp .gpu/g3/sg_heldout_all.jsonl.gz $DATA; mkdir -p /tmp/spec
+  for E in fused gemm wave; do
+    case $E in fused) X="";; gemm) X="--gemm triton --pdl";; wave) X="--gemm triton --pdl --gemm-split wave/ticket";; esac
+    step "issue 17: real SmolLM2, ngram and eagle, k 4, batch 1, 5 repeats: $E ($X)"
+    timeout 150 $S $X --backends triton --drafters ngram,eagle --k 4 --batch 1 --repeats 5 --prompts $DATA \
+      --num-prompts 16 --new 128 --out /tmp/spec/$E > $LOGS/spec_$E.log 2>&1; echo "exit code $?"
+    grep -E "^\| attnlab" $LOGS/spec_$E.log
+  done
+  cp /tmp/spec/fused.md /tmp/spec/gemm.md /tmp/spec/wave.md "$OUT/" 2>/dev/null
+  tar czf "$OUT/spec8.tgz" -C /tmp spec 2>/dev/null
   ;;
 esac
 step "done"
