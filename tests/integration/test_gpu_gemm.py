@@ -106,7 +106,7 @@ def test_ticket_reduction_is_the_reduce_pass_bit_for_bit_racing_and_in_graphs(n,
     nw = (torch.rand(k, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
     for on in (False, True) if not pdl.unsupported("cuda") else (False,):
         with pdl.using(on, "cuda"):
-            for policy in ("fill", "lean"):
+            for policy in ("fill", "lean", "wave"):
                 with gemm.splitting(f"{policy}/pass"):
                     refs = [gemm.linear(x[:m], w) for m in (1, 16)] + [gemm.gemm(x[:5], w, norm_weight=nw)]
                 with gemm.splitting(f"{policy}/ticket"):
