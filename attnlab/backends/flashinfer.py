@@ -225,6 +225,8 @@ class FlashInferBackend(AttentionBackend):
         "prefill_min_q_len": f"int >= 1 (default {PREFILL_MIN_Q_LEN}): a causal pass whose longest request has "
                              "this many new tokens runs prefill_backend",
         "workspace_bytes": f"float workspace per backend instance (default {WORKSPACE_BYTES})",
+        "verify_split_kv": "true (default) / false: fa2 verify / extend passes may split long KV across CTAs and "
+                           "merge (FlashInfer's plan); false plans them with disable_split_kv (one launch, no merge)",
         "keep_plans": "true (default) / false: in CUDA-graph mode, a decode (CUDA-core) or fa2 verify / extend pass "
                       "whose FlashInfer schedule equals the one its wrapper holds keeps that plan and writes only "
                       "its layout (no plan() on the host)",
@@ -234,12 +236,13 @@ class FlashInferBackend(AttentionBackend):
                  decode_tensor_cores: bool | None = None, device_steps: bool = True, verify_backend: str = "fa2",
                  prefill_backend: str = "auto", prefill_min_q_len: int = PREFILL_MIN_Q_LEN,
                  cuda_graph: bool = False, max_batch_size: int | None = None, max_q_len: int = 16,
-                 max_context: int | None = None, workspace_bytes: int = WORKSPACE_BYTES, keep_plans: bool = True):
+                 max_context: int | None = None, workspace_bytes: int = WORKSPACE_BYTES, keep_plans: bool = True,
+                 verify_split_kv: bool = True):
         super().__init__(pool, num_q_heads, num_kv_heads, head_dim, scale, dtype)
         check_shapes(dtype, pool.dtype, head_dim)
         self.check_options({"verify_backend": verify_backend, "prefill_backend": prefill_backend,
                             "prefill_min_q_len": prefill_min_q_len, "device_steps": device_steps,
-                            "keep_plans": keep_plans}, "flashinfer")
+                            "keep_plans": keep_plans, "verify_split_kv": verify_split_kv}, "flashinfer")
         fa3 = [n for n, v in (("verify_backend", verify_backend), ("prefill_backend", prefill_backend)) if v == "fa3"]
         if fa3 and pool.dtype in FP8_DTYPES:
             raise ConfigError(f"flashinfer: {fa3[0]}=fa3 with fp8 KV: FlashInfer's FA3 kernels need an fp8 query "
@@ -268,6 +271,7 @@ class FlashInferBackend(AttentionBackend):
         self._prefill_models: dict[tuple[int, int], tuple[int, int]] = {}
         self._prefill_model_ok = True
         self.keep_plans = keep_plans
+        self.verify_split_kv = verify_split_kv  # False: fa2 causal / mask plans with disable_split_kv
         # the schedulers flashinfer_schedule models are FlashInfer 0.7's: another version plans every pass
         self._modelled_version = str(getattr(self._fi, "__version__", "")).startswith(MODELLED_VERSIONS)
         self._unchecked = 0  # passes kept since the last real plan: every KEEP_CHECK_EVERY-th plans and checks
@@ -304,7 +308,7 @@ class FlashInferBackend(AttentionBackend):
         tc = options.get("decode_tensor_cores")
         if tc is not None and not isinstance(tc, bool):
             raise ConfigError(f"{field}.decode_tensor_cores={tc!r}: must be true, false or null")
-        for key in ("device_steps", "keep_plans"):
+        for key in ("device_steps", "keep_plans", "verify_split_kv"):
             if not isinstance(options.get(key, True), bool):
                 raise ConfigError(f"{field}.{key}={options[key]!r}: must be true or false")
 
@@ -460,6 +464,8 @@ class FlashInferBackend(AttentionBackend):
         self.plans_made += 1
         self._unchecked = 0
         common = {"q_data_type": self.dtype, "kv_data_type": self.pool.dtype, "sm_scale": self.scale}
+        if kind != "decode" and family == "fa2" and not self.verify_split_kv:
+            common["disable_split_kv"] = True
         shape = (self.num_q_heads, self.num_kv_heads, self.head_dim, meta.page_size)
         packing = None
         if kind == "decode":
@@ -507,7 +513,7 @@ class FlashInferBackend(AttentionBackend):
         rows, ps = meta.batch_size, self.pool.page_size
         if kind == "decode" and not self.use_tensor_cores:
             return self._plan_key(rows, pages, ind)
-        if kind != "causal" or family != "fa2":
+        if kind != "causal" or family != "fa2" or not self.verify_split_kv:  # the schedule model assumes split-KV
             return None
         known = self._prefill_models.get((rows, graph_q_len)) if self._prefill_model_ok else None
         if known is None:

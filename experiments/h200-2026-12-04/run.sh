@@ -20,10 +20,13 @@
 #             engine on the three shapes, bench.profile of the gemm engine (wave) at 8B and 1B
 #   run.sh 7  carry .gpu/g2: install
 #   run.sh 8  carry .gpu/g3: install; the real-model spec runs of part 3 again, 5 repeats each, in one call: fused
-#             cuBLAS (PDL off), the gemm engine with PDL (default split), and with wave/ticket
+#             cuBLAS (PDL off) and the gemm engine with PDL (default split; wave lost in part 6)
+#   run.sh 9  carry .gpu/fb (a fresh machine): install; FlashInfer JIT (SmolLM2 and Llama-8B shapes); issue 16:
+#             FlashInfer verify with and without split-KV (verify_split_kv=false: disable_split_kv) against its
+#             decode, 512 and 4k tokens, batch 1 / 16, 50 runs a replay
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 3 or 6 to 8}
+PART=${1:?part 1 to 3 or 6 to 9}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 case $PART in
 1)
@@ -103,15 +106,26 @@ case $PART in
 8)
   step "install .gpu/g3 (joins the GGUF)"; bash .gpu/g3/install.sh | tail -2
   cp .gpu/g3/sg_heldout_all.jsonl.gz $DATA; mkdir -p /tmp/spec
-  for E in fused gemm wave; do
-    case $E in fused) X="";; gemm) X="--gemm triton --pdl";; wave) X="--gemm triton --pdl --gemm-split wave/ticket";; esac
+  for E in fused gemm; do
+    case $E in fused) X="";; gemm) X="--gemm triton --pdl";; esac
     step "issue 17: real SmolLM2, ngram and eagle, k 4, batch 1, 5 repeats: $E ($X)"
     timeout 150 $S $X --backends triton --drafters ngram,eagle --k 4 --batch 1 --repeats 5 --prompts $DATA \
       --num-prompts 16 --new 128 --out /tmp/spec/$E > $LOGS/spec_$E.log 2>&1; echo "exit code $?"
     grep -E "^\| attnlab" $LOGS/spec_$E.log
   done
-  cp /tmp/spec/fused.md /tmp/spec/gemm.md /tmp/spec/wave.md "$OUT/" 2>/dev/null
+  cp /tmp/spec/fused.md /tmp/spec/gemm.md "$OUT/" 2>/dev/null
   tar czf "$OUT/spec8.tgz" -C /tmp spec 2>/dev/null
+  ;;
+9)
+  step "install .gpu/fb (a fresh machine)"; bash .gpu/fb/install.sh | tail -1
+  FI="flashinfer,flashinfer/verify_split_kv=false"
+  step "FlashInfer JIT: decode and fa2 verify, SmolLM2 and Llama-8B shapes"
+  timeout 260 $PY -m attnlab.bench.kernels --compile-only --phases decode,verify --contexts 512 --ks 4 \
+    --models smollm2,llama8b --backends $FI > $LOGS/compile9.log 2>&1; echo "exit code $?"; tail -n 2 $LOGS/compile9.log
+  step "issue 16: FlashInfer verify, split-KV on / off, vs its decode, 512 and 4k, batch 1 / 16, 50 runs a replay"
+  timeout 150 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,16 --contexts 512,4096 --ks 4 \
+    --models smollm2,llama8b --backends $FI --baseline flashinfer --repeats 3 --out "$OUT/fi9" > $LOGS/fi9.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/fi9.log
   ;;
 esac
 step "done"

@@ -171,7 +171,7 @@ class FakePrefill(_FakeWrapper):
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
              num_kv_heads, head_dim_qk, page_size, *, causal=False, custom_mask=None, packed_custom_mask=None,
-             q_data_type="float16", kv_data_type=None, sm_scale=None, uniform_q_len=None):
+             q_data_type="float16", kv_data_type=None, sm_scale=None, uniform_q_len=None, disable_split_kv=False):
         if self.use_cuda_graph:  # as FlashInfer: a graph-mode prefill wrapper's row count is fixed by its first plan
             rows = int(qo_indptr[-1])
             self.rows = getattr(self, "rows", rows)
@@ -205,7 +205,8 @@ class FakePrefill(_FakeWrapper):
                 self.packed = (packed_custom_mask, bit_indptr)
         self._store(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
                     num_kv_heads, head_dim_qk, page_size, causal, custom_mask, q_data_type, kv_data_type, sm_scale,
-                    uniform_q_len=uniform_q_len, backend=self._backend, packed=packed_custom_mask is not None)
+                    uniform_q_len=uniform_q_len, backend=self._backend, packed=packed_custom_mask is not None,
+                    disable_split_kv=disable_split_kv)
         self.sched = None
         if self.use_cuda_graph and self._backend == "fa2" and uniform_q_len and not masked:
             pages = (paged_kv_indptr[1:] - paged_kv_indptr[:-1]).tolist()

@@ -321,7 +321,8 @@ def test_options_bind_and_fail_one_line(fake_fi):
     for options, needle in [({"verify_backend": "fa4"}, "verify.options.verify_backend='fa4': choose from fa2, fa3"),
                             ({"prefil_backend": "fa2"}, "verify.options.prefil_backend: unknown option"),
                             ({"prefill_min_q_len": 0}, "verify.options.prefill_min_q_len=0: must be an int"),
-                            ({"decode_tensor_cores": "yes"}, "decode_tensor_cores='yes'")]:
+                            ({"decode_tensor_cores": "yes"}, "decode_tensor_cores='yes'"),
+                            ({"verify_split_kv": "no"}, "verify.options.verify_split_kv='no': must be true or false")]:
         with pytest.raises(ConfigError) as e:
             get_backend_class("flashinfer", options, "verify.options")
         assert needle in str(e.value) and "\n" not in str(e.value)
@@ -329,6 +330,20 @@ def test_options_bind_and_fail_one_line(fake_fi):
                     dtype=torch.bfloat16, kv_dtype=torch.float8_e5m2)
     with pytest.raises(ConfigError, match="fa3 with fp8 KV"):
         backend(fp8, prefill_backend="fa3")
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_verify_split_kv_option_reaches_the_fa2_plan(fake_fi, split):
+    """verify_split_kv=false: fa2 verify plans pass disable_split_kv (decode plans never do), every graph-mode verify
+    is planned (the kept-plan schedule model assumes split-KV), and the output is the reference's."""
+    case = cpu_case([4, 4], [20, 33])
+    be = backend(case, verify_split_kv=split, cuda_graph=True, max_batch_size=2)
+    for _ in range(2):
+        be.plan(case.meta)
+        plan = be.active_plan.wrapper.plans[-1]
+        assert plan["backend"] == "fa2" and plan["disable_split_kv"] is (not split)
+    assert be.plans_kept == 0 or split
+    torch.testing.assert_close(run_all_layers(be, case), case.reference(), atol=2e-2, rtol=2e-2)
 
 
 # -- GPU: parity vs the torch reference, CUDA graphs --------------------------------------------------------
