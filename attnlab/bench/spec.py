@@ -546,7 +546,8 @@ def parse(argv=None):
     a.dtype = a.dtype or ("bf16" if cuda else "fp32")
     a.repeats = a.repeats or (3 if cuda else 1)
     if (a.fused_ops or a.gemm in TRITON_GEMMS) and not cuda:
-        ap.error(f"--fused-ops / --gemm {a.gemm} need --device cuda (the fused layer kernels are Triton kernels for the GPU)")
+        what = "--fused-ops" if a.fused_ops else f"--gemm {a.gemm}"
+        ap.error(f"{what} needs --device cuda (the fused layer kernels are Triton kernels for the GPU)")
     if a.pdl:
         from attnlab.kernels import pdl
 

@@ -98,7 +98,10 @@ def test_spec_bench_rejects_unknown_drafter():
 def test_spec_bench_refuses_fused_ops_off_cuda(capsys):
     with pytest.raises(SystemExit) as e:
         spec.parse(["--device", "cpu", "--model", "tiny-llama", "--fused-ops"])
-    assert e.value.code == 2 and "--fused-ops / --gemm triton need --device cuda" in capsys.readouterr().err
+    assert e.value.code == 2 and "--fused-ops needs --device cuda" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        spec.parse(["--device", "cpu", "--model", "tiny-llama", "--gemm", "triton_attn"])
+    assert e.value.code == 2 and "--gemm triton_attn needs --device cuda" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags,needle", [(["--gemm", "triton"], "--gemm triton need --device cuda"),
