@@ -61,10 +61,12 @@ def arms_for(engine: str, splits: list[str]) -> list[tuple[bool, str]]:
 
 
 def sums_differ(a: str, b: str) -> bool:
-    """Whether two gemm arms sum in different fp32 orders (another split policy; the norms as GEMM prologues or not),
+    """Whether two gemm arms sum in different fp32 orders (another split policy or BLOCK_K; the norms as GEMM prologues
+    or not),
     so that their tokens may differ at near-ties on random weights."""
     pa, pb = gemm.parse_arm(a), gemm.parse_arm(b)
-    return pa.split_mode.split("/")[0] != pb.split_mode.split("/")[0] or pa.norm_prologue != pb.norm_prologue
+    return (pa.split_mode.split("/")[0] != pb.split_mode.split("/")[0] or pa.norm_prologue != pb.norm_prologue
+            or pa.loop[0] != pb.loop[0])
 
 
 def arm_name(engine: str, arm: tuple[bool, str]) -> str:

@@ -56,6 +56,7 @@ loop, their latency under the weight stream.
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -114,6 +115,10 @@ _rope_table = DEFAULT_ROPE_TABLE
 # scratch before its K loop can start.
 DEFAULT_NORM_PROLOGUE = False
 _norm_prologue = DEFAULT_NORM_PROLOGUE
+# The K loop's launch config for 16-bit / fp8 weights, (BLOCK_K, num_stages, num_warps); a bench arm's +k<BK>s<S>w<W>
+# overrides it process-wide (per-shape tuning: another BLOCK_K sums in another order, rows stay M-invariant).
+DEFAULT_LOOP = (128, 3, 4)
+_loop = DEFAULT_LOOP
 _tickets: dict = {}
 
 
@@ -196,12 +201,14 @@ class Arm(NamedTuple):
     rows_argmax: bool
     rope_store: bool
     norm_prologue: bool
+    loop: tuple[int, int, int]
 
 
 @contextmanager
 def arm(text: str):
     """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc][+kvpf<tiles>][+amtorch]
-    [+kvsep][+normsep|+normpro]`` (``fill/ticket``, ``fill/ticket+pf0``), for a block, everything restored after; a
+    [+kvsep][+normsep|+normpro][+k<BK>s<S>w<W>]`` (``fill/ticket``, ``fill/ticket+pf0``), for a block, everything
+    restored after; a
     bare arm is the engine's defaults. The split mode; ``+pf``: the weight prefetch (DEFAULT_PREFETCH chunks unless
     given); the greedy tokens' LM head (``+lmargmax`` its argmax epilogue; ``+lmlogits``, the default, the side's
     logits from this GEMM, ``ModelRunner.logits``, then their argmax); ``+ropetable`` (default) / ``+ropecalc``:
@@ -209,8 +216,8 @@ def arm(text: str):
     attention's KV prefetch before its PDL wait (attnlab.kernels.decode); ``+amtorch``: greedy tokens by torch's
     argmax instead of attnlab.kernels.argmax; ``+kvsep``: the fused paths store K / V by their own kernel, not from
     the RoPE launch (attnlab.kernels.fused.rope_store); ``+normsep`` (default) / ``+normpro``: the gemm path's
-    RMSNorms as their own launches or as the qkv / gate_up prologue. Split, prefetch, RoPE-table and norm parts act
-    on gemm-path sides only."""
+    RMSNorms as their own launches or as the qkv / gate_up prologue; ``+k<BK>s<S>w<W>``: the K loop's BLOCK_K, stages
+    and warps (``loop_config``). Split, prefetch, RoPE-table, norm and loop parts act on gemm-path sides only."""
     from attnlab.kernels import argmax, decode, fused
 
     a = parse_arm(text)
@@ -218,11 +225,13 @@ def arm(text: str):
             scoped(rope_table, _set_rope_table, a.rope_table), decode.kv_prefetching(a.kv_prefetch), \
             scoped(argmax.enabled, argmax.set_enabled, a.rows_argmax), \
             scoped(fused.rope_store, fused.set_rope_store, a.rope_store), \
-            scoped(norm_prologue, _set_norm_prologue, a.norm_prologue):
+            scoped(norm_prologue, _set_norm_prologue, a.norm_prologue), \
+            scoped(loop_config, _set_loop_config, a.loop):
         yield
 
 
 _PAIRS = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, {"normsep", "normpro"})  # at most one of each
+_LOOP_ARM = re.compile(r"k(32|64|128|256)s([1-6])w([248])")  # +k<BLOCK_K>s<stages>w<warps>
 
 
 def parse_arm(text: str) -> Arm:
@@ -233,8 +242,10 @@ def parse_arm(text: str) -> Arm:
     mode, *extras = text.split("+")
     chunks, fused_argmax, table = DEFAULT_PREFETCH, DEFAULT_ARGMAX_HEAD, DEFAULT_ROPE_TABLE  # bare: the defaults
     kv_tiles, rows_argmax, rope_store, prologue = KV_PREFETCH_TILES, DEFAULT_ON, True, DEFAULT_NORM_PROLOGUE
+    loop = DEFAULT_LOOP
     ok = (mode in SPLIT_MODES and len(set(extras)) == len(extras) and not any(p <= set(extras) for p in _PAIRS)
-          and sum(e.startswith("kvpf") for e in extras) <= 1 and sum(e.startswith("pf") for e in extras) <= 1)
+          and sum(e.startswith("kvpf") for e in extras) <= 1 and sum(e.startswith("pf") for e in extras) <= 1
+          and sum(_LOOP_ARM.fullmatch(e) is not None for e in extras) <= 1)
     for e in extras:
         if e.startswith("pf") and _digits(e[2:]) and int(e[2:]) <= MAX_PREFETCH:
             chunks = int(e[2:])
@@ -246,6 +257,8 @@ def parse_arm(text: str) -> Arm:
             rope_store = False
         elif e in ("normsep", "normpro"):
             prologue = e == "normpro"
+        elif _LOOP_ARM.fullmatch(e):
+            loop = tuple(int(v) for v in _LOOP_ARM.fullmatch(e).groups())
         elif e in ("lmargmax", "lmlogits"):
             fused_argmax = e == "lmargmax"
         elif e in ("ropetable", "ropecalc"):
@@ -254,9 +267,10 @@ def parse_arm(text: str) -> Arm:
             ok = False
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
-                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro], split modes {', '.join(SPLIT_MODES)}, "
-                         f"chunks 0..{MAX_PREFETCH}, tiles 0..8")
-    return Arm(mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, prologue)
+                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro][+k<BK>s<S>w<W>], split modes "
+                         f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, tiles 0..8, BK 32 / 64 / 128 / 256, S 1..6, "
+                         f"W 2 / 4 / 8")
+    return Arm(mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, prologue, loop)
 
 
 def _digits(text: str) -> bool:
@@ -304,8 +318,19 @@ def _ticket_buffer(device: torch.device) -> torch.Tensor:
 
 
 def tile_config(w_dtype: torch.dtype, x_dtype: torch.dtype) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K): 64 x 128 for 16-bit / fp8 weights (16 KiB of bf16 per stage), 64 x 64 for fp32."""
-    return (64, 64) if torch.float32 in (w_dtype, x_dtype) else (64, 128)
+    """(BLOCK_N, BLOCK_K): 64 x 128 for 16-bit / fp8 weights (16 KiB of bf16 per stage; BLOCK_K as ``loop_config``
+    says), 64 x 64 for fp32."""
+    return (64, 64) if torch.float32 in (w_dtype, x_dtype) else (64, _loop[0])
+
+
+def loop_config() -> tuple[int, int, int]:
+    """(BLOCK_K, num_stages, num_warps) of the K loop for 16-bit / fp8 weights (fp32: BLOCK_K 64, 3 stages, 4 warps)."""
+    return _loop
+
+
+def _set_loop_config(loop: tuple[int, int, int]) -> None:
+    global _loop
+    _loop = tuple(loop)
 
 
 def wave_efficiency(programs: int) -> float:
@@ -698,6 +723,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     n_tiles = triton.cdiv(n_log, block_n)
     policy, reduce = _split_mode.split("/")
     splits, per = split_k(n_tiles, k, block_k, policy)
+    stages, warps = (3, 4) if torch.float32 in (w.dtype, x.dtype) else _loop[1:]
     if epilogue == "argmax" and splits > 1:  # the tiles' maxima need whole sums: linear's (split) logits' argmax
         return gemm(x, w, bias, w_scale=w_scale, norm_weight=norm_weight, eps=eps).float().argmax(-1)
     split = 0 if splits == 1 else 2 if reduce == "ticket" else 1
@@ -733,7 +759,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             k_per_split=per, stride_xm=x.stride(0), stride_wn=w.stride(0), eps=eps, BLOCK_K=block_k, SPLIT=split,
             NORM=norm, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block) if norm else 0,
             NRM_ITERS=triton.cdiv(min(per, k), ss_block) if norm else 0,
-            IEEE=fp32_dot(x.dtype), ARGMAX_RED=ARGMAX_BLOCK, num_warps=4, num_stages=3, **ptrs, **args, **prefetch,
+            IEEE=fp32_dot(x.dtype), ARGMAX_RED=ARGMAX_BLOCK, num_warps=warps, num_stages=stages, **ptrs, **args, **prefetch,
             **launch_args(x))
     except BaseException:
         if split == 2 or epilogue == "argmax":  # a launch cut short may leave tickets taken: every later GEMM on

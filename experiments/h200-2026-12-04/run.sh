@@ -24,9 +24,11 @@
 #   run.sh 9  carry .gpu/fb (a fresh machine): install; FlashInfer JIT (SmolLM2 and Llama-8B shapes); issue 16:
 #             FlashInfer verify with and without split-KV (verify_split_kv=false: disable_split_kv) against its
 #             decode, 512 and 4k tokens, batch 1 / 16, 50 runs a replay
+#   run.sh 10 carry .gpu/fb (a fresh machine): install; issue 17: the small-M GEMM's K loop (BLOCK_K x stages x warps)
+#             alone at 8B and 1B shapes, then the likeliest loops end to end (bench.pdl, gemm engine, 8B and 1B)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 3 or 6 to 9}
+PART=${1:?part 1 to 3 or 6 to 10}
 . experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
 case $PART in
 1)
@@ -126,6 +128,18 @@ case $PART in
   timeout 150 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,16 --contexts 512,4096 --ks 4 \
     --models smollm2,llama8b --backends $FI --baseline flashinfer --repeats 3 --out "$OUT/fi9" > $LOGS/fi9.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/fi9.log
+  ;;
+10)
+  step "install .gpu/fb (a fresh machine)"; bash .gpu/fb/install.sh | tail -1
+  step "issue 17: the K loop alone, 8B and 1B shapes, M 1 / 16"
+  timeout 100 $PY -m attnlab.bench.gemm --models llama8b,llama1b --ms 1,16 --repeats 3 --split-modes \
+fill/ticket,fill/ticket+k128s4w4,fill/ticket+k128s5w4,fill/ticket+k128s3w8,fill/ticket+k256s3w4,fill/ticket+k256s2w8,\
+fill/ticket+k64s6w4 --out "$OUT/loops.json" > $LOGS/loops.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/loops.log
+  cp $LOGS/loops.log "$OUT/"
+  step "issue 17: the likeliest loops end to end, gemm engine, 8B and 1B"
+  timeout 200 $PY -m attnlab.bench.pdl --models llama-3.1-8b,llama-3.2-1b --engines gemm --rounds 3 --new 128 \
+    --gemm-splits fill/ticket,fill/ticket+k128s4w4,fill/ticket+k256s3w4,fill/ticket+k128s3w8 --out "$OUT/loops_e2e" \
+    > $LOGS/loops_e2e.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/loops_e2e.log
   ;;
 esac
 step "done"

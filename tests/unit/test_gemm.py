@@ -254,6 +254,20 @@ def test_ticket_reduction_equals_the_reduce_pass(policy, dtype):
     assert not gemm._ticket_buffer(torch.device("cpu")).any()
 
 
+@pytest.mark.parametrize("loop", ["k64s2w4", "k256s4w8"])
+def test_another_k_loop_is_row_invariant_and_correct(loop):
+    """A bench arm's BLOCK_K / stages / warps (+k<BK>s<S>w<W>): rows still equal at every M, values torch's."""
+    x, w, _ = _data(16, 96, 1100, torch.bfloat16, seed=14)
+    nw = torch.rand(1100) + 0.5
+    with gemm.arm(f"wave/ticket+{loop}"):
+        full = gemm.linear(x, w)
+        normed = gemm.gemm(x, w, norm_weight=nw.to(torch.bfloat16), epilogue="silu_mul")
+        for m in (1, 5):
+            assert torch.equal(gemm.linear(x[:m], w), full[:m])
+            assert torch.equal(gemm.gemm(x[:m], w, norm_weight=nw.to(torch.bfloat16), epilogue="silu_mul"), normed[:m])
+    _close(full, F.linear(x.float(), w.float()).to(torch.bfloat16), torch.bfloat16)
+
+
 @pytest.mark.parametrize("mode", gemm.SPLIT_MODES)
 def test_every_split_mode_is_row_invariant_and_correct(mode):
     g = torch.Generator().manual_seed(12)
@@ -406,10 +420,16 @@ def test_arms_name_the_lm_head_path():
             assert not gemm.norm_prologue() and gemm.split_mode() == "wave/ticket"
     assert not gemm.norm_prologue()
     assert gemm.parse_arm("fill/pass+kvsep").rope_store is False
+    assert gemm.parse_arm("fill/ticket").loop == gemm.DEFAULT_LOOP
+    with gemm.arm("fill/ticket+k256s4w8"):
+        assert gemm.loop_config() == (256, 4, 8) and gemm.tile_config(torch.bfloat16, torch.bfloat16) == (64, 256)
+        assert gemm.tile_config(torch.float32, torch.float32) == (64, 64)  # fp32 keeps its tile
+    assert gemm.loop_config() == gemm.DEFAULT_LOOP
     for bad in ("fill/ticket+lm", "fill/ticket+pf4+pf4", "fill/ticket+lmlogits+lmlogits",
                 "fill/ticket+lmargmax+lmlogits", "fill/ticket+ropetable+ropecalc", "fill/ticket+rope",
                 "fill/ticket+kvpf9", "fill/ticket+kvpf1+kvpf2", "fill/ticket+kvpf", "fill/ticket+amtorch+amtorch",
                 "fill/ticket+kvsep+kvsep", "fill/ticket+kvstore", "fill/ticket+normsep+normsep", "fill/ticket+normsep+normpro",
+                "fill/ticket+k100s3w4", "fill/ticket+k128s7w4", "fill/ticket+k128s3w4+k64s3w4",
                 "fill/ticket+pf4+pf2", "fill/ticket+pf\u00b2"):
         with pytest.raises(ValueError, match="gemm arm"), gemm.arm(bad):
             pass
