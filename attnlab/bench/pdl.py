@@ -66,7 +66,7 @@ def sums_differ(a: str, b: str) -> bool:
     so that their tokens may differ at near-ties on random weights."""
     pa, pb = gemm.parse_arm(a), gemm.parse_arm(b)
     return (pa.split_mode.split("/")[0] != pb.split_mode.split("/")[0] or pa.norm_prologue != pb.norm_prologue
-            or pa.loop[0] != pb.loop[0])
+            or pa.loop != pb.loop and (pa.loop or (0,))[0] != (pb.loop or (0,))[0])
 
 
 def arm_name(engine: str, arm: tuple[bool, str]) -> str:

@@ -224,6 +224,9 @@ def _compile_gemm_dtypes(gemm, dtypes, arch: int) -> None:
                 for store in (None, (cache, cache.clone(), torch.zeros(4, dtype=torch.long))):
                     gemm.gemm(x, w, w_scale=scale, norm_weight=nw, epilogue="rope", cos=cs, sin=cs, head_dim=d,
                               rope_cols=(heads + kv_heads) * d, kv_store=store)
+                    # the gemm path's default: the norm its own launch, the GEMM without a prologue
+                    gemm.gemm(x, w, w_scale=scale, epilogue="rope", cos=cs, sin=cs, head_dim=d,
+                              rope_cols=(heads + kv_heads) * d, kv_store=store, positions=torch.zeros(4, dtype=torch.long))
                     # the gemm path's: cos / sin tables read by position (a runner's rope_table)
                     gemm.gemm(x, w, w_scale=scale, norm_weight=nw, epilogue="rope", cos=cs, sin=cs, head_dim=d,
                               rope_cols=(heads + kv_heads) * d, kv_store=store,
@@ -232,6 +235,7 @@ def _compile_gemm_dtypes(gemm, dtypes, arch: int) -> None:
             o = torch.zeros(hidden, heads * d, dtype=dtype)
             gemm.gemm(torch.zeros(4, heads * d, dtype=dtype), o, epilogue="residual", residual=x)
             gemm.gemm(x, torch.zeros(2 * inter, hidden, dtype=dtype), norm_weight=nw, epilogue="silu_mul")
+            gemm.gemm(x, torch.zeros(2 * inter, hidden, dtype=dtype), epilogue="silu_mul")
             gemm.gemm(torch.zeros(4, inter, dtype=dtype), torch.zeros(hidden, inter, dtype=dtype),
                       epilogue="residual", residual=x)
             gemm.argmax_linear(x, torch.zeros(8 * hidden, hidden, dtype=dtype))  # an LM head's greedy tokens

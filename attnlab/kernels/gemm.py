@@ -115,10 +115,14 @@ _rope_table = DEFAULT_ROPE_TABLE
 # scratch before its K loop can start.
 DEFAULT_NORM_PROLOGUE = False
 _norm_prologue = DEFAULT_NORM_PROLOGUE
-# The K loop's launch config for 16-bit / fp8 weights, (BLOCK_K, num_stages, num_warps); a bench arm's +k<BK>s<S>w<W>
-# overrides it process-wide (per-shape tuning: another BLOCK_K sums in another order, rows stay M-invariant).
-DEFAULT_LOOP = (128, 3, 4)
-_loop = DEFAULT_LOOP
+# The K loop of 16-bit / fp8 weights: BLOCK_K 256 from K >= LONG_K, else 128; 3 stages, 4 warps (a function of K, so
+# rows stay M-invariant). Measured end to end (bench.pdl, gemm engine, batch 1, PDL on; experiments/h200-2026-12-04):
+# BLOCK_K 256 for every GEMM took Llama-3.1-8B shapes (K 4,096 / 14,336) from 222-223 to 232-233 tok/s and
+# Llama-3.2-1B (K 2,048 / 8,192) from 986 to 1,014, and SmolLM2 (K 576 / 1,536) from 1,419 down to 1,280; 4 stages,
+# 8 warps and 64 lost. A bench arm's +k<BK>s<S>w<W> forces one loop on every GEMM (``loop_config``).
+LONG_K = 2048
+DEFAULT_LOOP = None  # the rule above
+_loop: tuple[int, int, int] | None = DEFAULT_LOOP
 _tickets: dict = {}
 
 
@@ -201,7 +205,7 @@ class Arm(NamedTuple):
     rows_argmax: bool
     rope_store: bool
     norm_prologue: bool
-    loop: tuple[int, int, int]
+    loop: tuple[int, int, int] | None
 
 
 @contextmanager
@@ -317,20 +321,27 @@ def _ticket_buffer(device: torch.device) -> torch.Tensor:
     return buf
 
 
-def tile_config(w_dtype: torch.dtype, x_dtype: torch.dtype) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K): 64 x 128 for 16-bit / fp8 weights (16 KiB of bf16 per stage; BLOCK_K as ``loop_config``
-    says), 64 x 64 for fp32."""
-    return (64, 64) if torch.float32 in (w_dtype, x_dtype) else (64, _loop[0])
+def tile_config(w_dtype: torch.dtype, x_dtype: torch.dtype, k: int = 0) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K): for 16-bit / fp8 weights 64 x 256 from K >= LONG_K, else 64 x 128 (16 KiB of bf16 per
+    stage), or the forced ``loop_config``; 64 x 64 for fp32."""
+    if torch.float32 in (w_dtype, x_dtype):
+        return 64, 64
+    return 64, _loop[0] if _loop else 256 if k >= LONG_K else 128
 
 
-def loop_config() -> tuple[int, int, int]:
-    """(BLOCK_K, num_stages, num_warps) of the K loop for 16-bit / fp8 weights (fp32: BLOCK_K 64, 3 stages, 4 warps)."""
+def launch_config(w_dtype: torch.dtype, x_dtype: torch.dtype) -> tuple[int, int]:
+    """(num_stages, num_warps) of the K loop."""
+    return (3, 4) if torch.float32 in (w_dtype, x_dtype) or not _loop else _loop[1:]
+
+
+def loop_config() -> tuple[int, int, int] | None:
+    """The K loop (BLOCK_K, num_stages, num_warps) a bench arm forces on every 16-bit / fp8 GEMM; None: by K."""
     return _loop
 
 
-def _set_loop_config(loop: tuple[int, int, int]) -> None:
+def _set_loop_config(loop: tuple[int, int, int] | None) -> None:
     global _loop
-    _loop = tuple(loop)
+    _loop = tuple(loop) if loop else None
 
 
 def wave_efficiency(programs: int) -> float:
@@ -717,13 +728,13 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         if sin.stride(0) != cos.stride(0):
             sin = sin.contiguous()
             cos = cos.contiguous()
-    block_n, block_k = tile_config(w.dtype, x.dtype)
+    block_n, block_k = tile_config(w.dtype, x.dtype, k)
     if paired:  # a program streams both halves of each pair: half the columns, as many weight rows
         block_n //= 2
     n_tiles = triton.cdiv(n_log, block_n)
     policy, reduce = _split_mode.split("/")
     splits, per = split_k(n_tiles, k, block_k, policy)
-    stages, warps = (3, 4) if torch.float32 in (w.dtype, x.dtype) else _loop[1:]
+    stages, warps = launch_config(w.dtype, x.dtype)
     if epilogue == "argmax" and splits > 1:  # the tiles' maxima need whole sums: linear's (split) logits' argmax
         return gemm(x, w, bias, w_scale=w_scale, norm_weight=norm_weight, eps=eps).float().argmax(-1)
     split = 0 if splits == 1 else 2 if reduce == "ticket" else 1

@@ -422,9 +422,14 @@ def test_arms_name_the_lm_head_path():
     assert gemm.parse_arm("fill/pass+kvsep").rope_store is False
     assert gemm.parse_arm("fill/ticket").loop == gemm.DEFAULT_LOOP
     with gemm.arm("fill/ticket+k256s4w8"):
-        assert gemm.loop_config() == (256, 4, 8) and gemm.tile_config(torch.bfloat16, torch.bfloat16) == (64, 256)
+        assert gemm.loop_config() == (256, 4, 8) and gemm.tile_config(torch.bfloat16, torch.bfloat16, 576) == (64, 256)
+        assert gemm.launch_config(torch.bfloat16, torch.bfloat16) == (4, 8)
         assert gemm.tile_config(torch.float32, torch.float32) == (64, 64)  # fp32 keeps its tile
-    assert gemm.loop_config() == gemm.DEFAULT_LOOP
+    assert gemm.loop_config() == gemm.DEFAULT_LOOP is None
+    # the default loop by K: 256 from LONG_K (8B / 1B shapes), 128 below (SmolLM2); fp32 64
+    assert [gemm.tile_config(torch.bfloat16, torch.bfloat16, k)[1] for k in (576, 1536, 2048, 14336)] == [128, 128, 256, 256]
+    assert gemm.tile_config(torch.float32, torch.bfloat16, 4096) == (64, 64)
+    assert gemm.launch_config(torch.bfloat16, torch.bfloat16) == (3, 4)
     for bad in ("fill/ticket+lm", "fill/ticket+pf4+pf4", "fill/ticket+lmlogits+lmlogits",
                 "fill/ticket+lmargmax+lmlogits", "fill/ticket+ropetable+ropecalc", "fill/ticket+rope",
                 "fill/ticket+kvpf9", "fill/ticket+kvpf1+kvpf2", "fill/ticket+kvpf", "fill/ticket+amtorch+amtorch",
