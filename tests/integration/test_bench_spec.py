@@ -104,7 +104,7 @@ def test_spec_bench_refuses_fused_ops_off_cuda(capsys):
     assert e.value.code == 2 and "--gemm triton_attn needs --device cuda" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags,needle", [(["--gemm", "triton"], "--gemm triton need --device cuda"),
+@pytest.mark.parametrize("flags,needle", [(["--gemm", "triton"], "--gemm triton needs --device cuda"),
                                           (["--pdl"], "--pdl: engine.pdl=true"),
                                           (["--device", "cuda", "--invariant", "--gemm", "triton"],
                                            "does not combine with --gemm triton")])
