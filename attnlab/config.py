@@ -177,8 +177,9 @@ class EngineSchema:
     # instead of 32 elementwise torch launches per layer; CUDA only. Parity reference sides always run unfused.
     fused_ops: bool = False
     # cublas | triton | triton_attn: triton runs passes of <= 16 tokens (decode, verify) on attnlab's
-    # row-invariant small-M GEMM with RMSNorm / RoPE / SiLU-mul / residual adds fused into it
-    # (attnlab/models/gemm_path.py, ~5 kernels a layer; implies the fused ops); longer passes stay on cuBLAS.
+    # row-invariant small-M GEMM with RoPE / SiLU-mul / residual adds / the KV store fused into it, the norms as
+    # their own launches (attnlab/models/gemm_path.py, 7 kernels a layer; implies the fused ops); longer passes stay
+    # on cuBLAS.
     # triton_attn: only qkv (RoPE + KV store epilogue) and o (residual epilogue) there, the MLP and LM head on
     # cuBLAS, which streams large MLP weights faster (Llama-3.1-8B shapes). CUDA only.
     gemm: str = "cublas"

@@ -225,8 +225,9 @@ class FlashInferBackend(AttentionBackend):
         "prefill_min_q_len": f"int >= 1 (default {PREFILL_MIN_Q_LEN}): a causal pass whose longest request has "
                              "this many new tokens runs prefill_backend",
         "workspace_bytes": f"float workspace per backend instance (default {WORKSPACE_BYTES})",
-        "verify_split_kv": "true (default) / false: fa2 verify / extend passes may split long KV across CTAs and "
-                           "merge (FlashInfer's plan); false plans them with disable_split_kv (one launch, no merge)",
+        "verify_split_kv": "true (default) / false: fa2 passes (verify, short extends, tree masks; prefills where "
+                           "prefill_backend=fa2) may split long KV across CTAs and merge (FlashInfer's plan); false "
+                           "plans them with disable_split_kv (one launch, no merge)",
         "keep_plans": "true (default) / false: in CUDA-graph mode, a decode (CUDA-core) or fa2 verify / extend pass "
                       "whose FlashInfer schedule equals the one its wrapper holds keeps that plan and writes only "
                       "its layout (no plan() on the host)",

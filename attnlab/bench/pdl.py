@@ -60,13 +60,14 @@ def arms_for(engine: str, splits: list[str]) -> list[tuple[bool, str]]:
     return [(False, splits[0]), (True, splits[0])] + [(True, m) for m in splits[1:]]
 
 
-def sums_differ(a: str, b: str) -> bool:
-    """Whether two gemm arms sum in different fp32 orders (another split policy or BLOCK_K; the norms as GEMM prologues
-    or not),
-    so that their tokens may differ at near-ties on random weights."""
+def sums_differ(a: str, b: str, norms: bool = True) -> bool:
+    """Whether two gemm arms may sum in different fp32 orders (another split policy, BLOCK_K or warp count; with
+    ``norms``, an engine that has them, the norms as GEMM prologues or not), so that their tokens may differ at
+    near-ties on random weights. A forced loop against the default (by K) counts as different."""
     pa, pb = gemm.parse_arm(a), gemm.parse_arm(b)
-    return (pa.split_mode.split("/")[0] != pb.split_mode.split("/")[0] or pa.norm_prologue != pb.norm_prologue
-            or pa.loop != pb.loop and (pa.loop or (0,))[0] != (pb.loop or (0,))[0])
+    loop = lambda p: (p.loop[0], p.loop[2]) if p.loop else None  # BLOCK_K and warps; stages sum alike
+    return (pa.split_mode.split("/")[0] != pb.split_mode.split("/")[0] or loop(pa) != loop(pb)
+            or norms and pa.norm_prologue != pb.norm_prologue)
 
 
 def arm_name(engine: str, arm: tuple[bool, str]) -> str:
@@ -159,7 +160,7 @@ def main(argv=None) -> int:
                         continue
                     for i, arm in enumerate(arms):
                         # another split policy changes fp32 sums: tokens may differ at near-ties
-                        policy_differs = eng in GEMM_ENGINES and sums_differ(arm[1], arms[0][1])
+                        policy_differs = eng in GEMM_ENGINES and sums_differ(arm[1], arms[0][1], eng == "gemm")
                         same = "yes" if r["same_tokens"][i] else "differs" if policy_differs else "NO"
                         cells = f"{_spread(r['tok_s'][i], '.0f')} | {_spread(r['ratio'][i], '.3f')} | {same}"
                         emit({**key, "host": host}, arm_name(eng, arm), cells,

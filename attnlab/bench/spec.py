@@ -511,7 +511,8 @@ def parse(argv=None):
                     help="engine.gemm: triton runs decode / verify passes on attnlab's small-M GEMM, triton_attn only "
                          "their qkv and o projections (CUDA only)")
     ap.add_argument("--gemm-split", default=None,
-                    help="engine.gemm_split with --gemm triton: fill/pass, fill/ticket, lean/pass or lean/ticket, "
+                    help="engine.gemm_split with --gemm triton / triton_attn: fill/pass, fill/ticket, lean/pass, "
+                         "lean/ticket, wave/pass or wave/ticket, "
                          "optionally +pf<chunks> (engine.gemm_prefetch, with --pdl; attnlab.kernels.gemm; default: "
                          "its default mode and prefetch)")
     ap.add_argument("--pdl", action="store_true",

@@ -16,7 +16,7 @@ bit-identical to the same row inside M = 5, 9 or 16 (verify).
 
 Split modes (``engine.gemm_split``, process-wide: ``set_split_mode`` / ``splitting``), ``<policy>/<reduce>``:
 - policy ``fill``: split K until the programs about fill an H200 (132); ``lean``: as fill, but a K of at most
-  ``LEAN_MAX_CHUNKS`` BLOCK_K chunks runs unsplit (alone, SmolLM2's qkv takes 2.8 us unsplit vs 3.4 split; in a
+  ``LEAN_MAX_K`` (8 chunks of 128) runs unsplit (alone, SmolLM2's qkv takes 2.8 us unsplit vs 3.4 split; in a
   PDL-chained decode step fill's shorter loops won: 1110 vs 1006 tok/s, experiments/h200-2026-12-02d); ``wave``:
   as lean for short K, else the power-of-two split whose programs best fill whole waves of 132 (``wave_efficiency``)
   net of its partials' traffic, for bandwidth-bound weights where a last wave of a few programs idles most SMs
@@ -79,12 +79,14 @@ EPILOGUES = ("none", "residual", "silu_mul", "rope", "argmax")
 _EPI = {name: i for i, name in enumerate(EPILOGUES)}
 SPLIT_MODES = ("fill/pass", "fill/ticket", "lean/pass", "lean/ticket", "wave/pass", "wave/ticket")
 DEFAULT_SPLIT_MODE = "fill/ticket"
-LEAN_MAX_CHUNKS = 8  # lean / wave: a K loop of at most this many BLOCK_K chunks runs unsplit
+LEAN_MAX_K = 1024  # lean / wave: a K of at most this many elements runs unsplit (8 chunks of 128; whatever BLOCK_K)
 # wave: a split's cost is 1 / wave_efficiency plus its fp32 partials' traffic (written and read back: BLOCK_M padded
 # rows x 4 bytes x 2 per column) relative to a column's bf16 weights (2 K bytes); the smallest split within
-# WAVE_SLACK of the cheapest wins (an LM head stays unsplit)
+# WAVE_SLACK of the cheapest wins
 PARTIAL_BYTES_PER_COLUMN = BLOCK_M * 4 * 2
 WAVE_SLACK = 0.01
+WAVE_MAX_TILES = 4 * TARGET_PROGRAMS  # wave: at least this many column tiles never split (LM heads: their argmax
+# epilogue needs whole sums, and their partials would be tens of MiB)
 MAX_TICKETS = 4096  # column tiles with a ticket; a split GEMM has < TARGET_PROGRAMS of them
 ARGMAX_TICKET = MAX_TICKETS - 1  # the argmax epilogue's one ticket over all its column tiles
 ARGMAX_BLOCK = 256  # column tiles' partial maxima the argmax's last program reduces at a time
@@ -321,7 +323,7 @@ def _ticket_buffer(device: torch.device) -> torch.Tensor:
     return buf
 
 
-def tile_config(w_dtype: torch.dtype, x_dtype: torch.dtype, k: int = 0) -> tuple[int, int]:
+def tile_config(w_dtype: torch.dtype, x_dtype: torch.dtype, k: int) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_K): for 16-bit / fp8 weights 64 x 256 from K >= LONG_K, else 64 x 128 (16 KiB of bf16 per
     stage), or the forced ``loop_config``; 64 x 64 for fp32."""
     if torch.float32 in (w_dtype, x_dtype):
@@ -351,22 +353,26 @@ def wave_efficiency(programs: int) -> float:
 
 def split_k(n_tiles: int, k: int, block_k: int, policy: str = "fill") -> tuple[int, int]:
     """(splits, k_per_split): split K only while the N tiles alone leave SMs idle (``fill``); ``lean``: and only
-    where K is longer than LEAN_MAX_CHUNKS chunks; ``wave``: as lean for short K, else the power of two of least
+    where K is longer than LEAN_MAX_K; ``wave``: as lean for short K, else the power of two of least
     cost: idle SMs of the last wave (``wave_efficiency``) plus the partials' traffic (the smallest within WAVE_SLACK). A function of (N tiles, K,
     BLOCK_K, the policy) only — never of M — so rows stay bit-identical across M."""
     if policy not in ("fill", "lean", "wave"):
         raise ValueError(f"split_k: policy {policy!r} is not fill, lean or wave")
     chunks = triton.cdiv(k, block_k)
     want = min(triton.cdiv(TARGET_PROGRAMS, n_tiles), chunks, MAX_SPLIT_K)
-    if policy != "fill" and chunks <= LEAN_MAX_CHUNKS:
+    if policy != "fill" and k <= LEAN_MAX_K:
         want = 1
     elif policy == "wave":
+        def real(c: int) -> int:  # the splits a power of two c becomes once K is cut into whole chunks
+            return triton.cdiv(k, triton.cdiv(chunks, c) * block_k)
+
         def cost(c: int) -> float:
-            return 1 / wave_efficiency(n_tiles * c) + (c > 1) * c * PARTIAL_BYTES_PER_COLUMN / (2 * k)
+            s = real(c)
+            return 1 / wave_efficiency(n_tiles * s) + (s > 1) * s * PARTIAL_BYTES_PER_COLUMN / (2 * k)
 
         cands = [1 << i for i in range(MAX_SPLIT_K.bit_length()) if 1 << i <= min(chunks, MAX_SPLIT_K)]
         least = min(map(cost, cands))
-        want = min(c for c in cands if cost(c) <= least * (1 + WAVE_SLACK))
+        want = 1 if n_tiles >= WAVE_MAX_TILES else min(c for c in cands if cost(c) <= least * (1 + WAVE_SLACK))
     splits = 1 << (want.bit_length() - 1)  # a power of two below the target
     per = triton.cdiv(chunks, splits) * block_k
     return triton.cdiv(k, per), per
@@ -738,7 +744,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     if epilogue == "argmax" and splits > 1:  # the tiles' maxima need whole sums: linear's (split) logits' argmax
         return gemm(x, w, bias, w_scale=w_scale, norm_weight=norm_weight, eps=eps).float().argmax(-1)
     split = 0 if splits == 1 else 2 if reduce == "ticket" else 1
-    assert split != 2 or n_tiles < ARGMAX_TICKET, "a split GEMM has fewer column tiles than TARGET_PROGRAMS"
+    assert split != 2 or n_tiles < ARGMAX_TICKET, "a split GEMM's column tiles each need a ticket below the argmax's"
     part = torch.empty(splits, 2, BLOCK_M, n_log, dtype=torch.float32, device=x.device) if split else out
     norm = norm_weight is not None
     tickets = _ticket_buffer(x.device) if split == 2 else out

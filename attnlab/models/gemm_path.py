@@ -22,8 +22,10 @@ writes its normalized K range before its K loop starts.
     -> o (residual epilogue) -> rmsnorm -> gate_up (cuBLAS) -> silu_mul -> down (cuBLAS)
 
 7 launches a layer besides attention (the fused cuBLAS path: 8 and cuBLAS's split-K reductions). Rounding follows
-the unfused torch layer step by step (attnlab.kernels.gemm), so only fp32 summation orders differ, and rows are
-bit-identical whatever the number of tokens in the pass (decode vs verify). Passes of more than ``gemm.MAX_M`` tokens
+the unfused torch layer step by step (attnlab.kernels.gemm), so only fp32 summation orders differ. Under
+``engine.gemm=triton`` rows are bit-identical whatever the number of tokens in the pass (decode vs verify) by
+construction; ``triton_attn``'s MLP is cuBLAS's, which was bit-identical for M = 1..16 where measured (2026-12-01)
+but promises nothing. Passes of more than ``gemm.MAX_M`` tokens
 (prefill) take the fused cuBLAS path instead; a layer with Qwen3's q/k norm (between projection and RoPE)
 is not fused (``usable``).
 """
@@ -75,8 +77,8 @@ def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
 
 
 def _normed(h: torch.Tensor, norm) -> tuple:
-    """A normed projection's input and prologue: (h, norm kwargs) by default; with ``gemm.norm_prologue()`` off
-    (arm ``+normsep``), the norm as its own launch: (rmsnorm(h), no prologue)."""
+    """A normed projection's input and prologue: by default (``gemm.norm_prologue()`` off, arm ``+normsep``) the norm
+    as its own launch, (rmsnorm(h), no prologue); with arm ``+normpro``, (h, the prologue's kwargs)."""
     if gemm.norm_prologue():
         return h, {"norm_weight": norm.weight, "eps": norm.eps}
     from attnlab.kernels import fused

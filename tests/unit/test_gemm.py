@@ -58,6 +58,13 @@ def test_wave_split_fills_whole_waves_net_of_partials():
         assert gemm.split_k(tiles, k, 128)[0] == fill, (tiles, k)
         s, per = gemm.split_k(tiles, k, 128, "wave")
         assert s == wave and (s - 1) * per < k <= s * per, (tiles, k)
+    # at the engine's own BLOCK_K for these K (256 from LONG_K): 8B qkv / gate_up as above; a 70B LM head unsplit
+    bk = gemm.tile_config(torch.bfloat16, torch.bfloat16, 4096)[1]
+    assert bk == 256 and gemm.split_k(96, 4096, bk, "wave")[0] == 4 and gemm.split_k(448, 4096, bk, "wave")[0] == 2
+    assert gemm.split_k(2004, 8192, 256, "wave")[0] == 1
+    # a chunk count that no power of two divides: the cost is that of the splits the launch really makes
+    s, per = gemm.split_k(9, 14336, 128, "wave")
+    assert (s - 1) * per < 14336 <= s * per
     with pytest.raises(ValueError, match="policy"):
         gemm.split_k(4, 4096, 128, "even")
 
@@ -209,7 +216,7 @@ def test_fp8_weights_match_dequantized_reference(m, n, k, dtype):
 
 
 def test_lean_policy_leaves_short_k_unsplit():
-    """lean runs a K of <= LEAN_MAX_CHUNKS chunks unsplit (SmolLM2's qkv, o, gate_up: K 576) and splits longer
+    """lean runs a K of <= LEAN_MAX_K unsplit (SmolLM2's qkv, o, gate_up: K 576) and splits longer
     ones as fill does (SmolLM2's down, every Llama-3.1-8B GEMM that fill splits)."""
     def tiles(n):  # BLOCK_N 64 (bf16)
         return -(-n // 64)
@@ -373,7 +380,7 @@ def test_argmax_epilogue_is_the_first_maximal_logit_and_row_invariant(dtype, m, 
     assert not gemm._ticket_buffer(x.device).any()
     # a K that fill splits (2 chunks, 7 tiles): the argmax of linear's split logits, not another summation
     x2, w2 = torch.randn(m, 256, generator=g).to(dtype), torch.randn(n, 256, generator=g).to(dtype)
-    assert gemm.split_k(7, 256, gemm.tile_config(w2.dtype, x2.dtype)[1])[0] > 1
+    assert gemm.split_k(7, 256, gemm.tile_config(w2.dtype, x2.dtype, 256)[1])[0] > 1
     assert torch.equal(gemm.argmax_linear(x2, w2), gemm.linear(x2, w2).float().argmax(-1))
 
 
@@ -424,7 +431,7 @@ def test_arms_name_the_lm_head_path():
     with gemm.arm("fill/ticket+k256s4w8"):
         assert gemm.loop_config() == (256, 4, 8) and gemm.tile_config(torch.bfloat16, torch.bfloat16, 576) == (64, 256)
         assert gemm.launch_config(torch.bfloat16, torch.bfloat16) == (4, 8)
-        assert gemm.tile_config(torch.float32, torch.float32) == (64, 64)  # fp32 keeps its tile
+        assert gemm.tile_config(torch.float32, torch.float32, 4096) == (64, 64)  # fp32 keeps its tile
     assert gemm.loop_config() == gemm.DEFAULT_LOOP is None
     # the default loop by K: 256 from LONG_K (8B / 1B shapes), 128 below (SmolLM2); fp32 64
     assert [gemm.tile_config(torch.bfloat16, torch.bfloat16, k)[1] for k in (576, 1536, 2048, 14336)] == [128, 128, 256, 256]
