@@ -7,12 +7,13 @@ Parameter names follow HF's except two fused projections: ``qkv_proj`` = [q; k; 
 
 A pass whose context says ``fused_ops`` (``engine.fused_ops``, CUDA; a property of the model side, so a
 parity reference sharing these weights still runs unfused) goes through the Triton kernels of
-``attnlab.kernels.fused`` (residual add + RMSNorm, RoPE on q and k, SiLU-mul): the same arithmetic in
-5 launches per layer instead of 32, besides the 4 GEMMs and attention. A context with ``capture`` set gets
+``attnlab.kernels.fused`` (residual add + RMSNorm, RoPE on q and k with the K / V store, SiLU-mul): the same
+arithmetic in 4 launches per layer instead of 32, besides the 4 GEMMs and attention. A context with ``capture`` set gets
 the residual stream after those layers back in ``ctx.captured`` (EAGLE-3 features), from inside the same
 forward: no extra pass, no sync, CUDA-graph safe. ``fused_ops == "gemm"`` (``engine.gemm=triton``) runs passes of
-up to 16 tokens on attnlab's small-M GEMM with the norms, RoPE, SiLU-mul and residual adds fused into it
-(``attnlab.models.gemm_path``: about 5 kernels per layer); longer passes take the fused path above.
+up to 16 tokens on attnlab's small-M GEMM with RoPE, the K / V store, SiLU-mul and residual adds fused into it
+and the norms as their own launches (``attnlab.models.gemm_path``: 7 kernels per layer); longer passes take the
+fused path above.
 ``"gemm_attn"`` (``engine.gemm=triton_attn``) runs only qkv and o there, the MLP as the fused path does.
 A context with ``invariant`` (``engine.invariant``: the target
 side, always fused) runs the fused path's GEMMs and the LM head through ``attnlab.models.linear.invariant_linear``.
