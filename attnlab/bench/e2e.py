@@ -76,6 +76,14 @@ def step_weight_bytes(model) -> int:
     return total if model.lm_head.weight is emb else total - emb.numel() * emb.element_size()
 
 
+def roofline_tok_s(weight_bytes: int, batch: int, copy_gb_s: float) -> float:
+    """The weight-bandwidth roofline of decode: every step reads the weights once for the whole batch, at the copy
+    bandwidth -> tokens per second."""
+    if weight_bytes <= 0 or batch < 1 or copy_gb_s <= 0:
+        raise ValueError(f"roofline_tok_s: weight_bytes {weight_bytes}, batch {batch}, copy_gb_s {copy_gb_s}")
+    return batch * copy_gb_s * 1e9 / weight_bytes
+
+
 def random_prompts(vocab: int, batch: int, length: int = 32, seed: int = 0) -> list[list[int]]:
     """``batch`` seeded random prompts of ``length`` token ids (ids >= 100: clear of a tokenizer's specials)."""
     g = torch.Generator().manual_seed(seed)
@@ -192,7 +200,7 @@ def main(argv=None) -> int:
     for model in ([] if a.skip_8b else ["llama-3.2-1b", "llama-3.1-8b"]):  # the issue's draft / target shapes
         rm = side(model, "triton", 1, True, 32 + new + 16)
         weight_bytes = step_weight_bytes(rm.model)
-        roof = res["copy_gb_s"] * 1e9 / weight_bytes
+        roof = roofline_tok_s(weight_bytes, 1, res["copy_gb_s"])
         for fused in (False, True, "gemm"):
             rm.fused_ops = fused  # the runner hands it to each pass's AttnContext ("gemm": models/gemm_path)
             for host in a.host:

@@ -11,7 +11,8 @@ re-captured at every switch. Arms (``--gemm-splits``, each ``attnlab.kernels.gem
 the first, then PDL on with each further one. Their split mode and weight prefetch act on the gemm engines; their
 other switches (``+kvsep``: the KV store as its own kernel; ``+kvpf0``: no decode KV prefetch; ``+amtorch``: torch's
 argmax) on every engine; ``+normpro`` / ``+normsep`` (the norms as GEMM prologues / their own launches) on the gemm
-engine. Reported per arm: median tok/s with its min-max, the median of its per-round ratios to
+engine. Reported per arm: median tok/s with its min-max, its share of the weight-bandwidth roofline (batch x the
+copy bandwidth measured in the process / the weight bytes a step reads), the median of its per-round ratios to
 the first arm (min-max), and whether it decoded the first arm's tokens (PDL and the reduction mechanism change
 when and where sums happen, never their order: anything but "yes" is a bug; a different split *policy* changes
 the order of fp32 sums, so its tokens may differ on random weights at near-ties: "differs" there, not a bug).
@@ -30,12 +31,14 @@ import torch
 from attnlab.bench.e2e import (
     check_host,
     random_prompts,
+    roofline_tok_s,
     set_host_path,
     side,
+    step_weight_bytes,
     target_only,
     timed_generate,
 )
-from attnlab.bench.kernels import versions
+from attnlab.bench.kernels import copy_bandwidth_gb_s, versions
 from attnlab.bench.output import write_report
 from attnlab.kernels import gemm, pdl
 from attnlab.metrics.perf import percentile
@@ -128,11 +131,14 @@ def main(argv=None) -> int:
     if why:
         print(f"attnlab.bench.pdl: {why}")
         return 2
-    res = {"gpu": torch.cuda.get_device_name(), "versions": versions(), "rounds": a.rounds, "rows": []}
+    bw = copy_bandwidth_gb_s()
+    res = {"gpu": torch.cuda.get_device_name(), "versions": versions(), "rounds": a.rounds, "copy_gb_s": bw,
+           "rows": []}
     lines = [(f"{res['gpu']}; {res['versions']}; greedy target-only decode, random weights, CUDA graphs, "
-              f"{a.new} new tokens, {a.rounds} rounds over the arms (order rotating)"), "",
-             ("| model | batch | engine | host | arm | tok/s (min-max) | vs first arm, per round (min-max) | "
-              "same tokens as the first arm |"), "|---|---|---|---|---|---|---|---|"]
+              f"{a.new} new tokens, {a.rounds} rounds over the arms (order rotating); roofline: batch x copy "
+              f"bandwidth ({bw:.0f} GB/s, measured here) / the weight bytes a step reads"), "",
+             ("| model | batch | engine | host | arm | tok/s (min-max) | of roofline | vs first arm, per round (min-max) | "
+              "same tokens as the first arm |"), "|---|---|---|---|---|---|---|---|---|"]
     print(lines[0], flush=True)
 
     def emit(key: dict, arm: str, cells: str, data: dict) -> None:  # one row: the table, the JSON, the console
@@ -148,25 +154,28 @@ def main(argv=None) -> int:
                 try:
                     rs = side(model, "triton", batch, True, 32 + a.new + 16, fused=ENGINES[eng])
                 except Exception as e:  # noqa: BLE001 - one engine failing must not lose the table
-                    emit(key, "-", f"error: {e!r} |||", {"error": repr(e)})
+                    emit(key, "-", f"error: {e!r} ||||", {"error": repr(e)})
                     continue
+                roof = roofline_tok_s(step_weight_bytes(rs.model), batch, bw)
                 prompts = random_prompts(rs.model_config.vocab_size, batch)
                 arms = arms_for(eng, splits)
                 for host in a.host:
                     try:
                         r = rounds_over(rs, prompts, a.new, host, a.rounds, arms)
                     except Exception as e:  # noqa: BLE001
-                        emit({**key, "host": host}, "-", f"error: {e!r} |||", {"error": repr(e)})
+                        emit({**key, "host": host}, "-", f"error: {e!r} ||||", {"error": repr(e)})
                         continue
                     for i, arm in enumerate(arms):
                         # another split policy changes fp32 sums: tokens may differ at near-ties
                         policy_differs = eng in GEMM_ENGINES and sums_differ(arm[1], arms[0][1], eng == "gemm")
                         same = "yes" if r["same_tokens"][i] else "differs" if policy_differs else "NO"
-                        cells = f"{_spread(r['tok_s'][i], '.0f')} | {_spread(r['ratio'][i], '.3f')} | {same}"
+                        frac = percentile(r["tok_s"][i], 50) / roof
+                        cells = (f"{_spread(r['tok_s'][i], '.0f')} | {frac:.1%} | {_spread(r['ratio'][i], '.3f')} | "
+                                 f"{same}")
                         emit({**key, "host": host}, arm_name(eng, arm), cells,
                              {"pdl": arm[0], "gemm_split": arm[1] if eng in GEMM_ENGINES else None, "arm": arm[1],
                               "tok_s": r["tok_s"][i], "ratio": r["ratio"][i], "same_tokens": r["same_tokens"][i],
-                              "same_required": not policy_differs})
+                              "same_required": not policy_differs, "roofline_tok_s": roof, "frac_roofline": frac})
                 del rs
                 torch.cuda.empty_cache()
     write_report(a.out, res, "\n".join(lines))

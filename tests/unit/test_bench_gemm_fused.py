@@ -51,6 +51,16 @@ def test_bench_pdl_arms():
         bench_pdl.main(["--gemm-splits", "fill/pass:exact"])
 
 
+def test_roofline_is_batch_times_bandwidth_over_weight_bytes():
+    from attnlab.bench.e2e import roofline_tok_s
+
+    assert roofline_tok_s(15_010_000_000, 1, 4248.0) == pytest.approx(283.0, abs=0.1)  # Llama-3.1-8B on an H200
+    assert roofline_tok_s(15_010_000_000, 16, 4248.0) == pytest.approx(16 * 283.0, abs=2)
+    for bad in ((0, 1, 4000.0), (1, 0, 4000.0), (1, 1, 0.0)):
+        with pytest.raises(ValueError, match="roofline_tok_s"):
+            roofline_tok_s(*bad)
+
+
 def test_split_mode_parsing_is_shared():
     from attnlab.kernels import gemm
 
