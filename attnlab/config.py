@@ -184,7 +184,7 @@ class EngineSchema:
     # cuBLAS, which streams large MLP weights faster (Llama-3.1-8B shapes). CUDA only.
     gemm: str = "cublas"
     # How engine.gemm=triton splits K (attnlab/kernels/gemm.py), <policy>/<reduce>: fill (split until ~132
-    # programs), lean (as fill, but a K of <= 8 chunks unsplit) or wave (as lean for short K, else the split that
+    # programs), lean (as fill, but a K of <= 1,024 unsplit) or wave (as lean for short K, else the split that
     # best fills whole waves of 132 net of its partials); pass (a second launch sums the partials) or
     # ticket (the last split program sums them, one launch, the same bits). Rows are bit-identical whatever M in
     # every mode. Unset: fill/ticket (DEFAULT_GEMM_SPLIT), fastest end to end on the H200

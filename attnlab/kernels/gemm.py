@@ -87,7 +87,7 @@ PARTIAL_BYTES_PER_COLUMN = BLOCK_M * 4 * 2
 WAVE_SLACK = 0.01
 WAVE_MAX_TILES = 4 * TARGET_PROGRAMS  # wave: at least this many column tiles never split (LM heads: their argmax
 # epilogue needs whole sums, and their partials would be tens of MiB)
-MAX_TICKETS = 4096  # column tiles with a ticket; a split GEMM has < TARGET_PROGRAMS of them
+MAX_TICKETS = 4096  # column tiles with a ticket (fill splits below TARGET_PROGRAMS tiles, wave below WAVE_MAX_TILES)
 ARGMAX_TICKET = MAX_TICKETS - 1  # the argmax epilogue's one ticket over all its column tiles
 ARGMAX_BLOCK = 256  # column tiles' partial maxima the argmax's last program reduces at a time
 SS_BLOCK = 512  # exact RMSNorm prologue: columns of x per unrolled sum-of-squares chunk
@@ -112,7 +112,7 @@ _rope_table = DEFAULT_ROPE_TABLE
 # The gemm path's RMSNorms as the qkv / gate_up prologue (True, arm +normpro: 5 launches a layer) or as their own
 # add_rmsnorm launch before a prologue-free GEMM (False, the default, arm +normsep: 7; the same roundings, the sum of
 # squares in another fp32 order). Two launches more a layer won on the H200 (experiments/h200-2026-12-04, bench.pdl,
-# batch 1, PDL on): Llama-3.1-8B shapes 202 -> 220-222 tok/s, Llama-3.2-1B 922-946 -> 1,012-1,017, SmolLM2 +1-3%:
+# batch 1, PDL on): Llama-3.1-8B shapes 202-203 -> 220-222 tok/s, Llama-3.2-1B 909-946 -> 1,002-1,017, SmolLM2 +1-3%:
 # every program of a prologued GEMM first sums the squares of all of x and writes its normalized K range to a
 # scratch before its K loop can start.
 DEFAULT_NORM_PROLOGUE = False

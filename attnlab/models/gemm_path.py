@@ -58,28 +58,35 @@ def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
                   positions: torch.Tensor | None = None) -> torch.Tensor:
     """h: [T <= 16, hidden], the residual stream (complete) -> the stream after this layer. cos / sin: the pass's
     [T, 1, head_dim], or with ``positions`` [T] tables [P, head_dim] over positions (Decoder.rope_tables)."""
-    attn, mlp = layer.self_attn, layer.mlp
-    t, d = h.shape[0], attn.head_dim
+    mlp = layer.mlp
+    x, norm = _normed(h, layer.input_layernorm)
+    h = _attention(layer.self_attn, x, norm, h, cos, sin, ctx, positions)
+    x, norm = _normed(h, layer.post_attention_layernorm)
+    act = proj(mlp.gate_up_proj, x, **norm, epilogue="silu_mul")
+    return proj(mlp.down_proj, act, epilogue="residual", residual=h)
+
+
+def _attention(attn, x: torch.Tensor, norm: dict, residual: torch.Tensor, cos, sin, ctx,
+               positions: torch.Tensor | None) -> torch.Tensor:
+    """qkv (``norm``: its prologue kwargs, if any; RoPE and the KV store in its epilogue) -> attention -> o with the
+    residual added: the stream after the attention block."""
+    t, d = x.shape[0], attn.head_dim
     qk_cols = attn.q_size + attn.kv_size
-    norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
-    store = ctx.kv_store_target(attn.layer_idx, h.dtype)
-    x, norm = _normed(h, norm1)
+    store = ctx.kv_store_target(attn.layer_idx, x.dtype)
     qkv = proj(attn.qkv_proj, x, **norm, epilogue="rope", cos=cos, sin=sin, head_dim=d, rope_cols=qk_cols,
                kv_store=store, positions=positions)
     q = qkv[:, :attn.q_size].view(t, attn.num_heads, d)  # views of one [T, N] row: strides (N, D, 1)
     k = qkv[:, attn.q_size:qk_cols].view(t, attn.num_kv_heads, d)
     v = qkv[:, qk_cols:].view(t, attn.num_kv_heads, d)
     out = ctx.attend(attn.layer_idx, q, k, v, stored=store is not None)
-    h = proj(attn.o_proj, out.reshape(t, attn.q_size), epilogue="residual", residual=h)
-    x, norm = _normed(h, norm2)
-    act = proj(mlp.gate_up_proj, x, **norm, epilogue="silu_mul")
-    return proj(mlp.down_proj, act, epilogue="residual", residual=h)
+    return proj(attn.o_proj, out.reshape(t, attn.q_size), epilogue="residual", residual=residual)
 
 
-def _normed(h: torch.Tensor, norm) -> tuple:
+def _normed(h: torch.Tensor, norm, prologue: bool | None = None) -> tuple:
     """A normed projection's input and prologue: by default (``gemm.norm_prologue()`` off, arm ``+normsep``) the norm
-    as its own launch, (rmsnorm(h), no prologue); with arm ``+normpro``, (h, the prologue's kwargs)."""
-    if gemm.norm_prologue():
+    as its own launch, (rmsnorm(h), no prologue); with arm ``+normpro``, (h, the prologue's kwargs). ``prologue``:
+    that choice made by the caller instead (a cuBLAS projection has no prologue)."""
+    if gemm.norm_prologue() if prologue is None else prologue:
         return h, {"norm_weight": norm.weight, "eps": norm.eps}
     from attnlab.kernels import fused
 
@@ -93,18 +100,8 @@ def attn_layer_forward(layer, x: torch.Tensor, residual: torch.Tensor | None, co
     from attnlab.kernels import fused
     from attnlab.models.linear import project
 
-    attn, mlp = layer.self_attn, layer.mlp
-    t, d = x.shape[0], attn.head_dim
-    qk_cols = attn.q_size + attn.kv_size
-    norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
+    mlp, norm1 = layer.mlp, layer.input_layernorm
     x, residual = fused.add_rmsnorm(x, residual, norm1.weight, norm1.eps)
-    store = ctx.kv_store_target(attn.layer_idx, x.dtype)
-    qkv = proj(attn.qkv_proj, x, epilogue="rope", cos=cos, sin=sin, head_dim=d, rope_cols=qk_cols, kv_store=store,
-               positions=positions)
-    q = qkv[:, :attn.q_size].view(t, attn.num_heads, d)
-    k = qkv[:, attn.q_size:qk_cols].view(t, attn.num_kv_heads, d)
-    v = qkv[:, qk_cols:].view(t, attn.num_kv_heads, d)
-    out = ctx.attend(attn.layer_idx, q, k, v, stored=store is not None)
-    h = proj(attn.o_proj, out.reshape(t, attn.q_size), epilogue="residual", residual=residual)
-    x = fused.add_rmsnorm(h, None, norm2.weight, norm2.eps)[0]
+    h = _attention(layer.self_attn, x, {}, residual, cos, sin, ctx, positions)
+    x = _normed(h, layer.post_attention_layernorm, prologue=False)[0]
     return project(mlp.down_proj, fused.silu_mul(project(mlp.gate_up_proj, x, ctx), mlp.intermediate_size), ctx), h

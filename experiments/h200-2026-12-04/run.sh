@@ -29,13 +29,10 @@
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1 to 3 or 6 to 10}
-. experiments/sitting.sh  # OUT, LOGS, step, the environment, the call's log, PY, DATA, S
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, the environment, the call's log, PY, DATA, S
 case $PART in
 1)
-  step "install .gpu/fb"; bash .gpu/fb/install.sh | tail -1
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-  $PY -c "import torch, triton, flashinfer; print('torch', torch.__version__, 'triton', triton.__version__, \
-'flashinfer', flashinfer.__version__)"
+  install_fb
   step "background: FlashInfer JIT, SmolLM2 shapes (fa2 decode / verify)"
   C0=$(date +%s)
   timeout 330 $PY -m attnlab.bench.kernels --compile-only --contexts 512 --ks 4 --models smollm2 \
@@ -83,8 +80,7 @@ case $PART in
   tar czf "$OUT/spec.tgz" -C /tmp spec 2>/dev/null; tar czf "$OUT/logs3.tgz" -C $LOGS . 2>/dev/null
   ;;
 6)
-  step "install .gpu/fb (a fresh machine)"; bash .gpu/fb/install.sh | tail -1
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  install_fb
   step "GPU tests: the gemm path (every split mode incl. wave, racing tickets, graphs), PDL changes no token"
   timeout 200 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py \
     tests/integration/test_gpu_pdl.py > $LOGS/tests6.log 2>&1; echo "exit code $?"
@@ -119,7 +115,7 @@ case $PART in
   tar czf "$OUT/spec8.tgz" -C /tmp spec 2>/dev/null
   ;;
 9)
-  step "install .gpu/fb (a fresh machine)"; bash .gpu/fb/install.sh | tail -1
+  install_fb
   FI="flashinfer,flashinfer/verify_split_kv=false"
   step "FlashInfer JIT: decode and fa2 verify, SmolLM2 and Llama-8B shapes"
   timeout 260 $PY -m attnlab.bench.kernels --compile-only --phases decode,verify --contexts 512 --ks 4 \
@@ -130,7 +126,7 @@ case $PART in
   echo "exit code $?"; grep -E "^\|" $LOGS/fi9.log
   ;;
 10)
-  step "install .gpu/fb (a fresh machine)"; bash .gpu/fb/install.sh | tail -1
+  install_fb
   step "issue 17: the K loop alone, 8B and 1B shapes, M 1 / 16"
   timeout 100 $PY -m attnlab.bench.gemm --models llama8b,llama1b --ms 1,16 --repeats 3 --split-modes \
 fill/ticket,fill/ticket+k128s4w4,fill/ticket+k128s5w4,fill/ticket+k128s3w8,fill/ticket+k256s3w4,fill/ticket+k256s2w8,\

@@ -40,6 +40,27 @@ def test_split_k_is_a_function_of_n_and_k_only():
     assert s > 1 and (s - 1) * per < 1100 <= s * per  # every split gets K, none is empty
 
 
+@pytest.mark.parametrize("epilogue", ["none", "silu_mul", "residual"])
+def test_long_k_takes_the_256_loop_row_invariant(epilogue):
+    """K >= LONG_K runs BLOCK_K 256 by default (split into 256-wide chunks): rows M-invariant, values torch's."""
+    k = 2304
+    assert gemm.tile_config(torch.bfloat16, torch.bfloat16, k)[1] == 256
+    x, w, g = _data(16, 64, k, torch.bfloat16, seed=15)
+    res = torch.randn(16, 32 if epilogue == "silu_mul" else 64, generator=g).to(torch.bfloat16)
+    kw = {"epilogue": epilogue, **({"residual": res} if epilogue == "residual" else {})}
+    full = gemm.gemm(x, w, **kw)
+    for m in (1, 5):
+        kw_m = {**kw, **({"residual": res[:m]} if epilogue == "residual" else {})}
+        assert torch.equal(gemm.gemm(x[:m], w, **kw_m), full[:m])
+    y = F.linear(x.float(), w.float()).to(torch.bfloat16).float()
+    if epilogue == "silu_mul":
+        gate, up = y.split(32, dim=-1)
+        y = (F.silu(gate).to(torch.bfloat16).float() * up)
+    elif epilogue == "residual":
+        y = res.float() + y
+    _close(full, y.to(torch.bfloat16), torch.bfloat16)
+
+
 def test_wave_split_fills_whole_waves_net_of_partials():
     """wave: the power-of-two split whose programs fill whole waves of 132 best, net of the partials' traffic.
     Column tiles as the gemm path makes them (BLOCK_N 64; paired RoPE / SiLU epilogues 32)."""
@@ -202,7 +223,7 @@ def test_rope_positions_read_the_tables_bit_for_bit(m, mode):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n,k", [(96, 80), (64, 1100)])
+@pytest.mark.parametrize("n,k", [(96, 80), (64, 1100), (32, 2304)])  # 2304 >= LONG_K: the BLOCK_K 256 loop
 @pytest.mark.parametrize("m", [1, 9])
 def test_fp8_weights_match_dequantized_reference(m, n, k, dtype):
     x, w, g = _data(m, n, k, dtype, seed=6)
