@@ -144,6 +144,8 @@ class ParityPlan:
 
 GEMM_KINDS = ("cublas", "triton", "triton_attn")  # engine.gemm
 TRITON_GEMMS = ("triton", "triton_attn")  # the engine.gemm values that run attnlab's small-M GEMM
+# engine.gemm -> the AttnContext.fused_ops value that selects its layer path (attnlab.models.gemm_path)
+GEMM_PATHS = {"triton": "gemm", "triton_attn": "gemm_attn"}
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import torch
 from attnlab.bench.kernels import copy_bandwidth_gb_s, versions
 from attnlab.bench.output import write_report
 from attnlab.engine.build import SideSpec, build_side
-from attnlab.plan import ModelSource
+from attnlab.plan import GEMM_PATHS, ModelSource
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import NoDrafter
 
@@ -44,7 +44,7 @@ def side(model: str, backend: str, batch: int, graphs: bool, max_context: int, d
     fused: False | True (engine.fused_ops) | "gemm" (engine.gemm=triton) | "gemm_attn" (engine.gemm=triton_attn)."""
     spec = SideSpec(ModelSource(model, init="random"), backend, dtype, dtype, page_size=16, max_context=max_context,
                     max_batch=batch, device="cuda", cuda_graph=graphs, max_q_len=1, fused_ops=bool(fused),
-                    gemm={"gemm": "triton", "gemm_attn": "triton_attn"}.get(fused, "cublas"))
+                    gemm={path: kind for kind, path in GEMM_PATHS.items()}.get(fused, "cublas"))
     return build_side(spec, progress=False)
 
 

@@ -16,7 +16,7 @@ from attnlab.kvcache import KVPool, PageAllocator, pages_needed
 from attnlab.kvcache.quant import DEFAULT_KV_SCALE, FP8_DTYPES
 from attnlab.models.fp8 import has_fp8_linears, quantize_linears
 from attnlab.models.subset import LayerSubset
-from attnlab.plan import GEMM_KINDS, TRITON_GEMMS, ModelSource
+from attnlab.plan import GEMM_KINDS, GEMM_PATHS, TRITON_GEMMS, ModelSource
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -110,7 +110,7 @@ def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, pr
     if spec.gemm in TRITON_GEMMS and dev.type != "cuda":
         raise ConfigError(f"engine.gemm={spec.gemm} needs device=cuda")
     # the runner hands this to every pass's AttnContext: "gemm" / "gemm_attn" select attnlab.models.gemm_path
-    fused_ops = {"triton": "gemm", "triton_attn": "gemm_attn"}.get(spec.gemm, spec.fused_ops)
+    fused_ops = GEMM_PATHS.get(spec.gemm, spec.fused_ops)
     if layers:
         model = LayerSubset(model, list(layers))
     num_layers = len(layers) if layers else mcfg.num_layers
