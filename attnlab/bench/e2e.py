@@ -38,13 +38,21 @@ from attnlab.plan import GEMM_PATHS, ModelSource
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import NoDrafter
 
+WEIGHTS = ("bf16", "fp8w")  # a side's weights: bf16, or e4m3 layer projections dequantized in the small-M GEMM
 
-def side(model: str, backend: str, batch: int, graphs: bool, max_context: int, dtype="bf16", fused=False):
+
+def side(model: str, backend: str, batch: int, graphs: bool, max_context: int, dtype="bf16", fused=False,
+         weights: str = "bf16"):
     """A target side; with ``graphs`` its backend is graph-capable and ``set_host_path`` captures the graphs.
-    fused: False | True (engine.fused_ops) | "gemm" (engine.gemm=triton) | "gemm_attn" (engine.gemm=triton_attn)."""
-    spec = SideSpec(ModelSource(model, init="random"), backend, dtype, dtype, page_size=16, max_context=max_context,
+    fused: False | True (engine.fused_ops) | "gemm" (engine.gemm=triton) | "gemm_attn" (engine.gemm=triton_attn).
+    weights: ``bf16`` (``dtype``'s), or ``fp8w``: the layer projections' weights e4m3 with per-row scales, weight-only
+    at small M (precision=fp8w-draft's weights; the KV pool stays ``dtype``)."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights={weights!r}: choose from {', '.join(WEIGHTS)}")
+    fp8 = {"dtype": "fp8_e4m3", "fp8_gemm": "weight_only"} if weights == "fp8w" else {"dtype": dtype}
+    spec = SideSpec(ModelSource(model, init="random"), backend, kv_dtype=dtype, page_size=16, max_context=max_context,
                     max_batch=batch, device="cuda", cuda_graph=graphs, max_q_len=1, fused_ops=bool(fused),
-                    gemm={path: kind for kind, path in GEMM_PATHS.items()}.get(fused, "cublas"))
+                    gemm={path: kind for kind, path in GEMM_PATHS.items()}.get(fused, "cublas"), **fp8)
     return build_side(spec, progress=False)
 
 
@@ -70,8 +78,12 @@ def set_host_path(runner, host: str) -> None:
 
 
 def step_weight_bytes(model) -> int:
-    """Bytes of weights one decode step reads: all parameters, minus an untied input embedding (one row read)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of weights one decode step reads: all parameters and the fp8 projections' weights, scales and biases
+    (FP8Linear buffers), minus an untied input embedding (one row read)."""
+    from attnlab.models.fp8 import FP8Linear
+
+    fp8 = [b for m in model.modules() if isinstance(m, FP8Linear) for b in m.buffers(recurse=False)]
+    total = sum(p.numel() * p.element_size() for p in [*model.parameters(), *fp8])
     emb = model.embed_tokens.weight
     return total if model.lm_head.weight is emb else total - emb.numel() * emb.element_size()
 

@@ -11,8 +11,10 @@ copy bandwidth (weight + x + out bytes / time / device-to-device copy bandwidth)
 weights and per-row scales) and its speedup over cuBLAS bf16, and ``inv``: whether rows of M = 1 equal, bit
 for bit, the same rows inside M = 5, 9, 16, for attnlab and for cuBLAS.
 
-``--split-modes``: attnlab is timed in each split mode of engine.gemm_split (attnlab.kernels.gemm); the first
-is the ``attnlab`` column, the others an extra column each (their rows are checked for invariance too).
+``--split-modes``: attnlab (bf16 and fp8w) is timed in each arm (``attnlab.kernels.gemm.arm``: a split mode of
+engine.gemm_split, optionally a K loop, ``+k<BK>s<S>w<W>`` or a role's ``+qkv.k<BK>s<S>w<W>``); the first is the
+``attnlab`` and ``fp8w`` columns, the others two extra columns each (their rows are checked for invariance too). Each
+GEMM runs as its role (qkv, o, gate_up, down, lm_head), so it takes the K loop a decode step gives it.
 
 Time: CUDA events around a CUDA graph that replays ``reps`` calls, each on its own copy of the weights (enough
 copies that the walk is > 4x the L2, so weights come from HBM as in a real step); the median of ``iters``
@@ -145,13 +147,31 @@ def cell(model, name, n, k, m, args, device, copy_gb_s) -> dict:
     row = {"model": model, "gemm": name, "n": n, "k": k, "m": m}
     ref = F.linear(x.float(), ws[0].float())
     modes = args.split_modes
+    role = name if name in gemm.ROLES else None  # the GEMM's role picks its K loop, as in a decode step
+
+    def bf16(xx, i):
+        return gemm.linear(xx, ws[i], role=role)
+
+    def fp8(xx, i):
+        return gemm.linear(xx, w8s[i][0], w_scale=w8s[i][1].view(-1), role=role)
+
     fns = {"cublas": lambda i: F.linear(x, ws[i]),
-           "attnlab": in_mode(lambda i: gemm.linear(x, ws[i]), modes[0]),
-           "fp8w": in_mode(lambda i: gemm.linear(x, w8s[i][0], w_scale=w8s[i][1].view(-1)), modes[0]),
-           **{f"split {mode}": in_mode(lambda i: gemm.linear(x, ws[i]), mode) for mode in modes[1:]}}
+           "attnlab": in_mode(lambda i: bf16(x, i), modes[0]),
+           "fp8w": in_mode(lambda i: fp8(x, i), modes[0]),
+           **{f"split {mode}": in_mode(lambda i: bf16(x, i), mode) for mode in modes[1:]},
+           **{f"fp8w {mode}": in_mode(lambda i: fp8(x, i), mode) for mode in modes[1:]}}
+    row["arm_errors"] = {}
+    for key in [k for k in fns if k.startswith(("split ", "fp8w "))]:
+        try:  # an arm whose loop this GPU cannot run (its shared memory): that column says so, the others go on
+            fns[key](0)
+        except Exception as e:  # noqa: BLE001
+            row["arm_errors"][key] = f"{type(e).__name__}: {str(e)[:120]}"
+            del fns[key]
     row["max_err_attnlab"] = (fns["attnlab"](0).float() - ref).abs().max().item()
     row["max_err_fp8w"] = (fns["fp8w"](0).float() - x.float() @ (w8s[0][0].float() * w8s[0][1]).t()).abs().max().item()
-    row["inv_attnlab"] = all(row_invariant(in_mode(lambda xx: gemm.linear(xx, ws[0]), mode), x16) for mode in modes)
+    runs = [(mode, f) for i, mode in enumerate(modes) for key, f in (("split", bf16), ("fp8w", fp8))
+            if i == 0 or f"{key} {mode}" in fns]
+    row["inv_attnlab"] = all(row_invariant(in_mode(lambda xx, f=f: f(xx, 0), mode), x16) for mode, f in runs)
     row["inv_cublas"] = row_invariant(lambda xx: F.linear(xx, ws[0]), x16)
     timer = GraphTimer if device == "cuda" else EagerTimer
     timers = {key: timer(fn, copies, args.reps, args.iters) for key, fn in fns.items()}
@@ -159,11 +179,12 @@ def cell(model, name, n, k, m, args, device, copy_gb_s) -> dict:
     for _ in range(args.repeats):  # interleaved: drift hits all three alike
         for key, t in timers.items():
             samples[key].append(t.measure())
-    row["split_us"] = {}
+    row["split_us"], row["fp8w_split_us"] = {}, {}
     for key, s in samples.items():
         med = statistics.median(s)
-        if key.startswith("split "):
-            row["split_us"][key[6:]] = {"us": med, "spread": (max(s) - min(s)) / med if med else 0.0}
+        if key.startswith(("split ", "fp8w ")):
+            table = row["split_us"] if key.startswith("split ") else row["fp8w_split_us"]
+            table[key[5:].strip()] = {"us": med, "spread": (max(s) - min(s)) / med if med else 0.0}
             continue
         row[f"{key}_us"] = med
         row[f"{key}_spread"] = (max(s) - min(s)) / med if med else 0.0
@@ -183,17 +204,21 @@ def markdown(rows: list[dict], modes: list[str] | None = None) -> str:
     column ``us (cuBLAS / it)``."""
     modes = modes or [None]
     extra = "".join(f" {m} us (ratio) |" for m in modes[1:])
+    extra8 = "".join(f" fp8w {m} us (vs bf16) |" for m in modes[1:])
     head = (f"| model | gemm | N x K | M | cuBLAS us | attnlab{f' {modes[0]}' if modes[0] else ''} us | ratio |{extra} "
-            "BW cuBLAS | BW attnlab | fp8w us | fp8w vs bf16 | inv attnlab | inv cuBLAS |")
-    lines = [head, "|" + "---|" * (13 + len(modes) - 1)]
+            f"BW cuBLAS | BW attnlab | fp8w us | fp8w vs bf16 |{extra8} inv attnlab | inv cuBLAS |")
+    lines = [head, "|" + "---|" * (13 + 2 * (len(modes) - 1))]
     for r in rows:
         cols = "".join(f" {r['split_us'][m]['us']:.1f} ±{100 * r['split_us'][m]['spread']:.0f}% "
-                       f"({r['cublas_us'] / r['split_us'][m]['us']:.2f}x) |" for m in modes[1:])
+                       f"({r['cublas_us'] / r['split_us'][m]['us']:.2f}x) |" if m in r["split_us"] else " error |"
+                       for m in modes[1:])
+        cols8 = "".join(f" {r['fp8w_split_us'][m]['us']:.1f} ({r['cublas_us'] / r['fp8w_split_us'][m]['us']:.2f}x) |"
+                        if m in r["fp8w_split_us"] else " error |" for m in modes[1:])
         lines.append(
             f"| {r['model']} | {r['gemm']} | {r['n']} x {r['k']} | {r['m']} | {r['cublas_us']:.1f} "
             f"±{100 * r['cublas_spread']:.0f}% | {r['attnlab_us']:.1f} ±{100 * r['attnlab_spread']:.0f}% | "
             f"{r['ratio']:.2f}x |{cols} {_pct(r['cublas_bw'])} | {_pct(r['attnlab_bw'])} | {r['fp8w_us']:.1f} | "
-            f"{r['fp8w_speedup']:.2f}x | {'yes' if r['inv_attnlab'] else 'NO'} | "
+            f"{r['fp8w_speedup']:.2f}x |{cols8} {'yes' if r['inv_attnlab'] else 'NO'} | "
             f"{'yes' if r['inv_cublas'] else 'NO'} |")
     return "\n".join(lines)
 
@@ -249,6 +274,9 @@ def main(argv=None) -> int:
                 print(f"  {model} {name} M={m}: cuBLAS {rows[-1]['cublas_us']:.1f} us, attnlab "
                       f"{rows[-1]['attnlab_us']:.1f} us", file=sys.stderr, flush=True)
     print(markdown(rows, a.split_modes))
+    errors = {(key, err) for r in rows for key, err in r["arm_errors"].items()}
+    for key, err in sorted(errors):
+        print(f"arm {key!r} failed (its cells say error): {err}")
     print(f"\n{len(rows)} cells in {time.perf_counter() - t0:.0f} s")
     if a.out:
         with open(a.out, "w") as f:

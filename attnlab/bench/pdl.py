@@ -2,7 +2,8 @@
 compute capability >= 9.0).
 
     python -m attnlab.bench.pdl [--models smollm2-135m,llama-3.2-1b] [--engines fused,gemm] [--host thin8]
-                                [--batches 1] [--rounds 5] [--gemm-splits fill/pass] [--new 256] [--out PREFIX]
+                                [--batches 1] [--rounds 5] [--gemm-splits fill/pass] [--weights bf16,fp8w]
+                                [--new 256] [--out PREFIX]
 
 Target-only greedy decode with CUDA graphs on random weights (decode speed does not depend on their values), per
 (model, batch, engine, host path): the side is built once, then ``--rounds`` rounds over its arms, the order
@@ -19,7 +20,11 @@ the order of fp32 sums, so its tokens may differ on random weights at near-ties:
 Engines: ``unfused`` (cuBLAS and torch ops between attnlab's attention kernels), ``fused`` (engine.fused_ops:
 the norms, RoPE, SiLU-mul and KV store as attnlab kernels), ``gemm`` (engine.gemm=triton: every GEMM of a
 decode pass is attnlab's small-M kernel too, so every launch of a layer can overlap the one before), ``gemm-attn``
-(engine.gemm=triton_attn: qkv and o on that kernel, the MLP and LM head on cuBLAS).
+(engine.gemm=triton_attn: qkv and o on that kernel, the MLP and LM head on cuBLAS). ``--weights bf16,fp8w``: a side
+per weights (fp8w: the layer projections e4m3 with per-row scales, dequantized inside the small-M GEMM, the LM head
+and KV pool bf16: precision=fp8w-draft's weights), every arm on each in the same rotating rounds, and a column of each
+row's per-round ratio to the first weights' same arm (issue 17's "fp8 draft weights vs bf16"); each side's roofline
+is its own weight bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import argparse
 import torch
 
 from attnlab.bench.e2e import (
+    WEIGHTS,
     check_host,
     random_prompts,
     roofline_tok_s,
@@ -68,7 +74,7 @@ def sums_differ(a: str, b: str, norms: bool = True) -> bool:
     ``norms``, an engine that has them, the norms as GEMM prologues or not), so that their tokens may differ at
     near-ties on random weights. A forced loop against the default (by K) counts as different."""
     pa, pb = gemm.parse_arm(a), gemm.parse_arm(b)
-    loop = lambda p: (p.loop[0], p.loop[2]) if p.loop else None  # BLOCK_K and warps; stages sum alike
+    loop = lambda p: {key: (bk, w) for key, (bk, _, w) in p.loops}  # BLOCK_K and warps; stages sum alike
     return (pa.split_mode.split("/")[0] != pb.split_mode.split("/")[0] or loop(pa) != loop(pb)
             or norms and pa.norm_prologue != pb.norm_prologue)
 
@@ -81,21 +87,26 @@ def arm_name(engine: str, arm: tuple[bool, str]) -> str:
     return f"PDL {'on' if on else 'off'}" + (f", +{extras}" if extras else "")
 
 
-def rounds_over(runner, prompts, new: int, host: str, rounds: int, arms: list[tuple[bool, str]]) -> dict:
-    """``rounds`` rounds over ``arms``, round i starting at arm i mod len(arms); -> per-arm tok/s lists, per-round
-    ratios to arm 0, and whether each arm decoded arm 0's tokens in every round."""
+def rounds_over(runners, prompts, new: int, host: str, rounds: int, arms: list[tuple]) -> dict:
+    """``rounds`` rounds over ``arms`` ((PDL on, arm) on ``runners``, one side; or (weights, PDL on, arm) with
+    ``runners`` a dict weights -> side), round i starting at arm i mod len(arms); -> per-arm tok/s lists, per-round
+    ratios to arm 0, and whether each arm decoded the tokens of the first arm on its side in every round."""
+    if not isinstance(runners, dict):
+        runners, arms = {None: runners}, [(None, *a) for a in arms]
     n = len(arms)
     tok = [[] for _ in arms]
     same = [True] * n
+    first = {w: next(i for i, a in enumerate(arms) if a[0] == w) for w, _, _ in arms}  # each side's first arm
     for i in range(rounds):
         outs = [None] * n
         for a in [(i + j) % n for j in range(n)]:
-            on, split = arms[a]
+            w, on, split = arms[a]
+            runner = runners[w]
             with pdl.using(on, runner.device), gemm.arm(split):
                 set_host_path(runner, host)  # re-captures the graphs with this arm's launches
                 t, outs[a] = timed_decode(runner, prompts, new)
             tok[a].append(t)
-        same = [s and outs[a] == outs[0] for a, s in enumerate(same)]
+        same = [s and outs[a] == outs[first[arms[a][0]]] for a, s in enumerate(same)]
     ratios = [[t / t0 for t0, t in zip(tok[0], tok[a])] for a in range(n)]
     return {"tok_s": tok, "ratio": ratios, "same_tokens": same}
 
@@ -116,6 +127,10 @@ def main(argv=None) -> int:
                          f"optionally +pf<chunks> (prefetch; bare: the default {gemm.DEFAULT_PREFETCH}) and "
                          f"+lmargmax / +lmlogits (greedy tokens from the LM head's argmax epilogue / its logits + argmax, the "
                          f"default); the first is also run with PDL off")
+    ap.add_argument("--weights", default="bf16",
+                    help=f"comma-separated, of {', '.join(WEIGHTS)}: one side each (fp8w: e4m3 layer weights "
+                         f"dequantized in the small-M GEMM), every arm on each, in the same rounds; the others' "
+                         f"rows also give their ratio to the first's, arm for arm")
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)
@@ -127,24 +142,29 @@ def main(argv=None) -> int:
         splits = gemm.parse_split_modes(a.gemm_splits)
     except ValueError as e:
         ap.error(f"--gemm-splits: {e}")
+    weights = list(dict.fromkeys(w.strip() for w in a.weights.split(",") if w.strip()))
+    if not weights or any(w not in WEIGHTS for w in weights):
+        ap.error(f"--weights {a.weights!r}: comma-separated, of {', '.join(WEIGHTS)}")
     why = pdl.unsupported("cuda")
     if why:
         print(f"attnlab.bench.pdl: {why}")
         return 2
     bw = copy_bandwidth_gb_s()
     res = {"gpu": torch.cuda.get_device_name(), "versions": versions(), "rounds": a.rounds, "copy_gb_s": bw,
-           "rows": []}
+           "weights": weights, "rows": []}
+    vs_w = len(weights) > 1  # a column: each row's per-round ratio to the first weights' same arm
     lines = [(f"{res['gpu']}; {res['versions']}; greedy target-only decode, random weights, CUDA graphs, "
               f"{a.new} new tokens, {a.rounds} rounds over the arms (order rotating); roofline: batch x copy "
               f"bandwidth ({bw:.0f} GB/s, measured here) / the weight bytes a step reads"), "",
              ("| model | batch | engine | host | arm | tok/s (min-max) | of roofline | vs first arm, per round (min-max) | "
-              "same tokens as the first arm |"), "|---|---|---|---|---|---|---|---|---|"]
+              + (f"vs {weights[0]}, same arm (min-max) | " if vs_w else "") + "same tokens as the first arm |"),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if vs_w else "")]
     print(lines[0], flush=True)
 
     def emit(key: dict, arm: str, cells: str, data: dict) -> None:  # one row: the table, the JSON, the console
         res["rows"].append({**key, "arm": arm, **data})
-        lines.append(f"| {key['model']} | {key['batch']} | {key['engine']} | {key.get('host', '')} | {arm} | "
-                     f"{cells} |")
+        eng = key["engine"] + (f", {key['weights']}" if key.get("weights", "bf16") != "bf16" else "")
+        lines.append(f"| {key['model']} | {key['batch']} | {eng} | {key.get('host', '')} | {arm} | {cells} |")
         print(lines[-1], flush=True)
 
     for model in [m.strip() for m in a.models.split(",") if m.strip()]:
@@ -152,31 +172,37 @@ def main(argv=None) -> int:
             for eng in engines:
                 key = {"model": model, "batch": batch, "engine": eng}
                 try:
-                    rs = side(model, "triton", batch, True, 32 + a.new + 16, fused=ENGINES[eng])
+                    sides = {w: side(model, "triton", batch, True, 32 + a.new + 16, fused=ENGINES[eng], weights=w)
+                             for w in weights}
                 except Exception as e:  # noqa: BLE001 - one engine failing must not lose the table
-                    emit(key, "-", f"error: {e!r} ||||", {"error": repr(e)})
+                    emit(key, "-", f"error: {e!r} ||||" + ("|" if vs_w else ""), {"error": repr(e)})
                     continue
-                roof = roofline_tok_s(step_weight_bytes(rs.model), batch, bw)
-                prompts = random_prompts(rs.model_config.vocab_size, batch)
-                arms = arms_for(eng, splits)
+                first = sides[weights[0]]
+                roofs = {w: roofline_tok_s(step_weight_bytes(rs.model), batch, bw) for w, rs in sides.items()}
+                prompts = random_prompts(first.model_config.vocab_size, batch)
+                arms = [(w, *arm) for w in weights for arm in arms_for(eng, splits)]
                 for host in a.host:
                     try:
-                        r = rounds_over(rs, prompts, a.new, host, a.rounds, arms)
+                        r = rounds_over(sides, prompts, a.new, host, a.rounds, arms)
                     except Exception as e:  # noqa: BLE001
-                        emit({**key, "host": host}, "-", f"error: {e!r} ||||", {"error": repr(e)})
+                        emit({**key, "host": host}, "-", f"error: {e!r} ||||" + ("|" if vs_w else ""),
+                             {"error": repr(e)})
                         continue
-                    for i, arm in enumerate(arms):
+                    for i, (w, *arm) in enumerate(arms):
                         # another split policy changes fp32 sums: tokens may differ at near-ties
-                        policy_differs = eng in GEMM_ENGINES and sums_differ(arm[1], arms[0][1], eng == "gemm")
+                        base = arms[next(j for j, b in enumerate(arms) if b[0] == w)][2]  # its side's first arm
+                        policy_differs = eng in GEMM_ENGINES and sums_differ(arm[1], base, eng == "gemm")
                         same = "yes" if r["same_tokens"][i] else "differs" if policy_differs else "NO"
-                        frac = percentile(r["tok_s"][i], 50) / roof
+                        frac = percentile(r["tok_s"][i], 50) / roofs[w]
+                        vs = [t / t0 for t0, t in zip(r["tok_s"][arms.index((weights[0], *arm))], r["tok_s"][i])]
                         cells = (f"{_spread(r['tok_s'][i], '.0f')} | {frac:.1%} | {_spread(r['ratio'][i], '.3f')} | "
-                                 f"{same}")
-                        emit({**key, "host": host}, arm_name(eng, arm), cells,
+                                 + (f"{_spread(vs, '.3f')} | " if vs_w else "") + same)
+                        emit({**key, "host": host, "weights": w}, arm_name(eng, tuple(arm)), cells,
                              {"pdl": arm[0], "gemm_split": arm[1] if eng in GEMM_ENGINES else None, "arm": arm[1],
-                              "tok_s": r["tok_s"][i], "ratio": r["ratio"][i], "same_tokens": r["same_tokens"][i],
-                              "same_required": not policy_differs, "roofline_tok_s": roof, "frac_roofline": frac})
-                del rs
+                              "tok_s": r["tok_s"][i], "ratio": r["ratio"][i], "vs_first_weights": vs,
+                              "same_tokens": r["same_tokens"][i], "same_required": not policy_differs,
+                              "roofline_tok_s": roofs[w], "frac_roofline": frac})
+                del sides, first
                 torch.cuda.empty_cache()
     write_report(a.out, res, "\n".join(lines))
     bad_rows = [r for r in res["rows"] if "error" not in r and r["same_required"] and not r["same_tokens"]]

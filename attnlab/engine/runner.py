@@ -281,7 +281,7 @@ class ModelRunner:
         if head is not None:
             from attnlab.kernels import gemm
 
-            return gemm.linear(hidden, head.weight, head.bias).float()
+            return gemm.linear(hidden, head.weight, head.bias, role="lm_head").float()
         return self.model.compute_logits(hidden)
 
     def _gemm_head(self, hidden: torch.Tensor):
@@ -308,10 +308,10 @@ class ModelRunner:
             from attnlab.kernels import gemm
 
             if gemm.argmax_head():
-                return gemm.argmax_linear(hidden, head.weight, head.bias)
+                return gemm.argmax_linear(hidden, head.weight, head.bias, role="lm_head")
             # the argmax of the model-dtype logits: their fp32 copy (``logits``) is exact and order-preserving,
             # so it has the same first maximum, and skipping it saves a launch a step
-            return argmax.greedy(gemm.linear(hidden, head.weight, head.bias))
+            return argmax.greedy(gemm.linear(hidden, head.weight, head.bias, role="lm_head"))
         return argmax.greedy(self.logits(hidden))
 
     def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None, keep: bool = False,

@@ -223,22 +223,23 @@ def _compile_gemm_dtypes(gemm, dtypes, arch: int) -> None:
             for w, scale in w_variants:
                 for store in (None, (cache, cache.clone(), torch.zeros(4, dtype=torch.long))):
                     gemm.gemm(x, w, w_scale=scale, norm_weight=nw, epilogue="rope", cos=cs, sin=cs, head_dim=d,
-                              rope_cols=(heads + kv_heads) * d, kv_store=store)
+                              rope_cols=(heads + kv_heads) * d, kv_store=store, role="qkv")
                     # the gemm path's default: the norm its own launch, the GEMM without a prologue
-                    gemm.gemm(x, w, w_scale=scale, epilogue="rope", cos=cs, sin=cs, head_dim=d,
+                    gemm.gemm(x, w, w_scale=scale, epilogue="rope", cos=cs, sin=cs, head_dim=d, role="qkv",
                               rope_cols=(heads + kv_heads) * d, kv_store=store, positions=torch.zeros(4, dtype=torch.long))
                     # the gemm path's: cos / sin tables read by position (a runner's rope_table)
                     gemm.gemm(x, w, w_scale=scale, norm_weight=nw, epilogue="rope", cos=cs, sin=cs, head_dim=d,
-                              rope_cols=(heads + kv_heads) * d, kv_store=store,
+                              rope_cols=(heads + kv_heads) * d, kv_store=store, role="qkv",
                               positions=torch.zeros(4, dtype=torch.long))
                 gemm.linear(x, w, w_scale=scale)
             o = torch.zeros(hidden, heads * d, dtype=dtype)
-            gemm.gemm(torch.zeros(4, heads * d, dtype=dtype), o, epilogue="residual", residual=x)
-            gemm.gemm(x, torch.zeros(2 * inter, hidden, dtype=dtype), norm_weight=nw, epilogue="silu_mul")
-            gemm.gemm(x, torch.zeros(2 * inter, hidden, dtype=dtype), epilogue="silu_mul")
+            gemm.gemm(torch.zeros(4, heads * d, dtype=dtype), o, epilogue="residual", residual=x, role="o")
+            gemm.gemm(x, torch.zeros(2 * inter, hidden, dtype=dtype), norm_weight=nw, epilogue="silu_mul", role="gate_up")
+            gemm.gemm(x, torch.zeros(2 * inter, hidden, dtype=dtype), epilogue="silu_mul", role="gate_up")
             gemm.gemm(torch.zeros(4, inter, dtype=dtype), torch.zeros(hidden, inter, dtype=dtype),
-                      epilogue="residual", residual=x)
-            gemm.argmax_linear(x, torch.zeros(8 * hidden, hidden, dtype=dtype))  # an LM head's greedy tokens
+                      epilogue="residual", residual=x, role="down")
+            gemm.linear(x, torch.zeros(8 * hidden, hidden, dtype=dtype), role="lm_head")  # an LM head's logits
+            gemm.argmax_linear(x, torch.zeros(8 * hidden, hidden, dtype=dtype), role="lm_head")  # its greedy tokens
             argmax.argmax_rows(torch.zeros(4, 8 * hidden, dtype=dtype))  # the engine's greedy tokens of logits
 
 

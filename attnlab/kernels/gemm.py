@@ -121,10 +121,14 @@ _norm_prologue = DEFAULT_NORM_PROLOGUE
 # rows stay M-invariant). Measured end to end (bench.pdl, gemm engine, batch 1, PDL on; experiments/h200-2026-12-04):
 # BLOCK_K 256 for every GEMM took Llama-3.1-8B shapes (K 4,096 / 14,336) from 222-223 to 232-233 tok/s and
 # Llama-3.2-1B (K 2,048 / 8,192) from 986 to 1,014, and SmolLM2 (K 576 / 1,536) from 1,419 down to 1,280; 4 stages,
-# 8 warps and 64 lost. A bench arm's +k<BK>s<S>w<W> forces one loop on every GEMM (``loop_config``).
+# 8 warps and 64 lost. ``DEFAULT_ROLE_LOOPS``: measured exceptions by the GEMM's role in the layer (``ROLES``; the
+# caller names it), a function of the call site, never of M. A bench arm's +k<BK>s<S>w<W> forces one loop on every
+# GEMM, +<role>.k<BK>s<S>w<W> on one role's (``loop_config``).
 LONG_K = 2048
-DEFAULT_LOOP = None  # the rule above
-_loop: tuple[int, int, int] | None = DEFAULT_LOOP
+ROLES = ("qkv", "o", "gate_up", "down", "lm_head")
+DEFAULT_ROLE_LOOPS: dict[str, tuple[int, int, int]] = {}
+DEFAULT_LOOPS: tuple = ()  # an arm's forced loops: none (the rule above)
+_loops: dict[str, tuple[int, int, int]] = {}  # "all" or a role -> (BLOCK_K, stages, warps)
 _tickets: dict = {}
 
 
@@ -207,15 +211,14 @@ class Arm(NamedTuple):
     rows_argmax: bool
     rope_store: bool
     norm_prologue: bool
-    loop: tuple[int, int, int] | None
+    loops: tuple[tuple[str, tuple[int, int, int]], ...]  # ("all" or a role, (BLOCK_K, stages, warps)), sorted
 
 
 @contextmanager
 def arm(text: str):
     """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc][+kvpf<tiles>][+amtorch]
-    [+kvsep][+normsep|+normpro][+k<BK>s<S>w<W>]`` (``fill/ticket``, ``fill/ticket+pf0``), for a block, everything
-    restored after; a
-    bare arm is the engine's defaults. The split mode; ``+pf``: the weight prefetch (DEFAULT_PREFETCH chunks unless
+    [+kvsep][+normsep|+normpro][+k<BK>s<S>w<W>][+<role>.k<BK>s<S>w<W>...]`` (``fill/ticket``, ``fill/ticket+pf0``,
+    ``fill/ticket+qkv.k128s4w4``), for a block, everything restored after; a bare arm is the engine's defaults. The split mode; ``+pf``: the weight prefetch (DEFAULT_PREFETCH chunks unless
     given); the greedy tokens' LM head (``+lmargmax`` its argmax epilogue; ``+lmlogits``, the default, the side's
     logits from this GEMM, ``ModelRunner.logits``, then their argmax); ``+ropetable`` (default) / ``+ropecalc``:
     RoPE's cos / sin from the runner's position tables or from torch every pass; ``+kvpf<tiles>``: the decode
@@ -223,7 +226,7 @@ def arm(text: str):
     argmax instead of attnlab.kernels.argmax; ``+kvsep``: the fused paths store K / V by their own kernel, not from
     the RoPE launch (attnlab.kernels.fused.rope_store); ``+normsep`` (default) / ``+normpro``: the gemm path's
     RMSNorms as their own launches or as the qkv / gate_up prologue; ``+k<BK>s<S>w<W>``: the K loop's BLOCK_K, stages
-    and warps (``loop_config``). Split, prefetch, RoPE-table, norm and loop parts act on gemm-path sides only."""
+    and warps for every GEMM, ``+<role>.k<BK>s<S>w<W>`` for one role's (``ROLES``; ``loop_for``, ``loop_config``). Split, prefetch, RoPE-table, norm and loop parts act on gemm-path sides only."""
     from attnlab.kernels import argmax, decode, fused
 
     a = parse_arm(text)
@@ -232,12 +235,12 @@ def arm(text: str):
             scoped(argmax.enabled, argmax.set_enabled, a.rows_argmax), \
             scoped(fused.rope_store, fused.set_rope_store, a.rope_store), \
             scoped(norm_prologue, _set_norm_prologue, a.norm_prologue), \
-            scoped(loop_config, _set_loop_config, a.loop):
+            scoped(loop_config, _set_loop_config, a.loops):
         yield
 
 
 _PAIRS = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, {"normsep", "normpro"})  # at most one of each
-_LOOP_ARM = re.compile(r"k(32|64|128|256)s([1-6])w([248])")  # +k<BLOCK_K>s<stages>w<warps>
+_LOOP_ARM = re.compile(r"(?:(" + "|".join(ROLES) + r")\.)?k(32|64|128|256|512)s([1-6])w([248])")  # +[<role>.]k<BK>s<S>w<W>
 
 
 def parse_arm(text: str) -> Arm:
@@ -248,10 +251,10 @@ def parse_arm(text: str) -> Arm:
     mode, *extras = text.split("+")
     chunks, fused_argmax, table = DEFAULT_PREFETCH, DEFAULT_ARGMAX_HEAD, DEFAULT_ROPE_TABLE  # bare: the defaults
     kv_tiles, rows_argmax, rope_store, prologue = KV_PREFETCH_TILES, DEFAULT_ON, True, DEFAULT_NORM_PROLOGUE
-    loop = DEFAULT_LOOP
+    loops = dict(DEFAULT_LOOPS)
     ok = (mode in SPLIT_MODES and len(set(extras)) == len(extras) and not any(p <= set(extras) for p in _PAIRS)
           and sum(e.startswith("kvpf") for e in extras) <= 1 and sum(e.startswith("pf") for e in extras) <= 1
-          and sum(_LOOP_ARM.fullmatch(e) is not None for e in extras) <= 1)
+          and _one_loop_per_key(extras))
     for e in extras:
         if e.startswith("pf") and _digits(e[2:]) and int(e[2:]) <= MAX_PREFETCH:
             chunks = int(e[2:])
@@ -264,7 +267,8 @@ def parse_arm(text: str) -> Arm:
         elif e in ("normsep", "normpro"):
             prologue = e == "normpro"
         elif _LOOP_ARM.fullmatch(e):
-            loop = tuple(int(v) for v in _LOOP_ARM.fullmatch(e).groups())
+            role, *loop = _LOOP_ARM.fullmatch(e).groups()
+            loops[role or "all"] = tuple(int(v) for v in loop)
         elif e in ("lmargmax", "lmlogits"):
             fused_argmax = e == "lmargmax"
         elif e in ("ropetable", "ropecalc"):
@@ -273,10 +277,16 @@ def parse_arm(text: str) -> Arm:
             ok = False
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
-                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro][+k<BK>s<S>w<W>], split modes "
-                         f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, tiles 0..8, BK 32 / 64 / 128 / 256, S 1..6, "
-                         f"W 2 / 4 / 8")
-    return Arm(mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, prologue, loop)
+                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro][+[<role>.]k<BK>s<S>w<W>], split modes "
+                         f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, tiles 0..8, BK 32 / 64 / 128 / 256 / 512, S 1..6, "
+                         f"W 2 / 4 / 8, at most one loop per role (roles {', '.join(ROLES)}: +<role>.k<BK>s<S>w<W>)")
+    return Arm(mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, prologue,
+               tuple(sorted(loops.items())))
+
+
+def _one_loop_per_key(extras: list[str]) -> bool:
+    keys = [m.group(1) or "all" for m in map(_LOOP_ARM.fullmatch, extras) if m]
+    return len(keys) == len(set(keys))
 
 
 def _digits(text: str) -> bool:
@@ -323,27 +333,25 @@ def _ticket_buffer(device: torch.device) -> torch.Tensor:
     return buf
 
 
-def tile_config(w_dtype: torch.dtype, x_dtype: torch.dtype, k: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K): for 16-bit / fp8 weights 64 x 256 from K >= LONG_K, else 64 x 128 (16 KiB of bf16 per
-    stage), or the forced ``loop_config``; 64 x 64 for fp32."""
+def loop_for(w_dtype: torch.dtype, x_dtype: torch.dtype, k: int, role: str | None = None) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_stages, num_warps) of a GEMM's K loop: for 16-bit / fp8 weights an arm's forced loop
+    for ``role`` (else for every GEMM), else ``DEFAULT_ROLE_LOOPS[role]``, else 64 x 256 from K >= LONG_K, 64 x 128
+    below (16 KiB of bf16 per stage), 3 stages, 4 warps; fp32 64 x 64, 3 stages, 4 warps, whatever is forced."""
     if torch.float32 in (w_dtype, x_dtype):
-        return 64, 64
-    return 64, _loop[0] if _loop else 256 if k >= LONG_K else 128
+        return 64, 64, 3, 4
+    loop = _loops.get(role) or _loops.get("all") or DEFAULT_ROLE_LOOPS.get(role) or (256 if k >= LONG_K else 128, 3, 4)
+    return (64, *loop)
 
 
-def launch_config(w_dtype: torch.dtype, x_dtype: torch.dtype) -> tuple[int, int]:
-    """(num_stages, num_warps) of the K loop."""
-    return (3, 4) if torch.float32 in (w_dtype, x_dtype) or not _loop else _loop[1:]
+def loop_config() -> tuple[tuple[str, tuple[int, int, int]], ...]:
+    """The K loops a bench arm forces on 16-bit / fp8 GEMMs: (("all" or a role, (BLOCK_K, stages, warps)), ...);
+    empty: the default (``loop_for``)."""
+    return tuple(sorted(_loops.items()))
 
 
-def loop_config() -> tuple[int, int, int] | None:
-    """The K loop (BLOCK_K, num_stages, num_warps) a bench arm forces on every 16-bit / fp8 GEMM; None: by K."""
-    return _loop
-
-
-def _set_loop_config(loop: tuple[int, int, int] | None) -> None:
-    global _loop
-    _loop = tuple(loop) if loop else None
+def _set_loop_config(loops) -> None:
+    global _loops
+    _loops = {key: tuple(loop) for key, loop in (loops or ())}
 
 
 def wave_efficiency(programs: int) -> float:
@@ -660,7 +668,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
          norm_weight: torch.Tensor | None = None, eps: float = 1e-6, epilogue: str = "none",
          residual: torch.Tensor | None = None, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
          head_dim: int = 0, rope_cols: int = 0, kv_store: tuple | None = None,
-         positions: torch.Tensor | None = None) -> torch.Tensor:
+         positions: torch.Tensor | None = None, role: str | None = None) -> torch.Tensor:
     """x [M, K] (fp32 / fp16 / bf16, M <= 16), w [N, K] (x's dtype, or float8_e4m3fn with w_scale [N] fp32),
     bias [N] or None -> [M, N] in x's dtype ([M, N / 2] for silu_mul, [M] int64 for argmax). See the module
     docstring for norm_weight [K] (RMSNorm prologue, eps) and the epilogues: residual [M, N]; rope: cos / sin
@@ -668,7 +676,8 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     [M] int (rope only), cos / sin are tables [P, head_dim] over positions and row i takes row ``positions[i]``
     (the caller keeps every position below P: nothing checks it on the device). ``kv_store`` (rope only):
     (k_cache, v_cache, slots), caches [num_slots, kv_heads, head_dim] of x's dtype with each slot's heads
-    contiguous, slots [M] int (-1: not stored): the k (rotated) and v columns of each row also go to its slot."""
+    contiguous, slots [M] int (-1: not stored): the k (rotated) and v columns of each row also go to its slot.
+    ``role`` (one of ROLES, or None): the GEMM's place in the layer, which picks its K loop (``loop_for``)."""
     m, k = x.shape
     n, kw = w.shape
     if m > MAX_M:
@@ -677,6 +686,8 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         raise ValueError(f"attnlab.kernels.gemm: x has K={k}, w has K={kw}")
     if epilogue not in _EPI:
         raise ValueError(f"epilogue={epilogue!r}: choose from {', '.join(EPILOGUES)}")
+    if role is not None and role not in ROLES:
+        raise ValueError(f"role={role!r}: choose from {', '.join(ROLES)} (or None)")
     fp8 = w.dtype == torch.float8_e4m3fn
     if fp8 != (w_scale is not None):
         raise ValueError("float8_e4m3fn weights need w_scale [N] fp32, and only they take one")
@@ -734,15 +745,14 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         if sin.stride(0) != cos.stride(0):
             sin = sin.contiguous()
             cos = cos.contiguous()
-    block_n, block_k = tile_config(w.dtype, x.dtype, k)
+    block_n, block_k, stages, warps = loop_for(w.dtype, x.dtype, k, role)
     if paired:  # a program streams both halves of each pair: half the columns, as many weight rows
         block_n //= 2
     n_tiles = triton.cdiv(n_log, block_n)
     policy, reduce = _split_mode.split("/")
     splits, per = split_k(n_tiles, k, block_k, policy)
-    stages, warps = launch_config(w.dtype, x.dtype)
     if epilogue == "argmax" and splits > 1:  # the tiles' maxima need whole sums: linear's (split) logits' argmax
-        return gemm(x, w, bias, w_scale=w_scale, norm_weight=norm_weight, eps=eps).float().argmax(-1)
+        return gemm(x, w, bias, w_scale=w_scale, norm_weight=norm_weight, eps=eps, role=role).float().argmax(-1)
     split = 0 if splits == 1 else 2 if reduce == "ticket" else 1
     assert split != 2 or n_tiles < ARGMAX_TICKET, "a split GEMM's column tiles each need a ticket below the argmax's"
     part = torch.empty(splits, 2, BLOCK_M, n_log, dtype=torch.float32, device=x.device) if split else out
@@ -788,15 +798,16 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
 
 
 def argmax_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-                  w_scale: torch.Tensor | None = None) -> torch.Tensor:
+                  w_scale: torch.Tensor | None = None, role: str | None = None) -> torch.Tensor:
     """``linear(x, w, bias).float().argmax(-1)`` for x [M <= 16, K] -> [M] int64 (the first maximal column of this
     GEMM's logits, bit for bit: its sums are linear's), in one launch where linear runs unsplit (an LM head: its
     column tiles fill the GPU), without the [M, vocab] logits; elsewhere (a small vocabulary whose K linear
     splits) through linear's logits. A NaN logit is skipped, where torch's argmax would return it."""
-    return gemm(x, w, bias, w_scale=w_scale, epilogue="argmax")
+    return gemm(x, w, bias, w_scale=w_scale, epilogue="argmax", role=role)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-           w_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, w, bias)`` for x [M <= 16, K], w [N, K] -> [M, N]; rows bit-identical whatever M."""
-    return gemm(x, w, bias, w_scale=w_scale)
+           w_scale: torch.Tensor | None = None, role: str | None = None) -> torch.Tensor:
+    """``F.linear(x, w, bias)`` for x [M <= 16, K], w [N, K] -> [M, N]; rows bit-identical whatever M (``role``:
+    ``gemm``'s)."""
+    return gemm(x, w, bias, w_scale=w_scale, role=role)

@@ -47,11 +47,12 @@ def usable(layers, num_tokens: int) -> bool:
     return num_tokens <= gemm.MAX_M and all(layer.self_attn.q_norm is None for layer in layers)
 
 
-def proj(linear: nn.Module, x: torch.Tensor, **kw) -> torch.Tensor:
-    """``linear(x)`` (nn.Linear or weight-only FP8Linear) through attnlab.kernels.gemm with prologue/epilogue ``kw``."""
+def proj(linear: nn.Module, x: torch.Tensor, role: str, **kw) -> torch.Tensor:
+    """``linear(x)`` (nn.Linear or weight-only FP8Linear) through attnlab.kernels.gemm with prologue/epilogue ``kw``;
+    ``role`` (gemm.ROLES) picks its K loop."""
     if isinstance(linear, FP8Linear):
-        return gemm.gemm(x, linear.weight, linear.bias, w_scale=linear.weight_scale, **kw)
-    return gemm.gemm(x, linear.weight, linear.bias, **kw)
+        return gemm.gemm(x, linear.weight, linear.bias, w_scale=linear.weight_scale, role=role, **kw)
+    return gemm.gemm(x, linear.weight, linear.bias, role=role, **kw)
 
 
 def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx,
@@ -62,8 +63,8 @@ def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
     x, norm = _normed(h, layer.input_layernorm)
     h = _attention(layer.self_attn, x, norm, h, cos, sin, ctx, positions)
     x, norm = _normed(h, layer.post_attention_layernorm)
-    act = proj(mlp.gate_up_proj, x, **norm, epilogue="silu_mul")
-    return proj(mlp.down_proj, act, epilogue="residual", residual=h)
+    act = proj(mlp.gate_up_proj, x, "gate_up", **norm, epilogue="silu_mul")
+    return proj(mlp.down_proj, act, "down", epilogue="residual", residual=h)
 
 
 def _attention(attn, x: torch.Tensor, norm: dict, residual: torch.Tensor, cos, sin, ctx,
@@ -73,13 +74,13 @@ def _attention(attn, x: torch.Tensor, norm: dict, residual: torch.Tensor, cos, s
     t, d = x.shape[0], attn.head_dim
     qk_cols = attn.q_size + attn.kv_size
     store = ctx.kv_store_target(attn.layer_idx, x.dtype)
-    qkv = proj(attn.qkv_proj, x, **norm, epilogue="rope", cos=cos, sin=sin, head_dim=d, rope_cols=qk_cols,
+    qkv = proj(attn.qkv_proj, x, "qkv", **norm, epilogue="rope", cos=cos, sin=sin, head_dim=d, rope_cols=qk_cols,
                kv_store=store, positions=positions)
     q = qkv[:, :attn.q_size].view(t, attn.num_heads, d)  # views of one [T, N] row: strides (N, D, 1)
     k = qkv[:, attn.q_size:qk_cols].view(t, attn.num_kv_heads, d)
     v = qkv[:, qk_cols:].view(t, attn.num_kv_heads, d)
     out = ctx.attend(attn.layer_idx, q, k, v, stored=store is not None)
-    return proj(attn.o_proj, out.reshape(t, attn.q_size), epilogue="residual", residual=residual)
+    return proj(attn.o_proj, out.reshape(t, attn.q_size), "o", epilogue="residual", residual=residual)
 
 
 def _normed(h: torch.Tensor, norm, prologue: bool | None = None) -> tuple:

@@ -47,6 +47,12 @@ def test_bench_pdl_arms():
     assert bench_pdl.sums_differ("fill/ticket+k128s3w4", "fill/ticket+k128s3w8")  # warps may change the MMA
     assert not bench_pdl.sums_differ("fill/ticket", "fill/ticket+normpro", norms=False)  # gemm-attn has no prologue
     assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+k128s3w4")  # the default's BLOCK_K depends on K
+    assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+qkv.k128s4w4")  # one role's loop
+    assert not bench_pdl.sums_differ("fill/ticket+qkv.k128s3w4", "fill/ticket+qkv.k128s4w4")  # its stages only
+    assert bench_pdl.sums_differ("fill/ticket+qkv.k128s4w4", "fill/ticket+o.k128s4w4")
+    for bad in (["--weights", "fp4"], ["--weights", ","]):
+        with pytest.raises(SystemExit):
+            bench_pdl.main(bad)
     with pytest.raises(SystemExit):  # argparse's error: exit 2 before anything runs
         bench_pdl.main(["--gemm-splits", "fill/pass:exact"])
 
@@ -59,6 +65,23 @@ def test_roofline_is_batch_times_bandwidth_over_weight_bytes():
     for bad in ((0, 1, 4000.0), (1, 0, 4000.0), (1, 1, 0.0)):
         with pytest.raises(ValueError, match="roofline_tok_s"):
             roofline_tok_s(*bad)
+
+
+def test_step_weight_bytes_counts_fp8_projections_at_a_byte():
+    """bench.pdl --weights fp8w: a side's roofline is its own bytes; FP8Linear keeps its weights as buffers."""
+    import torch
+
+    from attnlab.bench.e2e import step_weight_bytes
+    from attnlab.models.fp8 import FP8Linear, quantize_linears
+    from attnlab.models.loading import load_model
+
+    model = load_model("tiny-llama", dtype=torch.bfloat16, device="cpu", init="random", seed=0, progress=False)[0]
+    q = quantize_linears(model, emulate=True)
+    lins = [m for m in q.modules() if isinstance(m, FP8Linear)]
+    proj = sum(m.weight.numel() for m in lins)  # the projections: 2 bytes each in bf16, 1 + its row's scale in fp8
+    scales = sum(m.weight_scale.numel() * 4 + (m.bias.numel() * m.bias.element_size() if m.bias is not None else 0)
+                 for m in lins)
+    assert step_weight_bytes(q) == step_weight_bytes(model) - proj + scales
 
 
 def test_split_mode_parsing_is_shared():
@@ -85,3 +108,59 @@ def test_arm_sets_and_restores_the_split_mode_and_the_prefetch():
     for bad in (-1, 17, True, 2.0):
         with pytest.raises(ValueError, match="gemm prefetch"):
             gemm.set_prefetch(bad)
+
+
+def test_bench_pdl_weights_rounds_and_table_with_fake_sides(monkeypatch, tmp_path, capsys):
+    """bench.pdl --weights bf16,fp8w end to end on fake sides (the CUDA parts stubbed): every arm on each side in the
+    same rounds, tokens compared within a side, each fp8w row's ratio to the bf16 row of its arm, its own roofline."""
+    import contextlib
+    import types
+
+    import torch
+
+    from attnlab.bench import pdl as bench_pdl
+
+    speed = {"bf16": 100.0, "fp8w": 150.0}
+    built = []
+
+    def fake_side(model, backend, batch, graphs, ctx, fused=False, weights="bf16"):
+        built.append((model, fused, weights))
+        return types.SimpleNamespace(model=weights, model_config=types.SimpleNamespace(vocab_size=1000), device="cpu",
+                                     weights=weights)
+
+    def fake_decode(runner, prompts, new):  # fp8w decodes other tokens than bf16; PDL on is 10% faster
+        return speed[runner.weights] * (1.1 if bench_pdl.pdl.enabled() else 1.0), [[len(runner.weights)]]
+
+    monkeypatch.setattr(bench_pdl, "side", fake_side)
+    monkeypatch.setattr(bench_pdl, "timed_decode", fake_decode)
+    monkeypatch.setattr(bench_pdl, "set_host_path", lambda runner, host: None)
+    monkeypatch.setattr(bench_pdl, "step_weight_bytes", lambda model: {"bf16": 2000, "fp8w": 1000}[model])
+    monkeypatch.setattr(bench_pdl, "copy_bandwidth_gb_s", lambda: 1e-6)  # roofline = 1e3 / bytes tok/s
+    monkeypatch.setattr(bench_pdl, "versions", dict)
+    monkeypatch.setattr(bench_pdl.pdl, "unsupported", lambda device: None)
+    flag = {"on": False}
+    monkeypatch.setattr(bench_pdl.pdl, "enabled", lambda: flag["on"])
+
+    @contextlib.contextmanager
+    def using(on, device):
+        old, flag["on"] = flag["on"], on
+        yield
+        flag["on"] = old
+
+    monkeypatch.setattr(bench_pdl.pdl, "using", using)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "fake")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    out = tmp_path / "w"
+    assert bench_pdl.main(["--models", "llama-3.2-1b", "--engines", "gemm", "--weights", "bf16,fp8w", "--rounds", "2",
+                           "--gemm-splits", "fill/ticket,fill/ticket+qkv.k128s4w4", "--out", str(out)]) == 0
+    assert [w for _, _, w in built] == ["bf16", "fp8w"]
+    rows = __import__("json").loads(out.with_suffix(".json").read_text())["rows"]
+    assert [(r["weights"], r["pdl"], r["arm"]) for r in rows] == [
+        (w, on, arm) for w in ("bf16", "fp8w") for on, arm in
+        ((False, "fill/ticket"), (True, "fill/ticket"), (True, "fill/ticket+qkv.k128s4w4"))]
+    assert all(r["same_tokens"] for r in rows)  # within a side; the sides' tokens differ
+    for r in rows:
+        assert r["vs_first_weights"] == pytest.approx([1.0, 1.0] if r["weights"] == "bf16" else [1.5, 1.5])
+        assert r["roofline_tok_s"] == pytest.approx({"bf16": 0.5, "fp8w": 1.0}[r["weights"]])
+    assert "| llama-3.2-1b | 1 | gemm, fp8w | thin8 | PDL on, fill/ticket | " in capsys.readouterr().out
+    assert "vs bf16, same arm (min-max) |" in out.with_suffix(".md").read_text()

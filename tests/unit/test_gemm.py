@@ -44,7 +44,7 @@ def test_split_k_is_a_function_of_n_and_k_only():
 def test_long_k_takes_the_256_loop_row_invariant(epilogue):
     """K >= LONG_K runs BLOCK_K 256 by default (split into 256-wide chunks): rows M-invariant, values torch's."""
     k = 2304
-    assert gemm.tile_config(torch.bfloat16, torch.bfloat16, k)[1] == 256
+    assert gemm.loop_for(torch.bfloat16, torch.bfloat16, k)[1] == 256
     x, w, g = _data(16, 64, k, torch.bfloat16, seed=15)
     res = torch.randn(16, 32 if epilogue == "silu_mul" else 64, generator=g).to(torch.bfloat16)
     kw = {"epilogue": epilogue, **({"residual": res} if epilogue == "residual" else {})}
@@ -80,7 +80,7 @@ def test_wave_split_fills_whole_waves_net_of_partials():
         s, per = gemm.split_k(tiles, k, 128, "wave")
         assert s == wave and (s - 1) * per < k <= s * per, (tiles, k)
     # at the engine's own BLOCK_K for these K (256 from LONG_K): 8B qkv / gate_up as above; a 70B LM head unsplit
-    bk = gemm.tile_config(torch.bfloat16, torch.bfloat16, 4096)[1]
+    bk = gemm.loop_for(torch.bfloat16, torch.bfloat16, 4096)[1]
     assert bk == 256 and gemm.split_k(96, 4096, bk, "wave")[0] == 4 and gemm.split_k(448, 4096, bk, "wave")[0] == 2
     assert gemm.split_k(2004, 8192, 256, "wave")[0] == 1
     # a chunk count that no power of two divides: the cost is that of the splits the launch really makes
@@ -282,18 +282,27 @@ def test_ticket_reduction_equals_the_reduce_pass(policy, dtype):
     assert not gemm._ticket_buffer(torch.device("cpu")).any()
 
 
-@pytest.mark.parametrize("loop", ["k64s2w4", "k256s4w8"])
-def test_another_k_loop_is_row_invariant_and_correct(loop):
-    """A bench arm's BLOCK_K / stages / warps (+k<BK>s<S>w<W>): rows still equal at every M, values torch's."""
-    x, w, _ = _data(16, 96, 1100, torch.bfloat16, seed=14)
+@pytest.mark.parametrize("loop,role", [("k64s2w4", None), ("k256s4w8", None), ("k512s2w8", None),
+                                       ("gate_up.k64s2w4", "gate_up")])
+def test_another_k_loop_is_row_invariant_and_correct(loop, role):
+    """A bench arm's BLOCK_K / stages / warps (+[<role>.]k<BK>s<S>w<W>): rows still equal at every M, values torch's;
+    fp8 weights too."""
+    x, w, g = _data(16, 96, 1100, torch.bfloat16, seed=14)
     nw = torch.rand(1100) + 0.5
+    w8 = w.float().clamp(-448, 448).to(torch.float8_e4m3fn)
+    scale = torch.rand(96, generator=g) + 0.5
     with gemm.arm(f"wave/ticket+{loop}"):
-        full = gemm.linear(x, w)
-        normed = gemm.gemm(x, w, norm_weight=nw.to(torch.bfloat16), epilogue="silu_mul")
+        assert gemm.loop_for(w.dtype, x.dtype, 1100, role)[1] == int(loop.split("k")[-1].split("s")[0])
+        full = gemm.linear(x, w, role=role)
+        normed = gemm.gemm(x, w, norm_weight=nw.to(torch.bfloat16), epilogue="silu_mul", role=role)
+        full8 = gemm.linear(x, w8, w_scale=scale, role=role)
         for m in (1, 5):
-            assert torch.equal(gemm.linear(x[:m], w), full[:m])
-            assert torch.equal(gemm.gemm(x[:m], w, norm_weight=nw.to(torch.bfloat16), epilogue="silu_mul"), normed[:m])
+            assert torch.equal(gemm.linear(x[:m], w, role=role), full[:m])
+            assert torch.equal(gemm.gemm(x[:m], w, norm_weight=nw.to(torch.bfloat16), epilogue="silu_mul", role=role),
+                               normed[:m])
+            assert torch.equal(gemm.linear(x[:m], w8, w_scale=scale, role=role), full8[:m])
     _close(full, F.linear(x.float(), w.float()).to(torch.bfloat16), torch.bfloat16)
+    _close(full8, F.linear(x.float(), w8.float() * scale[:, None]).to(torch.bfloat16), torch.bfloat16)
 
 
 @pytest.mark.parametrize("mode", gemm.SPLIT_MODES)
@@ -401,7 +410,7 @@ def test_argmax_epilogue_is_the_first_maximal_logit_and_row_invariant(dtype, m, 
     assert not gemm._ticket_buffer(x.device).any()
     # a K that fill splits (2 chunks, 7 tiles): the argmax of linear's split logits, not another summation
     x2, w2 = torch.randn(m, 256, generator=g).to(dtype), torch.randn(n, 256, generator=g).to(dtype)
-    assert gemm.split_k(7, 256, gemm.tile_config(w2.dtype, x2.dtype, 256)[1])[0] > 1
+    assert gemm.split_k(7, 256, gemm.loop_for(w2.dtype, x2.dtype, 256)[1])[0] > 1
     assert torch.equal(gemm.argmax_linear(x2, w2), gemm.linear(x2, w2).float().argmax(-1))
 
 
@@ -448,21 +457,36 @@ def test_arms_name_the_lm_head_path():
             assert not gemm.norm_prologue() and gemm.split_mode() == "wave/ticket"
     assert not gemm.norm_prologue()
     assert gemm.parse_arm("fill/pass+kvsep").rope_store is False
-    assert gemm.parse_arm("fill/ticket").loop == gemm.DEFAULT_LOOP
+    assert gemm.parse_arm("fill/ticket").loops == gemm.DEFAULT_LOOPS == ()
+    bf = torch.bfloat16
     with gemm.arm("fill/ticket+k256s4w8"):
-        assert gemm.loop_config() == (256, 4, 8) and gemm.tile_config(torch.bfloat16, torch.bfloat16, 576) == (64, 256)
-        assert gemm.launch_config(torch.bfloat16, torch.bfloat16) == (4, 8)
-        assert gemm.tile_config(torch.float32, torch.float32, 4096) == (64, 64)  # fp32 keeps its tile
-    assert gemm.loop_config() == gemm.DEFAULT_LOOP is None
+        assert gemm.loop_config() == (("all", (256, 4, 8)),)
+        assert gemm.loop_for(bf, bf, 576) == gemm.loop_for(bf, bf, 576, "qkv") == (64, 256, 4, 8)
+        assert gemm.loop_for(torch.float32, torch.float32, 4096) == (64, 64, 3, 4)  # fp32 keeps its loop
+    assert gemm.loop_config() == ()
+    # a role's loop: that role only, over the loop forced on every GEMM; roles of one arm in any order, one each
+    arm = gemm.parse_arm("fill/ticket+k256s3w4+qkv.k128s4w4+gate_up.k64s5w8")
+    assert arm.loops == (("all", (256, 3, 4)), ("gate_up", (64, 5, 8)), ("qkv", (128, 4, 4)))
+    with gemm.arm("fill/ticket+qkv.k128s4w4"):
+        assert gemm.loop_for(bf, bf, 4096, "qkv") == (64, 128, 4, 4)
+        assert gemm.loop_for(bf, bf, 4096, "o") == gemm.loop_for(bf, bf, 4096) == (64, 256, 3, 4)  # the rule by K
+        with gemm.arm("fill/ticket+k64s2w4"):  # nested: the inner arm's loops only
+            assert gemm.loop_for(bf, bf, 4096, "qkv") == (64, 64, 2, 4)
+        assert gemm.loop_for(bf, bf, 4096, "qkv") == (64, 128, 4, 4)
     # the default loop by K: 256 from LONG_K (8B / 1B shapes), 128 below (SmolLM2); fp32 64
-    assert [gemm.tile_config(torch.bfloat16, torch.bfloat16, k)[1] for k in (576, 1536, 2048, 14336)] == [128, 128, 256, 256]
-    assert gemm.tile_config(torch.float32, torch.bfloat16, 4096) == (64, 64)
-    assert gemm.launch_config(torch.bfloat16, torch.bfloat16) == (3, 4)
+    assert [gemm.loop_for(bf, bf, k)[1] for k in (576, 1536, 2048, 14336)] == [128, 128, 256, 256]
+    assert gemm.loop_for(torch.float32, bf, 4096) == (64, 64, 3, 4)
+    assert gemm.loop_for(bf, bf, 576)[2:] == (3, 4)
+    for role in gemm.ROLES:  # measured exceptions by role, else the rule by K
+        assert gemm.loop_for(bf, bf, 4096, role) == (64, *gemm.DEFAULT_ROLE_LOOPS.get(role, (256, 3, 4)))
+    with pytest.raises(ValueError, match="role"):
+        gemm.linear(torch.zeros(1, 64, dtype=bf), torch.zeros(64, 64, dtype=bf), role="mlp")
     for bad in ("fill/ticket+lm", "fill/ticket+pf4+pf4", "fill/ticket+lmlogits+lmlogits",
                 "fill/ticket+lmargmax+lmlogits", "fill/ticket+ropetable+ropecalc", "fill/ticket+rope",
                 "fill/ticket+kvpf9", "fill/ticket+kvpf1+kvpf2", "fill/ticket+kvpf", "fill/ticket+amtorch+amtorch",
                 "fill/ticket+kvsep+kvsep", "fill/ticket+kvstore", "fill/ticket+normsep+normsep", "fill/ticket+normsep+normpro",
                 "fill/ticket+k100s3w4", "fill/ticket+k128s7w4", "fill/ticket+k128s3w4+k64s3w4",
+                "fill/ticket+qkv.k128s3w4+qkv.k256s3w4", "fill/ticket+mlp.k128s3w4", "fill/ticket+qkv.k128",
                 "fill/ticket+pf4+pf2", "fill/ticket+pf\u00b2"):
         with pytest.raises(ValueError, match="gemm arm"), gemm.arm(bad):
             pass

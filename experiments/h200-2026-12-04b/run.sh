@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The H200 sitting of 2026-12-04 (second session; README.md here): calls back to back on one warm machine (installs
+# in /opt stay while it is held). Bundle .gpu/fb (core + flashinfer + fa3_fwd; see ../h200-2026-12-03c/run.sh).
+#   run.sh 1  carry .gpu/fb (a fresh machine): install; issue 17: bench.gemm, the small-M GEMM alone, bf16 and fp8
+#             weights, over K loops (each GEMM as its role); bench.pdl, gemm engine, Llama-3.1-8B and -3.2-1B shapes,
+#             a loop per role (qkv / gate_up at BLOCK_K 128) against the rule by K
+#   run.sh 2  (warm): issue 17: bench.pdl --weights bf16,fp8w (e4m3 layer weights in the small-M GEMM against bf16),
+#             Llama-3.2-1B and SmolLM2 shapes, over fp8 K loops; the GPU tests of the gemm path and PDL
+# At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
+set -u -o pipefail
+PART=${1:?part 1 or 2}
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, the environment, the call's log, PY
+case $PART in
+1)
+  install_fb
+  step "issue 17: bench.gemm, bf16 and fp8w over K loops, 8B and 1B shapes"
+  timeout 150 $PY -m attnlab.bench.gemm --quick --models llama8b,llama1b --out "$OUT/loops.json" \
+    --split-modes fill/ticket,fill/ticket+k128s3w4,fill/ticket+k128s4w4,fill/ticket+k128s5w4,fill/ticket+k256s4w4,fill/ticket+k256s3w8,fill/ticket+k512s2w8,fill/ticket+k512s3w8 \
+    > $LOGS/loops.log 2>&1; echo "exit code $?"; cp $LOGS/loops.log "$OUT/"; grep -E "^\||^arm" $LOGS/loops.log | cut -c1-400
+  step "issue 17: bench.pdl, gemm engine, a K loop per role, 8B and 1B"
+  timeout 330 $PY -m attnlab.bench.pdl --models llama-3.1-8b,llama-3.2-1b --engines gemm --rounds 3 --new 128 \
+    --gemm-splits fill/ticket,fill/ticket+qkv.k128s4w4,fill/ticket+qkv.k128s4w4+gate_up.k128s4w4,fill/ticket+qkv.k128s3w4,fill/ticket+gate_up.k128s4w4 \
+    --out "$OUT/roles" > $LOGS/roles.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/roles.log
+  ;;
+2)
+  step "issue 17: bench.pdl --weights bf16,fp8w, gemm engine, 1B and SmolLM2, fp8 K loops"
+  timeout 260 $PY -m attnlab.bench.pdl --models llama-3.2-1b,smollm2-135m --engines gemm --rounds 3 --new 128 \
+    --weights bf16,fp8w --gemm-splits fill/ticket,fill/ticket+k256s4w4,fill/ticket+k512s2w8 \
+    --out "$OUT/fp8w" > $LOGS/fp8w.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/fp8w.log
+  step "GPU tests: the gemm path (the K loop by K and by role, fp8 weights, every split mode), PDL changes no token"
+  timeout 240 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py \
+    tests/integration/test_gpu_pdl.py > $LOGS/tests2.log 2>&1
+  echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests2.log | tail -n 12; cp $LOGS/tests2.log "$OUT/"
+  ;;
+*) echo "part 1 or 2"; exit 2 ;;
+esac
+step "done"
