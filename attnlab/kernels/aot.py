@@ -81,9 +81,12 @@ def compile_only(arch: int = 90, warp_size: int = 32):
                 log.prefetch_variants[self.__name__] = log.prefetch_variants.get(self.__name__, 0) + 1
         return kernel
 
+    from attnlab.kernels import gemm
+
     previous = driver._active
     driver.set_active(_FakeDriver(GPUTarget("cuda", arch, warp_size)))
     JITFunction.run = run
+    gemm._compile_only = True  # CPU tensors take the GPU's variants (the e4m3 -> bf16 PTX)
     t0 = time.perf_counter()
     try:
         yield log
@@ -91,6 +94,7 @@ def compile_only(arch: int = 90, warp_size: int = 32):
         log.seconds = time.perf_counter() - t0
         JITFunction.run = original
         driver._active = previous
+        gemm._compile_only = False
 
 
 # ---------------------------------------------------------------------------------------------------------

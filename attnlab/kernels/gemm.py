@@ -65,7 +65,7 @@ import triton
 import triton.language as tl
 
 from attnlab.kernels import pdl
-from attnlab.kernels.heuristics import fp32_dot
+from attnlab.kernels.heuristics import fp32_dot, interpreter_on
 from attnlab.kernels.pdl import launch_args, pdl_start, prefetch_l2
 from attnlab.kernels.switches import scoped
 
@@ -122,11 +122,14 @@ _norm_prologue = DEFAULT_NORM_PROLOGUE
 # BLOCK_K 256 for every GEMM took Llama-3.1-8B shapes (K 4,096 / 14,336) from 222-223 to 232-233 tok/s and
 # Llama-3.2-1B (K 2,048 / 8,192) from 986 to 1,014, and SmolLM2 (K 576 / 1,536) from 1,419 down to 1,280; 4 stages,
 # 8 warps and 64 lost. ``DEFAULT_ROLE_LOOPS``: measured exceptions by the GEMM's role in the layer (``ROLES``; the
-# caller names it), a function of the call site, never of M. A bench arm's +k<BK>s<S>w<W> forces one loop on every
-# GEMM, +<role>.k<BK>s<S>w<W> on one role's (``loop_config``).
+# caller names it), a function of the call site, never of M. qkv at BLOCK_K 128, 4 stages (80 KiB of shared memory:
+# 2 programs an SM, where 256 x 3 stages' 120 KiB fit one, and Llama-3.1-8B's qkv has 192 programs): alone 18.5 ->
+# 15.2 us at 8B (0.84x -> 1.02x of cuBLAS), end to end 8B 232 -> 233 tok/s, 1B 1,017 -> 1,060
+# (experiments/h200-2026-12-04b). gate_up there won at 1B (1,067) and lost 9% at 8B (210): not taken. A bench arm's
+# +k<BK>s<S>w<W> forces one loop on every GEMM, +<role>.k<BK>s<S>w<W> on one role's (``loop_config``).
 LONG_K = 2048
 ROLES = ("qkv", "o", "gate_up", "down", "lm_head")
-DEFAULT_ROLE_LOOPS: dict[str, tuple[int, int, int]] = {}
+DEFAULT_ROLE_LOOPS: dict[str, tuple[int, int, int]] = {"qkv": (128, 4, 4)}
 DEFAULT_LOOPS: tuple = ()  # an arm's forced loops: none (the rule above)
 _loops: dict[str, tuple[int, int, int]] = {}  # "all" or a role -> (BLOCK_K, stages, warps)
 _tickets: dict = {}
@@ -528,6 +531,44 @@ def _sum_partials(base, pmask, num_splits, N_LOG, BLOCK_N: tl.constexpr, BLOCK_M
 
 
 @triton.jit
+def _e4m3_to_bf16(w):
+    """float8_e4m3fn -> bfloat16, exact, with integer ops and one bf16x2 FMA per pair (sm_80+ PTX). Triton's own
+    conversion goes e4m3x2 -> f16x2 -> two cvt.bf16.f16, which run on the GPU's conversion units (a sixteenth of
+    the ALUs' rate): in the K loop of an fp8-weight GEMM they, not the weight stream, set the pace. Here each byte
+    s.eeee.mmm goes to the top byte of a 16-bit lane (prmt), its eeee.mmm shifted down into a bf16's low exponent
+    and high mantissa bits and the sign kept (lop3s): the bf16 bits of the value times 2^-120 (bf16's bias 127
+    against e4m3's 7), normal or subnormal alike; times 2^120 (exact) gives the value. The NaN bytes (0x7f, 0xff,
+    which quantize_rows never writes) come out as +-480."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 lo, hi, k, z, s;
+        mov.b32 k, 0x7B807B80;
+        mov.b32 z, 0x80008000;
+        prmt.b32 lo, $2, 0, 0x1404;
+        prmt.b32 hi, $2, 0, 0x3424;
+        shr.b32 s, lo, 4;
+        and.b32 s, s, 0x07F007F0;
+        and.b32 lo, lo, 0x80008000;
+        or.b32 lo, lo, s;
+        fma.rn.bf16x2 $0, lo, k, z;
+        shr.b32 s, hi, 4;
+        and.b32 s, s, 0x07F007F0;
+        and.b32 hi, hi, 0x80008000;
+        or.b32 hi, hi, s;
+        fma.rn.bf16x2 $1, hi, k, z;
+        }""",
+        constraints="=r,=r,r", args=[w.to(tl.uint8, bitcast=True)], dtype=tl.bfloat16, is_pure=True, pack=4)
+
+
+@triton.jit
+def _dequant(w, x_dt: tl.constexpr, FAST_E4M3: tl.constexpr):
+    """fp8 weights -> the activation dtype, exactly (the row scale comes after the sum)."""
+    if FAST_E4M3:
+        return _e4m3_to_bf16(w)
+    return w.to(x_dt)
+
+
+@triton.jit
 def _prefetch_weights(W, c1, c2, n_mask, k_lo, k_hi, stride_wn, PAIRED: tl.constexpr, CHUNKS: tl.constexpr,
                       BLOCK_K: tl.constexpr, LINE: tl.constexpr):
     """The first CHUNKS BLOCK_K chunks of this program's weight rows into L2, one prefetch per ``LINE`` elements
@@ -550,8 +591,9 @@ def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SI
                  FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PAIRED: tl.constexpr,
                  KV_STORE: tl.constexpr, IEEE: tl.constexpr, ROPE_POS: tl.constexpr = False,
                  PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
-                 ARGMAX_RED: tl.constexpr = 256, USE_PDL: tl.constexpr = False):
+                 ARGMAX_RED: tl.constexpr = 256, FAST_E4M3: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     # SPLIT: 0 one program per column tile; 1 partials for _reduce_kernel; 2 partials, the last program reduces
+    # FAST_E4M3: e4m3 weights into bf16 by _e4m3_to_bf16 (a GPU with bf16 activations), else by Triton's cast
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     j = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -602,7 +644,7 @@ def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SI
         wmask = n_mask[:, None] & k_mask[None, :]
         w1 = tl.load(W + c1[:, None].to(tl.int64) * stride_wn + offs_k[None, :], mask=wmask, other=0.0)
         if FP8:  # e4m3 -> the activation dtype is exact; the row scale comes after the sum
-            w1 = w1.to(x_dt)
+            w1 = _dequant(w1, x_dt, FAST_E4M3)
         if IEEE:  # fp32 inputs, or the interpreter (its bf16 tl.dot is wrong in Triton 3.9; bf16 products are
             # exact in fp32, so only the summation order differs from the GPU's tensor cores)
             acc1 = tl.dot(w1.to(tl.float32), xt.to(tl.float32), acc1, input_precision="ieee")
@@ -611,7 +653,7 @@ def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SI
         if PAIRED:
             w2 = tl.load(W + c2[:, None].to(tl.int64) * stride_wn + offs_k[None, :], mask=wmask, other=0.0)
             if FP8:
-                w2 = w2.to(x_dt)
+                w2 = _dequant(w2, x_dt, FAST_E4M3)
             if IEEE:
                 acc2 = tl.dot(w2.to(tl.float32), xt.to(tl.float32), acc2, input_precision="ieee")
             else:
@@ -658,6 +700,24 @@ def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, POS, M,
                            PAIRED)
     _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, cos, sin, slot, stride_om,
               stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
+
+
+# fp8 weights with bf16 activations convert by _e4m3_to_bf16 (True) or Triton's cast (False): the same bits.
+DEFAULT_FAST_E4M3 = True
+_fast_e4m3 = DEFAULT_FAST_E4M3
+_compile_only = False  # attnlab.kernels.aot: launches compile for a GPU and never run
+
+
+def fast_e4m3(x: torch.Tensor) -> bool:
+    """Whether fp8 weights against ``x`` convert by _e4m3_to_bf16: bf16 activations on a GPU (inline PTX; the
+    interpreter runs Triton's cast), where on (``set_fast_e4m3``)."""
+    return (_fast_e4m3 and x.dtype == torch.bfloat16 and (x.device.type == "cuda" or _compile_only)
+            and not interpreter_on())
+
+
+def set_fast_e4m3(on: bool) -> None:
+    global _fast_e4m3
+    _fast_e4m3 = bool(on)
 
 
 def _rowmajor(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -786,7 +846,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             k_per_split=per, stride_xm=x.stride(0), stride_wn=w.stride(0), eps=eps, BLOCK_K=block_k, SPLIT=split,
             NORM=norm, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block) if norm else 0,
             NRM_ITERS=triton.cdiv(min(per, k), ss_block) if norm else 0,
-            IEEE=fp32_dot(x.dtype), ARGMAX_RED=ARGMAX_BLOCK, num_warps=warps, num_stages=stages, **ptrs, **args, **prefetch,
+            IEEE=fp32_dot(x.dtype), ARGMAX_RED=ARGMAX_BLOCK, FAST_E4M3=fp8 and fast_e4m3(x), num_warps=warps, num_stages=stages, **ptrs, **args, **prefetch,
             **launch_args(x))
     except BaseException:
         if split == 2 or epilogue == "argmax":  # a launch cut short may leave tickets taken: every later GEMM on

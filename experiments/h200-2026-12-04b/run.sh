@@ -6,9 +6,13 @@
 #             a loop per role (qkv / gate_up at BLOCK_K 128) against the rule by K
 #   run.sh 2  (warm): issue 17: bench.pdl --weights bf16,fp8w (e4m3 layer weights in the small-M GEMM against bf16),
 #             Llama-3.2-1B and SmolLM2 shapes, over fp8 K loops; the GPU tests of the gemm path and PDL
+#   run.sh 3  carry .gpu/fb (a fresh machine): install; issue 17: fp8 weights converted to bf16 by integer PTX (the
+#             exactness GPU test for every byte), bench.gemm bf16 / fp8w over K loops with qkv at BLOCK_K 128 by
+#             default; bench.pdl --weights bf16,fp8w at 1B and SmolLM2 shapes, and the 8B gemm engine, against the
+#             previous qkv loop
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 or 2}
+PART=${1:?part 1 to 3}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, the environment, the call's log, PY
 case $PART in
 1)
@@ -32,6 +36,25 @@ case $PART in
     tests/integration/test_gpu_pdl.py > $LOGS/tests2.log 2>&1
   echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests2.log | tail -n 12; cp $LOGS/tests2.log "$OUT/"
   ;;
-*) echo "part 1 or 2"; exit 2 ;;
+3)
+  install_fb
+  step "GPU tests: fp8 weights (the PTX e4m3 -> bf16 against every byte and Triton's cast), row invariance"
+  timeout 120 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py -k "fp8" \
+    > $LOGS/tests3.log 2>&1; echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests3.log | tail -n 12
+  cp $LOGS/tests3.log "$OUT/"
+  step "issue 17: bench.gemm, bf16 and fp8w (PTX conversion) over K loops, 8B and 1B shapes"
+  timeout 150 $PY -m attnlab.bench.gemm --quick --models llama8b,llama1b --out "$OUT/loops3.json" \
+    --split-modes fill/ticket,fill/ticket+qkv.k256s3w4,fill/ticket+k128s4w4,fill/ticket+k256s4w4,fill/ticket+k512s3w4,fill/ticket+lm_head.k128s4w4 \
+    > $LOGS/loops3.log 2>&1; echo "exit code $?"; cp $LOGS/loops3.log "$OUT/"; grep -E "^\||^arm" $LOGS/loops3.log | cut -c1-420
+  step "issue 17: bench.pdl --weights bf16,fp8w, gemm engine, 1B and SmolLM2"
+  timeout 200 $PY -m attnlab.bench.pdl --models llama-3.2-1b,smollm2-135m --engines gemm --rounds 3 --new 128 \
+    --weights bf16,fp8w --gemm-splits fill/ticket,fill/ticket+qkv.k256s3w4,fill/ticket+qkv.k128s3w4,fill/ticket+k128s4w4,fill/ticket+lm_head.k128s4w4 \
+    --out "$OUT/fp8w3" > $LOGS/fp8w3.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/fp8w3.log
+  step "issue 17: bench.pdl, gemm engine, 8B, qkv at 128 x 4 stages (the default now) against 256 x 3"
+  timeout 100 $PY -m attnlab.bench.pdl --models llama-3.1-8b --engines gemm --rounds 3 --new 128 \
+    --gemm-splits fill/ticket,fill/ticket+qkv.k256s3w4,fill/ticket+lm_head.k128s4w4 \
+    --out "$OUT/roles8b" > $LOGS/roles8b.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/roles8b.log
+  ;;
+*) echo "part 1 to 3"; exit 2 ;;
 esac
 step "done"

@@ -467,12 +467,13 @@ def test_arms_name_the_lm_head_path():
     # a role's loop: that role only, over the loop forced on every GEMM; roles of one arm in any order, one each
     arm = gemm.parse_arm("fill/ticket+k256s3w4+qkv.k128s4w4+gate_up.k64s5w8")
     assert arm.loops == (("all", (256, 3, 4)), ("gate_up", (64, 5, 8)), ("qkv", (128, 4, 4)))
-    with gemm.arm("fill/ticket+qkv.k128s4w4"):
-        assert gemm.loop_for(bf, bf, 4096, "qkv") == (64, 128, 4, 4)
+    assert gemm.loop_for(bf, bf, 4096, "qkv") == (64, 128, 4, 4)  # the default's one exception (DEFAULT_ROLE_LOOPS)
+    with gemm.arm("fill/ticket+qkv.k256s3w4"):
+        assert gemm.loop_for(bf, bf, 4096, "qkv") == (64, 256, 3, 4)
         assert gemm.loop_for(bf, bf, 4096, "o") == gemm.loop_for(bf, bf, 4096) == (64, 256, 3, 4)  # the rule by K
         with gemm.arm("fill/ticket+k64s2w4"):  # nested: the inner arm's loops only
             assert gemm.loop_for(bf, bf, 4096, "qkv") == (64, 64, 2, 4)
-        assert gemm.loop_for(bf, bf, 4096, "qkv") == (64, 128, 4, 4)
+        assert gemm.loop_for(bf, bf, 4096, "qkv") == (64, 256, 3, 4)
     # the default loop by K: 256 from LONG_K (8B / 1B shapes), 128 below (SmolLM2); fp32 64
     assert [gemm.loop_for(bf, bf, k)[1] for k in (576, 1536, 2048, 14336)] == [128, 128, 256, 256]
     assert gemm.loop_for(torch.float32, bf, 4096) == (64, 64, 3, 4)
@@ -492,3 +493,20 @@ def test_arms_name_the_lm_head_path():
             pass
         with pytest.raises(ValueError, match="split mode"):
             gemm.parse_split_modes(bad)
+
+
+def test_e4m3_to_bf16_bit_recipe_is_exact_for_every_byte():
+    """The integer recipe of gemm._e4m3_to_bf16's PTX (which the interpreter cannot run), replayed with torch ops on
+    every byte: prmt to the lane's top byte, (>> 4) & 0x07f0 | & 0x8000, times 2^120 (bf16 0x7b80) is the e4m3 value;
+    the NaN bytes give +-480. The GPU test checks the PTX itself (tests/integration/test_gpu_gemm.py)."""
+    b = torch.arange(256, dtype=torch.int32)
+    lane = b << 8  # prmt 0x1404 / 0x3424: the byte in the top half of its 16-bit lane, zeros below
+    bits = ((lane >> 4) & 0x07F0) | (lane & 0x8000)
+    scaled = bits.to(torch.int16).view(torch.bfloat16)  # the value times 2^-120, normal or subnormal
+    assert torch.equal(torch.tensor([0x7B80], dtype=torch.int16).view(torch.bfloat16).float(), torch.tensor([2.0**120]))
+    got = scaled.double() * 2.0**120  # exact in bf16: a power-of-two scaling inside its range
+    assert torch.equal(got.to(torch.bfloat16).double(), got)
+    want = b.to(torch.uint8).view(torch.float8_e4m3fn).double()
+    nan = (b & 0x7F) == 0x7F
+    assert torch.equal(got[~nan], want[~nan])
+    assert torch.equal(got[nan], torch.tensor([480.0, -480.0], dtype=torch.float64))
