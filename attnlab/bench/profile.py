@@ -124,7 +124,7 @@ def _profile_side(rs, batch: int, steps: int) -> tuple[list[tuple[str, int, floa
 
 
 def main(argv=None) -> int:
-    from attnlab.bench.e2e import check_host, set_host_path, side, step_weight_bytes
+    from attnlab.bench.e2e import WEIGHTS, check_host, set_host_path, side, step_weight_bytes
     from attnlab.bench.kernels import copy_bandwidth_gb_s, versions
     from attnlab.bench.output import write_report
     from attnlab.bench.pdl import ENGINES, GEMM_ENGINES
@@ -140,6 +140,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gemm-split", default=None, help="one gemm.arm: engine.gemm_split, optionally +pf<chunks> "
                     "(engine.gemm_prefetch; default: the default mode and prefetch), both for the gemm engines, and "
                     "switches for every engine (+kvsep, +kvpf<tiles>, +amtorch)")
+    ap.add_argument("--weights", default="bf16", choices=WEIGHTS,
+                    help="the side's weights (fp8w: e4m3 layer projections dequantized in the small-M GEMM)")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)
@@ -164,11 +166,11 @@ def main(argv=None) -> int:
     res = {"gpu": torch.cuda.get_device_name(), "versions": versions(), "copy_gb_s": bw, "runs": []}
     head = (f"{res['gpu']}; {res['versions']}; copy bandwidth {bw:.0f} GB/s; target-only greedy decode, random "
             f"weights, CUDA graphs, host path {a.host}, batch {a.batch}, {a.steps} steps profiled"
-            f"; arm {split}{'' if set(engines) & set(GEMM_ENGINES) else ' (its split mode inert: no gemm engine)'}")
+            f"; weights {a.weights}; arm {split}{'' if set(engines) & set(GEMM_ENGINES) else ' (its split mode inert: no gemm engine)'}")
     lines = [head, ""]
     for model in [m.strip() for m in a.models.split(",") if m.strip()]:
         for eng in engines:
-            rs = side(model, "triton", a.batch, True, 32 + a.steps + 48, fused=ENGINES[eng])
+            rs = side(model, "triton", a.batch, True, 32 + a.steps + 48, fused=ENGINES[eng], weights=a.weights)
             weight_bytes = step_weight_bytes(rs.model)
             for s in settings:
                 if s == "on" and pdl.unsupported("cuda"):

@@ -54,6 +54,12 @@ case $PART in
   timeout 100 $PY -m attnlab.bench.pdl --models llama-3.1-8b --engines gemm --rounds 3 --new 128 \
     --gemm-splits fill/ticket,fill/ticket+qkv.k256s3w4,fill/ticket+lm_head.k128s4w4 \
     --out "$OUT/roles8b" > $LOGS/roles8b.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/roles8b.log
+  step "issue 17: bench.profile, gemm engine, 1B, fp8w and bf16, PDL off"
+  for w in fp8w bf16; do
+    timeout 60 $PY -m attnlab.bench.profile --models llama-3.2-1b --engines gemm --pdl off --steps 32 --weights $w \
+      --out /tmp/prof_$w > $LOGS/prof_$w.log 2>&1; echo "exit code $?"; grep -E "^step|^###|^\|" $LOGS/prof_$w.log
+  done
+  cat /tmp/prof_fp8w.md /tmp/prof_bf16.md > "$OUT/profile3.md" 2>/dev/null
   ;;
 *) echo "part 1 to 3"; exit 2 ;;
 esac
