@@ -215,6 +215,7 @@ class Arm(NamedTuple):
     rope_store: bool
     norm_prologue: bool
     loops: tuple[tuple[str, tuple[int, int, int]], ...]  # ("all" or a role, (BLOCK_K, stages, warps)), sorted
+    fp8_mode: str
 
 
 @contextmanager
@@ -229,7 +230,8 @@ def arm(text: str):
     argmax instead of attnlab.kernels.argmax; ``+kvsep``: the fused paths store K / V by their own kernel, not from
     the RoPE launch (attnlab.kernels.fused.rope_store); ``+normsep`` (default) / ``+normpro``: the gemm path's
     RMSNorms as their own launches or as the qkv / gate_up prologue; ``+k<BK>s<S>w<W>``: the K loop's BLOCK_K, stages
-    and warps for every GEMM, ``+<role>.k<BK>s<S>w<W>`` for one role's (``ROLES``; ``loop_for``, ``loop_config``). Split, prefetch, RoPE-table, norm and loop parts act on gemm-path sides only."""
+    and warps for every GEMM, ``+<role>.k<BK>s<S>w<W>`` for one role's (``ROLES``; ``loop_for``, ``loop_config``);
+    ``+f8cast`` / ``+f8ptx`` / ``+f8wide``: how fp8 weights convert (``set_fp8_mode``; the same bits). Split, prefetch, RoPE-table, norm and loop parts act on gemm-path sides only."""
     from attnlab.kernels import argmax, decode, fused
 
     a = parse_arm(text)
@@ -238,11 +240,12 @@ def arm(text: str):
             scoped(argmax.enabled, argmax.set_enabled, a.rows_argmax), \
             scoped(fused.rope_store, fused.set_rope_store, a.rope_store), \
             scoped(norm_prologue, _set_norm_prologue, a.norm_prologue), \
-            scoped(loop_config, _set_loop_config, a.loops):
+            scoped(loop_config, _set_loop_config, a.loops), scoped(fp8_mode, set_fp8_mode, a.fp8_mode):
         yield
 
 
 _PAIRS = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, {"normsep", "normpro"})  # at most one of each
+_FP8_ARMS = {f"f8{m}" for m in ("cast", "ptx", "wide")}  # FP8_MODES, at most one
 _LOOP_ARM = re.compile(r"(?:(" + "|".join(ROLES) + r")\.)?k(32|64|128|256|512)s([1-6])w([248])")  # +[<role>.]k<BK>s<S>w<W>
 
 
@@ -255,7 +258,8 @@ def parse_arm(text: str) -> Arm:
     chunks, fused_argmax, table = DEFAULT_PREFETCH, DEFAULT_ARGMAX_HEAD, DEFAULT_ROPE_TABLE  # bare: the defaults
     kv_tiles, rows_argmax, rope_store, prologue = KV_PREFETCH_TILES, DEFAULT_ON, True, DEFAULT_NORM_PROLOGUE
     loops = dict(DEFAULT_LOOPS)
-    ok = (mode in SPLIT_MODES and len(set(extras)) == len(extras) and not any(p <= set(extras) for p in _PAIRS)
+    f8 = DEFAULT_FP8_MODE
+    ok = (mode in SPLIT_MODES and len(_FP8_ARMS & set(extras)) <= 1 and len(set(extras)) == len(extras) and not any(p <= set(extras) for p in _PAIRS)
           and sum(e.startswith("kvpf") for e in extras) <= 1 and sum(e.startswith("pf") for e in extras) <= 1
           and _one_loop_per_key(extras))
     for e in extras:
@@ -276,15 +280,17 @@ def parse_arm(text: str) -> Arm:
             fused_argmax = e == "lmargmax"
         elif e in ("ropetable", "ropecalc"):
             table = e == "ropetable"
+        elif e in _FP8_ARMS:
+            f8 = e[2:]
         else:
             ok = False
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
-                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro][+[<role>.]k<BK>s<S>w<W>], split modes "
+                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide], split modes "
                          f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, tiles 0..8, BK 32 / 64 / 128 / 256 / 512, S 1..6, "
                          f"W 2 / 4 / 8, at most one loop per role (roles {', '.join(ROLES)}: +<role>.k<BK>s<S>w<W>)")
     return Arm(mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, prologue,
-               tuple(sorted(loops.items())))
+               tuple(sorted(loops.items())), f8)
 
 
 def _one_loop_per_key(extras: list[str]) -> bool:
@@ -530,42 +536,88 @@ def _sum_partials(base, pmask, num_splits, N_LOG, BLOCK_N: tl.constexpr, BLOCK_M
     return a1, a2
 
 
-@triton.jit
-def _e4m3_to_bf16(w):
-    """float8_e4m3fn -> bfloat16, exact, with integer ops and one bf16x2 FMA per pair (sm_80+ PTX). Triton's own
-    conversion goes e4m3x2 -> f16x2 -> two cvt.bf16.f16, which run on the GPU's conversion units (a sixteenth of
-    the ALUs' rate): in the K loop of an fp8-weight GEMM they, not the weight stream, set the pace. Here each byte
-    s.eeee.mmm goes to the top byte of a 16-bit lane (prmt), its eeee.mmm shifted down into a bf16's low exponent
-    and high mantissa bits and the sign kept (lop3s): the bf16 bits of the value times 2^-120 (bf16's bias 127
-    against e4m3's 7), normal or subnormal alike; times 2^120 (exact) gives the value. The NaN bytes (0x7f, 0xff,
-    which quantize_rows never writes) come out as +-480."""
-    return tl.inline_asm_elementwise(
-        asm="""{
+# e4m3 x4 (one 32-bit register, byte i the i-th value) -> bf16 x4 (two bf16x2 registers, lo then hi), exactly: each
+# byte s.eeee.mmm to the top byte of a 16-bit lane (prmt), its eeee.mmm shifted down into a bf16's low exponent and
+# high mantissa bits, the sign kept (lop3s): the bf16 bits of the value times 2^-120 (bf16's bias 127 against e4m3's
+# 7), normal or subnormal alike; one bf16x2 FMA by 2^120 (0x7b80) and -0 gives the value. The NaN bytes (0x7f, 0xff,
+# which quantize_rows never writes) come out as +-480. The operands: IN, OUT_LO, OUT_HI.
+_E4M3X4_PTX = """
         .reg .b32 lo, hi, k, z, s;
         mov.b32 k, 0x7B807B80;
         mov.b32 z, 0x80008000;
-        prmt.b32 lo, $2, 0, 0x1404;
-        prmt.b32 hi, $2, 0, 0x3424;
+        prmt.b32 lo, IN, 0, 0x1404;
+        prmt.b32 hi, IN, 0, 0x3424;
         shr.b32 s, lo, 4;
         and.b32 s, s, 0x07F007F0;
         and.b32 lo, lo, 0x80008000;
         or.b32 lo, lo, s;
-        fma.rn.bf16x2 $0, lo, k, z;
+        fma.rn.bf16x2 OUT_LO, lo, k, z;
         shr.b32 s, hi, 4;
         and.b32 s, s, 0x07F007F0;
         and.b32 hi, hi, 0x80008000;
         or.b32 hi, hi, s;
-        fma.rn.bf16x2 $1, hi, k, z;
-        }""",
-        constraints="=r,=r,r", args=[w.to(tl.uint8, bitcast=True)], dtype=tl.bfloat16, is_pure=True, pack=4)
+        fma.rn.bf16x2 OUT_HI, hi, k, z;
+"""
+# the two uses: 4 values packed by Triton (pack=4, two bf16x2 out), and one int32 in, four bf16 out
+_PTX_PACKED = tl.constexpr("{" + _E4M3X4_PTX.replace("OUT_LO", "$0").replace("OUT_HI", "$1").replace("IN", "$2") + "}")
+_PTX_WIDE = tl.constexpr("{" + _E4M3X4_PTX.replace("OUT_LO", "lo").replace("OUT_HI", "hi").replace("IN", "$4")
+                         + "        mov.b32 {$0, $1}, lo;\n        mov.b32 {$2, $3}, hi;\n}")
+# fp8 weight modes (FP8_MODE, ``set_fp8_mode``): how e4m3 weights become the activation dtype in the K loop
+FP8_MODES = ("cast", "ptx", "wide")
 
 
 @triton.jit
-def _dequant(w, x_dt: tl.constexpr, FAST_E4M3: tl.constexpr):
-    """fp8 weights -> the activation dtype, exactly (the row scale comes after the sum)."""
-    if FAST_E4M3:
-        return _e4m3_to_bf16(w)
-    return w.to(x_dt)
+def _e4m3_to_bf16(w):
+    """float8_e4m3fn -> bfloat16, exact, by _E4M3X4_PTX on 4 values at a time (fp8 mode ``ptx``). Triton's own cast
+    (mode ``cast``) goes e4m3x2 -> f16x2 -> two cvt.bf16.f16, which run on the conversion units (a sixteenth of the
+    ALUs' rate) and set the pace of an fp8-weight GEMM's K loop."""
+    return tl.inline_asm_elementwise(
+        asm=_PTX_PACKED, constraints="=r,=r,r", args=[w.to(tl.uint8, bitcast=True)], dtype=tl.bfloat16, is_pure=True, pack=4)
+
+
+@triton.jit
+def _byte_to_bf16(b):
+    """One e4m3 byte (int32, 0..255) -> bf16 by _E4M3X4_PTX's recipe in Triton ops, through fp32 bits (the
+    interpreter's path; it mishandles bf16 subnormals): the value times 2^-120, times 2^120, both exact."""
+    bits = ((b & 0x80) << 24) | ((b & 0x7F) << 20)
+    return (bits.to(tl.float32, bitcast=True) * 1.329227995784916e36).to(tl.bfloat16)  # 2^120
+
+
+@triton.jit
+def _e4m3x4_to_bf16(w4, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PTX: tl.constexpr):
+    """fp8 mode ``wide``: w4 [BLOCK_N, BLOCK_K // 4] int32, 4 e4m3 weights each (byte i: column 4c + i) ->
+    [BLOCK_N, BLOCK_K] bf16, converted where they were loaded (16-byte vectors of 16 weights a thread), then joined
+    along K, so the tile reaches the dot as bf16 (no fp8 tile read back in the MMA's register layout)."""
+    if PTX:
+        o0, o1, o2, o3 = tl.inline_asm_elementwise(
+            asm=_PTX_WIDE, constraints="=h,=h,=h,=h,r", args=[w4], dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
+            is_pure=True, pack=1)
+    else:
+        o0 = _byte_to_bf16(w4 & 0xFF)
+        o1 = _byte_to_bf16((w4 >> 8) & 0xFF)
+        o2 = _byte_to_bf16((w4 >> 16) & 0xFF)
+        o3 = _byte_to_bf16((w4 >> 24) & 0xFF)
+    # join(join(o0, o2), join(o1, o3))[..., i, s] is o_{2s + i}... flattened (i, s) -> 2i + s: o0, o1, o2, o3
+    return tl.reshape(tl.join(tl.join(o0, o2), tl.join(o1, o3)), [BLOCK_N, BLOCK_K])
+
+
+@triton.jit
+def _weights(W, W4, c, n_mask, offs_k, k0, K, stride_wn, stride_w4, x_dt: tl.constexpr, FP8: tl.constexpr,
+             FP8_MODE: tl.constexpr, PTX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The [BLOCK_N, BLOCK_K] weight tile of rows ``c`` at K offset k0, in the activation dtype (fp8: exactly; the
+    row scale comes after the sum)."""
+    if FP8 and FP8_MODE == 2:
+        offs_k4 = k0 // 4 + tl.arange(0, BLOCK_K // 4)
+        w4 = tl.load(W4 + c[:, None].to(tl.int64) * stride_w4 + offs_k4[None, :],
+                     mask=n_mask[:, None] & (offs_k4 < K // 4)[None, :], other=0)
+        return _e4m3x4_to_bf16(w4, BLOCK_N, BLOCK_K, PTX)
+    w = tl.load(W + c[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
+                mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+    if FP8 and FP8_MODE == 1 and PTX:
+        w = _e4m3_to_bf16(w)
+    elif FP8:
+        w = w.to(x_dt)
+    return w
 
 
 @triton.jit
@@ -584,16 +636,18 @@ def _prefetch_weights(W, c1, c2, n_mask, k_lo, k_hi, stride_wn, PAIRED: tl.const
 
 
 @triton.jit
-def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, POS, M, N_LOG, K,
-                 k_per_split, stride_xm, stride_wn, stride_om, stride_rm, stride_cm, stride_slot, eps, G, ROPE_COLS,
+def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, POS, M, N_LOG, K,
+                 k_per_split, stride_xm, stride_wn, stride_w4, stride_om, stride_rm, stride_cm, stride_slot, eps, G, ROPE_COLS,
                  Q_COLS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  NORM: tl.constexpr, SS_BLOCK: tl.constexpr, SS_ITERS: tl.constexpr, NRM_ITERS: tl.constexpr,
                  FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PAIRED: tl.constexpr,
                  KV_STORE: tl.constexpr, IEEE: tl.constexpr, ROPE_POS: tl.constexpr = False,
                  PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
-                 ARGMAX_RED: tl.constexpr = 256, FAST_E4M3: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                 ARGMAX_RED: tl.constexpr = 256, FP8_MODE: tl.constexpr = 0, PTX: tl.constexpr = False,
+                 USE_PDL: tl.constexpr = False):
     # SPLIT: 0 one program per column tile; 1 partials for _reduce_kernel; 2 partials, the last program reduces
-    # FAST_E4M3: e4m3 weights into bf16 by _e4m3_to_bf16 (a GPU with bf16 activations), else by Triton's cast
+    # FP8_MODE: the index of the fp8 mode (FP8_MODES) e4m3 weights convert by (W4: W as int32, mode wide);
+    # PTX: inline PTX may run (a GPU; the interpreter runs Triton ops)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     j = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -641,19 +695,16 @@ def _gemm_kernel(X, XN, W, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SI
         k_mask = offs_k < K
         xt = tl.load(src + offs_m[None, :] * src_stride + offs_k[:, None], mask=m_mask[None, :] & k_mask[:, None],
                      other=0.0)  # [BLOCK_K, BLOCK_M]
-        wmask = n_mask[:, None] & k_mask[None, :]
-        w1 = tl.load(W + c1[:, None].to(tl.int64) * stride_wn + offs_k[None, :], mask=wmask, other=0.0)
-        if FP8:  # e4m3 -> the activation dtype is exact; the row scale comes after the sum
-            w1 = _dequant(w1, x_dt, FAST_E4M3)
+        w1 = _weights(W, W4, c1, n_mask, offs_k, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE, PTX, BLOCK_N,
+                      BLOCK_K)
         if IEEE:  # fp32 inputs, or the interpreter (its bf16 tl.dot is wrong in Triton 3.9; bf16 products are
             # exact in fp32, so only the summation order differs from the GPU's tensor cores)
             acc1 = tl.dot(w1.to(tl.float32), xt.to(tl.float32), acc1, input_precision="ieee")
         else:
             acc1 = tl.dot(w1, xt, acc1)
         if PAIRED:
-            w2 = tl.load(W + c2[:, None].to(tl.int64) * stride_wn + offs_k[None, :], mask=wmask, other=0.0)
-            if FP8:
-                w2 = _dequant(w2, x_dt, FAST_E4M3)
+            w2 = _weights(W, W4, c2, n_mask, offs_k, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE, PTX, BLOCK_N,
+                          BLOCK_K)
             if IEEE:
                 acc2 = tl.dot(w2.to(tl.float32), xt.to(tl.float32), acc2, input_precision="ieee")
             else:
@@ -702,22 +753,37 @@ def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, POS, M,
               stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
 
 
-# fp8 weights with bf16 activations convert by _e4m3_to_bf16 (True) or Triton's cast (False): the same bits.
-DEFAULT_FAST_E4M3 = True
-_fast_e4m3 = DEFAULT_FAST_E4M3
+# The fp8 mode of e4m3 weights against bf16 activations (FP8_MODES): ``cast`` Triton's (the fp8 tile read from shared
+# memory in the MMA's register layout, converted there on the conversion units), ``ptx`` the same tile converted by
+# _E4M3X4_PTX, ``wide`` 4 weights a 32-bit load, converted by _E4M3X4_PTX where loaded. Every mode gives the same bits.
+DEFAULT_FP8_MODE = "ptx"
+_fp8_mode = DEFAULT_FP8_MODE
 _compile_only = False  # attnlab.kernels.aot: launches compile for a GPU and never run
 
 
-def fast_e4m3(x: torch.Tensor) -> bool:
-    """Whether fp8 weights against ``x`` convert by _e4m3_to_bf16: bf16 activations on a GPU (inline PTX; the
-    interpreter runs Triton's cast), where on (``set_fast_e4m3``)."""
-    return (_fast_e4m3 and x.dtype == torch.bfloat16 and (x.device.type == "cuda" or _compile_only)
-            and not interpreter_on())
+def fp8_mode() -> str:
+    return _fp8_mode
 
 
-def set_fast_e4m3(on: bool) -> None:
-    global _fast_e4m3
-    _fast_e4m3 = bool(on)
+def set_fp8_mode(mode: str) -> None:
+    """The process-wide fp8 mode (FP8_MODES); bench arms ``+f8cast`` / ``+f8ptx`` / ``+f8wide``."""
+    global _fp8_mode
+    if mode not in FP8_MODES:
+        raise ValueError(f"fp8 mode {mode!r}: choose from {', '.join(FP8_MODES)}")
+    _fp8_mode = mode
+
+
+def _fp8_launch(x: torch.Tensor, w: torch.Tensor) -> dict:
+    """The kernel's FP8_MODE, PTX and W4 / stride_w4 for weights ``w`` against ``x``: a mode other than cast only
+    with bf16 activations, wide only where K and the row stride are multiples of 4 (32-bit loads)."""
+    gpu = (x.device.type == "cuda" or _compile_only) and not interpreter_on()
+    mode = _fp8_mode if w.dtype == torch.float8_e4m3fn and x.dtype == torch.bfloat16 else "cast"
+    if mode == "ptx" and not gpu:
+        mode = "cast"  # the interpreter runs no PTX; the wide mode has a Triton-ops path
+    if mode == "wide" and (w.shape[1] % 4 or w.stride(0) % 4 or w.data_ptr() % 16):
+        mode = "ptx" if gpu else "cast"
+    w4 = w.view(torch.int32) if mode == "wide" else w
+    return {"FP8_MODE": FP8_MODES.index(mode), "PTX": gpu, "W4": w4, "stride_w4": w4.stride(0)}
 
 
 def _rowmajor(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -842,11 +908,11 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         prefetch = {"PREFETCH": min(_prefetch, per // block_k), "LINE": min(block_k, pdl.L2_LINE // w.element_size())}
     try:
         _gemm_kernel[(n_tiles, splits)](
-            x, xn, w, out, part, tickets, NORM_W=norm_weight if norm_weight is not None else dummy, K=k,
+            x, xn, w, OUT=out, PART=part, TICKETS=tickets, NORM_W=norm_weight if norm_weight is not None else dummy, K=k,
             k_per_split=per, stride_xm=x.stride(0), stride_wn=w.stride(0), eps=eps, BLOCK_K=block_k, SPLIT=split,
             NORM=norm, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block) if norm else 0,
             NRM_ITERS=triton.cdiv(min(per, k), ss_block) if norm else 0,
-            IEEE=fp32_dot(x.dtype), ARGMAX_RED=ARGMAX_BLOCK, FAST_E4M3=fp8 and fast_e4m3(x), num_warps=warps, num_stages=stages, **ptrs, **args, **prefetch,
+            IEEE=fp32_dot(x.dtype), ARGMAX_RED=ARGMAX_BLOCK, **_fp8_launch(x, w), num_warps=warps, num_stages=stages, **ptrs, **args, **prefetch,
             **launch_args(x))
     except BaseException:
         if split == 2 or epilogue == "argmax":  # a launch cut short may leave tickets taken: every later GEMM on

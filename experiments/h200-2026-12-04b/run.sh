@@ -10,9 +10,12 @@
 #             exactness GPU test for every byte), bench.gemm bf16 / fp8w over K loops with qkv at BLOCK_K 128 by
 #             default; bench.pdl --weights bf16,fp8w at 1B and SmolLM2 shapes, and the 8B gemm engine, against the
 #             previous qkv loop
+#   run.sh 4  carry .gpu/fb (a fresh machine): install; issue 17: the fp8 modes (cast / ptx / wide: 4 weights a 32-bit
+#             load, converted where loaded) in the GPU tests, bench.gemm and bench.pdl --weights bf16,fp8w (1B,
+#             SmolLM2); the 8B gate_up loop (BLOCK_K 256 x 4 stages) end to end
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 3}
+PART=${1:?part 1 to 4}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, the environment, the call's log, PY
 case $PART in
 1)
@@ -61,6 +64,25 @@ case $PART in
   done
   cat /tmp/prof_fp8w.md /tmp/prof_bf16.md > "$OUT/profile3.md" 2>/dev/null
   ;;
-*) echo "part 1 to 3"; exit 2 ;;
+4)
+  install_fb
+  step "GPU tests: the fp8 modes against every byte and Triton's cast, row invariance"
+  timeout 120 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py -k "fp8" \
+    > $LOGS/tests4.log 2>&1; echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests4.log | tail -n 12
+  step "issue 17: bench.gemm, fp8w in the three modes, 8B and 1B shapes"
+  timeout 150 $PY -m attnlab.bench.gemm --quick --models llama8b,llama1b --out "$OUT/modes4.json" \
+    --split-modes fill/ticket,fill/ticket+f8cast,fill/ticket+f8wide,fill/ticket+f8wide+k256s4w4,fill/ticket+f8wide+k128s4w4 \
+    > $LOGS/modes4.log 2>&1; echo "exit code $?"; cp $LOGS/modes4.log "$OUT/"; grep -E "^\||^arm" $LOGS/modes4.log | cut -c1-420
+  step "issue 17: bench.pdl --weights bf16,fp8w, gemm engine, 1B and SmolLM2, fp8 modes"
+  timeout 200 $PY -m attnlab.bench.pdl --models llama-3.2-1b,smollm2-135m --engines gemm --rounds 3 --new 128 \
+    --weights bf16,fp8w --gemm-splits fill/ticket,fill/ticket+f8wide,fill/ticket+f8wide+k256s4w4 \
+    --out "$OUT/fp8w4" > $LOGS/fp8w4.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/fp8w4.log
+  step "issue 17: bench.pdl, gemm engine, 8B, gate_up loops"
+  timeout 100 $PY -m attnlab.bench.pdl --models llama-3.1-8b --engines gemm --rounds 3 --new 128 \
+    --gemm-splits fill/ticket,fill/ticket+gate_up.k256s4w4,fill/ticket+gate_up.k128s5w4 \
+    --out "$OUT/gateup8b" > $LOGS/gateup8b.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/gateup8b.log
+  tar czf "$OUT/logs4.tgz" -C $LOGS . 2>/dev/null
+  ;;
+*) echo "part 1 to 4"; exit 2 ;;
 esac
 step "done"

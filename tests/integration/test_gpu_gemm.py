@@ -69,11 +69,12 @@ def test_fp8_weights_and_fused_variants_are_row_invariant(n, k):
             assert torch.equal(fn(x[:m]), full[:m]), f"{name}: M={m}"
 
 
+@pytest.mark.parametrize("mode", ["ptx", "wide"])
 @pytest.mark.parametrize("epilogue", ["none", "silu_mul", "rope"])
-def test_fp8_to_bf16_in_ptx_is_exact_for_every_byte(epilogue):
-    """gemm._e4m3_to_bf16 (integer ops and a bf16x2 FMA, the default for bf16 activations) gives every non-NaN e4m3
-    byte's value: one-hot rows of x read the weights back through the GEMM (a single nonzero product: exact), and
-    a random GEMM gives the bits of Triton's own conversion (set_fast_e4m3(False)), plain and paired epilogues."""
+def test_fp8_to_bf16_in_ptx_is_exact_for_every_byte(mode, epilogue):
+    """The fp8 modes that convert by gemm._E4M3X4_PTX (integer ops and a bf16x2 FMA) give every non-NaN e4m3 byte's
+    value: one-hot rows of x read the weights back through the GEMM (a single nonzero product: exact), and a random
+    GEMM gives the bits of Triton's own conversion (fp8 mode cast), plain and paired epilogues, at every M."""
     codes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8, device="cuda")
     n = 256  # rows of w: every code, padded with zeros
     w8 = torch.zeros(n, 16, dtype=torch.uint8, device="cuda")
@@ -81,9 +82,6 @@ def test_fp8_to_bf16_in_ptx_is_exact_for_every_byte(epilogue):
     w8 = w8.view(torch.float8_e4m3fn)
     x = torch.zeros(16, 16, dtype=torch.bfloat16, device="cuda")
     x[:, 0] = 1.0
-    assert gemm.fast_e4m3(x)
-    y = gemm.linear(x, w8, w_scale=torch.ones(n, device="cuda"))
-    assert torch.equal(y[0], w8[:, 0].float().to(torch.bfloat16)), "a byte's value differs"
     g = torch.Generator(device="cuda").manual_seed(5)
     xr = torch.randn(9, 512, device="cuda", generator=g).to(torch.bfloat16)
     wr, sr = quantize_rows((torch.randn(128, 512, device="cuda", generator=g) / 512**0.5).to(torch.bfloat16))
@@ -91,12 +89,16 @@ def test_fp8_to_bf16_in_ptx_is_exact_for_every_byte(epilogue):
     if kw is None:
         cs = torch.randn(9, 64, device="cuda", generator=g).to(torch.bfloat16)
         kw = {"epilogue": "rope", "cos": cs, "sin": cs, "head_dim": 64, "rope_cols": 64}
-    fast = gemm.gemm(xr, wr, w_scale=sr.view(-1), **kw)
-    gemm.set_fast_e4m3(False)
-    try:
+    with gemm.arm(f"fill/ticket+f8{mode}"):
+        assert gemm._fp8_launch(x, w8)["FP8_MODE"] == gemm.FP8_MODES.index(mode)
+        y = gemm.linear(x, w8, w_scale=torch.ones(n, device="cuda"))
+        fast = gemm.gemm(xr, wr, w_scale=sr.view(-1), **kw)
+        for m in (1, 5):
+            kw_m = {**kw, **({"cos": kw["cos"][:m], "sin": kw["sin"][:m]} if "cos" in kw else {})}
+            assert torch.equal(gemm.gemm(xr[:m], wr, w_scale=sr.view(-1), **kw_m), fast[:m])
+    assert torch.equal(y[0], w8[:, 0].float().to(torch.bfloat16)), "a byte's value differs"
+    with gemm.arm("fill/ticket+f8cast"):
         slow = gemm.gemm(xr, wr, w_scale=sr.view(-1), **kw)
-    finally:
-        gemm.set_fast_e4m3(gemm.DEFAULT_FAST_E4M3)
     assert torch.equal(fast, slow)
 
 

@@ -510,3 +510,31 @@ def test_e4m3_to_bf16_bit_recipe_is_exact_for_every_byte():
     nan = (b & 0x7F) == 0x7F
     assert torch.equal(got[~nan], want[~nan])
     assert torch.equal(got[nan], torch.tensor([480.0, -480.0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("k", [512, 300, 1100])
+def test_fp8_wide_mode_unpacks_like_the_cast(k):
+    """fp8 mode wide (4 weights a 32-bit load, unpacked and joined along K; under the interpreter by Triton ops, the
+    recipe of the GPU's PTX): the cast mode's bits, rows M-invariant, plain and paired epilogues. A K that is no
+    multiple of 4 (300 + 2) falls back to the cast."""
+    kk = k + 2 if k == 300 else k
+    x, w, g = _data(9, 96, kk, torch.bfloat16, seed=21)
+    w8 = (w.float() * 40).clamp(-448, 448).to(torch.float8_e4m3fn)  # normal and subnormal codes
+    w8[0, :4] = torch.tensor([0.0, -0.0, 2.0**-9, -448.0]).to(torch.float8_e4m3fn)
+    scale = torch.rand(96, generator=g) + 0.5
+    outs = {}
+    for mode in ("cast", "wide"):
+        with gemm.arm(f"fill/ticket+f8{mode}"):
+            assert gemm._fp8_launch(x, w8)["FP8_MODE"] == (gemm.FP8_MODES.index(mode) if kk % 4 == 0 else 0)
+            outs[mode] = [gemm.linear(x, w8, w_scale=scale), gemm.gemm(x, w8, w_scale=scale, epilogue="silu_mul")]
+            for m in (1, 4):
+                assert torch.equal(gemm.linear(x[:m], w8, w_scale=scale), outs[mode][0][:m])
+    for a, b in zip(outs["cast"], outs["wide"]):
+        assert torch.equal(a, b)
+    _close(outs["wide"][0], F.linear(x.float(), w8.float() * scale[:, None]).to(torch.bfloat16), torch.bfloat16)
+    with pytest.raises(ValueError, match="fp8 mode"):
+        gemm.set_fp8_mode("int4")
+    assert gemm.parse_arm("fill/ticket+f8wide").fp8_mode == "wide" and gemm.parse_arm("fill/ticket").fp8_mode == "ptx"
+    for bad in ("fill/ticket+f8wide+f8cast", "fill/ticket+f8"):
+        with pytest.raises(ValueError, match="gemm arm"):
+            gemm.parse_arm(bad)
