@@ -130,6 +130,10 @@ _norm_prologue = DEFAULT_NORM_PROLOGUE
 LONG_K = 2048
 ROLES = ("qkv", "o", "gate_up", "down", "lm_head")
 DEFAULT_ROLE_LOOPS: dict[str, tuple[int, int, int]] = {"qkv": (128, 4, 4)}
+# fp8 weights from LONG_K: BLOCK_K 256 x 4 stages for every role (a stage of e4m3 holds half the bytes). Measured end to
+# end (bench.pdl --weights fp8w, fp8 mode wide, experiments/h200-2026-12-04b): Llama-3.2-1B 910 -> 991 tok/s; SmolLM2
+# (K < LONG_K) lost 13% forced onto it, so it keeps 128 x 3.
+FP8_LONG_LOOP = (256, 4, 4)
 DEFAULT_LOOPS: tuple = ()  # an arm's forced loops: none (the rule above)
 _loops: dict[str, tuple[int, int, int]] = {}  # "all" or a role -> (BLOCK_K, stages, warps)
 _tickets: dict = {}
@@ -216,6 +220,7 @@ class Arm(NamedTuple):
     norm_prologue: bool
     loops: tuple[tuple[str, tuple[int, int, int]], ...]  # ("all" or a role, (BLOCK_K, stages, warps)), sorted
     fp8_mode: str
+    fp8_programs: int  # fp8 weights' split target, in TARGET_PROGRAMS (1 or 2)
 
 
 @contextmanager
@@ -231,7 +236,8 @@ def arm(text: str):
     the RoPE launch (attnlab.kernels.fused.rope_store); ``+normsep`` (default) / ``+normpro``: the gemm path's
     RMSNorms as their own launches or as the qkv / gate_up prologue; ``+k<BK>s<S>w<W>``: the K loop's BLOCK_K, stages
     and warps for every GEMM, ``+<role>.k<BK>s<S>w<W>`` for one role's (``ROLES``; ``loop_for``, ``loop_config``);
-    ``+f8cast`` / ``+f8ptx`` / ``+f8wide``: how fp8 weights convert (``set_fp8_mode``; the same bits). Split, prefetch, RoPE-table, norm and loop parts act on gemm-path sides only."""
+    ``+f8cast`` / ``+f8ptx`` / ``+f8wide``: how fp8 weights convert (``set_fp8_mode``; the same bits); ``+f8x2``:
+    fp8 weights split K towards twice TARGET_PROGRAMS programs (their programs stream half the bytes). Split, prefetch, RoPE-table, norm and loop parts act on gemm-path sides only."""
     from attnlab.kernels import argmax, decode, fused
 
     a = parse_arm(text)
@@ -240,7 +246,8 @@ def arm(text: str):
             scoped(argmax.enabled, argmax.set_enabled, a.rows_argmax), \
             scoped(fused.rope_store, fused.set_rope_store, a.rope_store), \
             scoped(norm_prologue, _set_norm_prologue, a.norm_prologue), \
-            scoped(loop_config, _set_loop_config, a.loops), scoped(fp8_mode, set_fp8_mode, a.fp8_mode):
+            scoped(loop_config, _set_loop_config, a.loops), scoped(fp8_mode, set_fp8_mode, a.fp8_mode), \
+            scoped(fp8_programs, _set_fp8_programs, a.fp8_programs):
         yield
 
 
@@ -258,10 +265,10 @@ def parse_arm(text: str) -> Arm:
     chunks, fused_argmax, table = DEFAULT_PREFETCH, DEFAULT_ARGMAX_HEAD, DEFAULT_ROPE_TABLE  # bare: the defaults
     kv_tiles, rows_argmax, rope_store, prologue = KV_PREFETCH_TILES, DEFAULT_ON, True, DEFAULT_NORM_PROLOGUE
     loops = dict(DEFAULT_LOOPS)
-    f8 = DEFAULT_FP8_MODE
+    f8, f8x = DEFAULT_FP8_MODE, DEFAULT_FP8_PROGRAMS
     ok = (mode in SPLIT_MODES and len(_FP8_ARMS & set(extras)) <= 1 and len(set(extras)) == len(extras) and not any(p <= set(extras) for p in _PAIRS)
           and sum(e.startswith("kvpf") for e in extras) <= 1 and sum(e.startswith("pf") for e in extras) <= 1
-          and _one_loop_per_key(extras))
+          and _one_loop_per_key(extras) and len({"f8x1", "f8x2"} & set(extras)) <= 1)
     for e in extras:
         if e.startswith("pf") and _digits(e[2:]) and int(e[2:]) <= MAX_PREFETCH:
             chunks = int(e[2:])
@@ -282,15 +289,17 @@ def parse_arm(text: str) -> Arm:
             table = e == "ropetable"
         elif e in _FP8_ARMS:
             f8 = e[2:]
+        elif e in ("f8x1", "f8x2"):
+            f8x = int(e[3])
         else:
             ok = False
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
-                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide], split modes "
+                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide][+f8x1|+f8x2], split modes "
                          f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, tiles 0..8, BK 32 / 64 / 128 / 256 / 512, S 1..6, "
                          f"W 2 / 4 / 8, at most one loop per role (roles {', '.join(ROLES)}: +<role>.k<BK>s<S>w<W>)")
     return Arm(mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, prologue,
-               tuple(sorted(loops.items())), f8)
+               tuple(sorted(loops.items())), f8, f8x)
 
 
 def _one_loop_per_key(extras: list[str]) -> bool:
@@ -345,11 +354,14 @@ def _ticket_buffer(device: torch.device) -> torch.Tensor:
 def loop_for(w_dtype: torch.dtype, x_dtype: torch.dtype, k: int, role: str | None = None) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_stages, num_warps) of a GEMM's K loop: for 16-bit / fp8 weights an arm's forced loop
     for ``role`` (else for every GEMM), else ``DEFAULT_ROLE_LOOPS[role]``, else 64 x 256 from K >= LONG_K, 64 x 128
-    below (16 KiB of bf16 per stage), 3 stages, 4 warps; fp32 64 x 64, 3 stages, 4 warps, whatever is forced."""
+    below (16 KiB of bf16 per stage), 3 stages, 4 warps; fp8 weights FP8_LONG_LOOP from LONG_K (every role), else
+    128 x 3 x 4; fp32 64 x 64, 3 stages, 4 warps, whatever is forced."""
     if torch.float32 in (w_dtype, x_dtype):
         return 64, 64, 3, 4
-    loop = _loops.get(role) or _loops.get("all") or DEFAULT_ROLE_LOOPS.get(role) or (256 if k >= LONG_K else 128, 3, 4)
-    return (64, *loop)
+    forced = _loops.get(role) or _loops.get("all")
+    if w_dtype == torch.float8_e4m3fn:  # half the bytes a stage: a stage more from LONG_K (FP8_LONG_LOOP)
+        return (64, *(forced or (FP8_LONG_LOOP if k >= LONG_K else (128, 3, 4))))
+    return (64, *(forced or DEFAULT_ROLE_LOOPS.get(role) or (256 if k >= LONG_K else 128, 3, 4)))
 
 
 def loop_config() -> tuple[tuple[str, tuple[int, int, int]], ...]:
@@ -368,15 +380,16 @@ def wave_efficiency(programs: int) -> float:
     return programs / (TARGET_PROGRAMS * triton.cdiv(programs, TARGET_PROGRAMS))
 
 
-def split_k(n_tiles: int, k: int, block_k: int, policy: str = "fill") -> tuple[int, int]:
-    """(splits, k_per_split): split K only while the N tiles alone leave SMs idle (``fill``); ``lean``: and only
-    where K is longer than LEAN_MAX_K; ``wave``: as lean for short K, else the power of two of least
-    cost: idle SMs of the last wave (``wave_efficiency``) plus the partials' traffic (the smallest within WAVE_SLACK). A function of (N tiles, K,
-    BLOCK_K, the policy) only — never of M — so rows stay bit-identical across M."""
+def split_k(n_tiles: int, k: int, block_k: int, policy: str = "fill", target: int = TARGET_PROGRAMS) -> tuple[int, int]:
+    """(splits, k_per_split): split K only while the N tiles alone leave SMs idle (``fill``: until about ``target``
+    programs); ``lean``: and only where K is longer than LEAN_MAX_K; ``wave``: as lean for short K, else the power of
+    two of least cost: idle SMs of the last wave (``wave_efficiency``) plus the partials' traffic (the smallest within
+    WAVE_SLACK). A function of (N tiles, K, BLOCK_K, the policy, the target) only — never of M — so rows stay
+    bit-identical across M."""
     if policy not in ("fill", "lean", "wave"):
         raise ValueError(f"split_k: policy {policy!r} is not fill, lean or wave")
     chunks = triton.cdiv(k, block_k)
-    want = min(triton.cdiv(TARGET_PROGRAMS, n_tiles), chunks, MAX_SPLIT_K)
+    want = min(triton.cdiv(target, n_tiles), chunks, MAX_SPLIT_K)
     if policy != "fill" and k <= LEAN_MAX_K:
         want = 1
     elif policy == "wave":
@@ -754,10 +767,15 @@ def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, POS, M,
 
 
 # The fp8 mode of e4m3 weights against bf16 activations (FP8_MODES): ``cast`` Triton's (the fp8 tile read from shared
-# memory in the MMA's register layout, converted there on the conversion units), ``ptx`` the same tile converted by
-# _E4M3X4_PTX, ``wide`` 4 weights a 32-bit load, converted by _E4M3X4_PTX where loaded. Every mode gives the same bits.
-DEFAULT_FP8_MODE = "ptx"
+# memory in the MMA's register layout 2 bytes a thread, converted there on the conversion units), ``ptx`` the same tile
+# converted by _E4M3X4_PTX, ``wide`` (the default) 4 weights a 32-bit load, converted by _E4M3X4_PTX where loaded,
+# the bf16 tile then into the MMA's layout by ldmatrix. Every mode gives the same bits. Measured (bench.pdl --weights
+# fp8w, gemm engine, batch 1, PDL on; experiments/h200-2026-12-04b): Llama-3.2-1B shapes cast 741, ptx 835-838, wide
+# 910 tok/s; SmolLM2 cast 1,193, ptx 1,236-1,242, wide 1,297. Alone (bench.gemm, 8B gate_up, M = 1): 57.6 / 54.1 / 50.8 us.
+DEFAULT_FP8_MODE = "wide"
 _fp8_mode = DEFAULT_FP8_MODE
+DEFAULT_FP8_PROGRAMS = 1  # fp8 weights' split target in TARGET_PROGRAMS (arm +f8x2: 2)
+_fp8_programs = DEFAULT_FP8_PROGRAMS
 _compile_only = False  # attnlab.kernels.aot: launches compile for a GPU and never run
 
 
@@ -771,6 +789,15 @@ def set_fp8_mode(mode: str) -> None:
     if mode not in FP8_MODES:
         raise ValueError(f"fp8 mode {mode!r}: choose from {', '.join(FP8_MODES)}")
     _fp8_mode = mode
+
+
+def fp8_programs() -> int:
+    return _fp8_programs
+
+
+def _set_fp8_programs(n: int) -> None:
+    global _fp8_programs
+    _fp8_programs = int(n)
 
 
 def _fp8_launch(x: torch.Tensor, w: torch.Tensor) -> dict:
@@ -876,7 +903,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         block_n //= 2
     n_tiles = triton.cdiv(n_log, block_n)
     policy, reduce = _split_mode.split("/")
-    splits, per = split_k(n_tiles, k, block_k, policy)
+    splits, per = split_k(n_tiles, k, block_k, policy, TARGET_PROGRAMS * (_fp8_programs if fp8 else 1))
     if epilogue == "argmax" and splits > 1:  # the tiles' maxima need whole sums: linear's (split) logits' argmax
         return gemm(x, w, bias, w_scale=w_scale, norm_weight=norm_weight, eps=eps, role=role).float().argmax(-1)
     split = 0 if splits == 1 else 2 if reduce == "ticket" else 1

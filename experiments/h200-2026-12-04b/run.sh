@@ -13,9 +13,13 @@
 #   run.sh 4  carry .gpu/fb (a fresh machine): install; issue 17: the fp8 modes (cast / ptx / wide: 4 weights a 32-bit
 #             load, converted where loaded) in the GPU tests, bench.gemm and bench.pdl --weights bf16,fp8w (1B,
 #             SmolLM2); the 8B gate_up loop (BLOCK_K 256 x 4 stages) end to end
+#   run.sh 5  carry .gpu/fb (a fresh machine): install; issue 17 with fp8 mode wide and the fp8 loop (256 x 4 from
+#             LONG_K) by default: GPU tests of fp8 weights; bench.pdl bf16 at the three shapes, gate_up at 128 x 5
+#             stages; bench.pdl --weights bf16,fp8w (1B, SmolLM2) against ptx and with twice the split target;
+#             bench.gemm with the defaults (the GEMM-alone table)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 4}
+PART=${1:?part 1 to 5}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, the environment, the call's log, PY
 case $PART in
 1)
@@ -83,6 +87,25 @@ case $PART in
     --out "$OUT/gateup8b" > $LOGS/gateup8b.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/gateup8b.log
   tar czf "$OUT/logs4.tgz" -C $LOGS . 2>/dev/null
   ;;
-*) echo "part 1 to 4"; exit 2 ;;
+5)
+  install_fb
+  step "GPU tests: fp8 weights (every byte, every mode, row invariance) with the fp8 defaults"
+  timeout 120 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py -k "fp8" \
+    > $LOGS/tests5.log 2>&1; echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests5.log | tail -n 12
+  step "issue 17: bench.pdl, gemm engine, bf16, three shapes, gate_up at 128 x 5 stages"
+  timeout 170 $PY -m attnlab.bench.pdl --models llama-3.1-8b,llama-3.2-1b,smollm2-135m --engines gemm --rounds 3 \
+    --new 128 --gemm-splits fill/ticket,fill/ticket+gate_up.k128s5w4 --out "$OUT/gateup5" > $LOGS/gateup5.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/gateup5.log
+  step "issue 17: bench.pdl --weights bf16,fp8w, 1B and SmolLM2: the defaults, the previous fp8 mode, twice the split"
+  timeout 170 $PY -m attnlab.bench.pdl --models llama-3.2-1b,smollm2-135m --engines gemm --rounds 3 --new 128 \
+    --weights bf16,fp8w --gemm-splits fill/ticket,fill/ticket+f8x2,fill/ticket+f8ptx --out "$OUT/fp8w5" \
+    > $LOGS/fp8w5.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/fp8w5.log
+  step "issue 17: bench.gemm with the defaults, gate_up at 128 x 5, fp8 at twice the split"
+  timeout 120 $PY -m attnlab.bench.gemm --quick --models llama8b,llama1b --out "$OUT/gemm5.json" \
+    --split-modes fill/ticket,fill/ticket+gate_up.k128s5w4,fill/ticket+f8x2 > $LOGS/gemm5.log 2>&1
+  echo "exit code $?"; cp $LOGS/gemm5.log "$OUT/"; grep -E "^\||^arm" $LOGS/gemm5.log | cut -c1-330
+  tar czf "$OUT/logs5.tgz" -C $LOGS . 2>/dev/null
+  ;;
+*) echo "part 1 to 5"; exit 2 ;;
 esac
 step "done"

@@ -534,7 +534,28 @@ def test_fp8_wide_mode_unpacks_like_the_cast(k):
     _close(outs["wide"][0], F.linear(x.float(), w8.float() * scale[:, None]).to(torch.bfloat16), torch.bfloat16)
     with pytest.raises(ValueError, match="fp8 mode"):
         gemm.set_fp8_mode("int4")
-    assert gemm.parse_arm("fill/ticket+f8wide").fp8_mode == "wide" and gemm.parse_arm("fill/ticket").fp8_mode == "ptx"
-    for bad in ("fill/ticket+f8wide+f8cast", "fill/ticket+f8"):
+    assert gemm.parse_arm("fill/ticket+f8ptx").fp8_mode == "ptx" and gemm.parse_arm("fill/ticket").fp8_mode == "wide"
+    assert gemm.parse_arm("fill/ticket").fp8_programs == 1 and gemm.parse_arm("fill/ticket+f8x2").fp8_programs == 2
+    for bad in ("fill/ticket+f8wide+f8cast", "fill/ticket+f8", "fill/ticket+f8x1+f8x2", "fill/ticket+f8x3"):
         with pytest.raises(ValueError, match="gemm arm"):
             gemm.parse_arm(bad)
+
+
+def test_fp8_weights_take_their_own_loop_and_split_target():
+    """fp8 weights: FP8_LONG_LOOP from LONG_K for every role (a stage of e4m3 is half the bytes), 128 x 3 below,
+    a forced loop over both; +f8x2 splits their K towards twice the programs (bf16 GEMMs keep theirs). All of it a
+    function of (N, K, the dtypes, the arm), never of M."""
+    bf, f8 = torch.bfloat16, torch.float8_e4m3fn
+    assert gemm.loop_for(f8, bf, 4096, "qkv") == (64, *gemm.FP8_LONG_LOOP) == gemm.loop_for(f8, bf, 2048, "down")
+    assert gemm.loop_for(f8, bf, 576, "qkv") == (64, 128, 3, 4)
+    with gemm.arm("fill/ticket+k128s5w4"):
+        assert gemm.loop_for(f8, bf, 4096, "o") == (64, 128, 5, 4)
+    assert gemm.split_k(48, 2048, 256, target=2 * gemm.TARGET_PROGRAMS)[0] == 4  # 1B qkv: 96 -> 192 programs
+    assert gemm.split_k(48, 2048, 256)[0] == 2
+    x, w, g = _data(5, 64, 2048, bf, seed=22)
+    w8, scale = (w.float() * 40).to(f8), torch.rand(64, generator=g) + 0.5
+    y = gemm.linear(x, w8, w_scale=scale)
+    with gemm.arm("fill/ticket+f8x2"):
+        y2 = gemm.linear(x, w8, w_scale=scale)
+        assert torch.equal(gemm.linear(x[:1], w8, w_scale=scale), y2[:1])
+    _close(y2, y, bf)
