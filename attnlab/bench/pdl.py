@@ -72,10 +72,11 @@ def arms_for(engine: str, splits: list[str]) -> list[tuple[bool, str]]:
 def sums_differ(a: str, b: str, norms: bool = True) -> bool:
     """Whether two gemm arms may sum in different fp32 orders (another split policy, BLOCK_K or warp count; with
     ``norms``, an engine that has them, the norms as GEMM prologues or not), so that their tokens may differ at
-    near-ties on random weights. A forced loop against the default (by K) counts as different."""
+    near-ties on random weights. A forced loop or fp8 split target against the default (by K) counts as different."""
     pa, pb = gemm.parse_arm(a), gemm.parse_arm(b)
     loop = lambda p: {key: (bk, w) for key, (bk, _, w) in p.loops}  # BLOCK_K and warps; stages sum alike
     return (pa.split_mode.split("/")[0] != pb.split_mode.split("/")[0] or loop(pa) != loop(pb)
+            or pa.fp8_programs != pb.fp8_programs
             or norms and pa.norm_prologue != pb.norm_prologue)
 
 

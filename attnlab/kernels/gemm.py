@@ -122,18 +122,22 @@ _norm_prologue = DEFAULT_NORM_PROLOGUE
 # BLOCK_K 256 for every GEMM took Llama-3.1-8B shapes (K 4,096 / 14,336) from 222-223 to 232-233 tok/s and
 # Llama-3.2-1B (K 2,048 / 8,192) from 986 to 1,014, and SmolLM2 (K 576 / 1,536) from 1,419 down to 1,280; 4 stages,
 # 8 warps and 64 lost. ``DEFAULT_ROLE_LOOPS``: measured exceptions by the GEMM's role in the layer (``ROLES``; the
-# caller names it), a function of the call site, never of M. qkv at BLOCK_K 128, 4 stages (80 KiB of shared memory:
-# 2 programs an SM, where 256 x 3 stages' 120 KiB fit one, and Llama-3.1-8B's qkv has 192 programs): alone 18.5 ->
-# 15.2 us at 8B (0.84x -> 1.02x of cuBLAS), end to end 8B 232 -> 233 tok/s, 1B 1,017 -> 1,060
-# (experiments/h200-2026-12-04b). gate_up there won at 1B (1,067) and lost 9% at 8B (210): not taken. A bench arm's
-# +k<BK>s<S>w<W> forces one loop on every GEMM, +<role>.k<BK>s<S>w<W> on one role's (``loop_config``).
+# caller names it) from K >= LONG_K, a function of the call site, never of M (experiments/h200-2026-12-04b):
+# - qkv at BLOCK_K 128, 4 stages (80 KiB of shared memory: 2 programs an SM, where 256 x 3 stages' 120 KiB fit one,
+#   and Llama-3.1-8B's qkv has 192 programs): alone 18.5 -> 15.2 us at 8B (0.84x -> 1.02x of cuBLAS); end to end
+#   8B 232 -> 233 tok/s, 1B 1,017 -> 1,060;
+# - gate_up at 128 x 5 stages: alone 8B 0.92-1.02x -> 0.97-1.07x of cuBLAS (M 1-16); end to end 0.6-1.3% slower, inside
+#   the rounds' spread (8B 232 -> 229, 1B 1,041 -> 1,035); at 128 x 4 it lost 9% at 8B (210), at 256 x 4 4% (222).
+# A bench arm's +k<BK>s<S>w<W> forces one loop on every GEMM, +<role>.k<BK>s<S>w<W> on one role's (``loop_config``).
 LONG_K = 2048
 ROLES = ("qkv", "o", "gate_up", "down", "lm_head")
-DEFAULT_ROLE_LOOPS: dict[str, tuple[int, int, int]] = {"qkv": (128, 4, 4)}
-# fp8 weights from LONG_K: BLOCK_K 256 x 4 stages for every role (a stage of e4m3 holds half the bytes). Measured end to
-# end (bench.pdl --weights fp8w, fp8 mode wide, experiments/h200-2026-12-04b): Llama-3.2-1B 910 -> 991 tok/s; SmolLM2
-# (K < LONG_K) lost 13% forced onto it, so it keeps 128 x 3.
+DEFAULT_ROLE_LOOPS: dict[str, tuple[int, int, int]] = {"qkv": (128, 4, 4), "gate_up": (128, 5, 4)}
+# fp8 weights from LONG_K: BLOCK_K 256 x 4 stages for every role (a stage of e4m3 holds half the bytes), and K split
+# towards FP8_LONG_PROGRAMS x TARGET_PROGRAMS programs. Measured end to end (bench.pdl --weights fp8w, fp8 mode wide,
+# experiments/h200-2026-12-04b): Llama-3.2-1B 910 -> 991 tok/s (the loop), 973 -> 1,046 (the split); SmolLM2 (K < LONG_K)
+# lost 13% with the loop forced onto it and 6% with the split, so it keeps 128 x 3 and the bf16 split.
 FP8_LONG_LOOP = (256, 4, 4)
+FP8_LONG_PROGRAMS = 2
 DEFAULT_LOOPS: tuple = ()  # an arm's forced loops: none (the rule above)
 _loops: dict[str, tuple[int, int, int]] = {}  # "all" or a role -> (BLOCK_K, stages, warps)
 _tickets: dict = {}
@@ -220,7 +224,7 @@ class Arm(NamedTuple):
     norm_prologue: bool
     loops: tuple[tuple[str, tuple[int, int, int]], ...]  # ("all" or a role, (BLOCK_K, stages, warps)), sorted
     fp8_mode: str
-    fp8_programs: int  # fp8 weights' split target, in TARGET_PROGRAMS (1 or 2)
+    fp8_programs: int | None  # fp8 weights' split target, in TARGET_PROGRAMS (1 or 2; None: by K)
 
 
 @contextmanager
@@ -236,8 +240,8 @@ def arm(text: str):
     the RoPE launch (attnlab.kernels.fused.rope_store); ``+normsep`` (default) / ``+normpro``: the gemm path's
     RMSNorms as their own launches or as the qkv / gate_up prologue; ``+k<BK>s<S>w<W>``: the K loop's BLOCK_K, stages
     and warps for every GEMM, ``+<role>.k<BK>s<S>w<W>`` for one role's (``ROLES``; ``loop_for``, ``loop_config``);
-    ``+f8cast`` / ``+f8ptx`` / ``+f8wide``: how fp8 weights convert (``set_fp8_mode``; the same bits); ``+f8x2``:
-    fp8 weights split K towards twice TARGET_PROGRAMS programs (their programs stream half the bytes). Split, prefetch, RoPE-table, norm and loop parts act on gemm-path sides only."""
+    ``+f8cast`` / ``+f8ptx`` / ``+f8wide``: how fp8 weights convert (``set_fp8_mode``; the same bits); ``+f8x1`` /
+    ``+f8x2``: fp8 weights split K towards once / twice TARGET_PROGRAMS programs at every K (``fp8_programs``). Split, prefetch, RoPE-table, norm and loop parts act on gemm-path sides only."""
     from attnlab.kernels import argmax, decode, fused
 
     a = parse_arm(text)
@@ -361,7 +365,8 @@ def loop_for(w_dtype: torch.dtype, x_dtype: torch.dtype, k: int, role: str | Non
     forced = _loops.get(role) or _loops.get("all")
     if w_dtype == torch.float8_e4m3fn:  # half the bytes a stage: a stage more from LONG_K (FP8_LONG_LOOP)
         return (64, *(forced or (FP8_LONG_LOOP if k >= LONG_K else (128, 3, 4))))
-    return (64, *(forced or DEFAULT_ROLE_LOOPS.get(role) or (256 if k >= LONG_K else 128, 3, 4)))
+    long = k >= LONG_K
+    return (64, *(forced or (DEFAULT_ROLE_LOOPS.get(role) if long else None) or (256 if long else 128, 3, 4)))
 
 
 def loop_config() -> tuple[tuple[str, tuple[int, int, int]], ...]:
@@ -774,7 +779,7 @@ def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, POS, M,
 # 910 tok/s; SmolLM2 cast 1,193, ptx 1,236-1,242, wide 1,297. Alone (bench.gemm, 8B gate_up, M = 1): 57.6 / 54.1 / 50.8 us.
 DEFAULT_FP8_MODE = "wide"
 _fp8_mode = DEFAULT_FP8_MODE
-DEFAULT_FP8_PROGRAMS = 1  # fp8 weights' split target in TARGET_PROGRAMS (arm +f8x2: 2)
+DEFAULT_FP8_PROGRAMS = None  # fp8 weights' split target in TARGET_PROGRAMS: by K (arms +f8x1 / +f8x2 force one)
 _fp8_programs = DEFAULT_FP8_PROGRAMS
 _compile_only = False  # attnlab.kernels.aot: launches compile for a GPU and never run
 
@@ -791,13 +796,17 @@ def set_fp8_mode(mode: str) -> None:
     _fp8_mode = mode
 
 
-def fp8_programs() -> int:
-    return _fp8_programs
+def fp8_programs(k: int | None = None) -> int | None:
+    """fp8 weights' split target, in TARGET_PROGRAMS, for a GEMM of ``k``: an arm's (+f8x1 / +f8x2), else
+    FP8_LONG_PROGRAMS from LONG_K and 1 below; without ``k``, the arm's setting (None: by K)."""
+    if k is None or _fp8_programs is not None:
+        return _fp8_programs
+    return FP8_LONG_PROGRAMS if k >= LONG_K else 1
 
 
-def _set_fp8_programs(n: int) -> None:
+def _set_fp8_programs(n: int | None) -> None:
     global _fp8_programs
-    _fp8_programs = int(n)
+    _fp8_programs = None if n is None else int(n)
 
 
 def _fp8_launch(x: torch.Tensor, w: torch.Tensor) -> dict:
@@ -903,7 +912,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         block_n //= 2
     n_tiles = triton.cdiv(n_log, block_n)
     policy, reduce = _split_mode.split("/")
-    splits, per = split_k(n_tiles, k, block_k, policy, TARGET_PROGRAMS * (_fp8_programs if fp8 else 1))
+    splits, per = split_k(n_tiles, k, block_k, policy, TARGET_PROGRAMS * (fp8_programs(k) if fp8 else 1))
     if epilogue == "argmax" and splits > 1:  # the tiles' maxima need whole sums: linear's (split) logits' argmax
         return gemm(x, w, bias, w_scale=w_scale, norm_weight=norm_weight, eps=eps, role=role).float().argmax(-1)
     split = 0 if splits == 1 else 2 if reduce == "ticket" else 1

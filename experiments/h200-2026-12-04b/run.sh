@@ -17,9 +17,12 @@
 #             LONG_K) by default: GPU tests of fp8 weights; bench.pdl bf16 at the three shapes, gate_up at 128 x 5
 #             stages; bench.pdl --weights bf16,fp8w (1B, SmolLM2) against ptx and with twice the split target;
 #             bench.gemm with the defaults (the GEMM-alone table)
+#   run.sh 6  carry .gpu/fb (a fresh machine): install; the GPU tests of the gemm path and PDL with this sitting's
+#             defaults (qkv 128 x 4, gate_up 128 x 5 from LONG_K; fp8 wide, 256 x 4 and twice the split from LONG_K);
+#             bench.pdl, the defaults against 12-04's loops (bf16, three shapes) and fp8w against bf16 (1B, SmolLM2)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
-PART=${1:?part 1 to 5}
+PART=${1:?part 1 to 6}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, the environment, the call's log, PY
 case $PART in
 1)
@@ -106,6 +109,20 @@ case $PART in
   echo "exit code $?"; cp $LOGS/gemm5.log "$OUT/"; grep -E "^\||^arm" $LOGS/gemm5.log | cut -c1-330
   tar czf "$OUT/logs5.tgz" -C $LOGS . 2>/dev/null
   ;;
-*) echo "part 1 to 5"; exit 2 ;;
+6)
+  install_fb
+  step "GPU tests: the gemm path and PDL with the defaults"
+  timeout 150 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py \
+    tests/integration/test_gpu_pdl.py > $LOGS/tests6.log 2>&1
+  echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests6.log | tail -n 12; cp $LOGS/tests6.log "$OUT/"
+  step "issue 17: bench.pdl, gemm engine, bf16, the defaults against 12-04's loops (256 x 3 for qkv and gate_up)"
+  timeout 75 $PY -m attnlab.bench.pdl --models llama-3.1-8b,llama-3.2-1b,smollm2-135m --engines gemm --rounds 3 \
+    --new 128 --gemm-splits fill/ticket,fill/ticket+qkv.k256s3w4+gate_up.k256s3w4 --out "$OUT/final6" \
+    > $LOGS/final6.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/final6.log
+  step "issue 17: bench.pdl --weights bf16,fp8w, 1B and SmolLM2, the defaults"
+  timeout 60 $PY -m attnlab.bench.pdl --models llama-3.2-1b,smollm2-135m --engines gemm --rounds 3 --new 128 \
+    --weights bf16,fp8w --out "$OUT/fp8w6" > $LOGS/fp8w6.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/fp8w6.log
+  ;;
+*) echo "part 1 to 6"; exit 2 ;;
 esac
 step "done"

@@ -50,6 +50,8 @@ def test_bench_pdl_arms():
     assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+qkv.k128s4w4")  # one role's loop
     assert not bench_pdl.sums_differ("fill/ticket+qkv.k128s3w4", "fill/ticket+qkv.k128s4w4")  # its stages only
     assert bench_pdl.sums_differ("fill/ticket+qkv.k128s4w4", "fill/ticket+o.k128s4w4")
+    assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+f8x2")  # fp8 weights split otherwise
+    assert not bench_pdl.sums_differ("fill/ticket", "fill/ticket+f8cast")  # every fp8 mode gives the same bits
     for bad in (["--weights", "fp4"], ["--weights", ","]):
         with pytest.raises(SystemExit):
             bench_pdl.main(bad)
