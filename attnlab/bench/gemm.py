@@ -184,7 +184,7 @@ def cell(model, name, n, k, m, args, device, copy_gb_s) -> dict:
         med = statistics.median(s)
         if key.startswith(("split ", "fp8w ")):
             table = row["split_us"] if key.startswith("split ") else row["fp8w_split_us"]
-            table[key[5:].strip()] = {"us": med, "spread": (max(s) - min(s)) / med if med else 0.0}
+            table[key.split(" ", 1)[1]] = {"us": med, "spread": (max(s) - min(s)) / med if med else 0.0}
             continue
         row[f"{key}_us"] = med
         row[f"{key}_spread"] = (max(s) - min(s)) / med if med else 0.0

@@ -65,11 +65,11 @@ def layer_calls(model: str, device: str, m_max: int, copies_for):
     fused = {
         "qkv": lambda i, x: gemm.gemm(x, wq[i % len(wq)], norm_weight=nw, epilogue="rope", cos=cos[:len(x)],
                                       sin=sin[:len(x)], head_dim=d, rope_cols=q + kv,
-                                      kv_store=(pool[0], pool[1], slots[:len(x)])),
-        "o": lambda i, x: gemm.gemm(x, wo[i % len(wo)], epilogue="residual", residual=res[:len(x)]),
-        "gate_up": lambda i, x: gemm.gemm(x, wgu[i % len(wgu)], norm_weight=nw, epilogue="silu_mul"),
-        "down": lambda i, x: gemm.gemm(x, wd[i % len(wd)], epilogue="residual", residual=res[:len(x)]),
-    }
+                                      kv_store=(pool[0], pool[1], slots[:len(x)]), role="qkv"),
+        "o": lambda i, x: gemm.gemm(x, wo[i % len(wo)], epilogue="residual", residual=res[:len(x)], role="o"),
+        "gate_up": lambda i, x: gemm.gemm(x, wgu[i % len(wgu)], norm_weight=nw, epilogue="silu_mul", role="gate_up"),
+        "down": lambda i, x: gemm.gemm(x, wd[i % len(wd)], epilogue="residual", residual=res[:len(x)], role="down"),
+    }  # each as its role: the K loop the decoder's gemm path gives it
 
     cublas = {"qkv": lambda i, x: F.linear(x, wq[i % len(wq)]), "o": lambda i, x: F.linear(x, wo[i % len(wo)]),
               "gate_up": lambda i, x: F.linear(x, wgu[i % len(wgu)]), "down": lambda i, x: F.linear(x, wd[i % len(wd)])}

@@ -69,14 +69,15 @@ def arms_for(engine: str, splits: list[str]) -> list[tuple[bool, str]]:
     return [(False, splits[0]), (True, splits[0])] + [(True, m) for m in splits[1:]]
 
 
-def sums_differ(a: str, b: str, norms: bool = True) -> bool:
+def sums_differ(a: str, b: str, norms: bool = True, fp8: bool = False) -> bool:
     """Whether two gemm arms may sum in different fp32 orders (another split policy, BLOCK_K or warp count; with
     ``norms``, an engine that has them, the norms as GEMM prologues or not), so that their tokens may differ at
-    near-ties on random weights. A forced loop or fp8 split target against the default (by K) counts as different."""
+    near-ties on random weights. A forced loop against the default (by K) counts as different; so does another fp8
+    split target, on a side with ``fp8`` weights (the only GEMMs it acts on)."""
     pa, pb = gemm.parse_arm(a), gemm.parse_arm(b)
     loop = lambda p: {key: (bk, w) for key, (bk, _, w) in p.loops}  # BLOCK_K and warps; stages sum alike
     return (pa.split_mode.split("/")[0] != pb.split_mode.split("/")[0] or loop(pa) != loop(pb)
-            or pa.fp8_programs != pb.fp8_programs
+            or fp8 and pa.fp8_programs != pb.fp8_programs
             or norms and pa.norm_prologue != pb.norm_prologue)
 
 
@@ -91,7 +92,8 @@ def arm_name(engine: str, arm: tuple[bool, str]) -> str:
 def rounds_over(runners, prompts, new: int, host: str, rounds: int, arms: list[tuple]) -> dict:
     """``rounds`` rounds over ``arms`` ((PDL on, arm) on ``runners``, one side; or (weights, PDL on, arm) with
     ``runners`` a dict weights -> side), round i starting at arm i mod len(arms); -> per-arm tok/s lists, per-round
-    ratios to arm 0, and whether each arm decoded the tokens of the first arm on its side in every round."""
+    ratios to the first arm on its side, and whether it decoded that arm's tokens in every round; ``first``: that
+    arm's index, per arm."""
     if not isinstance(runners, dict):
         runners, arms = {None: runners}, [(None, *a) for a in arms]
     n = len(arms)
@@ -108,8 +110,8 @@ def rounds_over(runners, prompts, new: int, host: str, rounds: int, arms: list[t
                 t, outs[a] = timed_decode(runner, prompts, new)
             tok[a].append(t)
         same = [s and outs[a] == outs[first[arms[a][0]]] for a, s in enumerate(same)]
-    ratios = [[t / t0 for t0, t in zip(tok[0], tok[a])] for a in range(n)]
-    return {"tok_s": tok, "ratio": ratios, "same_tokens": same}
+    ratios = [[t / t0 for t0, t in zip(tok[first[arms[a][0]]], tok[a])] for a in range(n)]  # to its side's first
+    return {"tok_s": tok, "ratio": ratios, "same_tokens": same, "first": [first[arm[0]] for arm in arms]}
 
 
 def _spread(v: list[float], fmt: str) -> str:
@@ -157,8 +159,10 @@ def main(argv=None) -> int:
     lines = [(f"{res['gpu']}; {res['versions']}; greedy target-only decode, random weights, CUDA graphs, "
               f"{a.new} new tokens, {a.rounds} rounds over the arms (order rotating); roofline: batch x copy "
               f"bandwidth ({bw:.0f} GB/s, measured here) / the weight bytes a step reads"), "",
-             ("| model | batch | engine | host | arm | tok/s (min-max) | of roofline | vs first arm, per round (min-max) | "
-              + (f"vs {weights[0]}, same arm (min-max) | " if vs_w else "") + "same tokens as the first arm |"),
+             ("| model | batch | engine | host | arm | tok/s (min-max) | of roofline | "
+              + ("vs its side's first arm, per round (min-max) | " if vs_w else "vs first arm, per round (min-max) | ")
+              + (f"vs {weights[0]}, same arm (min-max) | " if vs_w else "")
+              + ("same tokens as its side's first arm |" if vs_w else "same tokens as the first arm |")),
              "|---|---|---|---|---|---|---|---|---|" + ("---|" if vs_w else "")]
     print(lines[0], flush=True)
 
@@ -191,8 +195,8 @@ def main(argv=None) -> int:
                         continue
                     for i, (w, *arm) in enumerate(arms):
                         # another split policy changes fp32 sums: tokens may differ at near-ties
-                        base = arms[next(j for j, b in enumerate(arms) if b[0] == w)][2]  # its side's first arm
-                        policy_differs = eng in GEMM_ENGINES and sums_differ(arm[1], base, eng == "gemm")
+                        base = arms[r["first"][i]][2]  # its side's first arm
+                        policy_differs = eng in GEMM_ENGINES and sums_differ(arm[1], base, eng == "gemm", w == "fp8w")
                         same = "yes" if r["same_tokens"][i] else "differs" if policy_differs else "NO"
                         frac = percentile(r["tok_s"][i], 50) / roofs[w]
                         vs = [t / t0 for t0, t in zip(r["tok_s"][arms.index((weights[0], *arm))], r["tok_s"][i])]

@@ -86,7 +86,7 @@ def compile_only(arch: int = 90, warp_size: int = 32):
     previous = driver._active
     driver.set_active(_FakeDriver(GPUTarget("cuda", arch, warp_size)))
     JITFunction.run = run
-    gemm._compile_only = True  # CPU tensors take the GPU's variants (the e4m3 -> bf16 PTX)
+    compile_only_before, gemm._compile_only = gemm._compile_only, True  # CPU tensors take the GPU's variants (PTX)
     t0 = time.perf_counter()
     try:
         yield log
@@ -94,7 +94,7 @@ def compile_only(arch: int = 90, warp_size: int = 32):
         log.seconds = time.perf_counter() - t0
         JITFunction.run = original
         driver._active = previous
-        gemm._compile_only = False
+        gemm._compile_only = compile_only_before
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -10,12 +10,13 @@ the goal is to stream W at copy bandwidth and to swallow the small kernels aroun
 
 Row invariance: every output element is reduced over K in an order that depends on (K, the tile config,
 the split count) only, and the split count is a function of (N, K, the weight dtype, the tile config, the split
-mode), never of M. Padded rows are zeros and no row's arithmetic reads another's. Split-K partials go to an
+mode and, for fp8 weights, their split target), never of M. Padded rows are zeros and no row's arithmetic reads another's. Split-K partials go to an
 fp32 workspace and are summed in split order, then the epilogue runs. So a row computed at M = 1 (decode) is
 bit-identical to the same row inside M = 5, 9 or 16 (verify).
 
 Split modes (``engine.gemm_split``, process-wide: ``set_split_mode`` / ``splitting``), ``<policy>/<reduce>``:
-- policy ``fill``: split K until the programs about fill an H200 (132); ``lean``: as fill, but a K of at most
+- policy ``fill``: split K until the programs about fill an H200 (132; fp8 weights from LONG_K twice that,
+  ``fp8_programs``); ``lean``: as fill, but a K of at most
   ``LEAN_MAX_K`` (8 chunks of 128) runs unsplit (alone, SmolLM2's qkv takes 2.8 us unsplit vs 3.4 split; in a
   PDL-chained decode step fill's shorter loops won: 1110 vs 1006 tok/s, experiments/h200-2026-12-02d); ``wave``:
   as lean for short K, else the power-of-two split whose programs best fill whole waves of 132 (``wave_efficiency``)
@@ -87,7 +88,7 @@ PARTIAL_BYTES_PER_COLUMN = BLOCK_M * 4 * 2
 WAVE_SLACK = 0.01
 WAVE_MAX_TILES = 4 * TARGET_PROGRAMS  # wave: at least this many column tiles never split (LM heads: their argmax
 # epilogue needs whole sums, and their partials would be tens of MiB)
-MAX_TICKETS = 4096  # column tiles with a ticket (fill splits below TARGET_PROGRAMS tiles, wave below WAVE_MAX_TILES)
+MAX_TICKETS = 4096  # column tiles with a ticket (fill splits below 2 x TARGET_PROGRAMS tiles, wave below WAVE_MAX_TILES)
 ARGMAX_TICKET = MAX_TICKETS - 1  # the argmax epilogue's one ticket over all its column tiles
 ARGMAX_BLOCK = 256  # column tiles' partial maxima the argmax's last program reduces at a time
 SS_BLOCK = 512  # exact RMSNorm prologue: columns of x per unrolled sum-of-squares chunk
@@ -241,7 +242,9 @@ def arm(text: str):
     RMSNorms as their own launches or as the qkv / gate_up prologue; ``+k<BK>s<S>w<W>``: the K loop's BLOCK_K, stages
     and warps for every GEMM, ``+<role>.k<BK>s<S>w<W>`` for one role's (``ROLES``; ``loop_for``, ``loop_config``);
     ``+f8cast`` / ``+f8ptx`` / ``+f8wide``: how fp8 weights convert (``set_fp8_mode``; the same bits); ``+f8x1`` /
-    ``+f8x2``: fp8 weights split K towards once / twice TARGET_PROGRAMS programs at every K (``fp8_programs``). Split, prefetch, RoPE-table, norm and loop parts act on gemm-path sides only."""
+    ``+f8x2``: fp8 weights split K towards once / twice TARGET_PROGRAMS programs at every K (``fp8_programs``).
+    Split, prefetch, RoPE-table, norm, loop and fp8 parts act on this GEMM's launches only: gemm-path sides, and the
+    small-M passes of weight-only FP8Linear in any engine."""
     from attnlab.kernels import argmax, decode, fused
 
     a = parse_arm(text)
@@ -256,7 +259,9 @@ def arm(text: str):
 
 
 _PAIRS = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, {"normsep", "normpro"})  # at most one of each
-_FP8_ARMS = {f"f8{m}" for m in ("cast", "ptx", "wide")}  # FP8_MODES, at most one
+FP8_MODES = ("cast", "ptx", "wide")  # how e4m3 weights become the activation dtype (``set_fp8_mode``)
+_FP8_ARMS = {f"f8{m}" for m in FP8_MODES}  # at most one
+_FP8_SPLIT_ARMS = ("f8x1", "f8x2")  # fp8 weights' split target (``fp8_programs``), at most one
 _LOOP_ARM = re.compile(r"(?:(" + "|".join(ROLES) + r")\.)?k(32|64|128|256|512)s([1-6])w([248])")  # +[<role>.]k<BK>s<S>w<W>
 
 
@@ -272,7 +277,7 @@ def parse_arm(text: str) -> Arm:
     f8, f8x = DEFAULT_FP8_MODE, DEFAULT_FP8_PROGRAMS
     ok = (mode in SPLIT_MODES and len(_FP8_ARMS & set(extras)) <= 1 and len(set(extras)) == len(extras) and not any(p <= set(extras) for p in _PAIRS)
           and sum(e.startswith("kvpf") for e in extras) <= 1 and sum(e.startswith("pf") for e in extras) <= 1
-          and _one_loop_per_key(extras) and len({"f8x1", "f8x2"} & set(extras)) <= 1)
+          and _one_loop_per_key(extras) and len(set(_FP8_SPLIT_ARMS) & set(extras)) <= 1)
     for e in extras:
         if e.startswith("pf") and _digits(e[2:]) and int(e[2:]) <= MAX_PREFETCH:
             chunks = int(e[2:])
@@ -293,7 +298,7 @@ def parse_arm(text: str) -> Arm:
             table = e == "ropetable"
         elif e in _FP8_ARMS:
             f8 = e[2:]
-        elif e in ("f8x1", "f8x2"):
+        elif e in _FP8_SPLIT_ARMS:
             f8x = int(e[3])
         else:
             ok = False
@@ -319,19 +324,21 @@ def parse_split_modes(text: str) -> list[str]:
     """``"fill/pass, lean/ticket+pf4"`` -> the bench arms (``arm``), in order, without repeats; ValueError names
     the bad ones."""
     modes = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
-    bad = []
+    bad, why = [], ""
     for m in modes:
         try:
             parse_arm(m)
-        except ValueError:
+        except ValueError as e:
             bad.append(m)
+            why = why or f" ({e})"
     if bad or not modes:
         raise ValueError(f"split mode(s) {', '.join(bad) or repr(text)}: choose from {', '.join(SPLIT_MODES)}, "
                          f"each optionally +pf<chunks> (0..{MAX_PREFETCH}: engine.gemm_prefetch), +lmargmax or "
                          f"+lmlogits (the greedy tokens' LM head), +ropetable or +ropecalc (RoPE's cos / sin) and "
                          f"+kvpf<tiles> (the decode's KV prefetch, 0..8), +amtorch (torch's argmax), +kvsep (the fused "
                          f"paths' KV store as its own kernel), +normsep or +normpro (the gemm path's norms as their own "
-                         f"launches, the default, or GEMM prologues)")
+                         f"launches, the default, or GEMM prologues), +[<role>.]k<BK>s<S>w<W> (a K loop), "
+                         f"+f8cast / +f8ptx / +f8wide and +f8x1 / +f8x2 (fp8 weights){why}")
     return modes
 
 
@@ -359,7 +366,8 @@ def loop_for(w_dtype: torch.dtype, x_dtype: torch.dtype, k: int, role: str | Non
     """(BLOCK_N, BLOCK_K, num_stages, num_warps) of a GEMM's K loop: for 16-bit / fp8 weights an arm's forced loop
     for ``role`` (else for every GEMM), else ``DEFAULT_ROLE_LOOPS[role]``, else 64 x 256 from K >= LONG_K, 64 x 128
     below (16 KiB of bf16 per stage), 3 stages, 4 warps; fp8 weights FP8_LONG_LOOP from LONG_K (every role), else
-    128 x 3 x 4; fp32 64 x 64, 3 stages, 4 warps, whatever is forced."""
+    128 x 3 x 4 (``DEFAULT_ROLE_LOOPS`` are bf16 / fp16 measurements and do not apply); fp32 64 x 64, 3 stages, 4
+    warps, whatever is forced."""
     if torch.float32 in (w_dtype, x_dtype):
         return 64, 64, 3, 4
     forced = _loops.get(role) or _loops.get("all")
@@ -389,7 +397,7 @@ def split_k(n_tiles: int, k: int, block_k: int, policy: str = "fill", target: in
     """(splits, k_per_split): split K only while the N tiles alone leave SMs idle (``fill``: until about ``target``
     programs); ``lean``: and only where K is longer than LEAN_MAX_K; ``wave``: as lean for short K, else the power of
     two of least cost: idle SMs of the last wave (``wave_efficiency``) plus the partials' traffic (the smallest within
-    WAVE_SLACK). A function of (N tiles, K, BLOCK_K, the policy, the target) only — never of M — so rows stay
+    WAVE_SLACK; ``target`` does not act there). A function of (N tiles, K, BLOCK_K, the policy, the target) only — never of M — so rows stay
     bit-identical across M."""
     if policy not in ("fill", "lean", "wave"):
         raise ValueError(f"split_k: policy {policy!r} is not fill, lean or wave")
@@ -580,8 +588,7 @@ _E4M3X4_PTX = """
 _PTX_PACKED = tl.constexpr("{" + _E4M3X4_PTX.replace("OUT_LO", "$0").replace("OUT_HI", "$1").replace("IN", "$2") + "}")
 _PTX_WIDE = tl.constexpr("{" + _E4M3X4_PTX.replace("OUT_LO", "lo").replace("OUT_HI", "hi").replace("IN", "$4")
                          + "        mov.b32 {$0, $1}, lo;\n        mov.b32 {$2, $3}, hi;\n}")
-# fp8 weight modes (FP8_MODE, ``set_fp8_mode``): how e4m3 weights become the activation dtype in the K loop
-FP8_MODES = ("cast", "ptx", "wide")
+_PTX_MODE, _WIDE = tl.constexpr(FP8_MODES.index("ptx")), tl.constexpr(FP8_MODES.index("wide"))  # in the kernel
 
 
 @triton.jit
@@ -615,7 +622,7 @@ def _e4m3x4_to_bf16(w4, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PTX: tl.co
         o1 = _byte_to_bf16((w4 >> 8) & 0xFF)
         o2 = _byte_to_bf16((w4 >> 16) & 0xFF)
         o3 = _byte_to_bf16((w4 >> 24) & 0xFF)
-    # join(join(o0, o2), join(o1, o3))[..., i, s] is o_{2s + i}... flattened (i, s) -> 2i + s: o0, o1, o2, o3
+    # join(join(o0, o2), join(o1, o3))[..., i, s] is o_{2i + s}: flattened row-major, o0, o1, o2, o3 along K
     return tl.reshape(tl.join(tl.join(o0, o2), tl.join(o1, o3)), [BLOCK_N, BLOCK_K])
 
 
@@ -624,14 +631,14 @@ def _weights(W, W4, c, n_mask, offs_k, k0, K, stride_wn, stride_w4, x_dt: tl.con
              FP8_MODE: tl.constexpr, PTX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The [BLOCK_N, BLOCK_K] weight tile of rows ``c`` at K offset k0, in the activation dtype (fp8: exactly; the
     row scale comes after the sum)."""
-    if FP8 and FP8_MODE == 2:
+    if FP8 and FP8_MODE == _WIDE:
         offs_k4 = k0 // 4 + tl.arange(0, BLOCK_K // 4)
         w4 = tl.load(W4 + c[:, None].to(tl.int64) * stride_w4 + offs_k4[None, :],
                      mask=n_mask[:, None] & (offs_k4 < K // 4)[None, :], other=0)
         return _e4m3x4_to_bf16(w4, BLOCK_N, BLOCK_K, PTX)
     w = tl.load(W + c[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
                 mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
-    if FP8 and FP8_MODE == 1 and PTX:
+    if FP8 and FP8_MODE == _PTX_MODE:  # _fp8_launch picks it only where PTX runs
         w = _e4m3_to_bf16(w)
     elif FP8:
         w = w.to(x_dt)
@@ -811,8 +818,10 @@ def _set_fp8_programs(n: int | None) -> None:
 
 def _fp8_launch(x: torch.Tensor, w: torch.Tensor) -> dict:
     """The kernel's FP8_MODE, PTX and W4 / stride_w4 for weights ``w`` against ``x``: a mode other than cast only
-    with bf16 activations, wide only where K and the row stride are multiples of 4 (32-bit loads)."""
-    gpu = (x.device.type == "cuda" or _compile_only) and not interpreter_on()
+    with bf16 activations; ptx only where PTX runs (an NVIDIA GPU or an AOT compile; else cast); wide only where K
+    and the row stride are multiples of 4 and the weights 16-byte aligned (32-bit loads; else ptx, or cast), and
+    without PTX (the interpreter, ROCm) by Triton ops. Every choice gives the same bits."""
+    gpu = ((x.device.type == "cuda" and not torch.version.hip) or _compile_only) and not interpreter_on()  # PTX runs
     mode = _fp8_mode if w.dtype == torch.float8_e4m3fn and x.dtype == torch.bfloat16 else "cast"
     if mode == "ptx" and not gpu:
         mode = "cast"  # the interpreter runs no PTX; the wide mode has a Triton-ops path

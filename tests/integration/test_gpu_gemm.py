@@ -69,22 +69,25 @@ def test_fp8_weights_and_fused_variants_are_row_invariant(n, k):
             assert torch.equal(fn(x[:m]), full[:m]), f"{name}: M={m}"
 
 
+@pytest.mark.parametrize("k", [512, 4096])  # 4096 >= LONG_K: fp8's own loop (256 x 4) and split target
 @pytest.mark.parametrize("mode", ["ptx", "wide"])
 @pytest.mark.parametrize("epilogue", ["none", "silu_mul", "rope"])
-def test_fp8_to_bf16_in_ptx_is_exact_for_every_byte(mode, epilogue):
+def test_fp8_to_bf16_in_ptx_is_exact_for_every_byte(mode, epilogue, k):
     """The fp8 modes that convert by gemm._E4M3X4_PTX (integer ops and a bf16x2 FMA) give every non-NaN e4m3 byte's
-    value: one-hot rows of x read the weights back through the GEMM (a single nonzero product: exact), and a random
-    GEMM gives the bits of Triton's own conversion (fp8 mode cast), plain and paired epilogues, at every M."""
+    value in each of the four byte positions of a 32-bit word: rows of x one-hot at column j read weight column j
+    back through the GEMM (a single nonzero product: exact). A random GEMM gives the bits of Triton's own conversion
+    (fp8 mode cast), plain and paired epilogues, at M 1 / 5 / 9."""
     codes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8, device="cuda")
-    n = 256  # rows of w: every code, padded with zeros
+    n = 256  # rows of w: every code (rolled per column), padded with zeros
     w8 = torch.zeros(n, 16, dtype=torch.uint8, device="cuda")
-    w8[:len(codes), 0] = codes
+    for j in range(4):
+        w8[:len(codes), j] = codes.roll(17 * j)
     w8 = w8.view(torch.float8_e4m3fn)
     x = torch.zeros(16, 16, dtype=torch.bfloat16, device="cuda")
-    x[:, 0] = 1.0
+    x[torch.arange(16), torch.arange(16) % 4] = 1.0  # row r reads column r % 4
     g = torch.Generator(device="cuda").manual_seed(5)
-    xr = torch.randn(9, 512, device="cuda", generator=g).to(torch.bfloat16)
-    wr, sr = quantize_rows((torch.randn(128, 512, device="cuda", generator=g) / 512**0.5).to(torch.bfloat16))
+    xr = torch.randn(9, k, device="cuda", generator=g).to(torch.bfloat16)
+    wr, sr = quantize_rows((torch.randn(128, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16))
     kw = {"none": {}, "silu_mul": {"epilogue": "silu_mul"}}.get(epilogue)
     if kw is None:
         cs = torch.randn(9, 64, device="cuda", generator=g).to(torch.bfloat16)
@@ -96,7 +99,8 @@ def test_fp8_to_bf16_in_ptx_is_exact_for_every_byte(mode, epilogue):
         for m in (1, 5):
             kw_m = {**kw, **({"cos": kw["cos"][:m], "sin": kw["sin"][:m]} if "cos" in kw else {})}
             assert torch.equal(gemm.gemm(xr[:m], wr, w_scale=sr.view(-1), **kw_m), fast[:m])
-    assert torch.equal(y[0], w8[:, 0].float().to(torch.bfloat16)), "a byte's value differs"
+    for r in range(16):
+        assert torch.equal(y[r], w8[:, r % 4].float().to(torch.bfloat16)), f"byte position {r % 4}: a value differs"
     with gemm.arm("fill/ticket+f8cast"):
         slow = gemm.gemm(xr, wr, w_scale=sr.view(-1), **kw)
     assert torch.equal(fast, slow)

@@ -556,10 +556,25 @@ def test_fp8_weights_take_their_own_loop_and_split_target():
     assert [gemm.fp8_programs(k) for k in (576, 2048)] == [1, gemm.FP8_LONG_PROGRAMS] and gemm.fp8_programs() is None
     with gemm.arm("fill/ticket+f8x1"):
         assert gemm.fp8_programs(4096) == 1
-    x, w, g = _data(5, 64, 2048, bf, seed=22)
-    w8, scale = (w.float() * 40).to(f8), torch.rand(64, generator=g) + 0.5
-    y = gemm.linear(x, w8, w_scale=scale)
-    with gemm.arm("fill/ticket+f8x1"):
-        y1 = gemm.linear(x, w8, w_scale=scale)
-        assert torch.equal(gemm.linear(x[:1], w8, w_scale=scale), y1[:1])
+    n = 20 * 64  # 20 column tiles: fill splits K = 2048 (8 chunks of 256) 4 ways for bf16, 8 ways for fp8
+    seen = []
+    split_k = gemm.split_k
+
+    def spy(tiles, k, bk, policy="fill", target=gemm.TARGET_PROGRAMS):
+        seen.append(split_k(tiles, k, bk, policy, target)[0])
+        return split_k(tiles, k, bk, policy, target)
+
+    x, w, g = _data(5, n, 2048, bf, seed=22)
+    w8, scale = (w.float() * 40).to(f8), torch.rand(n, generator=g) + 0.5
+    gemm.split_k = spy
+    try:
+        y = gemm.linear(x, w8, w_scale=scale)
+        with gemm.arm("fill/ticket+f8x1"):
+            y1 = gemm.linear(x, w8, w_scale=scale)
+            assert torch.equal(gemm.linear(x[:1], w8, w_scale=scale), y1[:1])
+        with gemm.arm("fill/ticket+f8x2"):
+            gemm.linear(x, w)  # bf16 weights keep their target
+    finally:
+        gemm.split_k = split_k
+    assert seen[0] == 8 and seen[1] == seen[2] == 4 and seen[3] == 4, seen
     _close(y1, y, bf)
