@@ -89,13 +89,10 @@ def arm_name(engine: str, arm: tuple[bool, str]) -> str:
     return f"PDL {'on' if on else 'off'}" + (f", +{extras}" if extras else "")
 
 
-def rounds_over(runners, prompts, new: int, host: str, rounds: int, arms: list[tuple]) -> dict:
-    """``rounds`` rounds over ``arms`` ((PDL on, arm) on ``runners``, one side; or (weights, PDL on, arm) with
-    ``runners`` a dict weights -> side), round i starting at arm i mod len(arms); -> per-arm tok/s lists, per-round
-    ratios to the first arm on its side, and whether it decoded that arm's tokens in every round; ``first``: that
-    arm's index, per arm."""
-    if not isinstance(runners, dict):
-        runners, arms = {None: runners}, [(None, *a) for a in arms]
+def rounds_over(runners: dict, prompts, new: int, host: str, rounds: int, arms: list[tuple]) -> dict:
+    """``rounds`` rounds over ``arms`` ((weights, PDL on, arm), run on ``runners[weights]``), round i starting at arm
+    i mod len(arms); -> per-arm tok/s lists, per-round ratios to the first arm on its side, and whether it decoded
+    that arm's tokens in every round; ``first``: that arm's index, per arm."""
     n = len(arms)
     tok = [[] for _ in arms]
     same = [True] * n

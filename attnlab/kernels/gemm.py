@@ -139,7 +139,6 @@ DEFAULT_ROLE_LOOPS: dict[str, tuple[int, int, int]] = {"qkv": (128, 4, 4), "gate
 # lost 13% with the loop forced onto it and 6% with the split, so it keeps 128 x 3 and the bf16 split.
 FP8_LONG_LOOP = (256, 4, 4)
 FP8_LONG_PROGRAMS = 2
-DEFAULT_LOOPS: tuple = ()  # an arm's forced loops: none (the rule above)
 _loops: dict[str, tuple[int, int, int]] = {}  # "all" or a role -> (BLOCK_K, stages, warps)
 _tickets: dict = {}
 
@@ -273,7 +272,7 @@ def parse_arm(text: str) -> Arm:
     mode, *extras = text.split("+")
     chunks, fused_argmax, table = DEFAULT_PREFETCH, DEFAULT_ARGMAX_HEAD, DEFAULT_ROPE_TABLE  # bare: the defaults
     kv_tiles, rows_argmax, rope_store, prologue = KV_PREFETCH_TILES, DEFAULT_ON, True, DEFAULT_NORM_PROLOGUE
-    loops = dict(DEFAULT_LOOPS)
+    loops = {}  # forced loops: none by default (the rules of loop_for)
     f8, f8x = DEFAULT_FP8_MODE, DEFAULT_FP8_PROGRAMS
     ok = (mode in SPLIT_MODES and len(_FP8_ARMS & set(extras)) <= 1 and len(set(extras)) == len(extras) and not any(p <= set(extras) for p in _PAIRS)
           and sum(e.startswith("kvpf") for e in extras) <= 1 and sum(e.startswith("pf") for e in extras) <= 1
@@ -371,10 +370,11 @@ def loop_for(w_dtype: torch.dtype, x_dtype: torch.dtype, k: int, role: str | Non
     if torch.float32 in (w_dtype, x_dtype):
         return 64, 64, 3, 4
     forced = _loops.get(role) or _loops.get("all")
-    if w_dtype == torch.float8_e4m3fn:  # half the bytes a stage: a stage more from LONG_K (FP8_LONG_LOOP)
-        return (64, *(forced or (FP8_LONG_LOOP if k >= LONG_K else (128, 3, 4))))
-    long = k >= LONG_K
-    return (64, *(forced or (DEFAULT_ROLE_LOOPS.get(role) if long else None) or (256 if long else 128, 3, 4)))
+    if forced or k < LONG_K:
+        return (64, *(forced or (128, 3, 4)))
+    if w_dtype == torch.float8_e4m3fn:  # half the bytes a stage: a stage more (FP8_LONG_LOOP), whatever the role
+        return (64, *FP8_LONG_LOOP)
+    return (64, *DEFAULT_ROLE_LOOPS.get(role, (256, 3, 4)))
 
 
 def loop_config() -> tuple[tuple[str, tuple[int, int, int]], ...]:
@@ -627,7 +627,7 @@ def _e4m3x4_to_bf16(w4, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PTX: tl.co
 
 
 @triton.jit
-def _weights(W, W4, c, n_mask, offs_k, k0, K, stride_wn, stride_w4, x_dt: tl.constexpr, FP8: tl.constexpr,
+def _weights(W, W4, c, n_mask, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt: tl.constexpr, FP8: tl.constexpr,
              FP8_MODE: tl.constexpr, PTX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The [BLOCK_N, BLOCK_K] weight tile of rows ``c`` at K offset k0, in the activation dtype (fp8: exactly; the
     row scale comes after the sum)."""
@@ -637,7 +637,7 @@ def _weights(W, W4, c, n_mask, offs_k, k0, K, stride_wn, stride_w4, x_dt: tl.con
                      mask=n_mask[:, None] & (offs_k4 < K // 4)[None, :], other=0)
         return _e4m3x4_to_bf16(w4, BLOCK_N, BLOCK_K, PTX)
     w = tl.load(W + c[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
-                mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+                mask=n_mask[:, None] & k_mask[None, :], other=0.0)
     if FP8 and FP8_MODE == _PTX_MODE:  # _fp8_launch picks it only where PTX runs
         w = _e4m3_to_bf16(w)
     elif FP8:
@@ -720,16 +720,16 @@ def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS
         k_mask = offs_k < K
         xt = tl.load(src + offs_m[None, :] * src_stride + offs_k[:, None], mask=m_mask[None, :] & k_mask[:, None],
                      other=0.0)  # [BLOCK_K, BLOCK_M]
-        w1 = _weights(W, W4, c1, n_mask, offs_k, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE, PTX, BLOCK_N,
-                      BLOCK_K)
+        w1 = _weights(W, W4, c1, n_mask, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE, PTX,
+                      BLOCK_N, BLOCK_K)
         if IEEE:  # fp32 inputs, or the interpreter (its bf16 tl.dot is wrong in Triton 3.9; bf16 products are
             # exact in fp32, so only the summation order differs from the GPU's tensor cores)
             acc1 = tl.dot(w1.to(tl.float32), xt.to(tl.float32), acc1, input_precision="ieee")
         else:
             acc1 = tl.dot(w1, xt, acc1)
         if PAIRED:
-            w2 = _weights(W, W4, c2, n_mask, offs_k, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE, PTX, BLOCK_N,
-                          BLOCK_K)
+            w2 = _weights(W, W4, c2, n_mask, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE, PTX,
+                          BLOCK_N, BLOCK_K)
             if IEEE:
                 acc2 = tl.dot(w2.to(tl.float32), xt.to(tl.float32), acc2, input_precision="ieee")
             else:
@@ -821,8 +821,10 @@ def _fp8_launch(x: torch.Tensor, w: torch.Tensor) -> dict:
     with bf16 activations; ptx only where PTX runs (an NVIDIA GPU or an AOT compile; else cast); wide only where K
     and the row stride are multiples of 4 and the weights 16-byte aligned (32-bit loads; else ptx, or cast), and
     without PTX (the interpreter, ROCm) by Triton ops. Every choice gives the same bits."""
+    if w.dtype != torch.float8_e4m3fn:  # 16-bit / fp32 weights: nothing to convert, the variant they always had
+        return {"FP8_MODE": 0, "PTX": False, "W4": w, "stride_w4": w.stride(0)}
     gpu = ((x.device.type == "cuda" and not torch.version.hip) or _compile_only) and not interpreter_on()  # PTX runs
-    mode = _fp8_mode if w.dtype == torch.float8_e4m3fn and x.dtype == torch.bfloat16 else "cast"
+    mode = _fp8_mode if x.dtype == torch.bfloat16 else "cast"
     if mode == "ptx" and not gpu:
         mode = "cast"  # the interpreter runs no PTX; the wide mode has a Triton-ops path
     if mode == "wide" and (w.shape[1] % 4 or w.stride(0) % 4 or w.data_ptr() % 16):

@@ -70,22 +70,6 @@ def test_roofline_is_batch_times_bandwidth_over_weight_bytes():
             roofline_tok_s(*bad)
 
 
-def test_step_weight_bytes_counts_fp8_projections_at_a_byte():
-    """bench.pdl --weights fp8w: a side's roofline is its own bytes; FP8Linear keeps its weights as buffers."""
-    import torch
-
-    from attnlab.bench.e2e import step_weight_bytes
-    from attnlab.models.fp8 import FP8Linear, quantize_linears
-    from attnlab.models.loading import load_model
-
-    model = load_model("tiny-llama", dtype=torch.bfloat16, device="cpu", init="random", seed=0, progress=False)[0]
-    q = quantize_linears(model, emulate=True)
-    lins = [m for m in q.modules() if isinstance(m, FP8Linear)]
-    proj = sum(m.weight.numel() for m in lins)  # the projections: 2 bytes each in bf16, 1 + its row's scale in fp8
-    scales = sum(m.weight_scale.numel() * 4 for m in lins)  # a bias is counted on both sides alike
-    assert step_weight_bytes(q) == step_weight_bytes(model) - proj + scales
-
-
 def test_split_mode_parsing_is_shared():
     from attnlab.kernels import gemm
 
