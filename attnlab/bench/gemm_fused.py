@@ -5,10 +5,12 @@ mode, beside cuBLAS ``F.linear`` alone.
         [--splits fill/pass,fill/ticket,lean/ticket] [--pdl] [--repeats 3] [--out FILE.json]
     python -m attnlab.bench.gemm_fused --interpret     # CPU, TRITON_INTERPRET=1, the tiny model: a CI smoke
 
-Calls (attnlab.models.gemm_path.layer_forward): ``qkv`` RMSNorm prologue + RoPE epilogue + the KV store into a
-pool; ``o`` residual epilogue; ``gate_up`` RMSNorm prologue + SiLU-mul epilogue; ``down`` residual epilogue.
-``layer`` is the four in a row (what a layer's GEMMs cost, less attention). Arms: engine.gemm_split modes
-(attnlab.kernels.gemm).
+Calls (attnlab.models.gemm_path.layer_forward), the norms where the arm puts them (``gemm.norm_place``): ``qkv``
+RoPE epilogue + the KV store into a pool (+normpro: and the RMSNorm prologue); ``o`` residual epilogue (+normtail: and
+the next norm in its tail); ``gate_up`` SiLU-mul epilogue (+normpro: the RMSNorm prologue); ``down`` residual epilogue
+(+normtail: the next norm). ``layer`` is the four in a row, with the two add_rmsnorm launches before qkv and gate_up
+where the norms are their own launches (+normsep, the default): what a layer's GEMMs and norms cost, less attention.
+Arms: ``gemm.arm`` texts (split modes, loops, norm places).
 
 Time: as bench.gemm (a CUDA graph of ``reps`` calls over weight copies walking > 4x the L2; the median of
 ``iters`` replays; repeats interleaved over the arms), per call; ``--pdl`` captures with engine.pdl on, so a
@@ -39,6 +41,7 @@ def layer_calls(model: str, device: str, m_max: int, copies_for):
     import torch.nn.functional as F
 
     from attnlab.bench.gemm import MODELS
+    from attnlab.kernels import fused as fused_ops
     from attnlab.kernels import gemm
     from attnlab.models import rope
     from attnlab.models.presets import get_preset
@@ -62,13 +65,17 @@ def layer_calls(model: str, device: str, m_max: int, copies_for):
           "down": torch.randn(m_max, inter, device=device, generator=g).to(dt)}
     res = torch.randn(m_max, h, device=device, generator=g).to(dt)
 
+    pro = lambda: {"norm_weight": nw} if gemm.norm_prologue() else {}  # read at call time: the arm's norm place
+    tail = lambda: {"tail_norm": (nw, 1e-6)} if gemm.norm_tail() else {}
     fused = {
-        "qkv": lambda i, x: gemm.gemm(x, wq[i % len(wq)], norm_weight=nw, epilogue="rope", cos=cos[:len(x)],
+        "qkv": lambda i, x: gemm.gemm(x, wq[i % len(wq)], **pro(), epilogue="rope", cos=cos[:len(x)],
                                       sin=sin[:len(x)], head_dim=d, rope_cols=q + kv,
                                       kv_store=(pool[0], pool[1], slots[:len(x)]), role="qkv"),
-        "o": lambda i, x: gemm.gemm(x, wo[i % len(wo)], epilogue="residual", residual=res[:len(x)], role="o"),
-        "gate_up": lambda i, x: gemm.gemm(x, wgu[i % len(wgu)], norm_weight=nw, epilogue="silu_mul", role="gate_up"),
-        "down": lambda i, x: gemm.gemm(x, wd[i % len(wd)], epilogue="residual", residual=res[:len(x)], role="down"),
+        "o": lambda i, x: gemm.gemm(x, wo[i % len(wo)], epilogue="residual", residual=res[:len(x)], role="o", **tail()),
+        "gate_up": lambda i, x: gemm.gemm(x, wgu[i % len(wgu)], **pro(), epilogue="silu_mul", role="gate_up"),
+        "down": lambda i, x: gemm.gemm(x, wd[i % len(wd)], epilogue="residual", residual=res[:len(x)], role="down",
+                                       **tail()),
+        "norm": lambda i, x: fused_ops.add_rmsnorm(x, None, nw, 1e-6)[0],  # +normsep's launch before qkv / gate_up
     }  # each as its role: the K loop the decoder's gemm path gives it
 
     cublas = {"qkv": lambda i, x: F.linear(x, wq[i % len(wq)]), "o": lambda i, x: F.linear(x, wo[i % len(wo)]),
@@ -102,15 +109,14 @@ def bench_model(model, arms, ms, a, device) -> list[dict]:
         for arm in arms:
             for c in CALLS:
                 fns[(arm, c)] = in_mode(lambda i, c=c, m=m: fused[c](i, xs[c][:m]), arm, a.pdl, device)
-            fns[(arm, "layer")] = in_mode(lambda i, m=m: [fused[c](i, xs[c][:m]) for c in CALLS], arm, a.pdl,
-                                          device)
+            fns[(arm, "layer")] = in_mode(lambda i, m=m: _layer(fused, xs, i, m), arm, a.pdl, device)
             with gemm.arm(arm):  # correctness: the outputs and the pool, and rows of M = 1 inside M = m_max
                 pool.zero_()
                 outs[arm] = {c: fused[c](0, xs[c][:m]) for c in CALLS}
                 outs[arm]["pool"] = pool.clone()
                 full = {c: fused[c](0, xs[c]) for c in CALLS}
                 one = {c: fused[c](0, xs[c][:1]) for c in CALLS}
-            outs[arm]["invariant"] = all(torch.equal(full[c][:1], one[c]) for c in CALLS)
+            outs[arm]["invariant"] = all(_equal(_rows(full[c], 1), one[c]) for c in CALLS)
         timers = {key: timer_cls(fn, MAX_COPIES, a.reps, a.iters) for key, fn in fns.items()}
         samples = {key: [] for key in fns}
         for _ in range(a.repeats):
@@ -128,13 +134,43 @@ def bench_model(model, arms, ms, a, device) -> list[dict]:
             else:
                 ref = outs[first]
                 exact = arm_key.split("/")[0] == first.split("/")[0]  # same policy: only the reduction differs
-                row["same_as_first"] = all(
-                    torch.equal(outs[arm_key][c], ref[c]) if exact else
-                    torch.allclose(outs[arm_key][c].float(), ref[c].float(), atol=1e-2, rtol=2 * 2.0**-8)
-                    for c in (*CALLS, "pool"))
+                pro = (gemm.parse_arm(arm_key).norm_place == "pro") == (gemm.parse_arm(first).norm_place == "pro")
+                row["same_as_first"] = all(  # the stream only where one arm has a tail norm and the other none; qkv
+                    torch.equal(a, b) if exact else  # and gate_up (and so the pool) only where both or neither
+                    torch.allclose(a.float(), b.float(), atol=1e-2, rtol=2 * 2.0**-8)  # normalize their input
+                    for c in (*CALLS, "pool") if pro or c in ("o", "down")
+                    for a, b in zip(_parts(outs[arm_key][c]), _parts(ref[c])))
                 row["invariant"] = outs[arm_key]["invariant"]
             rows.append(row)
     return rows
+
+
+def _layer(fused, xs, i, m):
+    """The layer's four GEMMs in a row, with +normsep's two norm launches (before qkv and gate_up)."""
+    from attnlab.kernels import gemm
+
+    sep = gemm.norm_place() == "sep"
+    outs = []
+    for c in CALLS:
+        if sep and c in ("qkv", "gate_up"):
+            outs.append(fused["norm"](i, xs[c][:m]))
+        outs.append(fused[c](i, xs[c][:m]))
+    return outs
+
+
+def _parts(out) -> tuple:
+    """A call's output tensors: (stream, tail norm) for a residual GEMM with a tail norm, else (out,)."""
+    return tuple(out) if isinstance(out, tuple) else (out,)
+
+
+def _rows(out, n: int):
+    return tuple(t[:n] for t in out) if isinstance(out, tuple) else out[:n]
+
+
+def _equal(a, b) -> bool:
+    import torch
+
+    return all(torch.equal(x, y) for x, y in zip(_parts(a), _parts(b), strict=True))
 
 
 def markdown(rows: list[dict]) -> str:

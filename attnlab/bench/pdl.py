@@ -11,7 +11,8 @@ rotating by one arm per round (so a drift inside a round does not always favour 
 re-captured at every switch. Arms (``--gemm-splits``, each ``attnlab.kernels.gemm.arm``'s text): PDL off and on with
 the first, then PDL on with each further one. Their split mode and weight prefetch act on the gemm engines; their
 other switches (``+kvsep``: the KV store as its own kernel; ``+kvpf0``: no decode KV prefetch; ``+amtorch``: torch's
-argmax) on every engine; ``+normpro`` / ``+normsep`` (the norms as GEMM prologues / their own launches) on the gemm
+argmax) on every engine; ``+normpro`` / ``+normsep`` / ``+normtail`` (the norms as GEMM prologues / their own launches /
+the tail of the GEMM before them) on the gemm
 engine. Reported per arm: median tok/s with its min-max, its share of the weight-bandwidth roofline (batch x the
 copy bandwidth measured in the process / the weight bytes a step reads), the median of its per-round ratios to
 the first arm (min-max), and whether it decoded the first arm's tokens (PDL and the reduction mechanism change
@@ -78,7 +79,7 @@ def sums_differ(a: str, b: str, norms: bool = True, fp8: bool = False) -> bool:
     loop = lambda p: {key: (bk, w) for key, (bk, _, w) in p.loops}  # BLOCK_K and warps; stages sum alike
     return (pa.split_mode.split("/")[0] != pb.split_mode.split("/")[0] or loop(pa) != loop(pb)
             or fp8 and pa.fp8_programs != pb.fp8_programs
-            or norms and pa.norm_prologue != pb.norm_prologue)
+            or norms and pa.norm_place != pb.norm_place)
 
 
 def arm_name(engine: str, arm: tuple[bool, str]) -> str:

@@ -201,7 +201,7 @@ def compile_store_and_fused(quick: bool, arch: int = 90) -> None:
 
 def compile_gemm(quick: bool, arch: int = 90) -> None:
     """attnlab.kernels.gemm: every prologue / epilogue the decoder's gemm path uses (the qkv one with and without
-    the KV store), split and unsplit, in both reductions of split K (pass, ticket), bf16 (and fp16 / fp32 unless
+    the KV store, the residual one with and without the tail norm), split and unsplit, in both reductions of split K (pass, ticket), bf16 (and fp16 / fp32 unless
     quick), and fp8 weights (sm_89+) at SmolLM2 and Llama-3.1-8B layer shapes; and attnlab.kernels.argmax."""
     from attnlab.kernels import gemm
 
@@ -238,10 +238,14 @@ def _compile_gemm_dtypes(gemm, dtypes, arch: int) -> None:
                 gemm.linear(x, w, w_scale=scale)
             o = torch.zeros(hidden, heads * d, dtype=dtype)
             gemm.gemm(torch.zeros(4, heads * d, dtype=dtype), o, epilogue="residual", residual=x, role="o")
+            gemm.gemm(torch.zeros(4, heads * d, dtype=dtype), o, epilogue="residual", residual=x, role="o",
+                      tail_norm=(nw, 1e-5))  # +normtail: the next norm in o's tail
             gemm.gemm(x, torch.zeros(2 * inter, hidden, dtype=dtype), norm_weight=nw, epilogue="silu_mul", role="gate_up")
             gemm.gemm(x, torch.zeros(2 * inter, hidden, dtype=dtype), epilogue="silu_mul", role="gate_up")
             gemm.gemm(torch.zeros(4, inter, dtype=dtype), torch.zeros(hidden, inter, dtype=dtype),
                       epilogue="residual", residual=x, role="down")
+            gemm.gemm(torch.zeros(4, inter, dtype=dtype), torch.zeros(hidden, inter, dtype=dtype),
+                      epilogue="residual", residual=x, role="down", tail_norm=(nw, 1e-5))
             gemm.linear(x, torch.zeros(8 * hidden, hidden, dtype=dtype), role="lm_head")  # an LM head's logits
             gemm.argmax_linear(x, torch.zeros(8 * hidden, hidden, dtype=dtype), role="lm_head")  # its greedy tokens
             argmax.argmax_rows(torch.zeros(4, 8 * hidden, dtype=dtype))  # the engine's greedy tokens of logits

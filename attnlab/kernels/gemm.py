@@ -50,6 +50,12 @@ a paired program covers BLOCK_N / 2 logical columns, so it streams as many weigh
 Weight prefetch (``engine.gemm_prefetch``, with PDL): before its ``griddepcontrol.wait`` each program issues
 ``prefetch.global.L2`` for the first chunks of its own weight rows, so they stream in while the previous kernel
 still runs; only on weights of at most PREFETCH_MAX_WEIGHT_BYTES (latency-bound GEMMs). A hint: the sums are unchanged.
+Tail norm (``tail_norm=(weight, eps)``, residual epilogue only; the gemm path's default, ``gemm.norm_place``): after
+its tile's epilogue each program (a split GEMM: the tile's last split) takes one ticket over all column tiles; the
+last to arrive reads the whole new stream h back (every tile stored it before its acq_rel arrival; .cg loads) and
+writes the next RMSNorm of it, ``rmsnorm(h) * weight`` as ``add_rmsnorm`` rounds it, into a second output: the norm
+that followed o_proj / down_proj as its own launch now ends that GEMM. Its rows go TAIL_ROWS at a time through a
+[TAIL_ROWS, next_pow2(N)] tile, both functions of N only, so a row's sum of squares has the same order whatever M.
 ``kv_store`` (rope): the qkv epilogue also writes k (rotated) and v into their KV-pool slots (the gemm path's
 layer then launches no store kernel). The epilogue's other inputs (residual, cos / sin, slots) load before the K
 loop, their latency under the weight stream.
@@ -90,7 +96,10 @@ WAVE_MAX_TILES = 4 * TARGET_PROGRAMS  # wave: at least this many column tiles ne
 # epilogue needs whole sums, and their partials would be tens of MiB)
 MAX_TICKETS = 4096  # column tiles with a ticket (fill splits below 2 x TARGET_PROGRAMS tiles, wave below WAVE_MAX_TILES)
 ARGMAX_TICKET = MAX_TICKETS - 1  # the argmax epilogue's one ticket over all its column tiles
+NORM_TICKET = MAX_TICKETS - 2  # the tail norm's one ticket over all column tiles of its GEMM
 ARGMAX_BLOCK = 256  # column tiles' partial maxima the argmax's last program reduces at a time
+TAIL_ELEMS = 8192  # the tail norm's tile: TAIL_ROWS = TAIL_ELEMS // next_pow2(N) rows (1..16) of a whole row each
+MAX_TAIL_N = TAIL_ELEMS  # a wider stream takes its norm as its own launch (gemm_path)
 SS_BLOCK = 512  # exact RMSNorm prologue: columns of x per unrolled sum-of-squares chunk
 MAX_PREFETCH = 16  # engine.gemm_prefetch: BLOCK_K chunks of its weight rows a program may prefetch
 DEFAULT_PREFETCH = 16  # as many as the program has (SmolLM2's layer GEMMs have <= 5)
@@ -110,14 +119,17 @@ _argmax_head = DEFAULT_ARGMAX_HEAD
 # as before 2026-12-03d: ~7 small launches a pass, outside the PDL chain). Same bits (the tables are the same ops).
 DEFAULT_ROPE_TABLE = True
 _rope_table = DEFAULT_ROPE_TABLE
-# The gemm path's RMSNorms as the qkv / gate_up prologue (True, arm +normpro: 5 launches a layer) or as their own
-# add_rmsnorm launch before a prologue-free GEMM (False, the default, arm +normsep: 7; the same roundings, the sum of
+# Where the gemm path's RMSNorms run: ``pro``, the qkv / gate_up prologue (arm +normpro: 5 launches a layer), or
+# ``sep``, their own add_rmsnorm launch before a prologue-free GEMM (the default, arm +normsep: 7; the same roundings, the sum of
 # squares in another fp32 order). Two launches more a layer won on the H200 (experiments/h200-2026-12-04, bench.pdl,
 # batch 1, PDL on): Llama-3.1-8B shapes 202-203 -> 220-222 tok/s, Llama-3.2-1B 909-946 -> 1,002-1,017, SmolLM2 +1-3%:
 # every program of a prologued GEMM first sums the squares of all of x and writes its normalized K range to a
-# scratch before its K loop can start.
-DEFAULT_NORM_PROLOGUE = False
-_norm_prologue = DEFAULT_NORM_PROLOGUE
+# scratch before its K loop can start. ``tail`` (arm +normtail): each norm ends the GEMM before it (o_proj's, the
+# previous layer's down_proj's; the tail norm, module docstring): 5 launches a layer, no program waits on a sum of
+# squares before its K loop.
+NORM_PLACES = ("sep", "pro", "tail")
+DEFAULT_NORM_PLACE = "sep"
+_norm_place = DEFAULT_NORM_PLACE
 # The K loop of 16-bit / fp8 weights: BLOCK_K 256 from K >= LONG_K, else 128; 3 stages, 4 warps (a function of K, so
 # rows stay M-invariant). Measured end to end (bench.pdl, gemm engine, batch 1, PDL on; experiments/h200-2026-12-04):
 # BLOCK_K 256 for every GEMM took Llama-3.1-8B shapes (K 4,096 / 14,336) from 222-223 to 232-233 tok/s and
@@ -201,14 +213,27 @@ def _set_rope_table(on: bool) -> None:
     _rope_table = bool(on)
 
 
+def norm_place() -> str:
+    """Where the gemm path's RMSNorms run (NORM_PLACES): ``sep`` an add_rmsnorm launch before qkv / gate_up, ``pro``
+    their prologue, ``tail`` the tail of the GEMM before them (o_proj, down_proj)."""
+    return _norm_place
+
+
 def norm_prologue() -> bool:
-    """Whether the gemm path normalizes in the qkv / gate_up prologue (else an add_rmsnorm launch before each)."""
-    return _norm_prologue
+    """Whether the gemm path normalizes in the qkv / gate_up prologue."""
+    return _norm_place == "pro"
 
 
-def _set_norm_prologue(on: bool) -> None:
-    global _norm_prologue
-    _norm_prologue = bool(on)
+def norm_tail() -> bool:
+    """Whether the gemm path's norms end the o_proj / down_proj GEMM before them (``tail_norm``)."""
+    return _norm_place == "tail"
+
+
+def set_norm_place(place: str) -> None:
+    global _norm_place
+    if place not in NORM_PLACES:
+        raise ValueError(f"norm place {place!r}: choose from {', '.join(NORM_PLACES)}")
+    _norm_place = place
 
 
 class Arm(NamedTuple):
@@ -221,7 +246,7 @@ class Arm(NamedTuple):
     kv_prefetch: int
     rows_argmax: bool
     rope_store: bool
-    norm_prologue: bool
+    norm_place: str  # NORM_PLACES
     loops: tuple[tuple[str, tuple[int, int, int]], ...]  # ("all" or a role, (BLOCK_K, stages, warps)), sorted
     fp8_mode: str
     fp8_programs: int | None  # fp8 weights' split target, in TARGET_PROGRAMS (1 or 2; None: by K)
@@ -230,15 +255,16 @@ class Arm(NamedTuple):
 @contextmanager
 def arm(text: str):
     """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc][+kvpf<tiles>][+amtorch]
-    [+kvsep][+normsep|+normpro][+k<BK>s<S>w<W>][+<role>.k<BK>s<S>w<W>...]`` (``fill/ticket``, ``fill/ticket+pf0``,
+    [+kvsep][+normsep|+normpro|+normtail][+k<BK>s<S>w<W>][+<role>.k<BK>s<S>w<W>...]`` (``fill/ticket``, ``fill/ticket+pf0``,
     ``fill/ticket+qkv.k128s4w4``), for a block, everything restored after; a bare arm is the engine's defaults. The split mode; ``+pf``: the weight prefetch (DEFAULT_PREFETCH chunks unless
     given); the greedy tokens' LM head (``+lmargmax`` its argmax epilogue; ``+lmlogits``, the default, the side's
     logits from this GEMM, ``ModelRunner.logits``, then their argmax); ``+ropetable`` (default) / ``+ropecalc``:
     RoPE's cos / sin from the runner's position tables or from torch every pass; ``+kvpf<tiles>``: the decode
     attention's KV prefetch before its PDL wait (attnlab.kernels.decode); ``+amtorch``: greedy tokens by torch's
     argmax instead of attnlab.kernels.argmax; ``+kvsep``: the fused paths store K / V by their own kernel, not from
-    the RoPE launch (attnlab.kernels.fused.rope_store); ``+normsep`` (default) / ``+normpro``: the gemm path's
-    RMSNorms as their own launches or as the qkv / gate_up prologue; ``+k<BK>s<S>w<W>``: the K loop's BLOCK_K, stages
+    the RoPE launch (attnlab.kernels.fused.rope_store); ``+normsep`` / ``+normpro`` / ``+normtail``: the gemm path's
+    RMSNorms as their own launches, as the qkv / gate_up prologue or as the tail of the GEMM before them
+    (``norm_place``; the default DEFAULT_NORM_PLACE); ``+k<BK>s<S>w<W>``: the K loop's BLOCK_K, stages
     and warps for every GEMM, ``+<role>.k<BK>s<S>w<W>`` for one role's (``ROLES``; ``loop_for``, ``loop_config``);
     ``+f8cast`` / ``+f8ptx`` / ``+f8wide``: how fp8 weights convert (``set_fp8_mode``; the same bits); ``+f8x1`` /
     ``+f8x2``: fp8 weights split K towards once / twice TARGET_PROGRAMS programs at every K (``fp8_programs``).
@@ -251,13 +277,14 @@ def arm(text: str):
             scoped(rope_table, _set_rope_table, a.rope_table), decode.kv_prefetching(a.kv_prefetch), \
             scoped(argmax.enabled, argmax.set_enabled, a.rows_argmax), \
             scoped(fused.rope_store, fused.set_rope_store, a.rope_store), \
-            scoped(norm_prologue, _set_norm_prologue, a.norm_prologue), \
+            scoped(norm_place, set_norm_place, a.norm_place), \
             scoped(loop_config, _set_loop_config, a.loops), scoped(fp8_mode, set_fp8_mode, a.fp8_mode), \
             scoped(fp8_programs, _set_fp8_programs, a.fp8_programs):
         yield
 
 
-_PAIRS = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, {"normsep", "normpro"})  # at most one of each
+_PAIRS = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, {"normsep", "normpro"}, {"normsep", "normtail"},
+          {"normpro", "normtail"})  # at most one of each
 FP8_MODES = ("cast", "ptx", "wide")  # how e4m3 weights become the activation dtype (``set_fp8_mode``)
 _FP8_ARMS = {f"f8{m}" for m in FP8_MODES}  # at most one
 _FP8_SPLIT_ARMS = ("f8x1", "f8x2")  # fp8 weights' split target (``fp8_programs``), at most one
@@ -271,7 +298,7 @@ def parse_arm(text: str) -> Arm:
 
     mode, *extras = text.split("+")
     chunks, fused_argmax, table = DEFAULT_PREFETCH, DEFAULT_ARGMAX_HEAD, DEFAULT_ROPE_TABLE  # bare: the defaults
-    kv_tiles, rows_argmax, rope_store, prologue = KV_PREFETCH_TILES, DEFAULT_ON, True, DEFAULT_NORM_PROLOGUE
+    kv_tiles, rows_argmax, rope_store, place = KV_PREFETCH_TILES, DEFAULT_ON, True, DEFAULT_NORM_PLACE
     loops = {}  # forced loops: none by default (the rules of loop_for)
     f8, f8x = DEFAULT_FP8_MODE, DEFAULT_FP8_PROGRAMS
     ok = (mode in SPLIT_MODES and len(_FP8_ARMS & set(extras)) <= 1 and len(set(extras)) == len(extras) and not any(p <= set(extras) for p in _PAIRS)
@@ -286,8 +313,8 @@ def parse_arm(text: str) -> Arm:
             rows_argmax = False
         elif e == "kvsep":
             rope_store = False
-        elif e in ("normsep", "normpro"):
-            prologue = e == "normpro"
+        elif e in ("normsep", "normpro", "normtail"):
+            place = e[4:]
         elif _LOOP_ARM.fullmatch(e):
             role, *loop = _LOOP_ARM.fullmatch(e).groups()
             loops[role or "all"] = tuple(int(v) for v in loop)
@@ -303,10 +330,10 @@ def parse_arm(text: str) -> Arm:
             ok = False
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
-                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide][+f8x1|+f8x2], split modes "
+                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro|+normtail][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide][+f8x1|+f8x2], split modes "
                          f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, tiles 0..8, BK 32 / 64 / 128 / 256 / 512, S 1..6, "
                          f"W 2 / 4 / 8, at most one loop per role (roles {', '.join(ROLES)}: +<role>.k<BK>s<S>w<W>)")
-    return Arm(mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, prologue,
+    return Arm(mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, place,
                tuple(sorted(loops.items())), f8, f8x)
 
 
@@ -335,8 +362,8 @@ def parse_split_modes(text: str) -> list[str]:
                          f"each optionally +pf<chunks> (0..{MAX_PREFETCH}: engine.gemm_prefetch), +lmargmax or "
                          f"+lmlogits (the greedy tokens' LM head), +ropetable or +ropecalc (RoPE's cos / sin) and "
                          f"+kvpf<tiles> (the decode's KV prefetch, 0..8), +amtorch (torch's argmax), +kvsep (the fused "
-                         f"paths' KV store as its own kernel), +normsep or +normpro (the gemm path's norms as their own "
-                         f"launches, the default, or GEMM prologues), +[<role>.]k<BK>s<S>w<W> (a K loop), "
+                         f"paths' KV store as its own kernel), +normsep, +normpro or +normtail (the gemm path's norms as "
+                         f"their own launches, GEMM prologues or the previous GEMM's tail), +[<role>.]k<BK>s<S>w<W> (a K loop), "
                          f"+f8cast / +f8ptx / +f8wide and +f8x1 / +f8x2 (fp8 weights){why}")
     return modes
 
@@ -547,6 +574,29 @@ def _argmax_tail(acc, offs_m, j, m_mask, n_mask, OUT, PART, TICKET, SCALE, BIAS,
 
 
 @triton.jit
+def _norm_tail(OUT, XO, NW, TICKET, M, N, stride_om, stride_xo, eps, tiles, NB: tl.constexpr, ROWS: tl.constexpr):
+    """The tail norm (module docstring): this program's tile of OUT is stored; one arrival on the GEMM's ticket over
+    its ``tiles`` column tiles, and the last to arrive writes rmsnorm(OUT rows) * NW into XO (HF's roundings, as
+    fused.add_rmsnorm: normalize in fp32, round, scale, round), ROWS rows at a time, then resets the ticket."""
+    tl.debug_barrier()  # every thread's stores of this tile before the arrival
+    if tl.atomic_add(TICKET, 1, sem="acq_rel") == tiles - 1:
+        ty = XO.dtype.element_ty
+        offs = tl.arange(0, NB)
+        cmask = offs < N
+        w = tl.load(NW + offs, mask=cmask, other=0.0).to(tl.float32)
+        rows = tl.arange(0, ROWS)
+        for m0 in range(0, M, ROWS):
+            r = m0 + rows
+            mask = (r < M)[:, None] & cmask[None, :]
+            h = tl.load(OUT + r[:, None] * stride_om + offs[None, :], mask=mask, other=0.0,
+                        cache_modifier=".cg").to(tl.float32)  # other tiles' stores: past L1
+            rstd = tl.math.rsqrt(tl.sum(h * h, axis=1) / N + eps)
+            y = (w[None, :] * (h * rstd[:, None]).to(ty).to(tl.float32)).to(ty)
+            tl.store(XO + r[:, None] * stride_xo + offs[None, :], y, mask=mask)
+        tl.store(TICKET, 0)  # ready for the next launch
+
+
+@triton.jit
 def _sum_partials(base, pmask, num_splits, N_LOG, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                   PAIRED: tl.constexpr):
     """The partials [splits, 2 (pair), BLOCK_M, N_LOG] of one column tile summed in split order (0, 1, ...): the
@@ -661,7 +711,8 @@ def _prefetch_weights(W, c1, c2, n_mask, k_lo, k_hi, stride_wn, PAIRED: tl.const
 
 
 @triton.jit
-def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, POS, M, N_LOG, K,
+def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, POS, XO, TAIL_W,
+                 TAIL_TICKET, stride_xo, tail_eps, M, N_LOG, K,
                  k_per_split, stride_xm, stride_wn, stride_w4, stride_om, stride_rm, stride_cm, stride_slot, eps, G, ROPE_COLS,
                  Q_COLS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  NORM: tl.constexpr, SS_BLOCK: tl.constexpr, SS_ITERS: tl.constexpr, NRM_ITERS: tl.constexpr,
@@ -669,8 +720,10 @@ def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS
                  KV_STORE: tl.constexpr, IEEE: tl.constexpr, ROPE_POS: tl.constexpr = False,
                  PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
                  ARGMAX_RED: tl.constexpr = 256, FP8_MODE: tl.constexpr = 0, PTX: tl.constexpr = False,
+                 TAIL: tl.constexpr = False, TAIL_NB: tl.constexpr = 16, TAIL_ROWS: tl.constexpr = 1,
                  USE_PDL: tl.constexpr = False):
     # SPLIT: 0 one program per column tile; 1 partials for _reduce_kernel; 2 partials, the last program reduces
+    # TAIL: the tail norm of OUT into XO (_norm_tail), after the epilogue (SPLIT 1: _reduce_kernel's)
     # FP8_MODE: the index of the fp8 mode (FP8_MODES) e4m3 weights convert by (W4: W as int32, mode wide);
     # PTX: inline PTX may run (a GPU; the interpreter runs Triton ops)
     pid_n = tl.program_id(0)
@@ -740,6 +793,9 @@ def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS
     elif SPLIT == 0:
         _epilogue(acc1, acc2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, cos, sin, slot, stride_om,
                   stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
+        if TAIL:
+            _norm_tail(OUT, XO, TAIL_W, TAIL_TICKET, M, N_LOG, stride_om, stride_xo, tail_eps, tl.num_programs(0),
+                       TAIL_NB, TAIL_ROWS)
     else:  # partials [splits, 2 (pair), BLOCK_M, N_LOG] fp32, summed in split order
         base0 = PART + offs_m[None, :] * N_LOG + j[:, None]
         pmask = n_mask[:, None] & m_mask[None, :]
@@ -756,13 +812,18 @@ def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS
                 _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, cos, sin, slot,
                           stride_om, stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
                 tl.store(TICKETS + pid_n, 0)  # ready for the next launch
+                if TAIL:  # the tile's last split arrives for it
+                    _norm_tail(OUT, XO, TAIL_W, TAIL_TICKET, M, N_LOG, stride_om, stride_xo, tail_eps,
+                               tl.num_programs(0), TAIL_NB, TAIL_ROWS)
 
 
 @triton.jit
-def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, POS, M, N_LOG, stride_om, stride_rm,
+def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, POS, XO, TAIL_W, TAIL_TICKET, stride_xo,
+                   tail_eps, M, N_LOG, stride_om, stride_rm,
                    stride_cm, stride_slot, G, ROPE_COLS, Q_COLS, num_splits, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr,
                    PAIRED: tl.constexpr, KV_STORE: tl.constexpr, ROPE_POS: tl.constexpr = False,
+                   TAIL: tl.constexpr = False, TAIL_NB: tl.constexpr = 16, TAIL_ROWS: tl.constexpr = 1,
                    USE_PDL: tl.constexpr = False):
     pdl_start(USE_PDL)
     offs_m = tl.arange(0, BLOCK_M)
@@ -776,6 +837,9 @@ def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, POS, M,
                            PAIRED)
     _epilogue(a1, a2, offs_m, j, m_mask, n_mask, OUT, SCALE, BIAS, KC, VC, res, cos, sin, slot, stride_om,
               stride_slot, G, ROPE_COLS, Q_COLS, FP8, HAS_BIAS, EPI, PAIRED, KV_STORE)
+    if TAIL:
+        _norm_tail(OUT, XO, TAIL_W, TAIL_TICKET, M, N_LOG, stride_om, stride_xo, tail_eps, tl.num_programs(0),
+                   TAIL_NB, TAIL_ROWS)
 
 
 # The fp8 mode of e4m3 weights against bf16 activations (FP8_MODES): ``cast`` Triton's (the fp8 tile read from shared
@@ -841,7 +905,8 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
          norm_weight: torch.Tensor | None = None, eps: float = 1e-6, epilogue: str = "none",
          residual: torch.Tensor | None = None, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
          head_dim: int = 0, rope_cols: int = 0, kv_store: tuple | None = None,
-         positions: torch.Tensor | None = None, role: str | None = None) -> torch.Tensor:
+         positions: torch.Tensor | None = None, role: str | None = None,
+         tail_norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (fp32 / fp16 / bf16, M <= 16), w [N, K] (x's dtype, or float8_e4m3fn with w_scale [N] fp32),
     bias [N] or None -> [M, N] in x's dtype ([M, N / 2] for silu_mul, [M] int64 for argmax). See the module
     docstring for norm_weight [K] (RMSNorm prologue, eps) and the epilogues: residual [M, N]; rope: cos / sin
@@ -850,7 +915,9 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     (the caller keeps every position below P: nothing checks it on the device). ``kv_store`` (rope only):
     (k_cache, v_cache, slots), caches [num_slots, kv_heads, head_dim] of x's dtype with each slot's heads
     contiguous, slots [M] int (-1: not stored): the k (rotated) and v columns of each row also go to its slot.
-    ``role`` (one of ROLES, or None): the GEMM's place in the layer, which picks its K loop (``loop_for``)."""
+    ``role`` (one of ROLES, or None): the GEMM's place in the layer, which picks its K loop (``loop_for``).
+    ``tail_norm`` (weight [N], eps), residual epilogue only, N <= MAX_TAIL_N: the tail norm (module docstring); returns
+    (out, rmsnorm(out) * weight) then."""
     m, k = x.shape
     n, kw = w.shape
     if m > MAX_M:
@@ -887,6 +954,13 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
                              f"{tuple(slots.shape)} {slots.dtype} stride {slots.stride()}")
         if not (kc.device == vc.device == slots.device == x.device):
             raise ValueError(f"kv_store: caches and slots must be on {x.device}")
+    if tail_norm is not None:
+        tw, _ = tail_norm
+        if epilogue != "residual":
+            raise ValueError(f"tail_norm goes with epilogue='residual' (the stream it normalizes), not {epilogue!r}")
+        if n > MAX_TAIL_N or tw.shape != (n,) or tw.device != x.device or not tw.is_floating_point():
+            raise ValueError(f"tail_norm: weight must be a float [{n}] tensor on {x.device} and N <= {MAX_TAIL_N}, got "
+                             f"{tuple(tw.shape)} {tw.dtype} on {tw.device}")
     n_log = n // 2 if paired else n
     if epilogue == "argmax":
         if n >= 1 << 24:
@@ -894,8 +968,9 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         out = torch.empty(m, dtype=torch.int64, device=x.device)
     else:
         out = torch.empty(m, n_log if epilogue == "silu_mul" else n, dtype=x.dtype, device=x.device)
+    normed = torch.empty_like(out) if tail_norm is not None else None
     if m == 0:
-        return out
+        return out if normed is None else (out, normed)
     x, w = _rowmajor(x), _rowmajor(w)
     if epilogue == "residual":
         if residual is None or residual.shape != out.shape:
@@ -927,7 +1002,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     if epilogue == "argmax" and splits > 1:  # the tiles' maxima need whole sums: linear's (split) logits' argmax
         return gemm(x, w, bias, w_scale=w_scale, norm_weight=norm_weight, eps=eps, role=role).float().argmax(-1)
     split = 0 if splits == 1 else 2 if reduce == "ticket" else 1
-    assert split != 2 or n_tiles < ARGMAX_TICKET, "a split GEMM's column tiles each need a ticket below the argmax's"
+    assert split != 2 or n_tiles < NORM_TICKET, "a split GEMM's column tiles each need a ticket below the tail's"
     part = torch.empty(splits, 2, BLOCK_M, n_log, dtype=torch.float32, device=x.device) if split else out
     norm = norm_weight is not None
     tickets = _ticket_buffer(x.device) if split == 2 else out
@@ -942,7 +1017,13 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             "stride_slot": kc.stride(0) if kc is not None else 0, "G": group, "ROPE_COLS": rope_cols,
             "Q_COLS": 2 * rope_cols - n if kc is not None else 0, "BLOCK_M": BLOCK_M, "BLOCK_N": block_n,
             "FP8": fp8, "HAS_BIAS": bias is not None, "EPI": _EPI[epilogue], "PAIRED": paired,
-            "KV_STORE": kc is not None, "ROPE_POS": positions is not None}
+            "KV_STORE": kc is not None, "ROPE_POS": positions is not None, "XO": dummy, "TAIL_W": dummy,
+            "TAIL_TICKET": dummy, "stride_xo": 0, "tail_eps": 0.0}
+    if normed is not None:  # the tail norm: its output, weight, ticket and tile (functions of N only)
+        nb = triton.next_power_of_2(n)
+        args.update(XO=normed, TAIL_W=tail_norm[0], TAIL_TICKET=_ticket_buffer(x.device)[NORM_TICKET:],
+                    stride_xo=normed.stride(0), tail_eps=float(tail_norm[1]), TAIL_NB=nb,
+                    TAIL_ROWS=max(1, min(BLOCK_M, TAIL_ELEMS // nb)))
     ptrs = {"SCALE": w_scale if fp8 else dummy, "BIAS": bias if bias is not None else dummy,
             "RES": residual if residual is not None else dummy, "COS": cos if cos is not None else dummy,
             "SIN": sin if sin is not None else dummy, "KC": kc if kc is not None else dummy,
@@ -960,14 +1041,15 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             NORM=norm, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block) if norm else 0,
             NRM_ITERS=triton.cdiv(min(per, k), ss_block) if norm else 0,
             IEEE=fp32_dot(x.dtype), ARGMAX_RED=ARGMAX_BLOCK, **_fp8_launch(x, w), num_warps=warps, num_stages=stages, **ptrs, **args, **prefetch,
-            **launch_args(x))
+            TAIL=normed is not None and split != 1, **launch_args(x))
+        if split == 1:
+            _reduce_kernel[(n_tiles,)](part, out, **ptrs, num_splits=splits, num_warps=4, **args,
+                                       TAIL=normed is not None, **launch_args(part))
     except BaseException:
-        if split == 2 or epilogue == "argmax":  # a launch cut short may leave tickets taken: every later GEMM on
-            tickets.zero_()  # them would be wrong
+        if split == 2 or epilogue == "argmax" or normed is not None:  # a launch cut short may leave tickets taken:
+            _ticket_buffer(x.device).zero_()  # every later GEMM on them would be wrong
         raise
-    if split == 1:
-        _reduce_kernel[(n_tiles,)](part, out, **ptrs, num_splits=splits, num_warps=4, **args, **launch_args(part))
-    return out
+    return out if normed is None else (out, normed)
 
 
 def argmax_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,

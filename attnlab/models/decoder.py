@@ -177,11 +177,13 @@ class Decoder(nn.Module):
         if mode == "gemm":
             from attnlab.kernels import fused
 
-            for i in indices:
-                h = gemm_path.layer_forward(self.layers[i], h, cos, sin, ctx, rope_pos)
+            order, x = list(indices), None  # x: the next norm of h, where the last GEMM's tail computed it
+            for n, i in enumerate(order):
+                nxt = self.layers[order[n + 1]].input_layernorm if n + 1 < len(order) else self.norm
+                h, x = gemm_path.layer_forward(self.layers[i], h, cos, sin, ctx, rope_pos, x=x, next_norm=nxt)
                 if i in capture:
                     feats.append(h)
-            out = fused.add_rmsnorm(h, None, self.norm.weight, self.norm.eps)[0]
+            out = x if x is not None else fused.add_rmsnorm(h, None, self.norm.weight, self.norm.eps)[0]
         elif not mode:
             for i in indices:
                 h = self.layers[i](h, cos, sin, ctx)

@@ -1,15 +1,19 @@
-"""The decoder layer on attnlab's small-M GEMM (``engine.gemm=triton``): 7 launches a layer (5 with ``+normpro``).
+"""The decoder layer on attnlab's small-M GEMM (``engine.gemm=triton``): 7 launches a layer (5 with ``+normpro`` or
+``+normtail``).
 
-    rmsnorm    its own launch (the default; arm +normpro: the qkv GEMM's prologue)
+    rmsnorm    its own launch (the default; arm +normpro: the qkv GEMM's prologue; arm +normtail: the tail of the
+               previous layer's down_proj, or for layer 0 its own launch)
     qkv_proj   RoPE epilogue (q, k rotated; v as projected)                      -> qkv [T, (Hq + 2 Hkv) D]
                (cos / sin read by position from the runner's tables: no torch RoPE ops per pass)
                and the KV store: k and v written into their pool slots (AttnContext.kv_store_target; an fp8
                pool takes the Triton store kernel, which quantizes)
     attention  the side's backend
     o_proj     residual-add epilogue                                            -> h + o(attn)
-    rmsnorm    its own launch (or gate_up's prologue)
+               (+normtail: and the next norm of that stream, gemm's tail_norm)
+    rmsnorm    its own launch (or gate_up's prologue, or o_proj's tail)
     gate_up    SiLU·up epilogue                                                 -> act [T, I]
     down_proj  residual-add epilogue                                            -> h + down(act)
+               (+normtail: and the next layer's input norm, or the model's final norm)
 
 plus, per split GEMM with ``engine.gemm_split=*/pass``, the split-K reduction launch. The norms as GEMM prologues
 (``gemm.norm_prologue``) were the design: 5 launches. Measured, the two launches more won at every shape
@@ -56,21 +60,40 @@ def proj(linear: nn.Module, x: torch.Tensor, role: str, **kw) -> torch.Tensor:
 
 
 def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx,
-                  positions: torch.Tensor | None = None) -> torch.Tensor:
-    """h: [T <= 16, hidden], the residual stream (complete) -> the stream after this layer. cos / sin: the pass's
-    [T, 1, head_dim], or with ``positions`` [T] tables [P, head_dim] over positions (Decoder.rope_tables)."""
+                  positions: torch.Tensor | None = None, x: torch.Tensor | None = None,
+                  next_norm=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """h: [T <= 16, hidden], the residual stream (complete) -> (the stream after this layer, ``next_norm`` of it or
+    None). cos / sin: the pass's [T, 1, head_dim], or with ``positions`` [T] tables [P, head_dim] over positions
+    (Decoder.rope_tables). ``x``: input_layernorm(h) where the caller has it (the previous layer's tail norm);
+    ``next_norm``: the RMSNorm the stream meets next (the next layer's input norm, the final norm), which the down
+    GEMM's tail computes under ``gemm.norm_tail()`` (else the second value is None)."""
     mlp = layer.mlp
-    x, norm = _normed(h, layer.input_layernorm)
-    h = _attention(layer.self_attn, x, norm, h, cos, sin, ctx, positions)
-    x, norm = _normed(h, layer.post_attention_layernorm)
+    norm = {}
+    if x is None:
+        x, norm = _normed(h, layer.input_layernorm)
+    h, x = _attention(layer.self_attn, x, norm, h, cos, sin, ctx, positions, _tail(layer.post_attention_layernorm, h))
+    norm = {}
+    if x is None:
+        x, norm = _normed(h, layer.post_attention_layernorm)
     act = proj(mlp.gate_up_proj, x, "gate_up", **norm, epilogue="silu_mul")
-    return proj(mlp.down_proj, act, "down", epilogue="residual", residual=h)
+    tail = _tail(next_norm, h)
+    out = proj(mlp.down_proj, act, "down", epilogue="residual", residual=h, **tail)
+    return out if tail else (out, None)
+
+
+def _tail(norm, h: torch.Tensor) -> dict:
+    """The residual GEMM's kwargs that end it with ``norm`` of its output (``gemm.norm_tail()``, a stream of at most
+    gemm.MAX_TAIL_N columns), else none."""
+    if norm is None or not gemm.norm_tail() or h.shape[-1] > gemm.MAX_TAIL_N:
+        return {}
+    return {"tail_norm": (norm.weight, norm.eps)}
 
 
 def _attention(attn, x: torch.Tensor, norm: dict, residual: torch.Tensor, cos, sin, ctx,
-               positions: torch.Tensor | None) -> torch.Tensor:
+               positions: torch.Tensor | None, tail: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """qkv (``norm``: its prologue kwargs, if any; RoPE and the KV store in its epilogue) -> attention -> o with the
-    residual added: the stream after the attention block."""
+    residual added: (the stream after the attention block, its next norm where ``tail`` (``_tail``) asks o_proj's
+    tail for it, else None)."""
     t, d = x.shape[0], attn.head_dim
     qk_cols = attn.q_size + attn.kv_size
     store = ctx.kv_store_target(attn.layer_idx, x.dtype)
@@ -80,7 +103,8 @@ def _attention(attn, x: torch.Tensor, norm: dict, residual: torch.Tensor, cos, s
     k = qkv[:, attn.q_size:qk_cols].view(t, attn.num_kv_heads, d)
     v = qkv[:, qk_cols:].view(t, attn.num_kv_heads, d)
     out = ctx.attend(attn.layer_idx, q, k, v, stored=store is not None)
-    return proj(attn.o_proj, out.reshape(t, attn.q_size), "o", epilogue="residual", residual=residual)
+    h = proj(attn.o_proj, out.reshape(t, attn.q_size), "o", epilogue="residual", residual=residual, **(tail or {}))
+    return h if tail else (h, None)
 
 
 def _normed(h: torch.Tensor, norm, prologue: bool | None = None) -> tuple:
@@ -103,6 +127,6 @@ def attn_layer_forward(layer, x: torch.Tensor, residual: torch.Tensor | None, co
 
     mlp, norm1 = layer.mlp, layer.input_layernorm
     x, residual = fused.add_rmsnorm(x, residual, norm1.weight, norm1.eps)
-    h = _attention(layer.self_attn, x, {}, residual, cos, sin, ctx, positions)
+    h = _attention(layer.self_attn, x, {}, residual, cos, sin, ctx, positions)[0]
     x = _normed(h, layer.post_attention_layernorm, prologue=False)[0]
     return project(mlp.down_proj, fused.silu_mul(project(mlp.gate_up_proj, x, ctx), mlp.intermediate_size), ctx), h

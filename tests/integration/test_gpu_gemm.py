@@ -108,22 +108,25 @@ def test_fp8_to_bf16_in_ptx_is_exact_for_every_byte(mode, epilogue, k):
 
 @pytest.mark.parametrize("k", [0, 3])
 def test_gemm_path_in_graphs_matches_unfused_eager(k):
-    """bf16, CUDA graphs, engine.gemm=triton (and triton_attn) on both sides vs the unfused eager engine: the same greedy tokens
+    """bf16, CUDA graphs, engine.gemm=triton (its norms also as GEMM tails, +normtail; and triton_attn) on both sides vs
+    the unfused eager engine: the same greedy tokens
     up to late near-ties (as the fused-ops test allows). Exact spec == target-only output also needs a
     row-invariant attention (decode vs verify kernels): the strict-parity issue's part, not tested here."""
     target = tiny_model(CFG, seed=0).to("cuda", torch.bfloat16)
     draft = perturbed(target, seed=1, noise=0.2)
     ps = prompts(3, CFG.vocab_size)
     outs = []
-    for mode, graphs in ((False, False), ("gemm", True), ("gemm_attn", True)):
-        t = gpu_runner(target, "triton", torch.bfloat16, graphs, fused_ops=mode)
-        d = ModelDrafter(gpu_runner(draft, "triton", torch.bfloat16, graphs, name="draft", fused_ops=mode)) \
-            if k else NoDrafter("cuda")
-        if graphs:
-            t.capture_graphs(q_lens=sorted({1, k + 1}))
-            if k:
-                d.runner.capture_graphs(q_lens=(1,), num_slots=k)
-        outs.append([r.output_ids for r in SpeculativeDecoder(t, d, SpecParams(k)).generate(ps, 24).requests])
+    for mode, graphs, place in ((False, False, "sep"), ("gemm", True, "sep"), ("gemm", True, "tail"),
+                                ("gemm_attn", True, "sep")):
+        with gemm.arm(f"{gemm.DEFAULT_SPLIT_MODE}+norm{place}"):
+            t = gpu_runner(target, "triton", torch.bfloat16, graphs, fused_ops=mode)
+            d = ModelDrafter(gpu_runner(draft, "triton", torch.bfloat16, graphs, name="draft", fused_ops=mode)) \
+                if k else NoDrafter("cuda")
+            if graphs:
+                t.capture_graphs(q_lens=sorted({1, k + 1}))
+                if k:
+                    d.runner.capture_graphs(q_lens=(1,), num_slots=k)
+            outs.append([r.output_ids for r in SpeculativeDecoder(t, d, SpecParams(k)).generate(ps, 24).requests])
     for out in outs[1:]:
         same = sum(a == b for x, y in zip(outs[0], out) for a, b in zip(x, y))
         assert same / sum(map(len, outs[0])) >= 0.9
@@ -156,6 +159,42 @@ def test_ticket_reduction_is_the_reduce_pass_bit_for_bit_racing_and_in_graphs(n,
                         graph.replay()
                         torch.cuda.synchronize()
                         assert all(torch.equal(a, b) for a, b in zip(outs, refs)), f"{policy}: graph replay"
+    assert not gemm._ticket_buffer(x.device).any()
+
+
+@pytest.mark.parametrize("n,k", [(576, 576), (576, 1536), (2048, 2048), (2048, 8192), (4096, 4096), (4096, 14336)])
+def test_tail_norm_racing_in_graphs_and_row_invariant(n, k):
+    """tail_norm on real SMs (o_proj / down_proj at SmolLM2, 1B, 8B shapes; split and unsplit): the stream is the
+    residual GEMM's bits; its norm is RMSNorm's up to the sum's fp32 order; rows of M = 1 / 5 equal those of M = 16
+    bit for bit; 50 launches and 50 graph replays racing on the ticket give the same bits every time, ticket and
+    pass reductions, PDL off and on, and the tickets are free after."""
+    from attnlab.kernels import fused, pdl
+
+    g = torch.Generator(device="cuda").manual_seed(n + k)
+    x = torch.randn(16, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16)
+    res = torch.randn(16, n, device="cuda", generator=g).to(torch.bfloat16)
+    nw = (torch.rand(n, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
+    role = "o" if k < 4 * n else "down"
+    for on in (False, True) if not pdl.unsupported("cuda") else (False,):
+        with pdl.using(on, "cuda"):
+            for mode in ("fill/ticket", "fill/pass", "lean/ticket"):
+                with gemm.splitting(mode):
+                    def run():
+                        return [t for m in (1, 5, 16) for t in gemm.gemm(
+                            x[:m], w, epilogue="residual", residual=res[:m], role=role, tail_norm=(nw, 1e-5))]
+                    refs = run()
+                    h16 = gemm.gemm(x, w, epilogue="residual", residual=res, role=role)
+                    assert torch.equal(refs[4], h16)
+                    torch.testing.assert_close(refs[5], fused.add_rmsnorm(h16, None, nw, 1e-5)[0], atol=0.02, rtol=0.02)
+                    assert torch.equal(refs[1], refs[5][:1]) and torch.equal(refs[3], refs[5][:5]), mode
+                    for _ in range(50):
+                        assert all(torch.equal(a, b) for a, b in zip(run(), refs)), f"{mode}: eager launch"
+                    graph, outs = _captured(run)
+                    for _ in range(50):
+                        graph.replay()
+                        torch.cuda.synchronize()
+                        assert all(torch.equal(a, b) for a, b in zip(outs, refs)), f"{mode}: graph replay"
     assert not gemm._ticket_buffer(x.device).any()
 
 

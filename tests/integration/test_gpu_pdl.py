@@ -47,12 +47,16 @@ def _decode(model, fused, graphs: bool, on: bool):
         return [r.output_ids for r in out.requests], logits
 
 
-@pytest.mark.parametrize("fused", [False, True, "gemm", "gemm_attn"])  # unfused: attention between cuBLAS / torch ops
-@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("fused", [False, True, "gemm", "gemm+normtail", "gemm_attn"])  # unfused: attention between
+@pytest.mark.parametrize("graphs", [False, True])  # cuBLAS / torch ops; +normtail: the gemm path's norms as GEMM tails
 def test_pdl_changes_nothing_but_timing(fused, graphs):
+    from attnlab.kernels import gemm
+
     model = tiny_model(CFG, seed=0).to("cuda", torch.bfloat16)
-    tokens_off, logits_off = _decode(model, fused, graphs, on=False)
-    tokens_on, logits_on = _decode(model, fused, graphs, on=True)
+    mode, _, place = fused.partition("+norm") if isinstance(fused, str) else (fused, "", "")
+    with gemm.arm(f"{gemm.DEFAULT_SPLIT_MODE}+norm{place or 'sep'}"):
+        tokens_off, logits_off = _decode(model, mode, graphs, on=False)
+        tokens_on, logits_on = _decode(model, mode, graphs, on=True)
     assert tokens_on == tokens_off
     assert torch.equal(logits_on, logits_off)
 

@@ -85,28 +85,37 @@ def test_gemm_attn_path_runs_qkv_and_o_on_the_gemm_and_stores_kv_there(monkeypat
     assert calls == [] and not stores
 
 
-def test_norms_run_as_their_own_launches_or_as_prologues(monkeypatch):
-    """The default (+normsep): no GEMM takes a norm prologue, one add_rmsnorm per norm instead; +normpro: qkv and
-    gate_up normalize in their prologue. The same logits up to the fp32 order of the sum of squares."""
+def test_norms_run_as_their_own_launches_as_prologues_or_as_tails(monkeypatch):
+    """+normsep: no GEMM takes a norm prologue, one add_rmsnorm per norm instead; +normpro: qkv and gate_up normalize
+    in their prologue; +normtail: o_proj and down_proj end with the next norm (the last down_proj with the final norm),
+    one add_rmsnorm a pass (layer 0's). The same logits up to the fp32 order of the sum of squares."""
     from attnlab.kernels import fused, gemm
 
     model = tiny_model(CFG, seed=11)
-    prologues, norms = [], []
+    prologues, tails, norms = [], [], []
     real, real_norm = gemm.gemm, fused.add_rmsnorm
-    monkeypatch.setattr(gemm, "gemm", lambda x, w, *a, **k: prologues.append(k.get("norm_weight") is not None) or
-                        real(x, w, *a, **k))
+
+    def spy(x, w, *a, **k):
+        prologues.append(k.get("norm_weight") is not None)
+        tails.append(k.get("tail_norm") is not None)
+        return real(x, w, *a, **k)
+
+    monkeypatch.setattr(gemm, "gemm", spy)
     monkeypatch.setattr(fused, "add_rmsnorm", lambda *a, **k: norms.append(1) or real_norm(*a, **k))
     outs = []
-    for arm in ("fill/ticket+normpro", "fill/ticket"):
+    for arm in ("fill/ticket+normpro", "fill/ticket+normsep", "fill/ticket+normtail"):
         prologues.clear()
+        tails.clear()
         norms.clear()
         with gemm.arm(arm):
             outs.append(_runner(model, torch.float32, "gemm").run([0], [0], [5], torch.arange(5), mode=Mode.PREFILL))
-        pro = arm.endswith("normpro")
+        pro, tail = arm.endswith("normpro"), arm.endswith("normtail")
         want = [True, False, True, False] * CFG.num_layers if pro else [False] * 4 * CFG.num_layers
         assert prologues[:4 * CFG.num_layers] == want
-        assert len(norms) == 1 + (0 if pro else 2 * CFG.num_layers)  # + the final norm
+        assert tails[:4 * CFG.num_layers] == [False, tail, False, tail] * CFG.num_layers
+        assert len(norms) == (1 if tail else 1 + (0 if pro else 2 * CFG.num_layers))  # + the final norm
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs[2], outs[0], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("split", ["fill/pass", "fill/ticket", "lean/ticket"])
@@ -114,7 +123,7 @@ def test_gemm_path_greedy_output_identical(split, monkeypatch):
     """fp32 greedy decoding, target-only: the gemm side emits the tokens the unfused side emits
     (prompts of 11 and 5 tokens: the 16-token prefill and the decode steps run on the gemm path, whose qkv
     GEMM also writes K/V into the pool), in each reduction of split K; under fill some GEMMs do split; also with the
-    norms as GEMM prologues (+normpro) and with only qkv and o on the GEMM (gemm_attn)."""
+    norms as GEMM prologues (+normpro) or tails (+normtail) and with only qkv and o on the GEMM (gemm_attn)."""
     from attnlab.kernels import gemm
 
     splits = []
@@ -123,12 +132,11 @@ def test_gemm_path_greedy_output_identical(split, monkeypatch):
     model = tiny_model(CFG, seed=9)
     ps = prompts(2, CFG.vocab_size, lengths=(11, 5))
     ref = SpeculativeDecoder(_runner(model, torch.float32, False), NoDrafter("cpu"), SpecParams(0)).generate(ps, 4)
-    for mode in ("gemm", "gemm_attn", "gemm+normpro"):
-        with gemm.arm(split + "+normpro" if mode.endswith("normpro") else split):
-            mode = mode.split("+")[0]
+    for mode, extra in (("gemm", ""), ("gemm_attn", ""), ("gemm", "+normpro"), ("gemm", "+normtail")):
+        with gemm.arm(split + extra):
             out = SpeculativeDecoder(_runner(model, torch.float32, mode), NoDrafter("cpu"),
                                      SpecParams(0)).generate(ps, 4)
-        assert [r.output_ids for r in out.requests] == [r.output_ids for r in ref.requests], mode
+        assert [r.output_ids for r in out.requests] == [r.output_ids for r in ref.requests], mode + extra
     assert splits and (max(splits) > 1) == split.startswith("fill")  # the tiny model's K: lean never splits
 
 

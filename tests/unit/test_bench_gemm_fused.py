@@ -27,6 +27,27 @@ def test_interpret_smoke(capsys, tmp_path):
     assert bench.main(["--interpret", "--splits", "fill"]) == 2
 
 
+def test_interpret_smoke_norm_places(capsys, tmp_path):
+    """The calls follow the arm's norm place: +normtail's o / down end with the next norm, +normpro's qkv / gate_up
+    take the prologue, and the layer of +normsep (the default) times its two norm launches too; the streams match."""
+    from attnlab.kernels import gemm
+
+    calls = []
+    real = gemm.gemm
+    out = tmp_path / "fused.json"
+    gemm.gemm = lambda *a, **k: calls.append((k.get("tail_norm") is not None, k.get("norm_weight") is not None)) \
+        or real(*a, **k)
+    try:
+        assert bench.main(["--interpret", "--ms", "1,2", "--splits", "fill/ticket+normtail,fill/ticket+normpro",
+                           "--out", str(out)]) == 0
+    finally:
+        gemm.gemm = real
+    rows = json.loads(out.read_text())["rows"]
+    assert all(r.get("same_as_first", True) and r.get("invariant", True) for r in rows)
+    assert (True, False) in calls and (False, True) in calls
+    assert "| tiny | 2 | fill/ticket+normpro |" in capsys.readouterr().out
+
+
 def test_bench_pdl_arms():
     """bench.pdl: PDL off and on for every engine, then PDL-on arms for the further ``--gemm-splits``."""
     from attnlab.bench import pdl as bench_pdl
@@ -46,6 +67,7 @@ def test_bench_pdl_arms():
     assert not bench_pdl.sums_differ("fill/ticket+k128s3w4", "fill/pass+k128s5w4+kvsep")
     assert bench_pdl.sums_differ("fill/ticket+k128s3w4", "fill/ticket+k128s3w8")  # warps may change the MMA
     assert not bench_pdl.sums_differ("fill/ticket", "fill/ticket+normpro", norms=False)  # gemm-attn has no prologue
+    assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+normtail")  # the tail sums the squares in its own order
     assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+k128s3w4")  # the default's BLOCK_K depends on K
     assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+qkv.k128s4w4")  # one role's loop
     assert not bench_pdl.sums_differ("fill/ticket+qkv.k128s3w4", "fill/ticket+qkv.k128s4w4")  # its stages only

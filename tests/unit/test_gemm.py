@@ -159,6 +159,44 @@ def test_norm_prologue_and_residual_epilogue(m, n, k, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", [(96, 80), (576, 1100)])
+def test_tail_norm_is_the_next_rmsnorm_of_the_stream(n, k, dtype):
+    """tail_norm: the residual GEMM also returns rmsnorm(its output) * weight, as RMSNorm (HF's roundings) gives it,
+    in every split mode (unsplit, a split's last program, the pass kernel); each row's bits are the same alone (M = 1)
+    as among 5 or 16 (the tail's tile is a function of N); the tickets are free after."""
+    x, w, g = _data(16, n, k, dtype, seed=4)
+    res = torch.randn(16, n, generator=g).to(dtype)
+    norm = RMSNorm(n, 1e-5, dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(n, generator=g) + 0.5)
+    for split in gemm.SPLIT_MODES:
+        with gemm.splitting(split):
+            rows = {}
+            for m in (1, 5, 16):
+                h, xn = gemm.gemm(x[:m], w, epilogue="residual", residual=res[:m], tail_norm=(norm.weight, norm.eps))
+                assert torch.equal(h, gemm.gemm(x[:m], w, epilogue="residual", residual=res[:m]))  # out unchanged
+                _close(xn, norm(h), dtype)
+                rows[m] = xn
+            assert torch.equal(rows[5], rows[16][:5]) and torch.equal(rows[1], rows[16][:1]), split
+    assert not gemm._ticket_buffer(torch.device("cpu")).any()
+    empty = gemm.gemm(x[:0], w, epilogue="residual", residual=res[:0], tail_norm=(norm.weight, norm.eps))
+    assert [t.shape for t in empty] == [(0, n), (0, n)]
+
+
+def test_tail_norm_errors():
+    x, w, _ = _data(2, 64, 32, torch.float32)
+    nw = torch.ones(64)
+    with pytest.raises(ValueError, match="epilogue='residual'"):
+        gemm.gemm(x, w, tail_norm=(nw, 1e-5))
+    with pytest.raises(ValueError, match=r"float \[64\]"):
+        gemm.gemm(x, w, epilogue="residual", residual=torch.zeros(2, 64), tail_norm=(torch.ones(63), 1e-5))
+    wide = torch.zeros(gemm.MAX_TAIL_N + 1, 32)
+    with pytest.raises(ValueError, match=f"N <= {gemm.MAX_TAIL_N}"):
+        gemm.gemm(x, wide, epilogue="residual", residual=torch.zeros(2, gemm.MAX_TAIL_N + 1),
+                  tail_norm=(torch.ones(gemm.MAX_TAIL_N + 1), 1e-5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("inter,k", [(48, 64), (40, 1100)])
 @pytest.mark.parametrize("m", [1, 5])
 def test_silu_mul_epilogue(m, inter, k, dtype):
@@ -450,12 +488,17 @@ def test_arms_name_the_lm_head_path():
     with gemm.arm("fill/ticket+kvsep"):
         assert not fused.rope_store()
     assert fused.rope_store()
-    assert not gemm.norm_prologue()  # the default: the norms as their own launches
+    assert gemm.norm_place() == gemm.DEFAULT_NORM_PLACE
     with gemm.arm("lean/ticket+normpro"):
-        assert gemm.norm_prologue()
+        assert gemm.norm_prologue() and not gemm.norm_tail()
         with gemm.arm("wave/ticket+normsep"):
-            assert not gemm.norm_prologue() and gemm.split_mode() == "wave/ticket"
-    assert not gemm.norm_prologue()
+            assert gemm.norm_place() == "sep" and gemm.split_mode() == "wave/ticket"
+            with gemm.arm("wave/ticket+normtail"):
+                assert gemm.norm_tail() and not gemm.norm_prologue()
+        assert gemm.norm_prologue()
+    assert gemm.norm_place() == gemm.DEFAULT_NORM_PLACE
+    with pytest.raises(ValueError, match="norm place"):
+        gemm.set_norm_place("tails")
     assert gemm.parse_arm("fill/pass+kvsep").rope_store is False
     assert gemm.parse_arm("fill/ticket").loops == ()
     bf = torch.bfloat16
@@ -487,6 +530,7 @@ def test_arms_name_the_lm_head_path():
                 "fill/ticket+lmargmax+lmlogits", "fill/ticket+ropetable+ropecalc", "fill/ticket+rope",
                 "fill/ticket+kvpf9", "fill/ticket+kvpf1+kvpf2", "fill/ticket+kvpf", "fill/ticket+amtorch+amtorch",
                 "fill/ticket+kvsep+kvsep", "fill/ticket+kvstore", "fill/ticket+normsep+normsep", "fill/ticket+normsep+normpro",
+                "fill/ticket+normtail+normpro", "fill/ticket+normtail+normsep",
                 "fill/ticket+k100s3w4", "fill/ticket+k128s7w4", "fill/ticket+k128s3w4+k64s3w4",
                 "fill/ticket+qkv.k128s3w4+qkv.k256s3w4", "fill/ticket+mlp.k128s3w4", "fill/ticket+qkv.k128",
                 "fill/ticket+pf4+pf2", "fill/ticket+pf\u00b2"):

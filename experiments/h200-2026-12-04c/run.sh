@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The H200 sitting of 2026-12-04 (third session; README.md here). Bundle .gpu/fb (core + flashinfer + fa3_fwd; see
+# ../h200-2026-12-03c/run.sh).
+#   run.sh 1  carry .gpu/fb (a fresh machine): install; the GPU tests of the gemm path and PDL (owed since 6a8627c's
+#             kernel edits; new: the tail norm racing on its ticket, in graphs, row-invariant); issue 17: bench.pdl,
+#             gemm engine, the norms as their own launches (default) against the norms as the tail of the GEMM before
+#             them (+normtail: 5 launches a layer), three shapes, then bf16 against fp8 weights (1B, SmolLM2);
+#             bench.profile of both at 8B / 1B / SmolLM2 (the non-GEMM time owed since 12-04b); bench.gemm_fused --pdl
+# At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
+set -u -o pipefail
+PART=${1:?part 1}
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, the environment, the call's log, PY
+case $PART in
+1)
+  install_fb
+  step "GPU tests: the gemm path (the tail norm too) and PDL"
+  timeout 240 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py \
+    tests/integration/test_gpu_pdl.py > $LOGS/tests1.log 2>&1
+  echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests1.log | tail -n 12; cp $LOGS/tests1.log "$OUT/"
+  step "issue 17: bench.pdl, gemm engine, bf16, three shapes: norms separate (default) against norms as GEMM tails"
+  timeout 150 $PY -m attnlab.bench.pdl --models llama-3.2-1b,smollm2-135m,llama-3.1-8b --engines gemm --rounds 5 \
+    --new 128 --gemm-splits fill/ticket,fill/ticket+normtail --out "$OUT/tail" > $LOGS/tail.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/tail.log
+  step "issue 17: bench.pdl --weights bf16,fp8w, 1B and SmolLM2, norms separate and as tails"
+  timeout 120 $PY -m attnlab.bench.pdl --models llama-3.2-1b,smollm2-135m --engines gemm --rounds 3 --new 128 \
+    --weights bf16,fp8w --gemm-splits fill/ticket,fill/ticket+normtail --out "$OUT/tailfp8" > $LOGS/tailfp8.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/tailfp8.log
+  step "issue 17: bench.profile, gemm engine, PDL off, three shapes, norms separate and as tails"
+  for place in sep tail; do
+    timeout 75 $PY -m attnlab.bench.profile --models llama-3.1-8b,llama-3.2-1b,smollm2-135m --engines gemm --pdl off \
+      --steps 32 --gemm-split fill/ticket+norm$place --out /tmp/prof_$place > $LOGS/prof_$place.log 2>&1
+    echo "exit code $?"; grep -E "^step|^###|^\|" $LOGS/prof_$place.log
+  done
+  cat /tmp/prof_sep.md /tmp/prof_tail.md > "$OUT/profile1.md" 2>/dev/null
+  step "issue 17: bench.gemm_fused --pdl (each GEMM as its role)"
+  timeout 90 $PY -m attnlab.bench.gemm_fused --pdl > $LOGS/gemm_fused.log 2>&1; echo "exit code $?"
+  grep -E "^\||^#" $LOGS/gemm_fused.log | cut -c1-300
+  tar czf "$OUT/logs1.tgz" -C $LOGS . 2>/dev/null
+  ;;
+*) echo "no part $PART"; exit 2 ;;
+esac
+step done
