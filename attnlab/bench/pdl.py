@@ -78,6 +78,7 @@ def sums_differ(a: str, b: str, norms: bool = True, fp8: bool = False) -> bool:
     pa, pb = gemm.parse_arm(a), gemm.parse_arm(b)
     loop = lambda p: {key: (bk, w) for key, (bk, _, w) in p.loops}  # BLOCK_K and warps; stages sum alike
     return (pa.split_mode.split("/")[0] != pb.split_mode.split("/")[0] or loop(pa) != loop(pb)
+            or pa.role_policies != pb.role_policies
             or fp8 and pa.fp8_programs != pb.fp8_programs
             or norms and pa.norm_place != pb.norm_place)
 

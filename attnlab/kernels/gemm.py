@@ -106,7 +106,10 @@ DEFAULT_PREFETCH = 16  # as many as the program has (SmolLM2's layer GEMMs have 
 # Only GEMMs whose whole weight is at most this prefetch: latency-bound ones (SmolLM2's layer GEMMs, 0.7-3.5 MB).
 # On bandwidth-bound weights the prefetch competes with the previous kernel's own stream and lost on the H200
 # (Llama-3.2-1B, 8-67 MB: 870 -> 825 tok/s at 4 chunks; experiments/h200-2026-12-02e).
-PREFETCH_MAX_WEIGHT_BYTES = 4 << 20
+PREFETCH_MAX_WEIGHT_BYTES = 4 << 20  # the default cap; a bench arm's +pfcap<MiB> sets another (``prefetch_cap``)
+MAX_PREFETCH_CAP_MIB = 1024
+_prefetch_cap = PREFETCH_MAX_WEIGHT_BYTES
+_role_policies: dict[str, str] = {}  # a role -> its split policy (fill / lean / wave), a bench arm's +<role>.<policy>
 _split_mode = DEFAULT_SPLIT_MODE
 _prefetch = DEFAULT_PREFETCH
 # Greedy tokens of a gemm-path side from the LM head's argmax epilogue (True) or from its logits (this GEMM) and torch's
@@ -192,6 +195,27 @@ def prefetching(chunks: int):
     return scoped(prefetch_chunks, set_prefetch, chunks)
 
 
+def prefetch_cap() -> int:
+    """The largest weight (bytes) a GEMM prefetches into L2 before its PDL wait (PREFETCH_MAX_WEIGHT_BYTES unless an
+    arm's +pfcap<MiB> says otherwise)."""
+    return _prefetch_cap
+
+
+def _set_prefetch_cap(nbytes: int) -> None:
+    global _prefetch_cap
+    _prefetch_cap = int(nbytes)
+
+
+def role_policies() -> tuple[tuple[str, str], ...]:
+    """The split policies a bench arm forces on single roles ((role, policy), sorted); empty: the split mode's."""
+    return tuple(sorted(_role_policies.items()))
+
+
+def _set_role_policies(pairs) -> None:
+    global _role_policies
+    _role_policies = dict(pairs or ())
+
+
 def argmax_head() -> bool:
     """Whether a gemm-path side takes its greedy tokens from the LM head's argmax epilogue (``argmax_linear``)."""
     return _argmax_head
@@ -250,6 +274,8 @@ class Arm(NamedTuple):
     loops: tuple[tuple[str, tuple[int, int, int]], ...]  # ("all" or a role, (BLOCK_K, stages, warps)), sorted
     fp8_mode: str
     fp8_programs: int | None  # fp8 weights' split target, in TARGET_PROGRAMS (1 or 2; None: by K)
+    prefetch_cap: int  # bytes: the largest weight that prefetches (PREFETCH_MAX_WEIGHT_BYTES unless +pfcap<MiB>)
+    role_policies: tuple[tuple[str, str], ...]  # (role, split policy), sorted: +<role>.fill / .lean / .wave
 
 
 @contextmanager
@@ -267,7 +293,9 @@ def arm(text: str):
     (``norm_place``; the default DEFAULT_NORM_PLACE); ``+k<BK>s<S>w<W>``: the K loop's BLOCK_K, stages
     and warps for every GEMM, ``+<role>.k<BK>s<S>w<W>`` for one role's (``ROLES``; ``loop_for``, ``loop_config``);
     ``+f8cast`` / ``+f8ptx`` / ``+f8wide``: how fp8 weights convert (``set_fp8_mode``; the same bits); ``+f8x1`` /
-    ``+f8x2``: fp8 weights split K towards once / twice TARGET_PROGRAMS programs at every K (``fp8_programs``).
+    ``+f8x2``: fp8 weights split K towards once / twice TARGET_PROGRAMS programs at every K (``fp8_programs``);
+    ``+pfcap<MiB>``: the largest weight that prefetches (``prefetch_cap``); ``+<role>.fill`` / ``.lean`` / ``.wave``: one
+    role's split policy (``role_policies``; the reduction stays the split mode's).
     Split, prefetch, RoPE-table, norm, loop and fp8 parts act on this GEMM's launches only: gemm-path sides, and the
     small-M passes of weight-only FP8Linear in any engine."""
     from attnlab.kernels import argmax, decode, fused
@@ -279,7 +307,9 @@ def arm(text: str):
             scoped(fused.rope_store, fused.set_rope_store, a.rope_store), \
             scoped(norm_place, set_norm_place, a.norm_place), \
             scoped(loop_config, _set_loop_config, a.loops), scoped(fp8_mode, set_fp8_mode, a.fp8_mode), \
-            scoped(fp8_programs, _set_fp8_programs, a.fp8_programs):
+            scoped(fp8_programs, _set_fp8_programs, a.fp8_programs), \
+            scoped(prefetch_cap, _set_prefetch_cap, a.prefetch_cap), \
+            scoped(role_policies, _set_role_policies, a.role_policies):
         yield
 
 
@@ -288,6 +318,7 @@ _PAIRS = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, {"normsep", "norm
 FP8_MODES = ("cast", "ptx", "wide")  # how e4m3 weights become the activation dtype (``set_fp8_mode``)
 _FP8_ARMS = {f"f8{m}" for m in FP8_MODES}  # at most one
 _FP8_SPLIT_ARMS = ("f8x1", "f8x2")  # fp8 weights' split target (``fp8_programs``), at most one
+_POLICY_ARM = re.compile(r"(" + "|".join(ROLES) + r")\.(fill|lean|wave)")  # +<role>.<split policy>
 _LOOP_ARM = re.compile(r"(?:(" + "|".join(ROLES) + r")\.)?k(32|64|128|256|512)s([1-6])w([248])")  # +[<role>.]k<BK>s<S>w<W>
 
 
@@ -301,11 +332,21 @@ def parse_arm(text: str) -> Arm:
     kv_tiles, rows_argmax, rope_store, place = KV_PREFETCH_TILES, DEFAULT_ON, True, DEFAULT_NORM_PLACE
     loops = {}  # forced loops: none by default (the rules of loop_for)
     f8, f8x = DEFAULT_FP8_MODE, DEFAULT_FP8_PROGRAMS
+    cap, policies = PREFETCH_MAX_WEIGHT_BYTES, {}
     ok = (mode in SPLIT_MODES and len(_FP8_ARMS & set(extras)) <= 1 and len(set(extras)) == len(extras) and not any(p <= set(extras) for p in _PAIRS)
-          and sum(e.startswith("kvpf") for e in extras) <= 1 and sum(e.startswith("pf") for e in extras) <= 1
+          and sum(e.startswith("kvpf") for e in extras) <= 1
+          and sum(e.startswith("pf") and not e.startswith("pfcap") for e in extras) <= 1
+          and sum(e.startswith("pfcap") for e in extras) <= 1
+          and len({m.group(1) for m in map(_POLICY_ARM.fullmatch, extras) if m})
+          == sum(bool(_POLICY_ARM.fullmatch(e)) for e in extras)
           and _one_loop_per_key(extras) and len(set(_FP8_SPLIT_ARMS) & set(extras)) <= 1)
     for e in extras:
-        if e.startswith("pf") and _digits(e[2:]) and int(e[2:]) <= MAX_PREFETCH:
+        if e.startswith("pfcap") and _digits(e[5:]) and int(e[5:]) <= MAX_PREFETCH_CAP_MIB:
+            cap = int(e[5:]) << 20
+        elif _POLICY_ARM.fullmatch(e):
+            role, policy = _POLICY_ARM.fullmatch(e).groups()
+            policies[role] = policy
+        elif e.startswith("pf") and _digits(e[2:]) and int(e[2:]) <= MAX_PREFETCH:
             chunks = int(e[2:])
         elif e.startswith("kvpf") and _digits(e[4:]) and int(e[4:]) <= 8:
             kv_tiles = int(e[4:])
@@ -330,11 +371,12 @@ def parse_arm(text: str) -> Arm:
             ok = False
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
-                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro|+normtail][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide][+f8x1|+f8x2], split modes "
-                         f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, tiles 0..8, BK 32 / 64 / 128 / 256 / 512, S 1..6, "
+                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro|+normtail][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide][+f8x1|+f8x2]"
+                         f"[+pfcap<MiB>][+<role>.fill|lean|wave], split modes "
+                         f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, MiB 0..{MAX_PREFETCH_CAP_MIB}, tiles 0..8, BK 32 / 64 / 128 / 256 / 512, S 1..6, "
                          f"W 2 / 4 / 8, at most one loop per role (roles {', '.join(ROLES)}: +<role>.k<BK>s<S>w<W>)")
     return Arm(mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, place,
-               tuple(sorted(loops.items())), f8, f8x)
+               tuple(sorted(loops.items())), f8, f8x, cap, tuple(sorted(policies.items())))
 
 
 def _one_loop_per_key(extras: list[str]) -> bool:
@@ -364,7 +406,8 @@ def parse_split_modes(text: str) -> list[str]:
                          f"+kvpf<tiles> (the decode's KV prefetch, 0..8), +amtorch (torch's argmax), +kvsep (the fused "
                          f"paths' KV store as its own kernel), +normsep, +normpro or +normtail (the gemm path's norms as "
                          f"their own launches, GEMM prologues or the previous GEMM's tail), +[<role>.]k<BK>s<S>w<W> (a K loop), "
-                         f"+f8cast / +f8ptx / +f8wide and +f8x1 / +f8x2 (fp8 weights){why}")
+                         f"+f8cast / +f8ptx / +f8wide and +f8x1 / +f8x2 (fp8 weights), +pfcap<MiB> (the largest weight that "
+                         f"prefetches), +<role>.fill / .lean / .wave (one role's split policy){why}")
     return modes
 
 
@@ -998,6 +1041,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         block_n //= 2
     n_tiles = triton.cdiv(n_log, block_n)
     policy, reduce = _split_mode.split("/")
+    policy = _role_policies.get(role, policy)  # an arm's policy for this call site (never a function of M)
     splits, per = split_k(n_tiles, k, block_k, policy, TARGET_PROGRAMS * (fp8_programs(k) if fp8 else 1))
     if epilogue == "argmax" and splits > 1:  # the tiles' maxima need whole sums: linear's (split) logits' argmax
         return gemm(x, w, bias, w_scale=w_scale, norm_weight=norm_weight, eps=eps, role=role).float().argmax(-1)
@@ -1031,7 +1075,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             "POS": positions if positions is not None else dummy}
     xn = torch.empty(m, k, dtype=x.dtype, device=x.device) if norm else x  # the normalized rows (scratch)
     prefetch = {}
-    if launch_args(x) and _prefetch and w.numel() * w.element_size() <= PREFETCH_MAX_WEIGHT_BYTES:
+    if launch_args(x) and _prefetch and w.numel() * w.element_size() <= _prefetch_cap:
         # a prefetch only where the launch overlaps the previous kernel (PDL) and the GEMM is latency-bound
         prefetch = {"PREFETCH": min(_prefetch, per // block_k), "LINE": min(block_k, pdl.L2_LINE // w.element_size())}
     try:

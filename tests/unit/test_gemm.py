@@ -288,6 +288,24 @@ def test_lean_policy_leaves_short_k_unsplit():
         assert gemm.split_k(tiles(n), k, 128)[0] > 1
 
 
+def test_a_roles_split_policy_acts_on_that_role_only(monkeypatch):
+    """+o.lean: the o GEMM splits by lean, every other call site (and a role-less call) by the split mode's policy;
+    the sums stay those of lean's own split for o (a function of the call site, never of M)."""
+    seen = []
+    real = gemm.split_k
+    monkeypatch.setattr(gemm, "split_k", lambda *a, **k: seen.append(a[3]) or real(*a, **k))
+    x, w, _ = _data(3, 64, 576, torch.float32)
+    res = torch.zeros(3, 64)
+    with gemm.arm("fill/ticket+o.lean"):
+        o = gemm.gemm(x, w, epilogue="residual", residual=res, role="o")
+        gemm.gemm(x, w, epilogue="residual", residual=res, role="down")
+        gemm.linear(x, w)
+        assert torch.equal(gemm.gemm(x[:1], w, epilogue="residual", residual=res[:1], role="o"), o[:1])
+    assert seen == ["lean", "fill", "fill", "lean"]
+    with gemm.splitting("lean/ticket"):
+        assert torch.equal(gemm.gemm(x, w, epilogue="residual", residual=res), o)
+
+
 def _all_variants(dtype):
     """Every kernel variant on a split shape (64 x 1100: 8+ fill splits) and an unsplit one."""
     out = _variants(dtype)
@@ -526,6 +544,13 @@ def test_arms_name_the_lm_head_path():
         assert gemm.loop_for(bf, bf, 576, role) == (64, 128, 3, 4)  # SmolLM2's K: the rule
     with pytest.raises(ValueError, match="role"):
         gemm.linear(torch.zeros(1, 64, dtype=bf), torch.zeros(64, 64, dtype=bf), role="mlp")
+    # the prefetch cap and a role's split policy
+    assert gemm.prefetch_cap() == gemm.PREFETCH_MAX_WEIGHT_BYTES and gemm.role_policies() == ()
+    arm = gemm.parse_arm("fill/ticket+pf8+pfcap16+o.lean+gate_up.wave")
+    assert (arm.prefetch, arm.prefetch_cap, arm.role_policies) == (8, 16 << 20, (("gate_up", "wave"), ("o", "lean")))
+    with gemm.arm("fill/ticket+pfcap0+down.lean"):
+        assert gemm.prefetch_cap() == 0 and gemm.role_policies() == (("down", "lean"),)
+    assert gemm.prefetch_cap() == gemm.PREFETCH_MAX_WEIGHT_BYTES and gemm.role_policies() == ()
     for bad in ("fill/ticket+lm", "fill/ticket+pf4+pf4", "fill/ticket+lmlogits+lmlogits",
                 "fill/ticket+lmargmax+lmlogits", "fill/ticket+ropetable+ropecalc", "fill/ticket+rope",
                 "fill/ticket+kvpf9", "fill/ticket+kvpf1+kvpf2", "fill/ticket+kvpf", "fill/ticket+amtorch+amtorch",
@@ -533,7 +558,8 @@ def test_arms_name_the_lm_head_path():
                 "fill/ticket+normtail+normpro", "fill/ticket+normtail+normsep",
                 "fill/ticket+k100s3w4", "fill/ticket+k128s7w4", "fill/ticket+k128s3w4+k64s3w4",
                 "fill/ticket+qkv.k128s3w4+qkv.k256s3w4", "fill/ticket+mlp.k128s3w4", "fill/ticket+qkv.k128",
-                "fill/ticket+pf4+pf2", "fill/ticket+pf\u00b2"):
+                "fill/ticket+pf4+pf2", "fill/ticket+pf\u00b2", "fill/ticket+pfcap1025", "fill/ticket+pfcap4+pfcap8",
+                "fill/ticket+o.lean+o.fill", "fill/ticket+mlp.lean", "fill/ticket+o.pass"):
         with pytest.raises(ValueError, match="gemm arm"), gemm.arm(bad):
             pass
         with pytest.raises(ValueError, match="split mode"):
