@@ -6,6 +6,9 @@
 #             gemm engine, the norms as their own launches (default) against the norms as the tail of the GEMM before
 #             them (+normtail: 5 launches a layer), three shapes, then bf16 against fp8 weights (1B, SmolLM2);
 #             bench.profile of both at 8B / 1B / SmolLM2 (the non-GEMM time owed since 12-04b); bench.gemm_fused --pdl
+#   run.sh 2  carry .gpu/fb (a fresh machine): install; test_gpu_pdl.py (cut by call 1's test timeout); issue 17:
+#             bench.pdl SmolLM2 with o / gate_up unsplit by role (+o.lean+gate_up.lean), 1B / 8B with the weight
+#             prefetch allowed on larger weights (+pfcap16 / +pfcap128); bench.gemm_fused --pdl of those arms
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1}
@@ -36,6 +39,25 @@ case $PART in
   timeout 90 $PY -m attnlab.bench.gemm_fused --pdl > $LOGS/gemm_fused.log 2>&1; echo "exit code $?"
   grep -E "^\||^#" $LOGS/gemm_fused.log | cut -c1-300
   tar czf "$OUT/logs1.tgz" -C $LOGS . 2>/dev/null
+  ;;
+2)
+  install_fb
+  step "GPU tests: PDL changes no bit (the rest of call 1's, cut by its timeout; +normtail too)"
+  timeout 200 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_pdl.py > $LOGS/tests2.log 2>&1
+  echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests2.log | tail -n 12; cp $LOGS/tests2.log "$OUT/"
+  step "issue 17: bench.pdl, SmolLM2: o / gate_up unsplit (lean) by role, and with the tail norm"
+  timeout 130 $PY -m attnlab.bench.pdl --models smollm2-135m --engines gemm --rounds 5 --new 128 \
+    --gemm-splits fill/ticket,lean/ticket,fill/ticket+o.lean+gate_up.lean,fill/ticket+o.lean+gate_up.lean+normtail \
+    --out "$OUT/smol2" > $LOGS/smol2.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/smol2.log
+  step "issue 17: bench.pdl, 1B and 8B: the weight prefetch for weights up to 16 / 128 MiB"
+  timeout 150 $PY -m attnlab.bench.pdl --models llama-3.2-1b,llama-3.1-8b --engines gemm --rounds 3 --new 128 \
+    --gemm-splits fill/ticket,fill/ticket+pfcap16,fill/ticket+pfcap128 --out "$OUT/pfcap2" > $LOGS/pfcap2.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/pfcap2.log
+  step "issue 17: bench.gemm_fused --pdl, SmolLM2 and 1B, the arms above"
+  timeout 80 $PY -m attnlab.bench.gemm_fused --pdl --models smollm2,llama1b \
+    --splits fill/ticket,fill/ticket+normtail,fill/ticket+o.lean+gate_up.lean,fill/ticket+pfcap16 \
+    > $LOGS/gemm_fused2.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/gemm_fused2.log | tail -n 18
+  tar czf "$OUT/logs2.tgz" -C $LOGS . 2>/dev/null
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac
