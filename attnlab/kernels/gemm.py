@@ -23,6 +23,8 @@ Split modes (``engine.gemm_split``, process-wide: ``set_split_mode`` / ``splitti
   net of its partials' traffic, for bandwidth-bound weights where a last wave of a few programs idles most SMs
   (Llama-3.1-8B's qkv: 192 programs under fill, 1.45 waves; gate_up: 448 unsplit, 3.4 waves; wave splits them
   4x / 2x: 384 / 896 programs, 0.97 of whole waves);
+- by role (``policy_for``): under ``fill``, DEFAULT_ROLE_POLICIES' measured exceptions (o_proj and gate_up as
+  ``lean``); a bench arm's ``+<role>.<policy>`` sets one role's policy under any mode;
 - reduce ``pass``: a second tiny launch sums the partials; ``ticket``: each split program, after writing its
   partial, takes a ticket on its column tile (an acq_rel atomic), and the last to arrive sums all partials in
   split order and runs the epilogue, then resets the ticket (one launch per GEMM; the same sums in the same
@@ -110,6 +112,13 @@ PREFETCH_MAX_WEIGHT_BYTES = 4 << 20  # the default cap; a bench arm's +pfcap<MiB
 MAX_PREFETCH_CAP_MIB = 1024
 _prefetch_cap = PREFETCH_MAX_WEIGHT_BYTES
 _role_policies: dict[str, str] = {}  # a role -> its split policy (fill / lean / wave), a bench arm's +<role>.<policy>
+# Measured exceptions to the ``fill`` policy by role (the split mode's policy ``fill`` only; an arm's +<role>.<policy>
+# overrides): o_proj and gate_up run a K of at most LEAN_MAX_K unsplit (``lean``; from LONG_K lean is fill, so only
+# SmolLM2-sized layers see it). bench.pdl, SmolLM2 shapes, batch 1, PDL on (experiments/h200-2026-12-04c): 1,473
+# (1,403-1,485) -> 1,529 (1,521-1,550) tok/s; alone (bench.gemm_fused, M = 1) o 2.9 -> 2.5 us, gate_up 4.6 -> 4.2: a
+# split's ticket and reduction cost more than its shorter K loop saves on 5 chunks. qkv stays split (alone 3.6 us split,
+# 4.1 unsplit; the whole lean mode lost end to end, 1,451).
+DEFAULT_ROLE_POLICIES = {"o": "lean", "gate_up": "lean"}
 _split_mode = DEFAULT_SPLIT_MODE
 _prefetch = DEFAULT_PREFETCH
 # Greedy tokens of a gemm-path side from the LM head's argmax epilogue (True) or from its logits (this GEMM) and torch's
@@ -207,13 +216,30 @@ def _set_prefetch_cap(nbytes: int) -> None:
 
 
 def role_policies() -> tuple[tuple[str, str], ...]:
-    """The split policies a bench arm forces on single roles ((role, policy), sorted); empty: the split mode's."""
+    """The split policies a bench arm forces on single roles ((role, policy), sorted); empty: the split mode's, and
+    under ``fill`` DEFAULT_ROLE_POLICIES (``policy_for``)."""
     return tuple(sorted(_role_policies.items()))
+
+
+def policy_for(role: str | None) -> str:
+    """The split policy of a GEMM at call site ``role``: an arm's for the role, else under the split mode's ``fill``
+    DEFAULT_ROLE_POLICIES' for it, else the split mode's. A function of the call site, never of M."""
+    policy = _split_mode.split("/")[0]
+    if role in _role_policies:
+        return _role_policies[role]
+    return DEFAULT_ROLE_POLICIES.get(role, policy) if policy == "fill" else policy
 
 
 def _set_role_policies(pairs) -> None:
     global _role_policies
     _role_policies = dict(pairs or ())
+
+
+def arm_policies(a: Arm) -> dict:
+    """The split policy each call site (ROLES, and None: a role-less call) takes under arm ``a`` (``policy_for``'s
+    rules): two arms with equal maps split every GEMM alike."""
+    mode, forced = a.split_mode.split("/")[0], dict(a.role_policies)
+    return {r: forced.get(r) or (DEFAULT_ROLE_POLICIES.get(r, mode) if mode == "fill" else mode) for r in (*ROLES, None)}
 
 
 def argmax_head() -> bool:
@@ -1040,8 +1066,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     if paired:  # a program streams both halves of each pair: half the columns, as many weight rows
         block_n //= 2
     n_tiles = triton.cdiv(n_log, block_n)
-    policy, reduce = _split_mode.split("/")
-    policy = _role_policies.get(role, policy)  # an arm's policy for this call site (never a function of M)
+    policy, reduce = policy_for(role), _split_mode.split("/")[1]
     splits, per = split_k(n_tiles, k, block_k, policy, TARGET_PROGRAMS * (fp8_programs(k) if fp8 else 1))
     if epilogue == "argmax" and splits > 1:  # the tiles' maxima need whole sums: linear's (split) logits' argmax
         return gemm(x, w, bias, w_scale=w_scale, norm_weight=norm_weight, eps=eps, role=role).float().argmax(-1)

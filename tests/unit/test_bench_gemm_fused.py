@@ -68,6 +68,8 @@ def test_bench_pdl_arms():
     assert bench_pdl.sums_differ("fill/ticket+k128s3w4", "fill/ticket+k128s3w8")  # warps may change the MMA
     assert not bench_pdl.sums_differ("fill/ticket", "fill/ticket+normpro", norms=False)  # gemm-attn has no prologue
     assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+normtail")  # the tail sums the squares in its own order
+    assert not bench_pdl.sums_differ("fill/ticket", "fill/pass+o.lean")  # o's default policy under fill
+    assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+o.fill")  # o split as before 12-04c
     assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+k128s3w4")  # the default's BLOCK_K depends on K
     assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+qkv.k128s4w4")  # one role's loop
     assert not bench_pdl.sums_differ("fill/ticket+qkv.k128s3w4", "fill/ticket+qkv.k128s4w4")  # its stages only

@@ -289,21 +289,33 @@ def test_lean_policy_leaves_short_k_unsplit():
 
 
 def test_a_roles_split_policy_acts_on_that_role_only(monkeypatch):
-    """+o.lean: the o GEMM splits by lean, every other call site (and a role-less call) by the split mode's policy;
-    the sums stay those of lean's own split for o (a function of the call site, never of M)."""
+    """Under fill, o and gate_up take lean (DEFAULT_ROLE_POLICIES), qkv, down, the LM head and role-less calls fill;
+    +<role>.<policy> sets one call site's under any mode (+o.fill: the policy before 12-04c); the sums of o are lean's
+    own (a function of the call site, never of M)."""
     seen = []
     real = gemm.split_k
     monkeypatch.setattr(gemm, "split_k", lambda *a, **k: seen.append(a[3]) or real(*a, **k))
     x, w, _ = _data(3, 64, 576, torch.float32)
     res = torch.zeros(3, 64)
-    with gemm.arm("fill/ticket+o.lean"):
-        o = gemm.gemm(x, w, epilogue="residual", residual=res, role="o")
-        gemm.gemm(x, w, epilogue="residual", residual=res, role="down")
-        gemm.linear(x, w)
-        assert torch.equal(gemm.gemm(x[:1], w, epilogue="residual", residual=res[:1], role="o"), o[:1])
-    assert seen == ["lean", "fill", "fill", "lean"]
+    assert gemm.DEFAULT_SPLIT_MODE.startswith("fill/")
+    o = gemm.gemm(x, w, epilogue="residual", residual=res, role="o")
+    for role in ("qkv", "down", "lm_head", None):
+        gemm.linear(x, w, role=role)
+    assert torch.equal(gemm.gemm(x[:1], w, epilogue="residual", residual=res[:1], role="o"), o[:1])
+    assert seen == ["lean", "fill", "fill", "fill", "fill", "lean"]
+    seen.clear()
+    with gemm.arm("fill/ticket+o.fill+down.lean"):
+        gemm.linear(x, w, role="o")
+        gemm.linear(x, w, role="down")
+        gemm.linear(x, w, role="gate_up")
+    with gemm.arm("wave/ticket"):  # another mode: no defaults by role
+        gemm.linear(x, w, role="o")
+    assert seen == ["fill", "lean", "lean", "wave"]
     with gemm.splitting("lean/ticket"):
         assert torch.equal(gemm.gemm(x, w, epilogue="residual", residual=res), o)
+    policies = gemm.arm_policies(gemm.parse_arm("fill/ticket"))
+    assert policies == {"qkv": "fill", "o": "lean", "gate_up": "lean", "down": "fill", "lm_head": "fill", None: "fill"}
+    assert gemm.arm_policies(gemm.parse_arm("fill/pass+o.lean+gate_up.lean")) == policies
 
 
 def _all_variants(dtype):
