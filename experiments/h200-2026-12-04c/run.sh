@@ -9,6 +9,9 @@
 #   run.sh 2  carry .gpu/fb (a fresh machine): install; test_gpu_pdl.py (cut by call 1's test timeout); issue 17:
 #             bench.pdl SmolLM2 with o / gate_up unsplit by role (+o.lean+gate_up.lean), 1B / 8B with the weight
 #             prefetch allowed on larger weights (+pfcap16 / +pfcap128); bench.gemm_fused --pdl of those arms
+#   run.sh 3  carry .gpu/fb (a fresh machine): install; the GPU tests of the gemm path and PDL with o / gate_up by
+#             lean under fill (the default now); bench.pdl, three shapes, the default against the old policy and
+#             the tail norm; bench.pdl --weights bf16,fp8w (SmolLM2, 1B)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1}
@@ -58,6 +61,22 @@ case $PART in
     --splits fill/ticket,fill/ticket+normtail,fill/ticket+o.lean+gate_up.lean,fill/ticket+pfcap16 \
     > $LOGS/gemm_fused2.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/gemm_fused2.log | tail -n 18
   tar czf "$OUT/logs2.tgz" -C $LOGS . 2>/dev/null
+  ;;
+3)
+  install_fb
+  step "GPU tests: the gemm path with o / gate_up by lean under fill (the new default), and PDL"
+  timeout 330 $PY -m pytest -q -p no:cacheprovider -ra --durations=8 tests/integration/test_gpu_gemm.py \
+    tests/integration/test_gpu_pdl.py > $LOGS/tests3.log 2>&1
+  echo "exit code $?"; grep -E "passed|failed|FAILED|Error|s call" $LOGS/tests3.log | tail -n 14; cp $LOGS/tests3.log "$OUT/"
+  step "issue 17: bench.pdl, three shapes: the new default against fill for o / gate_up (the old), and the tail norm"
+  timeout 170 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b,llama-3.1-8b --engines gemm --rounds 5 \
+    --new 128 --gemm-splits fill/ticket,fill/ticket+o.fill+gate_up.fill,fill/ticket+normtail --out "$OUT/final3" \
+    > $LOGS/final3.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/final3.log
+  step "issue 17: bench.pdl --weights bf16,fp8w, SmolLM2 and 1B, the new default"
+  timeout 90 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines gemm --rounds 3 --new 128 \
+    --weights bf16,fp8w --gemm-splits fill/ticket --out "$OUT/fp8w3" > $LOGS/fp8w3.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/fp8w3.log
+  tar czf "$OUT/logs3.tgz" -C $LOGS . 2>/dev/null
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac
