@@ -11,7 +11,7 @@
 #             prefetch allowed on larger weights (+pfcap16 / +pfcap128); bench.gemm_fused --pdl of those arms
 #   run.sh 3  carry .gpu/fb (a fresh machine): install; the GPU tests of the gemm path and PDL with o / gate_up by
 #             lean under fill (the default now); bench.pdl, three shapes, the default against the old policy and
-#             the tail norm; bench.pdl --weights bf16,fp8w (SmolLM2, 1B)
+#             the tail norm and qkv split by wave; bench.pdl --weights bf16,fp8w (SmolLM2, 1B)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1}
@@ -69,8 +69,8 @@ case $PART in
     tests/integration/test_gpu_pdl.py > $LOGS/tests3.log 2>&1
   echo "exit code $?"; grep -E "passed|failed|FAILED|Error|s call" $LOGS/tests3.log | tail -n 14; cp $LOGS/tests3.log "$OUT/"
   step "issue 17: bench.pdl, three shapes: the new default against fill for o / gate_up (the old), and the tail norm"
-  timeout 170 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b,llama-3.1-8b --engines gemm --rounds 5 \
-    --new 128 --gemm-splits fill/ticket,fill/ticket+o.fill+gate_up.fill,fill/ticket+normtail --out "$OUT/final3" \
+  timeout 230 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b,llama-3.1-8b --engines gemm --rounds 5 \
+    --new 128 --gemm-splits fill/ticket,fill/ticket+o.fill+gate_up.fill,fill/ticket+normtail,fill/ticket+qkv.wave --out "$OUT/final3" \
     > $LOGS/final3.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/final3.log
   step "issue 17: bench.pdl --weights bf16,fp8w, SmolLM2 and 1B, the new default"
   timeout 90 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines gemm --rounds 3 --new 128 \
