@@ -8,8 +8,8 @@ mode, beside cuBLAS ``F.linear`` alone.
 Calls (attnlab.models.gemm_path.layer_forward), the norms where the arm puts them (``gemm.norm_place``): ``qkv``
 RoPE epilogue + the KV store into a pool (+normpro: and the RMSNorm prologue); ``o`` residual epilogue (+normtail: and
 the next norm in its tail); ``gate_up`` SiLU-mul epilogue (+normpro: the RMSNorm prologue); ``down`` residual epilogue
-(+normtail: the next norm). ``layer`` is the four in a row, with the two add_rmsnorm launches before qkv and gate_up
-where the norms are their own launches (+normsep, the default): what a layer's GEMMs and norms cost, less attention.
+(+normtail: the next norm; +normauto, the default: the tail for narrow streams). ``layer`` is the four in a row, with
+the two add_rmsnorm launches before qkv and gate_up where the norms are their own launches: what a layer's GEMMs and norms cost, less attention.
 Arms: ``gemm.arm`` texts (split modes, loops, norm places).
 
 Time: as bench.gemm (a CUDA graph of ``reps`` calls over weight copies walking > 4x the L2; the median of
@@ -66,7 +66,7 @@ def layer_calls(model: str, device: str, m_max: int, copies_for):
     res = torch.randn(m_max, h, device=device, generator=g).to(dt)
 
     pro = lambda: {"norm_weight": nw} if gemm.norm_prologue() else {}  # read at call time: the arm's norm place
-    tail = lambda: {"tail_norm": (nw, 1e-6)} if gemm.norm_tail() else {}
+    tail = lambda: {"tail_norm": (nw, 1e-6)} if gemm.norm_tail(h) else {}
     fused = {
         "qkv": lambda i, x: gemm.gemm(x, wq[i % len(wq)], **pro(), epilogue="rope", cos=cos[:len(x)],
                                       sin=sin[:len(x)], head_dim=d, rope_cols=q + kv,
@@ -147,10 +147,10 @@ def bench_model(model, arms, ms, a, device) -> list[dict]:
 
 
 def _layer(fused, xs, i, m):
-    """The layer's four GEMMs in a row, with +normsep's two norm launches (before qkv and gate_up)."""
+    """The layer's four GEMMs in a row, with the two norm launches (before qkv and gate_up) where they are their own."""
     from attnlab.kernels import gemm
 
-    sep = gemm.norm_place() == "sep"
+    sep = not gemm.norm_prologue() and not gemm.norm_tail(xs["qkv"].shape[1])  # the norms as their own launches
     outs = []
     for c in CALLS:
         if sep and c in ("qkv", "gate_up"):

@@ -138,9 +138,15 @@ _rope_table = DEFAULT_ROPE_TABLE
 # every program of a prologued GEMM first sums the squares of all of x and writes its normalized K range to a
 # scratch before its K loop can start. ``tail`` (arm +normtail): each norm ends the GEMM before it (o_proj's, the
 # previous layer's down_proj's; the tail norm, module docstring): 5 launches a layer, no program waits on a sum of
-# squares before its K loop.
-NORM_PLACES = ("sep", "pro", "tail")
-DEFAULT_NORM_PLACE = "sep"
+# squares before its K loop. Measured (bench.pdl, batch 1, PDL on, experiments/h200-2026-12-04c, five calls): the tail
+# won at SmolLM2's 576-wide stream (+0.7 to +4.6%, 1,495 -> 1,505 and 1,529 -> 1,545 tok/s with o / gate_up unsplit)
+# and lost at Llama-3.2-1B's 2,048 (-6%) and -3.1-8B's 4,096 (-2 to -3%): a tail costs its GEMM ~1.1-1.3 us (bench.gemm_fused),
+# and a norm launch behind a wide GEMM's draining programs hides under PDL (a 1B layer's two: ~1 us together) where a
+# narrow one's does not (SmolLM2's: ~2.9). So ``auto`` (the default, arm +normauto): the tail for a stream of at most
+# TAIL_AUTO_MAX_N columns, else the norm's own launch.
+NORM_PLACES = ("sep", "pro", "tail", "auto")
+DEFAULT_NORM_PLACE = "auto"
+TAIL_AUTO_MAX_N = 1024
 _norm_place = DEFAULT_NORM_PLACE
 # The K loop of 16-bit / fp8 weights: BLOCK_K 256 from K >= LONG_K, else 128; 3 stages, 4 warps (a function of K, so
 # rows stay M-invariant). Measured end to end (bench.pdl, gemm engine, batch 1, PDL on; experiments/h200-2026-12-04):
@@ -265,7 +271,8 @@ def _set_rope_table(on: bool) -> None:
 
 def norm_place() -> str:
     """Where the gemm path's RMSNorms run (NORM_PLACES): ``sep`` an add_rmsnorm launch before qkv / gate_up, ``pro``
-    their prologue, ``tail`` the tail of the GEMM before them (o_proj, down_proj)."""
+    their prologue, ``tail`` the tail of the GEMM before them (o_proj, down_proj), ``auto`` the tail for streams of
+    at most TAIL_AUTO_MAX_N columns, else sep (``norm_tail``)."""
     return _norm_place
 
 
@@ -274,9 +281,10 @@ def norm_prologue() -> bool:
     return _norm_place == "pro"
 
 
-def norm_tail() -> bool:
-    """Whether the gemm path's norms end the o_proj / down_proj GEMM before them (``tail_norm``)."""
-    return _norm_place == "tail"
+def norm_tail(n: int | None = None) -> bool:
+    """Whether the gemm path's norm of an ``n``-wide stream ends the o_proj / down_proj GEMM before it
+    (``tail_norm``): under ``tail``, and under ``auto`` for n <= TAIL_AUTO_MAX_N (n None: ``tail`` only)."""
+    return _norm_place == "tail" or (_norm_place == "auto" and n is not None and n <= TAIL_AUTO_MAX_N)
 
 
 def set_norm_place(place: str) -> None:
@@ -307,16 +315,16 @@ class Arm(NamedTuple):
 @contextmanager
 def arm(text: str):
     """A bench arm ``<split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc][+kvpf<tiles>][+amtorch]
-    [+kvsep][+normsep|+normpro|+normtail][+k<BK>s<S>w<W>][+<role>.k<BK>s<S>w<W>...]`` (``fill/ticket``, ``fill/ticket+pf0``,
+    [+kvsep][+normsep|+normpro|+normtail|+normauto][+k<BK>s<S>w<W>][+<role>.k<BK>s<S>w<W>...]`` (``fill/ticket``, ``fill/ticket+pf0``,
     ``fill/ticket+qkv.k128s4w4``), for a block, everything restored after; a bare arm is the engine's defaults. The split mode; ``+pf``: the weight prefetch (DEFAULT_PREFETCH chunks unless
     given); the greedy tokens' LM head (``+lmargmax`` its argmax epilogue; ``+lmlogits``, the default, the side's
     logits from this GEMM, ``ModelRunner.logits``, then their argmax); ``+ropetable`` (default) / ``+ropecalc``:
     RoPE's cos / sin from the runner's position tables or from torch every pass; ``+kvpf<tiles>``: the decode
     attention's KV prefetch before its PDL wait (attnlab.kernels.decode); ``+amtorch``: greedy tokens by torch's
     argmax instead of attnlab.kernels.argmax; ``+kvsep``: the fused paths store K / V by their own kernel, not from
-    the RoPE launch (attnlab.kernels.fused.rope_store); ``+normsep`` / ``+normpro`` / ``+normtail``: the gemm path's
-    RMSNorms as their own launches, as the qkv / gate_up prologue or as the tail of the GEMM before them
-    (``norm_place``; the default DEFAULT_NORM_PLACE); ``+k<BK>s<S>w<W>``: the K loop's BLOCK_K, stages
+    the RoPE launch (attnlab.kernels.fused.rope_store); ``+normsep`` / ``+normpro`` / ``+normtail`` / ``+normauto``: the gemm
+    path's RMSNorms as their own launches, as the qkv / gate_up prologue, as the tail of the GEMM before them, or the
+    tail for narrow streams only (``norm_place``; the default DEFAULT_NORM_PLACE); ``+k<BK>s<S>w<W>``: the K loop's BLOCK_K, stages
     and warps for every GEMM, ``+<role>.k<BK>s<S>w<W>`` for one role's (``ROLES``; ``loop_for``, ``loop_config``);
     ``+f8cast`` / ``+f8ptx`` / ``+f8wide``: how fp8 weights convert (``set_fp8_mode``; the same bits); ``+f8x1`` /
     ``+f8x2``: fp8 weights split K towards once / twice TARGET_PROGRAMS programs at every K (``fp8_programs``);
@@ -339,8 +347,9 @@ def arm(text: str):
         yield
 
 
-_PAIRS = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, {"normsep", "normpro"}, {"normsep", "normtail"},
-          {"normpro", "normtail"})  # at most one of each
+_NORM_ARMS = tuple(f"norm{p}" for p in NORM_PLACES)
+_PAIRS = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"},
+          *({a, b} for i, a in enumerate(_NORM_ARMS) for b in _NORM_ARMS[i + 1:]))  # at most one of each
 FP8_MODES = ("cast", "ptx", "wide")  # how e4m3 weights become the activation dtype (``set_fp8_mode``)
 _FP8_ARMS = {f"f8{m}" for m in FP8_MODES}  # at most one
 _FP8_SPLIT_ARMS = ("f8x1", "f8x2")  # fp8 weights' split target (``fp8_programs``), at most one
@@ -380,7 +389,7 @@ def parse_arm(text: str) -> Arm:
             rows_argmax = False
         elif e == "kvsep":
             rope_store = False
-        elif e in ("normsep", "normpro", "normtail"):
+        elif e in _NORM_ARMS:
             place = e[4:]
         elif _LOOP_ARM.fullmatch(e):
             role, *loop = _LOOP_ARM.fullmatch(e).groups()
@@ -397,7 +406,7 @@ def parse_arm(text: str) -> Arm:
             ok = False
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
-                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro|+normtail][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide][+f8x1|+f8x2]"
+                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro|+normtail|+normauto][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide][+f8x1|+f8x2]"
                          f"[+pfcap<MiB>][+<role>.fill|lean|wave], split modes "
                          f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, MiB 0..{MAX_PREFETCH_CAP_MIB}, tiles 0..8, BK 32 / 64 / 128 / 256 / 512, S 1..6, "
                          f"W 2 / 4 / 8, at most one loop per role (roles {', '.join(ROLES)}: +<role>.k<BK>s<S>w<W>)")
@@ -430,8 +439,9 @@ def parse_split_modes(text: str) -> list[str]:
                          f"each optionally +pf<chunks> (0..{MAX_PREFETCH}: engine.gemm_prefetch), +lmargmax or "
                          f"+lmlogits (the greedy tokens' LM head), +ropetable or +ropecalc (RoPE's cos / sin) and "
                          f"+kvpf<tiles> (the decode's KV prefetch, 0..8), +amtorch (torch's argmax), +kvsep (the fused "
-                         f"paths' KV store as its own kernel), +normsep, +normpro or +normtail (the gemm path's norms as "
-                         f"their own launches, GEMM prologues or the previous GEMM's tail), +[<role>.]k<BK>s<S>w<W> (a K loop), "
+                         f"paths' KV store as its own kernel), +normsep, +normpro, +normtail or +normauto (the gemm path's "
+                         f"norms as their own launches, GEMM prologues, the previous GEMM's tail, or the tail for narrow "
+                         f"streams), +[<role>.]k<BK>s<S>w<W> (a K loop), "
                          f"+f8cast / +f8ptx / +f8wide and +f8x1 / +f8x2 (fp8 weights), +pfcap<MiB> (the largest weight that "
                          f"prefetches), +<role>.fill / .lean / .wave (one role's split policy){why}")
     return modes

@@ -1,7 +1,7 @@
 """The decoder layer on attnlab's small-M GEMM (``engine.gemm=triton``): 7 launches a layer (5 with ``+normpro`` or
-``+normtail``).
+``+normtail``, and by default, ``+normauto``, for streams of at most gemm.TAIL_AUTO_MAX_N columns: SmolLM2's).
 
-    rmsnorm    its own launch (the default; arm +normpro: the qkv GEMM's prologue; arm +normtail: the tail of the
+    rmsnorm    its own launch (+normsep; arm +normpro: the qkv GEMM's prologue; arm +normtail: the tail of the
                previous layer's down_proj, or for layer 0 its own launch)
     qkv_proj   RoPE epilogue (q, k rotated; v as projected)                      -> qkv [T, (Hq + 2 Hkv) D]
                (cos / sin read by position from the runner's tables: no torch RoPE ops per pass)
@@ -66,7 +66,7 @@ def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
     None). cos / sin: the pass's [T, 1, head_dim], or with ``positions`` [T] tables [P, head_dim] over positions
     (Decoder.rope_tables). ``x``: input_layernorm(h) where the caller has it (the previous layer's tail norm);
     ``next_norm``: the RMSNorm the stream meets next (the next layer's input norm, the final norm), which the down
-    GEMM's tail computes under ``gemm.norm_tail()`` (else the second value is None)."""
+    GEMM's tail computes where ``gemm.norm_tail(hidden)`` (else the second value is None)."""
     mlp = layer.mlp
     norm = {}
     if x is None:
@@ -82,9 +82,9 @@ def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
 
 
 def _tail(norm, h: torch.Tensor) -> dict:
-    """The residual GEMM's kwargs that end it with ``norm`` of its output (``gemm.norm_tail()``, a stream of at most
-    gemm.MAX_TAIL_N columns), else none."""
-    if norm is None or not gemm.norm_tail() or h.shape[-1] > gemm.MAX_TAIL_N:
+    """The residual GEMM's kwargs that end it with ``norm`` of its output (``gemm.norm_tail`` of the stream's width,
+    at most gemm.MAX_TAIL_N columns), else none."""
+    if norm is None or not gemm.norm_tail(h.shape[-1]) or h.shape[-1] > gemm.MAX_TAIL_N:
         return {}
     return {"tail_norm": (norm.weight, norm.eps)}
 

@@ -88,7 +88,8 @@ def test_gemm_attn_path_runs_qkv_and_o_on_the_gemm_and_stores_kv_there(monkeypat
 def test_norms_run_as_their_own_launches_as_prologues_or_as_tails(monkeypatch):
     """+normsep: no GEMM takes a norm prologue, one add_rmsnorm per norm instead; +normpro: qkv and gate_up normalize
     in their prologue; +normtail: o_proj and down_proj end with the next norm (the last down_proj with the final norm),
-    one add_rmsnorm a pass (layer 0's). The same logits up to the fp32 order of the sum of squares."""
+    one add_rmsnorm a pass (layer 0's); the default (+normauto) is +normtail for a stream as narrow as the tiny
+    model's. The same logits up to the fp32 order of the sum of squares."""
     from attnlab.kernels import fused, gemm
 
     model = tiny_model(CFG, seed=11)
@@ -103,19 +104,21 @@ def test_norms_run_as_their_own_launches_as_prologues_or_as_tails(monkeypatch):
     monkeypatch.setattr(gemm, "gemm", spy)
     monkeypatch.setattr(fused, "add_rmsnorm", lambda *a, **k: norms.append(1) or real_norm(*a, **k))
     outs = []
-    for arm in ("fill/ticket+normpro", "fill/ticket+normsep", "fill/ticket+normtail"):
+    assert CFG.hidden_size <= gemm.TAIL_AUTO_MAX_N  # the default (auto) puts the tiny model's norms in tails
+    for arm in ("fill/ticket+normpro", "fill/ticket+normsep", "fill/ticket+normtail", "fill/ticket"):
         prologues.clear()
         tails.clear()
         norms.clear()
         with gemm.arm(arm):
             outs.append(_runner(model, torch.float32, "gemm").run([0], [0], [5], torch.arange(5), mode=Mode.PREFILL))
-        pro, tail = arm.endswith("normpro"), arm.endswith("normtail")
+        pro, tail = arm.endswith("normpro"), arm.endswith(("normtail", "ticket"))
         want = [True, False, True, False] * CFG.num_layers if pro else [False] * 4 * CFG.num_layers
         assert prologues[:4 * CFG.num_layers] == want
         assert tails[:4 * CFG.num_layers] == [False, tail, False, tail] * CFG.num_layers
         assert len(norms) == (1 if tail else 1 + (0 if pro else 2 * CFG.num_layers))  # + the final norm
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(outs[2], outs[0], atol=1e-5, rtol=1e-5)
+    assert torch.equal(outs[3], outs[2])
 
 
 @pytest.mark.parametrize("split", ["fill/pass", "fill/ticket", "lean/ticket"])

@@ -526,7 +526,13 @@ def test_arms_name_the_lm_head_path():
             with gemm.arm("wave/ticket+normtail"):
                 assert gemm.norm_tail() and not gemm.norm_prologue()
         assert gemm.norm_prologue()
-    assert gemm.norm_place() == gemm.DEFAULT_NORM_PLACE
+    assert gemm.norm_place() == gemm.DEFAULT_NORM_PLACE == "auto"
+    n = gemm.TAIL_AUTO_MAX_N  # auto: the tail for narrow streams (SmolLM2's 576), the norm's launch for wide ones
+    assert gemm.norm_tail(576) and gemm.norm_tail(n) and not gemm.norm_tail(n + 1) and not gemm.norm_tail()
+    with gemm.arm("fill/ticket+normsep"):
+        assert not gemm.norm_tail(576)
+    with gemm.arm("fill/ticket+normtail"):
+        assert gemm.norm_tail(4096) and gemm.norm_tail()
     with pytest.raises(ValueError, match="norm place"):
         gemm.set_norm_place("tails")
     assert gemm.parse_arm("fill/pass+kvsep").rope_store is False
@@ -567,7 +573,7 @@ def test_arms_name_the_lm_head_path():
                 "fill/ticket+lmargmax+lmlogits", "fill/ticket+ropetable+ropecalc", "fill/ticket+rope",
                 "fill/ticket+kvpf9", "fill/ticket+kvpf1+kvpf2", "fill/ticket+kvpf", "fill/ticket+amtorch+amtorch",
                 "fill/ticket+kvsep+kvsep", "fill/ticket+kvstore", "fill/ticket+normsep+normsep", "fill/ticket+normsep+normpro",
-                "fill/ticket+normtail+normpro", "fill/ticket+normtail+normsep",
+                "fill/ticket+normtail+normpro", "fill/ticket+normtail+normsep", "fill/ticket+normauto+normtail",
                 "fill/ticket+k100s3w4", "fill/ticket+k128s7w4", "fill/ticket+k128s3w4+k64s3w4",
                 "fill/ticket+qkv.k128s3w4+qkv.k256s3w4", "fill/ticket+mlp.k128s3w4", "fill/ticket+qkv.k128",
                 "fill/ticket+pf4+pf2", "fill/ticket+pf\u00b2", "fill/ticket+pfcap1025", "fill/ticket+pfcap4+pfcap8",
