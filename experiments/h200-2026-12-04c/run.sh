@@ -12,6 +12,8 @@
 #   run.sh 3  carry .gpu/fb (a fresh machine): install; the GPU tests of the gemm path and PDL with o / gate_up by
 #             lean under fill (the default now); bench.pdl, three shapes, the default against the old policy and
 #             the tail norm and qkv split by wave; bench.pdl --weights bf16,fp8w (SmolLM2, 1B)
+#   run.sh 4  carry .gpu/fb (a fresh machine): install; GPU tests of the tail norm, graphs and PDL with the norms in
+#             tails for narrow streams by default (+normauto); bench.pdl SmolLM2 and 1B, the defaults against +normsep
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1}
@@ -77,6 +79,17 @@ case $PART in
     --weights bf16,fp8w --gemm-splits fill/ticket --out "$OUT/fp8w3" > $LOGS/fp8w3.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/fp8w3.log
   tar czf "$OUT/logs3.tgz" -C $LOGS . 2>/dev/null
+  ;;
+4)
+  install_fb
+  step "GPU tests: the tail norm, the gemm path in graphs, PDL (norms in tails for narrow streams by default)"
+  timeout 150 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py -k "tail or graphs_matches" \
+    tests/integration/test_gpu_pdl.py > $LOGS/tests4.log 2>&1
+  echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests4.log | tail -n 12; cp $LOGS/tests4.log "$OUT/"
+  step "issue 17: bench.pdl, SmolLM2 and 1B: the defaults (normauto) against the norms as their own launches"
+  timeout 150 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines gemm --rounds 5 --new 128 \
+    --gemm-splits fill/ticket,fill/ticket+normsep --out "$OUT/final4" > $LOGS/final4.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/final4.log
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac
