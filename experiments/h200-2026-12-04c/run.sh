@@ -14,6 +14,9 @@
 #             the tail norm and qkv split by wave; bench.pdl --weights bf16,fp8w (SmolLM2, 1B)
 #   run.sh 4  carry .gpu/fb (a fresh machine): install; GPU tests of the tail norm, graphs and PDL with the norms in
 #             tails for narrow streams by default (+normauto); bench.pdl SmolLM2 and 1B, the defaults against +normsep
+#   run.sh 5, 6, 7  back to back on one machine: carry .gpu/fb (install), .gpu/g2, then .gpu/g3; the real SmolLM2
+#             (Q4_1 GGUF in bf16, the shipped EAGLE head), gemm engine + PDL, ngram and eagle, k 4, batch 1, 16
+#             held-out ShareGPT prompts: the defaults now against this sitting's before (+o.fill+gate_up.fill+normsep)
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1}
@@ -90,6 +93,25 @@ case $PART in
   timeout 150 $PY -m attnlab.bench.pdl --models smollm2-135m,llama-3.2-1b --engines gemm --rounds 5 --new 128 \
     --gemm-splits fill/ticket,fill/ticket+normsep --out "$OUT/final4" > $LOGS/final4.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/final4.log
+  ;;
+5)
+  install_fb
+  ;;
+6)
+  step "install .gpu/g2"; bash .gpu/g2/install.sh | tail -1
+  ;;
+7)
+  step "install .gpu/g3 (joins the GGUF)"; bash .gpu/g3/install.sh | tail -2
+  cp .gpu/g3/sg_heldout_all.jsonl.gz $DATA; mkdir -p /tmp/spec
+  for E in now before; do
+    case $E in now) X="";; before) X="--gemm-split fill/ticket+o.fill+gate_up.fill+normsep";; esac
+    step "issue 17: real SmolLM2, gemm engine + PDL, ngram and eagle, k 4, batch 1, 3 repeats: $E ($X)"
+    timeout 100 $S --gemm triton --pdl $X --backends triton --drafters ngram,eagle --k 4 --batch 1 --repeats 3 \
+      --prompts $DATA --num-prompts 16 --new 128 --out /tmp/spec/$E > $LOGS/spec_$E.log 2>&1; echo "exit code $?"
+    grep -E "^\| attnlab" $LOGS/spec_$E.log
+  done
+  cp /tmp/spec/now.md /tmp/spec/before.md "$OUT/" 2>/dev/null
+  tar czf "$OUT/spec7.tgz" -C /tmp spec 2>/dev/null
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac
