@@ -101,8 +101,9 @@ case $PART in
   step "install .gpu/g2"; bash .gpu/g2/install.sh | tail -1
   ;;
 7)
-  step "install .gpu/g3 (joins the GGUF)"; bash .gpu/g3/install.sh | tail -2
-  cp .gpu/g3/sg_heldout_all.jsonl.gz $DATA; mkdir -p /tmp/spec
+  G3=${G3:-.gpu/g3}  # .gpu/g3b when the tree and g3 pass 64 MiB: .gpu/g3a (part2) installed in a call before
+  step "install $G3 (joins the GGUF)"; bash $G3/install.sh | tail -2
+  cp $G3/sg_heldout_all.jsonl.gz $DATA; mkdir -p /tmp/spec
   for E in now before; do
     case $E in now) X="";; before) X="--gemm-split fill/ticket+o.fill+gate_up.fill+normsep";; esac
     step "issue 17: real SmolLM2, gemm engine + PDL, ngram and eagle, k 4, batch 1, 3 repeats: $E ($X)"
