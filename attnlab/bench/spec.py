@@ -22,6 +22,11 @@ cannot fill a budget (S > k, or k > K + (S - 1) K^2) is skipped with the reason.
 budget: ``--k 4,8 --trees chain,2x3,4x4``. ``KxS-steps``: the same tree on the previous path, to measure against
 (the frontier passes step by step from the host and an eager acceptance, not one device-planned draft launch and
 one accept replay; the acceptance reads the verify graph's argmax, as the chain's does, and is in closed form).
+``--gemm-split a,b,...`` (with ``--gemm triton``): every attnlab row once per gemm arm (``attnlab.kernels.gemm.arm``:
+split policy, K loops, norm places, ...), each arm's sides built, captured and warmed under its switches, and all
+arms' rows timed in the same rounds (eager passes under their row's arm too); each arm's speedups are against its own
+target-only row, and a line per row gives its tok/s against the first arm's, the median of per-round ratios: an A/B
+of kernel choices on the real model in one process (one arm: as before, the process's switches).
 ``--invariant``: the target side runs engine.invariant (issue 18): every speculative row must give its target-only
 output on every prompt, bit for bit in bf16; a row that does not is named under the table and the bench exits 3.
 One process serves every drafter and k against one target-only run per batch, where the Hydra sweep builds, graphs
@@ -102,6 +107,7 @@ class Row:
     step_launches: dict[str, int] = field(default_factory=dict)
     # a flashinfer side's plans over the row's timed batches: side ("draft" / "target") -> [planned, kept]
     plans: dict[str, list[int]] = field(default_factory=dict)
+    arm: str | None = None  # the gemm arm its sides were built, captured and timed under (several --gemm-split arms)
 
     @property
     def tok_s(self) -> float:
@@ -213,7 +219,8 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                  else [(c, i) for i in starts for c in cells])
         state = {id(c): _Round(c) for c in cells}
         for c, i in order:
-            state[id(c)].batch(c, i)
+            with _arm(c.arm):  # eager passes (prefill, uncaptured shapes) run under the row's arm too
+                state[id(c)].batch(c, i)
         for c in cells:
             state[id(c)].close(c)
 
@@ -267,58 +274,103 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         for _ in range(a.repeats):
             once(cells)
         if a.host_profile:
-            for c in cells[1:]:
+            for c in (c for c in cells if c.row.drafter != "none"):
                 text = drafter_profile(c.dec.drafter, lambda c=c: run_prompts(c), a.host_profile)
                 print(f"\n### host profile: {c.row.drafter} {c.row.pair}, batch {c.row.batch}, k={c.row.k}\n{text}",
                       flush=True)
-        ref = cells[0].row
+        refs: dict = {}  # each arm's target-only row (its first cell)
         for c in cells:
             r = c.row
+            ref = refs.setdefault(c.arm, r)
             times = r.repeats_s
             r.seconds = sorted(times)[len(times) // 2]
             r.tau = sum(c.taus) / max(1, len(c.taus)) if r.k else None
             r.phase_ms = {ph: sum(v) / len(v) for ph, v in c.phases.items() if v}
             r.host_ms = {ph: sum(v) / len(v) for ph, v in c.host.items() if v}
             r.step_launches = {key: n for key, n in c.launches.items() if any(c.launches.values())}
-            if c is not cells[0]:
+            if r is not ref:
                 finish(r, ref)
         return [c.row for c in cells]
 
+    def arm_group(batch: int, verify: str, arm: str | None) -> list[_Cell]:
+        """One arm's cells of a (batch, verify) group, built, captured and warmed under its arm (process-wide
+        switches that graphs record at capture); [] if its target cannot run here."""
+        with _arm(arm):
+            cells = _arm_cells(batch, verify)
+        for c in cells:
+            c.arm = c.row.arm = arm
+        return cells
+
+    def _arm_cells(batch: int, verify: str) -> list[_Cell]:
+        target = skip_unsupported(f"verify={verify}", lambda v=verify, b=batch: side(v, b), skipped)
+        if target is None:
+            return []
+        if graphs:
+            target.capture_graphs(q_lens=sorted({1, *(k + 1 for k in a.ks)}))
+        cells = [cell(target, NoDrafter(dev), 0, "none", f"- / {verify}", batch)]
+        for drafter_name in a.drafters:
+            pairs = a.draft_backends if drafter_name in ("self", *EAGLES) else ["-"]
+            for draft_backend in pairs:
+                shapes = a.trees if drafter_name in ("self", *EAGLES) else [(1, None, False)]
+                for k, (K, S, steps) in [(k, t) for k in a.ks for t in shapes]:
+                    shape = None
+                    if K > 1:
+                        try:
+                            shape = tree_shape(K, S, k)
+                        except ConfigError as e:
+                            skipped.append(f"tree {K}x{S} at k={k}: {e}")
+                            continue
+                    label = f"{drafter_name} drafter on backend={draft_backend} (verify={verify})"
+                    drafter = skip_unsupported(label, lambda n=drafter_name, b=draft_backend, t=target, s=batch:
+                                               make_drafter(n, b, t, s), skipped)
+                    if drafter is None:
+                        break
+                    drafter.device_trees = not steps
+                    if graphs and shape is not None:
+                        capture_tree_graphs(target, drafter, shape)
+                    elif graphs:
+                        target.capture_graphs(q_lens=sorted({1, k + 1}), keep=True)
+                        drafter.capture_graphs(target, k)
+                    cells.append(cell(target, drafter, k, drafter_name, f"{draft_backend} / {verify}", batch,
+                                      K, S, steps))
+        return cells
+
+    arms = a.arms if len(getattr(a, "arms", ())) > 1 else [None]  # one arm: the process's (main), as before
     for batch in a.batches:
         for verify in a.backends:
-            target = skip_unsupported(f"verify={verify}", lambda v=verify, b=batch: side(v, b), skipped)
-            if target is None:
-                continue
-            if graphs:
-                target.capture_graphs(q_lens=sorted({1, *(k + 1 for k in a.ks)}))
-            cells = [cell(target, NoDrafter(dev), 0, "none", f"- / {verify}", batch)]
-            for drafter_name in a.drafters:
-                pairs = a.draft_backends if drafter_name in ("self", *EAGLES) else ["-"]
-                for draft_backend in pairs:
-                    shapes = a.trees if drafter_name in ("self", *EAGLES) else [(1, None, False)]
-                    for k, (K, S, steps) in [(k, t) for k in a.ks for t in shapes]:
-                        shape = None
-                        if K > 1:
-                            try:
-                                shape = tree_shape(K, S, k)
-                            except ConfigError as e:
-                                skipped.append(f"tree {K}x{S} at k={k}: {e}")
-                                continue
-                        label = f"{drafter_name} drafter on backend={draft_backend} (verify={verify})"
-                        drafter = skip_unsupported(label, lambda n=drafter_name, b=draft_backend, t=target, s=batch:
-                                                   make_drafter(n, b, t, s), skipped)
-                        if drafter is None:
-                            break
-                        drafter.device_trees = not steps
-                        if graphs and shape is not None:
-                            capture_tree_graphs(target, drafter, shape)
-                        elif graphs:
-                            target.capture_graphs(q_lens=sorted({1, k + 1}), keep=True)
-                            drafter.capture_graphs(target, k)
-                        cells.append(cell(target, drafter, k, drafter_name, f"{draft_backend} / {verify}", batch,
-                                          K, S, steps))
-            rows += group_rows(cells)
+            cells = [c for arm in arms for c in arm_group(batch, verify, arm)]  # arm by arm: each its target-only first
+            if cells:
+                rows += group_rows(cells)
     return rows
+
+
+def _arm(arm: str | None):
+    """The gemm arm's process-wide switches for a block (``gemm.arm``), or nothing (None: the process's)."""
+    import contextlib
+
+    from attnlab.kernels import gemm
+
+    return gemm.arm(arm) if arm else contextlib.nullcontext()
+
+
+def arm_lines(rows: list[Row]) -> list[str]:
+    """Several --gemm-split arms: each row's tok/s against the same row (batch, drafter, k, tree, backends) of the
+    first arm, the median of the per-round ratios (the arms' rows ran in the same rounds) with their min-max."""
+    arms = list(dict.fromkeys(r.arm for r in rows if r.engine == "attnlab" and r.arm))
+    if len(arms) < 2:
+        return []
+    key = lambda r: (r.batch, r.drafter, r.k, r.tree, r.pair)
+    first = {key(r): r for r in rows if r.arm == arms[0]}
+    out = [f"\nArms against the first ({arms[0]}): tok/s, the median of per-round ratios (min-max)"]
+    for r in rows:
+        ref = first.get(key(r))
+        if r.arm in (None, arms[0]) or ref is None or len(r.repeats_s) != len(ref.repeats_s):
+            continue
+        tok = lambda row, i: sum(map(len, row.outputs_rounds[i])) if row.outputs_rounds else row.new_tokens
+        ratios = sorted(tok(r, i) / r.repeats_s[i] / (tok(ref, i) / ref.repeats_s[i]) for i in range(len(r.repeats_s)))
+        out.append(f"- {r.drafter} {r.pair} k={r.k} {r.tree} batch {r.batch}, {r.arm}: "
+                   f"{percentile(ratios, 50):.3f}x{_spread(ratios)}")
+    return out
 
 
 @dataclass
@@ -327,6 +379,7 @@ class _Cell:
 
     dec: SpeculativeDecoder
     row: Row
+    arm: str | None = None
     taus: list[int] = field(default_factory=list)
     phases: dict[str, list[float]] = field(default_factory=dict)
     host: dict[str, list[float]] = field(default_factory=dict)
@@ -472,7 +525,8 @@ def table(rows: list[Row]) -> list[str]:
         ph = " / ".join(f"{r.phase_ms.get(k, 0.0):.2f}" for k in PHASES) if r.phase_ms else ""
         host = " / ".join(f"{r.host_ms.get(k, 0.0):.2f}" for k in PHASES[:3]) if r.host_ms else ""
         tree = r.tree if r.k else ""
-        out.append(f"| {r.engine} | {r.batch} | {r.drafter} | {r.k or ''} | {tree} | {r.pair} | {p['tok_s']:.1f}{spread} | "
+        pair = f"{r.pair} [{r.arm}]" if r.arm else r.pair
+        out.append(f"| {r.engine} | {r.batch} | {r.drafter} | {r.k or ''} | {tree} | {pair} | {p['tok_s']:.1f}{spread} | "
                    f"{p['tokens_per_target_pass']:.2f} | {'' if r.tau is None else f'{r.tau:.2f}'} | "
                    f"{'' if r.speedup is None else f'{r.speedup:.2f}x'}{_spread(r.speedup_rounds)} | "
                    f"{'' if r.same_as_target_only is None else f'{r.same_as_target_only:.0%}'} | {ph} | {host} |")
@@ -511,10 +565,10 @@ def parse(argv=None):
                     help="engine.gemm: triton runs decode / verify passes on attnlab's small-M GEMM, triton_attn only "
                          "their qkv and o projections (CUDA only)")
     ap.add_argument("--gemm-split", default=None,
-                    help="engine.gemm_split with --gemm triton / triton_attn: fill/pass, fill/ticket, lean/pass, "
-                         "lean/ticket, wave/pass or wave/ticket, "
-                         "optionally +pf<chunks> (engine.gemm_prefetch, with --pdl; attnlab.kernels.gemm; default: "
-                         "its default mode and prefetch)")
+                    help="engine.gemm_split with --gemm triton / triton_attn: a gemm arm (attnlab.kernels.gemm.arm: "
+                         "fill/ticket, lean/ticket, ..., +pf<chunks> with --pdl, +normsep, +o.fill, ...; default: the "
+                         "defaults); several, comma-separated: every row once per arm, each arm's sides built and "
+                         "captured under it, all timed in the same rounds, with each arm's tok/s against the first's")
     ap.add_argument("--pdl", action="store_true",
                     help="engine.pdl: attnlab's kernels with programmatic dependent launch (CUDA, sm_90+)")
     ap.add_argument("--skip-hf", action="store_true")
@@ -559,14 +613,18 @@ def parse(argv=None):
         from attnlab.kernels import gemm
 
         try:
-            (a.gemm_split,) = gemm.parse_split_modes(a.gemm_split)
+            a.arms = gemm.parse_split_modes(a.gemm_split)
         except ValueError as e:
-            ap.error(f"--gemm-split: {e} (one)")
+            ap.error(f"--gemm-split: {e}")
         if a.gemm not in TRITON_GEMMS:
             ap.error(f"--gemm-split {a.gemm_split}: needs --gemm triton or triton_attn")
-        if "+pf" in a.gemm_split and not a.gemm_split.endswith("+pf0") and "+pf0+" not in a.gemm_split \
-                and not a.pdl:
-            ap.error(f"--gemm-split {a.gemm_split}: the prefetch acts before the PDL wait: add --pdl (or +pf0)")
+        for arm in a.arms:
+            chunks = [e for e in arm.split("+")[1:] if e.startswith("pf") and not e.startswith("pfcap")]
+            if chunks and gemm.parse_arm(arm).prefetch and not a.pdl:
+                ap.error(f"--gemm-split {arm}: the prefetch acts before the PDL wait: add --pdl (or +pf0)")
+        a.gemm_split = a.arms[0]  # the process's switches (the base side; every row's where one arm)
+    else:
+        a.arms = []
     if a.invariant and a.gemm in TRITON_GEMMS:
         ap.error(f"--invariant runs the target's GEMMs through invariant_linear; it does not combine with --gemm {a.gemm}")
     if a.invariant and not (cuda and a.graphs):
@@ -657,9 +715,10 @@ def run(a) -> dict:
             f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}, fused layer ops "
             f"{'on' if a.fused_ops else 'on (target side, invariant)' if a.invariant else 'off'}"
             f"{f', engine.gemm={a.gemm}' if a.gemm in TRITON_GEMMS else ''}"
-            f"{f' ({a.gemm_split})' if a.gemm in TRITON_GEMMS and a.gemm_split else ''}{', PDL on' if a.pdl else ''}"
+            f"{f' ({a.gemm_split})' if a.gemm in TRITON_GEMMS and len(a.arms) == 1 else ''}"
+            f"{f' (arms {chr(44).join(a.arms)}, in the same rounds)' if len(a.arms) > 1 else ''}{', PDL on' if a.pdl else ''}"
             f"{', EOS ignored' if a.ignore_eos else ''}{', target side invariant (engine.invariant)' if a.invariant else ''}")
-    lines = [head, ""] + table(rows)
+    lines = [head, ""] + table(rows) + arm_lines(rows)
     if not a.skip_hf:  # the two engines' target-only outputs (fp32: identical but for near-ties)
         hf_ref = rows[0].outputs
         for r in rows:

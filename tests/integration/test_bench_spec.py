@@ -328,3 +328,44 @@ def test_batch_interleaving_runs_every_row_on_a_batch_before_the_next(monkeypatc
     assert "interleaved by prompt batch" in results["batch"]["markdown"]
     assert results["round"]["outputs"] == results["batch"]["outputs"]
     assert all(len(r["repeats_s"]) == 2 for r in results["batch"]["rows"])
+
+
+def test_several_gemm_arms_build_and_time_their_rows_in_the_same_rounds(monkeypatch):
+    """--gemm-split a,b: every row once per arm, built, warmed and timed under its arm's switches, the arms' rows in
+    the same rounds; each arm's speedups against its own target-only row, its tok/s against the first arm's. (On the
+    CPU the arms' GEMM switches act on nothing; they are set around the runs all the same, which is what is checked.)"""
+    from attnlab.kernels import gemm
+    from attnlab.spec.decoder import SpeculativeDecoder
+
+    order, generate = [], SpeculativeDecoder.generate
+
+    def logged(self, prompts, max_new_tokens, *args, **kwargs):
+        if max_new_tokens == 6:  # a timed repeat (the warm run decodes 8)
+            order.append((self.drafter.kind, gemm.norm_place(), gemm.split_mode()))
+        return generate(self, prompts, max_new_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", logged)
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--drafters", "ngram",
+                    "--num-prompts", "1", "--new", "6", "--k", "2", "--repeats", "3", "--skip-hf"])
+    a.arms = ["fill/ticket", "lean/ticket+normsep"]  # what --gemm triton --gemm-split would give (CUDA only)
+    res = spec.run(a)
+    assert order == [("none", "auto", "fill/ticket"), ("ngram", "auto", "fill/ticket"),
+                     ("none", "sep", "lean/ticket"), ("ngram", "sep", "lean/ticket")] * 3
+    rows = res["rows"]
+    assert [(r["drafter"], r["arm"]) for r in rows] == [("none", a.arms[0]), ("ngram", a.arms[0]),
+                                                         ("none", a.arms[1]), ("ngram", a.arms[1])]
+    for ref, r in (rows[:2], rows[2:]):  # each arm's speedup: against its own target-only row, round by round
+        ratios = sorted(t0 / t for t0, t in zip(ref["repeats_s"], r["repeats_s"]))
+        assert r["speedup_rounds"] == pytest.approx(ratios) and r["same_as_target_only"] == 1.0
+    md = res["markdown"]
+    assert "| - / torch [lean/ticket+normsep] |" in md and "Arms against the first (fill/ticket)" in md
+    tok = lambda r, i: r["new_tokens"] / r["repeats_s"][i]
+    want = sorted(tok(rows[3], i) / tok(rows[1], i) for i in range(3))
+    assert f"- ngram - / torch k=2 chain batch 1, lean/ticket+normsep: {want[1]:.3f}x" in md
+    assert gemm.norm_place() == gemm.DEFAULT_NORM_PLACE and gemm.split_mode() == gemm.DEFAULT_SPLIT_MODE
+
+
+def test_spec_bench_gemm_arms_are_checked(capsys):
+    with pytest.raises(SystemExit) as e:
+        spec.parse(["--device", "cpu", "--model", "tiny-llama", "--gemm-split", "fill/ticket,fill/tickets"])
+    assert e.value.code == 2 and "--gemm-split" in capsys.readouterr().err
