@@ -178,8 +178,8 @@ class EngineSchema:
     fused_ops: bool = False
     # cublas | triton | triton_attn: triton runs passes of <= 16 tokens (decode, verify) on attnlab's
     # row-invariant small-M GEMM with RoPE / SiLU-mul / residual adds / the KV store fused into it, the norms as
-    # their own launches (attnlab/models/gemm_path.py, 7 kernels a layer; implies the fused ops); longer passes stay
-    # on cuBLAS.
+    # their own launches or, for streams of <= 1,024 columns, in the o / down GEMMs' tails (attnlab/models/gemm_path.py,
+    # 7 or 5 kernels a layer; implies the fused ops); longer passes stay on cuBLAS.
     # triton_attn: only qkv (RoPE + KV store epilogue) and o (residual epilogue) there, the MLP and LM head on
     # cuBLAS, which streams large MLP weights faster (Llama-3.1-8B shapes). CUDA only.
     gemm: str = "cublas"
@@ -188,7 +188,8 @@ class EngineSchema:
     # best fills whole waves of 132 net of its partials); pass (a second launch sums the partials) or
     # ticket (the last split program sums them, one launch, the same bits). Rows are bit-identical whatever M in
     # every mode. Unset: fill/ticket (DEFAULT_GEMM_SPLIT), fastest end to end on the H200
-    # (experiments/h200-2026-12-02d). Set with engine.gemm=cublas: refused.
+    # (experiments/h200-2026-12-02d); under fill, o_proj and gate_up split as lean (gemm.DEFAULT_ROLE_POLICIES,
+    # experiments/h200-2026-12-04c). Set with engine.gemm=cublas: refused.
     gemm_split: str | None = None
     # With engine.gemm=triton and engine.pdl: each GEMM program prefetches the first N BLOCK_K chunks of its
     # weight rows into L2 before its PDL wait, so they stream while the kernel before it runs (0..16; 0 = off),

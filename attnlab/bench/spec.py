@@ -267,7 +267,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         _sync(dev)
 
     def group_rows(cells: list[_Cell]) -> list[Row]:
-        """The rows of one (batch, verify) group, cells[0] its target-only row: the repeats run round-robin over
+        """The rows of one (batch, verify) group, each arm's first cell its target-only row: the repeats run round-robin over
         the cells (``once``: row by row, or prompt batch by prompt batch), so a drift of the GPU's speed during the
         group lands on every row of a round alike; each row's speedup is the median over rounds of the target-only
         time / its time in the same round."""
@@ -275,8 +275,9 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
             once(cells)
         if a.host_profile:
             for c in (c for c in cells if c.row.drafter != "none"):
-                text = drafter_profile(c.dec.drafter, lambda c=c: run_prompts(c), a.host_profile)
-                print(f"\n### host profile: {c.row.drafter} {c.row.pair}, batch {c.row.batch}, k={c.row.k}\n{text}",
+                with _arm(c.arm):
+                    text = drafter_profile(c.dec.drafter, lambda c=c: run_prompts(c), a.host_profile)
+                print(f"\n### host profile: {c.row.drafter} {_pair(c.row)}, batch {c.row.batch}, k={c.row.k}\n{text}",
                       flush=True)
         refs: dict = {}  # each arm's target-only row (its first cell)
         for c in cells:
@@ -342,6 +343,11 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
             if cells:
                 rows += group_rows(cells)
     return rows
+
+
+def _pair(r: Row) -> str:
+    """A row's draft / verify backends, with its gemm arm where several ran."""
+    return f"{r.pair} [{r.arm}]" if r.arm else r.pair
 
 
 def _arm(arm: str | None):
@@ -503,9 +509,9 @@ def floor_lines(rows: list[Row], floor: float) -> str:
         if r.floor_verdict is None:
             continue
         if r.speedup_ci is None:
-            out.append(f"- {r.drafter} {r.pair}, batch {r.batch}, k={r.k}: undecided (one round: no interval)")
+            out.append(f"- {r.drafter} {_pair(r)}, batch {r.batch}, k={r.k}: undecided (one round: no interval)")
             continue
-        out.append(f"- {r.drafter} {r.pair}, batch {r.batch}, k={r.k}: **{r.floor_verdict}**, median {r.speedup:.2f}x, "
+        out.append(f"- {r.drafter} {_pair(r)}, batch {r.batch}, k={r.k}: **{r.floor_verdict}**, median {r.speedup:.2f}x, "
                    f"{r.speedup_ci_coverage:.1%} interval {r.speedup_ci[0]:.2f}-{r.speedup_ci[1]:.2f}x over "
                    f"{len(r.speedup_rounds)} rounds")
     return "\n".join(out)
@@ -525,8 +531,7 @@ def table(rows: list[Row]) -> list[str]:
         ph = " / ".join(f"{r.phase_ms.get(k, 0.0):.2f}" for k in PHASES) if r.phase_ms else ""
         host = " / ".join(f"{r.host_ms.get(k, 0.0):.2f}" for k in PHASES[:3]) if r.host_ms else ""
         tree = r.tree if r.k else ""
-        pair = f"{r.pair} [{r.arm}]" if r.arm else r.pair
-        out.append(f"| {r.engine} | {r.batch} | {r.drafter} | {r.k or ''} | {tree} | {pair} | {p['tok_s']:.1f}{spread} | "
+        out.append(f"| {r.engine} | {r.batch} | {r.drafter} | {r.k or ''} | {tree} | {_pair(r)} | {p['tok_s']:.1f}{spread} | "
                    f"{p['tokens_per_target_pass']:.2f} | {'' if r.tau is None else f'{r.tau:.2f}'} | "
                    f"{'' if r.speedup is None else f'{r.speedup:.2f}x'}{_spread(r.speedup_rounds)} | "
                    f"{'' if r.same_as_target_only is None else f'{r.same_as_target_only:.0%}'} | {ph} | {host} |")
@@ -724,16 +729,16 @@ def run(a) -> dict:
         for r in rows:
             if r.engine == "attnlab" and r.drafter == "none":
                 same = sum(x == y for x, y in zip(r.outputs, hf_ref))
-                lines.append(f"\nattnlab target-only ({r.pair}) = HF generate, token for token: {same} of "
+                lines.append(f"\nattnlab target-only ({_pair(r)}) = HF generate, token for token: {same} of "
                              f"{len(hf_ref)} prompts")
     for r in rows:  # flashinfer sides: passes that kept their wrapper's plan (same schedule) vs planned anew
         kept = [f"{side} {k} of {m + k} ({k / (m + k):.0%})" for side, (m, k) in r.plans.items() if m + k]
         if kept and r.engine == "attnlab":
-            lines.append(f"\n{r.drafter} {r.pair}, batch {r.batch}: flashinfer plans kept: {', '.join(kept)}")
+            lines.append(f"\n{r.drafter} {_pair(r)}, batch {r.batch}: flashinfer plans kept: {', '.join(kept)}")
     planned = [r for r in rows if r.step_launches.get("steps") and r.step_launches.get("dsteps")]
     for r in planned:  # a backend whose launches are device-planned only within a page (flashinfer)
         n, d = sum(r.step_launches.values()), r.step_launches["dsteps"]
-        lines.append(f"\n{r.drafter} {r.pair}, batch {r.batch}, k={r.k}: {d} of {n} draft launches device-planned "
+        lines.append(f"\n{r.drafter} {_pair(r)}, batch {r.batch}, k={r.k}: {d} of {n} draft launches device-planned "
                      f"({d / n:.0%}), the others planned per step")
     if a.floor is not None:
         judge_floor(rows, a.floor)

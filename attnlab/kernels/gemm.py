@@ -52,7 +52,8 @@ a paired program covers BLOCK_N / 2 logical columns, so it streams as many weigh
 Weight prefetch (``engine.gemm_prefetch``, with PDL): before its ``griddepcontrol.wait`` each program issues
 ``prefetch.global.L2`` for the first chunks of its own weight rows, so they stream in while the previous kernel
 still runs; only on weights of at most PREFETCH_MAX_WEIGHT_BYTES (latency-bound GEMMs). A hint: the sums are unchanged.
-Tail norm (``tail_norm=(weight, eps)``, residual epilogue only; the gemm path's default, ``gemm.norm_place``): after
+Tail norm (``tail_norm=(weight, eps)``, residual epilogue only; the gemm path's default for streams of at most
+TAIL_AUTO_MAX_N columns, ``gemm.norm_place``): after
 its tile's epilogue each program (a split GEMM: the tile's last split) takes one ticket over all column tiles; the
 last to arrive reads the whole new stream h back (every tile stored it before its acq_rel arrival; .cg loads) and
 writes the next RMSNorm of it, ``rmsnorm(h) * weight`` as ``add_rmsnorm`` rounds it, into a second output: the norm
@@ -113,7 +114,7 @@ MAX_PREFETCH_CAP_MIB = 1024
 _prefetch_cap = PREFETCH_MAX_WEIGHT_BYTES
 _role_policies: dict[str, str] = {}  # a role -> its split policy (fill / lean / wave), a bench arm's +<role>.<policy>
 # Measured exceptions to the ``fill`` policy by role (the split mode's policy ``fill`` only; an arm's +<role>.<policy>
-# overrides): o_proj and gate_up run a K of at most LEAN_MAX_K unsplit (``lean``; from LONG_K lean is fill, so only
+# overrides): o_proj and gate_up run a K of at most LEAN_MAX_K unsplit (``lean``; above it lean is fill, so only
 # SmolLM2-sized layers see it). bench.pdl, SmolLM2 shapes, batch 1, PDL on (experiments/h200-2026-12-04c): 1,473
 # (1,403-1,485) -> 1,529 (1,521-1,550) tok/s; alone (bench.gemm_fused, M = 1) o 2.9 -> 2.5 us, gate_up 4.6 -> 4.2: a
 # split's ticket and reduction cost more than its shorter K loop saves on 5 chunks. qkv stays split (alone 3.6 us split,
@@ -132,7 +133,7 @@ _argmax_head = DEFAULT_ARGMAX_HEAD
 DEFAULT_ROPE_TABLE = True
 _rope_table = DEFAULT_ROPE_TABLE
 # Where the gemm path's RMSNorms run: ``pro``, the qkv / gate_up prologue (arm +normpro: 5 launches a layer), or
-# ``sep``, their own add_rmsnorm launch before a prologue-free GEMM (the default, arm +normsep: 7; the same roundings, the sum of
+# ``sep``, their own add_rmsnorm launch before a prologue-free GEMM (arm +normsep: 7; the default before 12-04c; the same roundings, the sum of
 # squares in another fp32 order). Two launches more a layer won on the H200 (experiments/h200-2026-12-04, bench.pdl,
 # batch 1, PDL on): Llama-3.1-8B shapes 202-203 -> 220-222 tok/s, Llama-3.2-1B 909-946 -> 1,002-1,017, SmolLM2 +1-3%:
 # every program of a prologued GEMM first sums the squares of all of x and writes its normalized K range to a
@@ -1040,6 +1041,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         if n > MAX_TAIL_N or tw.shape != (n,) or tw.device != x.device or not tw.is_floating_point():
             raise ValueError(f"tail_norm: weight must be a float [{n}] tensor on {x.device} and N <= {MAX_TAIL_N}, got "
                              f"{tuple(tw.shape)} {tw.dtype} on {tw.device}")
+        tail_norm = (tw.contiguous(), tail_norm[1])  # the kernel reads it as a contiguous row
     n_log = n // 2 if paired else n
     if epilogue == "argmax":
         if n >= 1 << 24:
@@ -1122,8 +1124,10 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             IEEE=fp32_dot(x.dtype), ARGMAX_RED=ARGMAX_BLOCK, **_fp8_launch(x, w), num_warps=warps, num_stages=stages, **ptrs, **args, **prefetch,
             TAIL=normed is not None and split != 1, **launch_args(x))
         if split == 1:
-            _reduce_kernel[(n_tiles,)](part, out, **ptrs, num_splits=splits, num_warps=4, **args,
-                                       TAIL=normed is not None, **launch_args(part))
+            # with a tail, the GEMM's warps: the tail's sum of squares has the order of its tile's layout, which
+            # the warp count sets, so pass and ticket give the same bits (the split sum and epilogue are elementwise)
+            _reduce_kernel[(n_tiles,)](part, out, **ptrs, num_splits=splits, num_warps=warps if normed is not None
+                                       else 4, **args, TAIL=normed is not None, **launch_args(part))
     except BaseException:
         if split == 2 or epilogue == "argmax" or normed is not None:  # a launch cut short may leave tickets taken:
             _ticket_buffer(x.device).zero_()  # every later GEMM on them would be wrong

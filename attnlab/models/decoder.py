@@ -12,8 +12,8 @@ arithmetic in 4 launches per layer instead of 32, besides the 4 GEMMs and attent
 the residual stream after those layers back in ``ctx.captured`` (EAGLE-3 features), from inside the same
 forward: no extra pass, no sync, CUDA-graph safe. ``fused_ops == "gemm"`` (``engine.gemm=triton``) runs passes of
 up to 16 tokens on attnlab's small-M GEMM with RoPE, the K / V store, SiLU-mul and residual adds fused into it
-and the norms as their own launches (``attnlab.models.gemm_path``: 7 kernels per layer); longer passes take the
-fused path above.
+and the norms as their own launches or, for streams of at most 1,024 columns, in the o / down GEMMs' tails
+(``attnlab.models.gemm_path``: 7 or 5 kernels per layer); longer passes take the fused path above.
 ``"gemm_attn"`` (``engine.gemm=triton_attn``) runs only qkv and o there, the MLP as the fused path does.
 A context with ``invariant`` (``engine.invariant``: the target
 side, always fused) runs the fused path's GEMMs and the LM head through ``attnlab.models.linear.invariant_linear``.

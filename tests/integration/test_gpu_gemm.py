@@ -195,6 +195,12 @@ def test_tail_norm_racing_in_graphs_and_row_invariant(n, k):
                         graph.replay()
                         torch.cuda.synchronize()
                         assert all(torch.equal(a, b) for a, b in zip(outs, refs)), f"{mode}: graph replay"
+    for warps in (2, 8):  # a forced warp count: the pass kernel's tail runs at the GEMM's warps, so its bits are ticket's
+        got = []
+        for reduce in ("pass", "ticket"):
+            with gemm.arm(f"fill/{reduce}+k128s3w{warps}"):
+                got.append(gemm.gemm(x[:5], w, epilogue="residual", residual=res[:5], role=role, tail_norm=(nw, 1e-5)))
+        assert all(torch.equal(a, b) for a, b in zip(*got)), f"w{warps}: pass and ticket tails differ"
     assert not gemm._ticket_buffer(x.device).any()
 
 

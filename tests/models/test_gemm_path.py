@@ -222,3 +222,36 @@ def test_rope_tables_change_no_bit_and_leave_no_rope_op_per_pass(monkeypatch):
         assert (len(calls) == 0) == (arm == "fill/ticket"), (arm, len(calls))
     for a, b in zip(*outs.values()):
         assert torch.equal(a, b)
+
+
+def test_tail_norms_thread_through_a_layer_subset_and_capture():
+    """+normtail over a LayerSubset (layers 0 and 2 of 3: layer 0's down_proj computes layer 2's input norm, layer 2's
+    the final norm) with the EAGLE feature capture on: the logits and the captured streams of +normsep, up to the sum
+    of squares' fp32 order; one add_rmsnorm a pass (the first layer's), the rest in tails."""
+    from attnlab.kernels import fused, gemm
+    from attnlab.models.subset import LayerSubset
+
+    cfg = tiny_config(heads=4, kv_heads=2, head_dim=32, hidden=64, layers=3)
+    model = LayerSubset(tiny_model(cfg, seed=5), [0, 2])
+    sub_cfg = tiny_config(heads=4, kv_heads=2, head_dim=32, hidden=64, layers=2)
+    norms = []
+    real = fused.add_rmsnorm
+    outs = []
+    for place in ("sep", "tail"):
+        pool = KVPool(2, 16, 16, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
+        be = get_backend_class("torch")(pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5,
+                                        torch.float32)
+        r = ModelRunner(model, sub_cfg, None, pool, PageAllocator(16, 16), be, 64, "draft", fused_ops="gemm")
+        r.capture_layers = (0, 2)
+        norms.clear()
+        fused.add_rmsnorm = lambda *a, **k: norms.append(1) or real(*a, **k)
+        try:
+            with gemm.arm(f"fill/ticket+norm{place}"):
+                logits = r.run([0], [0], [5], torch.arange(5), mode=Mode.PREFILL)
+        finally:
+            fused.add_rmsnorm = real
+        outs.append((logits, r.aux.clone()))
+        assert len(norms) == (1 if place == "tail" else 1 + 2 * 2)
+    assert outs[0][1].shape == (5, 2 * cfg.hidden_size)
+    for a, b in zip(*outs):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)

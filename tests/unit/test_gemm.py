@@ -179,6 +179,9 @@ def test_tail_norm_is_the_next_rmsnorm_of_the_stream(n, k, dtype):
                 rows[m] = xn
             assert torch.equal(rows[5], rows[16][:5]) and torch.equal(rows[1], rows[16][:1]), split
     assert not gemm._ticket_buffer(torch.device("cpu")).any()
+    strided = torch.stack([norm.weight.detach(), torch.zeros_like(norm.weight)], 1)[:, 0]  # stride 2: copied, not misread
+    assert torch.equal(gemm.gemm(x[:2], w, epilogue="residual", residual=res[:2], tail_norm=(strided, norm.eps))[1],
+                       gemm.gemm(x[:2], w, epilogue="residual", residual=res[:2], tail_norm=(norm.weight, norm.eps))[1])
     empty = gemm.gemm(x[:0], w, epilogue="residual", residual=res[:0], tail_norm=(norm.weight, norm.eps))
     assert [t.shape for t in empty] == [(0, n), (0, n)]
 
