@@ -66,7 +66,7 @@ def layer_calls(model: str, device: str, m_max: int, copies_for):
     res = torch.randn(m_max, h, device=device, generator=g).to(dt)
 
     pro = lambda: {"norm_weight": nw} if gemm.norm_prologue() else {}  # read at call time: the arm's norm place
-    tail = lambda: {"tail_norm": (nw, 1e-6)} if gemm.norm_tail(h) else {}
+    tail = lambda: {"tail_norm": (nw, 1e-6)} if gemm.norm_tail(h) else {}  # h: the stream's width
     fused = {
         "qkv": lambda i, x: gemm.gemm(x, wq[i % len(wq)], **pro(), epilogue="rope", cos=cos[:len(x)],
                                       sin=sin[:len(x)], head_dim=d, rope_cols=q + kv,

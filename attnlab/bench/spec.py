@@ -199,14 +199,14 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         d.multistep = kind != "eagle-per-step"  # the previous draft path: a graph replay per head step
         return d
 
-    def cell(target, drafter, k, drafter_name, pair, batch, K=1, S=None, steps=False) -> _Cell:
+    def cell(target, drafter, k, drafter_name, pair, batch, K=1, S=None, steps=False, arm=None) -> _Cell:
         """One row's decoder, warmed (compiles, JIT builds, first-use allocations: untimed)."""
         dec = SpeculativeDecoder(target, drafter, SpecParams(k, topk=K, num_steps=S if K > 1 else None))
         if steps:
             dec.tree.accept_graph = False
         dec.generate(prompts[:batch], 8, eos)
         _sync(dev)
-        return _Cell(dec, Row("attnlab", drafter_name, pair, 0.0, 0, 0, batch=batch, k=k,
+        return _Cell(dec, Row("attnlab", drafter_name, pair, 0.0, 0, 0, batch=batch, k=k, arm=arm,
                               tree="chain" if K == 1 else f"{K}x{S}" + ("-steps" if steps else "")))
 
     def once(cells: list[_Cell]) -> None:
@@ -219,7 +219,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                  else [(c, i) for i in starts for c in cells])
         state = {id(c): _Round(c) for c in cells}
         for c, i in order:
-            with _arm(c.arm):  # eager passes (prefill, uncaptured shapes) run under the row's arm too
+            with _arm(c.row.arm):  # eager passes (prefill, uncaptured shapes) run under the row's arm too
                 state[id(c)].batch(c, i)
         for c in cells:
             state[id(c)].close(c)
@@ -275,14 +275,14 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
             once(cells)
         if a.host_profile:
             for c in (c for c in cells if c.row.drafter != "none"):
-                with _arm(c.arm):
+                with _arm(c.row.arm):
                     text = drafter_profile(c.dec.drafter, lambda c=c: run_prompts(c), a.host_profile)
                 print(f"\n### host profile: {c.row.drafter} {_pair(c.row)}, batch {c.row.batch}, k={c.row.k}\n{text}",
                       flush=True)
         refs: dict = {}  # each arm's target-only row (its first cell)
         for c in cells:
             r = c.row
-            ref = refs.setdefault(c.arm, r)
+            ref = refs.setdefault(r.arm, r)
             times = r.repeats_s
             r.seconds = sorted(times)[len(times) // 2]
             r.tau = sum(c.taus) / max(1, len(c.taus)) if r.k else None
@@ -293,22 +293,15 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                 finish(r, ref)
         return [c.row for c in cells]
 
-    def arm_group(batch: int, verify: str, arm: str | None) -> list[_Cell]:
+    def arm_cells(batch: int, verify: str, arm: str | None) -> list[_Cell]:
         """One arm's cells of a (batch, verify) group, built, captured and warmed under its arm (process-wide
-        switches that graphs record at capture); [] if its target cannot run here."""
-        with _arm(arm):
-            cells = _arm_cells(batch, verify)
-        for c in cells:
-            c.arm = c.row.arm = arm
-        return cells
-
-    def _arm_cells(batch: int, verify: str) -> list[_Cell]:
+        switches that graphs record at capture; the caller enters it); [] if its target cannot run here."""
         target = skip_unsupported(f"verify={verify}", lambda v=verify, b=batch: side(v, b), skipped)
         if target is None:
             return []
         if graphs:
             target.capture_graphs(q_lens=sorted({1, *(k + 1 for k in a.ks)}))
-        cells = [cell(target, NoDrafter(dev), 0, "none", f"- / {verify}", batch)]
+        cells = [cell(target, NoDrafter(dev), 0, "none", f"- / {verify}", batch, arm=arm)]
         for drafter_name in a.drafters:
             pairs = a.draft_backends if drafter_name in ("self", *EAGLES) else ["-"]
             for draft_backend in pairs:
@@ -333,13 +326,16 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                         target.capture_graphs(q_lens=sorted({1, k + 1}), keep=True)
                         drafter.capture_graphs(target, k)
                     cells.append(cell(target, drafter, k, drafter_name, f"{draft_backend} / {verify}", batch,
-                                      K, S, steps))
+                                      K, S, steps, arm=arm))
         return cells
 
     arms = a.arms if len(getattr(a, "arms", ())) > 1 else [None]  # one arm: the process's (main), as before
     for batch in a.batches:
         for verify in a.backends:
-            cells = [c for arm in arms for c in arm_group(batch, verify, arm)]  # arm by arm: each its target-only first
+            cells = []
+            for arm in arms:  # arm by arm, each its target-only row first
+                with _arm(arm):
+                    cells += arm_cells(batch, verify, arm)
             if cells:
                 rows += group_rows(cells)
     return rows
@@ -385,7 +381,6 @@ class _Cell:
 
     dec: SpeculativeDecoder
     row: Row
-    arm: str | None = None
     taus: list[int] = field(default_factory=list)
     phases: dict[str, list[float]] = field(default_factory=dict)
     host: dict[str, list[float]] = field(default_factory=dict)

@@ -229,12 +229,16 @@ def role_policies() -> tuple[tuple[str, str], ...]:
 
 
 def policy_for(role: str | None) -> str:
-    """The split policy of a GEMM at call site ``role``: an arm's for the role, else under the split mode's ``fill``
-    DEFAULT_ROLE_POLICIES' for it, else the split mode's. A function of the call site, never of M."""
-    policy = _split_mode.split("/")[0]
-    if role in _role_policies:
-        return _role_policies[role]
-    return DEFAULT_ROLE_POLICIES.get(role, policy) if policy == "fill" else policy
+    """The split policy of a GEMM at call site ``role`` (``_policy``). A function of the call site, never of M."""
+    return _policy(role, _split_mode.split("/")[0], _role_policies)
+
+
+def _policy(role: str | None, mode_policy: str, forced: dict) -> str:
+    """An arm's policy for ``role``, else under the split mode's ``fill`` DEFAULT_ROLE_POLICIES' for it, else the
+    split mode's."""
+    if role in forced:
+        return forced[role]
+    return DEFAULT_ROLE_POLICIES.get(role, mode_policy) if mode_policy == "fill" else mode_policy
 
 
 def _set_role_policies(pairs) -> None:
@@ -246,7 +250,7 @@ def arm_policies(a: Arm) -> dict:
     """The split policy each call site (ROLES, and None: a role-less call) takes under arm ``a`` (``policy_for``'s
     rules): two arms with equal maps split every GEMM alike."""
     mode, forced = a.split_mode.split("/")[0], dict(a.role_policies)
-    return {r: forced.get(r) or (DEFAULT_ROLE_POLICIES.get(r, mode) if mode == "fill" else mode) for r in (*ROLES, None)}
+    return {r: _policy(r, mode, forced) for r in (*ROLES, None)}
 
 
 def argmax_head() -> bool:
@@ -282,10 +286,10 @@ def norm_prologue() -> bool:
     return _norm_place == "pro"
 
 
-def norm_tail(n: int | None = None) -> bool:
+def norm_tail(n: int) -> bool:
     """Whether the gemm path's norm of an ``n``-wide stream ends the o_proj / down_proj GEMM before it
-    (``tail_norm``): under ``tail``, and under ``auto`` for n <= TAIL_AUTO_MAX_N (n None: ``tail`` only)."""
-    return _norm_place == "tail" or (_norm_place == "auto" and n is not None and n <= TAIL_AUTO_MAX_N)
+    (``tail_norm``): under ``tail`` for n <= MAX_TAIL_N, under ``auto`` for n <= TAIL_AUTO_MAX_N."""
+    return n <= {"tail": MAX_TAIL_N, "auto": TAIL_AUTO_MAX_N}.get(_norm_place, -1)
 
 
 def set_norm_place(place: str) -> None:
@@ -349,11 +353,10 @@ def arm(text: str):
 
 
 _NORM_ARMS = tuple(f"norm{p}" for p in NORM_PLACES)
-_PAIRS = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"},
-          *({a, b} for i, a in enumerate(_NORM_ARMS) for b in _NORM_ARMS[i + 1:]))  # at most one of each
 FP8_MODES = ("cast", "ptx", "wide")  # how e4m3 weights become the activation dtype (``set_fp8_mode``)
-_FP8_ARMS = {f"f8{m}" for m in FP8_MODES}  # at most one
-_FP8_SPLIT_ARMS = ("f8x1", "f8x2")  # fp8 weights' split target (``fp8_programs``), at most one
+_FP8_ARMS = {f"f8{m}" for m in FP8_MODES}
+_FP8_SPLIT_ARMS = ("f8x1", "f8x2")  # fp8 weights' split target (``fp8_programs``)
+_ONE_OF = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, set(_NORM_ARMS), _FP8_ARMS, set(_FP8_SPLIT_ARMS))
 _POLICY_ARM = re.compile(r"(" + "|".join(ROLES) + r")\.(fill|lean|wave)")  # +<role>.<split policy>
 _LOOP_ARM = re.compile(r"(?:(" + "|".join(ROLES) + r")\.)?k(32|64|128|256|512)s([1-6])w([248])")  # +[<role>.]k<BK>s<S>w<W>
 
@@ -369,13 +372,8 @@ def parse_arm(text: str) -> Arm:
     loops = {}  # forced loops: none by default (the rules of loop_for)
     f8, f8x = DEFAULT_FP8_MODE, DEFAULT_FP8_PROGRAMS
     cap, policies = PREFETCH_MAX_WEIGHT_BYTES, {}
-    ok = (mode in SPLIT_MODES and len(_FP8_ARMS & set(extras)) <= 1 and len(set(extras)) == len(extras) and not any(p <= set(extras) for p in _PAIRS)
-          and sum(e.startswith("kvpf") for e in extras) <= 1
-          and sum(e.startswith("pf") and not e.startswith("pfcap") for e in extras) <= 1
-          and sum(e.startswith("pfcap") for e in extras) <= 1
-          and len({m.group(1) for m in map(_POLICY_ARM.fullmatch, extras) if m})
-          == sum(bool(_POLICY_ARM.fullmatch(e)) for e in extras)
-          and _one_loop_per_key(extras) and len(set(_FP8_SPLIT_ARMS) & set(extras)) <= 1)
+    keys = [_key(e) for e in extras]  # at most one part a key: each set of _ONE_OF, each prefix, each role's loop / policy
+    ok = mode in SPLIT_MODES and len(set(keys)) == len(keys)
     for e in extras:
         if e.startswith("pfcap") and _digits(e[5:]) and int(e[5:]) <= MAX_PREFETCH_CAP_MIB:
             cap = int(e[5:]) << 20
@@ -415,9 +413,16 @@ def parse_arm(text: str) -> Arm:
                tuple(sorted(loops.items())), f8, f8x, cap, tuple(sorted(policies.items())))
 
 
-def _one_loop_per_key(extras: list[str]) -> bool:
-    keys = [m.group(1) or "all" for m in map(_LOOP_ARM.fullmatch, extras) if m]
-    return len(keys) == len(set(keys))
+def _key(e: str) -> str:
+    """The setting an arm's part sets: two parts of one key conflict (``parse_arm``)."""
+    for i, group in enumerate(_ONE_OF):
+        if e in group:
+            return f"one-of {i}"
+    if m := _LOOP_ARM.fullmatch(e):
+        return f"loop {m.group(1) or 'all'}"
+    if m := _POLICY_ARM.fullmatch(e):
+        return f"policy {m.group(1)}"
+    return next((p for p in ("pfcap", "kvpf", "pf") if e.startswith(p)), e)
 
 
 def _digits(text: str) -> bool:
@@ -1124,10 +1129,10 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             IEEE=fp32_dot(x.dtype), ARGMAX_RED=ARGMAX_BLOCK, **_fp8_launch(x, w), num_warps=warps, num_stages=stages, **ptrs, **args, **prefetch,
             TAIL=normed is not None and split != 1, **launch_args(x))
         if split == 1:
-            # with a tail, the GEMM's warps: the tail's sum of squares has the order of its tile's layout, which
-            # the warp count sets, so pass and ticket give the same bits (the split sum and epilogue are elementwise)
-            _reduce_kernel[(n_tiles,)](part, out, **ptrs, num_splits=splits, num_warps=warps if normed is not None
-                                       else 4, **args, TAIL=normed is not None, **launch_args(part))
+            # the GEMM's warps: a tail's sum of squares has the order of its tile's layout, which the warp count
+            # sets, so pass and ticket give the same bits (the split sum and epilogue are elementwise)
+            _reduce_kernel[(n_tiles,)](part, out, **ptrs, num_splits=splits, num_warps=warps, **args,
+                                       TAIL=normed is not None, **launch_args(part))
     except BaseException:
         if split == 2 or epilogue == "argmax" or normed is not None:  # a launch cut short may leave tickets taken:
             _ticket_buffer(x.device).zero_()  # every later GEMM on them would be wrong

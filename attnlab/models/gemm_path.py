@@ -68,32 +68,27 @@ def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
     ``next_norm``: the RMSNorm the stream meets next (the next layer's input norm, the final norm), which the down
     GEMM's tail computes where ``gemm.norm_tail(hidden)`` (else the second value is None)."""
     mlp = layer.mlp
-    norm = {}
-    if x is None:
-        x, norm = _normed(h, layer.input_layernorm)
-    h, x = _attention(layer.self_attn, x, norm, h, cos, sin, ctx, positions, _tail(layer.post_attention_layernorm, h))
-    norm = {}
-    if x is None:
-        x, norm = _normed(h, layer.post_attention_layernorm)
+    x, norm = (x, {}) if x is not None else _normed(h, layer.input_layernorm)
+    h, x = _attention(layer.self_attn, x, norm, h, cos, sin, ctx, positions, layer.post_attention_layernorm)
+    x, norm = (x, {}) if x is not None else _normed(h, layer.post_attention_layernorm)
     act = proj(mlp.gate_up_proj, x, "gate_up", **norm, epilogue="silu_mul")
-    tail = _tail(next_norm, h)
-    out = proj(mlp.down_proj, act, "down", epilogue="residual", residual=h, **tail)
-    return out if tail else (out, None)
+    return _residual_proj(mlp.down_proj, act, "down", h, next_norm)
 
 
-def _tail(norm, h: torch.Tensor) -> dict:
-    """The residual GEMM's kwargs that end it with ``norm`` of its output (``gemm.norm_tail`` of the stream's width,
-    at most gemm.MAX_TAIL_N columns), else none."""
-    if norm is None or not gemm.norm_tail(h.shape[-1]) or h.shape[-1] > gemm.MAX_TAIL_N:
-        return {}
-    return {"tail_norm": (norm.weight, norm.eps)}
+def _residual_proj(linear: nn.Module, x: torch.Tensor, role: str, residual: torch.Tensor,
+                   next_norm=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(residual + linear(x), ``next_norm`` of it from the GEMM's tail where ``gemm.norm_tail`` of the stream's
+    width says so, else None)."""
+    if next_norm is None or not gemm.norm_tail(residual.shape[-1]):
+        return proj(linear, x, role, epilogue="residual", residual=residual), None
+    return proj(linear, x, role, epilogue="residual", residual=residual, tail_norm=(next_norm.weight, next_norm.eps))
 
 
 def _attention(attn, x: torch.Tensor, norm: dict, residual: torch.Tensor, cos, sin, ctx,
-               positions: torch.Tensor | None, tail: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+               positions: torch.Tensor | None, next_norm=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """qkv (``norm``: its prologue kwargs, if any; RoPE and the KV store in its epilogue) -> attention -> o with the
-    residual added: (the stream after the attention block, its next norm where ``tail`` (``_tail``) asks o_proj's
-    tail for it, else None)."""
+    residual added: (the stream after the attention block, ``next_norm`` of it where o_proj's tail computes it,
+    ``_residual_proj``, else None)."""
     t, d = x.shape[0], attn.head_dim
     qk_cols = attn.q_size + attn.kv_size
     store = ctx.kv_store_target(attn.layer_idx, x.dtype)
@@ -103,8 +98,7 @@ def _attention(attn, x: torch.Tensor, norm: dict, residual: torch.Tensor, cos, s
     k = qkv[:, attn.q_size:qk_cols].view(t, attn.num_kv_heads, d)
     v = qkv[:, qk_cols:].view(t, attn.num_kv_heads, d)
     out = ctx.attend(attn.layer_idx, q, k, v, stored=store is not None)
-    h = proj(attn.o_proj, out.reshape(t, attn.q_size), "o", epilogue="residual", residual=residual, **(tail or {}))
-    return h if tail else (h, None)
+    return _residual_proj(attn.o_proj, out.reshape(t, attn.q_size), "o", residual, next_norm)
 
 
 def _normed(h: torch.Tensor, norm, prologue: bool | None = None) -> tuple:

@@ -523,19 +523,19 @@ def test_arms_name_the_lm_head_path():
     assert fused.rope_store()
     assert gemm.norm_place() == gemm.DEFAULT_NORM_PLACE
     with gemm.arm("lean/ticket+normpro"):
-        assert gemm.norm_prologue() and not gemm.norm_tail()
+        assert gemm.norm_prologue() and not gemm.norm_tail(576)
         with gemm.arm("wave/ticket+normsep"):
             assert gemm.norm_place() == "sep" and gemm.split_mode() == "wave/ticket"
             with gemm.arm("wave/ticket+normtail"):
-                assert gemm.norm_tail() and not gemm.norm_prologue()
+                assert gemm.norm_tail(576) and not gemm.norm_prologue()
         assert gemm.norm_prologue()
     assert gemm.norm_place() == gemm.DEFAULT_NORM_PLACE == "auto"
     n = gemm.TAIL_AUTO_MAX_N  # auto: the tail for narrow streams (SmolLM2's 576), the norm's launch for wide ones
-    assert gemm.norm_tail(576) and gemm.norm_tail(n) and not gemm.norm_tail(n + 1) and not gemm.norm_tail()
+    assert gemm.norm_tail(576) and gemm.norm_tail(n) and not gemm.norm_tail(n + 1)
     with gemm.arm("fill/ticket+normsep"):
         assert not gemm.norm_tail(576)
     with gemm.arm("fill/ticket+normtail"):
-        assert gemm.norm_tail(4096) and gemm.norm_tail()
+        assert gemm.norm_tail(gemm.MAX_TAIL_N) and not gemm.norm_tail(gemm.MAX_TAIL_N + 1)  # wider: a launch
     with pytest.raises(ValueError, match="norm place"):
         gemm.set_norm_place("tails")
     assert gemm.parse_arm("fill/pass+kvsep").rope_store is False
