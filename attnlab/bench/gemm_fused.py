@@ -133,8 +133,8 @@ def bench_model(model, arms, ms, a, device) -> list[dict]:
                 row["layer_us"] = sum(row[f"{c}_us"] for c in CALLS)  # four launches, timed one by one
             else:
                 ref = outs[first]
-                exact = gemm.arm_policies(gemm.parse_arm(arm_key)) == gemm.arm_policies(gemm.parse_arm(first))
-                # the same policy at every call site: only the reduction differs
+                exact = gemm.sums_key(gemm.parse_arm(arm_key)) == gemm.sums_key(gemm.parse_arm(first))
+                # the same sums at every call site (gemm.sums_key): only the reduction differs
                 pro = (gemm.parse_arm(arm_key).norm_place == "pro") == (gemm.parse_arm(first).norm_place == "pro")
                 row["same_as_first"] = all(  # the stream only where one arm has a tail norm and the other none; qkv
                     torch.equal(a, b) if exact else  # and gate_up (and so the pool) only where both or neither

@@ -71,15 +71,13 @@ def arms_for(engine: str, splits: list[str]) -> list[tuple[bool, str]]:
 
 
 def sums_differ(a: str, b: str, norms: bool = True, fp8: bool = False) -> bool:
-    """Whether two gemm arms may sum in different fp32 orders (another split policy at a call site, BLOCK_K or warp count; with
+    """Whether two gemm arms may sum in different fp32 orders (``gemm.sums_key``: another split policy at a call site,
+    BLOCK_K or warp count, a paired loop's dots; with
     ``norms``, an engine that has them, the norms as GEMM prologues or not), so that their tokens may differ at
     near-ties on random weights. A forced loop against the default (by K) counts as different; so does another fp8
     split target, on a side with ``fp8`` weights (the only GEMMs it acts on)."""
     pa, pb = gemm.parse_arm(a), gemm.parse_arm(b)
-    loop = lambda p: {key: (bk, w) for key, (bk, _, w) in p.loops}  # BLOCK_K and warps; stages sum alike
-    return (gemm.arm_policies(pa) != gemm.arm_policies(pb) or loop(pa) != loop(pb)
-            or fp8 and pa.fp8_programs != pb.fp8_programs
-            or norms and pa.norm_place != pb.norm_place)
+    return gemm.sums_key(pa, fp8) != gemm.sums_key(pb, fp8) or norms and pa.norm_place != pb.norm_place
 
 
 def arm_name(engine: str, arm: tuple[bool, str]) -> str:

@@ -149,6 +149,14 @@ NORM_PLACES = ("sep", "pro", "tail", "auto")
 DEFAULT_NORM_PLACE = "auto"
 TAIL_AUTO_MAX_N = 1024
 _norm_place = DEFAULT_NORM_PLACE
+# The paired epilogues' (rope, silu_mul) K loop: one dot over both halves' rows (a [2 x BLOCK_N, BLOCK_K] weight tile), or
+# one dot per half (the old loop, arm +pair2). Under Triton 3.6 a [32, BLOCK_K] x [BLOCK_K, 16] dot takes mma.sync with
+# its 4 warps as 4 x 16 rows, so each half's rows were loaded (and, for fp8, converted) by two warps; the joined
+# [64, BLOCK_K] dot is one warp group's wgmma, as the unpaired GEMMs (o, down) always had (the sm_90 PTX of 1B gate_up,
+# fp8: 128 prmt a K step against 64). Rows stay M-invariant either way (a function of K and the tile config).
+PAIR_DOTS = (1, 2)
+DEFAULT_PAIR_DOTS = 1
+_pair_dots = DEFAULT_PAIR_DOTS
 # The K loop of 16-bit / fp8 weights: BLOCK_K 256 from K >= LONG_K, else 128; 3 stages, 4 warps (a function of K, so
 # rows stay M-invariant). Measured end to end (bench.pdl, gemm engine, batch 1, PDL on; experiments/h200-2026-12-04):
 # BLOCK_K 256 for every GEMM took Llama-3.1-8B shapes (K 4,096 / 14,336) from 222-223 to 232-233 tok/s and
@@ -253,6 +261,15 @@ def arm_policies(a: Arm) -> dict:
     return {r: _policy(r, mode, forced) for r in (*ROLES, None)}
 
 
+def sums_key(a: Arm, fp8: bool = False) -> tuple:
+    """What sets the fp32 summation order of this GEMM's rows under arm ``a``: the split policy at each call site,
+    the forced K loops' BLOCK_K and warps (stages sum alike), the paired loop's dots a step, and for ``fp8``
+    weights their split target. Two arms with equal keys give the same bits (the reduction, ticket or pass, never
+    changes them); the norms' places are the caller's to compare."""
+    loops = tuple((key, (bk, w)) for key, (bk, _, w) in a.loops)
+    return (tuple(arm_policies(a).items()), loops, a.pair_dots, a.fp8_programs if fp8 else None)
+
+
 def argmax_head() -> bool:
     """Whether a gemm-path side takes its greedy tokens from the LM head's argmax epilogue (``argmax_linear``)."""
     return _argmax_head
@@ -292,6 +309,18 @@ def norm_tail(n: int) -> bool:
     return n <= {"tail": MAX_TAIL_N, "auto": TAIL_AUTO_MAX_N}.get(_norm_place, -1)
 
 
+def pair_dots() -> int:
+    """Dots a paired GEMM's K loop takes a step (PAIR_DOTS): 1, both halves' rows in one tile; 2, a dot per half."""
+    return _pair_dots
+
+
+def _set_pair_dots(n: int) -> None:
+    global _pair_dots
+    if n not in PAIR_DOTS:
+        raise ValueError(f"pair dots {n!r}: choose from {PAIR_DOTS}")
+    _pair_dots = int(n)
+
+
 def set_norm_place(place: str) -> None:
     global _norm_place
     if place not in NORM_PLACES:
@@ -315,6 +344,7 @@ class Arm(NamedTuple):
     fp8_programs: int | None  # fp8 weights' split target, in TARGET_PROGRAMS (1 or 2; None: by K)
     prefetch_cap: int  # bytes: the largest weight that prefetches (PREFETCH_MAX_WEIGHT_BYTES unless +pfcap<MiB>)
     role_policies: tuple[tuple[str, str], ...]  # (role, split policy), sorted: +<role>.fill / .lean / .wave
+    pair_dots: int = DEFAULT_PAIR_DOTS  # PAIR_DOTS: +pair1 / +pair2
 
 
 @contextmanager
@@ -334,7 +364,8 @@ def arm(text: str):
     ``+f8cast`` / ``+f8ptx`` / ``+f8wide``: how fp8 weights convert (``set_fp8_mode``; the same bits); ``+f8x1`` /
     ``+f8x2``: fp8 weights split K towards once / twice TARGET_PROGRAMS programs at every K (``fp8_programs``);
     ``+pfcap<MiB>``: the largest weight that prefetches (``prefetch_cap``); ``+<role>.fill`` / ``.lean`` / ``.wave``: one
-    role's split policy (``role_policies``; the reduction stays the split mode's).
+    role's split policy (``role_policies``; the reduction stays the split mode's); ``+pair1`` / ``+pair2``: a paired
+    GEMM's (qkv with RoPE, gate_up) K loop as one dot over both halves or a dot per half (``pair_dots``).
     Split, prefetch, RoPE-table, norm, loop and fp8 parts act on this GEMM's launches only: gemm-path sides, and the
     small-M passes of weight-only FP8Linear in any engine."""
     from attnlab.kernels import argmax, decode, fused
@@ -348,7 +379,8 @@ def arm(text: str):
             scoped(loop_config, _set_loop_config, a.loops), scoped(fp8_mode, set_fp8_mode, a.fp8_mode), \
             scoped(fp8_programs, _set_fp8_programs, a.fp8_programs), \
             scoped(prefetch_cap, _set_prefetch_cap, a.prefetch_cap), \
-            scoped(role_policies, _set_role_policies, a.role_policies):
+            scoped(role_policies, _set_role_policies, a.role_policies), \
+            scoped(pair_dots, _set_pair_dots, a.pair_dots):
         yield
 
 
@@ -356,7 +388,9 @@ _NORM_ARMS = tuple(f"norm{p}" for p in NORM_PLACES)
 FP8_MODES = ("cast", "ptx", "wide")  # how e4m3 weights become the activation dtype (``set_fp8_mode``)
 _FP8_ARMS = {f"f8{m}" for m in FP8_MODES}
 _FP8_SPLIT_ARMS = ("f8x1", "f8x2")  # fp8 weights' split target (``fp8_programs``)
-_ONE_OF = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, set(_NORM_ARMS), _FP8_ARMS, set(_FP8_SPLIT_ARMS))
+_PAIR_ARMS = tuple(f"pair{n}" for n in PAIR_DOTS)
+_ONE_OF = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, set(_NORM_ARMS), _FP8_ARMS, set(_FP8_SPLIT_ARMS),
+           set(_PAIR_ARMS))
 _POLICY_ARM = re.compile(r"(" + "|".join(ROLES) + r")\.(fill|lean|wave)")  # +<role>.<split policy>
 _LOOP_ARM = re.compile(r"(?:(" + "|".join(ROLES) + r")\.)?k(32|64|128|256|512)s([1-6])w([248])")  # +[<role>.]k<BK>s<S>w<W>
 
@@ -371,7 +405,7 @@ def parse_arm(text: str) -> Arm:
     kv_tiles, rows_argmax, rope_store, place = KV_PREFETCH_TILES, DEFAULT_ON, True, DEFAULT_NORM_PLACE
     loops = {}  # forced loops: none by default (the rules of loop_for)
     f8, f8x = DEFAULT_FP8_MODE, DEFAULT_FP8_PROGRAMS
-    cap, policies = PREFETCH_MAX_WEIGHT_BYTES, {}
+    cap, policies, pairs = PREFETCH_MAX_WEIGHT_BYTES, {}, DEFAULT_PAIR_DOTS
     keys = [_key(e) for e in extras]  # at most one part a key: each set of _ONE_OF, each prefix, each role's loop / policy
     ok = mode in SPLIT_MODES and len(set(keys)) == len(keys)
     for e in extras:
@@ -401,16 +435,18 @@ def parse_arm(text: str) -> Arm:
             f8 = e[2:]
         elif e in _FP8_SPLIT_ARMS:
             f8x = int(e[3])
+        elif e in _PAIR_ARMS:
+            pairs = int(e[4:])
         else:
             ok = False
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
                          f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro|+normtail|+normauto][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide][+f8x1|+f8x2]"
-                         f"[+pfcap<MiB>][+<role>.fill|lean|wave], split modes "
+                         f"[+pfcap<MiB>][+<role>.fill|lean|wave][+pair1|+pair2], split modes "
                          f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, MiB 0..{MAX_PREFETCH_CAP_MIB}, tiles 0..8, BK 32 / 64 / 128 / 256 / 512, S 1..6, "
                          f"W 2 / 4 / 8, at most one loop per role (roles {', '.join(ROLES)}: +<role>.k<BK>s<S>w<W>)")
     return Arm(mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, place,
-               tuple(sorted(loops.items())), f8, f8x, cap, tuple(sorted(policies.items())))
+               tuple(sorted(loops.items())), f8, f8x, cap, tuple(sorted(policies.items())), pairs)
 
 
 def _key(e: str) -> str:
@@ -449,7 +485,8 @@ def parse_split_modes(text: str) -> list[str]:
                          f"norms as their own launches, GEMM prologues, the previous GEMM's tail, or the tail for narrow "
                          f"streams), +[<role>.]k<BK>s<S>w<W> (a K loop), "
                          f"+f8cast / +f8ptx / +f8wide and +f8x1 / +f8x2 (fp8 weights), +pfcap<MiB> (the largest weight that "
-                         f"prefetches), +<role>.fill / .lean / .wave (one role's split policy){why}")
+                         f"prefetches), +<role>.fill / .lean / .wave (one role's split policy), +pair1 / +pair2 (a paired GEMM's "
+                         f"dots a K step){why}")
     return modes
 
 
@@ -806,8 +843,9 @@ def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS
                  PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
                  ARGMAX_RED: tl.constexpr = 256, FP8_MODE: tl.constexpr = 0, PTX: tl.constexpr = False,
                  TAIL: tl.constexpr = False, TAIL_NB: tl.constexpr = 16, TAIL_ROWS: tl.constexpr = 1,
-                 USE_PDL: tl.constexpr = False):
+                 JOIN: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     # SPLIT: 0 one program per column tile; 1 partials for _reduce_kernel; 2 partials, the last program reduces
+    # JOIN (PAIRED only): one dot a K step over both halves' rows (pair_dots)
     # TAIL: the tail norm of OUT into XO (_norm_tail), after the epilogue (SPLIT 1: _reduce_kernel's)
     # FP8_MODE: the index of the fp8 mode (FP8_MODES) e4m3 weights convert by (W4: W as int32, mode wide);
     # PTX: inline PTX may run (a GPU; the interpreter runs Triton ops)
@@ -853,25 +891,41 @@ def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS
         tl.debug_barrier()  # the CTA's stores before its loads of XN
         src = XN
         src_stride = K
+    if JOIN:  # rows 0..BLOCK_N-1: c1; BLOCK_N..2 BLOCK_N-1: c2 (one [2 BLOCK_N, BLOCK_K] tile a step)
+        i2 = tl.arange(0, 2 * BLOCK_N)
+        j12 = pid_n * BLOCK_N + i2 % BLOCK_N
+        c12 = (j12 // G) * (2 * G) + j12 % G + (i2 // BLOCK_N) * G  # _columns' c1, then its c2 = c1 + G
+        n12 = j12 < N_LOG
+        acc12 = tl.zeros([2 * BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
         xt = tl.load(src + offs_m[None, :] * src_stride + offs_k[:, None], mask=m_mask[None, :] & k_mask[:, None],
                      other=0.0)  # [BLOCK_K, BLOCK_M]
-        w1 = _weights(W, W4, c1, n_mask, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE, PTX,
-                      BLOCK_N, BLOCK_K)
-        if IEEE:  # fp32 inputs, or the interpreter (its bf16 tl.dot is wrong in Triton 3.9; bf16 products are
-            # exact in fp32, so only the summation order differs from the GPU's tensor cores)
-            acc1 = tl.dot(w1.to(tl.float32), xt.to(tl.float32), acc1, input_precision="ieee")
+        if JOIN:
+            w12 = _weights(W, W4, c12, n12, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE, PTX,
+                           2 * BLOCK_N, BLOCK_K)
+            if IEEE:
+                acc12 = tl.dot(w12.to(tl.float32), xt.to(tl.float32), acc12, input_precision="ieee")
+            else:
+                acc12 = tl.dot(w12, xt, acc12)
         else:
-            acc1 = tl.dot(w1, xt, acc1)
-        if PAIRED:
+            w1 = _weights(W, W4, c1, n_mask, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE, PTX,
+                          BLOCK_N, BLOCK_K)
+            if IEEE:  # fp32 inputs, or the interpreter (its bf16 tl.dot is wrong in Triton 3.9; bf16 products are
+                # exact in fp32, so only the summation order differs from the GPU's tensor cores)
+                acc1 = tl.dot(w1.to(tl.float32), xt.to(tl.float32), acc1, input_precision="ieee")
+            else:
+                acc1 = tl.dot(w1, xt, acc1)
+        if PAIRED and not JOIN:
             w2 = _weights(W, W4, c2, n_mask, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE, PTX,
                           BLOCK_N, BLOCK_K)
             if IEEE:
                 acc2 = tl.dot(w2.to(tl.float32), xt.to(tl.float32), acc2, input_precision="ieee")
             else:
                 acc2 = tl.dot(w2, xt, acc2)
+    if JOIN:  # the two halves' sums back apart: [2, BLOCK_N, BLOCK_M] -> [BLOCK_N, BLOCK_M, 2] -> two
+        acc1, acc2 = tl.split(tl.permute(tl.reshape(acc12, [2, BLOCK_N, BLOCK_M]), [1, 2, 0]))
     if EPI == 4:  # argmax (never split: gemm() keeps it unsplit)
         _argmax_tail(acc1, offs_m, j, m_mask, n_mask, OUT, PART, TICKETS, SCALE, BIAS, pid_n, x_dt, FP8, HAS_BIAS,
                      BLOCK_M, ARGMAX_RED)
@@ -1127,7 +1181,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             NORM=norm, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block) if norm else 0,
             NRM_ITERS=triton.cdiv(min(per, k), ss_block) if norm else 0,
             IEEE=fp32_dot(x.dtype), ARGMAX_RED=ARGMAX_BLOCK, **_fp8_launch(x, w), num_warps=warps, num_stages=stages, **ptrs, **args, **prefetch,
-            TAIL=normed is not None and split != 1, **launch_args(x))
+            TAIL=normed is not None and split != 1, JOIN=paired and _pair_dots == 1, **launch_args(x))
         if split == 1:
             # the GEMM's warps: a tail's sum of squares has the order of its tile's layout, which the warp count
             # sets, so pass and ticket give the same bits (the split sum and epilogue are elementwise)

@@ -14,6 +14,11 @@
 #             bench.spec, the real SmolLM2 (Q4_1 GGUF in bf16, the shipped EAGLE head), gemm engine + PDL, ngram and
 #             eagle, k 4, batch 1, 16 held-out ShareGPT prompts, the defaults against 12-04c's before
 #             (+o.fill+gate_up.fill+normsep), 5 repeats in the same rounds
+#   run.sh 6  carry .gpu/fb (a fresh machine): install; the GPU tests of the gemm path and PDL with the paired GEMMs
+#             (qkv with RoPE, gate_up) as one dot over both halves (the new default: warp-group MMA); bench.gemm_fused
+#             --pdl, three shapes: one dot against a dot per half (+pair2)
+#   run.sh 7  (right after 6, the same machine) issue 17: bench.pdl, three shapes, bf16 and fp8 weights (8B: bf16):
+#             one dot against a dot per half
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1}
@@ -59,6 +64,28 @@ case $PART in
   grep -E "^\| attnlab|vs first|tok/s" $LOGS/spec_ab.log | head -n 30
   cp /tmp/spec/ab.md "$OUT/" 2>/dev/null; cp $LOGS/spec_ab.log "$OUT/"
   tar czf "$OUT/spec5.tgz" -C /tmp spec 2>/dev/null
+  ;;
+6)
+  install_fb
+  step "GPU tests: the paired loop one dot against two, the gemm path, PDL"
+  timeout 260 $PY -m pytest -q -p no:cacheprovider -ra --durations=6 tests/integration/test_gpu_gemm.py \
+    tests/integration/test_gpu_pdl.py > $LOGS/tests6.log 2>&1
+  echo "exit code $?"; grep -E "passed|failed|FAILED|Error|s call" $LOGS/tests6.log | tail -n 14; cp $LOGS/tests6.log "$OUT/"
+  step "issue 17: bench.gemm_fused --pdl, three shapes: one dot against a dot per half"
+  timeout 100 $PY -m attnlab.bench.gemm_fused --pdl --splits fill/ticket,fill/ticket+pair2 --out "$OUT/pair6.json" \
+    > $LOGS/pair6.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/pair6.log | cut -c1-260
+  cp $LOGS/pair6.log "$OUT/"
+  ;;
+7)
+  step "issue 17: bench.pdl, 1B and SmolLM2, bf16 and fp8 weights: one dot against a dot per half"
+  timeout 230 $PY -m attnlab.bench.pdl --models llama-3.2-1b,smollm2-135m --engines gemm --rounds 5 --new 128 \
+    --weights bf16,fp8w --gemm-splits fill/ticket,fill/ticket+pair2 --out "$OUT/pair7" > $LOGS/pair7.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/pair7.log
+  step "issue 17: bench.pdl, 8B, bf16: one dot against a dot per half"
+  timeout 150 $PY -m attnlab.bench.pdl --models llama-3.1-8b --engines gemm --rounds 5 --new 128 \
+    --gemm-splits fill/ticket,fill/ticket+pair2 --out "$OUT/pair7_8b" > $LOGS/pair7_8b.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/pair7_8b.log
+  tar czf "$OUT/logs7.tgz" -C $LOGS . 2>/dev/null
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac

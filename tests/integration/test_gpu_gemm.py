@@ -155,6 +155,40 @@ def test_ticket_reduction_is_the_reduce_pass_bit_for_bit_racing_and_in_graphs(n,
     assert not gemm._ticket_buffer(x.device).any()
 
 
+@pytest.mark.parametrize("weights", ["bf16", "fp8"])
+@pytest.mark.parametrize("n,k,epilogue", [(1920, 576, "silu_mul"), (16384, 2048, "silu_mul"), (3072, 2048, "rope"),
+                                          (28672, 4096, "silu_mul")])
+def test_paired_loop_one_dot_against_two(n, k, epilogue, weights):
+    """gemm.pair_dots on real SMs (SmolLM2 / 1B gate_up, 1B qkv with RoPE, 8B gate_up): the one-dot loop (the
+    default, warp-group MMA) and the dot per half (+pair2, mma.sync) give the same outputs up to their sums' order;
+    each is row-invariant (M 1 / 5 / 9 against 16), and its ticket reduction gives the pass's bits racing."""
+    g = torch.Generator(device="cuda").manual_seed(n + k)
+    x = torch.randn(16, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16)
+    kw = {"epilogue": epilogue, "role": "gate_up" if epilogue == "silu_mul" else "qkv"}
+    if epilogue == "rope":
+        cs = torch.randn(16, 64, device="cuda", generator=g).to(torch.bfloat16)
+        kw.update(cos=cs, sin=cs.flip(-1), head_dim=64, rope_cols=2560)
+    if weights == "fp8":
+        w8, sw = quantize_rows(w)
+        kw["w_scale"], w = sw.view(-1), w8
+
+    def run(m):
+        return gemm.gemm(x[:m], w, **{key: v[:m] if key in ("cos", "sin") else v for key, v in kw.items()})
+
+    outs = {}
+    for dots in (1, 2):
+        with gemm.arm(f"fill/pass+pair{dots}"):
+            refs = [run(m) for m in (1, 5, 9, 16)]
+        for m, ref in zip((1, 5, 9), refs):
+            assert torch.equal(ref, refs[-1][:m]), f"pair{dots}: M={m}"
+        with gemm.arm(f"fill/ticket+pair{dots}"):
+            _same_bits_racing(lambda: [run(m) for m in (1, 5, 9, 16)], refs, f"pair{dots}")
+        outs[dots] = refs[-1]
+    torch.testing.assert_close(outs[1].float(), outs[2].float(), atol=3e-2, rtol=2 * 2.0**-8)  # ~2 bf16 ulps
+    assert not gemm._ticket_buffer(x.device).any()
+
+
 def _same_bits_racing(run, refs, what: str) -> None:
     """``run()`` gives ``refs``' bits 50 times eagerly and over 50 replays of its CUDA graph (programs racing on
     their tickets: a missing fence or a ticket left taken would show as a wrong or stale tile)."""

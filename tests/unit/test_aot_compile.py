@@ -67,3 +67,43 @@ def test_refuses_under_the_interpreter():
         pytest.skip("a CUDA machine: the interpreter is off in this process")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"), compile_only():
         pass
+
+
+_PAIRED_MMA = """
+import re, sys, torch
+from triton.runtime.jit import JITFunction
+from attnlab.kernels import aot, gemm
+got = {}
+with aot.compile_only(90):
+    inner = JITFunction.run
+    def run(self, *a, grid, warmup, **kw):
+        kern = inner(self, *a, grid=grid, warmup=warmup, **kw)
+        got[self.__name__] = kern
+        return kern
+    JITFunction.run = run
+    x = torch.zeros(1, 2048, dtype=torch.bfloat16)
+    for weights in ("bf16", "fp8"):
+        w = torch.zeros(4096, 2048, dtype=torch.float8_e4m3fn if weights == "fp8" else torch.bfloat16)
+        for arm in ("fill/ticket", "fill/ticket+pair2"):
+            with gemm.arm(arm):
+                gemm.gemm(x, w, w_scale=torch.ones(4096) if weights == "fp8" else None, epilogue="silu_mul",
+                          role="gate_up")
+            ir = got["_gemm_kernel"].asm["ttgir"]
+            print(weights, arm, re.search(r"nvidia_mma<\\{versionMajor = (\\d)", ir).group(1),
+                  len(re.findall(r"tt\\.dot ", ir)))  # the dots left to mma.sync
+"""
+
+
+@pytest.mark.slow
+def test_paired_gemm_takes_one_warp_group_mma_on_sm90():
+    """gemm.pair_dots: the paired loop's one [2 x BLOCK_N, BLOCK_K] dot lowers to Hopper's warp-group MMA (version
+    3), as an unpaired GEMM's; a dot per half (+pair2) is a [BLOCK_N, BLOCK_K] tile that takes mma.sync (version 2),
+    its rows loaded (and for fp8 converted) by two warps each. The reason the default is one dot."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _PAIRED_MMA], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = {tuple(line.split()[:2]): tuple(int(v) for v in line.split()[2:]) for line in proc.stdout.splitlines()}
+    for weights in ("bf16", "fp8"):
+        assert got[(weights, "fill/ticket")] == (3, 0), proc.stdout
+        assert got[(weights, "fill/ticket+pair2")] == (2, 2), proc.stdout

@@ -227,6 +227,60 @@ def test_rope_epilogue(m, heads, kv_heads, head_dim, dtype):
     _close(y[:, q_cols + kv_cols:], v, dtype)
 
 
+@pytest.mark.parametrize("weights", ["bf16", "fp8"])
+@pytest.mark.parametrize("epilogue", ["silu_mul", "rope"])
+@pytest.mark.parametrize("mode", ["fill/pass", "fill/ticket"])
+def test_paired_loop_one_dot_or_two_gives_the_pairs_sums(epilogue, weights, mode):
+    """A paired GEMM's K loop (gemm.pair_dots): one dot over both halves' rows (the default) or a dot per half
+    (+pair2). Each is correct against torch and row-invariant (M 1 / 5 / 9 against M 16), split or not, and both
+    give the same outputs up to their sums' order."""
+    n, k, head_dim = 192, 1100, 32  # 2 heads of q, 2 of k (rope_cols 128), 2 of v; 8+ splits of 1100
+    x, w, g = _data(16, n, k, torch.bfloat16, seed=11)
+    kw = {"epilogue": epilogue}
+    if epilogue == "rope":
+        positions = torch.randint(0, 4000, (16,), generator=g)
+        cos, sin = rope.cos_sin(positions, rope.inv_freq(head_dim, 10000.0), torch.bfloat16)
+        kw.update(cos=cos, sin=sin, head_dim=head_dim, rope_cols=128)
+    if weights == "fp8":
+        w8, sw = quantize_rows(w)
+        kw["w_scale"], w = sw.view(-1), w8
+
+    def run(rows):
+        part = {key: v[:rows] if key in ("cos", "sin") else v for key, v in kw.items()}
+        return gemm.gemm(x[:rows], w, **part)
+
+    outs = {}
+    for dots in (1, 2):
+        with gemm.arm(f"{mode}+pair{dots}"):
+            assert gemm.pair_dots() == dots
+            outs[dots] = full = run(16)
+            for m in (1, 5, 9):
+                assert torch.equal(run(m), full[:m]), f"pair{dots}: M={m}"
+    assert gemm.pair_dots() == gemm.DEFAULT_PAIR_DOTS == 1
+    wf = w.float() * kw["w_scale"][:, None] if weights == "fp8" else w.float()
+    ref = F.linear(x.float(), wf)
+    if epilogue == "silu_mul":
+        gate, up = ref.to(torch.bfloat16).split(n // 2, dim=-1)
+        _close(outs[1], F.silu(gate) * up, torch.bfloat16)
+    else:
+        _close(outs[1][:, 128:], ref[:, 128:].to(torch.bfloat16), torch.bfloat16)  # v: no rotation
+    _close(outs[1], outs[2], torch.bfloat16)
+
+
+def test_pair_arms_parse_and_conflict():
+    assert gemm.parse_arm("fill/ticket").pair_dots == 1
+    assert gemm.parse_arm("lean/ticket+pair2+normsep").pair_dots == 2
+    with pytest.raises(ValueError, match="pair1"):
+        gemm.parse_arm("fill/ticket+pair1+pair2")
+    with pytest.raises(ValueError, match="pair1"):
+        gemm.parse_arm("fill/ticket+pair3")
+    with pytest.raises(ValueError, match="pair dots"):
+        gemm._set_pair_dots(3)
+    a, b = gemm.parse_arm("fill/ticket"), gemm.parse_arm("fill/ticket+pair2")
+    assert gemm.sums_key(a) != gemm.sums_key(b)  # another MMA: the pairs' sums may round apart
+    assert gemm.sums_key(a) == gemm.sums_key(gemm.parse_arm("fill/pass+pair1"))  # the reduction: the same bits
+
+
 @pytest.mark.parametrize("mode", ["fill/pass", "fill/ticket"])
 @pytest.mark.parametrize("m", [1, 5])
 def test_rope_positions_read_the_tables_bit_for_bit(m, mode):
