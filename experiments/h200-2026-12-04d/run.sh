@@ -8,7 +8,8 @@
 #             gained), a partial weight prefetch (2 chunks) for weights up to 16 MiB, and two loops for every layer
 #             GEMM (256 x 4 at 8 warps; 128 x 6 at 4)
 #   run.sh 2  carry .gpu/g2a: install it; issue 17 at 8B, bf16: the o / down loops and the partial prefetch;
-#             bench.gemm_fused --pdl at 1B / 8B under the same arms
+#             bench.gemm_fused --pdl at 1B / 8B under the same arms (not run: the arms lost at 1B in part 1, and
+#             the sitting installed .gpu/g2a alone, `bash .gpu/g2a/install.sh`)
 #   run.sh 3  carry .gpu/g2b: install it          run.sh 4  carry .gpu/g3a: install it
 #   run.sh 5  carry .gpu/g3b: install it (joins the GGUF); issue 17's real-model before / after in one process:
 #             bench.spec, the real SmolLM2 (Q4_1 GGUF in bf16, the shipped EAGLE head), gemm engine + PDL, ngram and
@@ -19,6 +20,9 @@
 #             --pdl, three shapes: one dot against a dot per half (+pair2)
 #   run.sh 7  (right after 6, the same machine) issue 17: bench.pdl, three shapes, bf16 and fp8 weights (8B: bf16):
 #             one dot against a dot per half
+#   run.sh 8  (the same machine) bench.gemm, 1B, M 1 / 5: fp8 weights' K loop and split target (+f8x1, +k128s4w4)
+#   run.sh 9  (the same machine) bench.pdl, 1B bf16 / fp8w and 8B bf16: the LM head and the MLP at 128 x 4 stages
+# REPEATS=12 run.sh 5 is part 5 with 12 repeats (the sitting's second run of it, on the same machine).
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1}
@@ -59,8 +63,8 @@ case $PART in
   cp .gpu/g3b/sg_heldout_all.jsonl.gz $DATA; mkdir -p /tmp/spec
   step "issue 17: real SmolLM2, gemm engine + PDL, ngram and eagle, k 4, batch 1: now against 12-04c's before"
   timeout 420 $S --gemm triton --pdl --gemm-split fill/ticket,fill/ticket+o.fill+gate_up.fill+normsep \
-    --backends triton --drafters ngram,eagle --k 4 --batch 1 --repeats 5 --prompts $DATA --num-prompts 16 --new 128 \
-    --out /tmp/spec/ab > $LOGS/spec_ab.log 2>&1; echo "exit code $?"
+    --backends triton --drafters ngram,eagle --k 4 --batch 1 --repeats ${REPEATS:-5} --prompts $DATA --num-prompts 16 \
+    --new 128 --out /tmp/spec/ab > $LOGS/spec_ab.log 2>&1; echo "exit code $?"
   grep -E "^\| attnlab|vs first|tok/s" $LOGS/spec_ab.log | head -n 30
   cp /tmp/spec/ab.md "$OUT/" 2>/dev/null; cp $LOGS/spec_ab.log "$OUT/"
   tar czf "$OUT/spec5.tgz" -C /tmp spec 2>/dev/null
@@ -86,6 +90,21 @@ case $PART in
     --gemm-splits fill/ticket,fill/ticket+pair2 --out "$OUT/pair7_8b" > $LOGS/pair7_8b.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/pair7_8b.log
   tar czf "$OUT/logs7.tgz" -C $LOGS . 2>/dev/null
+  ;;
+8)
+  step "issue 17: bench.gemm, 1B, M 1 / 5: fp8 weights' loop and split target"
+  timeout 200 $PY -m attnlab.bench.gemm --models llama1b --ms 1,5 --repeats 3 \
+    --split-modes fill/ticket,fill/ticket+f8x1,fill/ticket+k128s4w4,fill/ticket+pair2 --out "$OUT/gemm8.json" \
+    > $LOGS/gemm8.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/gemm8.log | cut -c1-420; cp $LOGS/gemm8.log "$OUT/"
+  ;;
+9)
+  step "issue 17: bench.pdl, 1B bf16 / fp8w: the LM head, the MLP and every GEMM at 128 x 4 stages; 8B: the LM head"
+  timeout 200 $PY -m attnlab.bench.pdl --models llama-3.2-1b --engines gemm --rounds 4 --new 128 --weights bf16,fp8w \
+    --gemm-splits "fill/ticket,fill/ticket+lm_head.k128s4w4,fill/ticket+gate_up.k128s4w4+down.k128s4w4+lm_head.k128s4w4,\
+fill/ticket+k128s4w4" --out "$OUT/loops9" > $LOGS/loops9.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/loops9.log
+  timeout 120 $PY -m attnlab.bench.pdl --models llama-3.1-8b --engines gemm --rounds 4 --new 128 \
+    --gemm-splits fill/ticket,fill/ticket+lm_head.k128s4w4 --out "$OUT/loops9_8b" > $LOGS/loops9_8b.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/loops9_8b.log
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac
