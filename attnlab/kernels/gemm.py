@@ -8,8 +8,8 @@ Layout: swap-AB. A program owns BLOCK_N output columns and all BLOCK_M = 16 (pad
 tile [BLOCK_N, BLOCK_K] is contiguous along K, so its loads are 16-byte vectors). Weight bound at these M:
 the goal is to stream W at copy bandwidth and to swallow the small kernels around the GEMM.
 
-Row invariance: every output element is reduced over K in an order that depends on (K, the tile config,
-the split count) only, and the split count is a function of (N, K, the weight dtype, the tile config, the split
+Row invariance: every output element is reduced over K in an order that depends on (K, the tile config, a paired
+loop's dots a step (``pair_dots``), the split count) only, and the split count is a function of (N, K, the weight dtype, the tile config, the split
 mode and, for fp8 weights, their split target), never of M. Padded rows are zeros and no row's arithmetic reads another's. Split-K partials go to an
 fp32 workspace and are summed in split order, then the epilogue runs. So a row computed at M = 1 (decode) is
 bit-identical to the same row inside M = 5, 9 or 16 (verify).
@@ -392,6 +392,17 @@ _PAIR_ARMS = tuple(f"pair{n}" for n in PAIR_DOTS)
 _ONE_OF = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, set(_NORM_ARMS), _FP8_ARMS, set(_FP8_SPLIT_ARMS),
            set(_PAIR_ARMS))
 _POLICY_ARM = re.compile(r"(" + "|".join(ROLES) + r")\.(fill|lean|wave)")  # +<role>.<split policy>
+SMEM_BYTES = 232448  # sm_90's shared memory a block may have: a forced K loop must fit it (``loop_smem``)
+
+
+def loop_smem(block_k: int, stages: int) -> int:
+    """Bytes of shared memory a forced K loop's stages take at 16-bit weights (the largest: fp8 halves the weight
+    tile): 64 weight rows (a paired GEMM's one tile too) and the 16 padded rows of x, BLOCK_K wide, one buffer a
+    stage (the warp-group MMA's pipeline; sm_90 compiles of gate_up and o / down, Triton 3.6). The H200 refused
+    +k512s3w4 / +k512s3w8 at launch with exactly this figure, 245,760 B (experiments/h200-2026-12-04b, loops.log)."""
+    return stages * block_k * (64 + BLOCK_M) * 2
+
+
 _LOOP_ARM = re.compile(r"(?:(" + "|".join(ROLES) + r")\.)?k(32|64|128|256|512)s([1-6])w([248])")  # +[<role>.]k<BK>s<S>w<W>
 
 
@@ -427,6 +438,10 @@ def parse_arm(text: str) -> Arm:
         elif _LOOP_ARM.fullmatch(e):
             role, *loop = _LOOP_ARM.fullmatch(e).groups()
             loops[role or "all"] = tuple(int(v) for v in loop)
+            if loop_smem(loops[role or "all"][0], loops[role or "all"][1]) > SMEM_BYTES:
+                raise ValueError(f"gemm arm {text!r}: +{e} needs {loop_smem(*loops[role or 'all'][:2]):,} B of shared "
+                                 f"memory at 16-bit weights, above sm_90's {SMEM_BYTES:,} (fewer stages or a "
+                                 f"smaller BLOCK_K)")
         elif e in ("lmargmax", "lmlogits"):
             fused_argmax = e == "lmargmax"
         elif e in ("ropetable", "ropecalc"):
@@ -784,7 +799,9 @@ def _byte_to_bf16(b):
 def _e4m3x4_to_bf16(w4, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PTX: tl.constexpr):
     """fp8 mode ``wide``: w4 [BLOCK_N, BLOCK_K // 4] int32, 4 e4m3 weights each (byte i: column 4c + i) ->
     [BLOCK_N, BLOCK_K] bf16, converted where they were loaded (16-byte vectors of 16 weights a thread), then joined
-    along K, so the tile reaches the dot as bf16 (no fp8 tile read back in the MMA's register layout)."""
+    along K, so the tile reaches the dot as bf16. Triton 3.6 (the H200's) reads the words from shared memory straight
+    in the MMA's register layout and converts them there; Triton 3.9 converts where loaded and stores the bf16 tile
+    back to shared memory for the MMA."""
     if PTX:
         o0, o1, o2, o3 = tl.inline_asm_elementwise(
             asm=_PTX_WIDE, constraints="=h,=h,=h,=h,r", args=[w4], dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
@@ -983,8 +1000,8 @@ def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, POS, XO
 
 # The fp8 mode of e4m3 weights against bf16 activations (FP8_MODES): ``cast`` Triton's (the fp8 tile read from shared
 # memory in the MMA's register layout 2 bytes a thread, converted there on the conversion units), ``ptx`` the same tile
-# converted by _E4M3X4_PTX, ``wide`` (the default) 4 weights a 32-bit load, converted by _E4M3X4_PTX where loaded,
-# the bf16 tile then into the MMA's layout by ldmatrix. Every mode gives the same bits. Measured (bench.pdl --weights
+# converted by _E4M3X4_PTX, ``wide`` (the default) 4 weights a 32-bit load, converted by _E4M3X4_PTX (under Triton 3.6
+# in the MMA's register layout, read there from shared memory; see _e4m3x4_to_bf16). Every mode gives the same bits. Measured (bench.pdl --weights
 # fp8w, gemm engine, batch 1, PDL on; experiments/h200-2026-12-04b): Llama-3.2-1B shapes cast 741, ptx 835-838, wide
 # 910 tok/s; SmolLM2 cast 1,193, ptx 1,236-1,242, wide 1,297. Alone (bench.gemm, 8B gate_up, M = 1): 57.6 / 54.1 / 50.8 us.
 DEFAULT_FP8_MODE = "wide"

@@ -156,16 +156,22 @@ def test_ticket_reduction_is_the_reduce_pass_bit_for_bit_racing_and_in_graphs(n,
 
 
 @pytest.mark.parametrize("weights", ["bf16", "fp8"])
-@pytest.mark.parametrize("n,k,epilogue", [(1920, 576, "silu_mul"), (16384, 2048, "silu_mul"), (3072, 2048, "rope"),
-                                          (28672, 4096, "silu_mul")])
-def test_paired_loop_one_dot_against_two(n, k, epilogue, weights):
-    """gemm.pair_dots on real SMs (SmolLM2 / 1B gate_up, 1B qkv with RoPE, 8B gate_up): the one-dot loop (the
-    default, warp-group MMA) and the dot per half (+pair2, mma.sync) give the same outputs up to their sums' order;
-    each is row-invariant (M 1 / 5 / 9 against 16), and its ticket reduction gives the pass's bits racing."""
+@pytest.mark.parametrize("n,k,epilogue,extra", [(1920, 576, "silu_mul", "+gate_up.fill"),  # SmolLM2 gate_up, split
+                                                (2000, 1536, "silu_mul", ""),  # a ragged last tile (N / 2 = 1,000)
+                                                (16384, 2048, "silu_mul", ""), (3072, 2048, "rope", ""),  # 1B
+                                                (28672, 4096, "silu_mul", "")])  # 8B gate_up
+def test_paired_loop_one_dot_against_two(n, k, epilogue, extra, weights):
+    """gemm.pair_dots on real SMs (gate_up at SmolLM2 / 1B / 8B shapes, a ragged one, 1B qkv with RoPE): the one-dot
+    loop (the default, warp-group MMA) and the dot per half (+pair2, mma.sync) give the same outputs up to their
+    sums' order; each is row-invariant (M 1 / 5 / 9 against 16), and where it splits K its ticket reduction gives the
+    pass's bits racing (elsewhere the race checks that launches and replays repeat their bits)."""
+    import triton
+
     g = torch.Generator(device="cuda").manual_seed(n + k)
     x = torch.randn(16, k, device="cuda", generator=g).to(torch.bfloat16)
     w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16)
-    kw = {"epilogue": epilogue, "role": "gate_up" if epilogue == "silu_mul" else "qkv"}
+    role = "gate_up" if epilogue == "silu_mul" else "qkv"
+    kw = {"epilogue": epilogue, "role": role}
     if epilogue == "rope":
         cs = torch.randn(16, 64, device="cuda", generator=g).to(torch.bfloat16)
         kw.update(cos=cs, sin=cs.flip(-1), head_dim=64, rope_cols=2560)
@@ -178,12 +184,16 @@ def test_paired_loop_one_dot_against_two(n, k, epilogue, weights):
 
     outs = {}
     for dots in (1, 2):
-        with gemm.arm(f"fill/pass+pair{dots}"):
+        with gemm.arm(f"fill/pass{extra}+pair{dots}"):
             refs = [run(m) for m in (1, 5, 9, 16)]
+            block_n, block_k = gemm.loop_for(w.dtype, x.dtype, k, role)[:2]
+            target = gemm.TARGET_PROGRAMS * (gemm.fp8_programs(k) if weights == "fp8" else 1)
+            splits = gemm.split_k(triton.cdiv(n // 2, block_n // 2), k, block_k, gemm.policy_for(role), target)[0]
+        assert splits > 1 or (n, weights) in ((16384, "bf16"), (28672, "bf16"), (28672, "fp8")), (n, k, splits)
         for m, ref in zip((1, 5, 9), refs):
             assert torch.equal(ref, refs[-1][:m]), f"pair{dots}: M={m}"
-        with gemm.arm(f"fill/ticket+pair{dots}"):
-            _same_bits_racing(lambda: [run(m) for m in (1, 5, 9, 16)], refs, f"pair{dots}")
+        with gemm.arm(f"fill/ticket{extra}+pair{dots}"):
+            _same_bits_racing(lambda: [run(m) for m in (1, 5, 9, 16)], refs, f"pair{dots}, {splits} splits")
         outs[dots] = refs[-1]
     torch.testing.assert_close(outs[1].float(), outs[2].float(), atol=3e-2, rtol=2 * 2.0**-8)  # ~2 bf16 ulps
     assert not gemm._ticket_buffer(x.device).any()

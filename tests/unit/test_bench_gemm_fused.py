@@ -73,6 +73,8 @@ def test_bench_pdl_arms():
     assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+k128s3w4")  # the default's BLOCK_K depends on K
     assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+qkv.k128s4w4")  # one role's loop
     assert not bench_pdl.sums_differ("fill/ticket+qkv.k128s3w4", "fill/ticket+qkv.k128s4w4")  # its stages only
+    assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+pair2")  # the paired GEMMs' MMA: another sum order
+    assert not bench_pdl.sums_differ("fill/ticket", "fill/pass+pair1")
     assert bench_pdl.sums_differ("fill/ticket+qkv.k128s4w4", "fill/ticket+o.k128s4w4")
     assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+f8x2", fp8=True)  # fp8 weights split otherwise
     assert not bench_pdl.sums_differ("fill/ticket", "fill/ticket+f8x2")  # a bf16 side's GEMMs do not see it

@@ -228,19 +228,22 @@ def test_rope_epilogue(m, heads, kv_heads, head_dim, dtype):
 
 
 @pytest.mark.parametrize("weights", ["bf16", "fp8"])
-@pytest.mark.parametrize("epilogue", ["silu_mul", "rope"])
+@pytest.mark.parametrize("epilogue,n,head_dim", [("silu_mul", 192, 0), ("silu_mul", 144, 0), ("rope", 192, 32),
+                                                 ("rope", 80, 16)])
 @pytest.mark.parametrize("mode", ["fill/pass", "fill/ticket"])
-def test_paired_loop_one_dot_or_two_gives_the_pairs_sums(epilogue, weights, mode):
+def test_paired_loop_one_dot_or_two_gives_the_pairs_sums(epilogue, n, head_dim, weights, mode):
     """A paired GEMM's K loop (gemm.pair_dots): one dot over both halves' rows (the default) or a dot per half
-    (+pair2). Each is correct against torch and row-invariant (M 1 / 5 / 9 against M 16), split or not, and both
-    give the same outputs up to their sums' order."""
-    n, k, head_dim = 192, 1100, 32  # 2 heads of q, 2 of k (rope_cols 128), 2 of v; 8+ splits of 1100
+    (+pair2). Each is correct against torch and row-invariant (M 1 / 5 / 9 against M 16), split (K 1,100: 5 splits)
+    or not, whole or ragged last tiles (N / 2 = 72 and 40 against tiles of 32), and both give the same outputs up to
+    their sums' order."""
+    k = 1100
     x, w, g = _data(16, n, k, torch.bfloat16, seed=11)
     kw = {"epilogue": epilogue}
-    if epilogue == "rope":
+    if epilogue == "rope":  # 192: q / k / v 2 heads of 32 each; 80: q 3 heads of 16, k and v 1
+        rope_cols = 128 if n == 192 else 64
         positions = torch.randint(0, 4000, (16,), generator=g)
         cos, sin = rope.cos_sin(positions, rope.inv_freq(head_dim, 10000.0), torch.bfloat16)
-        kw.update(cos=cos, sin=sin, head_dim=head_dim, rope_cols=128)
+        kw.update(cos=cos, sin=sin, head_dim=head_dim, rope_cols=rope_cols)
     if weights == "fp8":
         w8, sw = quantize_rows(w)
         kw["w_scale"], w = sw.view(-1), w8
@@ -263,7 +266,7 @@ def test_paired_loop_one_dot_or_two_gives_the_pairs_sums(epilogue, weights, mode
         gate, up = ref.to(torch.bfloat16).split(n // 2, dim=-1)
         _close(outs[1], F.silu(gate) * up, torch.bfloat16)
     else:
-        _close(outs[1][:, 128:], ref[:, 128:].to(torch.bfloat16), torch.bfloat16)  # v: no rotation
+        _close(outs[1][:, rope_cols:], ref[:, rope_cols:].to(torch.bfloat16), torch.bfloat16)  # v: no rotation
     _close(outs[1], outs[2], torch.bfloat16)
 
 
@@ -276,6 +279,9 @@ def test_pair_arms_parse_and_conflict():
         gemm.parse_arm("fill/ticket+pair3")
     with pytest.raises(ValueError, match="pair dots"):
         gemm._set_pair_dots(3)
+    with pytest.raises(ValueError, match="245,760 B of shared memory"):  # the H200's OutOfResources figure
+        gemm.parse_arm("fill/ticket+gate_up.k512s3w4")
+    assert gemm.loop_smem(128, 5) == 102400 and gemm.parse_arm("fill/ticket+k512s2w8").loops
     a, b = gemm.parse_arm("fill/ticket"), gemm.parse_arm("fill/ticket+pair2")
     assert gemm.sums_key(a) != gemm.sums_key(b)  # another MMA: the pairs' sums may round apart
     assert gemm.sums_key(a) == gemm.sums_key(gemm.parse_arm("fill/pass+pair1"))  # the reduction: the same bits
