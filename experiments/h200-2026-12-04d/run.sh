@@ -23,7 +23,8 @@
 #   run.sh 8  (the same machine) bench.gemm, 1B, M 1 / 5: fp8 weights' K loop and split target (+f8x1, +k128s4w4)
 #   run.sh 9  (the same machine) bench.pdl, 1B bf16 / fp8w and 8B bf16: the LM head and the MLP at 128 x 4 stages
 #   run.sh 10 carry .gpu/fb (a fresh machine): install; the review's mends: test_paired_loop_one_dot_against_two with
-#             splits forced where they were missing and a ragged tile
+#             splits forced where they were missing and a ragged tile; bench.pdl 1B fp8w: the split target once
+#             (+f8x1) against twice (the default) with the one-dot loop
 # REPEATS=12 run.sh 5 is part 5 with 12 repeats (the sitting's second run of it, on the same machine).
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
@@ -114,6 +115,10 @@ fill/ticket+k128s4w4" --out "$OUT/loops9" > $LOGS/loops9.log 2>&1; echo "exit co
   timeout 200 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py -k paired \
     > $LOGS/tests10.log 2>&1; echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests10.log | tail -n 12
   cp $LOGS/tests10.log "$OUT/"
+  step "issue 17: bench.pdl, 1B, fp8 weights: split target once (+f8x1) against twice"
+  timeout 120 $PY -m attnlab.bench.pdl --models llama-3.2-1b --engines gemm --rounds 4 --new 128 --weights bf16,fp8w \
+    --gemm-splits fill/ticket,fill/ticket+f8x1 --out "$OUT/f8x10" > $LOGS/f8x10.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/f8x10.log
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac
