@@ -78,6 +78,9 @@ class PrecisionSchema:
     # weight_only (passes of <= 16 tokens: attnlab.kernels.gemm dequantizes the e4m3 weights inside the GEMM,
     # no activation quantization; W8A8 above 16). precision=fp8w-draft; docs/precision.md
     fp8_gemm: str = "w8a8"
+    # fp8 draft weights: the drafter's LM head in e4m3 too (its own copy where tied to the embeddings); off: bf16,
+    # as the usual fp8 checkpoints keep it. Only what the drafter proposes changes (tau); docs/precision.md
+    fp8_lm_head: bool = False
 
 
 @dataclass
@@ -328,6 +331,12 @@ def resolve_precision(p, device: str) -> dict[str, str]:
     if fp8_gemm != "w8a8" and draft != "fp8_e4m3":
         raise ConfigError(f"precision.fp8_gemm={fp8_gemm}: applies to fp8 draft weights only (precision.draft="
                           f"{draft}; use precision=fp8w-draft, or precision.fp8_gemm=w8a8)")
+    fp8_head = getattr(p, "fp8_lm_head", False)
+    if not isinstance(fp8_head, bool):
+        raise ConfigError(f"precision.fp8_lm_head={fp8_head!r}: true or false")
+    if fp8_head and draft != "fp8_e4m3":
+        raise ConfigError(f"precision.fp8_lm_head=true: applies to fp8 draft weights only (precision.draft={draft}; "
+                          f"use precision=fp8w-draft)")
     kv_scale = getattr(p, "kv_scale", 1.0)
     if not (isinstance(kv_scale, (int, float)) and math.isfinite(kv_scale) and kv_scale > 0):
         raise ConfigError(f"precision.kv_scale={kv_scale!r}: must be a finite number > 0 (fp8 KV stores "
@@ -685,7 +694,8 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
         backend_options=pl.frozen_mapping(to_container(cfg.backend.get("options")) or {}),
         verify_options=pl.frozen_mapping(to_container(cfg.verify.get("options")) or {}),
         precision=pl.Precision(**precision, kv_scale=float(cfg.precision.kv_scale),
-                               fp8_gemm=cfg.precision.get("fp8_gemm", "w8a8")),
+                               fp8_gemm=cfg.precision.get("fp8_gemm", "w8a8"),
+                               fp8_lm_head=bool(cfg.precision.get("fp8_lm_head", False))),
         kv=pl.KVPlan(kv.layout, kv.page_size, kv.num_pages, kv.max_context,
                      bool(kv.get("allow_past_model_context", False))),
         spec=pl.SpecPlan(k, s.topk, float(s.temperature), s.top_k, float(s.top_p), num_steps),

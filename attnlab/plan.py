@@ -61,6 +61,7 @@ class Precision:
     kv_draft: str
     kv_scale: float = 1.0  # per-tensor K/V scale of fp8 KV pools
     fp8_gemm: str = "w8a8"  # fp8 draft weights: w8a8 | weight_only (attnlab.kernels.gemm at <= 16 rows)
+    fp8_lm_head: bool = False  # fp8 draft weights: the drafter's LM head in e4m3 too
 
 
 @dataclass(frozen=True)

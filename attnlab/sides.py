@@ -53,7 +53,7 @@ def side_spec(plan: RunPlan, work: Prepared, side: str, backend: str, *, graphs:
         page_size=work.page_size, max_context=work.max_context, max_batch=plan.workload.batch_size,
         device=plan.device, name=name or side, num_pages=plan.kv.num_pages,
         layers=work.draft_layers if draft and plan.draft.kind == "self" else None,
-        kv_scale=p.kv_scale, fp8_gemm=p.fp8_gemm, cuda_graph=fast,
+        kv_scale=p.kv_scale, fp8_gemm=p.fp8_gemm, fp8_lm_head=draft and p.fp8_lm_head, cuda_graph=fast,
         # graph buffers hold the longest pass: verify k + 1, a tree's topk-wide draft steps (sglang#27338)
         max_q_len=max(plan.k + 1, plan.spec.topk) if fast else 16,
         fused_ops=graphs and plan.engine.fused_ops or invariant, invariant=invariant,

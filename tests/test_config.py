@@ -139,6 +139,7 @@ def test_the_run_plan_is_frozen_and_typed():
     (["engine.gemm_prefetch=-1"], "engine.gemm_prefetch=-1: an integer"),
     (["precision.fp8_gemm=weight_only"], "precision.fp8_gemm=weight_only"),  # bf16 draft weights
     (["precision.fp8_gemm=w4a16"], "precision.fp8_gemm='w4a16'"),
+    (["precision.fp8_lm_head=true"], "precision.fp8_lm_head=true: applies to fp8 draft weights only"),
     (["precision=fp8w-draft"], "precision.draft='fp8_e4m3'"),  # CPU: no fp8 matmul
     (["engine.decode_steps_per_sync=0"], "engine.decode_steps_per_sync=0"),
     (["engine.decode_steps_per_sync=4", "spec.temperature=0.7"], "engine.decode_steps_per_sync=4"),

@@ -38,7 +38,8 @@ from attnlab.plan import GEMM_PATHS, ModelSource
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import NoDrafter
 
-WEIGHTS = ("bf16", "fp8w")  # a side's weights: bf16, or e4m3 layer projections dequantized in the small-M GEMM
+WEIGHTS = ("bf16", "fp8w", "fp8wh")  # a side's weights: bf16; e4m3 layer projections dequantized in the small-M GEMM
+# (fp8w); those and the LM head (fp8wh: precision.fp8_lm_head)
 
 
 def side(model: str, backend: str, batch: int, graphs: bool, max_context: int, dtype="bf16", fused=False,
@@ -46,10 +47,11 @@ def side(model: str, backend: str, batch: int, graphs: bool, max_context: int, d
     """A target side; with ``graphs`` its backend is graph-capable and ``set_host_path`` captures the graphs.
     fused: False | True (engine.fused_ops) | "gemm" (engine.gemm=triton) | "gemm_attn" (engine.gemm=triton_attn).
     weights: ``bf16`` (``dtype``'s), or ``fp8w``: the layer projections' weights e4m3 with per-row scales, weight-only
-    at small M (precision=fp8w-draft's weights; the KV pool stays ``dtype``)."""
+    at small M (precision=fp8w-draft's weights; the KV pool stays ``dtype``); ``fp8wh``: the LM head too."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights={weights!r}: choose from {', '.join(WEIGHTS)}")
-    fp8 = {"dtype": "fp8_e4m3", "fp8_gemm": "weight_only"} if weights == "fp8w" else {"dtype": dtype}
+    fp8 = ({"dtype": "fp8_e4m3", "fp8_gemm": "weight_only", "fp8_lm_head": weights == "fp8wh"}
+           if weights.startswith("fp8") else {"dtype": dtype})
     spec = SideSpec(ModelSource(model, init="random"), backend, kv_dtype=dtype, page_size=16, max_context=max_context,
                     max_batch=batch, device="cuda", cuda_graph=graphs, max_q_len=1, fused_ops=bool(fused),
                     gemm={path: kind for kind, path in GEMM_PATHS.items()}.get(fused, "cublas"), **fp8)

@@ -59,6 +59,7 @@ class SideSpec:
     layers: tuple[int, ...] | None = None
     kv_scale: float | None = None
     fp8_gemm: str = "w8a8"  # fp8 weights: w8a8 | weight_only (FP8Linear.small_m)
+    fp8_lm_head: bool = False  # fp8 weights: the LM head in e4m3 too (quantize_linears' lm_head)
     cuda_graph: bool = False
     max_q_len: int = 16
     fused_ops: bool = False
@@ -82,6 +83,8 @@ def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, pr
     dev = torch.device(spec.device)
     layers = list(spec.layers) if spec.layers else None
     fp8_weights = spec.dtype == "fp8_e4m3"
+    if spec.fp8_lm_head and not fp8_weights:
+        raise ConfigError(f"{spec.name}: an fp8 LM head goes with fp8 weights (dtype fp8_e4m3), not {spec.dtype}")
     wdtype = torch.bfloat16 if fp8_weights else resolve_dtype(spec.dtype)  # compute dtype of the side
     if prebuilt is not None:
         model, mcfg, tok = prebuilt
@@ -92,7 +95,8 @@ def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, pr
             model = base  # already this side's fp8 model (a rebuilt drafter for the acceptance run)
         elif fp8_weights:
             src = base if next(base.parameters()).dtype == wdtype else copy.deepcopy(base).to(wdtype)
-            model = quantize_linears(src, layers=layers, inplace=src is not base, small_m=spec.fp8_gemm)
+            model = quantize_linears(src, layers=layers, inplace=src is not base, small_m=spec.fp8_gemm,
+                                     lm_head=spec.fp8_lm_head)
         else:
             model = base if next(base.parameters()).dtype == wdtype else copy.deepcopy(base).to(wdtype)
         mcfg, tok = share_weights_with.model_config, share_weights_with.tokenizer
@@ -102,7 +106,7 @@ def build_side(spec: SideSpec, share_weights_with: ModelRunner | None = None, pr
                                  overrides=m.overrides_dict(), progress=progress)
         tok = load_tokenizer(m.source, init=m.init, config=mcfg)
         if fp8_weights:
-            model = quantize_linears(model, inplace=True, small_m=spec.fp8_gemm)
+            model = quantize_linears(model, inplace=True, small_m=spec.fp8_gemm, lm_head=spec.fp8_lm_head)
     if spec.fused_ops and dev.type != "cuda":
         raise ConfigError("engine.fused_ops=true needs device=cuda")
     if spec.gemm not in GEMM_KINDS:

@@ -281,15 +281,19 @@ class ModelRunner:
         if head is not None:
             from attnlab.kernels import gemm
 
-            return gemm.linear(hidden, head.weight, head.bias, role="lm_head").float()
+            return gemm.linear(hidden, head.weight, head.bias, w_scale=_scale(head), role="lm_head").float()
         return self.model.compute_logits(hidden)
 
     def _gemm_head(self, hidden: torch.Tensor):
         """The LM head module where this side runs it on attnlab's GEMM (engine.gemm=triton, <= 16 rows, a plain
-        nn.Linear of the activation dtype: not an fp8 or reduced-vocabulary head), else None."""
+        nn.Linear of the activation dtype or a weight-only FP8Linear (precision.fp8_lm_head): not a
+        reduced-vocabulary head), else None."""
+        from attnlab.models.fp8 import FP8Linear
+
         head = getattr(self.model, "lm_head", None)
-        if (self.fused_ops == "gemm" and hidden.shape[0] <= 16 and type(head) is torch.nn.Linear
-                and head.weight.dtype == hidden.dtype and hasattr(self.model, "compute_logits")):
+        plain = type(head) is torch.nn.Linear and head.weight.dtype == hidden.dtype
+        fp8 = isinstance(head, FP8Linear) and head.small_m == "weight_only"
+        if self.fused_ops == "gemm" and hidden.shape[0] <= 16 and (plain or fp8) and hasattr(self.model, "compute_logits"):
             return head
         return None
 
@@ -308,10 +312,10 @@ class ModelRunner:
             from attnlab.kernels import gemm
 
             if gemm.argmax_head():
-                return gemm.argmax_linear(hidden, head.weight, head.bias, role="lm_head")
+                return gemm.argmax_linear(hidden, head.weight, head.bias, w_scale=_scale(head), role="lm_head")
             # the argmax of the model-dtype logits: their fp32 copy (``logits``) is exact and order-preserving,
             # so it has the same first maximum, and skipping it saves a launch a step
-            return argmax.greedy(gemm.linear(hidden, head.weight, head.bias, role="lm_head"))
+            return argmax.greedy(gemm.linear(hidden, head.weight, head.bias, w_scale=_scale(head), role="lm_head"))
         return argmax.greedy(self.logits(hidden))
 
     def capture_graphs(self, q_lens=(1,), num_slots: int = 1, buckets=None, keep: bool = False,
@@ -385,3 +389,8 @@ class ModelRunner:
     def release(self, req: Hashable) -> None:
         if req in self.allocator.lengths:
             self.allocator.free(req)
+
+
+def _scale(head) -> torch.Tensor | None:
+    """An LM head's per-row fp8 scales (FP8Linear), or None (a 16-bit nn.Linear)."""
+    return getattr(head, "weight_scale", None)

@@ -15,8 +15,10 @@ drafter) and runs ``attnlab.kernels.gemm``, which loads the e4m3 weights (half o
 them exactly to the activation dtype inside the GEMM and applies the row scales to the fp32 sums; larger
 passes (prefill) stay W8A8.
 
-Only the decoder layers' projections are quantized (qkv_proj, o_proj, gate_up_proj, down_proj); the
-embeddings, norms and lm_head stay in the model dtype (bf16), as in the usual fp8 checkpoints.
+Only the decoder layers' projections are quantized (qkv_proj, o_proj, gate_up_proj, down_proj) by default; the
+embeddings, norms and lm_head stay in the model dtype (bf16), as in the usual fp8 checkpoints. ``lm_head=True``
+(precision.fp8_lm_head) quantizes the LM head too: a drafter's head is a quarter of a 1B model's bytes a step and only
+sets what it proposes; a head tied to the embeddings gets its own e4m3 copy (the embeddings stay bf16).
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ class FP8Linear(nn.Module):
     """
 
     def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
-                 emulate: bool = False, small_m: str = "w8a8"):
+                 emulate: bool = False, small_m: str = "w8a8", role: str | None = None):
         super().__init__()
+        self.role = role  # attnlab.kernels.gemm's role of its small-M passes (the LM head's: "lm_head")
         if small_m not in SMALL_M:
             raise ValueError(f"small_m={small_m!r}: choose from {', '.join(SMALL_M)}")
         self.small_m = small_m
@@ -68,12 +71,12 @@ class FP8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, dtype: torch.dtype = WEIGHT_FP8, emulate: bool = False,
-                    small_m: str = "w8a8") -> FP8Linear:
+                    small_m: str = "w8a8", role: str | None = None) -> FP8Linear:
         if dtype != WEIGHT_FP8:
             raise ValueError(f"FP8Linear weights are float8_e4m3fn only (got {dtype}); e5m2 is a KV format")
         w8, sw = quantize_rows(linear.weight.detach(), dtype)
         bias = linear.bias.detach().clone() if linear.bias is not None else None
-        return cls(w8, sw, bias, emulate=emulate, small_m=small_m)
+        return cls(w8, sw, bias, emulate=emulate, small_m=small_m, role=role)
 
     def dequantized_weight(self) -> torch.Tensor:
         """[out, in] fp32: what the fp8 matmul effectively multiplies by."""
@@ -86,7 +89,8 @@ class FP8Linear(nn.Module):
             from attnlab.kernels import gemm
 
             bias = self.bias.to(x.dtype) if self.bias is not None else None
-            return gemm.linear(x2, self.weight, bias, w_scale=self.weight_scale).reshape(*lead, self.out_features)
+            return gemm.linear(x2, self.weight, bias, w_scale=self.weight_scale, role=self.role).reshape(
+                *lead, self.out_features)
         a8, sa = quantize_rows(x2, self.weight.dtype)  # [M, K] fp8, [M, 1] fp32
         if self.emulate:
             y = (a8.float() * sa) @ self.dequantized_weight().t()
@@ -117,8 +121,10 @@ def scaled_mm_ok(in_features: int, out_features: int) -> bool:
 
 
 def quantize_linears(model: nn.Module, dtype: torch.dtype = WEIGHT_FP8, *, layers: list[int] | None = None,
-                     emulate: bool = False, inplace: bool = False, small_m: str = "w8a8") -> nn.Module:
-    """A Decoder whose layer projections (LINEAR_NAMES) are FP8Linear; embeddings / norms / lm_head untouched.
+                     emulate: bool = False, inplace: bool = False, small_m: str = "w8a8",
+                     lm_head: bool = False) -> nn.Module:
+    """A Decoder whose layer projections (LINEAR_NAMES) are FP8Linear; embeddings / norms untouched, and the lm_head
+    too unless ``lm_head`` (then an FP8Linear of its weight: a tied head's own copy, the embeddings unchanged).
 
     ``inplace=False`` returns a copy that *shares* every other tensor with ``model`` (only the module
     objects are new, so the copy costs the fp8 weights alone) and leaves ``model`` as it was; ``layers``
@@ -139,6 +145,12 @@ def quantize_linears(model: nn.Module, dtype: torch.dtype = WEIGHT_FP8, *, layer
             lin = getattr(parent, attr)
             if isinstance(lin, nn.Linear) and (emulate or scaled_mm_ok(lin.in_features, lin.out_features)):
                 setattr(parent, attr, FP8Linear.from_linear(lin, dtype, emulate=emulate, small_m=small_m))
+    head = getattr(model, "lm_head", None)
+    if lm_head:
+        if not isinstance(head, nn.Linear) or not (emulate or scaled_mm_ok(head.in_features, head.out_features)):
+            raise ValueError(f"lm_head=True: the model's lm_head ({type(head).__name__}) is not an nn.Linear that "
+                             f"row-wise fp8 takes (K, N multiples of 16)")
+        model.lm_head = FP8Linear.from_linear(head, dtype, emulate=emulate, small_m=small_m, role="lm_head")
     return model
 
 

@@ -25,6 +25,8 @@
 #   run.sh 10 carry .gpu/fb (a fresh machine): install; the review's mends: test_paired_loop_one_dot_against_two with
 #             splits forced where they were missing and a ragged tile; bench.pdl 1B fp8w: the split target once
 #             (+f8x1) against twice (the default) with the one-dot loop
+#   run.sh 11 carry .gpu/fb (a fresh machine): install; the fp8 LM head's GPU test; bench.pdl 1B and SmolLM2, bf16
+#             against fp8 layers (fp8w) and fp8 layers + LM head (fp8wh), the LM head's loop at 128 x 4 beside (1B)
 # REPEATS=12 run.sh 5 is part 5 with 12 repeats (the sitting's second run of it, on the same machine).
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
@@ -119,6 +121,21 @@ fill/ticket+k128s4w4" --out "$OUT/loops9" > $LOGS/loops9.log 2>&1; echo "exit co
   timeout 120 $PY -m attnlab.bench.pdl --models llama-3.2-1b --engines gemm --rounds 4 --new 128 --weights bf16,fp8w \
     --gemm-splits fill/ticket,fill/ticket+f8x1 --out "$OUT/f8x10" > $LOGS/f8x10.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/f8x10.log
+  ;;
+11)
+  install_fb
+  step "GPU tests: the fp8 LM head on the gemm path"
+  timeout 100 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py -k "fp8_lm_head" \
+    > $LOGS/tests11.log 2>&1; echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests11.log | tail -n 12
+  cp $LOGS/tests11.log "$OUT/"
+  step "issue 17: bench.pdl, 1B: bf16, fp8 layers, fp8 layers + LM head; the LM head at 128 x 4 beside"
+  timeout 130 $PY -m attnlab.bench.pdl --models llama-3.2-1b --engines gemm --rounds 4 --new 128 \
+    --weights bf16,fp8w,fp8wh --gemm-splits fill/ticket,fill/ticket+lm_head.k128s4w4 --out "$OUT/head11" \
+    > $LOGS/head11.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/head11.log
+  step "issue 17: bench.pdl, SmolLM2: bf16, fp8w, fp8wh"
+  timeout 80 $PY -m attnlab.bench.pdl --models smollm2-135m --engines gemm --rounds 4 --new 128 \
+    --weights bf16,fp8w,fp8wh --gemm-splits fill/ticket --out "$OUT/head11s" > $LOGS/head11s.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/head11s.log
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac

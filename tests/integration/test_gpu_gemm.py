@@ -328,3 +328,25 @@ def test_argmax_epilogue_on_lm_heads(n, k):
                 torch.cuda.synchronize()
                 assert torch.equal(out, want[:5])
     assert not gemm._ticket_buffer(x.device).any()
+
+
+def test_fp8_lm_head_on_the_gemm_path():
+    """precision.fp8_lm_head on a gemm-path side (engine.gemm=triton): the runner takes the e4m3 head through
+    attnlab's GEMM with its row scales (``_gemm_head``), giving the bits of the head's own forward, and its greedy
+    tokens are those logits' argmax; rows stay M-invariant."""
+    from attnlab.bench.e2e import side
+    from attnlab.models.fp8 import FP8Linear
+
+    rs = side("tiny-llama", "triton", 2, False, 64, fused="gemm", weights="fp8wh")
+    head = rs.model.lm_head
+    assert isinstance(head, FP8Linear) and head.small_m == "weight_only" and head.role == "lm_head"
+    g = torch.Generator(device="cuda").manual_seed(2)
+    h = torch.randn(9, head.in_features, device="cuda", generator=g).to(torch.bfloat16)
+    assert rs._gemm_head(h) is head
+    logits = rs.logits(h)
+    assert torch.equal(logits, rs.model.compute_logits(h))
+    ref = (h.float() @ head.dequantized_weight().t()).to(torch.bfloat16).float()
+    torch.testing.assert_close(logits, ref, atol=3e-2, rtol=2 * 2.0**-8)
+    assert torch.equal(rs.greedy_tokens(h), logits.argmax(-1))
+    for m in (1, 5):
+        assert torch.equal(rs.logits(h[:m]), logits[:m])

@@ -346,3 +346,42 @@ def test_build_side_passes_fp8_gemm_to_the_projections():
                                fp8_gemm="weight_only", **common), progress=False)
     linears = [m for m in side.model.modules() if isinstance(m, FP8Linear)]
     assert linears and all(m.small_m == "weight_only" for m in linears)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_fp8_lm_head_is_its_own_e4m3_copy(tie):
+    """precision.fp8_lm_head: quantize_linears(lm_head=True) swaps the LM head for an FP8Linear of role lm_head (a
+    tied head: its own copy, the embeddings untouched), leaves the source model as it was, and its logits are the
+    dequantized head's."""
+    import dataclasses
+
+    from attnlab.models.decoder import Decoder
+    from attnlab.models.presets import get_preset
+
+    cfg = dataclasses.replace(get_preset("tiny-llama").config(), tie_word_embeddings=tie)
+    torch.manual_seed(0)
+    base = Decoder(cfg, dtype=torch.bfloat16).eval()
+    head_before, emb = base.lm_head, base.embed_tokens.weight
+    q = quantize_linears(base, emulate=True, small_m="weight_only", lm_head=True)
+    assert base.lm_head is head_before and isinstance(base.lm_head, nn.Linear)  # the source keeps its bf16 head
+    assert isinstance(q.lm_head, FP8Linear) and q.lm_head.role == "lm_head" and q.lm_head.weight.dtype == torch.float8_e4m3fn
+    assert q.embed_tokens.weight is emb and emb.dtype == torch.bfloat16  # embeddings shared, still bf16
+    assert not isinstance(quantize_linears(base, emulate=True).lm_head, FP8Linear)  # off by default
+    h = torch.randn(3, cfg.hidden_size, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    ref = (h.float() @ q.lm_head.dequantized_weight().t()).to(torch.bfloat16).float()
+    torch.testing.assert_close(q.compute_logits(h), ref, atol=2e-2, rtol=2 * 2.0**-7)
+    with pytest.raises(ValueError, match="lm_head=True"):
+        quantize_linears(q, emulate=True, lm_head=True)  # already an FP8Linear: not an nn.Linear to quantize
+
+
+def test_build_side_fp8_lm_head():
+    from attnlab.engine.build import SideSpec, build_side
+    from attnlab.plan import ModelSource
+
+    common = {"page_size": 16, "num_pages": 8, "max_batch": 2, "max_context": 64, "device": "cpu"}
+    side = build_side(SideSpec(ModelSource("tiny-llama", init="random"), "torch", "fp8_e4m3", "bf16",
+                               fp8_gemm="weight_only", fp8_lm_head=True, **common), progress=False)
+    assert isinstance(side.model.lm_head, FP8Linear) and side.model.lm_head.small_m == "weight_only"
+    with pytest.raises(ConfigError, match="fp8 LM head goes with fp8 weights"):
+        build_side(SideSpec(ModelSource("tiny-llama", init="random"), "torch", "bf16", "bf16", fp8_lm_head=True,
+                            **common), progress=False)
