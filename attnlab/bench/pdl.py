@@ -2,7 +2,7 @@
 compute capability >= 9.0).
 
     python -m attnlab.bench.pdl [--models smollm2-135m,llama-3.2-1b] [--engines fused,gemm] [--host thin8]
-                                [--batches 1] [--rounds 5] [--gemm-splits fill/pass] [--weights bf16,fp8w]
+                                [--batches 1] [--rounds 5] [--gemm-splits fill/pass] [--weights bf16,fp8w,fp8wh]
                                 [--new 256] [--out PREFIX]
 
 Target-only greedy decode with CUDA graphs on random weights (decode speed does not depend on their values), per
@@ -23,7 +23,8 @@ the norms, RoPE, SiLU-mul and KV store as attnlab kernels), ``gemm`` (engine.gem
 decode pass is attnlab's small-M kernel too, so every launch of a layer can overlap the one before), ``gemm-attn``
 (engine.gemm=triton_attn: qkv and o on that kernel, the MLP and LM head on cuBLAS). ``--weights bf16,fp8w``: a side
 per weights (fp8w: the layer projections e4m3 with per-row scales, dequantized inside the small-M GEMM, the LM head
-and KV pool bf16: precision=fp8w-draft's weights; fp8wh: the LM head e4m3 too, precision.fp8_lm_head), every arm on each in the same rotating rounds, and a column of each
+and KV pool bf16: precision=fp8w-draft's weights; fp8wh: the LM head e4m3 too, precision.fp8_lm_head), every arm
+on each in the same rotating rounds, and a column of each
 row's per-round ratio to the first weights' same arm (issue 17's "fp8 draft weights vs bf16"); each side's roofline
 is its own weight bytes.
 """

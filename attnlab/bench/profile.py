@@ -141,7 +141,8 @@ def main(argv=None) -> int:
                     "(engine.gemm_prefetch; default: the default mode and prefetch), both for the gemm engines, and "
                     "switches for every engine (+kvsep, +kvpf<tiles>, +amtorch)")
     ap.add_argument("--weights", default="bf16", choices=WEIGHTS,
-                    help="the side's weights (fp8w: e4m3 layer projections dequantized in the small-M GEMM)")
+                    help="the side's weights (fp8w: e4m3 layer projections dequantized in the small-M GEMM; fp8wh: "
+                         "the LM head too)")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)

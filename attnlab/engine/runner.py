@@ -288,14 +288,14 @@ class ModelRunner:
         """The LM head module where this side runs it on attnlab's GEMM (engine.gemm=triton, <= 16 rows, a plain
         nn.Linear of the activation dtype or a weight-only FP8Linear (precision.fp8_lm_head): not a
         reduced-vocabulary head), else None."""
+        if self.fused_ops != "gemm" or hidden.shape[0] > 16 or not hasattr(self.model, "compute_logits"):
+            return None
         from attnlab.models.fp8 import FP8Linear
 
         head = getattr(self.model, "lm_head", None)
         plain = type(head) is torch.nn.Linear and head.weight.dtype == hidden.dtype
         fp8 = isinstance(head, FP8Linear) and head.small_m == "weight_only"
-        if self.fused_ops == "gemm" and hidden.shape[0] <= 16 and (plain or fp8) and hasattr(self.model, "compute_logits"):
-            return head
-        return None
+        return head if plain or fp8 else None
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """The argmax of ``logits(hidden)`` per row; a draft head with a reduced vocabulary takes it over its own

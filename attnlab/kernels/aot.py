@@ -248,6 +248,10 @@ def _compile_gemm_dtypes(gemm, dtypes, arch: int) -> None:
                       epilogue="residual", residual=x, role="down", tail_norm=(nw, 1e-5))
             gemm.linear(x, torch.zeros(8 * hidden, hidden, dtype=dtype), role="lm_head")  # an LM head's logits
             gemm.argmax_linear(x, torch.zeros(8 * hidden, hidden, dtype=dtype), role="lm_head")  # its greedy tokens
+            if arch >= 89 and dtype != torch.float32:  # an e4m3 LM head (precision.fp8_lm_head): logits and argmax
+                head8, head_scale = torch.zeros(8 * hidden, hidden, dtype=torch.float8_e4m3fn), torch.ones(8 * hidden)
+                gemm.linear(x, head8, w_scale=head_scale, role="lm_head")
+                gemm.argmax_linear(x, head8, w_scale=head_scale, role="lm_head")
             argmax.argmax_rows(torch.zeros(4, 8 * hidden, dtype=dtype))  # the engine's greedy tokens of logits
 
 

@@ -140,8 +140,8 @@ class Decoder(nn.Module):
         # Re-tie and recompute the fp32 RoPE frequencies after any .to()/.to_empty(): a dtype cast must not
         # round inv_freq, and moving off the meta device would otherwise untie the two weights.
         cfg = self.config
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        if cfg.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):  # an e4m3 head (precision.fp8_lm_head)
+            self.lm_head.weight = self.embed_tokens.weight  # is its own copy: a move must not re-tie it
         self.inv_freq = rope.inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rope_freq_factors,
                                       device=self.embed_tokens.weight.device)
 

@@ -372,6 +372,26 @@ def test_fp8_lm_head_is_its_own_e4m3_copy(tie):
     torch.testing.assert_close(q.compute_logits(h), ref, atol=2e-2, rtol=2 * 2.0**-7)
     with pytest.raises(ValueError, match="lm_head=True"):
         quantize_linears(q, emulate=True, lm_head=True)  # already an FP8Linear: not an nn.Linear to quantize
+    q.to("cpu")  # a move must not re-tie a tied e4m3 head to the bf16 embeddings (Decoder._finish)
+    assert q.lm_head.weight.dtype == torch.float8_e4m3fn and q.embed_tokens.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(q.compute_logits(h), ref, atol=2e-2, rtol=2 * 2.0**-8)
+
+
+def test_an_fp8_head_takes_the_gemm_path_weight_only_only():
+    """ModelRunner._gemm_head: on a gemm-path side (engine.gemm=triton) a weight-only FP8Linear head runs on
+    attnlab's GEMM, a W8A8 one (torch._scaled_mm at every M) never, and nothing does on another side."""
+    from types import SimpleNamespace
+
+    from attnlab.engine.runner import ModelRunner
+
+    lin = nn.Linear(32, 64, bias=False).to(torch.bfloat16)
+    h = torch.zeros(3, 32, dtype=torch.bfloat16)
+    for small_m, takes in (("weight_only", True), ("w8a8", False)):
+        head = FP8Linear.from_linear(lin, small_m=small_m, emulate=True, role="lm_head")
+        model = SimpleNamespace(lm_head=head, compute_logits=None)
+        assert (ModelRunner._gemm_head(SimpleNamespace(fused_ops="gemm", model=model), h) is head) == takes
+        assert ModelRunner._gemm_head(SimpleNamespace(fused_ops=True, model=model), h) is None
+        assert ModelRunner._gemm_head(SimpleNamespace(fused_ops="gemm", model=model), torch.zeros(17, 32)) is None
 
 
 def test_build_side_fp8_lm_head():
@@ -382,6 +402,17 @@ def test_build_side_fp8_lm_head():
     side = build_side(SideSpec(ModelSource("tiny-llama", init="random"), "torch", "fp8_e4m3", "bf16",
                                fp8_gemm="weight_only", fp8_lm_head=True, **common), progress=False)
     assert isinstance(side.model.lm_head, FP8Linear) and side.model.lm_head.small_m == "weight_only"
+    # a self-drafter sharing the target's weights: its own e4m3 head, the target's stays bf16
+    target = build_side(SideSpec(ModelSource("tiny-llama", init="random"), "torch", "bf16", "bf16", **common),
+                        progress=False)
+    for layers in (None, (0,)):
+        draft = build_side(SideSpec(ModelSource("tiny-llama", init="random"), "torch", "fp8_e4m3", "bf16",
+                                    fp8_gemm="weight_only", fp8_lm_head=True, layers=layers, name="draft", **common),
+                           share_weights_with=target, progress=False)
+        model = getattr(draft.model, "parent", draft.model)
+        assert isinstance(model.lm_head, FP8Linear)
+        assert type(target.model.lm_head) is nn.Linear and target.model.lm_head.weight.dtype == torch.bfloat16
+        assert model.embed_tokens.weight is target.model.embed_tokens.weight
     with pytest.raises(ConfigError, match="fp8 LM head goes with fp8 weights"):
         build_side(SideSpec(ModelSource("tiny-llama", init="random"), "torch", "bf16", "bf16", fp8_lm_head=True,
                             **common), progress=False)
