@@ -799,9 +799,9 @@ def _byte_to_bf16(b):
 def _e4m3x4_to_bf16(w4, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PTX: tl.constexpr):
     """fp8 mode ``wide``: w4 [BLOCK_N, BLOCK_K // 4] int32, 4 e4m3 weights each (byte i: column 4c + i) ->
     [BLOCK_N, BLOCK_K] bf16, converted where they were loaded (16-byte vectors of 16 weights a thread), then joined
-    along K, so the tile reaches the dot as bf16. Triton 3.6 (the H200's) reads the words from shared memory straight
-    in the MMA's register layout and converts them there; Triton 3.9 converts where loaded and stores the bf16 tile
-    back to shared memory for the MMA."""
+    along K, so the tile reaches the dot as bf16. Under Triton 3.6 (the H200's) a dot on mma.sync reads the words from
+    shared memory straight in the MMA's register layout and converts them there; a dot on the warp-group MMA (every
+    fp8 GEMM since pair_dots 1) stores the converted bf16 tile back to shared memory for it (docs/kernels.md)."""
     if PTX:
         o0, o1, o2, o3 = tl.inline_asm_elementwise(
             asm=_PTX_WIDE, constraints="=h,=h,=h,=h,r", args=[w4], dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
@@ -1001,7 +1001,7 @@ def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, POS, XO
 # The fp8 mode of e4m3 weights against bf16 activations (FP8_MODES): ``cast`` Triton's (the fp8 tile read from shared
 # memory in the MMA's register layout 2 bytes a thread, converted there on the conversion units), ``ptx`` the same tile
 # converted by _E4M3X4_PTX, ``wide`` (the default) 4 weights a 32-bit load, converted by _E4M3X4_PTX (under Triton 3.6
-# in the MMA's register layout, read there from shared memory; see _e4m3x4_to_bf16). Every mode gives the same bits. Measured (bench.pdl --weights
+# where _e4m3x4_to_bf16 says). Every mode gives the same bits. Measured (bench.pdl --weights
 # fp8w, gemm engine, batch 1, PDL on; experiments/h200-2026-12-04b): Llama-3.2-1B shapes cast 741, ptx 835-838, wide
 # 910 tok/s; SmolLM2 cast 1,193, ptx 1,236-1,242, wide 1,297. Alone (bench.gemm, 8B gate_up, M = 1): 57.6 / 54.1 / 50.8 us.
 DEFAULT_FP8_MODE = "wide"
