@@ -17,3 +17,10 @@ install_fb() {
   $PY -c "import torch, triton, flashinfer; print('torch', torch.__version__, 'triton', triton.__version__, \
 'flashinfer', flashinfer.__version__)"
 }
+# gpu_tests NAME SECONDS PYTEST-ARGS...: the GPU tests of one step under a timeout, their log as $OUT/NAME.log (it
+# comes back), the summary lines on the console.
+gpu_tests() {
+  local name=$1 secs=$2; shift 2
+  timeout "$secs" $PY -m pytest -q -p no:cacheprovider -ra --durations=6 "$@" > "$LOGS/$name.log" 2>&1
+  echo "exit code $?"; grep -E "passed|failed|FAILED|Error|s call" "$LOGS/$name.log" | tail -n 14; cp "$LOGS/$name.log" "$OUT/"
+}

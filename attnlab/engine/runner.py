@@ -18,6 +18,7 @@ from attnlab.engine.staging import HostStaging
 from attnlab.errors import PromptTooLong
 from attnlab.kvcache import KVPool, PageAllocator, PagedLayout, pages_needed, slot_mapping
 from attnlab.kvcache.layout import layout_lists
+from attnlab.models.fp8 import FP8Linear
 
 
 @dataclass
@@ -290,8 +291,6 @@ class ModelRunner:
         reduced-vocabulary head), else None."""
         if self.fused_ops != "gemm" or hidden.shape[0] > 16 or not hasattr(self.model, "compute_logits"):
             return None
-        from attnlab.models.fp8 import FP8Linear
-
         head = getattr(self.model, "lm_head", None)
         plain = type(head) is torch.nn.Linear and head.weight.dtype == hidden.dtype
         fp8 = isinstance(head, FP8Linear) and head.small_m == "weight_only"

@@ -34,6 +34,7 @@ class CompileLog:
     prefetch_variants: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     last_shared: int = 0  # shared memory (bytes) of the variant compiled last
+    last: dict = field(default_factory=dict)  # kernel name -> its variant compiled last (its .asm: ttgir, ptx, ...)
 
     @property
     def total(self) -> int:
@@ -72,6 +73,7 @@ def compile_only(arch: int = 90, warp_size: int = 32):
     def run(self, *args, grid, warmup, **kwargs):
         kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
         log.last_shared = int(getattr(kernel.metadata, "shared", 0))
+        log.last[self.__name__] = kernel
         if id(kernel) not in seen:
             seen.add(id(kernel))
             log.variants[self.__name__] = log.variants.get(self.__name__, 0) + 1

@@ -436,12 +436,11 @@ def parse_arm(text: str) -> Arm:
         elif e in _NORM_ARMS:
             place = e[4:]
         elif _LOOP_ARM.fullmatch(e):
-            role, *loop = _LOOP_ARM.fullmatch(e).groups()
-            loops[role or "all"] = tuple(int(v) for v in loop)
-            if loop_smem(loops[role or "all"][0], loops[role or "all"][1]) > SMEM_BYTES:
-                raise ValueError(f"gemm arm {text!r}: +{e} needs {loop_smem(*loops[role or 'all'][:2]):,} B of shared "
-                                 f"memory at 16-bit weights, above sm_90's {SMEM_BYTES:,} (fewer stages or a "
-                                 f"smaller BLOCK_K)")
+            role, block_k, stages, warps = _LOOP_ARM.fullmatch(e).groups()
+            loops[role or "all"] = (int(block_k), int(stages), int(warps))
+            if (smem := loop_smem(int(block_k), int(stages))) > SMEM_BYTES:
+                raise ValueError(f"gemm arm {text!r}: +{e} needs {smem:,} B of shared memory at 16-bit weights, "
+                                 f"above sm_90's {SMEM_BYTES:,} (fewer stages or a smaller BLOCK_K)")
         elif e in ("lmargmax", "lmlogits"):
             fused_argmax = e == "lmargmax"
         elif e in ("ropetable", "ropecalc"):
@@ -835,6 +834,15 @@ def _weights(W, W4, c, n_mask, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt
 
 
 @triton.jit
+def _dot(w, xt, acc, IEEE: tl.constexpr):
+    """acc + w @ xt. IEEE: fp32 inputs, or the interpreter (its bf16 tl.dot is wrong in Triton 3.9; bf16 products are
+    exact in fp32, so only the summation order differs from the GPU's tensor cores)."""
+    if IEEE:
+        return tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(w, xt, acc)
+
+
+@triton.jit
 def _prefetch_weights(W, c1, c2, n_mask, k_lo, k_hi, stride_wn, PAIRED: tl.constexpr, CHUNKS: tl.constexpr,
                       BLOCK_K: tl.constexpr, LINE: tl.constexpr):
     """The first CHUNKS BLOCK_K chunks of this program's weight rows into L2, one prefetch per ``LINE`` elements
@@ -908,11 +916,11 @@ def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS
         tl.debug_barrier()  # the CTA's stores before its loads of XN
         src = XN
         src_stride = K
-    if JOIN:  # rows 0..BLOCK_N-1: c1; BLOCK_N..2 BLOCK_N-1: c2 (one [2 BLOCK_N, BLOCK_K] tile a step)
+    if JOIN:  # one [2 BLOCK_N, BLOCK_K] tile a step: rows 0..BLOCK_N-1 are _columns' c1, the rest its c2
         i2 = tl.arange(0, 2 * BLOCK_N)
         j12 = pid_n * BLOCK_N + i2 % BLOCK_N
-        c12 = (j12 // G) * (2 * G) + j12 % G + (i2 // BLOCK_N) * G  # _columns' c1, then its c2 = c1 + G
-        n12 = j12 < N_LOG
+        j1, j2 = _columns(j12, PAIRED, G)
+        c12, n12 = tl.where(i2 < BLOCK_N, j1, j2), j12 < N_LOG
         acc12 = tl.zeros([2 * BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -920,27 +928,14 @@ def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS
         xt = tl.load(src + offs_m[None, :] * src_stride + offs_k[:, None], mask=m_mask[None, :] & k_mask[:, None],
                      other=0.0)  # [BLOCK_K, BLOCK_M]
         if JOIN:
-            w12 = _weights(W, W4, c12, n12, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE, PTX,
-                           2 * BLOCK_N, BLOCK_K)
-            if IEEE:
-                acc12 = tl.dot(w12.to(tl.float32), xt.to(tl.float32), acc12, input_precision="ieee")
-            else:
-                acc12 = tl.dot(w12, xt, acc12)
+            acc12 = _dot(_weights(W, W4, c12, n12, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE,
+                                  PTX, 2 * BLOCK_N, BLOCK_K), xt, acc12, IEEE)
         else:
-            w1 = _weights(W, W4, c1, n_mask, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE, PTX,
-                          BLOCK_N, BLOCK_K)
-            if IEEE:  # fp32 inputs, or the interpreter (its bf16 tl.dot is wrong in Triton 3.9; bf16 products are
-                # exact in fp32, so only the summation order differs from the GPU's tensor cores)
-                acc1 = tl.dot(w1.to(tl.float32), xt.to(tl.float32), acc1, input_precision="ieee")
-            else:
-                acc1 = tl.dot(w1, xt, acc1)
-        if PAIRED and not JOIN:
-            w2 = _weights(W, W4, c2, n_mask, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE, PTX,
-                          BLOCK_N, BLOCK_K)
-            if IEEE:
-                acc2 = tl.dot(w2.to(tl.float32), xt.to(tl.float32), acc2, input_precision="ieee")
-            else:
-                acc2 = tl.dot(w2, xt, acc2)
+            acc1 = _dot(_weights(W, W4, c1, n_mask, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE,
+                                 PTX, BLOCK_N, BLOCK_K), xt, acc1, IEEE)
+            if PAIRED:
+                acc2 = _dot(_weights(W, W4, c2, n_mask, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt, FP8,
+                                     FP8_MODE, PTX, BLOCK_N, BLOCK_K), xt, acc2, IEEE)
     if JOIN:  # the two halves' sums back apart: [2, BLOCK_N, BLOCK_M] -> [BLOCK_N, BLOCK_M, 2] -> two
         acc1, acc2 = tl.split(tl.permute(tl.reshape(acc12, [2, BLOCK_N, BLOCK_M]), [1, 2, 0]))
     if EPI == 4:  # argmax (never split: gemm() keeps it unsplit)

@@ -145,8 +145,8 @@ def quantize_linears(model: nn.Module, dtype: torch.dtype = WEIGHT_FP8, *, layer
             lin = getattr(parent, attr)
             if isinstance(lin, nn.Linear) and (emulate or scaled_mm_ok(lin.in_features, lin.out_features)):
                 setattr(parent, attr, FP8Linear.from_linear(lin, dtype, emulate=emulate, small_m=small_m))
-    head = getattr(model, "lm_head", None)
     if lm_head:
+        head = getattr(model, "lm_head", None)
         if not isinstance(head, nn.Linear) or not (emulate or scaled_mm_ok(head.in_features, head.out_features)):
             raise ValueError(f"lm_head=True: the model's lm_head ({type(head).__name__}) is not an nn.Linear that "
                              f"row-wise fp8 takes (K, N multiples of 16)")

@@ -49,34 +49,21 @@ def main() -> None:
     os.environ.pop("TRITON_INTERPRET", None)
     import torch
     import triton
-    from triton.runtime.jit import JITFunction
 
     from attnlab.kernels import aot, gemm
 
     n, k, epilogue = SHAPES[a.role]
-    got = {}
-    with aot.compile_only(90):
-        inner = JITFunction.run
-
-        def run(self, *args, grid, warmup, **kw):
-            kernel = inner(self, *args, grid=grid, warmup=warmup, **kw)
-            got[self.__name__] = kernel
-            return kernel
-
-        JITFunction.run = run
-        try:
-            x = torch.zeros(1, k, dtype=torch.bfloat16)
-            fp8 = a.weights == "fp8"
-            w = torch.zeros(n, k, dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16)
-            kw = {"residual": torch.zeros(1, n, dtype=torch.bfloat16)} if epilogue == "residual" else {}
-            if epilogue == "rope":
-                cs = torch.zeros(1, 64, dtype=torch.bfloat16)
-                kw = {"cos": cs, "sin": cs, "head_dim": 64, "rope_cols": 2560}
-            with gemm.arm(a.arm):
-                gemm.gemm(x, w, w_scale=torch.ones(n) if fp8 else None, epilogue=epilogue, role=a.role, **kw)
-        finally:
-            JITFunction.run = inner
-    kernel = got["_gemm_kernel"]
+    with aot.compile_only(90) as log:
+        x = torch.zeros(1, k, dtype=torch.bfloat16)
+        fp8 = a.weights == "fp8"
+        w = torch.zeros(n, k, dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16)
+        kw = {"residual": torch.zeros(1, n, dtype=torch.bfloat16)} if epilogue == "residual" else {}
+        if epilogue == "rope":
+            cs = torch.zeros(1, 64, dtype=torch.bfloat16)
+            kw = {"cos": cs, "sin": cs, "head_dim": 64, "rope_cols": 2560}
+        with gemm.arm(a.arm):
+            gemm.gemm(x, w, w_scale=torch.ones(n) if fp8 else None, epilogue=epilogue, role=a.role, **kw)
+    kernel = log.last["_gemm_kernel"]
     mma = re.search(r"#mma = #ttg\.nvidia_mma<\{([^}]*)\}>", kernel.asm["ttgir"])
     count, ops = loop_ops(kernel.asm["ptx"])
     print(f"Triton {triton.__version__}, sm_90, 1B {a.role} ({n} x {k}, {epilogue}), {a.weights}, arm {a.arm}")

@@ -41,9 +41,7 @@ case $PART in
 1)
   install_fb
   step "GPU tests: the gemm path (tail pass vs ticket under forced warps, prefetch racing) and PDL"
-  timeout 300 $PY -m pytest -q -p no:cacheprovider -ra --durations=6 tests/integration/test_gpu_gemm.py \
-    tests/integration/test_gpu_pdl.py > $LOGS/tests1.log 2>&1
-  echo "exit code $?"; grep -E "passed|failed|FAILED|Error|s call" $LOGS/tests1.log | tail -n 14; cp $LOGS/tests1.log "$OUT/"
+  gpu_tests tests1 300 tests/integration/test_gpu_gemm.py tests/integration/test_gpu_pdl.py
   step "issue 17: bench.pdl, 1B, bf16 and fp8 weights: o / down loops, partial prefetch, 8 warps, 6 stages"
   timeout 250 $PY -m attnlab.bench.pdl --models llama-3.2-1b --engines gemm --rounds 4 --new 128 \
     --weights bf16,fp8w --gemm-splits "$L1,$W8,$S6" --out "$OUT/arms1b" > $LOGS/arms1b.log 2>&1
@@ -77,9 +75,7 @@ case $PART in
 6)
   install_fb
   step "GPU tests: the paired loop one dot against two, the gemm path, PDL"
-  timeout 260 $PY -m pytest -q -p no:cacheprovider -ra --durations=6 tests/integration/test_gpu_gemm.py \
-    tests/integration/test_gpu_pdl.py > $LOGS/tests6.log 2>&1
-  echo "exit code $?"; grep -E "passed|failed|FAILED|Error|s call" $LOGS/tests6.log | tail -n 14; cp $LOGS/tests6.log "$OUT/"
+  gpu_tests tests6 260 tests/integration/test_gpu_gemm.py tests/integration/test_gpu_pdl.py
   step "issue 17: bench.gemm_fused --pdl, three shapes: one dot against a dot per half"
   timeout 100 $PY -m attnlab.bench.gemm_fused --pdl --splits fill/ticket,fill/ticket+pair2 --out "$OUT/pair6.json" \
     > $LOGS/pair6.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/pair6.log | cut -c1-260
@@ -114,9 +110,7 @@ fill/ticket+k128s4w4" --out "$OUT/loops9" > $LOGS/loops9.log 2>&1; echo "exit co
 10)
   install_fb
   step "GPU tests: the paired loop, one dot against two (split, ragged, racing)"
-  timeout 200 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py -k paired \
-    > $LOGS/tests10.log 2>&1; echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests10.log | tail -n 12
-  cp $LOGS/tests10.log "$OUT/"
+  gpu_tests tests10 200 tests/integration/test_gpu_gemm.py -k paired
   step "issue 17: bench.pdl, 1B, fp8 weights: split target once (+f8x1) against twice"
   timeout 120 $PY -m attnlab.bench.pdl --models llama-3.2-1b --engines gemm --rounds 4 --new 128 --weights bf16,fp8w \
     --gemm-splits fill/ticket,fill/ticket+f8x1 --out "$OUT/f8x10" > $LOGS/f8x10.log 2>&1
@@ -125,9 +119,7 @@ fill/ticket+k128s4w4" --out "$OUT/loops9" > $LOGS/loops9.log 2>&1; echo "exit co
 11)
   install_fb
   step "GPU tests: the fp8 LM head on the gemm path"
-  timeout 100 $PY -m pytest -q -p no:cacheprovider -ra tests/integration/test_gpu_gemm.py -k "fp8_lm_head" \
-    > $LOGS/tests11.log 2>&1; echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/tests11.log | tail -n 12
-  cp $LOGS/tests11.log "$OUT/"
+  gpu_tests tests11 100 tests/integration/test_gpu_gemm.py -k fp8_lm_head
   step "issue 17: bench.pdl, 1B: bf16, fp8 layers, fp8 layers + LM head; the LM head at 128 x 4 beside"
   timeout 130 $PY -m attnlab.bench.pdl --models llama-3.2-1b --engines gemm --rounds 4 --new 128 \
     --weights bf16,fp8w,fp8wh --gemm-splits fill/ticket,fill/ticket+lm_head.k128s4w4 --out "$OUT/head11" \
