@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The H200 sitting of 2026-12-04 (fifth session; README.md here). Bundle: .gpu/fb (core + flashinfer + fa3_fwd; see
+# ../h200-2026-12-03c/run.sh), carried by the first call on a fresh machine.
+#   run.sh 1  carry .gpu/fb (a fresh machine): install; the look-ahead's GPU test (gemm.ahead_bytes: bits unchanged);
+#             issue 17 at 1B, bf16: look-ahead arms (each GEMM bulk-prefetching the next GEMM's weights into L2);
+#             1B bf16 / fp8w: the K loops at 2 warps (mma.sync [2, 1]: no repeated rows, no trip through shared
+#             memory for fp8, per 12-04d's CPU compile)
+#   run.sh 2  (right after 1, the same machine) the look-ahead arms at 8B and SmolLM2, bf16; bench.gemm_fused --pdl
+#             1B under them is not needed (the look-ahead acts between GEMMs)
+# At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
+set -u -o pipefail
+PART=${1:?part 1}
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, the environment, the call's log, PY
+# look-ahead arms: o prefetches gate_up's first MiB; qkv all of o's weight (8 MiB at 1B); down the next qkv's
+A1="fill/ticket+o.ahead16,fill/ticket+o.ahead32,fill/ticket+qkv.ahead8+o.ahead24"
+A1="$A1,fill/ticket+qkv.ahead8+o.ahead24+down.ahead12,fill/ticket+qkv.ahead8+o.ahead24+gate_up.ahead8+down.ahead12"
+W2="fill/ticket+qkv.k256s4w2+o.k256s4w2+gate_up.k256s4w2+down.k256s4w2"
+W2="$W2,fill/ticket+qkv.k128s4w2+o.k128s4w2+gate_up.k128s4w2+down.k128s4w2"
+pdl() {  # NAME SECS MODELS WEIGHTS ARMS: bench.pdl, batch 1, 4 rounds; its tables on the console
+  local name=$1 secs=$2 models=$3 weights=$4 arms=$5
+  timeout "$secs" $PY -m attnlab.bench.pdl --models "$models" --engines gemm --rounds 4 --new 128 --weights "$weights" \
+    --gemm-splits "$arms" --out "$OUT/$name" > $LOGS/$name.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/$name.log
+}
+case $PART in
+1)
+  install_fb
+  step "GPU tests: the look-ahead changes no bit"
+  gpu_tests tests1 150 tests/integration/test_gpu_gemm.py -k look_ahead
+  step "issue 17: bench.pdl, 1B, bf16: look-ahead arms"
+  pdl ahead1 200 llama-3.2-1b bf16 "fill/ticket,$A1"
+  step "issue 17: bench.pdl, 1B, bf16 / fp8w: K loops at 2 warps"
+  pdl w2 170 llama-3.2-1b bf16,fp8w "fill/ticket,$W2"
+  tar czf "$OUT/logs1.tgz" -C $LOGS . 2>/dev/null
+  ;;
+2)
+  step "issue 17: bench.pdl, 8B, bf16: look-ahead arms"
+  pdl ahead8b 260 llama-3.1-8b bf16 "fill/ticket,fill/ticket+o.ahead16,fill/ticket+o.ahead32,fill/ticket+qkv.ahead8+o.ahead24,fill/ticket+qkv.ahead8+o.ahead24+down.ahead12"
+  step "issue 17: bench.pdl, SmolLM2, bf16: look-ahead arms (48 MiB: each next weight whole)"
+  pdl aheads 150 smollm2-135m bf16 "fill/ticket,fill/ticket+qkv.ahead48+o.ahead48,fill/ticket+qkv.ahead48+o.ahead48+gate_up.ahead48+down.ahead48"
+  tar czf "$OUT/logs2.tgz" -C $LOGS . 2>/dev/null
+  ;;
+*) echo "no part $PART"; exit 2 ;;
+esac
+step done
