@@ -364,7 +364,7 @@ class Arm(NamedTuple):
     norm_place: str  # NORM_PLACES
     loops: tuple[tuple[str, tuple[int, int, int]], ...]  # ("all" or a role, (BLOCK_K, stages, warps)), sorted
     fp8_mode: str
-    fp8_programs: int | None  # fp8 weights' split target, in TARGET_PROGRAMS (1 or 2; None: by K)
+    fp8_programs: int | None  # fp8 weights' split target, in TARGET_PROGRAMS (1..4; None: by K)
     prefetch_cap: int  # bytes: the largest weight that prefetches (PREFETCH_MAX_WEIGHT_BYTES unless +pfcap<MiB>)
     role_policies: tuple[tuple[str, str], ...]  # (role, split policy), sorted: +<role>.fill / .lean / .wave
     pair_dots: int = DEFAULT_PAIR_DOTS  # PAIR_DOTS: +pair1 / +pair2
@@ -385,8 +385,8 @@ def arm(text: str):
     path's RMSNorms as their own launches, as the qkv / gate_up prologue, as the tail of the GEMM before them, or the
     tail for narrow streams only (``norm_place``; the default DEFAULT_NORM_PLACE); ``+k<BK>s<S>w<W>``: the K loop's BLOCK_K, stages
     and warps for every GEMM, ``+<role>.k<BK>s<S>w<W>`` for one role's (``ROLES``; ``loop_for``, ``loop_config``);
-    ``+f8cast`` / ``+f8ptx`` / ``+f8wide``: how fp8 weights convert (``set_fp8_mode``; the same bits); ``+f8x1`` /
-    ``+f8x2``: fp8 weights split K towards once / twice TARGET_PROGRAMS programs at every K (``fp8_programs``);
+    ``+f8cast`` / ``+f8ptx`` / ``+f8wide``: how fp8 weights convert (``set_fp8_mode``; the same bits); ``+f8x1`` ..
+    ``+f8x4``: fp8 weights split K towards 1..4 x TARGET_PROGRAMS programs at every K (``fp8_programs``);
     ``+pfcap<MiB>``: the largest weight that prefetches (``prefetch_cap``); ``+<role>.fill`` / ``.lean`` / ``.wave``: one
     role's split policy (``role_policies``; the reduction stays the split mode's); ``+pair1`` / ``+pair2``: a paired
     GEMM's (qkv with RoPE, gate_up) K loop as one dot over both halves or a dot per half (``pair_dots``);
@@ -411,7 +411,7 @@ def arm(text: str):
 _NORM_ARMS = tuple(f"norm{p}" for p in NORM_PLACES)
 FP8_MODES = ("cast", "ptx", "wide")  # how e4m3 weights become the activation dtype (``set_fp8_mode``)
 _FP8_ARMS = {f"f8{m}" for m in FP8_MODES}
-_FP8_SPLIT_ARMS = ("f8x1", "f8x2")  # fp8 weights' split target (``fp8_programs``)
+_FP8_SPLIT_ARMS = ("f8x1", "f8x2", "f8x3", "f8x4")  # fp8 weights' split target (``fp8_programs``)
 _PAIR_ARMS = tuple(f"pair{n}" for n in PAIR_DOTS)
 _ONE_OF = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, set(_NORM_ARMS), _FP8_ARMS, set(_FP8_SPLIT_ARMS),
            set(_PAIR_ARMS))
@@ -428,7 +428,7 @@ def loop_smem(block_k: int, stages: int) -> int:
     return stages * block_k * (64 + BLOCK_M) * 2
 
 
-_LOOP_ARM = re.compile(r"(?:(" + "|".join(ROLES) + r")\.)?k(32|64|128|256|512)s([1-6])w([248])")  # +[<role>.]k<BK>s<S>w<W>
+_LOOP_ARM = re.compile(r"(?:(" + "|".join(ROLES) + r")\.)?k(32|64|128|256|512)s([1-6])w([1248])")  # +[<role>.]k<BK>s<S>w<W>
 
 
 def parse_arm(text: str) -> Arm:
@@ -482,10 +482,10 @@ def parse_arm(text: str) -> Arm:
             ok = False
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
-                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro|+normtail|+normauto][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide][+f8x1|+f8x2]"
+                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro|+normtail|+normauto][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide][+f8x1..4]"
                          f"[+pfcap<MiB>][+<role>.fill|lean|wave][+pair1|+pair2][+<role>.ahead<MiB>], split modes "
                          f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, MiB 0..{MAX_PREFETCH_CAP_MIB}, tiles 0..8, BK 32 / 64 / 128 / 256 / 512, S 1..6, "
-                         f"W 2 / 4 / 8, at most one loop per role (roles {', '.join(ROLES)}: +<role>.k<BK>s<S>w<W>), "
+                         f"W 1 / 2 / 4 / 8, at most one loop per role (roles {', '.join(ROLES)}: +<role>.k<BK>s<S>w<W>), "
                          f"look-ahead MiB 1..{MAX_AHEAD_MIB} for {', '.join(AHEAD_ROLES)}")
     return Arm(mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, place,
                tuple(sorted(loops.items())), f8, f8x, cap, tuple(sorted(policies.items())), pairs,
@@ -529,7 +529,7 @@ def parse_split_modes(text: str) -> list[str]:
                          f"paths' KV store as its own kernel), +normsep, +normpro, +normtail or +normauto (the gemm path's "
                          f"norms as their own launches, GEMM prologues, the previous GEMM's tail, or the tail for narrow "
                          f"streams), +[<role>.]k<BK>s<S>w<W> (a K loop), "
-                         f"+f8cast / +f8ptx / +f8wide and +f8x1 / +f8x2 (fp8 weights), +pfcap<MiB> (the largest weight that "
+                         f"+f8cast / +f8ptx / +f8wide and +f8x1..+f8x4 (fp8 weights), +pfcap<MiB> (the largest weight that "
                          f"prefetches), +<role>.fill / .lean / .wave (one role's split policy), +pair1 / +pair2 (a paired GEMM's "
                          f"dots a K step), +<role>.ahead<MiB> (the next GEMM's weights into L2){why}")
     return modes
@@ -1044,7 +1044,7 @@ def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, POS, XO
 # 910 tok/s; SmolLM2 cast 1,193, ptx 1,236-1,242, wide 1,297. Alone (bench.gemm, 8B gate_up, M = 1): 57.6 / 54.1 / 50.8 us.
 DEFAULT_FP8_MODE = "wide"
 _fp8_mode = DEFAULT_FP8_MODE
-DEFAULT_FP8_PROGRAMS = None  # fp8 weights' split target in TARGET_PROGRAMS: by K (arms +f8x1 / +f8x2 force one)
+DEFAULT_FP8_PROGRAMS = None  # fp8 weights' split target in TARGET_PROGRAMS: by K (arms +f8x1 .. +f8x4 force one)
 _fp8_programs = DEFAULT_FP8_PROGRAMS
 _compile_only = False  # attnlab.kernels.aot: launches compile for a GPU and never run
 
@@ -1062,7 +1062,7 @@ def set_fp8_mode(mode: str) -> None:
 
 
 def fp8_programs(k: int | None = None) -> int | None:
-    """fp8 weights' split target, in TARGET_PROGRAMS, for a GEMM of ``k``: an arm's (+f8x1 / +f8x2), else
+    """fp8 weights' split target, in TARGET_PROGRAMS, for a GEMM of ``k``: an arm's (+f8x1 .. +f8x4), else
     FP8_LONG_PROGRAMS from LONG_K and 1 below; without ``k``, the arm's setting (None: by K)."""
     if k is None or _fp8_programs is not None:
         return _fp8_programs

@@ -5,8 +5,10 @@
 #             issue 17 at 1B, bf16: look-ahead arms (each GEMM bulk-prefetching the next GEMM's weights into L2);
 #             1B bf16 / fp8w: the K loops at 2 warps (mma.sync [2, 1]: no repeated rows, no trip through shared
 #             memory for fp8, per 12-04d's CPU compile)
-#   run.sh 2  (right after 1, the same machine) the look-ahead arms at 8B and SmolLM2, bf16; bench.gemm_fused --pdl
-#             1B under them is not needed (the look-ahead acts between GEMMs)
+#   run.sh 2  the look-ahead arms at 8B and SmolLM2, bf16 (not run: every look-ahead arm lost at 1B in part 1)
+#   run.sh 3-5 (the machine of part 1, each right after the one before; run inline then): 1B fp8 loops at 2 warps
+#             (bench.pdl), every GEMM alone at 2 warps (bench.gemm), fp8 layers + LM head (fp8wh) at 2 warps
+#   run.sh 6  carry .gpu/fb (a fresh machine): 1B bf16 / fp8wh: fp8's split target 1..4 x 132 programs and 1 warp
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1}
@@ -38,6 +40,24 @@ case $PART in
   step "issue 17: bench.pdl, SmolLM2, bf16: look-ahead arms (48 MiB: each next weight whole)"
   pdl aheads 150 smollm2-135m bf16 "fill/ticket,fill/ticket+qkv.ahead48+o.ahead48,fill/ticket+qkv.ahead48+o.ahead48+gate_up.ahead48+down.ahead48"
   tar czf "$OUT/logs2.tgz" -C $LOGS . 2>/dev/null
+  ;;
+3)  # (the same machine, right after 1; run inline then) 1B fp8w: loops at 2 warps by BLOCK_K and stages
+  pdl w2b 420 llama-3.2-1b fp8w "fill/ticket,fill/ticket+k128s4w2,$(echo $W2 | cut -d, -f2),fill/ticket+k64s4w2,\
+fill/ticket+k128s6w2,fill/ticket+k64s6w2,fill/ticket+k128s4w2+f8x1,fill/ticket+k128s3w2"
+  ;;
+4)  # (the same machine; inline then) bench.gemm, 1B, M 1: every GEMM alone at 2 warps, bf16 and fp8
+  timeout 200 $PY -m attnlab.bench.gemm --models llama1b --ms 1 --repeats 3 \
+    --split-modes fill/ticket,fill/ticket+k128s4w2,fill/ticket+k64s6w2,fill/ticket+k128s4w2+f8x1 --out "$OUT/gemm3.json" \
+    > $LOGS/gemm3.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/gemm3.log | cut -c1-600; cp $LOGS/gemm3.log "$OUT/"
+  ;;
+5)  # (the same machine; inline then) 1B: bf16, fp8w, fp8wh (the LM head in e4m3 too) at 2 warps
+  pdl head4 300 llama-3.2-1b bf16,fp8w,fp8wh "fill/ticket,fill/ticket+k128s4w2,\
+fill/ticket+qkv.k128s4w2+o.k128s4w2+gate_up.k128s4w2+down.k128s4w2+lm_head.k128s4w2"
+  ;;
+6)  # carry .gpu/fb (a fresh machine): 1B bf16 / fp8wh: fp8's split target 1..4 x 132 and 1 warp
+  install_fb
+  pdl x6 420 llama-3.2-1b bf16,fp8wh "fill/ticket,fill/ticket+k128s4w2,fill/ticket+k128s4w2+f8x3,\
+fill/ticket+k128s4w2+f8x4,fill/ticket+k128s4w1,fill/ticket+k128s4w1+f8x4,fill/ticket+k64s4w1+f8x4,fill/ticket+k256s4w1+f8x4"
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac
