@@ -180,11 +180,18 @@ _pair_dots = DEFAULT_PAIR_DOTS
 LONG_K = 2048
 ROLES = ("qkv", "o", "gate_up", "down", "lm_head")
 DEFAULT_ROLE_LOOPS: dict[str, tuple[int, int, int]] = {"qkv": (128, 4, 4), "gate_up": (128, 5, 4)}
-# fp8 weights from LONG_K: BLOCK_K 256 x 4 stages for every role (a stage of e4m3 holds half the bytes), and K split
-# towards FP8_LONG_PROGRAMS x TARGET_PROGRAMS programs. Measured end to end (bench.pdl --weights fp8w, fp8 mode wide,
-# experiments/h200-2026-12-04b): Llama-3.2-1B 910 -> 991 tok/s (the loop), 973 -> 1,046 (the split); SmolLM2 (K < LONG_K)
-# lost 13% with the loop forced onto it and 6% with the split, so it keeps 128 x 3 and the bf16 split.
-FP8_LONG_LOOP = (256, 4, 4)
+# fp8 weights from LONG_K: BLOCK_K 128 x 4 stages at 2 warps for every role, and K split towards FP8_LONG_PROGRAMS x
+# TARGET_PROGRAMS programs. At 2 warps the [64, BLOCK_K] tile's dot takes mma.sync with warpsPerCTA [2, 1] (Triton 3.6,
+# sm_90): each warp its own 32 rows, converted from e4m3 in the MMA's register layout, where 4 warps take the warp-group
+# MMA, which stores the converted bf16 tile back to shared memory and reads it again (16 st.shared and 9 barriers a K
+# step; experiments/h200-2026-12-04d/ptx_loop.py). 36 KiB of shared memory a program. Measured end to end (bench.pdl,
+# batch 1, PDL; experiments/h200-2026-12-04e) against 256 x 4 at 4 warps: Llama-3.2-1B fp8w 1,024-1,065 -> 1,171-1,187
+# tok/s, fp8 layers and LM head (fp8wh) 1,037-1,060 -> 1,235-1,251; Llama-3.1-8B fp8w 258 -> 312, fp8wh 265 -> 322.
+# 1 warp, 3 or 6 stages, BLOCK_K 64 / 256 at 2 warps and 3 or 4 x the split target all lost. Before (12-04b): 256 x 4
+# at 4 warps against 128 x 3: 1B 910 -> 991, and the doubled split 973 -> 1,046. SmolLM2 (K < LONG_K) lost with
+# either loop forced onto it (13% at 256 x 4 x 4; 1,236 -> 1,166 at 128 x 4 x 2) and 6% with the split, so it keeps
+# 128 x 3 x 4 and the bf16 split.
+FP8_LONG_LOOP = (128, 4, 2)
 FP8_LONG_PROGRAMS = 2
 _loops: dict[str, tuple[int, int, int]] = {}  # "all" or a role -> (BLOCK_K, stages, warps)
 _tickets: dict = {}
@@ -566,7 +573,7 @@ def loop_for(w_dtype: torch.dtype, x_dtype: torch.dtype, k: int, role: str | Non
     forced = _loops.get(role) or _loops.get("all")
     if forced or k < LONG_K:
         return (64, *(forced or (128, 3, 4)))
-    if w_dtype == torch.float8_e4m3fn:  # half the bytes a stage: a stage more (FP8_LONG_LOOP), whatever the role
+    if w_dtype == torch.float8_e4m3fn:  # FP8_LONG_LOOP (2 warps: mma.sync, no trip through shared memory), any role
         return (64, *FP8_LONG_LOOP)
     return (64, *DEFAULT_ROLE_LOOPS.get(role, (256, 3, 4)))
 

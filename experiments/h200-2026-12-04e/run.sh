@@ -9,6 +9,8 @@
 #   run.sh 3-5 (the machine of part 1, each right after the one before; run inline then): 1B fp8 loops at 2 warps
 #             (bench.pdl), every GEMM alone at 2 warps (bench.gemm), fp8 layers + LM head (fp8wh) at 2 warps
 #   run.sh 6  carry .gpu/fb (a fresh machine): 1B bf16 / fp8wh: fp8's split target 1..4 x 132 programs and 1 warp
+#   run.sh 7  (right after 6; inline then) SmolLM2 and 8B: bf16, fp8w, fp8wh at 2 warps
+#   run.sh 8  carry .gpu/fb (a fresh machine): the new fp8 default loop (128 x 4 x 2): GPU tests; 1B / 8B A/B
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1}
@@ -58,6 +60,22 @@ fill/ticket+qkv.k128s4w2+o.k128s4w2+gate_up.k128s4w2+down.k128s4w2+lm_head.k128s
   install_fb
   pdl x6 420 llama-3.2-1b bf16,fp8wh "fill/ticket,fill/ticket+k128s4w2,fill/ticket+k128s4w2+f8x3,\
 fill/ticket+k128s4w2+f8x4,fill/ticket+k128s4w1,fill/ticket+k128s4w1+f8x4,fill/ticket+k64s4w1+f8x4,fill/ticket+k256s4w1+f8x4"
+  ;;
+7)  # (the machine of part 6, right after; inline then) SmolLM2 and 8B: bf16, fp8w, fp8wh at 2 warps
+  for m in smollm2-135m llama-3.1-8b; do
+    pdl x7_$m 250 $m bf16,fp8w,fp8wh "fill/ticket,fill/ticket+k128s4w2,\
+fill/ticket+qkv.k128s4w2+o.k128s4w2+gate_up.k128s4w2+down.k128s4w2"
+  done
+  ;;
+8)  # carry .gpu/fb (a fresh machine): FP8_LONG_LOOP = 128 x 4 x 2 (the default now): the GPU tests of the gemm path
+    # and PDL (row invariance, tickets racing, fp8 bytes, graphs) on it; bench.pdl 1B and 8B, the default against
+    # the loop before (+k256s4w4: for fp8 sides, 12-04d's fp8 loop; bf16 sides there are not the default)
+  install_fb
+  step "GPU tests: the gemm path and PDL, fp8 on its 2-warp loop"
+  gpu_tests tests8 280 tests/integration/test_gpu_gemm.py tests/integration/test_gpu_pdl.py
+  step "issue 17: bench.pdl, 1B and 8B: bf16, fp8w, fp8wh, the new fp8 loop against the one before"
+  pdl new8 150 llama-3.2-1b bf16,fp8w,fp8wh fill/ticket,fill/ticket+k256s4w4
+  pdl new8_8b 150 llama-3.1-8b bf16,fp8wh fill/ticket,fill/ticket+k256s4w4
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac

@@ -82,26 +82,34 @@ with aot.compile_only(90) as log:
     x = torch.zeros(1, 2048, dtype=torch.bfloat16)
     for weights in ("bf16", "fp8"):
         w = torch.zeros(4096, 2048, dtype=torch.float8_e4m3fn if weights == "fp8" else torch.bfloat16)
-        for arm in ("fill/ticket", "fill/ticket+pair2"):
+        for arm in ("fill/ticket", "fill/ticket+pair2", "fill/ticket+k256s4w4", "fill/ticket+k256s4w4+pair2"):
             with gemm.arm(arm):
                 gemm.gemm(x, w, w_scale=torch.ones(4096) if weights == "fp8" else None, epilogue="silu_mul",
                           role="gate_up")
             ir = log.last["_gemm_kernel"].asm["ttgir"]
-            print(weights, arm, re.search(r"nvidia_mma<\\{versionMajor = (\\d)", ir).group(1),
-                  len(re.findall(r"tt\\.dot ", ir)))  # the dots left to mma.sync
+            mma = re.search(r"nvidia_mma<\\{versionMajor = (\\d).*?warpsPerCTA = \\[(\\d), (\\d)\\]", ir)
+            print(weights, arm, *mma.groups(), len(re.findall(r"tt\\.dot ", ir)))  # the dots left to mma.sync
 """
 
 
 @pytest.mark.slow
-def test_paired_gemm_takes_one_warp_group_mma_on_sm90():
-    """gemm.pair_dots: the paired loop's one [2 x BLOCK_N, BLOCK_K] dot lowers to Hopper's warp-group MMA (version
-    3), as an unpaired GEMM's; a dot per half (+pair2) is a [BLOCK_N, BLOCK_K] tile that takes mma.sync (version 2),
-    its rows loaded (and for fp8 converted) by two warps each. The reason the default is one dot."""
+def test_paired_gemm_mma_on_sm90():
+    """gemm.pair_dots and FP8_LONG_LOOP, as Triton 3.6 lowers them for sm_90 (1B gate_up, K = 2048):
+    - at 4 warps (bf16's loop) the paired loop's one [2 x BLOCK_N, BLOCK_K] dot takes Hopper's warp-group MMA (version
+      3), as an unpaired GEMM's; a dot per half (+pair2) is a [BLOCK_N, BLOCK_K] tile that takes mma.sync (version 2)
+      with the warps as 4 x 16 rows, its rows loaded (and for fp8 converted) by two warps each. The reason bf16's
+      default is one dot;
+    - fp8's loop (2 warps) takes mma.sync with the warps as 2 x 32 rows: each row loaded and converted once, in the
+      MMA's registers, without the warp-group MMA's trip of the converted tile through shared memory. The reason fp8's
+      default is 2 warps."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", _PAIRED_MMA], env=env, capture_output=True, text=True, timeout=600,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = {tuple(line.split()[:2]): tuple(int(v) for v in line.split()[2:]) for line in proc.stdout.splitlines()}
-    for weights in ("bf16", "fp8"):
-        assert got[(weights, "fill/ticket")] == (3, 0), proc.stdout
-        assert got[(weights, "fill/ticket+pair2")] == (2, 2), proc.stdout
+    assert got[("bf16", "fill/ticket")][::3] == (3, 0), proc.stdout  # warp-group MMA, no dot left
+    assert got[("bf16", "fill/ticket+pair2")] == (2, 4, 1, 2), proc.stdout
+    assert got[("fp8", "fill/ticket")] == (2, 2, 1, 1), proc.stdout  # mma.sync, 2 x 32 rows, one dot
+    for weights in ("bf16", "fp8"):  # the loop of 4 warps, forced
+        assert got[(weights, "fill/ticket+k256s4w4")][::3] == (3, 0), proc.stdout
+        assert got[(weights, "fill/ticket+k256s4w4+pair2")] == (2, 4, 1, 2), proc.stdout

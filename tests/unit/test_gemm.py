@@ -726,7 +726,7 @@ def test_fp8_wide_mode_unpacks_like_the_cast(k):
 
 
 def test_fp8_weights_take_their_own_loop_and_split_target():
-    """fp8 weights: FP8_LONG_LOOP from LONG_K for every role (a stage of e4m3 is half the bytes), 128 x 3 below,
+    """fp8 weights: FP8_LONG_LOOP from LONG_K for every role (128 x 4 at 2 warps), 128 x 3 x 4 below,
     a forced loop over both; +f8x2 splits their K towards twice the programs (bf16 GEMMs keep theirs). All of it a
     function of (N, K, the dtypes, the arm), never of M."""
     bf, f8 = torch.bfloat16, torch.float8_e4m3fn
