@@ -76,6 +76,9 @@ fill/ticket+qkv.k128s4w2+o.k128s4w2+gate_up.k128s4w2+down.k128s4w2"
   step "issue 17: bench.pdl, 1B and 8B: bf16, fp8w, fp8wh, the new fp8 loop against the one before"
   pdl new8 150 llama-3.2-1b bf16,fp8w,fp8wh fill/ticket,fill/ticket+k256s4w4
   pdl new8_8b 150 llama-3.1-8b bf16,fp8wh fill/ticket,fill/ticket+k256s4w4
+  step "issue 17: bench.pdl, 1B fp8wh: per-role fp8 loops around the new default"
+  pdl roles8 150 llama-3.2-1b fp8wh "fill/ticket,fill/ticket+qkv.k64s6w2,fill/ticket+qkv.k64s6w2+o.k64s6w2,\
+fill/ticket+down.k128s6w2,fill/ticket+o.lean"
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac
