@@ -32,8 +32,6 @@ class CompileLog:
     # kernel name -> of its variants, those that prefetch into L2 before the wait (the GEMM's weights, engine.gemm_prefetch;
     # the decode's K / V, attnlab.kernels.decode)
     prefetch_variants: dict[str, int] = field(default_factory=dict)
-    # kernel name -> of its variants, those that bulk-prefetch the next GEMM's weights (gemm.ahead_bytes)
-    ahead_variants: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     last_shared: int = 0  # shared memory (bytes) of the variant compiled last
     last: dict = field(default_factory=dict)  # kernel name -> its variant compiled last (its .asm: ttgir, ptx, ...)
@@ -83,8 +81,6 @@ def compile_only(arch: int = 90, warp_size: int = 32):
             log.pdl_variants += "griddepcontrol.wait" in ptx
             if "prefetch.global.L2" in ptx:
                 log.prefetch_variants[self.__name__] = log.prefetch_variants.get(self.__name__, 0) + 1
-            if "cp.async.bulk.prefetch.L2" in ptx:
-                log.ahead_variants[self.__name__] = log.ahead_variants.get(self.__name__, 0) + 1
         return kernel
 
     from attnlab.kernels import gemm
@@ -297,28 +293,10 @@ def compile_pdl(arch: int = 90, log: CompileLog | None = None) -> None:
         compile_gemm(True, arch)
         with gemm.prefetching(4):  # engine.gemm_prefetch: the weights into L2 before the wait
             compile_gemm(True, arch)
-        compile_ahead()
         for shape in backend_shapes():
             compile_backend_case(*shape, dtype=torch.bfloat16, kv_dtype=torch.bfloat16, head_dim=64, gqa=4)
         if log is not None:
             compile_prefill_contig(log, arch)
-
-
-def compile_ahead() -> None:
-    """The look-ahead variants (``gemm.ahead_bytes``): a Llama-3.2-1B-shaped layer's four GEMMs, bf16, each
-    prefetching the next one's weights (the gemm path's order: qkv -> o -> gate_up -> down -> qkv)."""
-    from attnlab.kernels import gemm
-
-    hidden, inter, n_qkv, d = 2048, 8192, 3072, 64
-    x, xi = torch.zeros(4, hidden, dtype=torch.bfloat16), torch.zeros(4, inter, dtype=torch.bfloat16)
-    w_qkv, w_o = torch.zeros(n_qkv, hidden, dtype=torch.bfloat16), torch.zeros(hidden, hidden, dtype=torch.bfloat16)
-    w_gu, w_d = torch.zeros(2 * inter, hidden, dtype=torch.bfloat16), torch.zeros(hidden, inter, dtype=torch.bfloat16)
-    cs = torch.zeros(4, d, dtype=torch.bfloat16)
-    with gemm.arm("fill/ticket+qkv.ahead8+o.ahead16+gate_up.ahead4+down.ahead4"):
-        gemm.gemm(x, w_qkv, epilogue="rope", cos=cs, sin=cs, head_dim=d, rope_cols=2560, role="qkv", ahead=w_o)
-        gemm.gemm(x, w_o, epilogue="residual", residual=x, role="o", ahead=w_gu)
-        gemm.gemm(x, w_gu, epilogue="silu_mul", role="gate_up", ahead=w_d)
-        gemm.gemm(xi, w_d, epilogue="residual", residual=x, role="down", ahead=w_qkv)
 
 
 def main(argv=None) -> int:
@@ -349,8 +327,6 @@ def main(argv=None) -> int:
     print(f"programmatic dependent launch (griddepcontrol.wait in the PTX): {log.pdl_variants} variants")
     pf = ", ".join(f"{k} {n}" for k, n in sorted(log.prefetch_variants.items())) or "none"
     print(f"L2 prefetch before the wait (prefetch.global.L2 in the PTX), variants: {pf}")
-    ahead = ", ".join(f"{k} {n}" for k, n in sorted(log.ahead_variants.items())) or "none"
-    print(f"look-ahead of the next GEMM's weights (cp.async.bulk.prefetch.L2 in the PTX), variants: {ahead}")
     return 0
 
 

@@ -76,7 +76,7 @@ import triton.language as tl
 
 from attnlab.kernels import pdl
 from attnlab.kernels.heuristics import fp32_dot, interpreter_on
-from attnlab.kernels.pdl import bulk_prefetch_l2, launch_args, pdl_start, prefetch_l2
+from attnlab.kernels.pdl import launch_args, pdl_start, prefetch_l2
 from attnlab.kernels.switches import scoped
 
 MAX_M = 16  # rows per launch; larger M belongs to cuBLAS (callers fall back)
@@ -112,14 +112,6 @@ DEFAULT_PREFETCH = 16  # as many as the program has (SmolLM2's layer GEMMs have 
 PREFETCH_MAX_WEIGHT_BYTES = 4 << 20  # the default cap; a bench arm's +pfcap<MiB> sets another (``prefetch_cap``)
 MAX_PREFETCH_CAP_MIB = 1024
 _prefetch_cap = PREFETCH_MAX_WEIGHT_BYTES
-# Look-ahead (``ahead``): a GEMM's programs, before their PDL wait, bulk-prefetch into L2 the first bytes of the weight
-# of the GEMM that follows in the layer (qkv -> o -> gate_up -> down -> the next layer's qkv): HBM streams the next
-# weight while a latency-bound GEMM or the attention between them leaves it idle. A hint (the sums are unchanged);
-# a role -> bytes, set by a bench arm's +<role>.ahead<MiB>; none by default.
-AHEAD_ROLES = ("qkv", "o", "gate_up", "down")
-MAX_AHEAD_MIB = 48  # an H200's L2 is 50 MiB (60 MB), and what was prefetched must still be there when it is read
-AHEAD_ALIGN = 256  # bytes: each thread's range is a multiple (a bulk prefetch needs 16-byte sizes and addresses)
-_ahead: dict[str, int] = {}
 _role_policies: dict[str, str] = {}  # a role -> its split policy (fill / lean / wave), a bench arm's +<role>.<policy>
 # Measured exceptions to the ``fill`` policy by role (the split mode's policy ``fill`` only; an arm's +<role>.<policy>
 # overrides): o_proj and gate_up run a K of at most LEAN_MAX_K unsplit (``lean``; above it lean is fill, so only
@@ -245,21 +237,6 @@ def _set_prefetch_cap(nbytes: int) -> None:
     _prefetch_cap = int(nbytes)
 
 
-def ahead_bytes(role: str | None) -> int:
-    """Bytes of the next GEMM's weight the GEMM at ``role`` prefetches into L2 (``ahead``; 0: none)."""
-    return _ahead.get(role, 0)
-
-
-def ahead_map() -> tuple[tuple[str, int], ...]:
-    """The look-ahead prefetches an arm set: ((role, bytes), ...), sorted; empty by default."""
-    return tuple(sorted(_ahead.items()))
-
-
-def _set_ahead(pairs) -> None:
-    global _ahead
-    _ahead = dict(pairs or ())
-
-
 def role_policies() -> tuple[tuple[str, str], ...]:
     """The split policies a bench arm forces on single roles ((role, policy), sorted); empty: the split mode's, and
     under ``fill`` DEFAULT_ROLE_POLICIES (``policy_for``)."""
@@ -375,7 +352,6 @@ class Arm(NamedTuple):
     prefetch_cap: int  # bytes: the largest weight that prefetches (PREFETCH_MAX_WEIGHT_BYTES unless +pfcap<MiB>)
     role_policies: tuple[tuple[str, str], ...]  # (role, split policy), sorted: +<role>.fill / .lean / .wave
     pair_dots: int = DEFAULT_PAIR_DOTS  # PAIR_DOTS: +pair1 / +pair2
-    ahead: tuple[tuple[str, int], ...] = ()  # (role, bytes), sorted: +<role>.ahead<MiB> (``ahead_bytes``)
 
 
 @contextmanager
@@ -396,8 +372,8 @@ def arm(text: str):
     ``+f8x4``: fp8 weights split K towards 1..4 x TARGET_PROGRAMS programs at every K (``fp8_programs``);
     ``+pfcap<MiB>``: the largest weight that prefetches (``prefetch_cap``); ``+<role>.fill`` / ``.lean`` / ``.wave``: one
     role's split policy (``role_policies``; the reduction stays the split mode's); ``+pair1`` / ``+pair2``: a paired
-    GEMM's (qkv with RoPE, gate_up) K loop as one dot over both halves or a dot per half (``pair_dots``);
-    ``+<role>.ahead<MiB>``: that GEMM prefetches the next GEMM's first MiB of weights into L2 (``ahead_bytes``). Split, prefetch, RoPE-table, norm, loop and fp8 parts act on this GEMM's launches only: gemm-path sides, and the
+    GEMM's (qkv with RoPE, gate_up) K loop as one dot over both halves or a dot per half (``pair_dots``).
+    Split, prefetch, RoPE-table, norm, loop and fp8 parts act on this GEMM's launches only: gemm-path sides, and the
     small-M passes of weight-only FP8Linear in any engine."""
     from attnlab.kernels import argmax, decode, fused
 
@@ -411,7 +387,7 @@ def arm(text: str):
             scoped(fp8_programs, _set_fp8_programs, a.fp8_programs), \
             scoped(prefetch_cap, _set_prefetch_cap, a.prefetch_cap), \
             scoped(role_policies, _set_role_policies, a.role_policies), \
-            scoped(pair_dots, _set_pair_dots, a.pair_dots), scoped(ahead_map, _set_ahead, a.ahead):
+            scoped(pair_dots, _set_pair_dots, a.pair_dots):
         yield
 
 
@@ -423,7 +399,6 @@ _PAIR_ARMS = tuple(f"pair{n}" for n in PAIR_DOTS)
 _ONE_OF = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, set(_NORM_ARMS), _FP8_ARMS, set(_FP8_SPLIT_ARMS),
            set(_PAIR_ARMS))
 _POLICY_ARM = re.compile(r"(" + "|".join(ROLES) + r")\.(fill|lean|wave)")  # +<role>.<split policy>
-_AHEAD_ARM = re.compile(r"(" + "|".join(AHEAD_ROLES) + r")\.ahead(\d{1,2})")  # +<role>.ahead<MiB>
 SMEM_BYTES = 232448  # sm_90's shared memory a block may have: a forced K loop must fit it (``loop_smem``)
 
 
@@ -448,7 +423,7 @@ def parse_arm(text: str) -> Arm:
     kv_tiles, rows_argmax, rope_store, place = KV_PREFETCH_TILES, DEFAULT_ON, True, DEFAULT_NORM_PLACE
     loops = {}  # forced loops: none by default (the rules of loop_for)
     f8, f8x = DEFAULT_FP8_MODE, DEFAULT_FP8_PROGRAMS
-    cap, policies, pairs, ahead = PREFETCH_MAX_WEIGHT_BYTES, {}, DEFAULT_PAIR_DOTS, {}
+    cap, policies, pairs = PREFETCH_MAX_WEIGHT_BYTES, {}, DEFAULT_PAIR_DOTS
     keys = [_key(e) for e in extras]  # at most one part a key: each set of _ONE_OF, each prefix, each role's loop / policy
     ok = mode in SPLIT_MODES and len(set(keys)) == len(keys)
     for e in extras:
@@ -457,8 +432,6 @@ def parse_arm(text: str) -> Arm:
         elif _POLICY_ARM.fullmatch(e):
             role, policy = _POLICY_ARM.fullmatch(e).groups()
             policies[role] = policy
-        elif (m := _AHEAD_ARM.fullmatch(e)) and 1 <= int(m.group(2)) <= MAX_AHEAD_MIB:
-            ahead[m.group(1)] = int(m.group(2)) << 20
         elif e.startswith("pf") and _digits(e[2:]) and int(e[2:]) <= MAX_PREFETCH:
             chunks = int(e[2:])
         elif e.startswith("kvpf") and _digits(e[4:]) and int(e[4:]) <= 8:
@@ -490,13 +463,11 @@ def parse_arm(text: str) -> Arm:
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
                          f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro|+normtail|+normauto][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide][+f8x1..4]"
-                         f"[+pfcap<MiB>][+<role>.fill|lean|wave][+pair1|+pair2][+<role>.ahead<MiB>], split modes "
+                         f"[+pfcap<MiB>][+<role>.fill|lean|wave][+pair1|+pair2], split modes "
                          f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, MiB 0..{MAX_PREFETCH_CAP_MIB}, tiles 0..8, BK 32 / 64 / 128 / 256 / 512, S 1..6, "
-                         f"W 1 / 2 / 4 / 8, at most one loop per role (roles {', '.join(ROLES)}: +<role>.k<BK>s<S>w<W>), "
-                         f"look-ahead MiB 1..{MAX_AHEAD_MIB} for {', '.join(AHEAD_ROLES)}")
+                         f"W 1 / 2 / 4 / 8, at most one loop per role (roles {', '.join(ROLES)}: +<role>.k<BK>s<S>w<W>)")
     return Arm(mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, place,
-               tuple(sorted(loops.items())), f8, f8x, cap, tuple(sorted(policies.items())), pairs,
-               tuple(sorted(ahead.items())))
+               tuple(sorted(loops.items())), f8, f8x, cap, tuple(sorted(policies.items())), pairs)
 
 
 def _key(e: str) -> str:
@@ -508,8 +479,6 @@ def _key(e: str) -> str:
         return f"loop {m.group(1) or 'all'}"
     if m := _POLICY_ARM.fullmatch(e):
         return f"policy {m.group(1)}"
-    if m := _AHEAD_ARM.fullmatch(e):
-        return f"ahead {m.group(1)}"
     return next((p for p in ("pfcap", "kvpf", "pf") if e.startswith(p)), e)
 
 
@@ -538,7 +507,7 @@ def parse_split_modes(text: str) -> list[str]:
                          f"streams), +[<role>.]k<BK>s<S>w<W> (a K loop), "
                          f"+f8cast / +f8ptx / +f8wide and +f8x1..+f8x4 (fp8 weights), +pfcap<MiB> (the largest weight that "
                          f"prefetches), +<role>.fill / .lean / .wave (one role's split policy), +pair1 / +pair2 (a paired GEMM's "
-                         f"dots a K step), +<role>.ahead<MiB> (the next GEMM's weights into L2){why}")
+                         f"dots a K step){why}")
     return modes
 
 
@@ -881,15 +850,6 @@ def _dot(w, xt, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_ahead(W8, prog, chunk, total, THREADS: tl.constexpr):
-    """Look-ahead (``ahead_bytes``): each of the program's THREADS threads bulk-prefetches one ``chunk``-byte range
-    of the first ``total`` bytes of W8 (a uint8 view of the next GEMM's weight), the ranges of all programs back to
-    back; a thread past ``total`` takes the first range again (a hint: it is in L2 by then)."""
-    off = (prog * THREADS + tl.arange(0, THREADS)).to(tl.int64) * chunk
-    bulk_prefetch_l2(W8 + tl.where(off < total, off, 0), tl.full([THREADS], chunk, tl.int32))
-
-
-@triton.jit
 def _prefetch_weights(W, c1, c2, n_mask, k_lo, k_hi, stride_wn, PAIRED: tl.constexpr, CHUNKS: tl.constexpr,
                       BLOCK_K: tl.constexpr, LINE: tl.constexpr):
     """The first CHUNKS BLOCK_K chunks of this program's weight rows into L2, one prefetch per ``LINE`` elements
@@ -906,7 +866,7 @@ def _prefetch_weights(W, c1, c2, n_mask, k_lo, k_hi, stride_wn, PAIRED: tl.const
 
 @triton.jit
 def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS, SIN, KC, VC, SLOTS, POS, XO, TAIL_W,
-                 TAIL_TICKET, stride_xo, tail_eps, AHEAD_W, ahead_chunk, ahead_bytes, M, N_LOG, K,
+                 TAIL_TICKET, stride_xo, tail_eps, M, N_LOG, K,
                  k_per_split, stride_xm, stride_wn, stride_w4, stride_om, stride_rm, stride_cm, stride_slot, eps, G, ROPE_COLS,
                  Q_COLS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  NORM: tl.constexpr, SS_BLOCK: tl.constexpr, SS_ITERS: tl.constexpr, NRM_ITERS: tl.constexpr,
@@ -915,13 +875,12 @@ def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS
                  PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
                  ARGMAX_RED: tl.constexpr = 256, FP8_MODE: tl.constexpr = 0, PTX: tl.constexpr = False,
                  TAIL: tl.constexpr = False, TAIL_NB: tl.constexpr = 16, TAIL_ROWS: tl.constexpr = 1,
-                 JOIN: tl.constexpr = False, AHEAD: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
+                 JOIN: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     # SPLIT: 0 one program per column tile; 1 partials for _reduce_kernel; 2 partials, the last program reduces
     # JOIN (PAIRED only): one dot a K step over both halves' rows (pair_dots)
     # TAIL: the tail norm of OUT into XO (_norm_tail), after the epilogue (SPLIT 1: _reduce_kernel's)
     # FP8_MODE: the index of the fp8 mode (FP8_MODES) e4m3 weights convert by (W4: W as int32, mode wide);
     # PTX: inline PTX may run (a GPU; the interpreter runs Triton ops)
-    # AHEAD: threads a program that each bulk-prefetch ahead_chunk bytes of AHEAD_W (the next GEMM's weight) into L2
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     j = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -931,8 +890,6 @@ def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS
     k_hi = tl.minimum(k_lo + k_per_split, K)
     if USE_PDL and PREFETCH > 0:  # engine.gemm_prefetch: weights only, before the wait
         _prefetch_weights(W, c1, c2, n_mask, k_lo, k_hi, stride_wn, PAIRED, PREFETCH, BLOCK_K, LINE)
-    if AHEAD > 0:  # the next GEMM's weights (no kernel writes them), before the wait
-        _prefetch_ahead(AHEAD_W, pid_n * tl.num_programs(1) + pid_k, ahead_chunk, ahead_bytes, AHEAD)
     pdl_start(USE_PDL)
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
@@ -1081,11 +1038,6 @@ def _set_fp8_programs(n: int | None) -> None:
     _fp8_programs = None if n is None else int(n)
 
 
-def _ptx_runs(x: torch.Tensor) -> bool:
-    """Whether inline PTX runs for a launch on ``x``'s device: an NVIDIA GPU, or an AOT compile for one."""
-    return ((x.device.type == "cuda" and not torch.version.hip) or _compile_only) and not interpreter_on()
-
-
 def _fp8_launch(x: torch.Tensor, w: torch.Tensor) -> dict:
     """The kernel's FP8_MODE, PTX and W4 / stride_w4 for weights ``w`` against ``x``: a mode other than cast only
     with bf16 activations; ptx only where PTX runs (an NVIDIA GPU or an AOT compile; else cast); wide only where K
@@ -1093,7 +1045,7 @@ def _fp8_launch(x: torch.Tensor, w: torch.Tensor) -> dict:
     without PTX (the interpreter, ROCm) by Triton ops. Every choice gives the same bits."""
     if w.dtype != torch.float8_e4m3fn:  # 16-bit / fp32 weights: nothing to convert, the variant they always had
         return {"FP8_MODE": 0, "PTX": False, "W4": w, "stride_w4": w.stride(0)}
-    gpu = _ptx_runs(x)
+    gpu = ((x.device.type == "cuda" and not torch.version.hip) or _compile_only) and not interpreter_on()  # PTX runs
     mode = _fp8_mode if x.dtype == torch.bfloat16 else "cast"
     if mode == "ptx" and not gpu:
         mode = "cast"  # the interpreter runs no PTX; the wide mode has a Triton-ops path
@@ -1112,8 +1064,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
          residual: torch.Tensor | None = None, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
          head_dim: int = 0, rope_cols: int = 0, kv_store: tuple | None = None,
          positions: torch.Tensor | None = None, role: str | None = None,
-         tail_norm: tuple[torch.Tensor, float] | None = None,
-         ahead: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+         tail_norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (fp32 / fp16 / bf16, M <= 16), w [N, K] (x's dtype, or float8_e4m3fn with w_scale [N] fp32),
     bias [N] or None -> [M, N] in x's dtype ([M, N / 2] for silu_mul, [M] int64 for argmax). See the module
     docstring for norm_weight [K] (RMSNorm prologue, eps) and the epilogues: residual [M, N]; rope: cos / sin
@@ -1124,8 +1075,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     contiguous, slots [M] int (-1: not stored): the k (rotated) and v columns of each row also go to its slot.
     ``role`` (one of ROLES, or None): the GEMM's place in the layer, which picks its K loop (``loop_for``).
     ``tail_norm`` (weight [N], eps), residual epilogue only, N <= MAX_TAIL_N: the tail norm (module docstring); returns
-    (out, rmsnorm(out) * weight) then. ``ahead``: the weight of the GEMM that runs next, whose first
-    ``ahead_bytes(role)`` bytes this launch prefetches into L2 (a hint; none unless an arm sets it for ``role``)."""
+    (out, rmsnorm(out) * weight) then."""
     m, k = x.shape
     n, kw = w.shape
     if m > MAX_M:
@@ -1250,8 +1200,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             NORM=norm, SS_BLOCK=ss_block, SS_ITERS=triton.cdiv(k, ss_block) if norm else 0,
             NRM_ITERS=triton.cdiv(min(per, k), ss_block) if norm else 0,
             IEEE=fp32_dot(x.dtype), ARGMAX_RED=ARGMAX_BLOCK, **_fp8_launch(x, w), num_warps=warps, num_stages=stages, **ptrs, **args, **prefetch,
-            TAIL=normed is not None and split != 1, JOIN=paired and _pair_dots == 1, **launch_args(x),
-            **_ahead_launch(ahead, ahead_bytes(role) if ahead is not None else 0, n_tiles * splits, warps, x, dummy))
+            TAIL=normed is not None and split != 1, JOIN=paired and _pair_dots == 1, **launch_args(x))
         if split == 1:
             # the GEMM's warps: a tail's sum of squares has the order of its tile's layout, which the warp count
             # sets, so pass and ticket give the same bits (the split sum and epilogue are elementwise)
@@ -1262,20 +1211,6 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             _ticket_buffer(x.device).zero_()  # every later GEMM on them would be wrong
         raise
     return out if normed is None else (out, normed)
-
-
-def _ahead_launch(nxt: torch.Tensor | None, nbytes: int, programs: int, warps: int, x: torch.Tensor,
-                  dummy: torch.Tensor) -> dict:
-    """The kernel's look-ahead arguments: the first ``nbytes`` of ``nxt`` (the next GEMM's weight) spread over
-    ``programs`` x ``warps`` x 32 threads in AHEAD_ALIGN-byte multiples; nothing where PTX does not run (the
-    interpreter, ROCm, a CPU tensor outside an AOT compile) or ``nxt`` is not a contiguous, aligned weight."""
-    if not (nbytes and _ptx_runs(x) and nxt.is_contiguous() and nxt.data_ptr() % 16 == 0
-            and nxt.device == x.device):
-        return {"AHEAD_W": dummy, "ahead_chunk": 0, "ahead_bytes": 0}
-    total = min(nbytes, nxt.numel() * nxt.element_size())
-    threads = warps * 32
-    chunk = triton.cdiv(triton.cdiv(total, programs * threads), AHEAD_ALIGN) * AHEAD_ALIGN
-    return {"AHEAD_W": nxt.view(-1).view(torch.uint8), "ahead_chunk": chunk, "ahead_bytes": total, "AHEAD": threads}
 
 
 def argmax_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,

@@ -126,12 +126,3 @@ def prefetch_l2(ptrs):
     the previous grid may be writing: L2 is the GPU's point of coherence, so a line prefetched early is the line that
     grid's stores update, and the loads after the wait read its final bits (nothing fills this SM's L1 early)."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def bulk_prefetch_l2(ptrs, nbytes):
-    """``cp.async.bulk.prefetch.L2.global`` of ``nbytes`` bytes (int32, a multiple of 16; ``ptrs`` 16-byte aligned) at
-    each pointer: one instruction a range, carried out by the SM's copy engine, with no result to wait for (sm_90+). A
-    hint, as ``prefetch_l2``: for data no kernel of the step writes (weights)."""
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;", "=r,l,r", [ptrs, nbytes], dtype=tl.int32,
-                              is_pure=False, pack=1)

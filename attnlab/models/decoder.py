@@ -179,10 +179,8 @@ class Decoder(nn.Module):
 
             order, x = list(indices), None  # x: the next norm of h, where the last GEMM's tail computed it
             for n, i in enumerate(order):
-                after = self.layers[order[n + 1]] if n + 1 < len(order) else None
-                nxt = after.input_layernorm if after is not None else self.norm
-                h, x = gemm_path.layer_forward(self.layers[i], h, cos, sin, ctx, rope_pos, x=x, next_norm=nxt,
-                                               next_layer=after)
+                nxt = self.layers[order[n + 1]].input_layernorm if n + 1 < len(order) else self.norm
+                h, x = gemm_path.layer_forward(self.layers[i], h, cos, sin, ctx, rope_pos, x=x, next_norm=nxt)
                 if i in capture:
                     feats.append(h)
             out = x if x is not None else fused.add_rmsnorm(h, None, self.norm.weight, self.norm.eps)[0]

@@ -61,50 +61,44 @@ def proj(linear: nn.Module, x: torch.Tensor, role: str, **kw) -> torch.Tensor:
 
 def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx,
                   positions: torch.Tensor | None = None, x: torch.Tensor | None = None,
-                  next_norm=None, next_layer=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  next_norm=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """h: [T <= 16, hidden], the residual stream (complete) -> (the stream after this layer, ``next_norm`` of it or
     None). cos / sin: the pass's [T, 1, head_dim], or with ``positions`` [T] tables [P, head_dim] over positions
     (Decoder.rope_tables). ``x``: input_layernorm(h) where the caller has it (the previous layer's tail norm);
     ``next_norm``: the RMSNorm the stream meets next (the next layer's input norm, the final norm), which the down
-    GEMM's tail computes where ``gemm.norm_tail(hidden)`` (else the second value is None). ``next_layer``: the layer
-    that runs next, whose qkv weight the down GEMM may prefetch (``gemm.ahead_bytes``; each GEMM here passes the
-    weight of the one after it)."""
+    GEMM's tail computes where ``gemm.norm_tail(hidden)`` (else the second value is None)."""
     mlp = layer.mlp
     x, norm = (x, {}) if x is not None else _normed(h, layer.input_layernorm)
-    h, x = _attention(layer.self_attn, x, norm, h, cos, sin, ctx, positions, layer.post_attention_layernorm,
-                      ahead=mlp.gate_up_proj.weight)
+    h, x = _attention(layer.self_attn, x, norm, h, cos, sin, ctx, positions, layer.post_attention_layernorm)
     x, norm = (x, {}) if x is not None else _normed(h, layer.post_attention_layernorm)
-    act = proj(mlp.gate_up_proj, x, "gate_up", **norm, epilogue="silu_mul", ahead=mlp.down_proj.weight)
-    nxt = next_layer.self_attn.qkv_proj.weight if next_layer is not None else None
-    return _residual_proj(mlp.down_proj, act, "down", h, next_norm, ahead=nxt)
+    act = proj(mlp.gate_up_proj, x, "gate_up", **norm, epilogue="silu_mul")
+    return _residual_proj(mlp.down_proj, act, "down", h, next_norm)
 
 
 def _residual_proj(linear: nn.Module, x: torch.Tensor, role: str, residual: torch.Tensor,
-                   next_norm=None, ahead: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   next_norm=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(residual + linear(x), ``next_norm`` of it from the GEMM's tail where ``gemm.norm_tail`` of the stream's
-    width says so, else None); ``ahead``: the next GEMM's weight (``gemm.gemm``)."""
+    width says so, else None)."""
     if next_norm is None or not gemm.norm_tail(residual.shape[-1]):
-        return proj(linear, x, role, epilogue="residual", residual=residual, ahead=ahead), None
-    return proj(linear, x, role, epilogue="residual", residual=residual, tail_norm=(next_norm.weight, next_norm.eps),
-                ahead=ahead)
+        return proj(linear, x, role, epilogue="residual", residual=residual), None
+    return proj(linear, x, role, epilogue="residual", residual=residual, tail_norm=(next_norm.weight, next_norm.eps))
 
 
 def _attention(attn, x: torch.Tensor, norm: dict, residual: torch.Tensor, cos, sin, ctx,
-               positions: torch.Tensor | None, next_norm=None,
-               ahead: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+               positions: torch.Tensor | None, next_norm=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """qkv (``norm``: its prologue kwargs, if any; RoPE and the KV store in its epilogue) -> attention -> o with the
     residual added: (the stream after the attention block, ``next_norm`` of it where o_proj's tail computes it,
-    ``_residual_proj``, else None). ``ahead``: the weight of the GEMM after o (o may prefetch it)."""
+    ``_residual_proj``, else None)."""
     t, d = x.shape[0], attn.head_dim
     qk_cols = attn.q_size + attn.kv_size
     store = ctx.kv_store_target(attn.layer_idx, x.dtype)
     qkv = proj(attn.qkv_proj, x, "qkv", **norm, epilogue="rope", cos=cos, sin=sin, head_dim=d, rope_cols=qk_cols,
-               kv_store=store, positions=positions, ahead=attn.o_proj.weight)
+               kv_store=store, positions=positions)
     q = qkv[:, :attn.q_size].view(t, attn.num_heads, d)  # views of one [T, N] row: strides (N, D, 1)
     k = qkv[:, attn.q_size:qk_cols].view(t, attn.num_kv_heads, d)
     v = qkv[:, qk_cols:].view(t, attn.num_kv_heads, d)
     out = ctx.attend(attn.layer_idx, q, k, v, stored=store is not None)
-    return _residual_proj(attn.o_proj, out.reshape(t, attn.q_size), "o", residual, next_norm, ahead)
+    return _residual_proj(attn.o_proj, out.reshape(t, attn.q_size), "o", residual, next_norm)
 
 
 def _normed(h: torch.Tensor, norm, prologue: bool | None = None) -> tuple:

@@ -302,38 +302,6 @@ def test_weight_prefetch_changes_no_bit(n, k):
                 _same_bits_racing(run, refs, f"prefetch {chunks}")
 
 
-@pytest.mark.parametrize("n,k", SHAPES)
-def test_look_ahead_changes_no_bit(n, k):
-    """gemm.ahead_bytes (+<role>.ahead<MiB>): each program bulk-prefetches a range of the next GEMM's weight into L2
-    before its PDL wait. A hint only: with PDL on and off, every variant (plain, fp8 weights, SiLU-mul, RoPE, residual)
-    gives the same bits with 1 and 48 MiB of look-ahead (the second past the next weight's end: it stops there) as
-    without, eagerly and in a graph replayed 20 times, 50 launches racing."""
-    from attnlab.kernels import pdl
-
-    g = torch.Generator(device="cuda").manual_seed(3 * n + k)
-    x = torch.randn(16, k, device="cuda", generator=g).to(torch.bfloat16)
-    w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16)
-    w8, sw = quantize_rows(w)
-    nxt = torch.randn(8 << 20, device="cuda", generator=g).to(torch.bfloat16)  # 16 MiB: the "next" weight
-    res = torch.randn(16, n, device="cuda", generator=g).to(torch.bfloat16)
-    cs = torch.randn(16, 64, device="cuda", generator=g).to(torch.bfloat16)
-
-    def run():
-        return [gemm.gemm(x[:m], w, role="o", ahead=nxt) for m in (1, 16)] + [
-            gemm.gemm(x[:5], w8, w_scale=sw.view(-1), role="o", ahead=nxt),
-            gemm.gemm(x[:5], w, epilogue="silu_mul", role="gate_up", ahead=nxt),
-            gemm.gemm(x[:9], w, epilogue="rope", cos=cs[:9], sin=cs[:9], head_dim=64, rope_cols=n // 128 * 64, role="qkv",
-                      ahead=nxt),
-            gemm.gemm(x[:9], w, epilogue="residual", residual=res[:9], role="down", ahead=nxt)]
-
-    for on in (False, True) if not pdl.unsupported("cuda") else (False,):
-        with pdl.using(on, "cuda"):
-            refs = run()
-            for mib in (1, 48):
-                with gemm.arm(f"fill/ticket+qkv.ahead{mib}+o.ahead{mib}+gate_up.ahead{mib}+down.ahead{mib}"):
-                    _same_bits_racing(run, refs, f"look-ahead {mib} MiB, PDL {on}")
-
-
 @pytest.mark.parametrize("n,k", [(49152, 576), (128256, 2048)])
 def test_argmax_epilogue_on_lm_heads(n, k):
     """The LM head's argmax epilogue at SmolLM2's and Llama-3's vocabularies (768 and 2,004 column tiles, the last

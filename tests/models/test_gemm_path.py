@@ -255,28 +255,3 @@ def test_tail_norms_thread_through_a_layer_subset_and_capture():
     assert outs[0][1].shape == (5, 2 * cfg.hidden_size)
     for a, b in zip(*outs):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
-
-
-def test_each_gemm_hands_the_next_gemms_weight_to_look_ahead(monkeypatch):
-    """gemm.ahead_bytes: every GEMM of a layer is given the weight of the GEMM that runs after it (qkv -> o ->
-    gate_up -> down -> the next layer's qkv; the last layer's down none, the LM head none), whatever the arm; under
-    the interpreter the look-ahead launches nothing and the bits are those without it."""
-    from attnlab.kernels import gemm
-
-    model = tiny_model(CFG, seed=9)
-    calls = []
-    real = gemm.gemm
-    monkeypatch.setattr(gemm, "gemm", lambda x, w, *a, **k: calls.append((k.get("role"), w, k.get("ahead")))
-                        or real(x, w, *a, **k))
-    outs = []
-    for arm in ("fill/ticket", "fill/ticket+qkv.ahead8+o.ahead16+gate_up.ahead4+down.ahead2"):
-        calls.clear()
-        with gemm.arm(arm):
-            outs.append(_runner(model, torch.float32, "gemm").run([0], [0], [3], torch.arange(3), mode=Mode.PREFILL))
-        order = [(role, w) for role, w, _ in calls]
-        weights = [w for _, w in order]
-        assert [role for role, _ in order] == ["qkv", "o", "gate_up", "down"] * CFG.num_layers + ["lm_head"]
-        for i, (_, _, ahead) in enumerate(calls):
-            want = weights[i + 1] if i + 2 < len(calls) else None  # the last layer's down and the LM head: none
-            assert ahead is want, (i, calls[i][0])
-    assert torch.equal(outs[0], outs[1])

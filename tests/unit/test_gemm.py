@@ -6,8 +6,6 @@ and the ticket), a single-split one, N and K that are not multiples of the tile,
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -647,36 +645,6 @@ def test_arms_name_the_lm_head_path():
             pass
         with pytest.raises(ValueError, match="split mode"):
             gemm.parse_split_modes(bad)
-
-
-def test_ahead_arms_and_their_launch_arguments():
-    """+<role>.ahead<MiB> sets the bytes of the next GEMM's weight that a role's GEMM prefetches (gemm.ahead_bytes),
-    for a block; the launch spreads them over every thread of every program in AHEAD_ALIGN multiples, and only where
-    PTX runs (under the interpreter, nothing)."""
-    assert gemm.ahead_map() == () and gemm.ahead_bytes("o") == 0
-    a = gemm.parse_arm("fill/ticket+o.ahead16+qkv.ahead8")
-    assert a.ahead == (("o", 16 << 20), ("qkv", 8 << 20))
-    assert gemm.sums_key(a) == gemm.sums_key(gemm.parse_arm("fill/ticket"))  # a hint: the same sums
-    with gemm.arm("fill/ticket+down.ahead48"):
-        assert gemm.ahead_bytes("down") == 48 << 20 and gemm.ahead_bytes("o") == 0 and gemm.ahead_bytes(None) == 0
-    assert gemm.ahead_map() == ()
-    for bad in ("fill/ticket+o.ahead0", "fill/ticket+o.ahead49", "fill/ticket+lm_head.ahead4", "fill/ticket+ahead4",
-                "fill/ticket+o.ahead4+o.ahead8", "fill/ticket+o.ahead", "fill/ticket+o.ahead100"):
-        with pytest.raises(ValueError, match="gemm arm"), gemm.arm(bad):
-            pass
-    x = torch.zeros(1, 64, dtype=torch.bfloat16)
-    nxt = torch.zeros(3000, 1000, dtype=torch.bfloat16)  # 6,000,000 bytes
-    assert gemm._ahead_launch(nxt, 1 << 20, 10, 4, x, x)["ahead_bytes"] == 0  # the interpreter (or a CPU run)
-    with mock.patch.object(gemm, "_ptx_runs", return_value=True):
-        for nbytes, programs, warps in ((1 << 20, 10, 4), (16 << 20, 128, 4), (5, 3, 2), (48 << 20, 1, 8)):
-            kw = gemm._ahead_launch(nxt, nbytes, programs, warps, x, x)
-            total = min(nbytes, 6_000_000)
-            assert kw["ahead_bytes"] == total and kw["AHEAD"] == 32 * warps and kw["AHEAD_W"].dtype == torch.uint8
-            assert kw["ahead_chunk"] % gemm.AHEAD_ALIGN == 0
-            assert programs * kw["AHEAD"] * kw["ahead_chunk"] >= total > programs * kw["AHEAD"] * (
-                kw["ahead_chunk"] - gemm.AHEAD_ALIGN)  # every byte covered, by the smallest aligned ranges
-        assert gemm._ahead_launch(nxt, 0, 10, 4, x, x)["ahead_bytes"] == 0  # the role's setting: none
-        assert gemm._ahead_launch(nxt.t(), 1 << 20, 10, 4, x, x)["ahead_bytes"] == 0  # not one contiguous range
 
 
 def test_e4m3_to_bf16_bit_recipe_is_exact_for_every_byte():
