@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The H200 sitting of 2026-12-04 (fifth session; README.md here). Bundle: .gpu/fb (core + flashinfer + fa3_fwd; see
-# ../h200-2026-12-03c/run.sh), carried by the first call on a fresh machine.
-#   run.sh 1  carry .gpu/fb (a fresh machine): install; the look-ahead's GPU test (gemm.ahead_bytes: bits unchanged);
-#             issue 17 at 1B, bf16: look-ahead arms (each GEMM bulk-prefetching the next GEMM's weights into L2);
-#             1B bf16 / fp8w: the K loops at 2 warps (mma.sync [2, 1]: no repeated rows, no trip through shared
-#             memory for fp8, per 12-04d's CPU compile)
-#   run.sh 2  the look-ahead arms at 8B and SmolLM2, bf16 (not run: every look-ahead arm lost at 1B in part 1)
+# ../h200-2026-12-03c/run.sh), carried by each call on a fresh machine.
+#   run.sh 1  carry .gpu/fb (a fresh machine): install; the look-ahead's GPU test (bits unchanged); issue 17 at 1B,
+#             bf16: look-ahead arms (each GEMM bulk-prefetching the next GEMM's weights into L2: +<role>.ahead<MiB>,
+#             which exist at 50e8396 only: they all lost and were removed in 58a00ee); 1B bf16 / fp8w: the K loops at
+#             2 warps (mma.sync [2, 1]: no repeated rows, no trip through shared memory for fp8, per 12-04d's CPU compile)
 #   run.sh 3-5 (the machine of part 1, each right after the one before; run inline then): 1B fp8 loops at 2 warps
 #             (bench.pdl), every GEMM alone at 2 warps (bench.gemm), fp8 layers + LM head (fp8wh) at 2 warps
 #   run.sh 6  carry .gpu/fb (a fresh machine): 1B bf16 / fp8wh: fp8's split target 1..4 x 132 programs and 1 warp
 #   run.sh 7  (right after 6; inline then) SmolLM2 and 8B: bf16, fp8w, fp8wh at 2 warps
-#   run.sh 8  carry .gpu/fb (a fresh machine): the new fp8 default loop (128 x 4 x 2): GPU tests; 1B / 8B A/B
+#   run.sh 8  carry .gpu/fb (a fresh machine): the new fp8 default loop (128 x 4 x 2): GPU tests; 1B / 8B A/B;
+#             per-role fp8 loops
+#   run.sh 9  (right after 8, inline then) the GPU tests part 8's step timeout cut off (the look-ahead test: 5998901)
+#   run.sh 10 (right after 9, inline then) bench.gemm, 1B and 8B, M 1 / 5: the new fp8 loop against the one before
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1}
@@ -35,13 +37,6 @@ case $PART in
   step "issue 17: bench.pdl, 1B, bf16 / fp8w: K loops at 2 warps"
   pdl w2 170 llama-3.2-1b bf16,fp8w "fill/ticket,$W2"
   tar czf "$OUT/logs1.tgz" -C $LOGS . 2>/dev/null
-  ;;
-2)
-  step "issue 17: bench.pdl, 8B, bf16: look-ahead arms"
-  pdl ahead8b 260 llama-3.1-8b bf16 "fill/ticket,fill/ticket+o.ahead16,fill/ticket+o.ahead32,fill/ticket+qkv.ahead8+o.ahead24,fill/ticket+qkv.ahead8+o.ahead24+down.ahead12"
-  step "issue 17: bench.pdl, SmolLM2, bf16: look-ahead arms (48 MiB: each next weight whole)"
-  pdl aheads 150 smollm2-135m bf16 "fill/ticket,fill/ticket+qkv.ahead48+o.ahead48,fill/ticket+qkv.ahead48+o.ahead48+gate_up.ahead48+down.ahead48"
-  tar czf "$OUT/logs2.tgz" -C $LOGS . 2>/dev/null
   ;;
 3)  # (the same machine, right after 1; run inline then) 1B fp8w: loops at 2 warps by BLOCK_K and stages
   pdl w2b 420 llama-3.2-1b fp8w "fill/ticket,fill/ticket+k128s4w2,$(echo $W2 | cut -d, -f2),fill/ticket+k64s4w2,\
@@ -79,6 +74,17 @@ fill/ticket+qkv.k128s4w2+o.k128s4w2+gate_up.k128s4w2+down.k128s4w2"
   step "issue 17: bench.pdl, 1B fp8wh: per-role fp8 loops around the new default"
   pdl roles8 150 llama-3.2-1b fp8wh "fill/ticket,fill/ticket+qkv.k64s6w2,fill/ticket+qkv.k64s6w2+o.k64s6w2,\
 fill/ticket+down.k128s6w2,fill/ticket+o.lean"
+  ;;
+9)
+  bash .gpu/fb/install.sh | tail -1
+  gpu_tests tests9 420 tests/integration/test_gpu_pdl.py "tests/integration/test_gpu_gemm.py::test_argmax_epilogue_on_lm_heads" \
+    "tests/integration/test_gpu_gemm.py::test_fp8_lm_head_on_the_gemm_path" \
+    "tests/integration/test_gpu_gemm.py::test_look_ahead_changes_no_bit"
+  ;;
+10)
+  timeout 300 $PY -m attnlab.bench.gemm --models llama1b,llama8b --ms 1,5 --repeats 3 \
+    --split-modes fill/ticket,fill/ticket+k256s4w4 --out "$OUT/gemm10.json" > $LOGS/gemm10.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/gemm10.log | cut -c1-500; cp $LOGS/gemm10.log "$OUT/"
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac
