@@ -274,7 +274,8 @@ def sums_key(a: Arm, fp8: bool = False) -> tuple:
     weights their split target. Two arms with equal keys give the same bits (the reduction, ticket or pass, never
     changes them); the norms' places are the caller's to compare."""
     loops = tuple((key, (bk, w)) for key, (bk, _, w) in a.loops)
-    return (tuple(arm_policies(a).items()), loops, a.pair_dots, a.fp8_programs if fp8 else None)
+    return (tuple(arm_policies(a).items()), loops, a.pair_dots, a.fp8_programs if fp8 else None,
+            fp8 and a.fp8_mode == "half")
 
 
 def argmax_head() -> bool:
@@ -392,7 +393,7 @@ def arm(text: str):
 
 
 _NORM_ARMS = tuple(f"norm{p}" for p in NORM_PLACES)
-FP8_MODES = ("cast", "ptx", "wide")  # how e4m3 weights become the activation dtype (``set_fp8_mode``)
+FP8_MODES = ("cast", "ptx", "wide", "half")  # how e4m3 weights become the activation dtype (``set_fp8_mode``)
 _FP8_ARMS = {f"f8{m}" for m in FP8_MODES}
 _FP8_SPLIT_ARMS = ("f8x1", "f8x2", "f8x3", "f8x4")  # fp8 weights' split target (``fp8_programs``)
 _PAIR_ARMS = tuple(f"pair{n}" for n in PAIR_DOTS)
@@ -781,7 +782,7 @@ _E4M3X4_PTX = """
 _PTX_PACKED = tl.constexpr("{" + _E4M3X4_PTX.replace("OUT_LO", "$0").replace("OUT_HI", "$1").replace("IN", "$2") + "}")
 _PTX_WIDE = tl.constexpr("{" + _E4M3X4_PTX.replace("OUT_LO", "lo").replace("OUT_HI", "hi").replace("IN", "$4")
                          + "        mov.b32 {$0, $1}, lo;\n        mov.b32 {$2, $3}, hi;\n}")
-_PTX_MODE, _WIDE = tl.constexpr(FP8_MODES.index("ptx")), tl.constexpr(FP8_MODES.index("wide"))  # in the kernel
+_PTX_MODE, _WIDE, _HALF = tl.constexpr(FP8_MODES.index("ptx")), tl.constexpr(FP8_MODES.index("wide")), tl.constexpr(3)  # in the kernel
 
 
 @triton.jit
@@ -833,7 +834,9 @@ def _weights(W, W4, c, n_mask, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt
         return _e4m3x4_to_bf16(w4, BLOCK_N, BLOCK_K, PTX)
     w = tl.load(W + c[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
                 mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-    if FP8 and FP8_MODE == _PTX_MODE:  # _fp8_launch picks it only where PTX runs
+    if FP8 and FP8_MODE == _HALF:
+        w = w.to(tl.float16)
+    elif FP8 and FP8_MODE == _PTX_MODE:  # _fp8_launch picks it only where PTX runs
         w = _e4m3_to_bf16(w)
     elif FP8:
         w = w.to(x_dt)
@@ -934,6 +937,8 @@ def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS
         k_mask = offs_k < K
         xt = tl.load(src + offs_m[None, :] * src_stride + offs_k[:, None], mask=m_mask[None, :] & k_mask[:, None],
                      other=0.0)  # [BLOCK_K, BLOCK_M]
+        if FP8 and FP8_MODE == _HALF:
+            xt = xt.to(tl.float16)
         if JOIN:
             acc12 = _dot(_weights(W, W4, c12, n12, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE,
                                   PTX, 2 * BLOCK_N, BLOCK_K), xt, acc12, IEEE)

@@ -13,6 +13,7 @@
 #             per-role fp8 loops
 #   run.sh 9  (right after 8, inline then) the GPU tests part 8's step timeout cut off (the look-ahead test: 5998901)
 #   run.sh 10 (right after 9, inline then) bench.gemm, 1B and 8B, M 1 / 5: the new fp8 loop against the one before
+#   run.sh 11 carry .gpu/fb (a fresh machine): fp8 mode half (an f16 MMA on the hardware e4m3x2 conversion), 1B / 8B
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1}
@@ -85,6 +86,18 @@ fill/ticket+down.k128s6w2,fill/ticket+o.lean"
   timeout 300 $PY -m attnlab.bench.gemm --models llama1b,llama8b --ms 1,5 --repeats 3 \
     --split-modes fill/ticket,fill/ticket+k256s4w4 --out "$OUT/gemm10.json" > $LOGS/gemm10.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/gemm10.log | cut -c1-500; cp $LOGS/gemm10.log "$OUT/"
+  ;;
+11)  # carry .gpu/fb (a fresh machine): fp8 mode half (+f8half: e4m3x2 -> f16x2 by the hardware conversion, the
+     # activations to f16, an f16 MMA) against the default (wide: integer PTX to bf16)
+  install_fb
+  step "issue 17: bench.pdl, 1B: bf16, fp8w, fp8wh: +f8half (2 warps; and 4 warps at 256 x 4)"
+  pdl half11 200 llama-3.2-1b bf16,fp8w,fp8wh "fill/ticket,fill/ticket+f8half,fill/ticket+f8half+k256s4w4"
+  step "issue 17: bench.gemm, 1B, M 1 / 5: +f8half"
+  timeout 90 $PY -m attnlab.bench.gemm --models llama1b --ms 1,5 --repeats 3 --split-modes fill/ticket,fill/ticket+f8half \
+    --out "$OUT/gemm11.json" > $LOGS/gemm11.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/gemm11.log | cut -c1-400
+  cp $LOGS/gemm11.log "$OUT/"
+  step "issue 17: bench.pdl, 8B: bf16, fp8wh: +f8half"
+  pdl half11_8b 150 llama-3.1-8b bf16,fp8wh "fill/ticket,fill/ticket+f8half"
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac
