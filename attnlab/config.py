@@ -81,6 +81,10 @@ class PrecisionSchema:
     # fp8 draft weights: the drafter's LM head in e4m3 too (its own copy where tied to the embeddings); off: bf16,
     # as the usual fp8 checkpoints keep it. Only what the drafter proposes changes (tau); docs/precision.md
     fp8_lm_head: bool = False
+    # weight_only fp8 draft weights: the GEMM's MMA. bf16: the e4m3 weights converted exactly to bf16 (the dequantized
+    # weights' sums); f16: converted by the hardware e4m3 -> f16 instruction and the activations taken to f16
+    # (saturated), an f16 MMA: faster (experiments/h200-2026-12-04e), exact only for |activations| in [2^-17, 65504]
+    fp8_mma: str = "bf16"
 
 
 @dataclass
@@ -286,6 +290,7 @@ def resolve_device(device: str) -> str:
 
 
 FP8_GEMMS = ("w8a8", "weight_only")  # precision.fp8_gemm
+FP8_MMAS = ("bf16", "f16")  # precision.fp8_mma
 GEMM_SPLITS = ("fill/pass", "fill/ticket", "lean/pass", "lean/ticket", "wave/pass", "wave/ticket")  # engine.gemm_split (= gemm.SPLIT_MODES)
 DEFAULT_GEMM_SPLIT = "fill/ticket"  # = gemm.DEFAULT_SPLIT_MODE (a test keeps them equal; config imports no Triton)
 DEFAULT_GEMM_PREFETCH = 16  # = gemm.DEFAULT_PREFETCH (the same test)
@@ -331,6 +336,11 @@ def resolve_precision(p, device: str) -> dict[str, str]:
     if fp8_gemm != "w8a8" and draft != "fp8_e4m3":
         raise ConfigError(f"precision.fp8_gemm={fp8_gemm}: applies to fp8 draft weights only (precision.draft="
                           f"{draft}; use precision=fp8w-draft, or precision.fp8_gemm=w8a8)")
+    fp8_mma = getattr(p, "fp8_mma", "bf16")
+    _choice("precision.fp8_mma", fp8_mma, FP8_MMAS)
+    if fp8_mma != "bf16" and fp8_gemm != "weight_only":
+        raise ConfigError(f"precision.fp8_mma={fp8_mma}: the MMA of weight-only fp8 GEMMs (precision.fp8_gemm="
+                          f"{fp8_gemm}; use precision=fp8w-draft, or precision.fp8_mma=bf16)")
     fp8_head = getattr(p, "fp8_lm_head", False)
     if not isinstance(fp8_head, bool):
         raise ConfigError(f"precision.fp8_lm_head={fp8_head!r}: true or false")
@@ -695,7 +705,8 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
         verify_options=pl.frozen_mapping(to_container(cfg.verify.get("options")) or {}),
         precision=pl.Precision(**precision, kv_scale=float(cfg.precision.kv_scale),
                                fp8_gemm=cfg.precision.get("fp8_gemm", "w8a8"),
-                               fp8_lm_head=bool(cfg.precision.get("fp8_lm_head", False))),
+                               fp8_lm_head=bool(cfg.precision.get("fp8_lm_head", False)),
+                               fp8_mma=cfg.precision.get("fp8_mma", "bf16")),
         kv=pl.KVPlan(kv.layout, kv.page_size, kv.num_pages, kv.max_context,
                      bool(kv.get("allow_past_model_context", False))),
         spec=pl.SpecPlan(k, s.topk, float(s.temperature), s.top_k, float(s.top_p), num_steps),

@@ -68,6 +68,21 @@ def build(spec: SideSpec, share_weights_with=None):
         return build_side(spec, share_weights_with=share_weights_with)
 
 
+def set_process_wide(plan: RunPlan) -> None:
+    """The process-wide kernel settings a run's sides are built under (graphs record the launches of their capture):
+    PDL (attnlab.kernels.pdl); with weight-only fp8 draft weights the GEMM's fp8 mode (``precision.fp8_mma``: f16 takes
+    gemm's ``half``, else its default; only e4m3 weights see it); with attnlab's Triton GEMM its split mode and weight
+    prefetch."""
+    from attnlab.kernels import gemm, pdl
+
+    pdl.set_enabled(plan.engine.pdl, plan.device)
+    if plan.precision.fp8_gemm == "weight_only":
+        gemm.set_fp8_mode("half" if plan.precision.fp8_mma == "f16" else gemm.DEFAULT_FP8_MODE)
+    if plan.engine.gemm in TRITON_GEMMS:
+        gemm.set_split_mode(plan.engine.gemm_split)
+        gemm.set_prefetch(plan.engine.gemm_prefetch)
+
+
 def build_pair(plan: RunPlan, work: Prepared, verify: str, backend: str, *, target=None, graphs: bool = True,
                tag: str = "", draft_weights=None) -> Pair:
     """(target runner, drafter) for the backend pair (``backend`` drafts, ``verify`` verifies).
@@ -76,15 +91,8 @@ def build_pair(plan: RunPlan, work: Prepared, verify: str, backend: str, *, targ
     ``tag``. ``draft_weights``: a runner whose weights a ``draft=model`` drafter shares (parity pairs reuse the
     run's drafter weights instead of loading them again).
     """
-    if graphs:  # process-wide (attnlab.kernels.pdl); parity sides (graphs=False) leave it as the run set it
-        from attnlab.kernels import pdl
-
-        pdl.set_enabled(plan.engine.pdl, plan.device)
-        if plan.engine.gemm in TRITON_GEMMS:
-            from attnlab.kernels import gemm
-
-            gemm.set_split_mode(plan.engine.gemm_split)
-            gemm.set_prefetch(plan.engine.gemm_prefetch)
+    if graphs:  # parity sides (graphs=False) leave the process-wide settings as the run set them
+        set_process_wide(plan)
     if target is None:
         target = build(side_spec(plan, work, "target", verify, graphs=graphs, name="target" + tag))
     kind, runner = plan.draft.kind, None

@@ -9,10 +9,10 @@ exec > >(tee "$OUT/run$PART.log") 2>&1
 PY=python3
 DATA=/opt/data/sharegpt.jsonl.gz  # the 212 held-out ShareGPT first turns (never trained on), from .gpu/c
 S="$PY -m attnlab.bench.spec --device cuda --skip-hf --fused-ops"
-# install_fb: install .gpu/fb (core + flashinfer + fa3_fwd) and print the GPU and the library versions (a call's
-# first step on a fresh machine).
+# install_fb: install .gpu/fb (core + flashinfer + fa3_fwd; FB=<folder> another bundle of the same kind, e.g. .gpu/fi
+# without fa3_fwd) and print the GPU and the library versions (a call's first step on a fresh machine).
 install_fb() {
-  step "install .gpu/fb"; bash .gpu/fb/install.sh | tail -1
+  step "install ${FB:-.gpu/fb}"; bash ${FB:-.gpu/fb}/install.sh | tail -1
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
   $PY -c "import torch, triton, flashinfer; print('torch', torch.__version__, 'triton', triton.__version__, \
 'flashinfer', flashinfer.__version__)"

@@ -140,6 +140,8 @@ def test_the_run_plan_is_frozen_and_typed():
     (["precision.fp8_gemm=weight_only"], "precision.fp8_gemm=weight_only"),  # bf16 draft weights
     (["precision.fp8_gemm=w4a16"], "precision.fp8_gemm='w4a16'"),
     (["precision.fp8_lm_head=true"], "precision.fp8_lm_head=true: applies to fp8 draft weights only"),
+    (["precision.fp8_mma=f16"], "precision.fp8_mma=f16: the MMA of weight-only fp8 GEMMs"),
+    (["precision.fp8_mma=fp8"], "precision.fp8_mma='fp8': unknown value"),
     (["precision=fp8w-draft"], "precision.draft='fp8_e4m3'"),  # CPU: no fp8 matmul
     (["engine.decode_steps_per_sync=0"], "engine.decode_steps_per_sync=0"),
     (["engine.decode_steps_per_sync=4", "spec.temperature=0.7"], "engine.decode_steps_per_sync=4"),
@@ -198,3 +200,28 @@ def test_serving_arrivals_reach_the_plan():
     assert w.serving and (w.arrival, w.rate, w.warmup_requests) == ("poisson", 2.5, 1)
     assert plan.engine.kv_policy == "preempt"
     assert not _validate().workload.serving  # arrival=batch: the fixed batches of the speculative loop alone
+
+
+def test_fp8_mma_sets_the_gemms_fp8_mode():
+    """precision.fp8_mma reaches the plan and, through sides.set_process_wide, the GEMM's process-wide fp8 mode (f16:
+    gemm's half; bf16: its default), for weight-only fp8 draft weights only (a CPU plan edited: fp8 weights need a
+    GPU to validate)."""
+    from dataclasses import replace
+
+    from attnlab.kernels import gemm
+    from attnlab.sides import set_process_wide
+
+    plan = _validate()
+    assert plan.precision.fp8_mma == "bf16"
+    fp8 = replace(plan, precision=replace(plan.precision, draft="fp8_e4m3", fp8_gemm="weight_only", fp8_mma="f16"))
+    before = gemm.fp8_mode()
+    try:
+        set_process_wide(fp8)
+        assert gemm.fp8_mode() == "half"
+        set_process_wide(replace(fp8, precision=replace(fp8.precision, fp8_mma="bf16")))
+        assert gemm.fp8_mode() == gemm.DEFAULT_FP8_MODE
+        gemm.set_fp8_mode("half")
+        set_process_wide(plan)  # w8a8 / bf16 drafts: the mode is not theirs to set
+        assert gemm.fp8_mode() == "half"
+    finally:
+        gemm.set_fp8_mode(before)

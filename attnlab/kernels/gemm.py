@@ -37,7 +37,8 @@ normalizes its own K range once, unrolled, into a scratch [M, K] (the programs o
 and its K loop then streams the scratch as it would stream x: pipelined. (Normalizing each chunk inside the loop
 kept x in registers and waited on every chunk: Llama-3.2-1B's qkv took 13.2 us against 9.6 this way.)
 Weights may be float8_e4m3fn with per-output-row fp32 scales (``w_scale``): dequantized inside (e4m3 -> the
-activation dtype is exact), the scale applied to the fp32 sum. Epilogues (``epilogue=``):
+activation dtype is exact), the scale applied to the fp32 sum; fp8 mode ``half`` (arm ``+f8half``) instead converts
+the weights to f16 and the bf16 activations to f16 (saturated), for an f16 MMA (``_bf16_to_f16``). Epilogues (``epilogue=``):
 - ``none``:     y = round(acc (+ bias))
 - ``residual``: y = round(round(acc) + residual)                      (o_proj, down_proj: h + proj(x))
 - ``silu_mul``: w = [gate; up] [2I, K] -> y [M, I] = round(round(silu(gate)) * up)   (gate_up_proj)
@@ -369,7 +370,8 @@ def arm(text: str):
     path's RMSNorms as their own launches, as the qkv / gate_up prologue, as the tail of the GEMM before them, or the
     tail for narrow streams only (``norm_place``; the default DEFAULT_NORM_PLACE); ``+k<BK>s<S>w<W>``: the K loop's BLOCK_K, stages
     and warps for every GEMM, ``+<role>.k<BK>s<S>w<W>`` for one role's (``ROLES``; ``loop_for``, ``loop_config``);
-    ``+f8cast`` / ``+f8ptx`` / ``+f8wide``: how fp8 weights convert (``set_fp8_mode``; the same bits); ``+f8x1`` ..
+    ``+f8cast`` / ``+f8ptx`` / ``+f8wide``: how fp8 weights convert to bf16 (``set_fp8_mode``; the same bits), ``+f8half``:
+    weights and activations to f16 (``_bf16_to_f16``: other sums); ``+f8x1`` ..
     ``+f8x4``: fp8 weights split K towards 1..4 x TARGET_PROGRAMS programs at every K (``fp8_programs``);
     ``+pfcap<MiB>``: the largest weight that prefetches (``prefetch_cap``); ``+<role>.fill`` / ``.lean`` / ``.wave``: one
     role's split policy (``role_policies``; the reduction stays the split mode's); ``+pair1`` / ``+pair2``: a paired
@@ -393,7 +395,10 @@ def arm(text: str):
 
 
 _NORM_ARMS = tuple(f"norm{p}" for p in NORM_PLACES)
-FP8_MODES = ("cast", "ptx", "wide", "half")  # how e4m3 weights become the activation dtype (``set_fp8_mode``)
+# how e4m3 weights meet the activations (``set_fp8_mode``): cast / ptx / wide convert them to bf16 (the same bits);
+# half takes both to f16 (the weights exactly, by cvt.rn.f16x2.e4m3x2; the bf16 activations by _bf16_to_f16) for an f16
+# MMA: on the H200 it halves the 2-warp loop's instructions and buys 1.08-1.17x end to end (experiments/h200-2026-12-04e)
+FP8_MODES = ("cast", "ptx", "wide", "half")
 _FP8_ARMS = {f"f8{m}" for m in FP8_MODES}
 _FP8_SPLIT_ARMS = ("f8x1", "f8x2", "f8x3", "f8x4")  # fp8 weights' split target (``fp8_programs``)
 _PAIR_ARMS = tuple(f"pair{n}" for n in PAIR_DOTS)
@@ -782,7 +787,8 @@ _E4M3X4_PTX = """
 _PTX_PACKED = tl.constexpr("{" + _E4M3X4_PTX.replace("OUT_LO", "$0").replace("OUT_HI", "$1").replace("IN", "$2") + "}")
 _PTX_WIDE = tl.constexpr("{" + _E4M3X4_PTX.replace("OUT_LO", "lo").replace("OUT_HI", "hi").replace("IN", "$4")
                          + "        mov.b32 {$0, $1}, lo;\n        mov.b32 {$2, $3}, hi;\n}")
-_PTX_MODE, _WIDE, _HALF = tl.constexpr(FP8_MODES.index("ptx")), tl.constexpr(FP8_MODES.index("wide")), tl.constexpr(3)  # in the kernel
+_PTX_MODE, _WIDE = tl.constexpr(FP8_MODES.index("ptx")), tl.constexpr(FP8_MODES.index("wide"))  # in the kernel
+_HALF = tl.constexpr(FP8_MODES.index("half"))
 
 
 @triton.jit
@@ -792,6 +798,19 @@ def _e4m3_to_bf16(w):
     ALUs' rate) and set the pace of an fp8-weight GEMM's K loop."""
     return tl.inline_asm_elementwise(
         asm=_PTX_PACKED, constraints="=r,=r,r", args=[w.to(tl.uint8, bitcast=True)], dtype=tl.bfloat16, is_pure=True, pack=4)
+
+
+@triton.jit
+def _bf16_to_f16(x, PTX: tl.constexpr):
+    """bf16 -> f16 for fp8 mode ``half``, rounded to nearest and saturated: exact for |x| in [2^-17, 65504] (and 0),
+    the f16 subnormal grid (2^-24) below, +-65504 above (never inf). Two values at a time (cvt.rn.satfinite.f16x2.f32)
+    where PTX runs, Triton ops otherwise (the same values)."""
+    if PTX:
+        return tl.inline_asm_elementwise(
+            asm="{ .reg .b32 lo, hi; shl.b32 lo, $1, 16; and.b32 hi, $1, 0xFFFF0000; "
+                "cvt.rn.satfinite.f16x2.f32 $0, hi, lo; }",
+            constraints="=r,r", args=[x], dtype=tl.float16, is_pure=True, pack=2)
+    return tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
 
 
 @triton.jit
@@ -938,7 +957,7 @@ def _gemm_kernel(X, XN, W, W4, OUT, PART, TICKETS, SCALE, BIAS, NORM_W, RES, COS
         xt = tl.load(src + offs_m[None, :] * src_stride + offs_k[:, None], mask=m_mask[None, :] & k_mask[:, None],
                      other=0.0)  # [BLOCK_K, BLOCK_M]
         if FP8 and FP8_MODE == _HALF:
-            xt = xt.to(tl.float16)
+            xt = _bf16_to_f16(xt, PTX)
         if JOIN:
             acc12 = _dot(_weights(W, W4, c12, n12, offs_k, k_mask, k0, K, stride_wn, stride_w4, x_dt, FP8, FP8_MODE,
                                   PTX, 2 * BLOCK_N, BLOCK_K), xt, acc12, IEEE)
@@ -1023,7 +1042,7 @@ def fp8_mode() -> str:
 
 
 def set_fp8_mode(mode: str) -> None:
-    """The process-wide fp8 mode (FP8_MODES); bench arms ``+f8cast`` / ``+f8ptx`` / ``+f8wide``."""
+    """The process-wide fp8 mode (FP8_MODES); bench arms ``+f8cast`` / ``+f8ptx`` / ``+f8wide`` / ``+f8half``."""
     global _fp8_mode
     if mode not in FP8_MODES:
         raise ValueError(f"fp8 mode {mode!r}: choose from {', '.join(FP8_MODES)}")
@@ -1047,7 +1066,8 @@ def _fp8_launch(x: torch.Tensor, w: torch.Tensor) -> dict:
     """The kernel's FP8_MODE, PTX and W4 / stride_w4 for weights ``w`` against ``x``: a mode other than cast only
     with bf16 activations; ptx only where PTX runs (an NVIDIA GPU or an AOT compile; else cast); wide only where K
     and the row stride are multiples of 4 and the weights 16-byte aligned (32-bit loads; else ptx, or cast), and
-    without PTX (the interpreter, ROCm) by Triton ops. Every choice gives the same bits."""
+    without PTX (the interpreter, ROCm) by Triton ops. cast / ptx / wide give the same bits; half (bf16 activations
+    only) sums f16 activations, exact only for |x| in [2^-17, 65504] (``_bf16_to_f16``)."""
     if w.dtype != torch.float8_e4m3fn:  # 16-bit / fp32 weights: nothing to convert, the variant they always had
         return {"FP8_MODE": 0, "PTX": False, "W4": w, "stride_w4": w.stride(0)}
     gpu = ((x.device.type == "cuda" and not torch.version.hip) or _compile_only) and not interpreter_on()  # PTX runs

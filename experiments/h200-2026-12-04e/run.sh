@@ -13,7 +13,9 @@
 #             per-role fp8 loops
 #   run.sh 9  (right after 8, inline then) the GPU tests part 8's step timeout cut off (the look-ahead test: 5998901)
 #   run.sh 10 (right after 9, inline then) bench.gemm, 1B and 8B, M 1 / 5: the new fp8 loop against the one before
-#   run.sh 11 carry .gpu/fb (a fresh machine): fp8 mode half (an f16 MMA on the hardware e4m3x2 conversion), 1B / 8B
+#   run.sh 11 carry .gpu/fi (a fresh machine; FB=.gpu/fi: .gpu/fb without the fa3_fwd wheel, which the tree and .gpu/fb
+#             together no longer fit the 64 MiB of a call): fp8 mode half (an f16 MMA on the hardware e4m3x2
+#             conversion), 1B / 8B;   run.sh 12, 13 (inline, right after): SmolLM2 with +f8half; 1B again, 6 rounds
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1}
@@ -98,6 +100,13 @@ fill/ticket+down.k128s6w2,fill/ticket+o.lean"
   cp $LOGS/gemm11.log "$OUT/"
   step "issue 17: bench.pdl, 8B: bf16, fp8wh: +f8half"
   pdl half11_8b 150 llama-3.1-8b bf16,fp8wh "fill/ticket,fill/ticket+f8half"
+  ;;
+12)  # (right after 11, inline then) SmolLM2: bf16, fp8w: +f8half (K < LONG_K: 128 x 3 x 4), and at 2 warps
+  pdl half12s 150 smollm2-135m bf16,fp8w "fill/ticket,fill/ticket+f8half,fill/ticket+f8half+k128s3w2"
+  ;;
+13)  # (right after 12, inline then) 1B: bf16, fp8wh: +f8half, 6 rounds
+  timeout 120 $PY -m attnlab.bench.pdl --models llama-3.2-1b --engines gemm --rounds 6 --new 128 --weights bf16,fp8wh \
+    --gemm-splits fill/ticket,fill/ticket+f8half --out "$OUT/half13" > $LOGS/h13.log 2>&1; grep -E "^\|" $LOGS/h13.log
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac

@@ -69,6 +69,49 @@ def test_fp8_weights_and_fused_variants_are_row_invariant(n, k):
             assert torch.equal(fn(x[:m]), full[:m]), f"{name}: M={m}"
 
 
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_fp8_mode_half_matches_its_f16_reference_and_is_row_invariant(n, k):
+    """fp8 mode half (precision.fp8_mma=f16, arm +f8half): e4m3 -> f16 by cvt.rn.f16x2.e4m3x2, the activations by the
+    saturating cvt.rn.satfinite.f16x2.f32, an f16 MMA. Against torch on the same f16 operands (the activations clamped
+    to +-65504, an out-of-range one included: the output stays finite), every epilogue the gemm path uses; rows
+    bit-identical at M 1 / 5 / 9 against 16; ticket == pass racing 50 launches and 50 graph replays, PDL on."""
+    from attnlab.kernels import pdl
+
+    g = torch.Generator(device="cuda").manual_seed(5 * n + k)
+    x = torch.randn(16, k, device="cuda", generator=g).to(torch.bfloat16)
+    x[3, 1] = 1.0e6  # saturates to 65504 in f16
+    w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16)
+    w8, sw = quantize_rows(w)
+    sw = sw.view(-1)
+    res = torch.randn(16, n, device="cuda", generator=g).to(torch.bfloat16)
+    cs = torch.randn(16, 64, device="cuda", generator=g).to(torch.bfloat16)
+    fns = {"plain": lambda xx: gemm.linear(xx, w8, w_scale=sw, role="o"),
+           "silu_mul": lambda xx: gemm.gemm(xx, w8, w_scale=sw, epilogue="silu_mul", role="gate_up"),
+           "rope": lambda xx: gemm.gemm(xx, w8, w_scale=sw, epilogue="rope", cos=cs[:xx.shape[0]], sin=cs[:xx.shape[0]],
+                                        head_dim=64, rope_cols=n // 128 * 64, role="qkv"),
+           "residual": lambda xx: gemm.gemm(xx, w8, w_scale=sw, epilogue="residual", residual=res[:xx.shape[0]],
+                                            role="down")}
+    with gemm.arm("fill/ticket+f8half"):
+        plain = fns["plain"](x)
+        assert torch.isfinite(plain.float()).all()
+        ref = ((x.float().clamp(-65504, 65504).half().float() @ w8.float().t()) * sw).to(torch.bfloat16)
+        torch.testing.assert_close(plain[torch.arange(16) != 3], ref[torch.arange(16) != 3], atol=3e-2,
+                                   rtol=2 * 2.0**-8)
+        torch.testing.assert_close(plain[3].float(), ref[3].float(), rtol=2 * 2.0**-8,  # the saturated row
+                                   atol=2.0**-6 * ref[3].float().abs().max().item())
+        for name, fn in fns.items():
+            full = fn(x)
+            for m in (1, 5, 9):
+                assert torch.equal(fn(x[:m]), full[:m]), f"{name}: M={m}"
+        if not pdl.unsupported("cuda"):
+            with pdl.using(True, "cuda"):
+                refs = [fn(x[:m]) for fn in fns.values() for m in (1, 16)]
+                with gemm.splitting("fill/pass"):
+                    assert all(torch.equal(a, b) for a, b in zip([fn(x[:m]) for fn in fns.values() for m in (1, 16)],
+                                                                 refs)), "pass against ticket"
+                _same_bits_racing(lambda: [fn(x[:m]) for fn in fns.values() for m in (1, 16)], refs, "half")
+
+
 @pytest.mark.parametrize("k", [512, 4096])  # 4096 >= LONG_K: fp8's own loop (256 x 4) and split target
 @pytest.mark.parametrize("mode", ["ptx", "wide"])
 @pytest.mark.parametrize("epilogue", ["none", "silu_mul", "rope"])

@@ -86,6 +86,27 @@ with aot.compile_only(90) as log:
 """
 
 
+_HALF_PTX = """
+from attnlab.kernels import aot
+with aot.compile_only(90) as log:
+    aot.compile_fp8_half(__import__("attnlab.kernels.gemm", fromlist=["gemm"]))
+ptx = log.last["_gemm_kernel"].asm["ptx"]
+print(ptx.count("cvt.rn.f16x2.e4m3x2"), ptx.count("cvt.rn.satfinite.f16x2.f32"), ptx.count(".f16.f16.f32"),
+      ptx.count(".bf16.bf16.f32"))
+"""
+
+
+def test_fp8_mode_half_lowers_to_the_hardware_conversions():
+    """fp8 mode half on sm_90: the weights by cvt.rn.f16x2.e4m3x2, the activations by the saturating
+    cvt.rn.satfinite.f16x2.f32, the MMA in f16 (an LM head of e4m3 weights here), no bf16 MMA left."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _HALF_PTX], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    e4m3, sat, f16_mma, bf16_mma = (int(v) for v in proc.stdout.split())
+    assert e4m3 > 0 and sat > 0 and f16_mma > 0 and bf16_mma == 0, proc.stdout
+
+
 @pytest.mark.slow
 def test_paired_gemm_mma_on_sm90():
     """gemm.pair_dots and FP8_LONG_LOOP, as Triton 3.6 lowers them for sm_90 (1B gate_up, K = 2048):

@@ -647,6 +647,42 @@ def test_arms_name_the_lm_head_path():
             gemm.parse_split_modes(bad)
 
 
+@pytest.mark.parametrize("epilogue", ["none", "silu_mul", "residual"])
+def test_fp8_mode_half_sums_f16_activations(epilogue):
+    """fp8 mode half (+f8half): the e4m3 weights exactly in f16, the bf16 activations rounded to f16 and saturated
+    (_bf16_to_f16), an f16 MMA into fp32. Against that reference (the weights dequantized, the activations taken to
+    f16 by torch with the clamp), within the usual bf16 output tolerance; an activation above f16's range sums as
+    +-65504, never inf (the plain epilogue); rows at M = 1 are those at M = 5 (row invariance); and sums_key tells half from the bf16 modes
+    (bench.pdl compares their tokens only where the sums are alike)."""
+    bf = torch.bfloat16
+    n, k = 128, 2048  # from LONG_K: fp8's own loop
+    x, w, g = _data(5, n, k, bf, seed=31)
+    x[4, 5] = 2.0**-20  # below f16's normal range: rounded to its subnormal grid
+    if epilogue == "none":  # above f16's range: saturated (silu_mul of such sums only tests the tolerance)
+        x[2, 7], x[3, 11] = 3.0e5, -1.0e6
+    w8, scale = quantize_rows(w)
+    scale = scale.view(-1)
+    res = torch.randn(5, n, generator=g).to(bf)
+    kw = {"residual": res} if epilogue == "residual" else {}
+    with gemm.arm("fill/ticket+f8half"):
+        got = gemm.gemm(x, w8, w_scale=scale, epilogue=epilogue, **kw)
+        one = gemm.gemm(x[:1], w8, w_scale=scale, epilogue=epilogue, **{k_: v[:1] for k_, v in kw.items()})
+    assert torch.isfinite(got.float()).all()
+    assert torch.equal(one, got[:1])
+    xh = x.float().clamp(-65504, 65504).half().float()
+    acc = (xh @ w8.float().T) * scale  # e4m3 -> f16 is exact; f16 products are exact in fp32
+    if epilogue == "silu_mul":
+        gate, up = acc.to(bf).split(n // 2, dim=-1)
+        ref = (F.silu(gate.float()).to(bf).float() * up.float()).to(bf)
+    elif epilogue == "residual":
+        ref = (acc.to(bf).float() + res.float()).to(bf)
+    else:
+        ref = acc.to(bf)
+    _close(got, ref, bf)
+    assert gemm.sums_key(gemm.parse_arm("fill/ticket+f8half"), fp8=True) != gemm.sums_key(gemm.parse_arm("fill/ticket"), fp8=True)
+    assert gemm.sums_key(gemm.parse_arm("fill/ticket+f8half")) == gemm.sums_key(gemm.parse_arm("fill/ticket"))
+
+
 def test_e4m3_to_bf16_bit_recipe_is_exact_for_every_byte():
     """The integer recipe of gemm._e4m3_to_bf16's PTX (which the interpreter cannot run), replayed with torch ops on
     every byte: prmt to the lane's top byte, (>> 4) & 0x07f0 | & 0x8000, times 2^120 (bf16 0x7b80) is the e4m3 value;
