@@ -75,8 +75,9 @@ def sums_differ(a: str, b: str, norms: bool = True, fp8: bool = False) -> bool:
     """Whether two gemm arms may sum in different fp32 orders (``gemm.sums_key``: another split policy at a call site,
     BLOCK_K or warp count, a paired loop's dots; with
     ``norms``, an engine that has them, the norms as GEMM prologues or not), so that their tokens may differ at
-    near-ties on random weights. A forced loop against the default (by K) counts as different; so does another fp8
-    split target, on a side with ``fp8`` weights (the only GEMMs it acts on)."""
+    near-ties on random weights. A forced loop against the default (by K) counts as different; so do another fp8
+    split target and the fp8 mode ``half`` against the others, on a side with ``fp8`` weights (the only GEMMs they
+    act on)."""
     pa, pb = gemm.parse_arm(a), gemm.parse_arm(b)
     return gemm.sums_key(pa, fp8) != gemm.sums_key(pb, fp8) or norms and pa.norm_place != pb.norm_place
 

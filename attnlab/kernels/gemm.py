@@ -179,7 +179,7 @@ DEFAULT_ROLE_LOOPS: dict[str, tuple[int, int, int]] = {"qkv": (128, 4, 4), "gate
 # MMA, which stores the converted bf16 tile back to shared memory and reads it again (16 st.shared and 9 barriers a K
 # step; experiments/h200-2026-12-04d/ptx_loop.py). 36 KiB of shared memory a program. Measured end to end (bench.pdl,
 # batch 1, PDL; experiments/h200-2026-12-04e) against 256 x 4 at 4 warps: Llama-3.2-1B fp8w 1,024-1,065 -> 1,171-1,187
-# tok/s, fp8 layers and LM head (fp8wh) 1,037-1,060 -> 1,235-1,251; Llama-3.1-8B fp8w 258 -> 312, fp8wh 265 -> 322.
+# tok/s, fp8 layers and LM head (fp8wh) 1,037-1,060 -> 1,235-1,252; Llama-3.1-8B fp8w 258 -> 312, fp8wh 265 -> 322.
 # 1 warp, 3 or 6 stages, BLOCK_K 64 / 256 at 2 warps and 3 or 4 x the split target all lost. Before (12-04b): 256 x 4
 # at 4 warps against 128 x 3: 1B 910 -> 991, and the doubled split 973 -> 1,046. SmolLM2 (K < LONG_K) lost with
 # either loop forced onto it (13% at 256 x 4 x 4; 1,236 -> 1,166 at 128 x 4 x 2) and 6% with the split, so it keeps
@@ -272,7 +272,7 @@ def arm_policies(a: Arm) -> dict:
 def sums_key(a: Arm, fp8: bool = False) -> tuple:
     """What sets the fp32 summation order of this GEMM's rows under arm ``a``: the split policy at each call site,
     the forced K loops' BLOCK_K and warps (stages sum alike), the paired loop's dots a step, and for ``fp8``
-    weights their split target. Two arms with equal keys give the same bits (the reduction, ticket or pass, never
+    weights their split target and whether the fp8 mode is ``half`` (f16 operands: other products). Two arms with equal keys give the same bits (the reduction, ticket or pass, never
     changes them); the norms' places are the caller's to compare."""
     loops = tuple((key, (bk, w)) for key, (bk, _, w) in a.loops)
     return (tuple(arm_policies(a).items()), loops, a.pair_dots, a.fp8_programs if fp8 else None,
@@ -397,7 +397,7 @@ def arm(text: str):
 _NORM_ARMS = tuple(f"norm{p}" for p in NORM_PLACES)
 # how e4m3 weights meet the activations (``set_fp8_mode``): cast / ptx / wide convert them to bf16 (the same bits);
 # half takes both to f16 (the weights exactly, by cvt.rn.f16x2.e4m3x2; the bf16 activations by _bf16_to_f16) for an f16
-# MMA: on the H200 it halves the 2-warp loop's instructions and buys 1.08-1.17x end to end (experiments/h200-2026-12-04e)
+# MMA: on the H200 it halves the 2-warp loop's instructions and buys 1.07-1.17x end to end (experiments/h200-2026-12-04e)
 FP8_MODES = ("cast", "ptx", "wide", "half")
 _FP8_ARMS = {f"f8{m}" for m in FP8_MODES}
 _FP8_SPLIT_ARMS = ("f8x1", "f8x2", "f8x3", "f8x4")  # fp8 weights' split target (``fp8_programs``)
@@ -468,7 +468,7 @@ def parse_arm(text: str) -> Arm:
             ok = False
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
-                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro|+normtail|+normauto][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide][+f8x1..4]"
+                         f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro|+normtail|+normauto][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide|+f8half][+f8x1..4]"
                          f"[+pfcap<MiB>][+<role>.fill|lean|wave][+pair1|+pair2], split modes "
                          f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, MiB 0..{MAX_PREFETCH_CAP_MIB}, tiles 0..8, BK 32 / 64 / 128 / 256 / 512, S 1..6, "
                          f"W 1 / 2 / 4 / 8, at most one loop per role (roles {', '.join(ROLES)}: +<role>.k<BK>s<S>w<W>)")
@@ -511,7 +511,7 @@ def parse_split_modes(text: str) -> list[str]:
                          f"paths' KV store as its own kernel), +normsep, +normpro, +normtail or +normauto (the gemm path's "
                          f"norms as their own launches, GEMM prologues, the previous GEMM's tail, or the tail for narrow "
                          f"streams), +[<role>.]k<BK>s<S>w<W> (a K loop), "
-                         f"+f8cast / +f8ptx / +f8wide and +f8x1..+f8x4 (fp8 weights), +pfcap<MiB> (the largest weight that "
+                         f"+f8cast / +f8ptx / +f8wide / +f8half and +f8x1..+f8x4 (fp8 weights), +pfcap<MiB> (the largest weight that "
                          f"prefetches), +<role>.fill / .lean / .wave (one role's split policy), +pair1 / +pair2 (a paired GEMM's "
                          f"dots a K step){why}")
     return modes
@@ -803,14 +803,15 @@ def _e4m3_to_bf16(w):
 @triton.jit
 def _bf16_to_f16(x, PTX: tl.constexpr):
     """bf16 -> f16 for fp8 mode ``half``, rounded to nearest and saturated: exact for |x| in [2^-17, 65504] (and 0),
-    the f16 subnormal grid (2^-24) below, +-65504 above (never inf). Two values at a time (cvt.rn.satfinite.f16x2.f32)
-    where PTX runs, Triton ops otherwise (the same values)."""
+    the f16 subnormal grid (2^-24) below, +-65504 above and for +-inf, NaN kept. Two values at a time
+    (cvt.rn.satfinite.f16x2.f32) where PTX runs, Triton ops otherwise: the same values for every bf16 (a CPU test runs
+    all 65,536)."""
     if PTX:
         return tl.inline_asm_elementwise(
             asm="{ .reg .b32 lo, hi; shl.b32 lo, $1, 16; and.b32 hi, $1, 0xFFFF0000; "
                 "cvt.rn.satfinite.f16x2.f32 $0, hi, lo; }",
             constraints="=r,r", args=[x], dtype=tl.float16, is_pure=True, pack=2)
-    return tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    return tl.clamp(x.to(tl.float32), -65504.0, 65504.0, propagate_nan=tl.PropagateNan.ALL).to(tl.float16)
 
 
 @triton.jit
@@ -1027,7 +1028,7 @@ def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, POS, XO
 # The fp8 mode of e4m3 weights against bf16 activations (FP8_MODES): ``cast`` Triton's (the fp8 tile read from shared
 # memory in the MMA's register layout 2 bytes a thread, converted there on the conversion units), ``ptx`` the same tile
 # converted by _E4M3X4_PTX, ``wide`` (the default) 4 weights a 32-bit load, converted by _E4M3X4_PTX (under Triton 3.6
-# where _e4m3x4_to_bf16 says). Every mode gives the same bits. Measured (bench.pdl --weights
+# where _e4m3x4_to_bf16 says): these three give the same bits; ``half`` (FP8_MODES) sums f16 activations. Measured (bench.pdl --weights
 # fp8w, gemm engine, batch 1, PDL on; experiments/h200-2026-12-04b): Llama-3.2-1B shapes cast 741, ptx 835-838, wide
 # 910 tok/s; SmolLM2 cast 1,193, ptx 1,236-1,242, wide 1,297. Alone (bench.gemm, 8B gate_up, M = 1): 57.6 / 54.1 / 50.8 us.
 DEFAULT_FP8_MODE = "wide"

@@ -30,8 +30,12 @@ def loop_ops(ptx: str) -> tuple[int, dict[str, int]]:
     head = next(i for i, line in enumerate(lines) if "Inner Loop Header" in line)
     label = lines[head].split(":")[0].strip()
     end = next(i for i in range(head + 1, len(lines)) if re.search(rf"bra(\.uni)?\s+{re.escape(label)};", lines[i]))
-    body = [t.strip() for t in lines[head + 1:end + 1]
-            if t.strip() and not t.strip().startswith(("$", "//", "{", "}", ".reg"))]
+    body = []
+    for raw in (t.strip() for t in lines[head + 1:end + 1]):
+        if raw.startswith("{") and ";" in raw:  # a one-line inline asm block: its instructions, one by one
+            body += [t.strip() for t in raw.strip("{} ").split(";") if t.strip() and not t.strip().startswith(".reg")]
+        elif raw and not raw.startswith(("$", "//", "{", "}", ".reg")):
+            body.append(raw)
     ops: dict[str, int] = {}
     for line in body:
         words = line.split()

@@ -96,6 +96,7 @@ print(ptx.count("cvt.rn.f16x2.e4m3x2"), ptx.count("cvt.rn.satfinite.f16x2.f32"),
 """
 
 
+@pytest.mark.slow
 def test_fp8_mode_half_lowers_to_the_hardware_conversions():
     """fp8 mode half on sm_90: the weights by cvt.rn.f16x2.e4m3x2, the activations by the saturating
     cvt.rn.satfinite.f16x2.f32, the MMA in f16 (an LM head of e4m3 weights here), no bf16 MMA left."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from attnlab.kernels import gemm
 from attnlab.models import rope
@@ -647,6 +649,27 @@ def test_arms_name_the_lm_head_path():
             gemm.parse_split_modes(bad)
 
 
+@triton.jit
+def _bf16_to_f16_all(X, Y, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(Y + i, gemm._bf16_to_f16(tl.load(X + i), False))
+
+
+def test_bf16_to_f16_of_every_bf16():
+    """fp8 mode half's activation conversion without PTX (the interpreter's path; the GPU's cvt.rn.satfinite.f16x2.f32
+    has the same semantics): every one of the 65,536 bf16 values goes to torch's round-to-nearest f16 of it clamped to
+    +-65504, bit for bit, -0 kept, +-inf to +-65504, NaN to NaN."""
+    x = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    y = torch.empty(1 << 16, dtype=torch.float16)
+    _bf16_to_f16_all[(1,)](x, y, N=1 << 16)
+    want = x.float().clamp(-65504, 65504).half()
+    nan = torch.isnan(x)
+    assert torch.equal(torch.isnan(y), nan) and nan.sum() == 254
+    assert torch.equal(y[~nan].view(torch.int16), want[~nan].view(torch.int16))
+    assert y[x.float() == float("inf")].item() == 65504 and y[x.float() == float("-inf")].item() == -65504
+    assert (y[~nan].float().abs() <= 65504).all()
+
+
 @pytest.mark.parametrize("epilogue", ["none", "silu_mul", "residual"])
 def test_fp8_mode_half_sums_f16_activations(epilogue):
     """fp8 mode half (+f8half): the e4m3 weights exactly in f16, the bf16 activations rounded to f16 and saturated
@@ -657,7 +680,7 @@ def test_fp8_mode_half_sums_f16_activations(epilogue):
     bf = torch.bfloat16
     n, k = 128, 2048  # from LONG_K: fp8's own loop
     x, w, g = _data(5, n, k, bf, seed=31)
-    x[4, 5] = 2.0**-20  # below f16's normal range: rounded to its subnormal grid
+    x[4, 5] = 1.2345e-7  # below f16's normal range: rounded to its subnormal grid (test_bf16_to_f16_of_every_bf16)
     if epilogue == "none":  # above f16's range: saturated (silu_mul of such sums only tests the tolerance)
         x[2, 7], x[3, 11] = 3.0e5, -1.0e6
     w8, scale = quantize_rows(w)
@@ -724,6 +747,9 @@ def test_fp8_wide_mode_unpacks_like_the_cast(k):
         gemm.set_fp8_mode("int4")
     assert gemm.parse_arm("fill/ticket+f8ptx").fp8_mode == "ptx" and gemm.parse_arm("fill/ticket").fp8_mode == "wide"
     assert gemm.parse_arm("fill/ticket").fp8_programs is None and gemm.parse_arm("fill/ticket+f8x2").fp8_programs == 2
+    assert [gemm.parse_arm(f"fill/ticket+f8x{n}").fp8_programs for n in (1, 2, 3, 4)] == [1, 2, 3, 4]
+    assert gemm.parse_arm("fill/ticket+o.k128s4w1").loops == (("o", (128, 4, 1)),)
+    assert gemm.parse_arm("fill/ticket+f8half").fp8_mode == "half"
     for bad in ("fill/ticket+f8wide+f8cast", "fill/ticket+f8", "fill/ticket+f8x1+f8x2", "fill/ticket+f8x5"):
         with pytest.raises(ValueError, match="gemm arm"):
             gemm.parse_arm(bad)
