@@ -24,3 +24,11 @@ gpu_tests() {
   timeout "$secs" $PY -m pytest -q -p no:cacheprovider -ra --durations=6 "$@" > "$LOGS/$name.log" 2>&1
   echo "exit code $?"; grep -E "passed|failed|FAILED|Error|s call" "$LOGS/$name.log" | tail -n 14; cp "$LOGS/$name.log" "$OUT/"
 }
+# pdl NAME SECS MODELS WEIGHTS ARMS: bench.pdl on the gemm engine, batch 1, 128 new tokens, $ROUNDS rounds (4), its
+# tables on the console and NAME.md / NAME.json in $OUT.
+pdl() {
+  local name=$1 secs=$2 models=$3 weights=$4 arms=$5
+  timeout "$secs" $PY -m attnlab.bench.pdl --models "$models" --engines gemm --rounds "${ROUNDS:-4}" --new 128 \
+    --weights "$weights" --gemm-splits "$arms" --out "$OUT/$name" > $LOGS/$name.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/$name.log
+}

@@ -41,7 +41,7 @@ def _pdl_off_after_each_test():
     if mod is not None:
         mod.set_split_mode(mod.DEFAULT_SPLIT_MODE)
         mod.set_prefetch(mod.DEFAULT_PREFETCH)
-        mod.set_fp8_mode(mod.DEFAULT_FP8_MODE)  # sides.set_process_wide sets it for weight-only fp8 drafts
+        mod.set_fp8_mode(mod.DEFAULT_FP8_MODE)  # sides.set_process_wide sets it from a run's plan
 
 
 def _smollm2_path():

@@ -205,7 +205,7 @@ def test_serving_arrivals_reach_the_plan():
 def test_fp8_mma_sets_the_gemms_fp8_mode():
     """precision.fp8_mma reaches the plan and, through sides.set_process_wide, the GEMM's process-wide fp8 mode (f16:
     gemm's half; bf16: its default), for weight-only fp8 draft weights only (a CPU plan edited: fp8 weights need a
-    GPU to validate)."""
+    GPU to validate); every plan sets it, so a run after another in one process (a sweep) starts from its own."""
     from dataclasses import replace
 
     from attnlab.kernels import gemm
@@ -221,7 +221,7 @@ def test_fp8_mma_sets_the_gemms_fp8_mode():
         set_process_wide(replace(fp8, precision=replace(fp8.precision, fp8_mma="bf16")))
         assert gemm.fp8_mode() == gemm.DEFAULT_FP8_MODE
         gemm.set_fp8_mode("half")
-        set_process_wide(plan)  # w8a8 / bf16 drafts: the mode is not theirs to set
-        assert gemm.fp8_mode() == "half"
+        set_process_wide(plan)  # a bf16 draft's plan after it: the default again
+        assert gemm.fp8_mode() == gemm.DEFAULT_FP8_MODE
     finally:
         gemm.set_fp8_mode(before)

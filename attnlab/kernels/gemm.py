@@ -272,8 +272,9 @@ def arm_policies(a: Arm) -> dict:
 def sums_key(a: Arm, fp8: bool = False) -> tuple:
     """What sets the fp32 summation order of this GEMM's rows under arm ``a``: the split policy at each call site,
     the forced K loops' BLOCK_K and warps (stages sum alike), the paired loop's dots a step, and for ``fp8``
-    weights their split target and whether the fp8 mode is ``half`` (f16 operands: other products). Two arms with equal keys give the same bits (the reduction, ticket or pass, never
-    changes them); the norms' places are the caller's to compare."""
+    weights their split target and whether the fp8 mode is ``half`` (f16 operands: other products). Two arms with
+    equal keys give the same bits (the reduction, ticket or pass, never changes them); the norms' places are the
+    caller's to compare."""
     loops = tuple((key, (bk, w)) for key, (bk, _, w) in a.loops)
     return (tuple(arm_policies(a).items()), loops, a.pair_dots, a.fp8_programs if fp8 else None,
             fp8 and a.fp8_mode == "half")

@@ -19,17 +19,12 @@
 # At most 8 files come back from $OUT per call; each step has its own timeout inside the 10-minute limit.
 set -u -o pipefail
 PART=${1:?part 1}
-. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, the environment, the call's log, PY
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pdl, the environment, the call's log, PY
 # look-ahead arms: o prefetches gate_up's first MiB; qkv all of o's weight (8 MiB at 1B); down the next qkv's
 A1="fill/ticket+o.ahead16,fill/ticket+o.ahead32,fill/ticket+qkv.ahead8+o.ahead24"
 A1="$A1,fill/ticket+qkv.ahead8+o.ahead24+down.ahead12,fill/ticket+qkv.ahead8+o.ahead24+gate_up.ahead8+down.ahead12"
 W2="fill/ticket+qkv.k256s4w2+o.k256s4w2+gate_up.k256s4w2+down.k256s4w2"
 W2="$W2,fill/ticket+qkv.k128s4w2+o.k128s4w2+gate_up.k128s4w2+down.k128s4w2"
-pdl() {  # NAME SECS MODELS WEIGHTS ARMS: bench.pdl, batch 1, 4 rounds; its tables on the console
-  local name=$1 secs=$2 models=$3 weights=$4 arms=$5
-  timeout "$secs" $PY -m attnlab.bench.pdl --models "$models" --engines gemm --rounds 4 --new 128 --weights "$weights" \
-    --gemm-splits "$arms" --out "$OUT/$name" > $LOGS/$name.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/$name.log
-}
 case $PART in
 1)
   install_fb
@@ -105,8 +100,7 @@ fill/ticket+down.k128s6w2,fill/ticket+o.lean"
   pdl half12s 150 smollm2-135m bf16,fp8w "fill/ticket,fill/ticket+f8half,fill/ticket+f8half+k128s3w2"
   ;;
 13)  # (right after 12, inline then) 1B: bf16, fp8wh: +f8half, 6 rounds
-  timeout 120 $PY -m attnlab.bench.pdl --models llama-3.2-1b --engines gemm --rounds 6 --new 128 --weights bf16,fp8wh \
-    --gemm-splits fill/ticket,fill/ticket+f8half --out "$OUT/half13" > $LOGS/h13.log 2>&1; grep -E "^\|" $LOGS/h13.log
+  ROUNDS=6 pdl half13 120 llama-3.2-1b bf16,fp8wh fill/ticket,fill/ticket+f8half
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac

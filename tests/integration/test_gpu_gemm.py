@@ -97,7 +97,9 @@ def test_fp8_mode_half_matches_its_f16_reference_and_is_row_invariant(n, k):
         ref = ((x.float().clamp(-65504, 65504).half().float() @ w8.float().t()) * sw).to(torch.bfloat16)
         torch.testing.assert_close(plain[torch.arange(16) != 3], ref[torch.arange(16) != 3], atol=3e-2,
                                    rtol=2 * 2.0**-8)
-        torch.testing.assert_close(plain[3].float(), ref[3].float(), rtol=2 * 2.0**-8,  # the saturated row
+        # the saturated row: its sums are dominated by 65504 x w, so its near-zero outputs are differences of large
+        # terms whose order differs between torch and the kernel; an absolute slack of 2^-6 of the row's scale
+        torch.testing.assert_close(plain[3].float(), ref[3].float(), rtol=2 * 2.0**-8,
                                    atol=2.0**-6 * ref[3].float().abs().max().item())
         for name, fn in fns.items():
             full = fn(x)
