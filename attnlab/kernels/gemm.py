@@ -81,7 +81,16 @@ from attnlab.kernels.pdl import launch_args, pdl_start, prefetch_l2
 from attnlab.kernels.switches import scoped
 
 MAX_M = 16  # rows per launch; larger M belongs to cuBLAS (callers fall back)
-BLOCK_M = 16  # rows padded to one tensor-core tile; fixed, so a row's arithmetic never depends on M
+BLOCK_M = 16  # rows padded to one tensor-core tile (the batch tile; ``batch_tile``)
+# The batch tile of a pass of at most SMALL_BLOCK_M rows under ``small_tile`` (arm +bm8): x padded to 8 rows, not 16.
+# The dot is W [BLOCK_N, BLOCK_K] @ x.T [BLOCK_K, BLOCK_M], so the batch tile is the MMA's N: one n8 column block of
+# mma.sync m16n8k16 (wgmma m64n8k16) instead of two (m64n16k16). Each output element is the same instruction's sum of
+# the same operands in either, and the K loop's order is the tile config's, so a row is meant to come out bit-identical
+# whichever tile its pass took (the GPU tests compare M 1 / 5 at 8 rows against M 16). A prologue norm keeps 16: its
+# sum of squares is a tl.sum over a [SS_BLOCK, BLOCK_M] tile whose layout (and so fp32 order) the tile sets.
+SMALL_BLOCK_M = 8
+DEFAULT_SMALL_TILE = False
+_small_tile = DEFAULT_SMALL_TILE
 # Split-K target: about one program per SM of an H200 (132 SMs). A constant, not the device's SM count, so
 # the reduction order (and so every bit of the output) is the same on every GPU and under the interpreter.
 TARGET_PROGRAMS = 132
@@ -274,7 +283,8 @@ def sums_key(a: Arm, fp8: bool = False) -> tuple:
     the forced K loops' BLOCK_K and warps (stages sum alike), the paired loop's dots a step, and for ``fp8``
     weights their split target and whether the fp8 mode is ``half`` (f16 operands: other products). Two arms with
     equal keys give the same bits (the reduction, ticket or pass, never changes them); the norms' places are the
-    caller's to compare."""
+    caller's to compare. The batch tile (+bm8 / +bm16) is left out: meant to change no bit, so a bench cell's token
+    comparison between such arms checks it."""
     loops = tuple((key, (bk, w)) for key, (bk, _, w) in a.loops)
     return (tuple(arm_policies(a).items()), loops, a.pair_dots, a.fp8_programs if fp8 else None,
             fp8 and a.fp8_mode == "half")
@@ -319,6 +329,24 @@ def norm_tail(n: int) -> bool:
     return n <= {"tail": MAX_TAIL_N, "auto": TAIL_AUTO_MAX_N}.get(_norm_place, -1)
 
 
+def small_tile() -> bool:
+    """Whether a pass of at most SMALL_BLOCK_M rows pads x to SMALL_BLOCK_M rows instead of BLOCK_M (``batch_tile``)."""
+    return _small_tile
+
+
+def _set_small_tile(on: bool) -> None:
+    global _small_tile
+    _small_tile = bool(on)
+
+
+def batch_tile(m: int, x_dtype: torch.dtype, norm: bool = False) -> int:
+    """The padded rows (the MMA's N) of a pass of ``m`` rows: SMALL_BLOCK_M under ``small_tile`` for m <= SMALL_BLOCK_M
+    of 16-bit activations without a prologue norm, else BLOCK_M (fp32's dot is no MMA: CUDA cores, numpy under the
+    interpreter, whose sums need not match across tile shapes)."""
+    small = _small_tile and m <= SMALL_BLOCK_M and not norm and x_dtype != torch.float32
+    return SMALL_BLOCK_M if small else BLOCK_M
+
+
 def pair_dots() -> int:
     """Dots a paired GEMM's K loop takes a step (PAIR_DOTS): 1, both halves' rows in one tile; 2, a dot per half."""
     return _pair_dots
@@ -355,6 +383,7 @@ class Arm(NamedTuple):
     prefetch_cap: int  # bytes: the largest weight that prefetches (PREFETCH_MAX_WEIGHT_BYTES unless +pfcap<MiB>)
     role_policies: tuple[tuple[str, str], ...]  # (role, split policy), sorted: +<role>.fill / .lean / .wave
     pair_dots: int = DEFAULT_PAIR_DOTS  # PAIR_DOTS: +pair1 / +pair2
+    small_tile: bool = DEFAULT_SMALL_TILE  # +bm8 / +bm16: the batch tile of passes of <= SMALL_BLOCK_M rows
 
 
 @contextmanager
@@ -376,7 +405,8 @@ def arm(text: str):
     ``+f8x4``: fp8 weights split K towards 1..4 x TARGET_PROGRAMS programs at every K (``fp8_programs``);
     ``+pfcap<MiB>``: the largest weight that prefetches (``prefetch_cap``); ``+<role>.fill`` / ``.lean`` / ``.wave``: one
     role's split policy (``role_policies``; the reduction stays the split mode's); ``+pair1`` / ``+pair2``: a paired
-    GEMM's (qkv with RoPE, gate_up) K loop as one dot over both halves or a dot per half (``pair_dots``).
+    GEMM's (qkv with RoPE, gate_up) K loop as one dot over both halves or a dot per half (``pair_dots``); ``+bm8`` /
+    ``+bm16``: passes of at most SMALL_BLOCK_M rows pad x to 8 rows or to 16 (``batch_tile``; meant to be the same bits).
     Split, prefetch, RoPE-table, norm, loop and fp8 parts act on this GEMM's launches only: gemm-path sides, and the
     small-M passes of weight-only FP8Linear in any engine."""
     from attnlab.kernels import argmax, decode, fused
@@ -391,7 +421,7 @@ def arm(text: str):
             scoped(fp8_programs, _set_fp8_programs, a.fp8_programs), \
             scoped(prefetch_cap, _set_prefetch_cap, a.prefetch_cap), \
             scoped(role_policies, _set_role_policies, a.role_policies), \
-            scoped(pair_dots, _set_pair_dots, a.pair_dots):
+            scoped(pair_dots, _set_pair_dots, a.pair_dots), scoped(small_tile, _set_small_tile, a.small_tile):
         yield
 
 
@@ -404,7 +434,7 @@ _FP8_ARMS = {f"f8{m}" for m in FP8_MODES}
 _FP8_SPLIT_ARMS = ("f8x1", "f8x2", "f8x3", "f8x4")  # fp8 weights' split target (``fp8_programs``)
 _PAIR_ARMS = tuple(f"pair{n}" for n in PAIR_DOTS)
 _ONE_OF = ({"lmargmax", "lmlogits"}, {"ropetable", "ropecalc"}, set(_NORM_ARMS), _FP8_ARMS, set(_FP8_SPLIT_ARMS),
-           set(_PAIR_ARMS))
+           set(_PAIR_ARMS), {"bm8", "bm16"})
 _POLICY_ARM = re.compile(r"(" + "|".join(ROLES) + r")\.(fill|lean|wave)")  # +<role>.<split policy>
 SMEM_BYTES = 232448  # sm_90's shared memory a block may have: a forced K loop must fit it (``loop_smem``)
 
@@ -430,7 +460,7 @@ def parse_arm(text: str) -> Arm:
     kv_tiles, rows_argmax, rope_store, place = KV_PREFETCH_TILES, DEFAULT_ON, True, DEFAULT_NORM_PLACE
     loops = {}  # forced loops: none by default (the rules of loop_for)
     f8, f8x = DEFAULT_FP8_MODE, DEFAULT_FP8_PROGRAMS
-    cap, policies, pairs = PREFETCH_MAX_WEIGHT_BYTES, {}, DEFAULT_PAIR_DOTS
+    cap, policies, pairs, tile8 = PREFETCH_MAX_WEIGHT_BYTES, {}, DEFAULT_PAIR_DOTS, DEFAULT_SMALL_TILE
     keys = [_key(e) for e in extras]  # at most one part a key: each set of _ONE_OF, each prefix, each role's loop / policy
     ok = mode in SPLIT_MODES and len(set(keys)) == len(keys)
     for e in extras:
@@ -465,16 +495,18 @@ def parse_arm(text: str) -> Arm:
             f8x = int(e[3])
         elif e in _PAIR_ARMS:
             pairs = int(e[4:])
+        elif e in ("bm8", "bm16"):
+            tile8 = e == "bm8"
         else:
             ok = False
     if not ok:
         raise ValueError(f"gemm arm {text!r}: <split mode>[+pf<chunks>][+lmargmax|+lmlogits][+ropetable|+ropecalc]"
                          f"[+kvpf<tiles>][+amtorch][+kvsep][+normsep|+normpro|+normtail|+normauto][+[<role>.]k<BK>s<S>w<W>][+f8cast|+f8ptx|+f8wide|+f8half][+f8x1..4]"
-                         f"[+pfcap<MiB>][+<role>.fill|lean|wave][+pair1|+pair2], split modes "
+                         f"[+pfcap<MiB>][+<role>.fill|lean|wave][+pair1|+pair2][+bm8|+bm16], split modes "
                          f"{', '.join(SPLIT_MODES)}, chunks 0..{MAX_PREFETCH}, MiB 0..{MAX_PREFETCH_CAP_MIB}, tiles 0..8, BK 32 / 64 / 128 / 256 / 512, S 1..6, "
                          f"W 1 / 2 / 4 / 8, at most one loop per role (roles {', '.join(ROLES)}: +<role>.k<BK>s<S>w<W>)")
     return Arm(mode, chunks, fused_argmax, table, kv_tiles, rows_argmax, rope_store, place,
-               tuple(sorted(loops.items())), f8, f8x, cap, tuple(sorted(policies.items())), pairs)
+               tuple(sorted(loops.items())), f8, f8x, cap, tuple(sorted(policies.items())), pairs, tile8)
 
 
 def _key(e: str) -> str:
@@ -514,7 +546,7 @@ def parse_split_modes(text: str) -> list[str]:
                          f"streams), +[<role>.]k<BK>s<S>w<W> (a K loop), "
                          f"+f8cast / +f8ptx / +f8wide / +f8half and +f8x1..+f8x4 (fp8 weights), +pfcap<MiB> (the largest weight that "
                          f"prefetches), +<role>.fill / .lean / .wave (one role's split policy), +pair1 / +pair2 (a paired GEMM's "
-                         f"dots a K step){why}")
+                         f"dots a K step), +bm8 / +bm16 (the batch tile of passes of <= {SMALL_BLOCK_M} rows){why}")
     return modes
 
 
@@ -1189,11 +1221,12 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         return gemm(x, w, bias, w_scale=w_scale, norm_weight=norm_weight, eps=eps, role=role).float().argmax(-1)
     split = 0 if splits == 1 else 2 if reduce == "ticket" else 1
     assert split != 2 or n_tiles < NORM_TICKET, "a split GEMM's column tiles each need a ticket below the tail's"
-    part = torch.empty(splits, 2, BLOCK_M, n_log, dtype=torch.float32, device=x.device) if split else out
     norm = norm_weight is not None
+    block_m = batch_tile(m, x.dtype, norm)
+    part = torch.empty(splits, 2, block_m, n_log, dtype=torch.float32, device=x.device) if split else out
     tickets = _ticket_buffer(x.device) if split == 2 else out
     if epilogue == "argmax":  # tile maxima and columns; the one ticket over all tiles
-        part = torch.empty(2, n_tiles, BLOCK_M, dtype=torch.float32, device=x.device)
+        part = torch.empty(2, n_tiles, block_m, dtype=torch.float32, device=x.device)
         tickets = _ticket_buffer(x.device)[ARGMAX_TICKET:]
     ss_block = min(SS_BLOCK, max(16, triton.next_power_of_2(k)))
     dummy = out
@@ -1201,7 +1234,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
             "stride_rm": residual.stride(0) if residual is not None else 0,
             "stride_cm": cos.stride(0) if epilogue == "rope" else 0,
             "stride_slot": kc.stride(0) if kc is not None else 0, "G": group, "ROPE_COLS": rope_cols,
-            "Q_COLS": 2 * rope_cols - n if kc is not None else 0, "BLOCK_M": BLOCK_M, "BLOCK_N": block_n,
+            "Q_COLS": 2 * rope_cols - n if kc is not None else 0, "BLOCK_M": block_m, "BLOCK_N": block_n,
             "FP8": fp8, "HAS_BIAS": bias is not None, "EPI": _EPI[epilogue], "PAIRED": paired,
             "KV_STORE": kc is not None, "ROPE_POS": positions is not None, "XO": dummy, "TAIL_W": dummy,
             "TAIL_TICKET": dummy, "stride_xo": 0, "tail_eps": 0.0}
@@ -1209,7 +1242,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         nb = triton.next_power_of_2(n)
         args.update(XO=normed, TAIL_W=tail_norm[0], TAIL_TICKET=_ticket_buffer(x.device)[NORM_TICKET:],
                     stride_xo=normed.stride(0), tail_eps=float(tail_norm[1]), TAIL_NB=nb,
-                    TAIL_ROWS=max(1, min(BLOCK_M, TAIL_ELEMS // nb)))
+                    TAIL_ROWS=max(1, min(BLOCK_M, TAIL_ELEMS // nb)))  # BLOCK_M, not the batch tile: a function of N
     ptrs = {"SCALE": w_scale if fp8 else dummy, "BIAS": bias if bias is not None else dummy,
             "RES": residual if residual is not None else dummy, "COS": cos if cos is not None else dummy,
             "SIN": sin if sin is not None else dummy, "KC": kc if kc is not None else dummy,

@@ -114,6 +114,45 @@ def test_fp8_mode_half_matches_its_f16_reference_and_is_row_invariant(n, k):
                 _same_bits_racing(lambda: [fn(x[:m]) for fn in fns.values() for m in (1, 16)], refs, "half")
 
 
+@pytest.mark.parametrize("weights", ["bf16", "fp16", "fp8", "fp8half"])
+@pytest.mark.parametrize("n,k", SHAPES + [(16384, 2048), (128256, 2048)])  # + 1B gate_up and LM head
+def test_small_batch_tile_gives_the_16_row_tile_bits(n, k, weights):
+    """gemm.small_tile (+bm8): a pass of <= 8 rows pads x to 8 rows, the MMA's N (an n8 block of mma.sync, where the
+    16-row tile takes two, or the warp-group MMA at 4 warps). Every epilogue the gemm path uses: M 1 / 5 / 8 at the 8-row tile give the bits of the same rows at M 16 (the 16-row
+    tile), and the ticket gives the pass's bits racing. SHAPES split K 1..16 ways."""
+    dt = torch.float16 if weights == "fp16" else torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(7 * n + k)
+    x = torch.randn(16, k, device="cuda", generator=g).to(dt)
+    w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(dt)
+    res = torch.randn(16, n, device="cuda", generator=g).to(dt)
+    cs = torch.randn(16, 64, device="cuda", generator=g).to(dt)
+    kw = {}
+    if weights.startswith("fp8"):
+        w, sw = quantize_rows(w)
+        kw["w_scale"] = sw.view(-1)
+    fns = {"plain": lambda xx: gemm.gemm(xx, w, role="o", **kw),
+           "residual": lambda xx: gemm.gemm(xx, w, epilogue="residual", residual=res[:xx.shape[0]], role="down", **kw)}
+    if n <= 16384:
+        fns["silu_mul"] = lambda xx: gemm.gemm(xx, w, epilogue="silu_mul", role="gate_up", **kw)
+        if n % 128 == 0:
+            fns["rope"] = lambda xx: gemm.gemm(xx, w, epilogue="rope", cos=cs[:xx.shape[0]], sin=cs[:xx.shape[0]],
+                                               head_dim=64, rope_cols=n // 128 * 64, role="qkv", **kw)
+    else:
+        fns["lm_head"] = lambda xx: gemm.gemm(xx, w, role="lm_head", **kw)
+    half = "+f8half" if weights == "fp8half" else ""
+    with gemm.arm(f"fill/pass{half}+bm16"):
+        refs = {name: fn(x) for name, fn in fns.items()}
+    with gemm.arm(f"fill/pass{half}+bm8"):
+        assert gemm.batch_tile(8, x.dtype) == gemm.SMALL_BLOCK_M
+        for name, fn in fns.items():
+            for m in (1, 5, 8):
+                assert torch.equal(fn(x[:m]), refs[name][:m]), f"{name}, M={m}: the 8-row tile's rows differ"
+    with gemm.arm(f"fill/ticket{half}+bm8"):
+        _same_bits_racing(lambda: [fn(x[:m]) for fn in fns.values() for m in (1, 5)],
+                          [refs[name][:m] for name in fns for m in (1, 5)], "ticket, 8-row tile")
+    assert not gemm._ticket_buffer(x.device).any()
+
+
 @pytest.mark.parametrize("k", [512, 4096])  # 4096 >= LONG_K: fp8's own loop (128 x 4 x 2) and split target
 @pytest.mark.parametrize("mode", ["ptx", "wide"])
 @pytest.mark.parametrize("epilogue", ["none", "silu_mul", "rope"])

@@ -791,3 +791,53 @@ def test_fp8_weights_take_their_own_loop_and_split_target():
         gemm.split_k = split_k
     assert seen[0] == 8 and seen[1] == seen[2] == 4 and seen[3] == 4, seen
     _close(y1, y, bf)
+
+
+def test_small_batch_tile_arms_and_rule():
+    """+bm8 / +bm16 parse, conflict and restore; batch_tile gives 8 rows only to passes of <= 8 rows of 16-bit
+    activations without a prologue norm; sums_key leaves the tile out (meant to change no bit: bench cells compare
+    tokens across it)."""
+    assert gemm.parse_arm("fill/ticket").small_tile == gemm.DEFAULT_SMALL_TILE
+    assert gemm.parse_arm("fill/ticket+bm8").small_tile and not gemm.parse_arm("fill/ticket+bm16").small_tile
+    with pytest.raises(ValueError, match=r"\+bm8"):
+        gemm.parse_arm("fill/ticket+bm8+bm16")
+    with pytest.raises(ValueError, match=r"\+bm8"):
+        gemm.parse_arm("fill/ticket+bm4")
+    before = gemm.small_tile()
+    with gemm.arm("fill/ticket+bm8"):
+        assert gemm.small_tile()
+        bf = torch.bfloat16
+        assert [gemm.batch_tile(m, bf) for m in (1, 8, 9, 16)] == [8, 8, 16, 16]
+        assert gemm.batch_tile(1, torch.float16) == 8 and gemm.batch_tile(1, torch.float32) == 16
+        assert gemm.batch_tile(1, bf, norm=True) == 16
+    assert gemm.small_tile() == before
+    with gemm.arm("fill/ticket+bm16"):
+        assert gemm.batch_tile(1, torch.bfloat16) == 16
+    assert gemm.sums_key(gemm.parse_arm("fill/ticket+bm8"), fp8=True) == gemm.sums_key(gemm.parse_arm("fill/ticket+bm16"), fp8=True)
+
+
+@pytest.mark.parametrize("weights", ["bf16", "fp16", "fp8", "fp8half"])
+@pytest.mark.parametrize("epilogue", ["none", "residual", "silu_mul", "rope"])
+def test_small_batch_tile_matches_the_16_row_tile_and_is_row_invariant(weights, epilogue):
+    """The 8-row batch tile (+bm8) under the interpreter: every epilogue, 16-bit and fp8 weights (both fp8 MMAs), K
+    split 8 ways (the ticket), against the 16-row tile (which the tests above hold to torch) within the output
+    dtype's rounding; rows at M 1 / 5 are those at M 8 (one tile). Across tiles the interpreter's numpy matmul may
+    sum in another order: the GPU test compares the two tiles bit for bit."""
+    dt = torch.float16 if weights == "fp16" else torch.bfloat16
+    n, k = 128, 2048
+    x, w, g = _data(8, n, k, dt, seed=41)
+    res = torch.randn(8, n, generator=g).to(dt)
+    cs = torch.randn(8, 32, generator=g).to(dt)
+    kw = {"residual": {"residual": res}, "rope": {"cos": cs, "sin": cs, "head_dim": 32, "rope_cols": n // 2}}.get(epilogue, {})
+    wq, extra = w, {}
+    if weights.startswith("fp8"):
+        wq, scale = quantize_rows(w)
+        extra = {"w_scale": scale.view(-1)}
+    arm = "fill/ticket+f8half" if weights == "fp8half" else "fill/ticket"
+    with gemm.arm(arm + "+bm8"):
+        got = gemm.gemm(x, wq, epilogue=epilogue, **kw, **extra)
+        for m in (1, 5):
+            sub = {key: (v[:m] if key in ("residual", "cos", "sin") else v) for key, v in kw.items()}
+            assert torch.equal(gemm.gemm(x[:m], wq, epilogue=epilogue, **sub, **extra), got[:m]), m
+    with gemm.arm(arm + "+bm16"):
+        _close(got, gemm.gemm(x, wq, epilogue=epilogue, **kw, **extra), dt)

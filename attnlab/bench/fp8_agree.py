@@ -1,0 +1,232 @@
+"""fp8 draft weights on real text: how often an e4m3 copy of the target proposes the target's own greedy token.
+
+    python -m attnlab.bench.fp8_agree [--model smollm2-135m] [--weights auto|real|random] [--prompts sharegpt]
+                                      [--num-prompts 16] [--new 96] [--k 4,8] [--device cpu] [--out PREFIX]
+
+The target (bf16) decodes each prompt greedily; then every variant reads prompt + continuation in one teacher-forced
+pass, and at each continuation position its argmax either is the target's token or not. A variant is the target with
+its GEMMs' numerics swapped for those of an fp8 precision, emulated in torch at every M (``EmulatedLinear``: the
+products attnlab's GEMM forms, summed in fp32 in torch's order):
+
+    bf16         the target itself (the floor: near-ties between a cached decode and one pass over everything)
+    fp8w         precision=fp8w-draft: the layer projections' weights in e4m3 with per-row scales, x in bf16 (the
+                 fp8 modes cast / ptx / wide: the exactly dequantized weights)
+    fp8w/f16     and precision.fp8_mma=f16 (fp8 mode half): x rounded to f16, saturated at +-65504
+    fp8wh, fp8wh/f16  the same with the LM head in e4m3 too (precision.fp8_lm_head=true)
+    w8a8         precision=fp8-draft: x quantized per row to e4m3 as well (torch._scaled_mm's numerics)
+
+Columns: agreement (the share of continuation positions whose argmax is the target's token); tau at each k: a chain
+drafter made of all of the variant's layers proposing k tokens a round against the bf16 target, walked over the
+agreement sequence (a round accepts the run of agreements from its start, at most k, plus the target's own token), so
+the acceptance an fp8 copy of the target would have as its own drafter: its numerics' cost alone (1 + k at no cost);
+and the mean KL(target || variant) of the next-token distributions. Any drafter built from these weights (fewer layers,
+a head) loses at most what this shows on top of its own disagreement.
+
+Runs on CPU (the default, and CI's smoke on the tiny model) or CUDA. Real weights where the preset packages them
+(SmolLM2-135M's GGUF), else random (acceptance then says nothing about real text, and the output says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+from torch import nn
+
+F16_MAX = 65504.0
+VARIANTS = {  # name -> (layer projections' mode, the LM head's mode); modes: EmulatedLinear.MODES, None: as the target
+    "bf16": (None, None), "fp8w": ("bf16", None), "fp8w/f16": ("f16", None), "fp8wh": ("bf16", "bf16"),
+    "fp8wh/f16": ("f16", "f16"), "w8a8": ("w8a8", None)}
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj")
+
+
+class EmulatedLinear(nn.Module):
+    """``y = x @ W.T`` with W in e4m3 (``quantize_rows``: per-row scales), in torch at any M, the numerics of an fp8
+    precision: ``bf16`` the weight-only GEMM's (x as it is against the dequantized weights: e4m3 -> bf16 is exact),
+    ``f16`` its fp8 mode half (x rounded to f16 and saturated, as ``gemm._bf16_to_f16``), ``w8a8`` FP8Linear's (x
+    quantized per row to e4m3 too). Products are exact in fp32 in all three; only the summation order differs from the
+    GPU's. Per-row scales make a fused projection's rows (qkv, gate_up) the same as its parts' (q, k, v, ...)."""
+
+    MODES = ("bf16", "f16", "w8a8")
+
+    def __init__(self, weight: torch.Tensor, mode: str):
+        from attnlab.models.fp8 import quantize_rows
+
+        super().__init__()
+        if mode not in self.MODES:
+            raise ValueError(f"EmulatedLinear mode {mode!r}: choose from {', '.join(self.MODES)}")
+        self.mode = mode
+        w8, scale = quantize_rows(weight.detach())
+        self.weight = w8.float()  # exactly the e4m3 values
+        self.scale = scale.view(1, -1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from attnlab.models.fp8 import quantize_rows
+
+        xf = x.float()
+        if self.mode == "f16":
+            xf = xf.clamp(-F16_MAX, F16_MAX).half().float()
+        elif self.mode == "w8a8":
+            a8, sa = quantize_rows(xf.reshape(-1, xf.shape[-1]))
+            xf = (a8.float() * sa).reshape(xf.shape)
+        return ((xf @ self.weight.T) * self.scale).to(x.dtype)
+
+
+def variant(hf, name: str):
+    """The HF view ``hf`` with ``name``'s numerics (VARIANTS): its projections (and LM head) swapped in place for
+    EmulatedLinear; every other tensor stays shared."""
+    layers_mode, head_mode = VARIANTS[name]
+    if layers_mode is not None:
+        for layer in hf.model.layers:
+            for path in PROJECTIONS:
+                parent, attr = path.split(".")
+                mod = getattr(layer, parent)
+                setattr(mod, attr, EmulatedLinear(getattr(mod, attr).weight, layers_mode))
+    if head_mode is not None:
+        hf.lm_head = EmulatedLinear(hf.lm_head.weight, head_mode)
+    return hf
+
+
+def walk_tau(agree: list[bool], k: int) -> float:
+    """Tokens per verify round of a chain drafter whose proposal at continuation position i is right iff agree[i]:
+    each round accepts the run of agreements from its start (at most k) and the target's token after it."""
+    pos, rounds = 0, []
+    while pos < len(agree):
+        a = 0
+        while a < k and pos + a < len(agree) and agree[pos + a]:
+            a += 1
+        rounds.append(min(a + 1, len(agree) - pos))
+        pos += a + 1
+    return sum(rounds) / max(1, len(rounds))
+
+
+@torch.no_grad()
+def measure(model, prompts: list[list[int]], new: int, ks: list[int], eos: set[int], names=tuple(VARIANTS),
+            progress: bool = True) -> dict:
+    """Continuations of ``prompts`` by the bf16 target (an attnlab Decoder), then every variant of ``names`` read
+    over them: {name: {"agreement", "tau": {k: tau}, "kl", "positions"}}, and the continuations."""
+    from tqdm import tqdm
+
+    from attnlab.bench.hf import to_hf
+
+    dev = model.embed_tokens.weight.device
+    target = to_hf(model)
+    conts = []
+    for p in tqdm(prompts, desc="target decodes", disable=not progress):
+        ids = torch.tensor([p], device=dev)
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                              eos_token_id=sorted(eos) or None, pad_token_id=0)
+        conts.append(out[0, len(p):].tolist())
+    ref = [_logits(target, p, c, dev) for p, c in zip(prompts, conts)]
+    res = {}
+    for name in tqdm(names, desc="variants", disable=not progress):
+        hf = variant(to_hf(model), name)
+        agree, kls = [], []
+        for p, c, lr in zip(prompts, conts, ref):
+            lv = _logits(hf, p, c, dev)
+            agree.append((lv.argmax(-1).cpu() == torch.tensor(c)).tolist())
+            kls.append(torch.nn.functional.kl_div(lv.log_softmax(-1), lr.log_softmax(-1), log_target=True,
+                                                  reduction="none").sum(-1).cpu())
+        flat = [a for row in agree for a in row]
+        res[name] = {"agreement": sum(flat) / max(1, len(flat)), "positions": len(flat),
+                     "tau": {k: _mean_tau(agree, k) for k in ks}, "kl": torch.cat(kls).mean().item()}
+    return {"variants": res, "continuations": conts}
+
+
+def _mean_tau(agree: list[list[bool]], k: int) -> float:
+    """walk_tau over every prompt's continuation, weighted by its rounds (all rounds of all prompts alike)."""
+    toks = sum(len(a) for a in agree)
+    rounds = sum(len(a) / walk_tau(a, k) for a in agree if a)
+    return toks / max(rounds, 1e-9)
+
+
+def _logits(hf, prompt: list[int], cont: list[int], dev) -> torch.Tensor:
+    """fp32 logits at the positions that predict each continuation token: [len(cont), vocab]."""
+    ids = torch.tensor([prompt + cont], device=dev)
+    logits = hf(ids).logits[0, len(prompt) - 1:len(prompt) - 1 + len(cont)]
+    return logits.float()
+
+
+def table(res: dict, ks: list[int]) -> list[str]:
+    head = "| variant | agreement | " + " | ".join(f"tau k={k}" for k in ks) + " | KL (nats) |"
+    lines = [head, "|" + "---|" * (3 + len(ks))]
+    for name, r in res["variants"].items():
+        taus = " | ".join(f"{r['tau'][k]:.2f}" for k in ks)
+        lines.append(f"| {name} | {r['agreement']:.2%} ({r['positions']}) | {taus} | {r['kl']:.2e} |")
+    return lines
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--weights", choices=("auto", "real", "random"), default="auto")
+    ap.add_argument("--prompts", default="sharegpt", help="builtin | sharegpt (held-out split) | an exported file")
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--new", type=int, default=96, help="continuation tokens per prompt (the target stops at EOS)")
+    ap.add_argument("--k", default="4,8", help="draft tokens per round for tau, comma-separated")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
+    a = ap.parse_args(argv)
+    try:
+        a.ks = sorted({int(k) for k in a.k.split(",") if k.strip()})
+    except ValueError:
+        ap.error(f"--k {a.k!r}: comma-separated positive ints")
+    if not a.ks or min(a.ks) < 1:
+        ap.error(f"--k {a.k!r}: comma-separated positive ints")
+    a.names = [v.strip() for v in a.variants.split(",") if v.strip()]
+    bad = [v for v in a.names if v not in VARIANTS]
+    if bad or not a.names:
+        ap.error(f"--variants: {', '.join(bad) or 'none'}: choose from {', '.join(VARIANTS)}")
+    if a.num_prompts < 1 or a.new < 1:
+        ap.error("--num-prompts and --new must be >= 1")
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {a.device}: no CUDA device here")
+    from attnlab.bench.spec import resolve_weights
+
+    a.weights = resolve_weights(ap, a.model, a.weights)
+    return a
+
+
+def run(a) -> dict:
+    from attnlab.bench.kernels import versions
+    from attnlab.bench.spec import load_prompts
+    from attnlab.models.loading import load_model, load_tokenizer
+
+    init = "pretrained" if a.weights == "real" else "random"
+    model, cfg = load_model(a.model, dtype=torch.bfloat16, device=torch.device(a.device), init=init, progress=False)
+    tok = load_tokenizer(a.model, init=init, config=cfg) if a.weights == "real" else None
+    prompts = load_prompts(a.weights, a.num_prompts, cfg.vocab_size, tok, a.prompts)
+    eos = set(cfg.eos_token_ids) if a.weights == "real" else set()
+    t0 = time.perf_counter()
+    res = measure(model, prompts, a.new, a.ks, eos, a.names)
+    dev = torch.cuda.get_device_name() if a.device.startswith("cuda") else "CPU"
+    head = (f"{dev}; {versions()}; {a.model} ({a.weights} weights), bf16 target; {len(prompts)} {a.prompts} prompts x "
+            f"<= {a.new} greedy tokens ({sum(map(len, res['continuations']))} positions), teacher-forced per variant "
+            f"({time.perf_counter() - t0:.0f} s)")
+    lines = [head, ""] + table(res, a.ks)
+    if a.weights == "random":
+        lines.append("\nRandom weights: agreement says nothing about real text.")
+    return {"header": head, "args": {k: v for k, v in vars(a).items()}, **res, "markdown": "\n".join(lines)}
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    if a.out:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    out = run(a)
+    print(out["markdown"], flush=True)
+    if a.out:
+        with open(a.out + ".json", "w") as f:
+            json.dump(out, f, indent=1, default=str)
+        with open(a.out + ".md", "w") as f:
+            f.write(out["markdown"] + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,32 @@
+# The H200 calls of the 2026-12-04f sitting (issue 17: fp8 weights at 1B), one part a call, in the order they ran:
+#   FB=.gpu/fi bash experiments/h200-2026-12-04f/run.sh N      (carry [".gpu/fi"] on a fresh machine)
+# Each part's output: $OUT/runN.log (the console, tee'd) and resultsN.tgz (the logs and bench tables; at most 8 files
+# come back from a call).
+set -u -o pipefail
+PART=${1:?part 1}
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pdl, the environment, the call's log, PY
+TILE="fill/ticket,fill/ticket+bm8,fill/ticket+f8half,fill/ticket+f8half+bm8"
+pack() {  # every file of this call but its console log into one archive
+  tar czf "/tmp/results$PART.tgz" -C "$OUT" --exclude="run$PART.log" . && find "$OUT" -type f ! -name "run$PART.log" -delete
+  mv "/tmp/results$PART.tgz" "$OUT/"
+}
+case $PART in
+1)  # a fresh machine: the 8-row batch tile (+bm8) and fp8 mode half (+f8half), alone and together
+  install_fb
+  step "GPU tests: the 8-row batch tile gives the 16-row tile's bits; fp8 mode half's saturating form"
+  gpu_tests tests1 260 tests/integration/test_gpu_gemm.py -k "small_batch_tile or half"
+  step "issue 17: bench.pdl, 1B: bf16, fp8w, fp8wh x $TILE (6 rounds)"
+  ROUNDS=6 pdl tile1 240 llama-3.2-1b bf16,fp8w,fp8wh "$TILE"
+  step "issue 17: bench.gemm, 1B, M 1 / 5"
+  timeout 100 $PY -m attnlab.bench.gemm --models llama1b --ms 1,5 --repeats 3 --split-modes "$TILE" \
+    --out "$OUT/gemm1.json" > $LOGS/gemm1.log 2>&1; echo "exit code $?"; grep -E "^\|" $LOGS/gemm1.log | cut -c1-700
+  cp $LOGS/gemm1.log "$OUT/"
+  step "issue 17: bench.pdl, 8B: bf16, fp8wh"
+  pdl tile1_8b 150 llama-3.1-8b bf16,fp8wh "fill/ticket,fill/ticket+bm8,fill/ticket+f8half,fill/ticket+f8half+bm8"
+  step "issue 17: bench.pdl, SmolLM2: bf16, fp8w"
+  pdl tile1_s 120 smollm2-135m bf16,fp8w "$TILE"
+  pack
+  ;;
+*) echo "no part $PART"; exit 2 ;;
+esac
+step done
