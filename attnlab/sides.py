@@ -70,13 +70,13 @@ def build(spec: SideSpec, share_weights_with=None):
 
 def set_process_wide(plan: RunPlan) -> None:
     """The process-wide kernel settings a run's sides are built under (graphs record the launches of their capture):
-    PDL (attnlab.kernels.pdl); the GEMM's fp8 mode (``precision.fp8_mma``: f16 takes gemm's ``half``, else its default;
+    PDL (attnlab.kernels.pdl); the GEMM's fp8 mode (``precision.fp8_mma``: f16 takes gemm's ``half``, bf16 its exact one;
     only weight-only e4m3 weights, the draft's, see it); with attnlab's Triton GEMM its split mode and weight
     prefetch."""
     from attnlab.kernels import gemm, pdl
 
     pdl.set_enabled(plan.engine.pdl, plan.device)
-    gemm.set_fp8_mode("half" if plan.precision.fp8_mma == "f16" else gemm.DEFAULT_FP8_MODE)
+    gemm.set_fp8_mode("half" if plan.precision.fp8_mma == "f16" else gemm.EXACT_FP8_MODE)
     if plan.engine.gemm in TRITON_GEMMS:
         gemm.set_split_mode(plan.engine.gemm_split)
         gemm.set_prefetch(plan.engine.gemm_prefetch)

@@ -204,10 +204,12 @@ def test_serving_arrivals_reach_the_plan():
 
 def test_fp8_mma_sets_the_gemms_fp8_mode():
     """precision.fp8_mma reaches the plan and, through sides.set_process_wide, the GEMM's process-wide fp8 mode (f16:
-    gemm's half; bf16: its default), for weight-only fp8 draft weights only (a CPU plan edited: fp8 weights need a
-    GPU to validate); every plan sets it, so a run after another in one process (a sweep) starts from its own."""
+    gemm's half; bf16: its exact mode), for weight-only fp8 draft weights only (a CPU plan edited: fp8 weights need a
+    GPU to validate); every plan sets it, so a run after another in one process (a sweep) starts from its own. auto
+    (the default) resolves to f16 for weight-only fp8 GEMMs, else bf16."""
     from dataclasses import replace
 
+    from attnlab.config import resolve_fp8_mma
     from attnlab.kernels import gemm
     from attnlab.sides import set_process_wide
 
@@ -219,9 +221,12 @@ def test_fp8_mma_sets_the_gemms_fp8_mode():
         set_process_wide(fp8)
         assert gemm.fp8_mode() == "half"
         set_process_wide(replace(fp8, precision=replace(fp8.precision, fp8_mma="bf16")))
-        assert gemm.fp8_mode() == gemm.DEFAULT_FP8_MODE
+        assert gemm.fp8_mode() == gemm.EXACT_FP8_MODE == "wide"
         gemm.set_fp8_mode("half")
-        set_process_wide(plan)  # a bf16 draft's plan after it: the default again
-        assert gemm.fp8_mode() == gemm.DEFAULT_FP8_MODE
+        set_process_wide(plan)  # a bf16 draft's plan after it: the exact mode again
+        assert gemm.fp8_mode() == gemm.EXACT_FP8_MODE
+        assert gemm.DEFAULT_FP8_MODE == "half"  # the kernel's own default (bench arms): what auto picks
     finally:
         gemm.set_fp8_mode(before)
+    assert [resolve_fp8_mma("auto", g) for g in ("weight_only", "w8a8")] == ["f16", "bf16"]
+    assert [resolve_fp8_mma(m, "weight_only") for m in ("bf16", "f16")] == ["bf16", "f16"]

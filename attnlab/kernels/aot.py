@@ -216,19 +216,22 @@ def compile_gemm(quick: bool, arch: int = 90) -> None:
 
 
 def compile_fp8_half(gemm) -> None:
-    """fp8 mode half (arm +f8half: e4m3 and the bf16 activations to f16, an f16 MMA): a Llama-3.2-1B-shaped layer's
-    four GEMMs and LM head with e4m3 weights, as the gemm path launches them."""
+    """fp8 weights on their 2-warp loop (K >= LONG_K), in both batch tiles (a pass of 4 rows: 8, of 16: 16), in the
+    default fp8 mode and in mode half (arm +f8half: e4m3 and the bf16 activations to f16, an f16 MMA; the last
+    compiled): a Llama-3.2-1B-shaped layer's four GEMMs and LM head with e4m3 weights, as the gemm path launches them."""
     hidden, inter, n_qkv, d, vocab = 2048, 8192, 3072, 64, 8 * 2048
     bf, f8 = torch.bfloat16, torch.float8_e4m3fn
-    x, xi, cs = torch.zeros(4, hidden, dtype=bf), torch.zeros(4, inter, dtype=bf), torch.zeros(4, d, dtype=bf)
-    with gemm.arm("fill/ticket+f8half"):
-        for n, k, kw in ((n_qkv, hidden, {"epilogue": "rope", "cos": cs, "sin": cs, "head_dim": d, "rope_cols": 2560,
-                                          "role": "qkv"}),
-                         (hidden, hidden, {"epilogue": "residual", "residual": x, "role": "o"}),
-                         (2 * inter, hidden, {"epilogue": "silu_mul", "role": "gate_up"}),
-                         (hidden, inter, {"epilogue": "residual", "residual": x, "role": "down"}),
-                         (vocab, hidden, {"role": "lm_head"})):
-            gemm.gemm(xi if k == inter else x, torch.zeros(n, k, dtype=f8), w_scale=torch.ones(n), **kw)
+    for arm in ("fill/ticket", "fill/ticket+f8half"):
+        for rows in (4, 16):
+            x, xi, cs = (torch.zeros(rows, n, dtype=bf) for n in (hidden, inter, d))
+            with gemm.arm(arm):
+                for n, k, kw in ((n_qkv, hidden, {"epilogue": "rope", "cos": cs, "sin": cs, "head_dim": d,
+                                                  "rope_cols": 2560, "role": "qkv"}),
+                                 (hidden, hidden, {"epilogue": "residual", "residual": x, "role": "o"}),
+                                 (2 * inter, hidden, {"epilogue": "silu_mul", "role": "gate_up"}),
+                                 (hidden, inter, {"epilogue": "residual", "residual": x, "role": "down"}),
+                                 (vocab, hidden, {"role": "lm_head"})):
+                    gemm.gemm(xi if k == inter else x, torch.zeros(n, k, dtype=f8), w_scale=torch.ones(n), **kw)
 
 
 def _compile_gemm_dtypes(gemm, dtypes, arch: int) -> None:

@@ -3,8 +3,9 @@
     linear(x [M, K], w [N, K]) -> [M, N]          (the stable entry point; attnlab.diagnostics builds on it)
     gemm(x, w, ..., norm_weight=, epilogue=...)    (the fused variants the decoder's gemm path uses)
 
-Layout: swap-AB. A program owns BLOCK_N output columns and all BLOCK_M = 16 (padded) rows, and computes
-``acc[BLOCK_N, 16] = W[cols, k] @ x[:, k].T`` with fp32 accumulation (tensor cores at any M <= 16; the weight
+Layout: swap-AB. A program owns BLOCK_N output columns and all BLOCK_M = 16 (padded) rows, 8 for passes of at most 8
+rows on loops of fewer than 4 warps (``batch_tile``), and computes
+``acc[BLOCK_N, BLOCK_M] = W[cols, k] @ x[:, k].T`` with fp32 accumulation (tensor cores at any M <= 16; the weight
 tile [BLOCK_N, BLOCK_K] is contiguous along K, so its loads are 16-byte vectors). Weight bound at these M:
 the goal is to stream W at copy bandwidth and to swallow the small kernels around the GEMM.
 
@@ -12,7 +13,9 @@ Row invariance: every output element is reduced over K in an order that depends 
 loop's dots a step (``pair_dots``), the split count) only, and the split count is a function of (N, K, the weight dtype, the tile config, the split
 mode and, for fp8 weights, their split target), never of M. Padded rows are zeros and no row's arithmetic reads another's. Split-K partials go to an
 fp32 workspace and are summed in split order, then the epilogue runs. So a row computed at M = 1 (decode) is
-bit-identical to the same row inside M = 5, 9 or 16 (verify).
+bit-identical to the same row inside M = 5, 9 or 16 (verify). The 8-row batch tile is the one place M picks a kernel
+variant: it only runs where both tiles take the same MMA instructions per element (``batch_tile``; the H200 tests
+compare the two tiles bit for bit).
 
 Split modes (``engine.gemm_split``, process-wide: ``set_split_mode`` / ``splitting``), ``<policy>/<reduce>``:
 - policy ``fill``: split K until the programs about fill an H200 (132; fp8 weights from LONG_K twice that,
@@ -82,14 +85,18 @@ from attnlab.kernels.switches import scoped
 
 MAX_M = 16  # rows per launch; larger M belongs to cuBLAS (callers fall back)
 BLOCK_M = 16  # rows padded to one tensor-core tile (the batch tile; ``batch_tile``)
-# The batch tile of a pass of at most SMALL_BLOCK_M rows under ``small_tile`` (arm +bm8): x padded to 8 rows, not 16.
-# The dot is W [BLOCK_N, BLOCK_K] @ x.T [BLOCK_K, BLOCK_M], so the batch tile is the MMA's N: one n8 column block of
-# mma.sync m16n8k16 (wgmma m64n8k16) instead of two (m64n16k16). Each output element is the same instruction's sum of
-# the same operands in either, and the K loop's order is the tile config's, so a row is meant to come out bit-identical
-# whichever tile its pass took (the GPU tests compare M 1 / 5 at 8 rows against M 16). A prologue norm keeps 16: its
-# sum of squares is a tl.sum over a [SS_BLOCK, BLOCK_M] tile whose layout (and so fp32 order) the tile sets.
+# The batch tile of a pass of at most SMALL_BLOCK_M rows under ``small_tile`` (arm +bm8; the default): x padded to 8
+# rows, not 16. The dot is W [BLOCK_N, BLOCK_K] @ x.T [BLOCK_K, BLOCK_M], so the batch tile is the MMA's N: one n8
+# column block of mma.sync m16n8k16 instead of two. Each output element is then the same instructions' sum of the same
+# operands, in the K loop's order (the tile config's), so a row keeps its bits whichever tile its pass took: only on
+# K loops of fewer than 4 warps, where both tiles lower to mma.sync (Triton 3.6). At 4 warps the 16-row tile takes the
+# warp-group MMA and the 8-row one mma.sync, and their sums differed on the H200 (SmolLM2's down in e4m3, 576 x 1536,
+# rows 5-7 of M = 8; experiments/h200-2026-12-04f); bf16's 4-warp loops also lost with it (1B 1,063 -> 1,006 tok/s,
+# 8B 233 -> 215). So today it acts on fp8 weights' 2-warp loop (FP8_LONG_LOOP), where it halves the MMAs and, in fp8
+# mode half, the activations' conversions: 1B gate_up alone 12.7 -> 12.2 us, down 9.4 -> 9.0. A prologue norm keeps
+# 16: its sum of squares is a tl.sum over a [SS_BLOCK, BLOCK_M] tile whose layout (and so fp32 order) the tile sets.
 SMALL_BLOCK_M = 8
-DEFAULT_SMALL_TILE = False
+DEFAULT_SMALL_TILE = True
 _small_tile = DEFAULT_SMALL_TILE
 # Split-K target: about one program per SM of an H200 (132 SMs). A constant, not the device's SM count, so
 # the reduction order (and so every bit of the output) is the same on every GPU and under the interpreter.
@@ -283,8 +290,8 @@ def sums_key(a: Arm, fp8: bool = False) -> tuple:
     the forced K loops' BLOCK_K and warps (stages sum alike), the paired loop's dots a step, and for ``fp8``
     weights their split target and whether the fp8 mode is ``half`` (f16 operands: other products). Two arms with
     equal keys give the same bits (the reduction, ticket or pass, never changes them); the norms' places are the
-    caller's to compare. The batch tile (+bm8 / +bm16) is left out: meant to change no bit, so a bench cell's token
-    comparison between such arms checks it."""
+    caller's to compare. The batch tile (+bm8 / +bm16) is left out: it changes no bit (``batch_tile``), so a bench
+    cell's token comparison between such arms checks it."""
     loops = tuple((key, (bk, w)) for key, (bk, _, w) in a.loops)
     return (tuple(arm_policies(a).items()), loops, a.pair_dots, a.fp8_programs if fp8 else None,
             fp8 and a.fp8_mode == "half")
@@ -339,11 +346,12 @@ def _set_small_tile(on: bool) -> None:
     _small_tile = bool(on)
 
 
-def batch_tile(m: int, x_dtype: torch.dtype, norm: bool = False) -> int:
-    """The padded rows (the MMA's N) of a pass of ``m`` rows: SMALL_BLOCK_M under ``small_tile`` for m <= SMALL_BLOCK_M
-    of 16-bit activations without a prologue norm, else BLOCK_M (fp32's dot is no MMA: CUDA cores, numpy under the
-    interpreter, whose sums need not match across tile shapes)."""
-    small = _small_tile and m <= SMALL_BLOCK_M and not norm and x_dtype != torch.float32
+def batch_tile(m: int, x_dtype: torch.dtype, warps: int, norm: bool = False) -> int:
+    """The padded rows (the MMA's N) of a pass of ``m`` rows on a K loop of ``warps`` warps: SMALL_BLOCK_M under
+    ``small_tile`` for m <= SMALL_BLOCK_M of 16-bit activations on fewer than 4 warps (mma.sync at either tile) without
+    a prologue norm, else BLOCK_M (fp32's dot is no MMA: CUDA cores, numpy under the interpreter). A function of the
+    tile config and m; rows keep their bits across the two tiles (module constants above)."""
+    small = _small_tile and m <= SMALL_BLOCK_M and warps < 4 and not norm and x_dtype != torch.float32
     return SMALL_BLOCK_M if small else BLOCK_M
 
 
@@ -406,7 +414,8 @@ def arm(text: str):
     ``+pfcap<MiB>``: the largest weight that prefetches (``prefetch_cap``); ``+<role>.fill`` / ``.lean`` / ``.wave``: one
     role's split policy (``role_policies``; the reduction stays the split mode's); ``+pair1`` / ``+pair2``: a paired
     GEMM's (qkv with RoPE, gate_up) K loop as one dot over both halves or a dot per half (``pair_dots``); ``+bm8`` /
-    ``+bm16``: passes of at most SMALL_BLOCK_M rows pad x to 8 rows or to 16 (``batch_tile``; meant to be the same bits).
+    ``+bm16``: passes of at most SMALL_BLOCK_M rows on loops of fewer than 4 warps pad x to 8 rows or to 16
+    (``batch_tile``; the same bits).
     Split, prefetch, RoPE-table, norm, loop and fp8 parts act on this GEMM's launches only: gemm-path sides, and the
     small-M passes of weight-only FP8Linear in any engine."""
     from attnlab.kernels import argmax, decode, fused
@@ -428,7 +437,8 @@ def arm(text: str):
 _NORM_ARMS = tuple(f"norm{p}" for p in NORM_PLACES)
 # how e4m3 weights meet the activations (``set_fp8_mode``): cast / ptx / wide convert them to bf16 (the same bits);
 # half takes both to f16 (the weights exactly, by cvt.rn.f16x2.e4m3x2; the bf16 activations by _bf16_to_f16) for an f16
-# MMA: on the H200 it halves the 2-warp loop's instructions and buys 1.07-1.17x end to end (experiments/h200-2026-12-04e)
+# MMA: on the H200 it halves the 2-warp loop's instructions and buys 1.07-1.17x end to end (experiments/h200-2026-12-04e);
+# the default since 12-04f (DEFAULT_FP8_MODE)
 FP8_MODES = ("cast", "ptx", "wide", "half")
 _FP8_ARMS = {f"f8{m}" for m in FP8_MODES}
 _FP8_SPLIT_ARMS = ("f8x1", "f8x2", "f8x3", "f8x4")  # fp8 weights' split target (``fp8_programs``)
@@ -1060,11 +1070,18 @@ def _reduce_kernel(PART, OUT, SCALE, BIAS, RES, COS, SIN, KC, VC, SLOTS, POS, XO
 
 # The fp8 mode of e4m3 weights against bf16 activations (FP8_MODES): ``cast`` Triton's (the fp8 tile read from shared
 # memory in the MMA's register layout 2 bytes a thread, converted there on the conversion units), ``ptx`` the same tile
-# converted by _E4M3X4_PTX, ``wide`` (the default) 4 weights a 32-bit load, converted by _E4M3X4_PTX (under Triton 3.6
-# where _e4m3x4_to_bf16 says): these three give the same bits; ``half`` (FP8_MODES) sums f16 activations. Measured (bench.pdl --weights
-# fp8w, gemm engine, batch 1, PDL on; experiments/h200-2026-12-04b): Llama-3.2-1B shapes cast 741, ptx 835-838, wide
-# 910 tok/s; SmolLM2 cast 1,193, ptx 1,236-1,242, wide 1,297. Alone (bench.gemm, 8B gate_up, M = 1): 57.6 / 54.1 / 50.8 us.
-DEFAULT_FP8_MODE = "wide"
+# converted by _E4M3X4_PTX, ``wide`` (EXACT_FP8_MODE: the fastest of the three, precision.fp8_mma=bf16) 4 weights a
+# 32-bit load, converted by _E4M3X4_PTX (under Triton 3.6 where _e4m3x4_to_bf16 says): these three give the same bits,
+# the dequantized weights' sums. Measured (bench.pdl --weights fp8w, gemm engine, batch 1, PDL on;
+# experiments/h200-2026-12-04b): Llama-3.2-1B shapes cast 741, ptx 835-838, wide 910 tok/s; SmolLM2 cast 1,193, ptx
+# 1,236-1,242, wide 1,297. Alone (bench.gemm, 8B gate_up, M = 1): 57.6 / 54.1 / 50.8 us. ``half`` (the default since
+# 12-04f; precision.fp8_mma=f16, which precision.fp8_mma=auto picks for weight-only fp8 draft weights) sums f16
+# activations against the weights in f16: bench.pdl, batch 1, PDL, the 8-row batch tile (experiments/h200-2026-12-04f):
+# 1B fp8w 1,188 -> 1,305 tok/s (bf16 1,063), fp8 with the LM head 1,266 -> 1,402; 8B fp8wh 330 -> 374 (bf16 233);
+# SmolLM2 fp8w 1,256 -> 1,463. On SmolLM2's real text (bench.fp8_agree, 2,781 positions) an fp8 copy of the target
+# proposes the target's token as often with half as with wide (93.74% both; tau at k = 4: 4.30 both).
+DEFAULT_FP8_MODE = "half"
+EXACT_FP8_MODE = "wide"
 _fp8_mode = DEFAULT_FP8_MODE
 DEFAULT_FP8_PROGRAMS = None  # fp8 weights' split target in TARGET_PROGRAMS: by K (arms +f8x1 .. +f8x4 force one)
 _fp8_programs = DEFAULT_FP8_PROGRAMS
@@ -1222,7 +1239,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     split = 0 if splits == 1 else 2 if reduce == "ticket" else 1
     assert split != 2 or n_tiles < NORM_TICKET, "a split GEMM's column tiles each need a ticket below the tail's"
     norm = norm_weight is not None
-    block_m = batch_tile(m, x.dtype, norm)
+    block_m = batch_tile(m, x.dtype, warps, norm)
     part = torch.empty(splits, 2, block_m, n_log, dtype=torch.float32, device=x.device) if split else out
     tickets = _ticket_buffer(x.device) if split == 2 else out
     if epilogue == "argmax":  # tile maxima and columns; the one ticket over all tiles

@@ -27,6 +27,22 @@ case $PART in
   gpu_tests tests1 $(( 570 - $(date +%s) + T0 )) tests/integration/test_gpu_gemm.py -k "small_batch_tile or half"
   pack
   ;;
+3)  # a fresh machine: the new defaults (fp8 mode half, the 8-row tile on fp8's 2-warp loop) against the old (+f8wide+bm16)
+    # and half alone (+f8wide: wide on the 8-row tile); the gemm path's GPU tests on them
+  install_fb
+  step "issue 17: bench.pdl, 1B: bf16, fp8w, fp8wh: the defaults against the ones before (6 rounds)"
+  ROUNDS=6 pdl new3 150 llama-3.2-1b bf16,fp8w,fp8wh "fill/ticket,fill/ticket+f8wide+bm16,fill/ticket+f8wide"
+  step "issue 17: bench.pdl, 8B: bf16, fp8wh"
+  pdl new3_8b 100 llama-3.1-8b bf16,fp8wh "fill/ticket,fill/ticket+f8wide+bm16"
+  step "GPU tests: test_gpu_gemm.py on the new defaults (the 8-row tile's own test in part 4)"
+  gpu_tests tests3 $(( 575 - $(date +%s) + T0 )) tests/integration/test_gpu_gemm.py -k "not small_batch_tile"
+  pack
+  ;;
+4)  # the same machine, right after 3: the 8-row tile's GPU test on its rule (fewer than 4 warps), PDL's GPU tests
+  gpu_tests tests4 420 tests/integration/test_gpu_gemm.py::test_small_batch_tile_gives_the_16_row_tile_bits \
+    tests/integration/test_gpu_pdl.py
+  pack
+  ;;
 *) echo "no part $PART"; exit 2 ;;
 esac
 step done

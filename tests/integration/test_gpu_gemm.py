@@ -117,9 +117,12 @@ def test_fp8_mode_half_matches_its_f16_reference_and_is_row_invariant(n, k):
 @pytest.mark.parametrize("weights", ["bf16", "fp16", "fp8", "fp8half"])
 @pytest.mark.parametrize("n,k", SHAPES + [(16384, 2048), (128256, 2048)])  # + 1B gate_up and LM head
 def test_small_batch_tile_gives_the_16_row_tile_bits(n, k, weights):
-    """gemm.small_tile (+bm8): a pass of <= 8 rows pads x to 8 rows, the MMA's N (an n8 block of mma.sync, where the
-    16-row tile takes two, or the warp-group MMA at 4 warps). Every epilogue the gemm path uses: M 1 / 5 / 8 at the 8-row tile give the bits of the same rows at M 16 (the 16-row
-    tile), and the ticket gives the pass's bits racing. SHAPES split K 1..16 ways."""
+    """gemm.small_tile (the default, +bm8): a pass of <= 8 rows on a K loop of fewer than 4 warps pads x to 8 rows, the
+    MMA's N (one n8 block of mma.sync where the 16-row tile takes two). Every epilogue the gemm path uses: M 1 / 5 / 8 at
+    the 8-row tile give the bits of the same rows at M 16, and the ticket gives the pass's bits racing; SHAPES split K
+    1..16 ways. fp8 weights on their own loops (2 warps from LONG_K, where the tile acts; 4 below, where it must not),
+    16-bit ones on a forced 2-warp loop (their default loops have 4 warps: the warp-group MMA at 16 rows and mma.sync
+    at 8 summed apart on fp8's 4-warp loop, SmolLM2's down, on the H200: experiments/h200-2026-12-04f)."""
     dt = torch.float16 if weights == "fp16" else torch.bfloat16
     g = torch.Generator(device="cuda").manual_seed(7 * n + k)
     x = torch.randn(16, k, device="cuda", generator=g).to(dt)
@@ -139,15 +142,17 @@ def test_small_batch_tile_gives_the_16_row_tile_bits(n, k, weights):
                                                head_dim=64, rope_cols=n // 128 * 64, role="qkv", **kw)
     else:
         fns["lm_head"] = lambda xx: gemm.gemm(xx, w, role="lm_head", **kw)
-    half = "+f8half" if weights == "fp8half" else ""
-    with gemm.arm(f"fill/pass{half}+bm16"):
+    extra = {"fp8half": "+f8half", "fp8": ""}.get(weights, "+k128s4w2")
+    with gemm.arm(f"fill/pass{extra}+bm16"):
         refs = {name: fn(x) for name, fn in fns.items()}
-    with gemm.arm(f"fill/pass{half}+bm8"):
-        assert gemm.batch_tile(8, x.dtype) == gemm.SMALL_BLOCK_M
+    with gemm.arm(f"fill/pass{extra}+bm8"):
+        warps = gemm.loop_for(w.dtype, x.dtype, k, "o")[3]
+        small = k >= gemm.LONG_K or not weights.startswith("fp8")  # fp8 below LONG_K: its 4-warp loop
+        assert gemm.batch_tile(8, x.dtype, warps) == (gemm.SMALL_BLOCK_M if small else gemm.BLOCK_M)
         for name, fn in fns.items():
             for m in (1, 5, 8):
                 assert torch.equal(fn(x[:m]), refs[name][:m]), f"{name}, M={m}: the 8-row tile's rows differ"
-    with gemm.arm(f"fill/ticket{half}+bm8"):
+    with gemm.arm(f"fill/ticket{extra}+bm8"):
         _same_bits_racing(lambda: [fn(x[:m]) for fn in fns.values() for m in (1, 5)],
                           [refs[name][:m] for name in fns for m in (1, 5)], "ticket, 8-row tile")
     assert not gemm._ticket_buffer(x.device).any()

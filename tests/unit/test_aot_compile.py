@@ -83,6 +83,12 @@ with aot.compile_only(90) as log:
             ir = log.last["_gemm_kernel"].asm["ttgir"]
             mma = re.search(r"nvidia_mma<\\{versionMajor = (\\d).*?warpsPerCTA = \\[(\\d), (\\d)\\]", ir)
             print(weights, arm, *mma.groups(), len(re.findall(r"tt\\.dot ", ir)))  # the dots left to mma.sync
+    w = torch.zeros(4096, 2048, dtype=torch.float8_e4m3fn)
+    for rows in (1, 16):  # the 8-row batch tile and the 16-row one
+        gemm.gemm(torch.zeros(rows, 2048, dtype=torch.bfloat16), w, w_scale=torch.ones(4096), role="down")
+        ir = log.last["_gemm_kernel"].asm["ttgir"]
+        mma = re.search(r"nvidia_mma<\\{versionMajor = (\\d).*?instrShape = \\[(\\d+), (\\d+)\\]", ir)
+        print(f"fp8-rows{rows}", "tile", *mma.groups(), gemm.batch_tile(rows, torch.bfloat16, 2))
 """
 
 
@@ -117,7 +123,8 @@ def test_paired_gemm_mma_on_sm90():
       default is one dot;
     - fp8's loop (2 warps) takes mma.sync with the warps as 2 x 32 rows: each row loaded and converted once, in the
       MMA's registers, without the warp-group MMA's trip of the converted tile through shared memory. The reason fp8's
-      default is 2 warps."""
+      default is 2 warps. Its 8-row batch tile (a pass of <= 8 rows) takes the same mma.sync m16n8 as the 16-row one:
+      the reason rows keep their bits across the two (gemm.batch_tile)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", _PAIRED_MMA], env=env, capture_output=True, text=True, timeout=600,
                           check=False)
@@ -126,6 +133,8 @@ def test_paired_gemm_mma_on_sm90():
     assert got[("bf16", "fill/ticket")][::3] == (3, 0), proc.stdout  # warp-group MMA, no dot left
     assert got[("bf16", "fill/ticket+pair2")] == (2, 4, 1, 2), proc.stdout
     assert got[("fp8", "fill/ticket")] == (2, 2, 1, 1), proc.stdout  # mma.sync, 2 x 32 rows, one dot
+    # both batch tiles of fp8's loop: mma.sync m16n8 (gemm.batch_tile: the same instructions per output element)
+    assert got[("fp8-rows1", "tile")] == (2, 16, 8, 8) and got[("fp8-rows16", "tile")] == (2, 16, 8, 16), proc.stdout
     for weights in ("bf16", "fp8"):  # the loop of 4 warps, forced
         assert got[(weights, "fill/ticket+k256s4w4")][::3] == (3, 0), proc.stdout
         assert got[(weights, "fill/ticket+k256s4w4+pair2")] == (2, 4, 1, 2), proc.stdout

@@ -702,7 +702,8 @@ def test_fp8_mode_half_sums_f16_activations(epilogue):
     else:
         ref = acc.to(bf)
     _close(got, ref, bf)
-    assert gemm.sums_key(gemm.parse_arm("fill/ticket+f8half"), fp8=True) != gemm.sums_key(gemm.parse_arm("fill/ticket"), fp8=True)
+    assert gemm.sums_key(gemm.parse_arm("fill/ticket+f8half"), fp8=True) != gemm.sums_key(gemm.parse_arm("fill/ticket+f8wide"), fp8=True)
+    assert gemm.sums_key(gemm.parse_arm("fill/ticket"), fp8=True) == gemm.sums_key(gemm.parse_arm("fill/ticket+f8half"), fp8=True)  # the default
     assert gemm.sums_key(gemm.parse_arm("fill/ticket+f8half")) == gemm.sums_key(gemm.parse_arm("fill/ticket"))
 
 
@@ -745,7 +746,7 @@ def test_fp8_wide_mode_unpacks_like_the_cast(k):
     _close(outs["wide"][0], F.linear(x.float(), w8.float() * scale[:, None]).to(torch.bfloat16), torch.bfloat16)
     with pytest.raises(ValueError, match="fp8 mode"):
         gemm.set_fp8_mode("int4")
-    assert gemm.parse_arm("fill/ticket+f8ptx").fp8_mode == "ptx" and gemm.parse_arm("fill/ticket").fp8_mode == "wide"
+    assert gemm.parse_arm("fill/ticket+f8ptx").fp8_mode == "ptx" and gemm.parse_arm("fill/ticket").fp8_mode == "half"
     assert gemm.parse_arm("fill/ticket").fp8_programs is None and gemm.parse_arm("fill/ticket+f8x2").fp8_programs == 2
     assert [gemm.parse_arm(f"fill/ticket+f8x{n}").fp8_programs for n in (1, 2, 3, 4)] == [1, 2, 3, 4]
     assert gemm.parse_arm("fill/ticket+o.k128s4w1").loops == (("o", (128, 4, 1)),)
@@ -807,22 +808,25 @@ def test_small_batch_tile_arms_and_rule():
     with gemm.arm("fill/ticket+bm8"):
         assert gemm.small_tile()
         bf = torch.bfloat16
-        assert [gemm.batch_tile(m, bf) for m in (1, 8, 9, 16)] == [8, 8, 16, 16]
-        assert gemm.batch_tile(1, torch.float16) == 8 and gemm.batch_tile(1, torch.float32) == 16
-        assert gemm.batch_tile(1, bf, norm=True) == 16
+        assert [gemm.batch_tile(m, bf, 2) for m in (1, 8, 9, 16)] == [8, 8, 16, 16]
+        assert gemm.batch_tile(1, torch.float16, 1) == 8 and gemm.batch_tile(1, torch.float32, 2) == 16
+        assert gemm.batch_tile(1, bf, 2, norm=True) == 16
+        assert gemm.batch_tile(1, bf, 4) == 16  # the warp-group MMA's loops: their sums differ from mma.sync's
+        fp8 = gemm.loop_for(torch.float8_e4m3fn, bf, gemm.LONG_K)[3]
+        assert gemm.batch_tile(1, bf, fp8) == 8 and gemm.batch_tile(1, bf, gemm.loop_for(bf, bf, gemm.LONG_K)[3]) == 16
     assert gemm.small_tile() == before
     with gemm.arm("fill/ticket+bm16"):
-        assert gemm.batch_tile(1, torch.bfloat16) == 16
+        assert gemm.batch_tile(1, torch.bfloat16, 2) == 16
     assert gemm.sums_key(gemm.parse_arm("fill/ticket+bm8"), fp8=True) == gemm.sums_key(gemm.parse_arm("fill/ticket+bm16"), fp8=True)
 
 
 @pytest.mark.parametrize("weights", ["bf16", "fp16", "fp8", "fp8half"])
 @pytest.mark.parametrize("epilogue", ["none", "residual", "silu_mul", "rope"])
 def test_small_batch_tile_matches_the_16_row_tile_and_is_row_invariant(weights, epilogue):
-    """The 8-row batch tile (+bm8) under the interpreter: every epilogue, 16-bit and fp8 weights (both fp8 MMAs), K
-    split 8 ways (the ticket), against the 16-row tile (which the tests above hold to torch) within the output
-    dtype's rounding; rows at M 1 / 5 are those at M 8 (one tile). Across tiles the interpreter's numpy matmul may
-    sum in another order: the GPU test compares the two tiles bit for bit."""
+    """The 8-row batch tile (+bm8) under the interpreter: every epilogue, fp8 weights (both fp8 MMAs) on their 2-warp
+    loop and 16-bit ones on a forced one, K split 8 ways (the ticket), against the 16-row tile (which the tests above
+    hold to torch) within the output dtype's rounding; rows at M 1 / 5 are those at M 8 (one tile). Across tiles the
+    interpreter's numpy matmul may sum in another order: the GPU test compares the two tiles bit for bit."""
     dt = torch.float16 if weights == "fp16" else torch.bfloat16
     n, k = 128, 2048
     x, w, g = _data(8, n, k, dt, seed=41)
@@ -833,8 +837,9 @@ def test_small_batch_tile_matches_the_16_row_tile_and_is_row_invariant(weights, 
     if weights.startswith("fp8"):
         wq, scale = quantize_rows(w)
         extra = {"w_scale": scale.view(-1)}
-    arm = "fill/ticket+f8half" if weights == "fp8half" else "fill/ticket"
+    arm = {"fp8half": "fill/ticket+f8half", "fp8": "fill/ticket"}.get(weights, "fill/ticket+k128s4w2")
     with gemm.arm(arm + "+bm8"):
+        assert gemm.batch_tile(8, dt, gemm.loop_for(wq.dtype, dt, k)[3]) == gemm.SMALL_BLOCK_M
         got = gemm.gemm(x, wq, epilogue=epilogue, **kw, **extra)
         for m in (1, 5):
             sub = {key: (v[:m] if key in ("residual", "cos", "sin") else v) for key, v in kw.items()}
