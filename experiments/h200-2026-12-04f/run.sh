@@ -27,6 +27,12 @@ case $PART in
   gpu_tests tests1 $(( 570 - $(date +%s) + T0 )) tests/integration/test_gpu_gemm.py -k "small_batch_tile or half"
   pack
   ;;
+2)  # (the machine of part 1, right after it; run inline then) SmolLM2 fp8w at 2 warps, where the 8-row tile keeps its
+    # bits: the 4-warp loop with it (+bm8) sums apart from the 16-row tile (part 1's GPU test)
+  R="qkv.k128s3w2+o.k128s3w2+gate_up.k128s3w2+down.k128s3w2"
+  pdl w2s 150 smollm2-135m bf16,fp8w "fill/ticket,fill/ticket+bm8,fill/ticket+$R+bm8,fill/ticket+f8half+bm8,\
+fill/ticket+$R+f8half+bm8"
+  ;;
 3)  # a fresh machine: the new defaults (fp8 mode half, the 8-row tile on fp8's 2-warp loop) against the old (+f8wide+bm16)
     # and half alone (+f8wide: wide on the 8-row tile); the gemm path's GPU tests on them
   install_fb
@@ -42,6 +48,16 @@ case $PART in
   gpu_tests tests4 420 tests/integration/test_gpu_gemm.py::test_small_batch_tile_gives_the_16_row_tile_bits \
     tests/integration/test_gpu_pdl.py
   pack
+  ;;
+5)  # (right after 4; inline then) every other fp8 GPU test; bench.gemm 1B / 8B on the defaults against the ones before
+  gpu_tests tests5 250 tests/integration tests/backends -m gpu -k "fp8 and not test_gpu_gemm"
+  timeout 120 $PY -m attnlab.bench.gemm --models llama1b,llama8b --ms 1,5,16 --repeats 3 \
+    --split-modes fill/ticket,fill/ticket+f8wide+bm16 --out "$OUT/gemm5.json" > $LOGS/gemm5.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/gemm5.log | cut -c1-400; cp $LOGS/gemm5.log $OUT/
+  ;;
+6)  # (right after 5; inline then) 1B fp8wh: K loops around the new default
+  pdl loops6 200 llama-3.2-1b bf16,fp8wh "fill/ticket,fill/ticket+k128s4w1,fill/ticket+f8x3,fill/ticket+k64s6w2,\
+fill/ticket+k128s6w2,fill/ticket+k256s3w2"
   ;;
 *) echo "no part $PART"; exit 2 ;;
 esac
