@@ -32,6 +32,8 @@ from attnlab.kvcache.quant import fp8_max
 
 WEIGHT_FP8 = torch.float8_e4m3fn
 LINEAR_NAMES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+# each projection's role in attnlab.kernels.gemm (ROLES: it picks the K loop and split policy of its small-M passes)
+LINEAR_ROLES = dict(zip(LINEAR_NAMES, ("qkv", "o", "gate_up", "down")))
 SMALL_M = ("w8a8", "weight_only")  # FP8Linear.small_m (precision.fp8_gemm)
 _MIN_SCALE = 1e-12  # a zero row gets this scale (its fp8 values are 0 anyway), never a division by zero
 
@@ -144,7 +146,8 @@ def quantize_linears(model: nn.Module, dtype: torch.dtype = WEIGHT_FP8, *, layer
             parent = getattr(layer, parent_name)
             lin = getattr(parent, attr)
             if isinstance(lin, nn.Linear) and (emulate or scaled_mm_ok(lin.in_features, lin.out_features)):
-                setattr(parent, attr, FP8Linear.from_linear(lin, dtype, emulate=emulate, small_m=small_m))
+                setattr(parent, attr, FP8Linear.from_linear(lin, dtype, emulate=emulate, small_m=small_m,
+                                                            role=LINEAR_ROLES[path]))
     if lm_head:
         head = getattr(model, "lm_head", None)
         if not isinstance(head, nn.Linear) or not (emulate or scaled_mm_ok(head.in_features, head.out_features)):

@@ -174,6 +174,9 @@ def test_quantize_linears_swaps_the_right_modules():
         for path in LINEAR_NAMES:
             mod = layer.get_submodule(path)
             assert isinstance(mod, FP8Linear) == (i == 1), (i, path)
+            if i == 1:  # its role in attnlab.kernels.gemm: the K loop and split policy its small-M passes take
+                assert mod.role == {"self_attn.qkv_proj": "qkv", "self_attn.o_proj": "o", "mlp.gate_up_proj": "gate_up",
+                                    "mlp.down_proj": "down"}[path]
     assert type(q.lm_head) is nn.Linear and type(q.embed_tokens) is nn.Embedding
     # everything not swapped is shared, not copied
     assert q.embed_tokens.weight is model.embed_tokens.weight and q.norm.weight is model.norm.weight
@@ -296,6 +299,8 @@ def test_presets():
 
     from attnlab.cli import CONF_DIR
 
+    w = OmegaConf.load(CONF_DIR / "precision" / "fp8w-draft.yaml")
+    assert (w.draft, w.fp8_gemm, w.get("fp8_mma", "auto")) == ("fp8_e4m3", "weight_only", "auto")  # auto: f16 here
     d = OmegaConf.load(CONF_DIR / "precision" / "fp8-draft.yaml")
     assert (d.target, d.draft, d.kv_target, d.kv_draft) == ("bf16", "fp8_e4m3", "bf16", "fp8_e4m3")
     k = OmegaConf.load(CONF_DIR / "precision" / "fp8-kv.yaml")
