@@ -83,9 +83,10 @@ class PrecisionSchema:
     fp8_lm_head: bool = False
     # weight_only fp8 draft weights: the GEMM's MMA. bf16: the e4m3 weights converted exactly to bf16 (the dequantized
     # weights' sums); f16: converted by the hardware e4m3 -> f16 instruction and the activations taken to f16
-    # (saturated), an f16 MMA: faster (1B 1.25-1.38x of bf16 against 1.15-1.17x; experiments/h200-2026-12-04f), exact
-    # only for |activations| in [2^-17, 65504], and on SmolLM2's real text no less often the target's token
-    # (bench.fp8_agree); auto (the default): f16 for weight_only fp8 draft weights, else bf16. docs/precision.md
+    # (saturated), an f16 MMA: faster (1B fp8 layers 1.19x of bf16 against 1.07x, with the LM head 1.32-1.33x against
+    # 1.16x; experiments/h200-2026-12-04f), exact only for |activations| in [2^-17, 65504]; on SmolLM2's real text as
+    # often the target's token as bf16's MMA (bench.fp8_agree: 93.74% both); auto (the default): f16 for weight_only fp8
+    # draft weights, else bf16. docs/precision.md
     fp8_mma: str = "auto"
 
 

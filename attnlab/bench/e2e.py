@@ -38,7 +38,7 @@ from attnlab.plan import GEMM_PATHS, ModelSource
 from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
 from attnlab.spec.drafters import NoDrafter
 
-WEIGHTS = ("bf16", "fp8w", "fp8wh")  # a side's weights: bf16; e4m3 layer projections dequantized in the small-M GEMM
+WEIGHTS = ("bf16", "fp8w", "fp8wh")  # a side's weights: bf16; e4m3 layer projections converted in the small-M GEMM
 # (fp8w); those and the LM head (fp8wh: precision.fp8_lm_head)
 
 

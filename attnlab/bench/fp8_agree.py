@@ -23,7 +23,11 @@ and the mean KL(target || variant) of the next-token distributions. Any drafter 
 a head) loses at most what this shows on top of its own disagreement.
 
 Runs on CPU (the default, and CI's smoke on the tiny model) or CUDA. Real weights where the preset packages them
-(SmolLM2-135M's GGUF), else random (acceptance then says nothing about real text, and the output says so).
+(SmolLM2-135M's GGUF), else random (acceptance then says nothing about real text, and the output says so). Caveats:
+that GGUF is Q4_1, so "bf16" is its 4-bit grid dequantized, which e4m3 then re-quantizes (a bf16 checkpoint's weights
+are another case); precision=fp8w-draft runs passes of more than 16 rows (prefill) W8A8, where this study runs the
+weight-only numerics at every M; and one small model's activations say little about saturation (|x| > 65504) in the
+f16 MMA of a larger one.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ class EmulatedLinear(nn.Module):
 
     MODES = ("bf16", "f16", "w8a8")
 
-    def __init__(self, weight: torch.Tensor, mode: str):
+    def __init__(self, weight: torch.Tensor, mode: str, bias: torch.Tensor | None = None):
         from attnlab.models.fp8 import quantize_rows
 
         super().__init__()
@@ -63,6 +67,7 @@ class EmulatedLinear(nn.Module):
         w8, scale = quantize_rows(weight.detach())
         self.weight = w8.float()  # exactly the e4m3 values
         self.scale = scale.view(1, -1)
+        self.bias = None if bias is None else bias.detach().float()  # on the fp32 sum, as the GEMM's epilogue
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from attnlab.models.fp8 import quantize_rows
@@ -73,7 +78,8 @@ class EmulatedLinear(nn.Module):
         elif self.mode == "w8a8":
             a8, sa = quantize_rows(xf.reshape(-1, xf.shape[-1]))
             xf = (a8.float() * sa).reshape(xf.shape)
-        return ((xf @ self.weight.T) * self.scale).to(x.dtype)
+        y = (xf @ self.weight.T) * self.scale
+        return (y if self.bias is None else y + self.bias).to(x.dtype)
 
 
 def variant(hf, name: str):
@@ -85,9 +91,10 @@ def variant(hf, name: str):
             for path in PROJECTIONS:
                 parent, attr = path.split(".")
                 mod = getattr(layer, parent)
-                setattr(mod, attr, EmulatedLinear(getattr(mod, attr).weight, layers_mode))
+                lin = getattr(mod, attr)
+                setattr(mod, attr, EmulatedLinear(lin.weight, layers_mode, lin.bias))
     if head_mode is not None:
-        hf.lm_head = EmulatedLinear(hf.lm_head.weight, head_mode)
+        hf.lm_head = EmulatedLinear(hf.lm_head.weight, head_mode, hf.lm_head.bias)
     return hf
 
 

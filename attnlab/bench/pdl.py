@@ -22,7 +22,7 @@ Engines: ``unfused`` (cuBLAS and torch ops between attnlab's attention kernels),
 the norms, RoPE, SiLU-mul and KV store as attnlab kernels), ``gemm`` (engine.gemm=triton: every GEMM of a
 decode pass is attnlab's small-M kernel too, so every launch of a layer can overlap the one before), ``gemm-attn``
 (engine.gemm=triton_attn: qkv and o on that kernel, the MLP and LM head on cuBLAS). ``--weights bf16,fp8w``: a side
-per weights (fp8w: the layer projections e4m3 with per-row scales, dequantized inside the small-M GEMM, the LM head
+per weights (fp8w: the layer projections e4m3 with per-row scales, converted inside the small-M GEMM, the LM head
 and KV pool bf16: precision=fp8w-draft's weights; fp8wh: the LM head e4m3 too, precision.fp8_lm_head), every arm
 on each in the same rotating rounds, and a column of each
 row's per-round ratio to the first weights' same arm (issue 17's "fp8 draft weights vs bf16"); each side's roofline
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
                          f"default); the first is also run with PDL off")
     ap.add_argument("--weights", default="bf16",
                     help=f"comma-separated, of {', '.join(WEIGHTS)}: one side each (fp8w: e4m3 layer weights "
-                         f"dequantized in the small-M GEMM; fp8wh: the LM head too), every arm on each, in the same rounds; the others' "
+                         f"converted in the small-M GEMM; fp8wh: the LM head too), every arm on each, in the same rounds; the others' "
                          f"rows also give their ratio to the first's, arm for arm")
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
@@ -192,9 +192,11 @@ def main(argv=None) -> int:
                              {"error": repr(e)})
                         continue
                     for i, (w, *arm) in enumerate(arms):
-                        # another split policy changes fp32 sums: tokens may differ at near-ties
+                        # another split policy changes fp32 sums: tokens may differ at near-ties (the gemm engines'
+                        # GEMMs, and on any engine fp8 weights' weight-only FP8Linear, which runs attnlab's GEMM)
                         base = arms[r["first"][i]][2]  # its side's first arm
-                        policy_differs = eng in GEMM_ENGINES and sums_differ(arm[1], base, eng == "gemm", w.startswith("fp8"))
+                        fp8 = w.startswith("fp8")
+                        policy_differs = (eng in GEMM_ENGINES or fp8) and sums_differ(arm[1], base, eng == "gemm", fp8)
                         same = "yes" if r["same_tokens"][i] else "differs" if policy_differs else "NO"
                         frac = percentile(r["tok_s"][i], 50) / roofs[w]
                         vs = [t / t0 for t0, t in zip(r["tok_s"][arms.index((weights[0], *arm))], r["tok_s"][i])]

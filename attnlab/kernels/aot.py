@@ -217,11 +217,12 @@ def compile_gemm(quick: bool, arch: int = 90) -> None:
 
 def compile_fp8_half(gemm) -> None:
     """fp8 weights on their 2-warp loop (K >= LONG_K), in both batch tiles (a pass of 4 rows: 8, of 16: 16), in the
-    default fp8 mode and in mode half (arm +f8half: e4m3 and the bf16 activations to f16, an f16 MMA; the last
-    compiled): a Llama-3.2-1B-shaped layer's four GEMMs and LM head with e4m3 weights, as the gemm path launches them."""
+    exact fp8 mode (wide: precision.fp8_mma=bf16) and in mode half (the default: e4m3 and the bf16 activations to f16,
+    an f16 MMA; the last compiled): a Llama-3.2-1B-shaped layer's four GEMMs and LM head with e4m3 weights, as the gemm
+    path launches them. (The rest of compile_gemm runs the default mode, half.)"""
     hidden, inter, n_qkv, d, vocab = 2048, 8192, 3072, 64, 8 * 2048
     bf, f8 = torch.bfloat16, torch.float8_e4m3fn
-    for arm in ("fill/ticket", "fill/ticket+f8half"):
+    for arm in ("fill/ticket+f8wide", "fill/ticket+f8half"):
         for rows in (4, 16):
             x, xi, cs = (torch.zeros(rows, n, dtype=bf) for n in (hidden, inter, d))
             with gemm.arm(arm):

@@ -15,7 +15,8 @@ mode and, for fp8 weights, their split target), never of M. Padded rows are zero
 fp32 workspace and are summed in split order, then the epilogue runs. So a row computed at M = 1 (decode) is
 bit-identical to the same row inside M = 5, 9 or 16 (verify). The 8-row batch tile is the one place M picks a kernel
 variant: it only runs where both tiles take the same MMA instructions per element (``batch_tile``; the H200 tests
-compare the two tiles bit for bit).
+compare the two tiles bit for bit). Under the interpreter (numpy's matmul, whose summation order may follow the
+shape) rows are bit-identical within a tile only.
 
 Split modes (``engine.gemm_split``, process-wide: ``set_split_mode`` / ``splitting``), ``<policy>/<reduce>``:
 - policy ``fill``: split K until the programs about fill an H200 (132; fp8 weights from LONG_K twice that,
@@ -90,8 +91,8 @@ BLOCK_M = 16  # rows padded to one tensor-core tile (the batch tile; ``batch_til
 # column block of mma.sync m16n8k16 instead of two. Each output element is then the same instructions' sum of the same
 # operands, in the K loop's order (the tile config's), so a row keeps its bits whichever tile its pass took: only on
 # K loops of fewer than 4 warps, where both tiles lower to mma.sync (Triton 3.6). At 4 warps the 16-row tile takes the
-# warp-group MMA and the 8-row one mma.sync, and their sums differed on the H200 (SmolLM2's down in e4m3, 576 x 1536,
-# rows 5-7 of M = 8; experiments/h200-2026-12-04f); bf16's 4-warp loops also lost with it (1B 1,063 -> 1,006 tok/s,
+# warp-group MMA and the 8-row one mma.sync, and their sums differed on the H200 (e4m3 at SmolLM2's down shape,
+# 576 x 1536, rows of M = 8; experiments/h200-2026-12-04f); bf16's 4-warp loops also lost with it (1B 1,063 -> 1,006 tok/s,
 # 8B 233 -> 215). So today it acts on fp8 weights' 2-warp loop (FP8_LONG_LOOP), where it halves the MMAs and, in fp8
 # mode half, the activations' conversions: 1B gate_up alone 12.7 -> 12.2 us, down 9.4 -> 9.0. A prologue norm keeps
 # 16: its sum of squares is a tl.sum over a [SS_BLOCK, BLOCK_M] tile whose layout (and so fp32 order) the tile sets.

@@ -142,7 +142,7 @@ def test_small_batch_tile_gives_the_16_row_tile_bits(n, k, weights):
                                                head_dim=64, rope_cols=n // 128 * 64, role="qkv", **kw)
     else:
         fns["lm_head"] = lambda xx: gemm.gemm(xx, w, role="lm_head", **kw)
-    extra = {"fp8half": "+f8half", "fp8": ""}.get(weights, "+k128s4w2")
+    extra = {"fp8half": "+f8half", "fp8": "+f8wide"}.get(weights, "+k128s4w2")
     with gemm.arm(f"fill/pass{extra}+bm16"):
         refs = {name: fn(x) for name, fn in fns.items()}
     with gemm.arm(f"fill/pass{extra}+bm8"):

@@ -78,8 +78,10 @@ def test_bench_pdl_arms():
     assert bench_pdl.sums_differ("fill/ticket+qkv.k128s4w4", "fill/ticket+o.k128s4w4")
     assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+f8x2", fp8=True)  # fp8 weights split otherwise
     assert not bench_pdl.sums_differ("fill/ticket", "fill/ticket+f8x2")  # a bf16 side's GEMMs do not see it
-    assert not bench_pdl.sums_differ("fill/ticket", "fill/ticket+f8cast", fp8=True)  # cast / ptx / wide: the same bits
-    assert bench_pdl.sums_differ("fill/ticket", "fill/ticket+f8half", fp8=True)  # half: f16 activations
+    assert not bench_pdl.sums_differ("fill/ticket+f8wide", "fill/ticket+f8cast", fp8=True)  # cast / ptx / wide: the same
+    assert bench_pdl.sums_differ("fill/ticket+f8wide", "fill/ticket", fp8=True)  # the default, half: f16 activations
+    assert not bench_pdl.sums_differ("fill/ticket", "fill/ticket+f8half", fp8=True)
+    assert not bench_pdl.sums_differ("fill/ticket", "fill/ticket+bm16", fp8=True)  # the batch tile: the same bits
     assert not bench_pdl.sums_differ("fill/ticket", "fill/ticket+f8half")  # a bf16 side's GEMMs do not see it
     for bad in (["--weights", "fp4"], ["--weights", ","]):
         with pytest.raises(SystemExit):

@@ -837,7 +837,7 @@ def test_small_batch_tile_matches_the_16_row_tile_and_is_row_invariant(weights, 
     if weights.startswith("fp8"):
         wq, scale = quantize_rows(w)
         extra = {"w_scale": scale.view(-1)}
-    arm = {"fp8half": "fill/ticket+f8half", "fp8": "fill/ticket"}.get(weights, "fill/ticket+k128s4w2")
+    arm = {"fp8half": "fill/ticket+f8half", "fp8": "fill/ticket+f8wide"}.get(weights, "fill/ticket+k128s4w2")
     with gemm.arm(arm + "+bm8"):
         assert gemm.batch_tile(8, dt, gemm.loop_for(wq.dtype, dt, k)[3]) == gemm.SMALL_BLOCK_M
         got = gemm.gemm(x, wq, epilogue=epilogue, **kw, **extra)
