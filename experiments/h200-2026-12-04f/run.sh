@@ -59,6 +59,11 @@ fill/ticket+$R+f8half+bm8"
   pdl loops6 200 llama-3.2-1b bf16,fp8wh "fill/ticket,fill/ticket+k128s4w1,fill/ticket+f8x3,fill/ticket+k64s6w2,\
 fill/ticket+k128s6w2,fill/ticket+k256s3w2"
   ;;
+7)  # a fresh machine, after the review: the tile test's fp8 case on wide, and every fp8 test of the gemm path (run as
+    # an inline command then, without FB=: the bundle step failed and flashinfer was absent; these tests do not need it)
+  install_fb
+  gpu_tests tests7 400 tests/integration/test_gpu_gemm.py -k "small_batch_tile or fp8"
+  ;;
 *) echo "no part $PART"; exit 2 ;;
 esac
 step done
