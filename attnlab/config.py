@@ -302,13 +302,6 @@ WEIGHT_DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3")  # fp8_e5m2 is a KV format 
 TARGET_WEIGHT_DTYPES = ("fp32", "fp16", "bf16")  # fp8 weights: draft side only (docs/precision.md)
 
 
-def resolve_fp8_mma(mma: str, fp8_gemm: str) -> str:
-    """precision.fp8_mma as the plan holds it: ``auto`` -> f16 for weight-only fp8 GEMMs (validated: fp8 draft weights
-    only), else bf16; bf16 / f16 as given."""
-    if mma != "auto":
-        return mma
-    return "f16" if fp8_gemm == "weight_only" else "bf16"
-
 
 def compute_dtype(name: str) -> str:
     """The activation / attention dtype of a side whose weights are ``name``: fp8 weights compute in bf16."""
@@ -717,8 +710,7 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
         precision=pl.Precision(**precision, kv_scale=float(cfg.precision.kv_scale),
                                fp8_gemm=cfg.precision.get("fp8_gemm", "w8a8"),
                                fp8_lm_head=bool(cfg.precision.get("fp8_lm_head", False)),
-                               fp8_mma=resolve_fp8_mma(cfg.precision.get("fp8_mma", "auto"),
-                                                       cfg.precision.get("fp8_gemm", "w8a8"))),
+                               fp8_mma=cfg.precision.get("fp8_mma", "auto")),  # Precision resolves auto
         kv=pl.KVPlan(kv.layout, kv.page_size, kv.num_pages, kv.max_context,
                      bool(kv.get("allow_past_model_context", False))),
         spec=pl.SpecPlan(k, s.topk, float(s.temperature), s.top_k, float(s.top_p), num_steps),

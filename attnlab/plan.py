@@ -62,8 +62,11 @@ class Precision:
     kv_scale: float = 1.0  # per-tensor K/V scale of fp8 KV pools
     fp8_gemm: str = "w8a8"  # fp8 draft weights: w8a8 | weight_only (attnlab.kernels.gemm at <= 16 rows)
     fp8_lm_head: bool = False  # fp8 draft weights: the drafter's LM head in e4m3 too
-    fp8_mma: str = "bf16"  # weight-only fp8 GEMMs' MMA: bf16 (exact dequantization) | f16 (gemm fp8 mode half);
-    # config resolves precision.fp8_mma=auto (f16 for weight-only fp8 draft weights)
+    fp8_mma: str = "auto"  # weight-only fp8 GEMMs' MMA: bf16 (exact dequantization) | f16 (gemm fp8 mode half)
+
+    def __post_init__(self):  # auto -> f16 for weight-only fp8 GEMMs, else bf16: the plan holds what runs
+        if self.fp8_mma == "auto":
+            object.__setattr__(self, "fp8_mma", "f16" if self.fp8_gemm == "weight_only" else "bf16")
 
 
 @dataclass(frozen=True)

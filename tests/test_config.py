@@ -209,7 +209,6 @@ def test_fp8_mma_sets_the_gemms_fp8_mode():
     (the default) resolves to f16 for weight-only fp8 GEMMs, else bf16."""
     from dataclasses import replace
 
-    from attnlab.config import resolve_fp8_mma
     from attnlab.kernels import gemm
     from attnlab.sides import set_process_wide
 
@@ -228,5 +227,6 @@ def test_fp8_mma_sets_the_gemms_fp8_mode():
         assert gemm.DEFAULT_FP8_MODE == "half"  # the kernel's own default (bench arms): what auto picks
     finally:
         gemm.set_fp8_mode(before)
-    assert [resolve_fp8_mma("auto", g) for g in ("weight_only", "w8a8")] == ["f16", "bf16"]
-    assert [resolve_fp8_mma(m, "weight_only") for m in ("bf16", "f16")] == ["bf16", "f16"]
+    auto = [replace(plan.precision, draft="fp8_e4m3", fp8_gemm=g, fp8_mma="auto").fp8_mma for g in ("weight_only", "w8a8")]
+    assert auto == ["f16", "bf16"]
+    assert [replace(plan.precision, fp8_gemm="weight_only", fp8_mma=m).fp8_mma for m in ("bf16", "f16")] == ["bf16", "f16"]

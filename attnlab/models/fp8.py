@@ -12,8 +12,9 @@ tests/unit/test_fp8.py.
 Weight-only at small M (``small_m="weight_only"``, precision=fp8w-draft): a pass of <= 16 rows skips the
 activation quantization (about 8 small launches per linear, which made W8A8 slower than bf16 on a small
 drafter) and runs ``attnlab.kernels.gemm``, which loads the e4m3 weights (half of bf16's bytes), converts
-them exactly to the activation dtype inside the GEMM (with ``precision.fp8_mma=f16``: to f16, the activations too,
-for an f16 MMA; docs/precision.md) and applies the row scales to the fp32 sums; larger passes (prefill) stay W8A8.
+them inside the GEMM (``precision.fp8_mma``: by default to f16, the activations too, for an f16 MMA; bf16: exactly to
+the activation dtype; docs/precision.md) and applies the row scales to the fp32 sums; larger passes (prefill) stay
+W8A8.
 
 Only the decoder layers' projections are quantized (qkv_proj, o_proj, gate_up_proj, down_proj) by default; the
 embeddings, norms and lm_head stay in the model dtype (bf16), as in the usual fp8 checkpoints. ``lm_head=True``
