@@ -17,8 +17,10 @@ products attnlab's GEMM forms, summed in fp32 in torch's order):
 
 Columns: agreement (the share of continuation positions whose argmax is the target's token); tau at each k: a chain
 drafter made of all of the variant's layers proposing k tokens a round against the bf16 target, walked over the
-agreement sequence (a round accepts the run of agreements from its start, at most k, plus the target's own token), so
-the acceptance an fp8 copy of the target would have as its own drafter: its numerics' cost alone (1 + k at no cost);
+agreement sequence as greedy decoding walks it (``attnlab.train_draft.ttt.walk_passes``: the first token is the
+prefill's, a pass accepts the run of agreements from its start, at most k, plus the target's own token; passes whose
+k drafts would run past the continuation are not walked), so the acceptance an fp8 copy of the target would have as
+its own drafter: its numerics' cost alone (1 + k at no cost);
 and the mean KL(target || variant) of the next-token distributions. Any drafter built from these weights (fewer layers,
 a head) loses at most what this shows on top of its own disagreement.
 
@@ -49,13 +51,14 @@ PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self
 
 
 class EmulatedLinear(nn.Module):
-    """``y = x @ W.T`` with W in e4m3 (``quantize_rows``: per-row scales), in torch at any M, the numerics of an fp8
-    precision: ``bf16`` the weight-only GEMM's (x as it is against the dequantized weights: e4m3 -> bf16 is exact),
-    ``f16`` its fp8 mode half (x rounded to f16 and saturated, as ``gemm._bf16_to_f16``), ``w8a8`` FP8Linear's (x
-    quantized per row to e4m3 too). Products are exact in fp32 in all three; only the summation order differs from the
-    GPU's. Per-row scales make a fused projection's rows (qkv, gate_up) the same as its parts' (q, k, v, ...)."""
+    """``y = x @ W.T`` with W in e4m3 (``quantize_rows``: per-row scales), in torch at any M, the numerics of the
+    weight-only GEMM (attnlab.kernels.gemm): ``bf16`` its exact fp8 modes (x as it is against the e4m3 values, the row
+    scale on the fp32 sum), ``f16`` its fp8 mode half (x rounded to f16 and saturated, as ``gemm._bf16_to_f16``).
+    Products are exact in fp32 in both; only the summation order differs from the GPU's. Per-row scales make a fused
+    projection's rows (qkv, gate_up) the same as its parts' (q, k, v, ...). W8A8 needs no emulation here: FP8Linear's
+    ``emulate`` is it."""
 
-    MODES = ("bf16", "f16", "w8a8")
+    MODES = ("bf16", "f16")
 
     def __init__(self, weight: torch.Tensor, mode: str, bias: torch.Tensor | None = None):
         from attnlab.models.fp8 import quantize_rows
@@ -70,45 +73,44 @@ class EmulatedLinear(nn.Module):
         self.bias = None if bias is None else bias.detach().float()  # on the fp32 sum, as the GEMM's epilogue
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from attnlab.models.fp8 import quantize_rows
-
         xf = x.float()
         if self.mode == "f16":
             xf = xf.clamp(-F16_MAX, F16_MAX).half().float()
-        elif self.mode == "w8a8":
-            a8, sa = quantize_rows(xf.reshape(-1, xf.shape[-1]))
-            xf = (a8.float() * sa).reshape(xf.shape)
         y = (xf @ self.weight.T) * self.scale
         return (y if self.bias is None else y + self.bias).to(x.dtype)
 
 
+def _emulated(lin: nn.Linear, mode: str) -> nn.Module:
+    if mode == "w8a8":
+        from attnlab.models.fp8 import FP8Linear
+
+        return FP8Linear.from_linear(lin, emulate=True)  # x quantized per row too: torch._scaled_mm's numerics
+    return EmulatedLinear(lin.weight, mode, lin.bias)
+
+
 def variant(hf, name: str):
     """The HF view ``hf`` with ``name``'s numerics (VARIANTS): its projections (and LM head) swapped in place for
-    EmulatedLinear; every other tensor stays shared."""
+    EmulatedLinear (W8A8: an emulated FP8Linear); every other tensor stays shared."""
     layers_mode, head_mode = VARIANTS[name]
     if layers_mode is not None:
         for layer in hf.model.layers:
             for path in PROJECTIONS:
                 parent, attr = path.split(".")
                 mod = getattr(layer, parent)
-                lin = getattr(mod, attr)
-                setattr(mod, attr, EmulatedLinear(lin.weight, layers_mode, lin.bias))
+                setattr(mod, attr, _emulated(getattr(mod, attr), layers_mode))
     if head_mode is not None:
-        hf.lm_head = EmulatedLinear(hf.lm_head.weight, head_mode, hf.lm_head.bias)
+        hf.lm_head = _emulated(hf.lm_head, head_mode)
     return hf
 
 
-def walk_tau(agree: list[bool], k: int) -> float:
-    """Tokens per verify round of a chain drafter whose proposal at continuation position i is right iff agree[i]:
-    each round accepts the run of agreements from its start (at most k) and the target's token after it."""
-    pos, rounds = 0, []
-    while pos < len(agree):
-        a = 0
-        while a < k and pos + a < len(agree) and agree[pos + a]:
-            a += 1
-        rounds.append(min(a + 1, len(agree) - pos))
-        pos += a + 1
-    return sum(rounds) / max(1, len(rounds))
+def walk(agree: list[bool], k: int) -> list[int]:
+    """Tokens per verify pass of greedy chain decoding with k drafts whose draft at continuation position i is right
+    iff ``agree[i]`` (the same for every draft step: the drafter reads the target's tokens up to its first miss), as
+    ``attnlab.train_draft.ttt.walk_passes`` walks it (module docstring)."""
+    from attnlab.train_draft.ttt import walk_passes
+
+    row = torch.tensor([agree], dtype=torch.bool)
+    return walk_passes([row] * k, torch.ones_like(row), k)[0]
 
 
 @torch.no_grad()
@@ -139,16 +141,11 @@ def measure(model, prompts: list[list[int]], new: int, ks: list[int], eos: set[i
             kls.append(torch.nn.functional.kl_div(lv.log_softmax(-1), lr.log_softmax(-1), log_target=True,
                                                   reduction="none").sum(-1).cpu())
         flat = [a for row in agree for a in row]
+        passes = {k: [t for a in agree for t in walk(a, k)] for k in ks}
         res[name] = {"agreement": sum(flat) / max(1, len(flat)), "positions": len(flat),
-                     "tau": {k: _mean_tau(agree, k) for k in ks}, "kl": torch.cat(kls).mean().item()}
+                     "tau": {k: sum(p) / len(p) if p else float("nan") for k, p in passes.items()},
+                     "passes": {k: len(p) for k, p in passes.items()}, "kl": torch.cat(kls).mean().item()}
     return {"variants": res, "continuations": conts}
-
-
-def _mean_tau(agree: list[list[bool]], k: int) -> float:
-    """walk_tau over every prompt's continuation, weighted by its rounds (all rounds of all prompts alike)."""
-    toks = sum(len(a) for a in agree)
-    rounds = sum(len(a) / walk_tau(a, k) for a in agree if a)
-    return toks / max(rounds, 1e-9)
 
 
 def _logits(hf, prompt: list[int], cont: list[int], dev) -> torch.Tensor:

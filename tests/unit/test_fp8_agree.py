@@ -9,13 +9,13 @@ import torch
 
 from attnlab.bench import fp8_agree
 from attnlab.kernels import gemm
-from attnlab.models.fp8 import FP8Linear, quantize_rows
+from attnlab.models.fp8 import quantize_rows
 
 
 def test_emulated_linear_is_the_weight_only_gemms_numerics():
     """EmulatedLinear's bf16 / f16 modes give what attnlab's GEMM gives for e4m3 weights (the default fp8 mode and
-    half, a saturating activation included) and its w8a8 mode FP8Linear's emulated W8A8, up to fp32 summation order
-    (two ulps of bf16; W8A8's scales apply in another order, so looser there); a bias adds to the fp32 sum."""
+    half, a saturating activation included), up to fp32 summation order (two ulps of bf16); a bias adds to the fp32 sum;
+    the W8A8 variant is FP8Linear's own emulation."""
     g = torch.Generator().manual_seed(3)
     x = torch.randn(5, 256, generator=g).to(torch.bfloat16)
     x[2, 9] = 2.0e5  # above f16's range: half saturates it
@@ -27,22 +27,20 @@ def test_emulated_linear_is_the_weight_only_gemms_numerics():
         got = fp8_agree.EmulatedLinear(w, mode)(x)
         assert torch.isfinite(got.float()).all()
         torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2 * 2.0**-7)  # two bf16 ulps
-    lin = torch.nn.Linear(256, 96, bias=False).to(torch.bfloat16)
-    lin.weight.data.copy_(w)
-    torch.testing.assert_close(fp8_agree.EmulatedLinear(w, "w8a8")(x).float(),
-                               FP8Linear.from_linear(lin, emulate=True)(x).float(), atol=0.5, rtol=2 * 2.0**-7)
     bias = torch.randn(96, generator=g).to(torch.bfloat16)
     torch.testing.assert_close(fp8_agree.EmulatedLinear(w, "bf16", bias)(x).float(),
                                (fp8_agree.EmulatedLinear(w, "bf16")(x).float() + bias.float()), atol=2e-2, rtol=2 * 2.0**-7)
     with pytest.raises(ValueError, match="choose from"):
-        fp8_agree.EmulatedLinear(w, "e5m2")
+        fp8_agree.EmulatedLinear(w, "w8a8")  # FP8Linear(emulate=True) is W8A8's emulation
 
 
-def test_walk_tau_accepts_runs_of_agreement():
-    assert fp8_agree.walk_tau([True] * 10, 4) == 5.0  # two full rounds of k + 1
-    assert fp8_agree.walk_tau([False] * 3, 4) == 1.0  # the target's token each round
-    assert fp8_agree.walk_tau([True, False, True, True], 4) == 2.0  # (1 + 1), then 2 left: a short last round
-    assert fp8_agree.walk_tau([True] * 3 + [False] + [True] * 9, 2) == (3 + 1 + 3 + 3 + 3) / 5
+def test_walk_is_greedy_decodings_walk():
+    """The first continuation token is the prefill's (no pass starts at entry 0); a pass accepts the run of agreements
+    from its start, at most k, plus the target's token; passes whose k drafts run past the end are not walked."""
+    assert fp8_agree.walk([True] * 10, 4) == [5, 5]  # starts 1 and 6
+    assert fp8_agree.walk([False] * 6, 4) == [1, 1]  # starts 1, 2 (the last with 4 entries left)
+    assert fp8_agree.walk([True, True, False, True, True, True], 2) == [2, 3]  # starts 1 (1 + 1), 3 (2 + 1); 6 past
+    assert fp8_agree.walk([True] * 3, 4) == []  # shorter than k: no pass
 
 
 def test_cpu_run_on_the_tiny_model(tmp_path):
@@ -57,7 +55,7 @@ def test_cpu_run_on_the_tiny_model(tmp_path):
     assert rows["bf16"]["agreement"] >= 0.9 and rows["bf16"]["kl"] < 1e-3
     for r in rows.values():
         assert 0 <= r["agreement"] <= 1 and r["positions"] == 12 and r["kl"] >= 0
-        assert all(1 <= t <= int(k) + 1 for k, t in r["tau"].items())
+        assert all(1 <= t <= int(k) + 1 for k, t in r["tau"].items()) and all(n > 0 for n in r["passes"].values())
     assert "| fp8wh/f16 |" in (tmp_path / "agree.md").read_text()
     for bad in (["--k", "0"], ["--variants", "fp8x"], ["--new", "0"]):
         with pytest.raises(SystemExit):
