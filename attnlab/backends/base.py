@@ -14,6 +14,8 @@ mask replaces that rule: ``custom_mask`` is bool, flattened request by request, 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from typing import ClassVar
@@ -154,6 +156,7 @@ class AttentionBackend(ABC):
         self.device = pool.device
         self._plan = None
         self._slots: dict[int, object] = {}  # slot -> plan (0: per pass, j + 1: draft step j)
+        self.forced_variant: Hashable = None  # set by ``forcing`` (a graph capture of each variant)
 
     @classmethod
     @abstractmethod
@@ -249,6 +252,34 @@ class AttentionBackend(ABC):
     def write_mask(self, plan, custom_mask: torch.Tensor) -> None:
         """Backend part of ``update_mask``: write ``custom_mask`` into ``plan`` (one of this backend's plans)."""
         raise NotImplementedError(f"{self.name}: plans take no custom mask")
+
+    # -- plan variants: one CUDA graph each ------------------------------------------------------------------
+    # A graph replays the launches it captured; a backend whose plan of the same (batch, q_len) can launch other
+    # kernels by the lengths (flashinfer: an fa2 verify with or without split-KV and its merge) names those
+    # variants, and the engine captures a graph per variant and replays the one the pass's plan chose.
+
+    def graph_variants(self, q_len: int, masked: bool) -> tuple[Hashable, ...]:
+        """The plan variants a graph-mode pass of ``q_len`` tokens per request (``masked``: a tree pass) can take;
+        one graph is captured per variant. ``(None,)``: one kind of plan."""
+        return (None,)
+
+    def plan_variant(self, plan) -> Hashable:
+        """The variant ``plan`` (one of this backend's plans) took: one of ``graph_variants``."""
+        return getattr(plan, "variant", None)
+
+    def slot_variant(self, slot: int) -> Hashable:
+        """The variant of the plan in ``slot`` (the graph a replay of that slot must take)."""
+        return self.plan_variant(self._slots.get(slot))
+
+    @contextmanager
+    def forcing(self, variant: Hashable) -> Iterator[None]:
+        """Plans made inside take ``variant`` whatever their lengths (a graph capture of that variant over dummy
+        lengths); ``None`` forces nothing."""
+        before, self.forced_variant = self.forced_variant, variant
+        try:
+            yield
+        finally:
+            self.forced_variant = before
 
     @property
     def active_plan(self):

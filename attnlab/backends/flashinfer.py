@@ -78,6 +78,16 @@ PREFILL_MIN_Q_LEN = 512
 # model says "same schedule" is caught.
 MODELLED_VERSIONS = ("0.7.",)
 KEEP_CHECK_EVERY = 64
+# verify_split_kv=auto: an fa2 verify / short extend runs without split-KV (one launch, no merge) when its longest
+# request's KV is short for the grid the pass makes unsplit (``verify_whole_kv``). Fitted on an H200 (2026-12-04g,
+# experiments/h200-2026-12-04g: 24 cells of SmolLM2 and Llama-8B shapes, batch 1-64, context 512-2048, k = 4, both
+# plans measured in one process): it picks the faster plan in all 24. Below the knee, a request whose K holds at most
+# WHOLE_KV_ELEMENTS (kv_len x head_dim: SmolLM2 at 512 tokens, 32K, ran 0.80-0.88x of the split plan; at 1024, 64K,
+# 1.09-1.10x) goes whole; past WHOLE_GRID_KNEE x SMs unsplit programs (batch x kv_heads x query tiles) the split has
+# less to spread and the bound grows in proportion (Llama-8B batch 16, 128 programs: 512 tokens 0.87x, 1024 1.07x).
+WHOLE_KV_ELEMENTS = 48 * 1024
+WHOLE_GRID_KNEE = 0.5
+NOMINAL_SMS = 132  # an H200's, for a backend off the GPU (the CPU tests' fake FlashInfer)
 def import_flashinfer():
     """The flashinfer module, or BackendUnavailable naming the fix."""
     try:
@@ -110,6 +120,17 @@ def prefill_family(kind: str, max_q_len: int, *, verify_backend: str = "fa2", pr
     if kind == "mask":
         return "fa2"
     return prefill_backend if max_q_len >= prefill_min_q_len else verify_backend
+
+
+def verify_whole_kv(max_kv_len: int, head_dim: int, batch: int, num_kv_heads: int, q_len: int, group: int,
+                    sms: int) -> bool:
+    """verify_split_kv=auto's rule: whether a uniform-q_len fa2 causal pass runs without split-KV. The unsplit
+    plan's programs are batch x kv_heads x query tiles (``fis.fa2_cta_tile_q``); it wins when the longest request's
+    K (``max_kv_len`` x ``head_dim`` elements) is at most WHOLE_KV_ELEMENTS, a bound that grows with those programs
+    past WHOLE_GRID_KNEE x ``sms``."""
+    packed = q_len * group
+    programs = batch * num_kv_heads * -(-packed // fis.fa2_cta_tile_q(packed, head_dim))
+    return max_kv_len * head_dim <= WHOLE_KV_ELEMENTS * max(1.0, programs / (WHOLE_GRID_KNEE * sms))
 
 
 def host_csr(meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -187,6 +208,9 @@ class _Plan:
     num_tokens: int
     mask_buf: torch.Tensor | None = None  # a tree pass's packed mask, in our buffer (update_mask writes it)
     packing: MaskPacking | None = None
+    # graph-mode fa2 causal passes under verify_split_kv=auto: "split" (FlashInfer's split-KV and merge) or "whole"
+    # (disable_split_kv), each its own wrapper and graph; None elsewhere
+    variant: str | None = None
 
 
 @dataclass
@@ -225,9 +249,11 @@ class FlashInferBackend(AttentionBackend):
         "prefill_min_q_len": f"int >= 1 (default {PREFILL_MIN_Q_LEN}): a causal pass whose longest request has "
                              "this many new tokens runs prefill_backend",
         "workspace_bytes": f"float workspace per backend instance (default {WORKSPACE_BYTES})",
-        "verify_split_kv": "true (default) / false: fa2 passes (verify, short extends, tree masks; prefills where "
-                           "prefill_backend=fa2) may split long KV across CTAs and merge (FlashInfer's plan); false "
-                           "plans them with disable_split_kv (one launch, no merge)",
+        "verify_split_kv": "auto (default) | true | false: whether fa2 passes (verify, short extends, tree masks; "
+                           "prefills where prefill_backend=fa2) may split long KV across CTAs and merge (FlashInfer's "
+                           "plan); false plans them with disable_split_kv (one launch, no merge); auto: without the "
+                           "split where the KV is short for the grid (verify_whole_kv; uniform-q_len causal passes; "
+                           "in CUDA-graph mode a graph per choice), else as true",
         "keep_plans": "true (default) / false: in CUDA-graph mode, a decode (CUDA-core) or fa2 verify / extend pass "
                       "whose FlashInfer schedule equals the one its wrapper holds keeps that plan and writes only "
                       "its layout (no plan() on the host)",
@@ -238,7 +264,7 @@ class FlashInferBackend(AttentionBackend):
                  prefill_backend: str = "auto", prefill_min_q_len: int = PREFILL_MIN_Q_LEN,
                  cuda_graph: bool = False, max_batch_size: int | None = None, max_q_len: int = 16,
                  max_context: int | None = None, workspace_bytes: int = WORKSPACE_BYTES, keep_plans: bool = True,
-                 verify_split_kv: bool = True):
+                 verify_split_kv: bool | str = "auto"):
         super().__init__(pool, num_q_heads, num_kv_heads, head_dim, scale, dtype)
         check_shapes(dtype, pool.dtype, head_dim)
         self.check_options({"verify_backend": verify_backend, "prefill_backend": prefill_backend,
@@ -272,7 +298,9 @@ class FlashInferBackend(AttentionBackend):
         self._prefill_models: dict[tuple[int, int], tuple[int, int]] = {}
         self._prefill_model_ok = True
         self.keep_plans = keep_plans
-        self.verify_split_kv = verify_split_kv  # False: fa2 causal / mask plans with disable_split_kv
+        self.verify_split_kv = verify_split_kv  # False: fa2 causal / mask plans with disable_split_kv; "auto": by rule
+        self.sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                    if self.device.type == "cuda" else NOMINAL_SMS)
         # the schedulers flashinfer_schedule models are FlashInfer 0.7's: another version plans every pass
         self._modelled_version = str(getattr(self._fi, "__version__", "")).startswith(MODELLED_VERSIONS)
         self._unchecked = 0  # passes kept since the last real plan: every KEEP_CHECK_EVERY-th plans and checks
@@ -309,9 +337,12 @@ class FlashInferBackend(AttentionBackend):
         tc = options.get("decode_tensor_cores")
         if tc is not None and not isinstance(tc, bool):
             raise ConfigError(f"{field}.decode_tensor_cores={tc!r}: must be true, false or null")
-        for key in ("device_steps", "keep_plans", "verify_split_kv"):
+        for key in ("device_steps", "keep_plans"):
             if not isinstance(options.get(key, True), bool):
                 raise ConfigError(f"{field}.{key}={options[key]!r}: must be true or false")
+        split = options.get("verify_split_kv", "auto")
+        if not (split is True or split is False or split == "auto"):
+            raise ConfigError(f"{field}.verify_split_kv={split!r}: must be auto, true or false")
 
     @classmethod
     def capabilities(cls) -> Capabilities:
@@ -358,6 +389,29 @@ class FlashInferBackend(AttentionBackend):
         return prefill_family(kind, meta.max_q_len, verify_backend=self.verify_backend,
                               prefill_backend=self.prefill_backend, prefill_min_q_len=self.prefill_min_q_len)
 
+    def graph_variants(self, q_len: int, masked: bool) -> tuple:
+        """verify_split_kv=auto in CUDA-graph mode: an fa2 causal pass (verify, draft-extend) plans with or without
+        split-KV by its lengths, and the split launches a merge the whole plan does not: one graph each."""
+        if (self.cuda_graph and self.verify_split_kv == "auto" and not masked and q_len > 1
+                and prefill_family("causal", q_len, verify_backend=self.verify_backend,
+                                   prefill_backend=self.prefill_backend,
+                                   prefill_min_q_len=self.prefill_min_q_len) == "fa2"):
+            return ("split", "whole")
+        return (None,)
+
+    def _whole(self, kind: str, family: str, meta: AttnMeta, uniform: int | None) -> bool:
+        """Whether this pass plans with disable_split_kv (verify_split_kv; a forced graph variant)."""
+        if kind == "decode" or family != "fa2":
+            return False
+        if self.verify_split_kv != "auto":
+            return not self.verify_split_kv
+        if kind != "causal" or uniform is None:
+            return False
+        if self.forced_variant is not None:
+            return self.forced_variant == "whole"
+        return verify_whole_kv(meta.max_kv_len, self.head_dim, meta.batch_size, self.num_kv_heads, uniform,
+                               self.num_q_heads // self.num_kv_heads, self.sms)
+
     def kernel_info(self) -> dict[str, str]:
         """What the wrappers planned so far resolved to, per pass label (``decode``, ``verify``, ``prefill``,
         ``verify_tree``...): FlashInfer's kernel family (fa2 / fa3 / cudnn / ...; ``cuda-core`` for the
@@ -388,14 +442,16 @@ class FlashInferBackend(AttentionBackend):
         b, q = batch or self.max_batch_size, q_len or self.max_q_len
         return b * -(-q * self.max_context // 8)
 
-    def _wrapper(self, slot: int, kind: str, family: str, batch_size: int, graph_q_len: int | None):
+    def _wrapper(self, slot: int, kind: str, family: str, batch_size: int, graph_q_len: int | None,
+                 whole: bool = False):
         """graph_q_len: the uniform q_len of a graph-mode decode / verify pass or of any tree-mask pass (its
         wrapper's row count is fixed at the first plan), or None for a plain wrapper (graph mode off, or a
         prefill / ragged pass). A tree-mask pass of one q_len always gets a fixed-buffer wrapper over buffers
-        we own, graph mode or not: its packed mask is written there (``_pack_mask``, ``write_mask``)."""
+        we own, graph mode or not: its packed mask is written there (``_pack_mask``, ``write_mask``). ``whole``:
+        a plan without split-KV, which in graph mode is a wrapper of its own (its plan launches no merge)."""
         own = kind == "mask" and graph_q_len is not None
         graph = (self.cuda_graph or own) and graph_q_len is not None
-        key = (slot, kind, family, batch_size, graph_q_len) if graph else (slot, kind, family)
+        key = (slot, kind, family, batch_size, graph_q_len, whole) if graph else (slot, kind, family)
         if key in self._wrappers:
             return self._wrappers[key], self._wrapper_bufs.get(key)
         fi = self._fi
@@ -451,21 +507,25 @@ class FlashInferBackend(AttentionBackend):
             if need > cap:
                 raise ConfigError(f"flashinfer graph mode: tree mask needs {need} bytes, buffer holds "
                                   f"{cap}; raise max_q_len / max_context")
-        wrapper, buf = self._wrapper(slot, kind, family, meta.batch_size, graph_q_len)
+        whole = self._whole(kind, family, meta, uniform)
+        variant = (("whole" if whole else "split") if "split" in self.graph_variants(graph_q_len or 0, kind == "mask")
+                   and kind == "causal" else None)
+        wrapper, buf = self._wrapper(slot, kind, family, meta.batch_size, graph_q_len, whole)
         qo_indptr, kv_indptr, last_page_len = host_csr(meta)
         ind = kv_indptr.tolist()
         pages = fis.page_counts(ind)
-        keep = self._keep_key(kind, family, meta, graph_q_len, ind, pages) if buf is not None else None
+        keep = self._keep_key(kind, family, meta, graph_q_len, ind, pages, whole) if buf is not None else None
         if keep is not None and self._step_plans.get(id(wrapper)) == keep and self._unchecked < KEEP_CHECK_EVERY:
             self._unchecked += 1
             self._write_layout(buf, meta, qo_indptr, kv_indptr, last_page_len, kind != "decode")
             self.plans_kept += 1
-            return _Plan(wrapper, kind, family, meta.batch_size, meta.num_tokens)
+            self._record(meta, kind, wrapper, family, whole)
+            return _Plan(wrapper, kind, family, meta.batch_size, meta.num_tokens, variant=variant)
         self._step_plans.pop(id(wrapper), None)  # this plan replaces what the wrapper's workspace held
         self.plans_made += 1
         self._unchecked = 0
         common = {"q_data_type": self.dtype, "kv_data_type": self.pool.dtype, "sm_scale": self.scale}
-        if kind != "decode" and family == "fa2" and not self.verify_split_kv:
+        if whole:
             common["disable_split_kv"] = True
         shape = (self.num_q_heads, self.num_kv_heads, self.head_dim, meta.page_size)
         packing = None
@@ -489,13 +549,22 @@ class FlashInferBackend(AttentionBackend):
                 # The kernel reads request i's bits from byte mask_indptr[i]; with a packed mask FlashInfer's plan
                 # fills that buffer from the unpacked (bit) offsets, so write the byte offsets after it.
                 buf.mask_indptr[: meta.batch_size + 1].copy_(packing.byte_indptr, non_blocking=True)
-        label = meta.mode.value + ("_tree" if kind == "mask" else "")
-        self._resolved.setdefault(label, set()).add(resolved_family(wrapper, kind, family))
+        self._record(meta, kind, wrapper, family, whole)
         if keep is not None:
-            self._confirm_model(kind, wrapper, meta.batch_size, graph_q_len, pages)
-            self._step_plans[id(wrapper)] = self._keep_key(kind, family, meta, graph_q_len, ind, pages)
+            if not whole:  # a whole plan has one schedule per (rows, q_len): nothing to model
+                self._confirm_model(kind, wrapper, meta.batch_size, graph_q_len, pages)
+            self._step_plans[id(wrapper)] = self._keep_key(kind, family, meta, graph_q_len, ind, pages, whole)
         return _Plan(wrapper, kind, family, meta.batch_size, meta.num_tokens,
-                     buf.custom_mask if packing is not None else None, packing)
+                     buf.custom_mask if packing is not None else None, packing, variant)
+
+    def _record(self, meta: AttnMeta, kind: str, wrapper, family: str, whole: bool) -> None:
+        """What this pass's plan runs, for kernel_info (a capture's forced plans are not a pass's: not recorded);
+        an fa2 plan without split-KV reads ``fa2:whole``."""
+        if self.forced_variant is not None:
+            return
+        label = meta.mode.value + ("_tree" if kind == "mask" else "")
+        self._resolved.setdefault(label, set()).add(resolved_family(wrapper, kind, family) + (":whole" if whole
+                                                                                               else ""))
 
     # -- kept plans ------------------------------------------------------------------------------------
     # A graph-mode wrapper's plan is a function of its schedule (flashinfer_schedule): the CUDA-core decode's of the
@@ -506,16 +575,21 @@ class FlashInferBackend(AttentionBackend):
     # off for good (another FlashInfer version).
 
     def _keep_key(self, kind: str, family: str, meta: AttnMeta, graph_q_len: int | None, ind: list[int],
-                  pages: list[int]) -> tuple | None:
+                  pages: list[int], whole: bool = False) -> tuple | None:
         """What a plan of this pass (kv_indptr ``ind``, page counts ``pages``) serves, or None where plans are not
-        kept (keep_plans off, no graphs, the tensor-core decode, a tree mask, a family other than fa2)."""
+        kept (keep_plans off, no graphs, the tensor-core decode, a tree mask, a family other than fa2). A ``whole``
+        plan (disable_split_kv) serves every layout of its (rows, q_len): FlashInfer 0.7's planner then gives each
+        request one chunk, so what it writes (tile indices, output indptr, total rows) depends on neither the
+        lengths nor the page counts."""
         if not (self.keep_plans and self.cuda_graph and graph_q_len is not None and self._modelled_version):
             return None
         rows, ps = meta.batch_size, self.pool.page_size
         if kind == "decode" and not self.use_tensor_cores:
             return self._plan_key(rows, pages, ind)
-        if kind != "causal" or family != "fa2" or not self.verify_split_kv:  # the schedule model assumes split-KV
+        if kind != "causal" or family != "fa2":
             return None
+        if whole:
+            return ("fa2:whole", rows, graph_q_len)
         known = self._prefill_models.get((rows, graph_q_len)) if self._prefill_model_ok else None
         if known is None:
             return ("fa2", rows, graph_q_len, tuple(pages))

@@ -113,6 +113,14 @@ def prefill_schedule(pages: list[int], page_size: int, tiles_q: int, grid_rows: 
     return (low, tuple(-(-max(p, 1) // low) for p in pages))
 
 
+def fa2_cta_tile_q(packed_rows: int, head_dim: int) -> int:
+    """The query tile (rows) FlashInfer 0.7's fa2 planner picks for ``packed_rows`` = q_len x GQA group rows a request
+    (``FA2DetermineCtaTileQ`` in ``include/flashinfer/utils.cuh``, sm80 and newer, head_dim < 512)."""
+    if packed_rows > 64 and head_dim < 256:
+        return 128
+    return 64 if packed_rows > 16 else 16
+
+
 def prefill_learned(wrapper, q_len: int, group: int) -> tuple[int, int] | None:
     """(query tiles a request, padded work count) of a planned graph-mode fa2 prefill wrapper of uniform ``q_len``,
     from its plan info (PrefillPlanInfo: padded_batch_size first, cta_tile_q fourth, enable_cuda_graph and split_kv

@@ -23,6 +23,9 @@ key, an unknown backend, a hybrid inside a hybrid, or the same backend with the 
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -274,6 +277,26 @@ class HybridBackend(AttentionBackend):
             rows_t = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
             routes.append(_Route(backend, backend.make_plan(sub, slot), rows_t, _mask_entries(meta, keep)))
         return HybridPlan(routes, meta.num_tokens)
+
+    # Plan variants (AttentionBackend.graph_variants): a graph-mode plan runs both sides over the whole bucket, so its
+    # variant is the pair of theirs, and a graph is captured per pair; other plans (eager, tree masks) have none.
+
+    def graph_variants(self, q_len: int, masked: bool) -> tuple:
+        if not self.cuda_graph or masked:
+            return (None,)
+        return tuple(itertools.product(self.short.graph_variants(q_len, masked),
+                                       self.long.graph_variants(q_len, masked)))
+
+    def plan_variant(self, plan) -> tuple | None:
+        if not isinstance(plan, HybridPlan) or plan.select_long is None:
+            return None
+        return tuple(r.backend.plan_variant(r.plan) for r in plan.routes)
+
+    @contextmanager
+    def forcing(self, variant) -> Iterator[None]:
+        short, long_ = (None, None) if variant is None else variant
+        with super().forcing(variant), self.short.forcing(short), self.long.forcing(long_):
+            yield
 
     def write_mask(self, plan: HybridPlan, custom_mask: torch.Tensor) -> None:
         """Each backend gets its sub-batch's entries (the eager plan's routes; graph plans take no mask)."""

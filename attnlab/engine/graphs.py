@@ -13,6 +13,10 @@ same (slot, batch size, q_len) reuses the same device buffers and launch paramet
 after one ``plan`` stays valid after the next ``plan`` rewrote those buffers in place. Padded requests
 (see ``ModelRunner.prepare(pad_to=...)``) write to slot -1 and read the scratch page: harmless rows.
 
+A backend whose plans of one (batch, q_len) can launch different kernels by the pass's lengths names those plan
+variants (``AttentionBackend.graph_variants``: flashinfer's fa2 verify with and without split-KV); each gets its own
+graph, captured with the variant forced, and a replay takes the graph of the variant its slot's plan chose.
+
 Every graph of a runner shares one memory pool; buckets are captured largest first (as nano-vllm does) so
 the smaller ones reuse the pool's blocks. A graph records the runner's ``capture_layers`` at capture time and
 replays only while they are the same: a target captured for an EAGLE drafter (features out of every pass)
@@ -71,7 +75,7 @@ class _Graph:
 class GraphCache:
     def __init__(self, runner):
         self.runner = runner
-        self.graphs: dict[tuple, _Graph] = {}  # (bs, q_len, slot, capture_layers, masked) -> graph
+        self.graphs: dict[tuple, _Graph] = {}  # (bs, q_len, slot, capture_layers, masked, variant) -> graph
         self.buckets: tuple[int, ...] = ()
         self.q_lens: tuple[int, ...] = ()  # of causal passes
         self.mask_q_lens: tuple[int, ...] = ()  # of tree passes
@@ -82,9 +86,11 @@ class GraphCache:
     def q_lens_for(self, masked: bool) -> tuple[int, ...]:
         return self.mask_q_lens if masked else self.q_lens
 
-    def has(self, bs: int, q_len: int, slot: int, features: torch.Tensor | None = None, masked: bool = False) -> bool:
-        """A graph for this key exists and takes the same kind of features (none, or the same width)."""
-        g = self.graphs.get((bs, q_len, slot, self.runner.capture_layers, masked))
+    def has(self, bs: int, q_len: int, slot: int, features: torch.Tensor | None = None, masked: bool = False,
+            variant=None) -> bool:
+        """A graph for this key (``variant``: of the slot's plan) exists and takes the same kind of features (none,
+        or the same width)."""
+        g = self.graphs.get((bs, q_len, slot, self.runner.capture_layers, masked, variant))
         if g is None:
             return False
         if g.features is None or features is None:
@@ -104,8 +110,9 @@ class GraphCache:
         for bs in sorted(set(buckets), reverse=True):
             for q in sorted(set(q_lens)):
                 for slot in slots:
-                    if (bs, q, slot, r.capture_layers, masked) not in self.graphs:
-                        self._capture_one(r, bs, q, slot, feature_dim, masked)
+                    for variant in r.backend.graph_variants(q, masked):
+                        if (bs, q, slot, r.capture_layers, masked, variant) not in self.graphs:
+                            self._capture_one(r, bs, q, slot, feature_dim, masked, variant)
         return len(self.graphs) - before
 
     def record(self, fn):
@@ -124,7 +131,8 @@ class GraphCache:
                 out = fn()
         return g, out
 
-    def _capture_one(self, r, bs: int, q: int, slot: int, feature_dim: int | None, masked: bool = False) -> None:
+    def _capture_one(self, r, bs: int, q: int, slot: int, feature_dim: int | None, masked: bool = False,
+                     variant=None) -> None:
         from attnlab.backends.base import Mode
 
         # a tree pass is captured over a masked plan (the dummies' own blocks, all True): the backend's static
@@ -132,7 +140,11 @@ class GraphCache:
         mask = torch.ones(0, dtype=torch.bool, device=r.device) if masked else None
         dummy = r.prepare([], [], [], Mode.DECODE if q == 1 and not masked else Mode.VERIFY, pad_to=bs,
                           pad_q_len=q, custom_mask=mask)
-        r.plan_slot(dummy, slot)
+        with r.backend.forcing(variant):
+            r.plan_slot(dummy, slot)
+        got = r.backend.slot_variant(slot)
+        if got != variant:
+            raise RuntimeError(f"{r.name}: a capture forced plan variant {variant!r}, {r.backend.name} planned {got!r}")
         n = bs * q
         ids = torch.zeros(n, dtype=torch.long, device=r.device)
         positions, slots = dummy.positions.clone(), dummy.slots.clone()
@@ -149,8 +161,8 @@ class GraphCache:
             return logits, ctx.captured, argmax.greedy(logits) if r.graph_argmax else None
 
         g, (logits, aux, tokens) = self.record(forward)
-        self.graphs[(bs, q, slot, r.capture_layers, masked)] = _Graph(g, ids, positions, slots, logits, tokens,
-                                                                        features, aux)
+        self.graphs[(bs, q, slot, r.capture_layers, masked, variant)] = _Graph(g, ids, positions, slots, logits,
+                                                                                 tokens, features, aux)
 
     def _steps_key(self, bs: int, n: int, feature_dim: int | None, device: bool = False) -> tuple:
         return bs, 1, ("dsteps" if device else "steps", n, feature_dim or 0), self.runner.capture_layers
@@ -310,11 +322,11 @@ class GraphCache:
         return g.outputs
 
     def replay(self, bs: int, q: int, slot: int, p, input_ids: torch.Tensor,
-               features: torch.Tensor | None = None, masked: bool = False):
-        """Copy the pass's inputs into the graph's buffers and replay; returns ([bs * q, vocab] logits,
-        [bs * q, F'] aux or None, [bs * q] argmax tokens), views of the graph's output buffers: consume them
-        before the next replay of the same graph."""
-        g = self.graphs[(bs, q, slot, self.runner.capture_layers, masked)]
+               features: torch.Tensor | None = None, masked: bool = False, variant=None):
+        """Copy the pass's inputs into the graph's buffers and replay the graph of the slot plan's ``variant``;
+        returns ([bs * q, vocab] logits, [bs * q, F'] aux or None, [bs * q] argmax tokens), views of the graph's
+        output buffers: consume them before the next replay of the same graph."""
+        g = self.graphs[(bs, q, slot, self.runner.capture_layers, masked, variant)]
         g.ids[: input_ids.shape[0]].copy_(input_ids)
         if features is not None:
             g.features[: features.shape[0]].copy_(features)

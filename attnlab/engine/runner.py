@@ -254,8 +254,10 @@ class ModelRunner:
         g = self.graphs
         n = input_ids.shape[0]
         masked = p.meta.custom_mask is not None
-        if g is not None and p.padded_to is not None and g.has(p.padded_to, p.q_len, self._slot, features, masked):
-            logits, aux, tokens = g.replay(p.padded_to, p.q_len, self._slot, p, input_ids, features, masked)
+        variant = self.backend.slot_variant(self._slot) if g is not None else None
+        if g is not None and p.padded_to is not None and g.has(p.padded_to, p.q_len, self._slot, features, masked,
+                                                               variant):
+            logits, aux, tokens = g.replay(p.padded_to, p.q_len, self._slot, p, input_ids, features, masked, variant)
             self.aux = aux[:n] if aux is not None else None
             if tokens is None:
                 return logits[rows] if rows is not None else logits[:n], None

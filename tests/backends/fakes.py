@@ -210,14 +210,15 @@ class FakePrefill(_FakeWrapper):
         self.sched = None
         if self.use_cuda_graph and self._backend == "fa2" and uniform_q_len and not masked:
             pages = (paged_kv_indptr[1:] - paged_kv_indptr[:-1]).tolist()
-            self._fa2_plan(pages, uniform_q_len, num_qo_heads // num_kv_heads, num_kv_heads, page_size, head_dim_qk)
+            self._fa2_plan(pages, uniform_q_len, num_qo_heads // num_kv_heads, num_kv_heads, page_size, head_dim_qk,
+                           disable_split_kv)
 
     # the fa2 paged prefill's schedule in graph mode with uniform_q_len, as FlashInfer 0.7.2's PrefillPlan writes it
     # (scheduler.cuh, PrefillSplitQOKVIndptr: transliterated here on its own, not shared with attnlab's model)
     MAX_GRID: ClassVar[int] = 64
     CHUNK_BIAS: ClassVar[int] = 0  # a test's "other FlashInfer version": the chunk this many pages off
 
-    def _fa2_plan(self, pages, q_len, group, hkv, ps, head_dim=64):
+    def _fa2_plan(self, pages, q_len, group, hkv, ps, head_dim=64, disable_split_kv=False):
         packed = q_len * group
         cta = 16 if packed <= 16 else 64 if packed <= 64 or head_dim >= 256 else 128  # FA2DetermineCtaTileQ-like
         tiles_q = math.ceil(packed / cta)
@@ -229,17 +230,20 @@ class FakePrefill(_FakeWrapper):
                 low = mid + 1
             else:
                 high = mid
-        chunk = low + self.CHUNK_BIAS
+        # disable_split_kv: one chunk a request (FlashInfer's kernel then reads each request's whole KV, whatever
+        # the chunk size it was handed), no merge
+        chunk = (2 ** 30 // ps) if disable_split_kv else low + self.CHUNK_BIAS
         o_indptr = [0]
         for p in pages:
-            o_indptr.append(o_indptr[-1] + q_len * math.ceil(max(p, 1) / chunk))
+            o_indptr.append(o_indptr[-1] + q_len * (1 if disable_split_kv else math.ceil(max(p, 1) / chunk)))
         padded = max(max_if_split, tiles_q * len(pages))
         chunk_off, o_off = 5, 32
         pinned = torch.zeros(o_off + 4 * (len(pages) + 1), dtype=torch.uint8)
         pinned[chunk_off:chunk_off + 4] = torch.tensor([chunk * ps], dtype=torch.int32).view(torch.uint8)
         pinned[o_off:o_off + 4 * len(o_indptr)] = torch.tensor(o_indptr, dtype=torch.int32).view(torch.uint8)
         self._pin_memory_int_workspace_buffer = pinned
-        self._plan_info = [padded, q_len * len(pages), 0, cta, 0, 0, 0, 0, o_off, chunk_off, 0, 0, 0, 1, 1]
+        self._plan_info = [padded, q_len * len(pages), 0, cta, 0, 0, 0, 0, o_off, chunk_off, 0, 0, 0, 1,
+                           int(not disable_split_kv)]
         self.sched = (chunk, o_indptr, q_len)
 
     def run(self, q, paged_kv_cache, k_scale=None, v_scale=None):

@@ -105,7 +105,8 @@ def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
     assert all(c.status == "ok" for c in cells), [(c.backend, c.status) for c in cells]
     assert sorted(set(built)) == [16, 40]  # the shared paged pool, and fa3_fwd's contiguous one
     assert by["fa"].page_size == 40 and by["triton"].page_size == 16
-    assert by["flashinfer/workspace_bytes=65536"].kernel == "fa2" and by["fa"].kernel == "fa3_fwd"
+    # a 40-token verify: fa2 without split-KV (verify_split_kv=auto), which the cell names
+    assert by["flashinfer/workspace_bytes=65536"].kernel == "fa2:whole" and by["fa"].kernel == "fa3_fwd"
     assert by["triton/num_splits=7"].kernel == "splits 7" and by["hybrid/short=torch/long=triton/threshold=8"].kernel \
         == "triton:splits 1"
     assert by["triton"].extra["cuda_graph"] and not by["torch"].extra["cuda_graph"]

@@ -241,7 +241,8 @@ def test_verify_runs_fa2_long_prefill_auto_and_kernel_info(fake_fi):
     be.plan(meta_over(case, [20, 33], [4, 9], mode=Mode.PREFILL))  # short prefill (chunk): fa2
     assert be.active_plan.family == "fa2"
     be.plan(meta_over(case, [20, 33], [1, 1]))
-    assert be.kernel_info() == {"decode": "fa2", "prefill": "fa2+fa3", "verify": "fa2"}  # GQA 4: tensor cores
+    # GQA 4: the tensor-core decode; a verify over 20-33 tokens runs fa2 without split-KV (verify_split_kv=auto)
+    assert be.kernel_info() == {"decode": "fa2", "prefill": "fa2+fa3", "verify": "fa2:whole"}
     gqa2 = cpu_case([1, 1], [20, 33], gqa=2)
     be2 = backend(gqa2)
     be2.plan(gqa2.meta)
@@ -322,7 +323,8 @@ def test_options_bind_and_fail_one_line(fake_fi):
                             ({"prefil_backend": "fa2"}, "verify.options.prefil_backend: unknown option"),
                             ({"prefill_min_q_len": 0}, "verify.options.prefill_min_q_len=0: must be an int"),
                             ({"decode_tensor_cores": "yes"}, "decode_tensor_cores='yes'"),
-                            ({"verify_split_kv": "no"}, "verify.options.verify_split_kv='no': must be true or false")]:
+                            ({"verify_split_kv": "no"},
+                             "verify.options.verify_split_kv='no': must be auto, true or false")]:
         with pytest.raises(ConfigError) as e:
             get_backend_class("flashinfer", options, "verify.options")
         assert needle in str(e.value) and "\n" not in str(e.value)
@@ -332,18 +334,19 @@ def test_options_bind_and_fail_one_line(fake_fi):
         backend(fp8, prefill_backend="fa3")
 
 
-@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("split", [True, False, "auto"])
 def test_verify_split_kv_option_reaches_the_fa2_plan(fake_fi, split):
-    """verify_split_kv=false: fa2 verify plans pass disable_split_kv (decode plans never do), every graph-mode verify
-    is planned (the kept-plan schedule model assumes split-KV), and the output is the reference's."""
+    """verify_split_kv=false (and auto, for a verify over 20-33 tokens): fa2 verify plans pass disable_split_kv
+    (decode plans never do); the second graph-mode pass keeps the first's plan (a plan without split-KV has one
+    schedule per rows and q_len; with it, the page counts are the same); the output is the reference's."""
     case = cpu_case([4, 4], [20, 33])
     be = backend(case, verify_split_kv=split, cuda_graph=True, max_batch_size=2)
     for _ in range(2):
         be.plan(case.meta)
         plan = be.active_plan.wrapper.plans[-1]
-        assert plan["backend"] == "fa2" and plan["disable_split_kv"] is (not split)
-    if not split:
-        assert be.plans_kept == 0
+        assert plan["backend"] == "fa2" and plan["disable_split_kv"] is (split is not True)
+    assert be.plan_counts() == (1, 1)
+    assert be.active_plan.variant == ("whole" if split == "auto" else None)  # a graph per choice under auto only
     torch.testing.assert_close(run_all_layers(be, case), case.reference(), atol=2e-2, rtol=2e-2)
 
 

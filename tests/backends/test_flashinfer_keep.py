@@ -14,6 +14,7 @@ from tests.backends.fakes import FakeDecode, FakePrefill
 from tests.backends.test_flashinfer import backend, cpu_case, meta_over, needs_flashinfer_gpu, reference
 
 MAX_LENS = [170, 60, 110]  # the case's pages: every pass below stays within them
+SPLIT = {"verify_split_kv": True}  # the split-KV schedule model's tests: these short verify passes would run whole
 
 
 def plans_made() -> int:
@@ -36,7 +37,7 @@ def test_passes_of_one_schedule_keep_the_plan_and_attend_their_own_lengths(fake_
     batch-2 bucket plans into the shared slot buffers in between. Every pass equals the reference; the passes after
     the first real plan of a schedule keep it (the fake's kernel asserts no chunk starts past a length)."""
     case = cpu_case([1] * 3, MAX_LENS, page_size=page_size, gqa=3)
-    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=200)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=200, **SPLIT)
     g = torch.Generator().manual_seed(page_size + q_len)
     lens = [120, 10, 60]
     for i in range(24):
@@ -102,7 +103,7 @@ def test_a_plan_that_disagrees_with_the_model_turns_it_off(fake_fi, monkeypatch,
     monkeypatch.setattr(wrapper, "CHUNK_BIAS", 1)
     q_len = 1 if wrapper is FakeDecode else 5
     case = cpu_case([1] * 3, MAX_LENS, page_size=4, gqa=3)
-    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=200)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_context=200, **SPLIT)
     g = torch.Generator().manual_seed(1)
     run_pass(be, case, [101, 20, 50], q_len, g)
     assert not (be._schedule_model_ok if wrapper is FakeDecode else be._prefill_model_ok)

@@ -250,9 +250,40 @@ def test_graph_returns_its_argmax(q_len):
     p = t.prepare([0, 1, 2], [5, 3, 7], [q_len] * 3, Mode.DECODE if q_len == 1 else Mode.VERIFY)
     t.plan(p)
     logits, tokens = t.forward_greedy(p, torch.randint(0, CFG.vocab_size, (3 * q_len,), device="cuda"))
-    g = t.graphs.graphs[(4, q_len, 0, None, False)]  # (bucket, q_len, slot, capture layers, tree mask)
+    g = t.graphs.graphs[(4, q_len, 0, None, False, None)]  # (bucket, q_len, slot, capture layers, tree mask, variant)
     assert tokens.untyped_storage().data_ptr() == g.tokens.untyped_storage().data_ptr()
     assert torch.equal(tokens, logits.argmax(-1))
+
+
+def test_flashinfer_replays_the_graph_of_its_split_choice():
+    """verify_split_kv=auto (flashinfer's default): the verify bucket is captured once per plan variant, and each pass
+    replays the graph of the plan it got: a short KV the whole graph (no split-KV, no merge launch), a long one the
+    split graph, in turn. Every replay's logits match an eager runner's pass (the same rule picks its plan; at
+    SmolLM2's shapes and 3 requests a KV of up to 768 tokens runs whole)."""
+    target = tiny_model(CFG, seed=0).to("cuda", torch.bfloat16)
+    t, e = (gpu_runner(target, "flashinfer", torch.bfloat16, graphs, max_context=2048) for graphs in (True, False))
+    t.capture_graphs(q_lens=(5,))
+    assert {key[5] for key in t.graphs.graphs if key[1] == 5} == {"split", "whole"}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    seen, reqs = [], [0, 1, 2]
+    for ctx in (100, 1500, 400, 1900):
+        # prefill in chunks of < 512 tokens (flashinfer's fa2 prefill: no fa3 JIT here), then one verify pass
+        chunks = [(s, min(500, ctx - s), torch.randint(0, CFG.vocab_size, (3 * min(500, ctx - s),), device="cuda",
+                                                       generator=g)) for s in range(0, ctx, 500)]
+        draft = torch.randint(0, CFG.vocab_size, (15,), device="cuda", generator=g)
+        outs = []
+        for r in (t, e):
+            for start, n, ids in chunks:
+                r.run(reqs, [start] * 3, [n] * 3, ids, Mode.PREFILL)
+            p = r.prepare(reqs, [ctx] * 3, [5] * 3, Mode.VERIFY)
+            r.plan(p)
+            outs.append(r.forward(p, draft))
+            for req in reqs:
+                r.release(req)
+        seen.append(t.backend.slot_variant(0))
+        assert t.graphs.has(4, 5, 0, None, False, seen[-1]) and e.backend.slot_variant(0) is None
+        torch.testing.assert_close(outs[0], outs[1], atol=5e-2, rtol=5e-2)
+    assert seen == ["whole", "split", "whole", "split"]
 
 
 @pytest.mark.parametrize("backend", ["triton", "flashinfer"])
