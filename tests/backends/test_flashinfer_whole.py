@@ -1,6 +1,6 @@
 """flashinfer's verify_split_kv=auto (CPU, through the fake module): an fa2 verify / extend plans without split-KV
 where the rule says the split does not pay, and in CUDA-graph mode each choice is a plan variant with its own wrapper
-(and its own graph in the engine: tests/integration/test_gpu_engine.py)."""
+(and its own graph in the engine: tests/engine/test_graph_variants.py, tests/integration/test_gpu_engine.py)."""
 
 import pytest
 import torch
@@ -9,7 +9,14 @@ from attnlab.backends.base import Mode
 from attnlab.backends.flashinfer import NOMINAL_SMS, verify_whole_kv
 from attnlab.backends.hybrid import HybridBackend, HybridSpec
 from attnlab.backends.triton import TritonBackend
-from tests.backends.test_flashinfer import backend, cpu_case, meta_over, reference, run_all_layers
+from tests.backends.test_flashinfer import backend as fi_backend
+from tests.backends.test_flashinfer import cpu_case, meta_over, reference, run_all_layers
+
+AUTO = {"verify_split_kv": "auto"}
+
+
+def backend(case, **kw):
+    return fi_backend(case, **{**AUTO, **kw})
 
 # (model, batch, context, time without split-KV / time with it), bench.kernels on an H200, bf16, page 16, k = 4,
 # 50 runs a CUDA-graph replay, both plans in one process: experiments/h200-2026-12-04g/results/split1.md (contexts
@@ -102,8 +109,10 @@ def test_hybrid_variants_are_the_pairs_of_its_sides(fake_fi):
     """A graph-mode hybrid plans both sides over the whole bucket: its variant is the pair (flashinfer's, triton's),
     a graph per pair; forcing a pair forces each side; eager plans and tree masks have none."""
     from attnlab.backends.flashinfer import FlashInferBackend
+    from attnlab.backends.registry import bind_options
 
-    cls = HybridBackend.with_classes(HybridSpec("flashinfer", "triton", 256), FlashInferBackend, TritonBackend)
+    fi = bind_options(FlashInferBackend, {**AUTO, "workspace_bytes": 1 << 16})
+    cls = HybridBackend.with_classes(HybridSpec("flashinfer", "triton", 256), fi, TritonBackend)
     case = cpu_case([5, 5], [900, 40], gqa=3)
     be = cls(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale, torch.bfloat16,
              cuda_graph=True, max_batch_size=2, max_q_len=8, max_context=1024)
@@ -134,7 +143,7 @@ def test_gpu_both_plans_attend_the_reference(gqa, head_dim):
     case = make_case(kv_lens=[1500, 1500, 1500], q_lens=[5] * 3, page_size=16, num_kv_heads=2, gqa=gqa,
                      head_dim=head_dim, dtype=torch.bfloat16, device="cuda", num_layers=2, mode=Mode.VERIFY)
     be = FlashInferBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale,
-                           torch.bfloat16, cuda_graph=True, max_batch_size=3, max_context=2048)
+                           torch.bfloat16, cuda_graph=True, max_batch_size=3, max_context=2048, **AUTO)
     g = torch.Generator(device="cuda").manual_seed(gqa)
     seen = []
     for kv_lens in ([100, 7, 300], [1500, 20, 900], [250, 240, 9], [60, 1200, 33]):

@@ -18,8 +18,8 @@ CFG = tiny_config(vocab=256, layers=2, heads=9, kv_heads=3, head_dim=64, hidden=
 
 
 def gpu_runner(model, backend, dtype, graphs, page_size=16, max_batch=4, max_context=256, name="target",
-               fused_ops=False):
-    cls = get_backend_class(backend)
+               fused_ops=False, options=None):
+    cls = get_backend_class(backend, options)
     if cls.available():
         pytest.skip(cls.available())
     pages = max_batch * -(-max_context // page_size)
@@ -256,12 +256,13 @@ def test_graph_returns_its_argmax(q_len):
 
 
 def test_flashinfer_replays_the_graph_of_its_split_choice():
-    """verify_split_kv=auto (flashinfer's default): the verify bucket is captured once per plan variant, and each pass
+    """verify_split_kv=auto: the verify bucket is captured once per plan variant, and each pass
     replays the graph of the plan it got: a short KV the whole graph (no split-KV, no merge launch), a long one the
     split graph, in turn. Every replay's logits match an eager runner's pass (the same rule picks its plan; at
     SmolLM2's shapes and 3 requests a KV of up to 768 tokens runs whole)."""
     target = tiny_model(CFG, seed=0).to("cuda", torch.bfloat16)
-    t, e = (gpu_runner(target, "flashinfer", torch.bfloat16, graphs, max_context=2048) for graphs in (True, False))
+    t, e = (gpu_runner(target, "flashinfer", torch.bfloat16, graphs, max_context=2048,
+                       options={"verify_split_kv": "auto"}) for graphs in (True, False))
     t.capture_graphs(q_lens=(5,))
     assert {key[5] for key in t.graphs.graphs if key[1] == 5} == {"split", "whole"}
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -1,0 +1,133 @@
+"""The engine's graph per plan variant, on CPU: flashinfer (the fake module) with verify_split_kv=auto and a stand-in
+for CUDA graphs that keeps their contract (a replay runs the launches of its capture, i.e. the wrapper its capture's
+plan used, on the current contents of the static buffers). A verify bucket is captured once per variant, and each
+pass replays the graph of the variant its plan took; replaying the other one would run a stale plan (the fake kernel
+asserts its chunks cover the lengths)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.backends.base import Mode
+from attnlab.backends.flashinfer import FlashInferBackend
+from attnlab.engine import graphs as graphs_mod
+from attnlab.engine.graphs import GraphCache
+from attnlab.engine.runner import ModelRunner
+from attnlab.kvcache import KVPool, PageAllocator
+from tests.spec.tiny import tiny_config, tiny_model
+
+CFG = tiny_config(vocab=64, layers=2, heads=6, kv_heads=2, head_dim=64, hidden=96)
+BUCKET, K1 = 4, 5  # a bucket of 4 requests, verify passes of 5 tokens
+
+
+class GraphStandIn:
+    """What a captured graph replays: the pass ``fn`` computed, on the plan active at capture (the launches it
+    recorded), into the outputs of the capture."""
+
+    def __init__(self, fn, backend, outputs):
+        self.fn, self.backend, self.plan, self.outputs = fn, backend, backend.active_plan, outputs
+        self.replays = 0
+
+    def replay(self):
+        active, self.backend._plan = self.backend._plan, self.plan
+        try:
+            for mine, new in zip(self.outputs, self.fn()):
+                if mine is not None:
+                    mine.copy_(new)
+        finally:
+            self.backend._plan = active
+        self.replays += 1
+
+
+@pytest.fixture
+def stand_in_graphs(monkeypatch):
+    made = []
+
+    def record(self, fn):
+        out = fn()
+        made.append(GraphStandIn(fn, self.runner.backend, out))
+        return made[-1], out
+
+    monkeypatch.setattr(GraphCache, "record", record)
+    monkeypatch.setattr(graphs_mod.torch.cuda, "graph_pool_handle", lambda: "pool")
+    return made
+
+
+def fi_runner(max_context=1024, **options) -> ModelRunner:
+    pages = BUCKET * -(-max_context // 16)
+    pool = KVPool(CFG.num_layers, pages, 16, CFG.num_kv_heads, CFG.head_dim, torch.bfloat16, "cpu")
+    be = FlashInferBackend(pool, CFG.num_heads, CFG.num_kv_heads, CFG.head_dim, CFG.head_dim ** -0.5,
+                           torch.bfloat16, cuda_graph=True, max_batch_size=BUCKET, max_context=max_context,
+                           workspace_bytes=1 << 16, **options)
+    r = ModelRunner(tiny_model(CFG, seed=0, dtype=torch.bfloat16), CFG, None, pool, PageAllocator(pages, 16), be,
+                    max_context, "target", max_batch=BUCKET)
+    r.graph_argmax = False
+    return r
+
+
+def verify_logits(r: ModelRunner, ctx: int, g: torch.Generator) -> torch.Tensor:
+    """Prefill 3 requests to ``ctx`` tokens, then one verify pass of K1 tokens each: its logits."""
+    reqs = [0, 1, 2]
+    ids = torch.randint(0, CFG.vocab_size, (3 * ctx,), generator=g)
+    r.run(reqs, [0] * 3, [ctx] * 3, ids, Mode.PREFILL)
+    p = r.prepare(reqs, [ctx] * 3, [K1] * 3, Mode.VERIFY)
+    r.plan(p)
+    out = r.forward(p, torch.randint(0, CFG.vocab_size, (3 * K1,), generator=g)).clone()
+    for req in reqs:
+        r.release(req)
+    return out
+
+
+def test_each_pass_replays_the_graph_of_its_plans_variant(fake_fi, stand_in_graphs):
+    """Whole (short KV) and split (long KV) passes in turn: each replays its own variant's graph, and its logits are
+    those of an eager runner over the same passes (the stand-in runs the same fake kernels: exact)."""
+    graphed, eager = fi_runner(verify_split_kv="auto"), fi_runner(verify_split_kv="auto")
+    graphed.graphs = GraphCache(graphed)
+    assert graphed.graphs.capture([BUCKET], [K1], range(1)) == 2
+    by_variant = {key[5]: g for key, g in graphed.graphs.graphs.items()}
+    assert set(by_variant) == {"split", "whole"}
+    # the capture planned each variant whatever the dummy lengths said, and recorded neither as a pass's kernel
+    assert by_variant["split"].graph.plan.variant == "split" and graphed.backend.kernel_info() == {}
+    whole_tokens = 48 * 1024 // CFG.head_dim  # 768: this grid stays below the rule's knee
+    seen = []
+    for i, ctx in enumerate((100, 900, 400, 1000, 40)):
+        got, want = (verify_logits(r, ctx, torch.Generator().manual_seed(i)) for r in (graphed, eager))
+        variant = graphed.backend.slot_variant(0)
+        seen.append(variant)
+        assert variant == ("whole" if ctx + K1 <= whole_tokens else "split")
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    replays = {v: g.graph.replays for v, g in by_variant.items()}
+    assert seen == ["whole", "split", "whole", "split", "whole"] and replays == {"whole": 3, "split": 2}
+    assert graphed.backend.kernel_info()["verify"] == "fa2+fa2:whole"
+
+
+def test_replaying_the_other_variant_would_run_a_stale_plan(fake_fi, stand_in_graphs):
+    """Why the key holds the variant: the split graph, replayed for a pass planned whole, runs the split wrapper's
+    plan of its capture (the dummies' lengths), which the fake kernel refuses."""
+    r = fi_runner(verify_split_kv="auto")
+    r.graphs = GraphCache(r)
+    r.graphs.capture([BUCKET], [K1], range(1))
+    g = torch.Generator().manual_seed(0)
+    verify_logits(r, 700, g)  # whole: fine (700 tokens, where the split capture's chunks cover 128)
+    split_graph = r.graphs.graphs[(BUCKET, K1, 0, None, False, "split")]
+    with pytest.raises(AssertionError, match="cover fewer"):
+        split_graph.graph.replay()
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_a_fixed_choice_captures_one_graph(fake_fi, stand_in_graphs, split):
+    r = fi_runner(verify_split_kv=split)
+    r.graphs = GraphCache(r)
+    assert r.graphs.capture([BUCKET], [1, K1], range(1)) == 2
+    assert {key[5] for key in r.graphs.graphs} == {None}
+    verify_logits(r, 300, torch.Generator().manual_seed(1))
+    assert r.graphs.graphs[(BUCKET, K1, 0, None, False, None)].graph.replays == 1
+
+
+def test_a_capture_whose_plan_ignores_the_forced_variant_fails_loudly(fake_fi, stand_in_graphs, monkeypatch):
+    r = fi_runner(verify_split_kv="auto")
+    monkeypatch.setattr(type(r.backend), "forcing", lambda self, v: torch.no_grad())  # a backend that ignores it
+    r.graphs = GraphCache(r)
+    with pytest.raises(RuntimeError, match="forced plan variant 'split'"):
+        r.graphs.capture([BUCKET], [K1], range(1))
