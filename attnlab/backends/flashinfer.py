@@ -26,8 +26,9 @@ lazily and re-planned every iteration (a wrapper's ``backend`` is fixed at const
 
 CUDA graphs (``cuda_graph=True``): every slot owns preallocated int32 index buffers sized for
 ``max_batch_size`` requests and every page of the pool; wrappers are created with ``use_cuda_graph=True`` and
-slices of those buffers, one wrapper per (slot, kind, family, batch size, q_len) bucket, for decode and verify
-passes (prefills are never captured and plan plain wrappers). What the capturing caller must do:
+slices of those buffers, one wrapper per (slot, kind, family, batch size, q_len) bucket and split choice
+(``verify_split_kv=auto``: a plan variant, a graph each), for decode and verify passes (prefills are never captured
+and plan plain wrappers). What the capturing caller must do:
 
 1. pad the batch to the bucket's batch size (padded requests: q_len as the others, kv_len = q_len, every page
    the scratch page ``pool.num_pages``; their outputs are ignored) and ``plan(meta)`` (or ``plan_steps``)
@@ -78,16 +79,19 @@ PREFILL_MIN_Q_LEN = 512
 # model says "same schedule" is caught.
 MODELLED_VERSIONS = ("0.7.",)
 KEEP_CHECK_EVERY = 64
-# verify_split_kv=auto (opt-in until its GPU tests ran): an fa2 verify / short extend runs without split-KV (one launch, no merge) when its longest
-# request's KV is short for the grid the pass makes unsplit (``verify_whole_kv``). Fitted on an H200 (2026-12-04g,
-# experiments/h200-2026-12-04g: 24 cells of SmolLM2 and Llama-8B shapes, batch 1-64, context 512-2048, k = 4, both
-# plans measured in one process): it picks the faster plan in all 24. Below the knee, a request whose K holds at most
-# WHOLE_KV_ELEMENTS (kv_len x head_dim: SmolLM2 at 512 tokens, 32K, ran 0.80-0.88x of the split plan; at 1024, 64K,
-# 1.09-1.10x) goes whole; past WHOLE_GRID_KNEE x SMs unsplit programs (batch x kv_heads x query tiles) the split has
-# less to spread and the bound grows in proportion (Llama-8B batch 16, 128 programs: 512 tokens 0.87x, 1024 1.07x).
+# verify_split_kv=auto (opt-in until its GPU tests ran): an fa2 verify / short extend runs without split-KV (one
+# launch, no merge) when its longest request's KV is short for the grid the pass makes unsplit (``verify_whole_kv``).
+# Fitted on an H200 (experiments/h200-2026-12-04g: 24 cells of SmolLM2 and Llama-8B shapes, batch 1-64, context
+# 512-2048, k = 4, both plans measured in one process): it picks the faster plan in all 24. Below the knee, a request
+# whose K holds at most WHOLE_KV_ELEMENTS (kv_len x head_dim: SmolLM2 at 512 tokens, 32K, ran 0.80-0.88x of the split
+# plan; at 1024, 64K, 1.09-1.10x) goes whole; past WHOLE_GRID_KNEE x SMs unsplit programs (batch x kv_heads x query
+# tiles) the split has less to spread and the bound grows in proportion (Llama-8B batch 16, 128 programs: 512 tokens
+# 0.87x, 1024 1.07x).
 WHOLE_KV_ELEMENTS = 48 * 1024
 WHOLE_GRID_KNEE = 0.5
 NOMINAL_SMS = 132  # an H200's, for a backend off the GPU (the CPU tests' fake FlashInfer)
+
+
 def import_flashinfer():
     """The flashinfer module, or BackendUnavailable naming the fix."""
     try:
@@ -127,7 +131,8 @@ def verify_whole_kv(max_kv_len: int, head_dim: int, batch: int, num_kv_heads: in
     """verify_split_kv=auto's rule: whether a uniform-q_len fa2 causal pass runs without split-KV. The unsplit
     plan's programs are batch x kv_heads x query tiles (``fis.fa2_cta_tile_q``); it wins when the longest request's
     K (``max_kv_len`` x ``head_dim`` elements) is at most WHOLE_KV_ELEMENTS, a bound that grows with those programs
-    past WHOLE_GRID_KNEE x ``sms``."""
+    past WHOLE_GRID_KNEE x ``sms``. In graph mode ``batch`` is the padded bucket: its dummies are programs of the plan
+    (FlashInfer's split planner counts their tiles as well)."""
     packed = q_len * group
     programs = batch * num_kv_heads * -(-packed // fis.fa2_cta_tile_q(packed, head_dim))
     return max_kv_len * head_dim <= WHOLE_KV_ELEMENTS * max(1.0, programs / (WHOLE_GRID_KNEE * sms))
@@ -406,7 +411,7 @@ class FlashInferBackend(AttentionBackend):
             return False
         if self.verify_split_kv != "auto":
             return not self.verify_split_kv
-        if kind != "causal" or uniform is None:
+        if kind != "causal" or uniform is None or uniform < 2 or meta.mode == Mode.PREFILL:  # fitted on verify
             return False
         if self.forced_variant is not None:
             return self.forced_variant == "whole"

@@ -14,7 +14,7 @@ from tests.backends.fakes import FakeDecode, FakePrefill
 from tests.backends.test_flashinfer import backend, cpu_case, meta_over, needs_flashinfer_gpu, reference
 
 MAX_LENS = [170, 60, 110]  # the case's pages: every pass below stays within them
-SPLIT = {"verify_split_kv": True}  # the split-KV schedule model's tests (under auto these short passes run whole)
+SPLIT = {"verify_split_kv": True}  # the split-KV schedule model's tests: explicit, as under auto these passes run whole
 
 
 def plans_made() -> int:

@@ -95,6 +95,21 @@ def test_graph_mode_variants_have_their_own_wrappers_and_keep_their_plans(fake_f
     assert be.slot_variant(0) is None
 
 
+def test_auto_leaves_prefills_and_single_token_passes_to_flashinfer(fake_fi):
+    """The rule was fitted on verify passes: a short uniform prefill (fa2 below prefill_min_q_len) and a q_len-1
+    verify-mode pass keep FlashInfer's own plan (split-KV allowed), eager or graph mode."""
+    case = cpu_case([5, 5], [400, 400], gqa=3)
+    for kw in ({}, {"cuda_graph": True, "max_batch_size": 2, "max_context": 1024}):
+        be = backend(case, **kw)
+        for meta in (meta_over(case, [40, 30], [40, 30], mode=Mode.PREFILL),
+                     meta_over(case, [64, 64], [64, 64], mode=Mode.PREFILL),
+                     meta_over(case, [40, 30], [1, 1], mode=Mode.VERIFY)):
+            be.plan(meta)
+            plans = be.active_plan.wrapper.plans
+            assert not plans[-1].get("disable_split_kv", False), (kw, meta.q_lens, meta.mode)
+            assert be.slot_variant(0) is None
+
+
 @pytest.mark.parametrize("split", [True, False])
 def test_a_fixed_choice_has_one_variant(fake_fi, split):
     case = cpu_case([5, 5], [900, 40], gqa=3)

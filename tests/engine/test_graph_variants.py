@@ -15,21 +15,34 @@ from attnlab.engine import graphs as graphs_mod
 from attnlab.engine.graphs import GraphCache
 from attnlab.engine.runner import ModelRunner
 from attnlab.kvcache import KVPool, PageAllocator
+from tests.backends.fakes import FakePrefill
 from tests.spec.tiny import tiny_config, tiny_model
 
 CFG = tiny_config(vocab=64, layers=2, heads=6, kv_heads=2, head_dim=64, hidden=96)
 BUCKET, K1 = 4, 5  # a bucket of 4 requests, verify passes of 5 tokens
 
 
+def _baked(plan) -> list:
+    """What a real graph bakes into its launches from each FlashInfer prefill plan it ran: the grid (padded work
+    count), the query tile and whether the kernel splits the KV and a merge follows (the fake's plan info)."""
+    routes = getattr(plan, "routes", None)
+    plans = [r.plan for r in routes] if routes is not None else [plan]
+    return [(info[0], info[3], info[14]) if isinstance(p.wrapper, FakePrefill) and len(info := p.wrapper._plan_info) == 15
+            else None for p in plans]
+
+
 class GraphStandIn:
     """What a captured graph replays: the pass ``fn`` computed, on the plan active at capture (the launches it
-    recorded), into the outputs of the capture."""
+    recorded), into the outputs of the capture. A replay whose wrapper now holds a plan with other launches (grid,
+    tile, split and merge) than the capture's fails: a real graph would run the capture's launches over it."""
 
     def __init__(self, fn, backend, outputs):
         self.fn, self.backend, self.plan, self.outputs = fn, backend, backend.active_plan, outputs
+        self.baked = _baked(self.plan)
         self.replays = 0
 
     def replay(self):
+        assert _baked(self.plan) == self.baked, "the capture's launches no longer match its wrapper's plan"
         active, self.backend._plan = self.backend._plan, self.plan
         try:
             for mine, new in zip(self.outputs, self.fn()):
@@ -66,12 +79,31 @@ def fi_runner(max_context=1024, **options) -> ModelRunner:
     return r
 
 
-def verify_logits(r: ModelRunner, ctx: int, g: torch.Generator) -> torch.Tensor:
-    """Prefill 3 requests to ``ctx`` tokens, then one verify pass of K1 tokens each: its logits."""
+def hybrid_runner(threshold: int, max_context=1024) -> ModelRunner:
+    """flashinfer (auto) on both sides of a hybrid routing by ``threshold`` tokens, graph mode."""
+    from attnlab.backends.hybrid import HybridBackend, HybridSpec
+    from attnlab.backends.registry import bind_options
+
+    fi = bind_options(FlashInferBackend, {"verify_split_kv": "auto", "workspace_bytes": 1 << 16})
+    cls = HybridBackend.with_classes(HybridSpec("flashinfer", "flashinfer", threshold), fi, fi)
+    pages = BUCKET * -(-max_context // 16)
+    pool = KVPool(CFG.num_layers, pages, 16, CFG.num_kv_heads, CFG.head_dim, torch.bfloat16, "cpu")
+    be = cls(pool, CFG.num_heads, CFG.num_kv_heads, CFG.head_dim, CFG.head_dim ** -0.5, torch.bfloat16,
+             cuda_graph=True, max_batch_size=BUCKET, max_q_len=8, max_context=max_context)
+    r = ModelRunner(tiny_model(CFG, seed=0, dtype=torch.bfloat16), CFG, None, pool, PageAllocator(pages, 16), be,
+                    max_context, "target", max_batch=BUCKET)
+    r.graph_argmax = False
+    return r
+
+
+def verify_logits(r: ModelRunner, ctx, g: torch.Generator) -> torch.Tensor:
+    """Prefill 3 requests to ``ctx`` tokens (one length, or one per request), then one verify pass of K1 tokens each:
+    its logits."""
     reqs = [0, 1, 2]
-    ids = torch.randint(0, CFG.vocab_size, (3 * ctx,), generator=g)
-    r.run(reqs, [0] * 3, [ctx] * 3, ids, Mode.PREFILL)
-    p = r.prepare(reqs, [ctx] * 3, [K1] * 3, Mode.VERIFY)
+    ctx = [ctx] * 3 if isinstance(ctx, int) else list(ctx)
+    ids = torch.randint(0, CFG.vocab_size, (sum(ctx),), generator=g)
+    r.run(reqs, [0] * 3, ctx, ids, Mode.PREFILL)
+    p = r.prepare(reqs, ctx, [K1] * 3, Mode.VERIFY)
     r.plan(p)
     out = r.forward(p, torch.randint(0, CFG.vocab_size, (3 * K1,), generator=g)).clone()
     for req in reqs:
@@ -131,3 +163,22 @@ def test_a_capture_whose_plan_ignores_the_forced_variant_fails_loudly(fake_fi, s
     r.graphs = GraphCache(r)
     with pytest.raises(RuntimeError, match="forced plan variant 'split'"):
         r.graphs.capture([BUCKET], [K1], range(1))
+
+
+def test_a_hybrid_replays_the_graph_of_its_sides_pair(fake_fi, stand_in_graphs):
+    """flashinfer (auto) on both sides of a hybrid, graph mode: a verify bucket gets a graph per pair of variants, and
+    each pass replays the pair its sides planned (the short side over its own requests and the long side's as
+    dummies, and the other way round), with an eager hybrid's exact logits."""
+    graphed, eager = hybrid_runner(300), hybrid_runner(300)
+    eager.backend.cuda_graph = False  # the same sides' classes, planned per sub-batch: the eager route
+    graphed.graphs = GraphCache(graphed)
+    assert graphed.graphs.capture([BUCKET], [K1], range(1)) == 4
+    graphs = {key[5]: g.graph for key, g in graphed.graphs.graphs.items()}
+    assert set(graphs) == {(a, b) for a in ("split", "whole") for b in ("split", "whole")}
+    passes = (([100, 900, 100], ("whole", "split")), ([600, 600, 100], ("whole", "whole")),
+              ([900, 40, 1000], ("whole", "split")))
+    for i, (ctx, pair) in enumerate(passes):
+        got, want = (verify_logits(r, ctx, torch.Generator().manual_seed(i)) for r in (graphed, eager))
+        assert graphed.backend.slot_variant(0) == pair, ctx
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert {v: g.replays for v, g in graphs.items() if g.replays} == {("whole", "split"): 2, ("whole", "whole"): 1}

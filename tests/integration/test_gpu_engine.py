@@ -277,6 +277,7 @@ def test_flashinfer_replays_the_graph_of_its_split_choice():
             for start, n, ids in chunks:
                 r.run(reqs, [start] * 3, [n] * 3, ids, Mode.PREFILL)
             p = r.prepare(reqs, [ctx] * 3, [5] * 3, Mode.VERIFY)
+            assert p.padded_to == (4 if r is t else None)  # the graphed runner's pass is the bucket's
             r.plan(p)
             outs.append(r.forward(p, draft))
             for req in reqs:
