@@ -124,12 +124,7 @@ def measure(model, prompts: list[list[int]], new: int, ks: list[int], eos: set[i
 
     dev = model.embed_tokens.weight.device
     target = to_hf(model)
-    conts = []
-    for p in tqdm(prompts, desc="target decodes", disable=not progress):
-        ids = torch.tensor([p], device=dev)
-        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                              eos_token_id=sorted(eos) or None, pad_token_id=0)
-        conts.append(out[0, len(p):].tolist())
+    conts = continuations(model, prompts, new, eos, progress)
     ref = [_logits(target, p, c, dev) for p, c in zip(prompts, conts)]
     res = {}
     for name in tqdm(names, desc="variants", disable=not progress):
@@ -146,6 +141,25 @@ def measure(model, prompts: list[list[int]], new: int, ks: list[int], eos: set[i
                      "tau": {k: sum(p) / len(p) if p else float("nan") for k, p in passes.items()},
                      "passes": {k: len(p) for k, p in passes.items()}, "kl": torch.cat(kls).mean().item()}
     return {"variants": res, "continuations": conts}
+
+
+@torch.no_grad()
+def continuations(model, prompts: list[list[int]], new: int, eos: set[int], progress: bool = True) -> list[list[int]]:
+    """The target's greedy continuation of each prompt (at most ``new`` tokens, EOS included), via HF ``generate`` on
+    its weights (attnlab.bench.hf.to_hf)."""
+    from tqdm import tqdm
+
+    from attnlab.bench.hf import to_hf
+
+    dev = model.embed_tokens.weight.device
+    target = to_hf(model)
+    conts = []
+    for p in tqdm(prompts, desc="target decodes", disable=not progress):
+        ids = torch.tensor([p], device=dev)
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                              eos_token_id=sorted(eos) or None, pad_token_id=0)
+        conts.append(out[0, len(p):].tolist())
+    return conts
 
 
 def _logits(hf, prompt: list[int], cont: list[int], dev) -> torch.Tensor:
