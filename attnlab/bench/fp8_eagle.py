@@ -99,7 +99,7 @@ def measure(target, head, prompts: list[list[int]], new: int, ks: list[int], eos
     dev = target.embed_tokens.weight.device
     conts = continuations(target, prompts, new, eos, progress)
     seqs = []
-    for p, c in zip(prompts, conts):
+    for p, c in tqdm(list(zip(prompts, conts)), desc="target features", disable=not progress):
         ids = torch.tensor([p + c], device=dev)
         feats, logits = teacher_forward(target, ids, tuple(head.config.capture_layers))
         answer = torch.zeros_like(ids, dtype=torch.bool)
