@@ -405,17 +405,21 @@ class FlashInferBackend(AttentionBackend):
             return ("split", "whole")
         return (None,)
 
-    def _whole(self, kind: str, family: str, meta: AttnMeta, uniform: int | None) -> bool:
-        """Whether this pass plans with disable_split_kv (verify_split_kv; a forced graph variant)."""
-        if kind == "decode" or family != "fa2":
-            return False
-        if self.verify_split_kv != "auto":
-            return not self.verify_split_kv
-        if kind != "causal" or uniform is None or uniform < 2 or meta.mode == Mode.PREFILL:  # fitted on verify
-            return False
+    def _by_rule(self, kind: str, family: str, meta: AttnMeta, uniform: int | None) -> bool:
+        """Whether verify_split_kv=auto decides this pass: a uniform fa2 causal pass of >= 2 tokens a request that is
+        not a prefill (the rule was fitted on verify passes). In graph mode these are the passes ``graph_variants``
+        names two plans for."""
+        return (self.verify_split_kv == "auto" and kind == "causal" and family == "fa2" and uniform is not None
+                and uniform >= 2 and meta.mode != Mode.PREFILL)
+
+    def _whole(self, kind: str, family: str, meta: AttnMeta, by_rule: bool) -> bool:
+        """Whether this pass plans with disable_split_kv (verify_split_kv; under auto a forced graph variant, else
+        the rule)."""
+        if not by_rule:
+            return self.verify_split_kv is False and kind != "decode" and family == "fa2"
         if self.forced_variant is not None:
             return self.forced_variant == "whole"
-        return verify_whole_kv(meta.max_kv_len, self.head_dim, meta.batch_size, self.num_kv_heads, uniform,
+        return verify_whole_kv(meta.max_kv_len, self.head_dim, meta.batch_size, self.num_kv_heads, meta.q_lens[0],
                                self.num_q_heads // self.num_kv_heads, self.sms)
 
     def kernel_info(self) -> dict[str, str]:
@@ -513,9 +517,9 @@ class FlashInferBackend(AttentionBackend):
             if need > cap:
                 raise ConfigError(f"flashinfer graph mode: tree mask needs {need} bytes, buffer holds "
                                   f"{cap}; raise max_q_len / max_context")
-        whole = self._whole(kind, family, meta, uniform)
-        variant = (("whole" if whole else "split") if "split" in self.graph_variants(graph_q_len or 0, kind == "mask")
-                   and kind == "causal" else None)
+        by_rule = self._by_rule(kind, family, meta, uniform)
+        whole = self._whole(kind, family, meta, by_rule)
+        variant = ("whole" if whole else "split") if by_rule and self.cuda_graph else None
         wrapper, buf = self._wrapper(slot, kind, family, meta.batch_size, graph_q_len, whole)
         qo_indptr, kv_indptr, last_page_len = host_csr(meta)
         ind = kv_indptr.tolist()
