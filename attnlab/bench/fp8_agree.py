@@ -178,18 +178,22 @@ def table(res: dict, ks: list[int]) -> list[str]:
     return lines
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def study_args(ap: argparse.ArgumentParser, variants: dict, num_prompts: int) -> argparse.ArgumentParser:
+    """The arguments this study and ``fp8_eagle``'s share (their variants and default prompt count differ)."""
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--weights", choices=("auto", "real", "random"), default="auto")
     ap.add_argument("--prompts", default="sharegpt", help="builtin | sharegpt (held-out split) | an exported file")
-    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--num-prompts", type=int, default=num_prompts)
     ap.add_argument("--new", type=int, default=96, help="continuation tokens per prompt (the target stops at EOS)")
     ap.add_argument("--k", default="4,8", help="draft tokens per round for tau, comma-separated")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default=",".join(variants), help=f"comma-separated, from {', '.join(variants)}")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def checked(ap: argparse.ArgumentParser, a: argparse.Namespace, variants: dict) -> argparse.Namespace:
+    """``study_args``' values checked (argparse errors), with ``ks``, ``names`` and the resolved ``weights``."""
     try:
         a.ks = sorted({int(k) for k in a.k.split(",") if k.strip()})
     except ValueError:
@@ -197,9 +201,9 @@ def parse(argv=None):
     if not a.ks or min(a.ks) < 1:
         ap.error(f"--k {a.k!r}: comma-separated positive ints")
     a.names = [v.strip() for v in a.variants.split(",") if v.strip()]
-    bad = [v for v in a.names if v not in VARIANTS]
+    bad = [v for v in a.names if v not in variants]
     if bad or not a.names:
-        ap.error(f"--variants: {', '.join(bad) or 'none'}: choose from {', '.join(VARIANTS)}")
+        ap.error(f"--variants: {', '.join(bad) or 'none'}: choose from {', '.join(variants)}")
     if a.num_prompts < 1 or a.new < 1:
         ap.error("--num-prompts and --new must be >= 1")
     if a.device.startswith("cuda") and not torch.cuda.is_available():
@@ -210,8 +214,8 @@ def parse(argv=None):
     return a
 
 
-def run(a) -> dict:
-    from attnlab.bench.kernels import versions
+def load_study(a: argparse.Namespace):
+    """-> (the bf16 target, its ModelConfig, the prompts' token ids, its EOS ids) for ``a``."""
     from attnlab.bench.spec import load_prompts
     from attnlab.models.loading import load_model, load_tokenizer
 
@@ -219,7 +223,32 @@ def run(a) -> dict:
     model, cfg = load_model(a.model, dtype=torch.bfloat16, device=torch.device(a.device), init=init, progress=False)
     tok = load_tokenizer(a.model, init=init, config=cfg) if a.weights == "real" else None
     prompts = load_prompts(a.weights, a.num_prompts, cfg.vocab_size, tok, a.prompts)
-    eos = set(cfg.eos_token_ids) if a.weights == "real" else set()
+    return model, cfg, prompts, set(cfg.eos_token_ids) if a.weights == "real" else set()
+
+
+def study_main(a: argparse.Namespace, run) -> int:
+    """Run a study (``run(a)`` -> a dict with "markdown"), print its table, write PREFIX.json / .md under --out."""
+    if a.out:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    out = run(a)
+    print(out["markdown"], flush=True)
+    if a.out:
+        with open(a.out + ".json", "w") as f:
+            json.dump(out, f, indent=1, default=str)
+        with open(a.out + ".md", "w") as f:
+            f.write(out["markdown"] + "\n")
+    return 0
+
+
+def parse(argv=None):
+    ap = study_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), VARIANTS, 16)
+    return checked(ap, ap.parse_args(argv), VARIANTS)
+
+
+def run(a) -> dict:
+    from attnlab.bench.kernels import versions
+
+    model, _cfg, prompts, eos = load_study(a)
     t0 = time.perf_counter()
     res = measure(model, prompts, a.new, a.ks, eos, a.names)
     dev = torch.cuda.get_device_name() if a.device.startswith("cuda") else "CPU"
@@ -233,17 +262,7 @@ def run(a) -> dict:
 
 
 def main(argv=None) -> int:
-    a = parse(argv)
-    if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    out = run(a)
-    print(out["markdown"], flush=True)
-    if a.out:
-        with open(a.out + ".json", "w") as f:
-            json.dump(out, f, indent=1, default=str)
-        with open(a.out + ".md", "w") as f:
-            f.write(out["markdown"] + "\n")
-    return 0
+    return study_main(parse(argv), run)
 
 
 if __name__ == "__main__":

@@ -28,14 +28,12 @@ which e4m3 then re-quantizes; one small model.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 
 import torch
 from torch import nn
 
-from attnlab.bench.fp8_agree import EmulatedLinear, continuations
+from attnlab.bench.fp8_agree import EmulatedLinear, checked, continuations, load_study, study_args, study_main
 
 VARIANTS = {  # name -> (the layer's projections' mode, the LM-head rows' mode); None: bf16 as today
     "bf16": (None, None), "head8": (None, "bf16"), "head8/f16": (None, "f16"), "layer8/f16": ("f16", None),
@@ -144,36 +142,9 @@ def table(res: dict, ks: list[int]) -> list[str]:
 
 
 def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
+    ap = study_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), VARIANTS, 32)
     ap.add_argument("--head", default=None, help="an EAGLE head folder (default: the one attnlab ships for --model)")
-    ap.add_argument("--weights", choices=("auto", "real", "random"), default="auto")
-    ap.add_argument("--prompts", default="sharegpt", help="builtin | sharegpt (held-out split) | an exported file")
-    ap.add_argument("--num-prompts", type=int, default=32)
-    ap.add_argument("--new", type=int, default=96, help="continuation tokens per prompt (the target stops at EOS)")
-    ap.add_argument("--k", default="4,8", help="draft tokens per round for tau, comma-separated")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
-    a = ap.parse_args(argv)
-    try:
-        a.ks = sorted({int(k) for k in a.k.split(",") if k.strip()})
-    except ValueError:
-        ap.error(f"--k {a.k!r}: comma-separated positive ints")
-    if not a.ks or min(a.ks) < 1:
-        ap.error(f"--k {a.k!r}: comma-separated positive ints")
-    a.names = [v.strip() for v in a.variants.split(",") if v.strip()]
-    bad = [v for v in a.names if v not in VARIANTS]
-    if bad or not a.names:
-        ap.error(f"--variants: {', '.join(bad) or 'none'}: choose from {', '.join(VARIANTS)}")
-    if a.num_prompts < 1 or a.new < 1:
-        ap.error("--num-prompts and --new must be >= 1")
-    if a.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error(f"--device {a.device}: no CUDA device here")
-    from attnlab.bench.spec import resolve_weights
-
-    a.weights = resolve_weights(ap, a.model, a.weights)
-    return a
+    return checked(ap, ap.parse_args(argv), VARIANTS)
 
 
 def load_head_for(target, a):
@@ -193,15 +164,9 @@ def load_head_for(target, a):
 
 def run(a) -> dict:
     from attnlab.bench.kernels import versions
-    from attnlab.bench.spec import load_prompts
-    from attnlab.models.loading import load_model, load_tokenizer
 
-    init = "pretrained" if a.weights == "real" else "random"
-    model, cfg = load_model(a.model, dtype=torch.bfloat16, device=torch.device(a.device), init=init, progress=False)
-    tok = load_tokenizer(a.model, init=init, config=cfg) if a.weights == "real" else None
+    model, _cfg, prompts, eos = load_study(a)
     head = load_head_for(model, a)
-    prompts = load_prompts(a.weights, a.num_prompts, cfg.vocab_size, tok, a.prompts)
-    eos = set(cfg.eos_token_ids) if a.weights == "real" else set()
     t0 = time.perf_counter()
     res = measure(model, head, prompts, a.new, a.ks, eos, a.names)
     dev = torch.cuda.get_device_name() if a.device.startswith("cuda") else "CPU"
@@ -218,17 +183,7 @@ def run(a) -> dict:
 
 
 def main(argv=None) -> int:
-    a = parse(argv)
-    if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    out = run(a)
-    print(out["markdown"], flush=True)
-    if a.out:
-        with open(a.out + ".json", "w") as f:
-            json.dump(out, f, indent=1, default=str)
-        with open(a.out + ".md", "w") as f:
-            f.write(out["markdown"] + "\n")
-    return 0
+    return study_main(parse(argv), run)
 
 
 if __name__ == "__main__":
