@@ -32,3 +32,11 @@ pdl() {
     --weights "$weights" --gemm-splits "$arms" --out "$OUT/$name" > $LOGS/$name.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/$name.log
 }
+# fi_jit NAME SECS BACKENDS: compile FlashInfer's decode and fa2 verify kernels (SmolLM2 and Llama-8B shapes) for these
+# bench.kernels backend specs, untimed (JIT: 15-100 s a variant on a fresh machine); its log as $LOGS/NAME.log.
+fi_jit() {
+  local name=$1 secs=$2 backends=$3
+  step "FlashInfer JIT: decode and fa2 verify, SmolLM2 and Llama-8B shapes"
+  timeout "$secs" $PY -m attnlab.bench.kernels --compile-only --phases decode,verify --contexts 512 --ks 4 \
+    --models smollm2,llama8b --backends "$backends" > $LOGS/$name.log 2>&1; echo "exit code $?"; tail -n 1 $LOGS/$name.log
+}

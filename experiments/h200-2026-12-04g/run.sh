@@ -5,7 +5,7 @@
 # come back from a call).
 set -u -o pipefail
 PART=${1:?part 1}
-. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pdl, the environment, the call's log, PY
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pdl, fi_jit, the environment, the call's log, PY
 pack() {  # every file of this call but its console log into one archive
   tar czf "/tmp/results$PART.tgz" -C "$OUT" --exclude="run$PART.log" . && find "$OUT" -type f ! -name "run$PART.log" -delete
   mv "/tmp/results$PART.tgz" "$OUT/"
@@ -14,9 +14,7 @@ case $PART in
 1)  # a fresh machine: where FlashInfer's split-KV pays in a graph-mode fa2 verify, and where one launch is faster
   install_fb
   FI="flashinfer,flashinfer/verify_split_kv=false"
-  step "FlashInfer JIT: decode and fa2 verify, SmolLM2 and Llama-8B shapes"
-  timeout 260 $PY -m attnlab.bench.kernels --compile-only --phases decode,verify --contexts 512 --ks 4 \
-    --models smollm2,llama8b --backends $FI > $LOGS/compile1.log 2>&1; echo "exit code $?"; tail -n 2 $LOGS/compile1.log
+  fi_jit compile1 260 "$FI"  # (as run: the same command, inline)
   step "issue 16: FlashInfer verify split-KV on / off vs its decode: batch 1-64 x context 512-2048, 50 runs a replay"
   timeout 300 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,4,16,64 --contexts 512,1024,2048 \
     --ks 4 --models smollm2,llama8b --backends $FI --baseline flashinfer --repeats 3 --out "$OUT/split1" \
@@ -27,9 +25,7 @@ case $PART in
     # 12-04g sitting (the machine stopped answering at its start and no other was lent): the next session's first call
   install_fb
   FI="flashinfer,flashinfer/verify_split_kv=auto"
-  step "FlashInfer JIT: decode and fa2 verify, SmolLM2 and Llama-8B shapes"
-  timeout 150 $PY -m attnlab.bench.kernels --compile-only --phases decode,verify --contexts 512 --ks 4 \
-    --models smollm2,llama8b --backends $FI > $LOGS/compile2.log 2>&1; echo "exit code $?"; tail -n 1 $LOGS/compile2.log
+  fi_jit compile2 150 "$FI"
   step "GPU tests: both plans against the reference, the engine's graph per split choice, graphs, kept plans, hybrid"
   gpu_tests tests2 280 tests/backends/test_flashinfer_whole.py tests/backends/test_flashinfer_keep.py \
     tests/backends/test_hybrid.py tests/integration/test_gpu_engine.py \

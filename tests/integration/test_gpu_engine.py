@@ -284,6 +284,9 @@ def test_flashinfer_replays_the_graph_of_its_split_choice():
                 r.release(req)
         seen.append(t.backend.slot_variant(0))
         assert t.graphs.has(4, 5, 0, None, False, seen[-1]) and e.backend.slot_variant(0) is None
+        # not bitwise: the graphed pass is padded to the bucket (4 rows) and FlashInfer's split search counts the
+        # dummy, so split passes may chunk the KV (and round in bf16) differently from the eager 3-row pass; a replay
+        # of the other variant's graph runs a stale plan and lands far outside this
         torch.testing.assert_close(outs[0], outs[1], atol=5e-2, rtol=5e-2)
     assert seen == ["whole", "split", "whole", "split"]
 
