@@ -38,5 +38,6 @@ fi_jit() {
   local name=$1 secs=$2 backends=$3
   step "FlashInfer JIT: decode and fa2 verify, SmolLM2 and Llama-8B shapes"
   timeout "$secs" $PY -m attnlab.bench.kernels --compile-only --phases decode,verify --contexts 512 --ks 4 \
-    --models smollm2,llama8b --backends "$backends" > $LOGS/$name.log 2>&1; echo "exit code $?"; tail -n 1 $LOGS/$name.log
+    --models smollm2,llama8b --backends "$backends" > $LOGS/$name.log 2>&1
+  echo "exit code $?"; tail -n 1 $LOGS/$name.log
 }
