@@ -302,7 +302,6 @@ WEIGHT_DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3")  # fp8_e5m2 is a KV format 
 TARGET_WEIGHT_DTYPES = ("fp32", "fp16", "bf16")  # fp8 weights: draft side only (docs/precision.md)
 
 
-
 def compute_dtype(name: str) -> str:
     """The activation / attention dtype of a side whose weights are ``name``: fp8 weights compute in bf16."""
     return "bf16" if name.startswith("fp8") else name
