@@ -78,8 +78,8 @@ class PrecisionSchema:
     # weight_only (passes of <= 16 tokens: attnlab.kernels.gemm dequantizes the e4m3 weights inside the GEMM,
     # no activation quantization; W8A8 above 16). precision=fp8w-draft; docs/precision.md
     fp8_gemm: str = "w8a8"
-    # fp8 draft weights: the drafter's LM head in e4m3 too (its own copy where tied to the embeddings); off: bf16,
-    # as the usual fp8 checkpoints keep it. Only what the drafter proposes changes (tau); docs/precision.md
+    # fp8 draft weights: the drafter's LM head in e4m3 too (its own copy where tied to the embeddings; draft=eagle: the
+    # rows of its draft vocabulary); off: bf16, as the usual fp8 checkpoints keep it. Only what the drafter proposes changes (tau); docs/precision.md
     fp8_lm_head: bool = False
     # weight_only fp8 draft weights: the GEMM's MMA. bf16: the e4m3 weights converted exactly to bf16 (the dequantized
     # weights' sums); f16: converted by the hardware e4m3 -> f16 instruction and the activations taken to f16
@@ -546,9 +546,6 @@ def validate(cfg: DictConfig) -> RunPlan:
     if d.kind == "model":
         _check_model("draft", d)
     layers = self_draft_layers(d.layers) if d.kind == "self" else None
-    if d.kind == "eagle" and prec["draft"] not in ("fp32", "fp16", "bf16"):
-        raise ConfigError(f"draft=eagle: precision.draft={prec['draft']!r} unsupported (fp32, fp16 or bf16; fp8 "
-                          f"weights are for draft=self and draft=model)")
     if d.kind == "ngram" and d.ngram_n < 1:
         raise ConfigError(f"draft.ngram_n={d.ngram_n}: must be >= 1")
 

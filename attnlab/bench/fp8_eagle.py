@@ -19,7 +19,7 @@ f16 MMA that ``precision.fp8_mma=auto`` picks for weight-only fp8):
     layer8/f16     its layer's projections (fc, qkv, o, gate_up, down) in e4m3
     all8/f16       both
 
-So: what an fp8 EAGLE drafter (not built yet: ``draft=eagle`` takes 16-bit weights) would cost in acceptance, and in
+So: what an fp8 EAGLE drafter (``draft=eagle precision=fp8w-draft``, EagleHead.quantize_fp8) costs in acceptance, and in
 particular the e4m3 LM head (``precision.fp8_lm_head``), which is most of an EAGLE drafter's bytes a step at 1B scale.
 Runs on CPU (the default) or CUDA. Caveats as ``fp8_agree``'s: SmolLM2's GGUF is Q4_1, so "bf16" is its 4-bit grid,
 which e4m3 then re-quantizes; one small model.
@@ -34,11 +34,12 @@ import torch
 from torch import nn
 
 from attnlab.bench.fp8_agree import EmulatedLinear, checked, continuations, load_study, study_args, study_main
+from attnlab.models.eagle import HEAD_ROLES
 
 VARIANTS = {  # name -> (the layer's projections' mode, the LM-head rows' mode); None: bf16 as today
     "bf16": (None, None), "head8": (None, "bf16"), "head8/f16": (None, "f16"), "layer8/f16": ("f16", None),
     "all8/f16": ("f16", "f16")}
-HEAD_LINEARS = ("fc", "qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+HEAD_LINEARS = tuple(HEAD_ROLES)  # the head's projections (fc, qkv_proj, o_proj, gate_up_proj, down_proj)
 
 
 class HeadLinear(nn.Module):

@@ -3,6 +3,10 @@
 The head shares the target's embedding and LM head (the same modules when the side's dtype is the
 target's; a cast copy of those two otherwise) and is checked against the target's weights fingerprint, so a
 head trained for another checkpoint is refused with one line instead of drafting garbage.
+
+fp8 weights (``precision.draft=fp8_e4m3``: precision=fp8-draft / fp8w-draft): the head is loaded in bf16 and its
+projections become e4m3 FP8Linear modules (``precision.fp8_gemm``: W8A8, or weight-only at small M); with
+``precision.fp8_lm_head`` the LM-head rows it scores too (an e4m3 copy of its own: the target's head stays bf16).
 """
 
 from __future__ import annotations
@@ -16,22 +20,34 @@ from attnlab.engine.build import SideSpec, build_side, resolve_dtype
 from attnlab.engine.runner import ModelRunner
 from attnlab.errors import ConfigError
 
+RANDOM_HEAD = "random"  # head_path of an untrained head of the target's shapes (timing runs on random weights)
+RANDOM_DRAFT_VOCAB = 32000  # its draft vocabulary (EAGLE-3's usual size; the whole vocabulary when smaller)
+
 
 def build_eagle_side(target: ModelRunner, head_path: str | None, target_name: str, spec: SideSpec,
                      check: bool = True) -> ModelRunner:
     """``head_path``: a folder written by ``python -m attnlab.train_draft`` (None = the head bundled for
-    preset ``target_name``). ``spec``: the draft side's SideSpec (backend, dtypes, KV sizes, graphs; its
-    ``model`` and ``layers`` are unused: the head is one layer on the target's weights)."""
+    preset ``target_name``; RANDOM_HEAD: an untrained head of the target's shapes with a draft vocabulary of
+    RANDOM_DRAFT_VOCAB, for timing at any preset's shapes, where its acceptance means nothing). ``spec``: the draft
+    side's SideSpec (backend, dtypes, KV sizes, graphs; its ``model`` and ``layers`` are unused: the head is one layer
+    on the target's weights)."""
     from attnlab.models.eagle_io import head_folder, load_head
 
     base = target.model
     if getattr(base, "parent", None) is not None:
         raise ConfigError("draft=eagle reads the full target's features; the target side cannot be a layer subset")
-    wdtype = resolve_dtype(spec.dtype)
+    fp8 = spec.dtype == "fp8_e4m3"
+    wdtype = torch.bfloat16 if fp8 else resolve_dtype(spec.dtype)  # fp8 weights compute in bf16
     if wdtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ConfigError(f"draft=eagle: precision.draft={spec.dtype!r} unsupported (fp32, fp16 or bf16; fp8 "
-                          f"weights are for draft=self and draft=model)")
-    head = load_head(head_folder(head_path, target_name), base, dtype=wdtype, device=target.device, check=check)
+        raise ConfigError(f"draft=eagle: precision.draft={spec.dtype!r} unsupported (fp32, fp16, bf16 or "
+                          f"fp8_e4m3 weights)")
+    if spec.fp8_lm_head and not fp8:
+        raise ConfigError(f"draft=eagle: an fp8 LM head goes with fp8 weights (precision.draft=fp8_e4m3), not "
+                          f"{spec.dtype}")
+    if head_path == RANDOM_HEAD:
+        head = _random_head(base, target.model_config, target_name, wdtype, target.device)
+    else:
+        head = load_head(head_folder(head_path, target_name), base, dtype=wdtype, device=target.device, check=check)
     if next(base.parameters()).dtype != wdtype:  # the head computes in its own dtype: cast the shared pair
         embed = copy.deepcopy(base.embed_tokens).to(wdtype)
         if base.lm_head.weight is base.embed_tokens.weight:  # tied: keep them tied in the copy
@@ -40,4 +56,24 @@ def build_eagle_side(target: ModelRunner, head_path: str | None, target_name: st
         else:
             lm_head = copy.deepcopy(base.lm_head).to(wdtype)
         head.bind(embed, lm_head)
+    if fp8:
+        try:
+            head.quantize_fp8(small_m=spec.fp8_gemm, lm_head=spec.fp8_lm_head)
+        except ValueError as e:
+            raise ConfigError(f"draft=eagle with fp8 weights: {e}") from None
     return build_side(replace(spec, layers=None), prebuilt=(head, head.config.as_model_config(), target.tokenizer))
+
+
+def _random_head(base, mcfg, name: str, dtype: torch.dtype, device):
+    """RANDOM_HEAD: EAGLE-3's shapes for the target (default capture layers, the target's intermediate size), seed 0,
+    the first RANDOM_DRAFT_VOCAB token ids as its draft vocabulary."""
+    from attnlab.models.eagle import EagleConfig, EagleHead, weights_fingerprint
+
+    vocab = min(RANDOM_DRAFT_VOCAB, mcfg.vocab_size)
+    cfg = EagleConfig.for_target(mcfg, name, weights_fingerprint(base), draft_vocab_size=vocab)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        head = EagleHead(cfg, dtype=dtype).to(device)
+    if cfg.draft_vocab_size:
+        head.set_draft_vocab(torch.arange(vocab))
+    return head.bind(base.embed_tokens, base.lm_head).eval().requires_grad_(False)

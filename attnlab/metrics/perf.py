@@ -120,12 +120,12 @@ def _side_modules(model) -> list:
 
 
 def _tensors(model) -> dict[tuple, object]:
-    """Every parameter and buffer a side reads, keyed by storage (tied and shared tensors counted once)."""
-    out = {}
-    for mod in _side_modules(model):
-        for t in [*mod.parameters(), *mod.buffers()]:
-            out[(t.device.type, t.untyped_storage().data_ptr())] = t
-    return out
+    """Every parameter and buffer a side reads, keyed by storage (tied and shared tensors counted once); an EAGLE
+    head's also the LM-head rows it scores every draft step (``EagleHead.scored_tensors``)."""
+    tensors = [t for mod in _side_modules(model) for t in (*mod.parameters(), *mod.buffers())]
+    if hasattr(model, "scored_tensors"):
+        tensors += model.scored_tensors()
+    return {(t.device.type, t.untyped_storage().data_ptr()): t for t in tensors}
 
 
 def _nbytes(tensors) -> int:

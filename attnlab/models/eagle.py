@@ -15,6 +15,10 @@ Per token position t the head reads two inputs, as in EAGLE-3 (Li et al. 2025) a
 The head keeps its own paged KV (one layer, pool layer 0) and attends through any attnlab backend. The
 target's embedding and LM head are bound with ``bind`` and are not part of ``state_dict``: a saved head holds
 only its own ~5M parameters.
+
+fp8 weights (``quantize_fp8``, ``draft=eagle precision=fp8w-draft``): the projections (HEAD_ROLES) become e4m3
+FP8Linear modules with per-row scales and, with ``lm_head``, so do the LM-head rows the head scores (its own copy; the
+target's LM head is untouched); the norms and the embedding stay in the compute dtype, bf16.
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ from attnlab.errors import ModelLoadError
 from attnlab.models import rope
 from attnlab.models.config import ModelConfig
 from attnlab.models.decoder import RMSNorm
+from attnlab.models.fp8 import FP8Linear, scaled_mm_ok
+
+# the head's projections and each one's role in attnlab.kernels.gemm (its small-M K loop and split policy; fc, the
+# feature fusion [3H -> H], has no layer counterpart and takes the role-less defaults)
+HEAD_ROLES = {"fc": None, "qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
 
 
 def default_capture_layers(num_layers: int) -> list[int]:
@@ -150,6 +159,8 @@ class EagleHead(nn.Module):
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self._bound: tuple[nn.Module, nn.Module] | None = None  # (embed_tokens, lm_head) of the target
         self._rows: torch.Tensor | None = None  # the target's LM-head rows at d2t (derived on bind, not saved)
+        self._fp8_rows: str | None = None  # quantize_fp8(lm_head=True): the FP8Linear.small_m of the scored rows
+        self._rows8: FP8Linear | None = None  # those rows in e4m3 (derived on bind, not saved), replacing _rows
         self._finish()
 
     def _finish(self) -> None:
@@ -160,7 +171,30 @@ class EagleHead(nn.Module):
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         self._finish()  # fp32 RoPE frequencies survive a dtype cast
-        if self._bound is not None and self.config.draft_vocab_size:
+        if self._bound is not None and (self.config.draft_vocab_size or self._fp8_rows):
+            self._derive_rows()
+        return self
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute dtype (the norms'): features are cast to it; fp8 projections compute in it too."""
+        return self.norm.weight.dtype
+
+    def quantize_fp8(self, small_m: str = "w8a8", lm_head: bool = False) -> EagleHead:
+        """e4m3 weights with per-row scales, in place: the projections (HEAD_ROLES) become FP8Linear (``small_m``:
+        its W8A8 or weight-only small-M GEMM), and with ``lm_head`` the LM-head rows the head scores (the draft
+        vocabulary's, or the whole head's) an e4m3 copy of their own. Compute in bf16: a bf16 head."""
+        if self.dtype != torch.bfloat16:
+            raise ValueError(f"eagle head: fp8 weights compute in bf16, not {self.dtype} (cast the head first)")
+        for name, role in HEAD_ROLES.items():
+            lin = getattr(self, name)
+            if type(lin) is not nn.Linear or not scaled_mm_ok(lin.in_features, lin.out_features):
+                raise ValueError(f"eagle head: {name} ({type(lin).__name__}) is not an nn.Linear that row-wise fp8 "
+                                 f"takes (in and out features multiples of 16)")
+        for name, role in HEAD_ROLES.items():
+            setattr(self, name, FP8Linear.from_linear(getattr(self, name), small_m=small_m, role=role))
+        self._fp8_rows = small_m if lm_head else None
+        if self._bound is not None:
             self._derive_rows()
         return self
 
@@ -171,7 +205,7 @@ class EagleHead(nn.Module):
             raise ModelLoadError(f"eagle head: target embedding {tuple(embed_tokens.weight.shape)} != "
                                  f"({self.config.vocab_size}, {self.config.hidden_size})")
         object.__setattr__(self, "_bound", (embed_tokens, lm_head))
-        if self.config.draft_vocab_size:
+        if self.config.draft_vocab_size or self._fp8_rows:
             self._derive_rows()
         return self
 
@@ -186,9 +220,24 @@ class EagleHead(nn.Module):
             self._derive_rows()
 
     def _derive_rows(self) -> None:
-        # the LM-head rows of the draft vocabulary, gathered once (the head never trains them)
-        w = self.shared[1].weight
-        object.__setattr__(self, "_rows", w.detach()[self.d2t.to(w.device)].contiguous())
+        # the LM-head rows of the draft vocabulary, gathered once (the head never trains them); with fp8 rows, those
+        # (or the whole LM head's) in e4m3 instead
+        w = self.shared[1].weight.detach()
+        rows = w[self.d2t.to(w.device)].contiguous() if self.config.draft_vocab_size else None
+        rows8 = None
+        if self._fp8_rows:
+            if not scaled_mm_ok(w.shape[1], w.shape[0] if rows is None else rows.shape[0]):
+                raise ValueError(f"eagle head: fp8 LM-head rows need the hidden size and the scored rows in "
+                                 f"multiples of 16 (rows {w.shape[0] if rows is None else rows.shape[0]} x {w.shape[1]})")
+            rows8, rows = FP8Linear.from_weight(w if rows is None else rows, small_m=self._fp8_rows, role="lm_head"), None
+        object.__setattr__(self, "_rows", rows)
+        object.__setattr__(self, "_rows8", rows8)
+
+    def scored_tensors(self) -> list[torch.Tensor]:
+        """The LM-head tensors a draft step reads besides the head's own (weight bytes: attnlab.metrics.perf)."""
+        if self._rows8 is not None:
+            return [self._rows8.weight, self._rows8.weight_scale]
+        return [self._rows] if self._rows is not None else [self.shared[1].weight]
 
     @property
     def shared(self) -> tuple[nn.Module, nn.Module]:
@@ -229,7 +278,7 @@ class EagleHead(nn.Module):
         return h + self.down_proj(F.silu(gate) * up)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx, features: torch.Tensor) -> torch.Tensor:
-        f = self.fuse(features.to(self.fc.weight.dtype))
+        f = self.fuse(features.to(self.dtype))
         if getattr(ctx, "fused_ops", False):  # engine.fused_ops on the draft side
             return self._forward_fused(input_ids, f, positions, ctx)
         cos, sin = rope.cos_sin(positions, self.inv_freq, f.dtype)
@@ -261,29 +310,34 @@ class EagleHead(nn.Module):
         ctx.captured = a
         return out
 
+    def _scored(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] -> model-dtype logits over the scored rows (the draft vocabulary's, else the whole)."""
+        if self._rows8 is not None:
+            return self._rows8(hidden)
+        if self._rows is not None:
+            return F.linear(hidden, self._rows.to(hidden.dtype))
+        return self.shared[1](hidden)
+
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (normed) -> fp32 logits over the draft vocabulary [N, draft_vocab_size] (the whole
         vocabulary when there is no reduced one): what training scores."""
-        if not self.config.draft_vocab_size:
-            return self.shared[1](hidden).float()
-        return F.linear(hidden, self._rows.to(hidden.dtype)).float()
+        return self._scored(hidden).float()
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (normed) -> the argmax target ids [N]: ``compute_logits(hidden).argmax(-1)`` without the
         [N, vocab] -inf fill and scatter of a reduced draft vocabulary (d2t is sorted, so the first maximum of
         the draft logits maps to the first maximum of the full ones: the same id, ties included)."""
-        if not self.config.draft_vocab_size:
-            return self.compute_logits(hidden).argmax(dim=-1)
         # the argmax of the model-dtype logits: their fp32 upcast is exact and keeps the order and the ties, so
         # the same id as over draft_logits, without the [N, draft_vocab] fp32 copy
-        return self.d2t[F.linear(hidden, self._rows.to(hidden.dtype)).argmax(dim=-1)]
+        ids = self._scored(hidden).argmax(dim=-1)
+        return self.d2t[ids] if self.config.draft_vocab_size else ids
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (normed) -> logits [N, vocab] fp32 over the target's vocabulary: tokens outside a
         reduced draft vocabulary get -inf (probability 0, never drafted), so every consumer of draft logits
         (argmax, sampling, rejection sampling's q) works in target ids and stays lossless."""
-        if not self.config.draft_vocab_size:
-            return self.shared[1](hidden).float()
         small = self.draft_logits(hidden)
+        if not self.config.draft_vocab_size:
+            return small
         full = small.new_full((small.shape[0], self.config.vocab_size), float("-inf"))
         return full.index_copy_(1, self.d2t, small)

@@ -75,10 +75,16 @@ class FP8Linear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, dtype: torch.dtype = WEIGHT_FP8, emulate: bool = False,
                     small_m: str = "w8a8", role: str | None = None) -> FP8Linear:
+        bias = linear.bias.detach().clone() if linear.bias is not None else None
+        return cls.from_weight(linear.weight, bias, dtype, emulate=emulate, small_m=small_m, role=role)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, dtype: torch.dtype = WEIGHT_FP8,
+                    emulate: bool = False, small_m: str = "w8a8", role: str | None = None) -> FP8Linear:
+        """An FP8Linear of a weight [out, in] that is no nn.Linear's (an EAGLE head's LM-head rows)."""
         if dtype != WEIGHT_FP8:
             raise ValueError(f"FP8Linear weights are float8_e4m3fn only (got {dtype}); e5m2 is a KV format")
-        w8, sw = quantize_rows(linear.weight.detach(), dtype)
-        bias = linear.bias.detach().clone() if linear.bias is not None else None
+        w8, sw = quantize_rows(weight.detach(), dtype)
         return cls(w8, sw, bias, emulate=emulate, small_m=small_m, role=role)
 
     def dequantized_weight(self) -> torch.Tensor:

@@ -170,7 +170,7 @@ def unroll(head, ids: torch.Tensor, feats: torch.Tensor, steps: int, attention=t
     ``attention``: one of ATTENTION's (masked: what training runs by default; reference: the L x L one)."""
     L = ids.shape[1] - 1
     tok = ids[:, 1:]
-    f = head.fuse(feats[:, :L].to(head.fc.weight.dtype))
+    f = head.fuse(feats[:, :L].to(head.dtype))
     cos, sin = rope.cos_sin(torch.arange(L, device=ids.device), head.inv_freq, f.dtype)
     scale = head.config.head_dim ** -0.5
     ks, vs, outs = [], [], []

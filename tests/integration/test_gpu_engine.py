@@ -141,11 +141,14 @@ def test_forward_does_not_sync(backend, fused):
     assert logits.shape == (8, CFG.vocab_size) and torch.isfinite(logits).all()
 
 
-def _eagle(target, backend, dtype, graphs, k, fused_ops=False):
+def _eagle(target, backend, dtype, graphs, k, fused_ops=False, fp8=None):
+    """fp8: None, or (FP8Linear.small_m, lm_head) for a head with e4m3 weights (EagleHead.quantize_fp8)."""
     from attnlab.spec.eagle import EagleDrafter
     from tests.spec.tiny import tiny_eagle
 
     head = tiny_eagle(target, CFG, seed=2).to("cuda")
+    if fp8:
+        head.quantize_fp8(small_m=fp8[0], lm_head=fp8[1])
     r = gpu_runner(head, backend, dtype, graphs, name="draft", fused_ops=fused_ops)
     r.model_config = head.config.as_model_config()
     return EagleDrafter(r)
@@ -198,6 +201,37 @@ def test_eagle_one_launch_draft_graph_equals_per_step_graphs(backend, dtype):
         out = SpeculativeDecoder(t, d, SpecParams(4)).generate(ps, 24)
         runs.append(([r.output_ids for r in out.requests], [r.accept_lens for r in out.requests]))
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fp8", [("weight_only", True), ("w8a8", False)])
+def test_fp8_eagle_in_graphs(backend, fused, fp8):
+    """draft=eagle with e4m3 weights (precision=fp8w-draft with fp8_lm_head, and fp8-draft's W8A8) in CUDA graphs:
+    the (k - 1)-step graph and the per-step graphs propose the same tokens (same outputs and acceptance, bit for bit),
+    the outputs leave the eager target-only run's at near-ties only, and an iteration syncs at most once."""
+    from attnlab.engine.syncs import count_syncs
+
+    target = tiny_model(CFG, seed=0).to("cuda", torch.bfloat16)
+    ps = prompts(3, CFG.vocab_size)
+    runs = []
+    for multistep in (False, True):
+        t = gpu_runner(target, backend, torch.bfloat16, True)
+        d = _eagle(target, backend, torch.bfloat16, True, 4, fused_ops=fused, fp8=fp8)
+        d.multistep = multistep
+        t.capture_graphs(q_lens=[1, 5])
+        d.capture_graphs(t, 4)
+        dec = SpeculativeDecoder(t, d, SpecParams(4))
+        dec.generate(ps, 8)  # first uses (Triton compiles) untimed and uncounted
+        with count_syncs("cuda") as c:
+            out = dec.generate(ps, 24)
+        assert c.n <= len(out.iterations) + 1, (c.n, len(out.iterations))  # + the first token after prefill
+        assert d.runner.allocator.num_free == d.runner.allocator.num_pages
+        runs.append(([r.output_ids for r in out.requests], [r.accept_lens for r in out.requests]))
+    assert runs[0] == runs[1]
+    ref = SpeculativeDecoder(gpu_runner(target, backend, torch.bfloat16, False), NoDrafter("cuda"),
+                             SpecParams(0)).generate(ps, 24, record_logits=True)
+    assert_bf16_divergences_are_near_ties(target, backend, torch.bfloat16, ps, runs[1][0], ref.requests)
 
 
 def test_fused_eagle_head_in_graphs_matches_unfused_eager():

@@ -40,14 +40,15 @@ def perturbed(model: Decoder, seed: int, noise: float) -> Decoder:
 
 
 def runner(model, cfg: ModelConfig, page_size=16, backend="torch", max_context=256, num_pages=None,
-           layers=None, name="target", max_batch=8, fused_ops=False) -> ModelRunner:
+           layers=None, name="target", max_batch=8, fused_ops=False, dtype=torch.float32) -> ModelRunner:
+    """``dtype``: the pool's and the backend's (the model's compute dtype)."""
     if layers:
         model = LayerSubset(model, layers)
     n_layers = len(layers) if layers else cfg.num_layers
     pages = num_pages or max_batch * -(-max_context // page_size)
-    pool = KVPool(n_layers, pages, page_size, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
+    pool = KVPool(n_layers, pages, page_size, cfg.num_kv_heads, cfg.head_dim, dtype, "cpu")
     be = get_backend_class(backend)(pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5,
-                                    torch.float32)
+                                    dtype)
     return ModelRunner(model, cfg, None, pool, PageAllocator(pages, page_size), be, max_context, name,
                        fused_ops=fused_ops)
 
@@ -76,4 +77,4 @@ def tiny_eagle(target: Decoder, cfg: ModelConfig, seed: int = 0, capture_layers=
 def eagle_runner(head, page_size=16, backend="torch", max_context=256, max_batch=8, name="draft",
                  fused_ops=False) -> ModelRunner:
     return runner(head, head.config.as_model_config(), page_size, backend, max_context, name=name,
-                  max_batch=max_batch, fused_ops=fused_ops)
+                  max_batch=max_batch, fused_ops=fused_ops, dtype=head.dtype)

@@ -63,3 +63,24 @@ def test_cpu_run_on_the_tiny_preset(tmp_path):
     for bad in (["--k", "0"], ["--variants", "head9"], ["--num-prompts", "0"]):
         with pytest.raises(SystemExit):
             fp8_eagle.parse(["--model", "tiny-llama", "--weights", "random", *bad])
+
+
+def test_the_study_emulates_the_built_fp8_head(head):
+    """all8/f16 is what ``draft=eagle precision=fp8w-draft precision.fp8_lm_head=true`` runs (EagleHead.quantize_fp8,
+    the weight-only GEMM in fp8 mode half under the interpreter): the same e4m3 weights and scales, projections equal
+    to fp32 summation order, the same draft tokens."""
+    import copy
+
+    from attnlab.kernels import gemm
+
+    assert gemm.fp8_mode() == "half"  # precision.fp8_mma=auto's choice for weight-only fp8
+    _, h = head
+    built = copy.deepcopy(h).bind(*h.shared).quantize_fp8(small_m="weight_only", lm_head=True)
+    v = fp8_eagle.Variant(h, "all8/f16")
+    g = torch.Generator().manual_seed(5)
+    with v:
+        for n in fp8_eagle.HEAD_LINEARS:
+            x = torch.randn(4, getattr(built, n).in_features, generator=g).bfloat16()
+            torch.testing.assert_close(getattr(built, n)(x), getattr(h, n)(x), atol=2e-2, rtol=2**-7)
+    x = torch.randn(16, h.config.hidden_size, generator=g).bfloat16()
+    assert torch.equal(built.greedy_tokens(x), v.tokens(x))
