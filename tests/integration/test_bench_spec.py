@@ -369,3 +369,38 @@ def test_spec_bench_gemm_arms_are_checked(capsys):
     with pytest.raises(SystemExit) as e:
         spec.parse(["--device", "cpu", "--model", "tiny-llama", "--gemm-split", "fill/ticket,fill/tickets"])
     assert e.value.code == 2 and "--gemm-split" in capsys.readouterr().err
+
+
+def test_spec_bench_fp8_draft_weights_rows_beside_bf16(tmp_path):
+    """--draft-weights bf16,fp8wh: each self / eagle row once per weights, in the same rounds; the fp8 rows stay
+    lossless and each is compared with its bf16 row under the table. CPU: the weight-only GEMM under the Triton
+    interpreter (<= 16 rows), torch._scaled_mm's CPU path for the prefills."""
+    from tests.spec.test_eagle_fp8 import _scaled_mm_on_cpu
+
+    if not _scaled_mm_on_cpu():
+        pytest.skip("this torch has no CPU torch._scaled_mm (row-wise): the fp8 prefills cannot run here")
+    # an untrained head of the target's shapes (--eagle-head random: any preset, random weights)
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--num-prompts", "1",
+                    "--new", "6", "--k", "2", "--drafters", "self,eagle", "--eagle-head", "random", "--weights", "random", "--dtype", "bf16",
+                    "--draft-layers", "1", "--draft-weights", "bf16,fp8wh", "--repeats", "2", "--skip-hf"])
+    res = spec.run(a)
+    rows = res["rows"]
+    assert [(r["drafter"], r["draft_weights"]) for r in rows] == [
+        ("none", "bf16"), ("self", "bf16"), ("self+fp8wh", "fp8wh"), ("eagle", "bf16"), ("eagle+fp8wh", "fp8wh")]
+    assert all(r["same_as_target_only"] == 1.0 for r in rows[1:])
+    md = res["markdown"]
+    assert "draft weights bf16,fp8wh" in md and "Draft weights against bf16" in md
+    for name in ("self+fp8wh", "eagle+fp8wh"):
+        assert f"- {name} torch / torch k=2 chain batch 1: " in md
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--draft-weights", "fp8"], "--draft-weights: unknown ['fp8']"),
+    (["--draft-weights", "fp8w"], "add --dtype bf16"),
+    (["--draft-weights", "fp8w", "--dtype", "bf16", "--drafters", "ngram"], "applies to the self and eagle drafters"),
+    (["--drafters", "eagle", "--eagle-head", "random"],
+     "an untrained head times the draft on random weights only")])
+def test_spec_bench_draft_weights_are_checked(capsys, flags, needle):
+    with pytest.raises(SystemExit):
+        spec.parse(["--device", "cpu", "--model", "tiny-llama", *flags])
+    assert needle in capsys.readouterr().err
