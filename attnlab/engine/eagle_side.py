@@ -20,17 +20,16 @@ from attnlab.engine.build import SideSpec, build_side, resolve_dtype
 from attnlab.engine.runner import ModelRunner
 from attnlab.errors import ConfigError
 
-RANDOM_HEAD = "random"  # head_path of an untrained head of the target's shapes (timing runs on random weights)
-RANDOM_DRAFT_VOCAB = 32000  # its draft vocabulary (EAGLE-3's usual size; the whole vocabulary when smaller)
+RANDOM_DRAFT_VOCAB = 32000  # an untrained head's draft vocabulary (EAGLE-3's usual size; the whole when smaller)
 
 
 def build_eagle_side(target: ModelRunner, head_path: str | None, target_name: str, spec: SideSpec,
-                     check: bool = True) -> ModelRunner:
+                     check: bool = True, random_head: bool = False) -> ModelRunner:
     """``head_path``: a folder written by ``python -m attnlab.train_draft`` (None = the head bundled for
-    preset ``target_name``; RANDOM_HEAD: an untrained head of the target's shapes with a draft vocabulary of
-    RANDOM_DRAFT_VOCAB, for timing at any preset's shapes, where its acceptance means nothing). ``spec``: the draft
-    side's SideSpec (backend, dtypes, KV sizes, graphs; its ``model`` and ``layers`` are unused: the head is one layer
-    on the target's weights)."""
+    preset ``target_name``). ``random_head`` (bench.spec ``--eagle-head random``; never a run's draft.path): an
+    untrained head of the target's shapes with a draft vocabulary of RANDOM_DRAFT_VOCAB instead, for timing at any
+    preset's shapes, where its acceptance means nothing. ``spec``: the draft side's SideSpec (backend, dtypes, KV
+    sizes, graphs; its ``model`` and ``layers`` are unused: the head is one layer on the target's weights)."""
     from attnlab.models.eagle_io import head_folder, load_head
 
     base = target.model
@@ -44,28 +43,30 @@ def build_eagle_side(target: ModelRunner, head_path: str | None, target_name: st
     if spec.fp8_lm_head and not fp8:
         raise ConfigError(f"draft=eagle: an fp8 LM head goes with fp8 weights (precision.draft=fp8_e4m3), not "
                           f"{spec.dtype}")
-    if head_path == RANDOM_HEAD:
+    if random_head:
         head = _random_head(base, target.model_config, target_name, wdtype, target.device)
     else:
         head = load_head(head_folder(head_path, target_name), base, dtype=wdtype, device=target.device, check=check)
+    if fp8:  # while bound to the target's own modules: e4m3 LM-head rows from its weights, rounded once
+        try:
+            head.quantize_fp8(small_m=spec.fp8_gemm, lm_head=spec.fp8_lm_head)
+        except ValueError as e:
+            raise ConfigError(f"draft=eagle with fp8 weights: {e}") from None
     if next(base.parameters()).dtype != wdtype:  # the head computes in its own dtype: cast the shared pair
         embed = copy.deepcopy(base.embed_tokens).to(wdtype)
-        if base.lm_head.weight is base.embed_tokens.weight:  # tied: keep them tied in the copy
+        if fp8 and spec.fp8_lm_head:  # the head scores its e4m3 rows, never this module: no cast copy
+            lm_head = base.lm_head
+        elif base.lm_head.weight is base.embed_tokens.weight:  # tied: keep them tied in the copy
             lm_head = torch.nn.Linear(*reversed(embed.weight.shape), bias=False, device=target.device, dtype=wdtype)
             lm_head.weight = embed.weight
         else:
             lm_head = copy.deepcopy(base.lm_head).to(wdtype)
         head.bind(embed, lm_head)
-    if fp8:
-        try:
-            head.quantize_fp8(small_m=spec.fp8_gemm, lm_head=spec.fp8_lm_head)
-        except ValueError as e:
-            raise ConfigError(f"draft=eagle with fp8 weights: {e}") from None
     return build_side(replace(spec, layers=None), prebuilt=(head, head.config.as_model_config(), target.tokenizer))
 
 
 def _random_head(base, mcfg, name: str, dtype: torch.dtype, device):
-    """RANDOM_HEAD: EAGLE-3's shapes for the target (default capture layers, the target's intermediate size), seed 0,
+    """``random_head``: EAGLE-3's shapes for the target (default capture layers, the target's intermediate size), seed 0,
     the first RANDOM_DRAFT_VOCAB token ids as its draft vocabulary."""
     from attnlab.models.eagle import EagleConfig, EagleHead, weights_fingerprint
 

@@ -186,11 +186,16 @@ class EagleHead(nn.Module):
         vocabulary's, or the whole head's) an e4m3 copy of their own. Compute in bf16: a bf16 head."""
         if self.dtype != torch.bfloat16:
             raise ValueError(f"eagle head: fp8 weights compute in bf16, not {self.dtype} (cast the head first)")
-        for name, role in HEAD_ROLES.items():
+        for name, role in HEAD_ROLES.items():  # every check before anything is swapped: a refusal leaves the head
             lin = getattr(self, name)
             if type(lin) is not nn.Linear or not scaled_mm_ok(lin.in_features, lin.out_features):
                 raise ValueError(f"eagle head: {name} ({type(lin).__name__}) is not an nn.Linear that row-wise fp8 "
                                  f"takes (in and out features multiples of 16)")
+        c = self.config
+        rows = c.draft_vocab_size or c.vocab_size
+        if lm_head and not scaled_mm_ok(c.hidden_size, rows):
+            raise ValueError(f"eagle head: fp8 LM-head rows need the hidden size and the scored rows in multiples of "
+                             f"16 ({rows} rows x {c.hidden_size})")
         for name, role in HEAD_ROLES.items():
             setattr(self, name, FP8Linear.from_linear(getattr(self, name), small_m=small_m, role=role))
         self._fp8_rows = small_m if lm_head else None
@@ -225,10 +230,7 @@ class EagleHead(nn.Module):
         w = self.shared[1].weight.detach()
         rows = w[self.d2t.to(w.device)].contiguous() if self.config.draft_vocab_size else None
         rows8 = None
-        if self._fp8_rows:
-            if not scaled_mm_ok(w.shape[1], w.shape[0] if rows is None else rows.shape[0]):
-                raise ValueError(f"eagle head: fp8 LM-head rows need the hidden size and the scored rows in "
-                                 f"multiples of 16 (rows {w.shape[0] if rows is None else rows.shape[0]} x {w.shape[1]})")
+        if self._fp8_rows:  # shapes checked by quantize_fp8
             rows8, rows = FP8Linear.from_weight(w if rows is None else rows, small_m=self._fp8_rows, role="lm_head"), None
         object.__setattr__(self, "_rows", rows)
         object.__setattr__(self, "_rows8", rows8)

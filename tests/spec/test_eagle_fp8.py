@@ -92,6 +92,12 @@ def test_quantize_fp8_refuses_what_it_cannot_take():
     with pytest.raises(ValueError, match="multiples of 16"):
         head.quantize_fp8()
     assert all(type(getattr(head, n)) is nn.Linear for n in HEAD_ROLES)  # nothing swapped before the refusal
+    head = EagleHead(EagleConfig.for_target(CFG, "tiny", "0", draft_vocab_size=40), dtype=BF16)
+    head.set_draft_vocab(torch.arange(40))
+    with pytest.raises(ValueError, match="40 rows"):  # the LM-head rows too, before anything is swapped
+        head.bind(TARGET.embed_tokens, TARGET.lm_head).quantize_fp8(lm_head=True)
+    assert all(type(getattr(head, n)) is nn.Linear for n in HEAD_ROLES) and head._fp8_rows is None
+    head.quantize_fp8()  # without the rows: fine
 
 
 def test_an_fp8_head_computes_what_its_dequantized_weights_compute():
@@ -171,11 +177,12 @@ def test_build_eagle_side_with_fp8_weights_counts_what_a_step_reads(tmp_path):
     own = sum(t.numel() * t.element_size() for t in [*head.parameters(), *head.buffers()])
     vocab, hidden = target.model_config.vocab_size, target.model_config.hidden_size
     assert m["weight_bytes_draft"] == own + vocab * hidden + vocab * 4
-    _, bf16 = _tiny_llama_sides(tmp_path / "b", "bf16")
-    # the bf16 head reads the target's (tied) LM head: counted on both sides and once in the total
-    assert memory_metrics({"draft": bf16})["weight_bytes_draft"] == (
-        sum(t.numel() * t.element_size() for t in [*bf16.model.parameters(), *bf16.model.buffers()])
-        + vocab * hidden * 2)
+    target, bf16 = _tiny_llama_sides(tmp_path / "b", "bf16")
+    # the bf16 head reads the target's own LM head: counted on both sides, once in the total
+    m = memory_metrics({"target": target, "draft": bf16})
+    own = sum(t.numel() * t.element_size() for t in [*bf16.model.parameters(), *bf16.model.buffers()])
+    assert m["weight_bytes_draft"] == own + vocab * hidden * 2
+    assert m["weight_bytes_total"] == m["weight_bytes_target"] + own
 
 
 def test_an_fp8_lm_head_needs_fp8_weights(tmp_path):
@@ -185,18 +192,25 @@ def test_an_fp8_lm_head_needs_fp8_weights(tmp_path):
         _tiny_llama_sides(tmp_path, "bf16", fp8_lm_head=True)
 
 
-def test_config_takes_draft_eagle_with_fp8_weights_where_fp8_runs():
-    """draft=eagle no longer refuses fp8 weights; on the CPU the fp8 check itself refuses them, with its reason."""
+def test_config_takes_draft_eagle_with_fp8_weights_where_fp8_runs(monkeypatch):
+    """draft=eagle takes fp8 weights wherever fp8 runs (stood in for by the device probe saying so); on the CPU the
+    fp8 check itself refuses them, with its reason."""
     from attnlab.config import validate
     from attnlab.errors import ConfigError
+    from attnlab.models import fp8
     from tests.test_config import _compose
 
+    overrides = ("model=tiny-llama", "device=cpu", "draft=eagle", "precision=fp8w-draft", "precision.fp8_lm_head=true")
     with pytest.raises(ConfigError, match="fp8 weights need a CUDA GPU"):
-        validate(_compose("model=tiny-llama", "device=cpu", "draft=eagle", "precision=fp8w-draft"))
+        validate(_compose(*overrides))
+    monkeypatch.setattr(fp8, "fp8_matmul_problem", lambda device: None)
+    plan = validate(_compose(*overrides))
+    assert (plan.draft.kind, plan.precision.draft, plan.precision.fp8_gemm, plan.precision.fp8_lm_head) == (
+        "eagle", "fp8_e4m3", "weight_only", True)
 
 
 def test_a_random_head_has_the_targets_shapes_and_a_draft_vocabulary(tmp_path, monkeypatch):
-    """build_eagle_side's RANDOM_HEAD (bench.spec --eagle-head random): an untrained head for timing at any preset's
+    """build_eagle_side(random_head=True) (bench.spec --eagle-head random): an untrained head for timing at any preset's
     shapes, the first RANDOM_DRAFT_VOCAB ids its draft vocabulary, reproducible (seed 0)."""
     from attnlab.engine import eagle_side
     from attnlab.engine.build import SideSpec, build_side
@@ -208,7 +222,7 @@ def test_a_random_head_has_the_targets_shapes_and_a_draft_vocabulary(tmp_path, m
                         progress=False)
     spec = SideSpec(ModelSource("tiny-llama", init="random"), "torch", "fp8_e4m3", "bf16", name="draft",
                     fp8_gemm="weight_only", fp8_lm_head=True, **common)
-    sides = [eagle_side.build_eagle_side(target, eagle_side.RANDOM_HEAD, "tiny-llama", spec) for _ in range(2)]
+    sides = [eagle_side.build_eagle_side(target, None, "tiny-llama", spec, random_head=True) for _ in range(2)]
     head = sides[0].model
     mcfg = target.model_config
     assert (head.config.hidden_size, head.config.num_heads, head.config.intermediate_size) == (
