@@ -114,7 +114,7 @@ class Row:
     # a flashinfer side's plans over the row's timed batches: side ("draft" / "target") -> [planned, kept]
     plans: dict[str, list[int]] = field(default_factory=dict)
     arm: str | None = None  # the gemm arm its sides were built, captured and timed under (several --gemm-split arms)
-    draft_weights: str = "bf16"  # the drafter's weights (--draft-weights; its drafter label says so too: eagle+fp8w)
+    draft_weights: str = "bf16"  # the drafter's weights: --dtype's, or fp8w / fp8wh (its drafter label says so: eagle+fp8w)
 
     @property
     def tok_s(self) -> float:
@@ -203,9 +203,10 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         check("backend", draft_backend)
         # random weights: the head cannot match them (no fingerprint check); its acceptance means nothing, its
         # phase times (k - 1 head steps, the draft-extend) are what such a run measures
-        head = build_eagle_side(target, a.eagle_head, a.model, spec_for(draft_backend, batch, name="draft",
-                                                                          weights=weights),
-                                check=a.weights != "random")
+        random_head = a.eagle_head == "random"
+        head = build_eagle_side(target, None if random_head else a.eagle_head, a.model,
+                                spec_for(draft_backend, batch, name="draft", weights=weights),
+                                check=a.weights != "random", random_head=random_head)
         d = EagleDrafter(head)
         d.multistep = kind != "eagle-per-step"  # the previous draft path: a graph replay per head step
         return d
@@ -219,7 +220,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         dec.generate(prompts[:batch], 8, eos)
         _sync(dev)
         return _Cell(dec, Row("attnlab", drafter_name, pair, 0.0, 0, 0, batch=batch, k=k, arm=arm,
-                              draft_weights=weights,
+                              draft_weights=a.dtype if weights == "bf16" else weights,
                               tree="chain" if K == 1 else f"{K}x{S}" + ("-steps" if steps else "")))
 
     def once(cells: list[_Cell]) -> None:
@@ -396,11 +397,12 @@ def weights_lines(rows: list[Row]) -> list[str]:
     (fp8 weights change what the drafter proposes, never what is emitted) and both draft phases' mean ms an iteration
     (CUDA events: what the weights speed up, on random weights too)."""
     key = lambda r: (r.batch, r.drafter.split("+")[0], r.k, r.tree, r.pair, r.arm)
-    bf16 = {key(r): r for r in rows if r.engine == "attnlab" and r.k and r.draft_weights == "bf16"}
+    fp8 = lambda r: r.draft_weights.startswith("fp8")
+    bf16 = {key(r): r for r in rows if r.engine == "attnlab" and r.k and not fp8(r)}
     out = []
     for r in rows:
         ref = bf16.get(key(r))
-        if r.engine != "attnlab" or r.draft_weights == "bf16" or ref is None or len(r.repeats_s) != len(ref.repeats_s):
+        if r.engine != "attnlab" or not fp8(r) or ref is None or len(r.repeats_s) != len(ref.repeats_s):
             continue
         ratios = sorted(sum(map(len, r.outputs_rounds[i])) / r.repeats_s[i]
                         / (sum(map(len, ref.outputs_rounds[i])) / ref.repeats_s[i]) for i in range(len(r.repeats_s)))
@@ -704,22 +706,31 @@ def parse(argv=None):
     a.draft_weights = [w for w in a.draft_weights.split(",") if w]
     bad = sorted(set(a.draft_weights) - set(WEIGHTS)) or (not a.draft_weights and ["(none)"])
     if bad:
-        ap.error(f"--draft-weights: unknown {bad} (choose from {', '.join(WEIGHTS)})")
+        ap.error(f"--draft-weights: unknown {bad} (choose from {', '.join(WEIGHTS)}; bf16: --dtype's weights)")
+    if len(set(a.draft_weights)) < len(a.draft_weights):
+        ap.error(f"--draft-weights {','.join(a.draft_weights)}: each at most once")
     fp8 = [w for w in a.draft_weights if w != "bf16"]
-    if fp8 and a.dtype != "bf16":
-        ap.error(f"--draft-weights {','.join(fp8)}: fp8 weights compute in bf16; add --dtype bf16 (here {a.dtype})")
-    if fp8 and not {"self", *EAGLES} & set(a.drafters):
-        ap.error(f"--draft-weights {','.join(fp8)}: applies to the self and eagle drafters (--drafters "
-                 f"{','.join(a.drafters)})")
+    if fp8:
+        if a.dtype != "bf16":
+            ap.error(f"--draft-weights {','.join(fp8)}: fp8 weights compute in bf16; add --dtype bf16 (here {a.dtype})")
+        if not {"self", *EAGLES} & set(a.drafters):
+            ap.error(f"--draft-weights {','.join(fp8)}: applies to the self and eagle drafters (--drafters "
+                     f"{','.join(a.drafters)})")
+        from attnlab.models.fp8 import fp8_matmul_problem
+
+        why = (fp8_matmul_problem(a.device) if cuda else None if os.environ.get("TRITON_INTERPRET") == "1" else
+               "on the CPU attnlab's fp8 GEMM runs under the Triton interpreter only (TRITON_INTERPRET=1: tests)")
+        if why:
+            ap.error(f"--draft-weights {','.join(fp8)}: {why}")
     bad = set(a.drafters) - {"ngram", "self", *EAGLES}
     if bad:
         ap.error(f"--drafters: unknown {sorted(bad)} (choose from ngram, self, eagle, eagle-per-step)")
     if set(EAGLES) & set(a.drafters) and not a.skip_hf:
         a.skip_hf = True  # HF assisted generation has no EAGLE-3 path here: attnlab rows only
-    if a.eagle_head == "random" and a.weights != "random":
-        ap.error(f"--eagle-head random: an untrained head times the draft on random weights only (--weights "
-                 f"{a.weights}: use a trained head, or --weights random)")
     a.weights = resolve_weights(ap, a.model, a.weights)
+    if a.eagle_head == "random" and a.weights != "random":
+        ap.error(f"--eagle-head random: an untrained head times the draft on random weights only (weights "
+                 f"{a.weights} here: use a trained head, or --weights random)")
     return a
 
 

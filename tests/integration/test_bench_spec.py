@@ -371,23 +371,47 @@ def test_spec_bench_gemm_arms_are_checked(capsys):
     assert e.value.code == 2 and "--gemm-split" in capsys.readouterr().err
 
 
-def test_spec_bench_fp8_draft_weights_rows_beside_bf16(tmp_path):
-    """--draft-weights bf16,fp8wh: each self / eagle row once per weights, in the same rounds; the fp8 rows stay
-    lossless and each is compared with its bf16 row under the table. CPU: the weight-only GEMM under the Triton
-    interpreter (<= 16 rows), torch._scaled_mm's CPU path for the prefills."""
+def test_spec_bench_fp8_draft_weights_rows_beside_bf16(tmp_path, monkeypatch):
+    """--draft-weights bf16,fp8wh: each self / eagle row once per weights, in the same rounds, built with those weights;
+    the fp8 rows stay lossless and each is compared with its bf16 row under the table. CPU: the weight-only GEMM under
+    the Triton interpreter (<= 16 rows), torch._scaled_mm's CPU path for the prefills."""
+    from attnlab.engine import eagle_side
+    from attnlab.models.fp8 import FP8Linear, has_fp8_linears
     from tests.spec.test_eagle_fp8 import _scaled_mm_on_cpu
 
     if not _scaled_mm_on_cpu():
         pytest.skip("this torch has no CPU torch._scaled_mm (row-wise): the fp8 prefills cannot run here")
+    built = []  # (drafter kind, its model) of every draft side the bench builds
+    build_side, build_eagle = spec.build_side, eagle_side.build_eagle_side
+
+    def side(sp, *a, **kw):
+        r = build_side(sp, *a, **kw)
+        if sp.name == "draft":
+            built.append(("self", r.model))
+        return r
+
+    def eagle(*a, **kw):
+        r = build_eagle(*a, **kw)
+        built.append(("eagle", r.model))
+        return r
+
+    monkeypatch.setattr(spec, "build_side", side)
+    monkeypatch.setattr(eagle_side, "build_eagle_side", eagle)
     # an untrained head of the target's shapes (--eagle-head random: any preset, random weights)
     a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--num-prompts", "1",
-                    "--new", "6", "--k", "2", "--drafters", "self,eagle", "--eagle-head", "random", "--weights", "random", "--dtype", "bf16",
-                    "--draft-layers", "1", "--draft-weights", "bf16,fp8wh", "--repeats", "2", "--skip-hf"])
+                    "--new", "6", "--k", "2", "--drafters", "self,eagle", "--eagle-head", "random", "--weights", "random",
+                    "--dtype", "bf16", "--draft-layers", "1", "--draft-weights", "bf16,fp8wh", "--repeats", "2",
+                    "--skip-hf"])
     res = spec.run(a)
     rows = res["rows"]
     assert [(r["drafter"], r["draft_weights"]) for r in rows] == [
         ("none", "bf16"), ("self", "bf16"), ("self+fp8wh", "fp8wh"), ("eagle", "bf16"), ("eagle+fp8wh", "fp8wh")]
     assert all(r["same_as_target_only"] == 1.0 for r in rows[1:])
+    # the rows ran what they say: bf16 drafters, then e4m3 layers and LM head (a self-drafter's own copy, an EAGLE
+    # head's scored rows)
+    assert [(kind, has_fp8_linears(m)) for kind, m in built] == [
+        ("self", False), ("self", True), ("eagle", False), ("eagle", True)]
+    assert isinstance(built[1][1].parent.lm_head, FP8Linear) and built[3][1]._rows8 is not None
     md = res["markdown"]
     assert "draft weights bf16,fp8wh" in md and "Draft weights against bf16" in md
     for name in ("self+fp8wh", "eagle+fp8wh"):
@@ -396,11 +420,28 @@ def test_spec_bench_fp8_draft_weights_rows_beside_bf16(tmp_path):
 
 @pytest.mark.parametrize("flags,needle", [
     (["--draft-weights", "fp8"], "--draft-weights: unknown ['fp8']"),
+    (["--draft-weights", "bf16,fp8w,bf16", "--dtype", "bf16"], "each at most once"),
     (["--draft-weights", "fp8w"], "add --dtype bf16"),
-    (["--draft-weights", "fp8w", "--dtype", "bf16", "--drafters", "ngram"], "applies to the self and eagle drafters"),
-    (["--drafters", "eagle", "--eagle-head", "random"],
-     "an untrained head times the draft on random weights only")])
+    (["--draft-weights", "fp8w", "--dtype", "bf16", "--drafters", "ngram"], "applies to the self and eagle drafters")])
 def test_spec_bench_draft_weights_are_checked(capsys, flags, needle):
     with pytest.raises(SystemExit):
         spec.parse(["--device", "cpu", "--model", "tiny-llama", *flags])
     assert needle in capsys.readouterr().err
+
+
+def test_spec_bench_fp8_draft_weights_need_a_device_that_runs_them(capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(SystemExit):
+        spec.parse(["--device", "cpu", "--model", "tiny-llama", "--dtype", "bf16", "--draft-weights", "bf16,fp8w"])
+    assert "runs under the Triton interpreter only" in capsys.readouterr().err
+
+
+def test_spec_bench_random_head_needs_random_weights(capsys, monkeypatch):
+    """--eagle-head random on real weights would report an untrained head's tau: refused once the weights resolved."""
+    monkeypatch.setattr(spec, "resolve_weights", lambda ap, model, weights: "real")
+    with pytest.raises(SystemExit):
+        spec.parse(["--device", "cpu", "--model", "smollm2-135m", "--drafters", "eagle", "--eagle-head", "random"])
+    assert "an untrained head times the draft on random weights only" in capsys.readouterr().err
+    monkeypatch.setattr(spec, "resolve_weights", lambda ap, model, weights: "random")
+    assert spec.parse(["--device", "cpu", "--model", "tiny-llama", "--drafters", "eagle", "--eagle-head",
+                       "random"]).eagle_head == "random"
