@@ -7,10 +7,15 @@
 #      end, SmolLM2 shapes, random weights, self-draft on triton, flashinfer verify split always / auto, batch 1 / 16
 #   3  issue 17: an EAGLE drafter with bf16 / fp8w / fp8wh weights, random weights and an untrained head of the
 #      target's shapes (--eagle-head random), gemm engine + PDL, batch 1, k 4: SmolLM2, Llama-3.2-1B, Llama-3.1-8B
+#   4-8 (optional, if >= 450 s of device time are left after 3; the same machine): the real SmolLM2 (Q4_1 GGUF in bf16)
+#      with its shipped EAGLE head, bf16 / fp8w / fp8wh drafts: tau and speed on 16 held-out ShareGPT prompts. The GGUF's
+#      four 24.6 MB parts and the ShareGPT bundle travel one a call beside the 18.5 MB tree (64 MiB a call):
+#      `bash experiments/h200-2026-12-04h/bundles.sh` makes .gpu/m0 .. .gpu/m3 here, then carry .gpu/m0 (part 4),
+#      .gpu/m1 (5), .gpu/m2 (6), .gpu/m3 (7: joins the GGUF), .gpu/4 (8: ShareGPT, then the run)
 # Each part's output: $OUT/runN.log (the console, tee'd) and resultsN.tgz (logs and bench tables; at most 8 files come
 # back from a call). Each step has its own timeout inside the 10-minute limit of a call.
 set -u -o pipefail
-PART=${1:?part 1, 2 or 3}
+PART=${1:?part 1-8}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, fi_jit, the environment, the call's log, PY
 pack() {  # every file of this call but its console log into one archive
   tar czf "/tmp/results$PART.tgz" -C "$OUT" --exclude="run$PART.log" . && find "$OUT" -type f ! -name "run$PART.log" -delete
@@ -52,6 +57,19 @@ case $PART in
       --pdl --ignore-eos --num-prompts 4 --new 96 --repeats $rounds --out "$OUT/eagle3-$model" > $LOGS/eagle3-$model.log 2>&1
     echo "exit code $?"; grep -E "^\||^- eagle" $LOGS/eagle3-$model.log
   done
+  pack
+  ;;
+[4-7])
+  step "install .gpu/m$((PART - 4)) (a part of the SmolLM2 GGUF)"; bash .gpu/m$((PART - 4))/install.sh | tail -1
+  ;;
+8)
+  step "install .gpu/4 (ShareGPT)"; bash .gpu/4/install.sh | tail -1
+  step "issue 17: the real SmolLM2 and its shipped EAGLE head, bf16 / fp8w / fp8wh drafts, k 4, batch 1, 16 prompts"
+  timeout 420 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights real --prompts sharegpt --num-prompts 16 \
+    --drafters eagle --draft-weights bf16,fp8w,fp8wh --dtype bf16 --k 4 --batch 1 --backends triton --gemm triton \
+    --pdl --new 128 --repeats 5 --out "$OUT/eagle8" > $LOGS/eagle8.log 2>&1
+  echo "exit code $?"; grep -E "^\||^- eagle" $LOGS/eagle8.log
+  cp $LOGS/eagle8.log "$OUT/" 2>/dev/null
   pack
   ;;
 esac
