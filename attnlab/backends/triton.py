@@ -75,11 +75,14 @@ class TritonBackend(AttentionBackend):
                           "(kernels/prefill_contig.py, tensor descriptors: TMA on Hopper) instead of the pool's pages",
         "fused_merge": "true / false (default): merge split-KV partials inside the decode / extend kernel (the "
                        "last split to finish merges), not in a second launch per layer (H200: 1.1-3.6x slower)",
+        "decode_tiles": "BLOCK_NxWARPSxSTAGES (e.g. 64x4x3): the decode kernel's KV tile, warps and stages, in place "
+                        "of the heuristic (tuning: the batch-1 floor); the split count follows the tile; null = "
+                        "heuristic",
     }
 
     @classmethod
     def check_options(cls, options: dict, field: str) -> None:
-        from attnlab.kernels.heuristics import parse_tiles
+        from attnlab.kernels.heuristics import parse_decode_tiles, parse_tiles
 
         for key, what in (("num_splits", "heuristic"), ("split_tokens", "256")):
             n = options.get(key)
@@ -89,17 +92,18 @@ class TritonBackend(AttentionBackend):
             raise ConfigError(f"{field}.fused_merge={options['fused_merge']!r}: must be true or false")
         if options.get("prefill_contig") not in (None, True, False):
             raise ConfigError(f"{field}.prefill_contig={options['prefill_contig']!r}: must be true, false or null")
-        tiles = options.get("prefill_tiles")
-        if tiles is not None:
-            try:
-                parse_tiles(tiles)
-            except ValueError as e:
-                raise ConfigError(f"{field}.prefill_tiles={e}") from None
+        for key, parse in (("prefill_tiles", parse_tiles), ("decode_tiles", parse_decode_tiles)):
+            if options.get(key) is not None:
+                try:
+                    parse(options[key])
+                except ValueError as e:
+                    raise ConfigError(f"{field}.{key}={e}") from None
 
     def __init__(self, *args, num_splits: int | None = None, cuda_graph: bool = False,
                  max_batch_size: int | None = None, max_q_len: int = 16, max_context: int | None = None,
                  invariant: bool = False, split_tokens: int | None = None, prefill_tiles: str | None = None,
-                 fused_merge: bool = False, prefill_contig: bool | None = None, **kwargs):
+                 fused_merge: bool = False, prefill_contig: bool | None = None, decode_tiles: str | None = None,
+                 **kwargs):
         """num_splits: force the split-KV count (tests, tuning); None = heuristic.
 
         invariant (engine.invariant): every pass, prefill, decode and verify, runs attnlab.kernels.invariant
@@ -117,6 +121,7 @@ class TritonBackend(AttentionBackend):
         self.invariant = invariant
         self.split_tokens = split_tokens
         self.prefill_tiles = prefill_tiles
+        self.decode_tiles = decode_tiles
         self.fused_merge = fused_merge
         # a prefill_tiles sweep times the paged kernel's launches: it keeps them unless prefill_contig says otherwise
         self.prefill_contig = prefill_tiles is None if prefill_contig is None else prefill_contig
@@ -204,7 +209,7 @@ class TritonBackend(AttentionBackend):
         # own kv_len in the kernel, so the one launch holds for every step and every later draft
         params = plan_params(q_lens=[1] * batch, kv_lens=[max_kv_len or self.max_context] * batch,
                              num_kv_heads=self.num_kv_heads, group=group, head_dim=self.head_dim, has_mask=False,
-                             sms=self._sms(), num_splits=self.num_splits)
+                             sms=self._sms(), num_splits=self.num_splits, decode_tiles=self.decode_tiles)
         qo = torch.arange(batch + 1, dtype=torch.int32, device=self.device)
         plans = []
         for j in range(n):
@@ -311,7 +316,8 @@ class TritonBackend(AttentionBackend):
         else:
             params = plan_params(q_lens=meta.q_lens, kv_lens=kv_lens_for_params, num_kv_heads=self.num_kv_heads,
                                  group=group, head_dim=self.head_dim, has_mask=has_mask, sms=sms,
-                                 num_splits=self.num_splits, prefill_tiles=self.prefill_tiles)
+                                 num_splits=self.num_splits, prefill_tiles=self.prefill_tiles,
+                                 decode_tiles=self.decode_tiles)
         num_tokens = meta.num_tokens
         plan = TritonPlan(params, num_tokens, _int32(meta.qo_indptr, dev), _int32(lay.kv_indptr, dev),
                           _int32(lay.kv_indices, dev), _int32(lay.kv_lens, dev))
@@ -409,5 +415,5 @@ class TritonBackend(AttentionBackend):
         shape = WarmupShape(self.num_q_heads, self.num_kv_heads, self.head_dim, self.pool.page_size,
                             self.dtype, self.pool.dtype, tuple(batch_sizes), tuple(q_lens), tuple(kv_lens),
                             custom_mask, self.num_splits, self.prefill_tiles, self.fused_merge,
-                            self.prefill_contig)
+                            self.prefill_contig, self.decode_tiles)
         return warmup([shape], self.device)

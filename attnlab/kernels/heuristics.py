@@ -100,17 +100,34 @@ def choose_num_splits(base_programs: int, max_kv_len: int, sms: int, block_n: in
 
 
 def decode_params(*, batch: int, num_kv_heads: int, group: int, head_dim: int, max_kv_len: int, sms: int,
-                  num_splits: int | None = None) -> LaunchParams:
-    """q_len = 1 per request: one program per (request, kv head, split), the whole GQA group as M rows."""
+                  num_splits: int | None = None, tiles: str | None = None) -> LaunchParams:
+    """q_len = 1 per request: one program per (request, kv head, split), the whole GQA group as M rows.
+    ``tiles`` ("BLOCK_NxWARPSxSTAGES", the triton backend's ``decode_tiles``): the KV tile, warps and stages in place
+    of the heuristic's (tuning sweeps); the split count then follows that tile."""
     block_d = max(16, next_pow2(head_dim))
     block_m = max(16, next_pow2(group))
     # ~16 KiB per K tile (128 x D64, 64 x D128, 32 x D256 in bf16). Pages that are a multiple of block_n
     # take the fast path (one page id per tile, contiguous rows); any other page size gathers per token.
     block_n = {16: 128, 32: 128, 64: 128, 128: 64}.get(block_d, 32)
+    num_warps, num_stages = 4, 2 if block_d >= 256 else 3
+    if tiles:
+        block_n, num_warps, num_stages = parse_decode_tiles(tiles)
     splits = num_splits or choose_num_splits(batch * num_kv_heads, max_kv_len, sms, block_n,
                                              DECODE_PROGRAMS_PER_SM, DECODE_MIN_PROGRAMS_PER_SM)
-    return LaunchParams("decode", block_m, block_n, block_d, 1, splits, num_warps=4,
-                        num_stages=2 if block_d >= 256 else 3)
+    return LaunchParams("decode", block_m, block_n, block_d, 1, splits, num_warps=num_warps, num_stages=num_stages)
+
+
+def parse_decode_tiles(spec: str) -> tuple[int, int, int]:
+    """``"BLOCK_NxWARPSxSTAGES"`` (e.g. ``"64x4x3"``) -> the three ints; ValueError naming the rule."""
+    parts = str(spec).lower().split("x")
+    try:
+        bn, warps, stages = (int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"{spec!r}: want BLOCK_NxWARPSxSTAGES, e.g. 64x4x3") from None
+    pow2 = all(v > 0 and v & (v - 1) == 0 for v in (bn, warps))
+    if not pow2 or not 16 <= bn <= 256 or warps > 8 or not 1 <= stages <= 8:
+        raise ValueError(f"{spec!r}: BLOCK_N a power of two in 16..256, WARPS a power of two <= 8, 1 <= STAGES <= 8")
+    return bn, warps, stages
 
 
 def extend_params(*, num_q_blocks_fn, num_kv_heads: int, group: int, head_dim: int, max_q_len: int,
@@ -176,16 +193,17 @@ def parse_tiles(spec: str) -> tuple[int, int, int, int]:
 
 def plan_params(*, q_lens: list[int], kv_lens: list[int], num_kv_heads: int, group: int, head_dim: int,
                 has_mask: bool, sms: int, num_splits: int | None = None,
-                prefill_tiles: str | None = None) -> LaunchParams:
+                prefill_tiles: str | None = None, decode_tiles: str | None = None) -> LaunchParams:
     """The one entry point: decode kernel when every request has q_len <= 1 and no custom mask, else the
     extend kernel; its block sizes, split count and warps. Used by the backend's plan and by warmup.
     ``prefill_tiles`` ("BMxBNxWxS", the triton backend's option of that name): the extend kernel's tiles, warps
-    and stages for prefills (q_len >= PREFILL_MIN_Q_LEN), in place of the heuristic (tuning sweeps)."""
+    and stages for prefills (q_len >= PREFILL_MIN_Q_LEN), in place of the heuristic (tuning sweeps); ``decode_tiles``
+    ("BNxWxS", that backend's option too): the decode kernel's KV tile, warps and stages."""
     max_q = max(q_lens, default=0)
     max_kv = max(kv_lens, default=0)
     if max_q <= 1 and not has_mask:
         return decode_params(batch=len(q_lens), num_kv_heads=num_kv_heads, group=group, head_dim=head_dim,
-                             max_kv_len=max_kv, sms=sms, num_splits=num_splits)
+                             max_kv_len=max_kv, sms=sms, num_splits=num_splits, tiles=decode_tiles)
     return extend_params(num_q_blocks_fn=lambda tpb: sum(cdiv(n, tpb) for n in q_lens),
                          num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, max_q_len=max_q,
                          max_kv_len=max_kv, sms=sms, num_splits=num_splits, prefill_tiles=prefill_tiles)

@@ -41,6 +41,7 @@ class WarmupShape:
     prefill_tiles: str | None = None  # the triton backend's option: the prefill launch it overrides
     fused_merge: bool = False  # the triton backend's option: split-KV partials merged inside the kernel
     prefill_contig: bool = False  # the triton backend's option: prefills without a prefix on the contiguous kernel
+    decode_tiles: str | None = None  # the triton backend's option: the decode launch it overrides
 
 
 def _variants(shape: WarmupShape, sms: int) -> dict:
@@ -54,7 +55,8 @@ def _variants(shape: WarmupShape, sms: int) -> dict:
                 for mask in ({False, shape.custom_mask} if q_len > 1 or shape.custom_mask else {False}):
                     p = plan_params(q_lens=[q_len] * b, kv_lens=[kv_len] * b, num_kv_heads=shape.num_kv_heads,
                                     group=group, head_dim=shape.head_dim, has_mask=mask, sms=sms,
-                                    num_splits=shape.num_splits, prefill_tiles=shape.prefill_tiles)
+                                    num_splits=shape.num_splits, prefill_tiles=shape.prefill_tiles,
+                                    decode_tiles=shape.decode_tiles)
                     out.setdefault((p, mask), (b, q_len, kv_len))
     return out
 

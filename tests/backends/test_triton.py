@@ -144,6 +144,34 @@ def test_prefill_tiles_option_overrides_the_prefill_launch_only():
             require_available("triton", {"prefill_tiles": bad})
 
 
+@pytest.mark.parametrize("page_size,tiles", [(16, "16x2x2"), (3, "32x4x1"), (16, "64x8x4")])
+def test_decode_tiles_option_overrides_the_decode_launch_only(page_size, tiles):
+    """decode_tiles (the batch-1 decode floor's sweep): the decode kernel's KV tile, warps and stages, the split count
+    following that tile (batch 1 x 300 tokens on the interpreter's two SMs: two splits of whole tiles), equal to the
+    reference; a verify keeps the heuristic's launch; bad specs are one line."""
+    from attnlab.errors import ConfigError
+    from attnlab.kernels.heuristics import parse_decode_tiles
+
+    bn, warps, stages = parse_decode_tiles(tiles)
+    cls = require_available("triton", {"decode_tiles": tiles})
+    case = make_case(kv_lens=[300], q_lens=[1], page_size=page_size, num_kv_heads=2, gqa=3, head_dim=64,
+                     dtype=torch.float32, device=DEVICE, mode=Mode.DECODE, seed=7)
+    be = case.backend(cls)
+    be.plan(case.meta)
+    out = torch.stack([be.run(case.q, layer) for layer in range(case.pool.num_layers)])
+    torch.testing.assert_close(out.float(), case.reference(), **TOL[torch.float32])
+    info = be.kernel_info()["decode"]
+    assert f"BLOCK_N={bn} " in info and "splits=2 " in info and f"warps={warps} stages={stages}" in info, info
+    verify = make_case(kv_lens=[40, 9], q_lens=[5, 5], page_size=16, num_kv_heads=2, gqa=3, head_dim=64,
+                       dtype=torch.float32, device=DEVICE)
+    be = verify.backend(cls)
+    be.plan(verify.meta)
+    assert f"warps={warps} stages={stages}" not in be.kernel_info()["verify"] or (warps, stages) == (4, 3)
+    for bad in ("64x4", "48x4x3", "512x4x3", "64x16x3", "64x4x0", "axbxc"):
+        with pytest.raises(ConfigError, match="decode_tiles"):
+            require_available("triton", {"decode_tiles": bad})
+
+
 def test_query_blocks_heaviest_first():
     from attnlab.kernels.extend import query_blocks
 
