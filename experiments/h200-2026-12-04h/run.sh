@@ -4,7 +4,8 @@
 #      the engine's graph per split choice, graphs, kept plans, hybrid) and draft=eagle with fp8 weights (graphs, both
 #      backends, fused or not, weight-only + e4m3 LM head and W8A8)
 #   2  issue 16: bench.kernels before (split always) / after (auto), batch 1/16/64 x 512/1024/4096; bench.spec end to
-#      end, SmolLM2 shapes, random weights, self-draft on triton, flashinfer verify split always / auto, batch 1 / 16
+#      end, SmolLM2 shapes, random weights, self-draft on triton, flashinfer verify split always / auto, batch 1 / 16;
+#      the batch-1 Triton decode at 4k under 11 decode_tiles launches (the floor: 4.60 / 9.40 us)
 #   3  issue 17: an EAGLE drafter with bf16 / fp8w / fp8wh weights, random weights and an untrained head of the
 #      target's shapes (--eagle-head random), gemm engine + PDL, batch 1, k 4: SmolLM2, Llama-3.2-1B, Llama-3.1-8B
 #   4-8 (optional, if >= 450 s of device time are left after 3; the same machine): the real SmolLM2 (Q4_1 GGUF in bf16)
@@ -45,7 +46,13 @@ case $PART in
     --batch 1,16 --backends $FI --draft-backends triton --num-prompts 16 --new 64 --repeats 3 \
     --out "$OUT/spec2" > $LOGS/spec2.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/spec2.log | head -40
-  cp $LOGS/split2.log $LOGS/spec2.log "$OUT/" 2>/dev/null
+  step "issue 16: the batch-1 Triton decode floor, a sweep of the decode launch (decode_tiles: BLOCK_N x warps x stages)"
+  T=triton; for t in 16x2x4 32x2x4 32x4x3 64x2x4 64x4x3 64x4x4 64x8x3 128x4x3 128x8x2 128x8x3 256x8x2; do
+    T="$T,triton/decode_tiles=$t"; done
+  timeout 150 $PY -m attnlab.bench.kernels --phases decode --batches 1 --contexts 4096 --models smollm2,llama8b \
+    --backends "$T" --baseline triton --repeats 3 --out "$OUT/dtiles2" > $LOGS/dtiles2.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/dtiles2.log
+  cp $LOGS/split2.log $LOGS/spec2.log $LOGS/dtiles2.log "$OUT/" 2>/dev/null
   pack
   ;;
 3)
