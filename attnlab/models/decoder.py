@@ -213,13 +213,9 @@ class Decoder(nn.Module):
         """RoPE's cos / sin for positions 0 .. num_positions - 1: [num_positions, head_dim] each, in the model
         dtype, on its device; row p holds the bits ``rope.cos_sin`` gives position p (the same elementwise ops).
         A gemm-path runner builds them once (AttnContext.rope_table) for its qkv epilogue to index by position."""
-        key = (num_positions, self.embed_tokens.weight.dtype, self.inv_freq.device)
-        cache = self.__dict__.setdefault("_rope_tables", {})  # runners sharing the weights share the tables
-        if key not in cache:  # never replaced: a graph captured over a table keeps reading it
-            positions = torch.arange(num_positions, device=self.inv_freq.device)
-            cos, sin = rope.cos_sin(positions, self.inv_freq, self.embed_tokens.weight.dtype)
-            cache[key] = (cos[:, 0].contiguous(), sin[:, 0].contiguous())
-        return cache[key]
+        # runners sharing the weights share the tables
+        return rope.position_tables(self.__dict__.setdefault("_rope_tables", {}), self.inv_freq,
+                                    self.embed_tokens.weight.dtype, num_positions)
 
     def compute_logits(self, hidden: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] fp32 (matmul in the model dtype, as HF); ``invariant``: the

@@ -180,6 +180,12 @@ class EagleHead(nn.Module):
         """The compute dtype (the norms'): features are cast to it; fp8 projections compute in it too."""
         return self.norm.weight.dtype
 
+    def rope_tables(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos / sin over positions (Decoder.rope_tables' contract): a gemm-path runner's qkv epilogue reads
+        them by position (AttnContext.rope_table), no torch RoPE ops per draft step."""
+        return rope.position_tables(self.__dict__.setdefault("_rope_tables", {}), self.inv_freq, self.dtype,
+                                    num_positions)
+
     def quantize_fp8(self, small_m: str = "w8a8", lm_head: bool = False) -> EagleHead:
         """e4m3 weights with per-row scales, in place: the projections (HEAD_ROLES) become FP8Linear (``small_m``:
         its W8A8 or weight-only small-M GEMM), and with ``lm_head`` the LM-head rows the head scores (the draft
@@ -280,8 +286,14 @@ class EagleHead(nn.Module):
         return h + self.down_proj(F.silu(gate) * up)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx, features: torch.Tensor) -> torch.Tensor:
+        mode = getattr(ctx, "fused_ops", False)
+        if mode == "gemm":  # engine.gemm=triton on the draft side (attnlab.models.gemm_path.GEMM)
+            from attnlab.kernels import gemm
+
+            if input_ids.shape[0] <= gemm.MAX_M:
+                return self._forward_gemm(input_ids, features.to(self.dtype), positions, ctx)
         f = self.fuse(features.to(self.dtype))
-        if getattr(ctx, "fused_ops", False):  # engine.fused_ops on the draft side
+        if mode:  # engine.fused_ops on the draft side (and longer passes of engine.gemm=triton, triton_attn's)
             return self._forward_fused(input_ids, f, positions, ctx)
         cos, sin = rope.cos_sin(positions, self.inv_freq, f.dtype)
         q, k, v = self.pre_attention(input_ids, f, cos, sin)
@@ -319,6 +331,46 @@ class EagleHead(nn.Module):
         if self._rows is not None:
             return F.linear(hidden, self._rows.to(hidden.dtype))
         return self.shared[1](hidden)
+
+    def _forward_gemm(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                      ctx) -> torch.Tensor:
+        """``forward`` on attnlab's small-M GEMM (engine.gemm=triton, passes of <= gemm.MAX_M rows), as the target's
+        layers run it (attnlab.models.gemm_path): fc through it too; qkv with RoPE and the KV store in its epilogue;
+        o and down with their residual adds, and the next norm in their tails where ``gemm.norm_tail`` says so; gate_up
+        with SiLU-mul. About 9 launches a draft step against ``_forward_fused``'s ~19, and the projections' e4m3
+        weights (FP8Linear) take the same epilogues."""
+        from attnlab.kernels import fused, gemm
+        from attnlab.models import gemm_path
+
+        c, H = self.config, self.config.hidden_size
+        f = gemm_path.proj(self.fc, features, None) if features.shape[-1] == c.feature_dim else self.fuse(features)
+        x = torch.empty(f.shape[0], 2 * H, dtype=f.dtype, device=f.device)
+        fused.add_rmsnorm(self.shared[0](input_ids), None, self.input_norm.weight, self.input_norm.eps, out=x[:, :H])
+        fused.add_rmsnorm(f, None, self.hidden_norm.weight, self.hidden_norm.eps, out=x[:, H:])
+        table = getattr(ctx, "rope_table", None) if gemm.rope_table() else None
+        if table is not None:  # the runner's cos / sin over positions (rope_tables): no torch ops per pass
+            (cos, sin), pos = table, positions
+        else:
+            (cos, sin), pos = rope.cos_sin(positions, self.inv_freq, f.dtype), None
+        store = ctx.kv_store_target(0, x.dtype)
+        qk = self.q_size + self.kv_size
+        qkv = gemm_path.proj(self.qkv_proj, x, "qkv", epilogue="rope", cos=cos, sin=sin, head_dim=c.head_dim,
+                             rope_cols=qk, kv_store=store, positions=pos)
+        t, d = x.shape[0], c.head_dim
+        q = qkv[:, :self.q_size].view(t, c.num_heads, d)
+        k = qkv[:, self.q_size:qk].view(t, c.num_kv_heads, d)
+        v = qkv[:, qk:].view(t, c.num_kv_heads, d)
+        o = ctx.attend(0, q, k, v, stored=store is not None).reshape(t, self.q_size)
+        post = self.post_attention_layernorm
+        h, x = gemm_path.residual_proj(self.o_proj, o, "o", f, post)
+        if x is None:
+            x = fused.add_rmsnorm(h, None, post.weight, post.eps)[0]
+        act = gemm_path.proj(self.gate_up_proj, x, "gate_up", epilogue="silu_mul")
+        a, out = gemm_path.residual_proj(self.down_proj, act, "down", h, self.norm)  # a: the next step's feature
+        if out is None:
+            out = fused.add_rmsnorm(a, None, self.norm.weight, self.norm.eps)[0]
+        ctx.captured = a
+        return out
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (normed) -> fp32 logits over the draft vocabulary [N, draft_vocab_size] (the whole

@@ -72,10 +72,10 @@ def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
     h, x = _attention(layer.self_attn, x, norm, h, cos, sin, ctx, positions, layer.post_attention_layernorm)
     x, norm = (x, {}) if x is not None else _normed(h, layer.post_attention_layernorm)
     act = proj(mlp.gate_up_proj, x, "gate_up", **norm, epilogue="silu_mul")
-    return _residual_proj(mlp.down_proj, act, "down", h, next_norm)
+    return residual_proj(mlp.down_proj, act, "down", h, next_norm)
 
 
-def _residual_proj(linear: nn.Module, x: torch.Tensor, role: str, residual: torch.Tensor,
+def residual_proj(linear: nn.Module, x: torch.Tensor, role: str, residual: torch.Tensor,
                    next_norm=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(residual + linear(x), ``next_norm`` of it from the GEMM's tail where ``gemm.norm_tail`` of the stream's
     width says so, else None)."""
@@ -88,7 +88,7 @@ def _attention(attn, x: torch.Tensor, norm: dict, residual: torch.Tensor, cos, s
                positions: torch.Tensor | None, next_norm=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """qkv (``norm``: its prologue kwargs, if any; RoPE and the KV store in its epilogue) -> attention -> o with the
     residual added: (the stream after the attention block, ``next_norm`` of it where o_proj's tail computes it,
-    ``_residual_proj``, else None)."""
+    ``residual_proj``, else None)."""
     t, d = x.shape[0], attn.head_dim
     qk_cols = attn.q_size + attn.kv_size
     store = ctx.kv_store_target(attn.layer_idx, x.dtype)
@@ -98,7 +98,7 @@ def _attention(attn, x: torch.Tensor, norm: dict, residual: torch.Tensor, cos, s
     k = qkv[:, attn.q_size:qk_cols].view(t, attn.num_kv_heads, d)
     v = qkv[:, qk_cols:].view(t, attn.num_kv_heads, d)
     out = ctx.attend(attn.layer_idx, q, k, v, stored=store is not None)
-    return _residual_proj(attn.o_proj, out.reshape(t, attn.q_size), "o", residual, next_norm)
+    return residual_proj(attn.o_proj, out.reshape(t, attn.q_size), "o", residual, next_norm)
 
 
 def _normed(h: torch.Tensor, norm, prologue: bool | None = None) -> tuple:

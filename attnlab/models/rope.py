@@ -50,6 +50,18 @@ def cos_sin(positions: torch.Tensor, inv: torch.Tensor, dtype: torch.dtype) -> t
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def position_tables(cache: dict, inv: torch.Tensor, dtype: torch.dtype,
+                    num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos / sin for positions 0 .. num_positions - 1: [num_positions, D] each in ``dtype``, on ``inv``'s device; row p
+    holds the bits ``cos_sin`` gives position p (the same elementwise ops). Kept in ``cache`` by (num_positions,
+    dtype, device) and never replaced there: a CUDA graph captured over a table keeps reading it."""
+    key = (num_positions, dtype, inv.device)
+    if key not in cache:
+        cos, sin = cos_sin(torch.arange(num_positions, device=inv.device), inv, dtype)
+        cache[key] = (cos[:, 0].contiguous(), sin[:, 0].contiguous())
+    return cache[key]
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, H, D] -> x * cos + rotate_half(x) * sin, same shape and dtype."""
     half = x.shape[-1] // 2

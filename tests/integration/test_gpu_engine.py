@@ -204,10 +204,11 @@ def test_eagle_one_launch_draft_graph_equals_per_step_graphs(backend, dtype):
 
 
 @pytest.mark.parametrize("backend", ["triton", "flashinfer"])
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused", [False, True, "gemm"])
 @pytest.mark.parametrize("fp8", [("weight_only", True), ("w8a8", False)])
 def test_fp8_eagle_in_graphs(backend, fused, fp8):
-    """draft=eagle with e4m3 weights (precision=fp8w-draft with fp8_lm_head, and fp8-draft's W8A8) in CUDA graphs:
+    """draft=eagle with e4m3 weights (precision=fp8w-draft with fp8_lm_head, and fp8-draft's W8A8) in CUDA graphs,
+    unfused, fused ops, or on attnlab's small-M GEMM (engine.gemm=triton: EagleHead._forward_gemm):
     the (k - 1)-step graph and the per-step graphs propose the same tokens (same outputs and acceptance, bit for bit),
     the outputs leave the eager target-only run's at near-ties only, and an iteration syncs at most once."""
     from attnlab.engine.syncs import count_syncs
@@ -234,13 +235,15 @@ def test_fp8_eagle_in_graphs(backend, fused, fp8):
     assert_bf16_divergences_are_near_ties(target, backend, torch.bfloat16, ps, runs[1][0], ref.requests)
 
 
-def test_fused_eagle_head_in_graphs_matches_unfused_eager():
-    """engine.fused_ops on the draft side: the EAGLE head's fused kernels inside its draft-extend, step and
-    (k - 1)-step graphs give the unfused eager run's outputs and its acceptance to rounding (fp32, triton)."""
+@pytest.mark.parametrize("mode", [True, "gemm"])
+def test_fused_eagle_head_in_graphs_matches_unfused_eager(mode):
+    """engine.fused_ops (True) or engine.gemm=triton ("gemm") on the draft side: the EAGLE head's fused kernels or its
+    small-M GEMM inside its draft-extend, step and (k - 1)-step graphs give the unfused eager run's outputs and its
+    acceptance to rounding (fp32, triton)."""
     target = tiny_model(CFG, seed=0).to("cuda", torch.float32)
     ps = prompts(3, CFG.vocab_size)
     runs = []
-    for fused, graphs in ((False, False), (True, True)):
+    for fused, graphs in ((False, False), (mode, True)):
         t = gpu_runner(target, "triton", torch.float32, graphs)
         d = _eagle(target, "triton", torch.float32, graphs, 4, fused_ops=fused)
         if graphs:
