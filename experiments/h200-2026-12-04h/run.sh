@@ -7,7 +7,8 @@
 #      end, SmolLM2 shapes, random weights, self-draft on triton, flashinfer verify split always / auto, batch 1 / 16;
 #      the batch-1 Triton decode at 4k under 11 decode_tiles launches (the floor: 4.60 / 9.40 us)
 #   3  issue 17: an EAGLE drafter with bf16 / fp8w / fp8wh weights, random weights and an untrained head of the
-#      target's shapes (--eagle-head random), gemm engine + PDL, batch 1, k 4: SmolLM2, Llama-3.2-1B, Llama-3.1-8B
+#      target's shapes (--eagle-head random), gemm engine + PDL, batch 1, k 4: SmolLM2, Llama-3.2-1B, Llama-3.1-8B;
+#      then SmolLM2 on the fused cuBLAS path (the head's draft phase before its gemm path, EagleHead._forward_gemm)
 #   4-8 (optional, if >= 450 s of device time are left after 3; the same machine): the real SmolLM2 (Q4_1 GGUF in bf16)
 #      with its shipped EAGLE head, bf16 / fp8w / fp8wh drafts: tau and speed on 16 held-out ShareGPT prompts. The GGUF's
 #      four 24.6 MB parts and the ShareGPT bundle travel one a call beside the 18.5 MB tree (64 MiB a call):
@@ -28,12 +29,12 @@ case $PART in
   install_fb
   fi_jit compile1 150 "$FI"
   step "GPU tests: verify_split_kv=auto (both plans, a graph per split choice, graphs, kept plans, hybrid)"
-  gpu_tests tests1 240 tests/backends/test_flashinfer_whole.py tests/backends/test_flashinfer_keep.py \
+  gpu_tests tests1 220 tests/backends/test_flashinfer_whole.py tests/backends/test_flashinfer_keep.py \
     tests/backends/test_hybrid.py tests/integration/test_gpu_engine.py \
     "tests/backends/test_flashinfer.py::test_gpu_cuda_graph_capture_replay" \
     "tests/backends/test_flashinfer.py::test_gpu_kernel_families" -m gpu -k "(flashinfer or routing) and not fp8_eagle"
-  step "GPU tests: draft=eagle with fp8 weights in graphs (triton and flashinfer, fused or not)"
-  gpu_tests tests1e 100 tests/integration/test_gpu_engine.py -m gpu -k "fp8_eagle or eagle_graphs"
+  step "GPU tests: draft=eagle with fp8 weights in graphs (triton and flashinfer; unfused, fused ops, the gemm path)"
+  gpu_tests tests1e 130 tests/integration/test_gpu_engine.py -m gpu -k "fp8_eagle or eagle_graphs or fused_eagle_head"
   pack
   ;;
 2)
@@ -57,13 +58,18 @@ case $PART in
   ;;
 3)
   for model in smollm2-135m llama-3.2-1b llama-3.1-8b; do
-    rounds=5; [ $model = llama-3.1-8b ] && rounds=3  # 8B: ~8 ms an iteration; 3 rounds keep the step under 170 s
+    rounds=5; [ $model = llama-3.1-8b ] && rounds=3  # 8B: ~8 ms an iteration; 3 rounds keep the step under 150 s
     step "issue 17: EAGLE drafter bf16 / fp8w / fp8wh, $model shapes, random weights and head, batch 1, k 4"
-    timeout 170 $PY -m attnlab.bench.spec --device cuda --skip-hf --model $model --weights random --eagle-head random \
+    timeout 150 $PY -m attnlab.bench.spec --device cuda --skip-hf --model $model --weights random --eagle-head random \
       --drafters eagle --draft-weights bf16,fp8w,fp8wh --dtype bf16 --k 4 --batch 1 --backends triton --gemm triton \
       --pdl --ignore-eos --num-prompts 4 --new 96 --repeats $rounds --out "$OUT/eagle3-$model" > $LOGS/eagle3-$model.log 2>&1
     echo "exit code $?"; grep -E "^\||^- eagle" $LOGS/eagle3-$model.log
   done
+  step "issue 17: the same SmolLM2 rows on the fused cuBLAS path (--fused-ops): the EAGLE head's draft phase before its gemm path"
+  timeout 100 $PY -m attnlab.bench.spec --device cuda --skip-hf --model smollm2-135m --weights random --eagle-head random \
+    --drafters eagle --draft-weights bf16,fp8w --dtype bf16 --k 4 --batch 1 --backends triton --fused-ops --pdl \
+    --ignore-eos --num-prompts 4 --new 96 --repeats 5 --out "$OUT/eagle3-fused" > $LOGS/eagle3-fused.log 2>&1
+  echo "exit code $?"; grep -E "^\||^- eagle" $LOGS/eagle3-fused.log
   pack
   ;;
 [4-7])
