@@ -76,7 +76,8 @@ class TritonBackend(AttentionBackend):
         "fused_merge": "true / false (default): merge split-KV partials inside the decode / extend kernel (the "
                        "last split to finish merges), not in a second launch per layer (H200: 1.1-3.6x slower)",
         "decode_tiles": "BLOCK_NxWARPSxSTAGES (e.g. 64x4x3): the decode kernel's KV tile, warps and stages, in place "
-                        "of the heuristic (tuning: the batch-1 floor); the split count follows the tile; null = "
+                        "of the heuristic (tuning: the batch-1 floor); the split count follows the tile (a forced "
+                        "num_splits wins); a launch past the GPU's shared memory fails when it compiles; null = "
                         "heuristic",
     }
 
@@ -121,6 +122,9 @@ class TritonBackend(AttentionBackend):
         self.invariant = invariant
         self.split_tokens = split_tokens
         self.prefill_tiles = prefill_tiles
+        if decode_tiles is not None and invariant:
+            raise ConfigError("triton: decode_tiles does not apply with engine.invariant=true (its kernel's tiles are "
+                              "fixed; attnlab.kernels.invariant)")
         self.decode_tiles = decode_tiles
         self.fused_merge = fused_merge
         # a prefill_tiles sweep times the paged kernel's launches: it keeps them unless prefill_contig says otherwise

@@ -161,6 +161,9 @@ class EagleHead(nn.Module):
         self._rows: torch.Tensor | None = None  # the target's LM-head rows at d2t (derived on bind, not saved)
         self._fp8_rows: str | None = None  # quantize_fp8(lm_head=True): the FP8Linear.small_m of the scored rows
         self._rows8: FP8Linear | None = None  # those rows in e4m3 (derived on bind, not saved), replacing _rows
+        # whether the projections run on attnlab's GEMM under engine.gemm=triton (_forward_gemm): 16-bit or weight-only
+        # e4m3; W8A8 e4m3 (precision.fp8_gemm=w8a8) keeps FP8Linear's own path (the fused one)
+        self._gemm_weights = True
         self._finish()
 
     def _finish(self) -> None:
@@ -204,6 +207,7 @@ class EagleHead(nn.Module):
                              f"16 ({rows} rows x {c.hidden_size})")
         for name, role in HEAD_ROLES.items():
             setattr(self, name, FP8Linear.from_linear(getattr(self, name), small_m=small_m, role=role))
+        self._gemm_weights = small_m == "weight_only"
         self._fp8_rows = small_m if lm_head else None
         if self._bound is not None:
             self._derive_rows()
@@ -287,7 +291,7 @@ class EagleHead(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx, features: torch.Tensor) -> torch.Tensor:
         mode = getattr(ctx, "fused_ops", False)
-        if mode == "gemm":  # engine.gemm=triton on the draft side (attnlab.models.gemm_path.GEMM)
+        if mode == "gemm" and self._gemm_weights:  # engine.gemm=triton on the draft side (gemm_path.GEMM)
             from attnlab.kernels import gemm
 
             if input_ids.shape[0] <= gemm.MAX_M:
@@ -334,7 +338,8 @@ class EagleHead(nn.Module):
 
     def _forward_gemm(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                       ctx) -> torch.Tensor:
-        """``forward`` on attnlab's small-M GEMM (engine.gemm=triton, passes of <= gemm.MAX_M rows), as the target's
+        """``forward`` on attnlab's small-M GEMM (engine.gemm=triton, passes of <= gemm.MAX_M rows, 16-bit or
+        weight-only e4m3 projections: ``_gemm_weights``), as the target's
         layers run it (attnlab.models.gemm_path): fc through it too; qkv with RoPE and the KV store in its epilogue;
         o and down with their residual adds, and the next norm in their tails where ``gemm.norm_tail`` says so; gate_up
         with SiLU-mul. About 9 launches a draft step against ``_forward_fused``'s ~19, and the projections' e4m3

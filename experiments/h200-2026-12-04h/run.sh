@@ -34,7 +34,7 @@ case $PART in
     "tests/backends/test_flashinfer.py::test_gpu_cuda_graph_capture_replay" \
     "tests/backends/test_flashinfer.py::test_gpu_kernel_families" -m gpu -k "(flashinfer or routing) and not fp8_eagle"
   step "GPU tests: draft=eagle with fp8 weights in graphs (triton and flashinfer; unfused, fused ops, the gemm path)"
-  gpu_tests tests1e 130 tests/integration/test_gpu_engine.py -m gpu -k "fp8_eagle or eagle_graphs or fused_eagle_head"
+  gpu_tests tests1e 130 tests/integration/test_gpu_engine.py -m gpu -k "fp8_eagle or eagle_graphs or fused_eagle_head or head_on_the_gemm"
   pack
   ;;
 2)

@@ -235,6 +235,36 @@ def test_fp8_eagle_in_graphs(backend, fused, fp8):
     assert_bf16_divergences_are_near_ties(target, backend, torch.bfloat16, ps, runs[1][0], ref.requests)
 
 
+@pytest.mark.parametrize("dtype,fp8", [(torch.float32, None), (torch.bfloat16, None),
+                                       (torch.bfloat16, ("weight_only", True))])
+def test_eagle_head_on_the_gemm_matches_the_unfused_head(dtype, fp8):
+    """The compiled kernels of EagleHead._forward_gemm (engine.gemm=triton: fc, qkv with RoPE and the KV store, o /
+    down with residuals and tail norms, gate_up with SiLU-mul) against the unfused head on one pass of 3 rows at
+    positions apart: the pre-norm output (the next step's feature), the stored K and V, the logits (CPU:
+    tests/spec/test_eagle_gemm.py)."""
+    target = tiny_model(CFG, seed=0).to("cuda", dtype)
+    head = _eagle(target, "triton", dtype, False, 4, fp8=fp8).head
+    g = torch.Generator(device="cuda").manual_seed(5)
+    feats = torch.randn(3, head.config.feature_dim, generator=g, device="cuda").to(dtype)
+    ids = torch.tensor([3, 50, 200], device="cuda")
+    outs = []
+    for mode in (False, "gemm"):
+        r = gpu_runner(head, "triton", dtype, False, name="draft", fused_ops=mode)
+        r.model_config = head.config.as_model_config()
+        p = r.prepare([0, 1, 2], [3, 40, 90], [1, 1, 1], Mode.DECODE)
+        r.plan(p)
+        logits = r.forward(p, ids, features=feats)
+        kv = r.pool.layer(0).view(2, -1, CFG.num_kv_heads, CFG.head_dim)[:, p.slots].float()
+        outs.append((logits, r.aux.float(), kv))
+    (l0, a0, kv0), (l1, a1, kv1) = outs
+    ulps = 1e-5 if dtype == torch.float32 else 3 * 2.0**-8
+    torch.testing.assert_close(a1, a0, atol=ulps * a0.abs().max().item(), rtol=ulps)
+    torch.testing.assert_close(kv1, kv0, atol=ulps * kv0.abs().max().item(), rtol=ulps)
+    finite = torch.isfinite(l0)
+    assert torch.equal(finite, torch.isfinite(l1))
+    torch.testing.assert_close(l1[finite], l0[finite], atol=4 * ulps * l0[finite].abs().max().item(), rtol=1e-2)
+
+
 @pytest.mark.parametrize("mode", [True, "gemm"])
 def test_fused_eagle_head_in_graphs_matches_unfused_eager(mode):
     """engine.fused_ops (True) or engine.gemm=triton ("gemm") on the draft side: the EAGLE head's fused kernels or its

@@ -255,3 +255,22 @@ def test_tail_norms_thread_through_a_layer_subset_and_capture():
     assert outs[0][1].shape == (5, 2 * cfg.hidden_size)
     for a, b in zip(*outs):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("small_m,takes", [("weight_only", True), ("w8a8", False)])
+def test_w8a8_fp8_layers_keep_their_activation_quantization(small_m, takes, monkeypatch):
+    """precision.fp8_gemm=w8a8 layers (quantize_linears marks them) are not weight-only: a gemm-path pass hands them to
+    the fused cuBLAS path, where FP8Linear quantizes the activations; weight-only e4m3 layers run the GEMM."""
+    from attnlab.kernels import gemm
+    from attnlab.models.fp8 import quantize_linears
+
+    model = quantize_linears(tiny_model(CFG, seed=9).to(torch.bfloat16), small_m=small_m)
+    calls = []
+    real = gemm.gemm
+    monkeypatch.setattr(gemm, "gemm", lambda x, *a, **k: calls.append(x.shape[0]) or real(x, *a, **k))
+    try:
+        _runner(model, torch.bfloat16, "gemm").run([0], [0], [3], torch.arange(3), mode=Mode.PREFILL)
+    except (RuntimeError, NotImplementedError) as e:  # W8A8's torch._scaled_mm on the CPU
+        pytest.skip(f"torch._scaled_mm row-wise unavailable on CPU here: {e}")
+    layer_calls = [n for n in calls if n == 3]
+    assert (len(layer_calls) == 4 * CFG.num_layers) == takes and (len(layer_calls) == 0) == (not takes)

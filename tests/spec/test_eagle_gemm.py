@@ -26,7 +26,7 @@ def _head(dtype, fp8=None, seed=3):
 
 def _pass(head, fused_ops, rows: int, width: int, seed=5):
     """One pass of ``rows`` single-token requests with features of ``width`` -> (logits, the head's captured output,
-    the pool's K of layer 0 for those slots)."""
+    the pool's K and V of layer 0 for those slots)."""
     r = eagle_runner(head, fused_ops=fused_ops)
     g = torch.Generator().manual_seed(seed)
     feats = torch.randn(rows, width, generator=g).to(head.dtype)
@@ -34,21 +34,30 @@ def _pass(head, fused_ops, rows: int, width: int, seed=5):
     p = r.prepare(list(range(rows)), [3 + 7 * i for i in range(rows)], [1] * rows, Mode.DECODE)  # positions apart
     r.plan(p)
     logits = r.forward(p, ids, features=feats)
-    return logits, r.aux.float(), r.pool.layer(0)[0].view(-1, CFG.num_kv_heads, CFG.head_dim)[p.slots].float()
+    kv = r.pool.layer(0).view(2, -1, CFG.num_kv_heads, CFG.head_dim)[:, p.slots].float()
+    return logits, r.aux.float(), kv
 
 
-@pytest.mark.parametrize("dtype,fp8", [(torch.float32, None), (torch.bfloat16, None), (torch.bfloat16, "fp8w"),
-                                       (torch.bfloat16, "fp8wh")])
+@pytest.mark.parametrize("dtype,fp8,arm", [(torch.float32, None, "fill/ticket"), (torch.float32, None, "fill/pass+normsep"),
+                                           (torch.bfloat16, None, "fill/ticket"), (torch.bfloat16, "fp8w", "fill/ticket"),
+                                           (torch.bfloat16, "fp8wh", "fill/ticket+normsep")])
 @pytest.mark.parametrize("features", ["target", "own"])
-def test_the_head_on_the_gemm_matches_the_unfused_head(dtype, fp8, features):
+def test_the_head_on_the_gemm_matches_the_unfused_head(dtype, fp8, arm, features):
+    """The pre-norm output (the next step's feature), K and V as stored by qkv's epilogue, and the logits; norms in
+    the o / down GEMMs' tails (the default at this width) or as their own launches (+normsep), split-K reduced by
+    ticket or by a second launch."""
+    from attnlab.kernels import gemm
+
     _, head = _head(dtype, fp8)
     width = head.config.feature_dim if features == "target" else head.config.hidden_size
-    ref, got = _pass(head, False, 5, width), _pass(head, "gemm", 5, width)
+    ref = _pass(head, False, 5, width)
+    with gemm.arm(arm):
+        got = _pass(head, "gemm", 5, width)
     scale = ref[1].abs().max().item()
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3 * 2.0**-8 * scale, "rtol": 3 * 2.0**-8}
     torch.testing.assert_close(got[1], ref[1], **tol)  # the pre-norm output: the next step's feature
     torch.testing.assert_close(got[2], ref[2], **({"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else
-                                                 {"atol": 2**-6, "rtol": 2**-6}))  # K stored by qkv's epilogue
+                                                 {"atol": 2**-6, "rtol": 2**-6}))  # K, V stored by qkv's epilogue
     finite = torch.isfinite(ref[0])
     assert torch.equal(finite, torch.isfinite(got[0]))  # the same draft vocabulary
     lt = ref[0][finite].abs().max().item()
@@ -77,6 +86,26 @@ def test_the_gemm_runs_every_projection_and_falls_back_above_16_rows(monkeypatch
     calls.clear()
     _pass(head, "gemm", 17, head.config.feature_dim)  # > gemm.MAX_M rows: the fused cuBLAS path
     assert calls == [] and rope_ops
+
+
+def test_a_w8a8_head_keeps_its_activation_quantization_on_the_gemm_engine(monkeypatch):
+    """precision=fp8-draft's W8A8 e4m3 projections are not weight-only: on engine.gemm=triton the head takes the
+    fused path, where FP8Linear quantizes its activations, never attnlab's GEMM (which would run them weight-only)."""
+    from attnlab.kernels import gemm
+    from attnlab.models.fp8 import FP8Linear
+    from tests.spec.test_eagle_fp8 import _scaled_mm_on_cpu
+
+    if not _scaled_mm_on_cpu():
+        pytest.skip("this torch has no CPU torch._scaled_mm (row-wise)")
+    _, head = _head(torch.bfloat16)
+    head.quantize_fp8(small_m="w8a8")
+    calls, w8a8 = [], []
+    real, real_fwd = gemm.gemm, FP8Linear.forward
+    monkeypatch.setattr(gemm, "gemm", lambda x, *a, **k: calls.append(x.shape[0]) or real(x, *a, **k))
+    monkeypatch.setattr(FP8Linear, "forward", lambda self, x: w8a8.append(self.small_m) or real_fwd(self, x))
+    ref, got = _pass(head, False, 4, head.config.feature_dim), _pass(head, "gemm", 4, head.config.feature_dim)
+    assert calls == [] and w8a8 == ["w8a8"] * 10  # fc, qkv, o, gate_up, down in each pass
+    torch.testing.assert_close(got[1], ref[1], atol=3 * 2.0**-8 * ref[1].abs().max().item(), rtol=3 * 2.0**-8)
 
 
 def test_greedy_eagle_on_the_gemm_drafts_as_the_unfused_head():
