@@ -170,6 +170,9 @@ def test_decode_tiles_option_overrides_the_decode_launch_only(page_size, tiles):
     for bad in ("64x4", "48x4x3", "512x4x3", "64x16x3", "64x4x0", "axbxc"):
         with pytest.raises(ConfigError, match="decode_tiles"):
             require_available("triton", {"decode_tiles": bad})
+    with pytest.raises(ConfigError, match="decode_tiles does not apply with engine.invariant"):
+        TritonBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale, torch.float32,
+                      invariant=True, decode_tiles=tiles)
 
 
 def test_query_blocks_heaviest_first():
