@@ -339,11 +339,10 @@ class EagleHead(nn.Module):
     def _forward_gemm(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                       ctx) -> torch.Tensor:
         """``forward`` on attnlab's small-M GEMM (engine.gemm=triton, passes of <= gemm.MAX_M rows, 16-bit or
-        weight-only e4m3 projections: ``_gemm_weights``), as the target's
-        layers run it (attnlab.models.gemm_path): fc through it too; qkv with RoPE and the KV store in its epilogue;
-        o and down with their residual adds, and the next norm in their tails where ``gemm.norm_tail`` says so; gate_up
-        with SiLU-mul. About 9 launches a draft step against ``_forward_fused``'s ~19, and the projections' e4m3
-        weights (FP8Linear) take the same epilogues."""
+        weight-only e4m3 projections: ``_gemm_weights``), as the target's layers run it (attnlab.models.gemm_path): fc
+        through it too; qkv with RoPE and the KV store in its epilogue; o and down with their residual adds, and the
+        next norm in their tails where ``gemm.norm_tail`` says so; gate_up with SiLU-mul. About 9 launches a draft step
+        against ``_forward_fused``'s ~19, and the projections' e4m3 weights (FP8Linear) take the same epilogues."""
         from attnlab.kernels import fused, gemm
         from attnlab.models import gemm_path
 
