@@ -43,14 +43,14 @@ case $PART in
     --models smollm2,llama8b --backends $FI --baseline flashinfer --repeats 3 --out "$OUT/split2" > $LOGS/split2.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/split2.log
   step "issue 16: end to end, SmolLM2 shapes (random weights), triton drafts, flashinfer verifies, batch 1 / 16"
-  timeout 280 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters self --k 4 \
+  timeout 260 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters self --k 4 \
     --batch 1,16 --backends $FI --draft-backends triton --num-prompts 16 --new 64 --repeats 3 \
     --out "$OUT/spec2" > $LOGS/spec2.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/spec2.log | head -40
   step "issue 16: the batch-1 Triton decode floor, a sweep of the decode launch (decode_tiles: BLOCK_N x warps x stages)"
   T=triton; for t in 16x2x4 32x2x4 32x4x3 64x2x4 64x4x3 64x4x4 64x8x3 128x4x3 128x8x2 128x8x3 256x8x2; do
     T="$T,triton/decode_tiles=$t"; done
-  timeout 120 $PY -m attnlab.bench.kernels --phases decode --batches 1 --contexts 4096 --models smollm2,llama8b \
+  timeout 140 $PY -m attnlab.bench.kernels --phases decode --batches 1 --contexts 4096 --models smollm2,llama8b \
     --backends "$T" --baseline triton --repeats 3 --out "$OUT/dtiles2" > $LOGS/dtiles2.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/dtiles2.log
   cp $LOGS/split2.log $LOGS/spec2.log $LOGS/dtiles2.log "$OUT/" 2>/dev/null
