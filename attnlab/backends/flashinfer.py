@@ -390,27 +390,26 @@ class FlashInferBackend(AttentionBackend):
     def family_for(self, meta: AttnMeta) -> str:
         """"decode" or the prefill wrapper's ``backend=`` for this pass."""
         kind = wrapper_kind(meta)
-        if kind == "decode":
-            return "decode"
-        return prefill_family(kind, meta.max_q_len, verify_backend=self.verify_backend,
+        return "decode" if kind == "decode" else self._prefill_family(kind, meta.max_q_len)
+
+    def _prefill_family(self, kind: str, max_q_len: int) -> str:
+        return prefill_family(kind, max_q_len, verify_backend=self.verify_backend,
                               prefill_backend=self.prefill_backend, prefill_min_q_len=self.prefill_min_q_len)
 
     def graph_variants(self, q_len: int, masked: bool) -> tuple:
         """verify_split_kv=auto in CUDA-graph mode: an fa2 causal pass (verify, draft-extend) plans with or without
         split-KV by its lengths, and the split launches a merge the whole plan does not: one graph each."""
-        if (self.cuda_graph and self.verify_split_kv == "auto" and not masked and q_len > 1
-                and prefill_family("causal", q_len, verify_backend=self.verify_backend,
-                                   prefill_backend=self.prefill_backend,
-                                   prefill_min_q_len=self.prefill_min_q_len) == "fa2"):
+        if (self.cuda_graph and not masked
+                and self._by_rule("causal", self._prefill_family("causal", q_len), q_len, prefill=False)):
             return ("split", "whole")
         return (None,)
 
-    def _by_rule(self, kind: str, family: str, meta: AttnMeta, uniform: int | None) -> bool:
-        """Whether verify_split_kv=auto decides this pass: a uniform fa2 causal pass of >= 2 tokens a request that is
-        not a prefill (the rule was fitted on verify passes). In graph mode these are the passes ``graph_variants``
-        names two plans for."""
+    def _by_rule(self, kind: str, family: str, uniform: int | None, prefill: bool) -> bool:
+        """Whether verify_split_kv=auto decides a pass: a uniform (``uniform`` tokens a request) fa2 causal pass of
+        >= 2 tokens a request that is not a prefill (the rule was fitted on verify passes). In graph mode these are
+        the passes ``graph_variants`` names two plans for."""
         return (self.verify_split_kv == "auto" and kind == "causal" and family == "fa2" and uniform is not None
-                and uniform >= 2 and meta.mode != Mode.PREFILL)
+                and uniform >= 2 and not prefill)
 
     def _whole(self, kind: str, family: str, meta: AttnMeta, by_rule: bool) -> bool:
         """Whether this pass plans with disable_split_kv (verify_split_kv; under auto a forced graph variant, else
@@ -517,7 +516,7 @@ class FlashInferBackend(AttentionBackend):
             if need > cap:
                 raise ConfigError(f"flashinfer graph mode: tree mask needs {need} bytes, buffer holds "
                                   f"{cap}; raise max_q_len / max_context")
-        by_rule = self._by_rule(kind, family, meta, uniform)
+        by_rule = self._by_rule(kind, family, uniform, meta.mode == Mode.PREFILL)
         whole = self._whole(kind, family, meta, by_rule)
         variant = ("whole" if whole else "split") if by_rule and self.cuda_graph else None
         wrapper, buf = self._wrapper(slot, kind, family, meta.batch_size, graph_q_len, whole)
