@@ -79,7 +79,8 @@ class PrecisionSchema:
     # no activation quantization; W8A8 above 16). precision=fp8w-draft; docs/precision.md
     fp8_gemm: str = "w8a8"
     # fp8 draft weights: the drafter's LM head in e4m3 too (its own copy where tied to the embeddings; draft=eagle: the
-    # rows it scores, its draft vocabulary's or else the whole head's); off: bf16, as the usual fp8 checkpoints keep it. Only what the drafter proposes changes (tau); docs/precision.md
+    # rows it scores, its draft vocabulary's or else the whole head's); off: bf16, as the usual fp8 checkpoints keep
+    # it. Only what the drafter proposes changes (tau); docs/precision.md
     fp8_lm_head: bool = False
     # weight_only fp8 draft weights: the GEMM's MMA. bf16: the e4m3 weights converted exactly to bf16 (the dequantized
     # weights' sums); f16: converted by the hardware e4m3 -> f16 instruction and the activations taken to f16

@@ -35,7 +35,7 @@ from attnlab.errors import ModelLoadError
 from attnlab.models import rope
 from attnlab.models.config import ModelConfig
 from attnlab.models.decoder import RMSNorm
-from attnlab.models.fp8 import FP8Linear, scaled_mm_ok
+from attnlab.models.fp8 import FP8Linear, is_w8a8, mark_w8a8, scaled_mm_ok
 
 # the head's projections and each one's role in attnlab.kernels.gemm (its small-M K loop and split policy; fc, the
 # feature fusion [3H -> H], has no layer counterpart and takes the role-less defaults)
@@ -161,9 +161,6 @@ class EagleHead(nn.Module):
         self._rows: torch.Tensor | None = None  # the target's LM-head rows at d2t (derived on bind, not saved)
         self._fp8_rows: str | None = None  # quantize_fp8(lm_head=True): the FP8Linear.small_m of the scored rows
         self._rows8: FP8Linear | None = None  # those rows in e4m3 (derived on bind, not saved), replacing _rows
-        # whether the projections run on attnlab's GEMM under engine.gemm=triton (_forward_gemm): 16-bit or weight-only
-        # e4m3; W8A8 e4m3 (precision.fp8_gemm=w8a8) keeps FP8Linear's own path (the fused one)
-        self._gemm_weights = True
         self._finish()
 
     def _finish(self) -> None:
@@ -207,7 +204,7 @@ class EagleHead(nn.Module):
                              f"16 ({rows} rows x {c.hidden_size})")
         for name, role in HEAD_ROLES.items():
             setattr(self, name, FP8Linear.from_linear(getattr(self, name), small_m=small_m, role=role))
-        self._gemm_weights = small_m == "weight_only"
+        mark_w8a8(self, small_m)  # W8A8: the fused path under engine.gemm=triton (forward)
         self._fp8_rows = small_m if lm_head else None
         if self._bound is not None:
             self._derive_rows()
@@ -291,7 +288,7 @@ class EagleHead(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx, features: torch.Tensor) -> torch.Tensor:
         mode = getattr(ctx, "fused_ops", False)
-        if mode == "gemm" and self._gemm_weights:  # engine.gemm=triton on the draft side (gemm_path.GEMM)
+        if mode == "gemm" and not is_w8a8(self):  # engine.gemm=triton on the draft side (gemm_path.GEMM)
             from attnlab.kernels import gemm
 
             if input_ids.shape[0] <= gemm.MAX_M:
@@ -339,7 +336,7 @@ class EagleHead(nn.Module):
     def _forward_gemm(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                       ctx) -> torch.Tensor:
         """``forward`` on attnlab's small-M GEMM (engine.gemm=triton, passes of <= gemm.MAX_M rows, 16-bit or
-        weight-only e4m3 projections: ``_gemm_weights``), as the target's layers run it (attnlab.models.gemm_path): fc
+        weight-only e4m3 projections: not ``is_w8a8``), as the target's layers run it (attnlab.models.gemm_path): fc
         through it too; qkv with RoPE and the KV store in its epilogue; o and down with their residual adds, and the
         next norm in their tails where ``gemm.norm_tail`` says so; gate_up with SiLU-mul. About 9 launches a draft step
         against ``_forward_fused``'s ~19, and the projections' e4m3 weights (FP8Linear) take the same epilogues."""

@@ -36,9 +36,9 @@ LINEAR_NAMES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "m
 # each projection's role in attnlab.kernels.gemm (ROLES: it picks the K loop and split policy of its small-M passes)
 LINEAR_ROLES = dict(zip(LINEAR_NAMES, ("qkv", "o", "gate_up", "down")))
 SMALL_M = ("w8a8", "weight_only")  # FP8Linear.small_m (precision.fp8_gemm)
-# set (True) in a decoder layer's __dict__ by quantize_linears when its projections are W8A8: the small-M GEMM path,
-# which runs e4m3 weights weight-only, passes it to the fused cuBLAS one (attnlab.models.gemm_path.usable)
-W8A8_LAYER = "fp8_w8a8"
+# in the __dict__ of a module whose projections quantize_linears / EagleHead.quantize_fp8 made W8A8 (``mark_w8a8``):
+# attnlab's small-M GEMM runs e4m3 weights weight-only, so such a layer or head keeps the fused cuBLAS path (``is_w8a8``)
+W8A8_MARK = "fp8_w8a8"
 _MIN_SCALE = 1e-12  # a zero row gets this scale (its fp8 values are 0 anyway), never a division by zero
 
 
@@ -158,7 +158,7 @@ def quantize_linears(model: nn.Module, dtype: torch.dtype = WEIGHT_FP8, *, layer
             if isinstance(lin, nn.Linear) and (emulate or scaled_mm_ok(lin.in_features, lin.out_features)):
                 setattr(parent, attr, FP8Linear.from_linear(lin, dtype, emulate=emulate, small_m=small_m,
                                                             role=LINEAR_ROLES[path]))
-                layer.__dict__[W8A8_LAYER] = small_m == "w8a8"
+                mark_w8a8(layer, small_m)
     if lm_head:
         head = getattr(model, "lm_head", None)
         if not isinstance(head, nn.Linear) or not (emulate or scaled_mm_ok(head.in_features, head.out_features)):
@@ -166,6 +166,16 @@ def quantize_linears(model: nn.Module, dtype: torch.dtype = WEIGHT_FP8, *, layer
                              f"row-wise fp8 takes (K, N multiples of 16)")
         model.lm_head = FP8Linear.from_linear(head, dtype, emulate=emulate, small_m=small_m, role="lm_head")
     return model
+
+
+def mark_w8a8(module: nn.Module, small_m: str) -> None:
+    """Record that ``module``'s projections are FP8Linear of ``small_m`` (W8A8 or weight-only): ``is_w8a8``."""
+    module.__dict__[W8A8_MARK] = small_m == "w8a8"
+
+
+def is_w8a8(module: nn.Module) -> bool:
+    """Whether ``module``'s projections are W8A8 e4m3 (``mark_w8a8``): one dict lookup, for the per-pass path."""
+    return bool(module.__dict__.get(W8A8_MARK))
 
 
 def has_fp8_linears(model: nn.Module) -> bool:

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from attnlab.kernels import gemm
-from attnlab.models.fp8 import W8A8_LAYER, FP8Linear
+from attnlab.models.fp8 import FP8Linear, is_w8a8
 
 GEMM = "gemm"  # the value of AttnContext.fused_ops that selects this path (engine.gemm=triton)
 GEMM_ATTN = "gemm_attn"  # engine.gemm=triton_attn: qkv and o here, the MLP on cuBLAS (attn_layer_forward)
@@ -50,8 +50,7 @@ def usable(layers, num_tokens: int) -> bool:
     """Whether a pass of ``num_tokens`` through ``layers`` runs here (else the caller's fused cuBLAS path): at most
     gemm.MAX_M tokens, no q/k norm (Qwen3), and projections of 16-bit or weight-only e4m3 weights (a layer with W8A8
     e4m3 ones, precision.fp8_gemm=w8a8, which quantize_linears marks, keeps its activation quantization there)."""
-    return num_tokens <= gemm.MAX_M and all(layer.self_attn.q_norm is None and not layer.__dict__.get(W8A8_LAYER)
-                                            for layer in layers)
+    return num_tokens <= gemm.MAX_M and all(layer.self_attn.q_norm is None and not is_w8a8(layer) for layer in layers)
 
 
 def proj(linear: nn.Module, x: torch.Tensor, role: str, **kw) -> torch.Tensor:
