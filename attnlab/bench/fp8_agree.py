@@ -245,20 +245,30 @@ def parse(argv=None):
     return checked(ap, ap.parse_args(argv), VARIANTS)
 
 
-def run(a) -> dict:
+def study_report(a: argparse.Namespace, res: dict, table_lines: list[str], *, what: str, how: str, seconds: float,
+                 random_note: str) -> dict:
+    """A study's output (``study_main`` prints and writes it): a header naming the device, versions, model and weights,
+    ``what`` ran on how many prompts and positions and ``how``, then ``table_lines``, and ``random_note`` under random
+    weights."""
     from attnlab.bench.kernels import versions
 
+    dev = torch.cuda.get_device_name() if a.device.startswith("cuda") else "CPU"
+    head = (f"{dev}; {versions()}; {a.model} ({a.weights} weights), {what}; {len(res['continuations'])} {a.prompts} "
+            f"prompts x <= {a.new} greedy tokens ({sum(map(len, res['continuations']))} positions), {how} "
+            f"({seconds:.0f} s)")
+    lines = [head, ""] + table_lines
+    if a.weights == "random":
+        lines.append("\n" + random_note)
+    return {"header": head, "args": dict(vars(a)), **res, "markdown": "\n".join(lines)}
+
+
+def run(a) -> dict:
     model, _cfg, prompts, eos = load_study(a)
     t0 = time.perf_counter()
     res = measure(model, prompts, a.new, a.ks, eos, a.names)
-    dev = torch.cuda.get_device_name() if a.device.startswith("cuda") else "CPU"
-    head = (f"{dev}; {versions()}; {a.model} ({a.weights} weights), bf16 target; {len(prompts)} {a.prompts} prompts x "
-            f"<= {a.new} greedy tokens ({sum(map(len, res['continuations']))} positions), teacher-forced per variant "
-            f"({time.perf_counter() - t0:.0f} s)")
-    lines = [head, ""] + table(res, a.ks)
-    if a.weights == "random":
-        lines.append("\nRandom weights: agreement says nothing about real text.")
-    return {"header": head, "args": {k: v for k, v in vars(a).items()}, **res, "markdown": "\n".join(lines)}
+    return study_report(a, res, table(res, a.ks), what="bf16 target", how="teacher-forced per variant",
+                        seconds=time.perf_counter() - t0,
+                        random_note="Random weights: agreement says nothing about real text.")
 
 
 def main(argv=None) -> int:

@@ -33,7 +33,15 @@ import time
 import torch
 from torch import nn
 
-from attnlab.bench.fp8_agree import EmulatedLinear, checked, continuations, load_study, study_args, study_main
+from attnlab.bench.fp8_agree import (
+    EmulatedLinear,
+    checked,
+    continuations,
+    load_study,
+    study_args,
+    study_main,
+    study_report,
+)
 from attnlab.models.eagle import HEAD_ROLES
 
 VARIANTS = {  # name -> (the layer's projections' mode, the LM-head rows' mode); None: bf16 as today
@@ -151,36 +159,26 @@ def parse(argv=None):
 def load_head_for(target, a):
     """The EAGLE head of ``--head`` (else the one shipped for ``--model``), bf16, bound to ``target``; with random
     weights an untrained head of the target's shapes (its tau then says nothing)."""
-    from attnlab.models.eagle_io import head_folder, load_head
+    from attnlab.models.eagle_io import head_folder, load_head, random_head
 
     dev = target.embed_tokens.weight.device
     if a.weights == "real":
         return load_head(head_folder(a.head, a.model), target, dtype=torch.bfloat16, device=dev)
-    from attnlab.models.eagle import EagleConfig, EagleHead, weights_fingerprint
-
-    torch.manual_seed(0)
-    cfg = EagleConfig.for_target(target.config, a.model, weights_fingerprint(target))
-    return EagleHead(cfg, dtype=torch.bfloat16).to(dev).bind(target.embed_tokens, target.lm_head)
+    return random_head(target, target.config, a.model, torch.bfloat16, dev)
 
 
 def run(a) -> dict:
-    from attnlab.bench.kernels import versions
-
     model, _cfg, prompts, eos = load_study(a)
     head = load_head_for(model, a)
     t0 = time.perf_counter()
     res = measure(model, head, prompts, a.new, a.ks, eos, a.names)
-    dev = torch.cuda.get_device_name() if a.device.startswith("cuda") else "CPU"
     hc = head.config
-    head_desc = (f"EAGLE-3 head (capture layers {list(hc.capture_layers)}, draft vocabulary "
-                 f"{hc.draft_vocab_size or hc.vocab_size})")
-    desc = (f"{dev}; {versions()}; {a.model} ({a.weights} weights), bf16 target, {head_desc}; {len(prompts)} "
-            f"{a.prompts} prompts x <= {a.new} greedy tokens ({sum(map(len, res['continuations']))} positions), "
-            f"teacher-forced, the head unrolled {max(a.ks)} steps per variant ({time.perf_counter() - t0:.0f} s)")
-    lines = [desc, ""] + table(res, a.ks)
-    if a.weights == "random":
-        lines.append("\nRandom weights and an untrained head: tau says nothing about real text.")
-    return {"header": desc, "args": dict(vars(a)), **res, "markdown": "\n".join(lines)}
+    return study_report(a, res, table(res, a.ks),
+                        what=(f"bf16 target, EAGLE-3 head (capture layers {list(hc.capture_layers)}, draft vocabulary "
+                              f"{hc.draft_vocab_size or hc.vocab_size})"),
+                        how=f"teacher-forced, the head unrolled {max(a.ks)} steps per variant",
+                        seconds=time.perf_counter() - t0,
+                        random_note="Random weights and an untrained head: tau says nothing about real text.")
 
 
 def main(argv=None) -> int:

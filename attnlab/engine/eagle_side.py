@@ -20,17 +20,16 @@ from attnlab.engine.build import SideSpec, build_side, resolve_dtype
 from attnlab.engine.runner import ModelRunner
 from attnlab.errors import ConfigError
 
-RANDOM_DRAFT_VOCAB = 32000  # an untrained head's draft vocabulary (EAGLE-3's usual size; the whole when smaller)
-
 
 def build_eagle_side(target: ModelRunner, head_path: str | None, target_name: str, spec: SideSpec,
                      check: bool = True, random_head: bool = False) -> ModelRunner:
     """``head_path``: a folder written by ``python -m attnlab.train_draft`` (None = the head bundled for
     preset ``target_name``). ``random_head`` (bench.spec ``--eagle-head random``; never a run's draft.path): an
-    untrained head of the target's shapes with a draft vocabulary of RANDOM_DRAFT_VOCAB instead, for timing at any
-    preset's shapes, where its acceptance means nothing. ``spec``: the draft side's SideSpec (backend, dtypes, KV
+    untrained head of the target's shapes instead (eagle_io.random_head), for timing at any preset's shapes, where
+    its acceptance means nothing. ``spec``: the draft side's SideSpec (backend, dtypes, KV
     sizes, graphs; its ``model`` and ``layers`` are unused: the head is one layer on the target's weights)."""
     from attnlab.models.eagle_io import head_folder, load_head
+    from attnlab.models.eagle_io import random_head as untrained
 
     base = target.model
     if getattr(base, "parent", None) is not None:
@@ -44,7 +43,7 @@ def build_eagle_side(target: ModelRunner, head_path: str | None, target_name: st
         raise ConfigError(f"draft=eagle: an fp8 LM head goes with fp8 weights (precision.draft=fp8_e4m3), not "
                           f"{spec.dtype}")
     if random_head:
-        head = _random_head(base, target.model_config, target_name, wdtype, target.device)
+        head = untrained(base, target.model_config, target_name, wdtype, target.device)
     else:
         head = load_head(head_folder(head_path, target_name), base, dtype=wdtype, device=target.device, check=check)
     if fp8:  # while bound to the target's own modules: e4m3 LM-head rows from its weights, rounded once
@@ -64,17 +63,3 @@ def build_eagle_side(target: ModelRunner, head_path: str | None, target_name: st
         head.bind(embed, lm_head)
     return build_side(replace(spec, layers=None), prebuilt=(head, head.config.as_model_config(), target.tokenizer))
 
-
-def _random_head(base, mcfg, name: str, dtype: torch.dtype, device):
-    """``random_head``: EAGLE-3's shapes for the target (default capture layers, the target's intermediate size), seed 0,
-    the first RANDOM_DRAFT_VOCAB token ids as its draft vocabulary."""
-    from attnlab.models.eagle import EagleConfig, EagleHead, weights_fingerprint
-
-    vocab = min(RANDOM_DRAFT_VOCAB, mcfg.vocab_size)
-    cfg = EagleConfig.for_target(mcfg, name, weights_fingerprint(base), draft_vocab_size=vocab)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        head = EagleHead(cfg, dtype=dtype).to(device)
-    if cfg.draft_vocab_size:
-        head.set_draft_vocab(torch.arange(vocab))
-    return head.bind(base.embed_tokens, base.lm_head).eval().requires_grad_(False)

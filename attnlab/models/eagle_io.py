@@ -15,6 +15,7 @@ from attnlab.models.eagle import EagleConfig, EagleHead, weights_fingerprint
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"
 WEIGHTS, CONFIG = "eagle3.safetensors", "eagle3.json"
+RANDOM_DRAFT_VOCAB = 32000  # an untrained head's draft vocabulary (EAGLE-3's usual size; the whole when smaller)
 
 
 def bundled_head(target: str) -> Path | None:
@@ -78,6 +79,21 @@ def check_target(cfg: EagleConfig, target_model, folder: Path) -> None:
         raise ModelLoadError(f"draft=eagle: the head in {folder} was trained for {cfg.target!r} with weights "
                              f"fingerprint {cfg.target_fingerprint}; this target's weights have {fp} (a different "
                              f"checkpoint or quantization); train a head for it with python -m attnlab.train_draft")
+
+
+def random_head(target_model, mcfg, name: str, dtype: torch.dtype, device) -> EagleHead:
+    """An untrained head for ``target_model`` (a Decoder, ModelConfig ``mcfg``): EAGLE-3's shapes (default capture
+    layers, the target's intermediate size), seed 0 (the global RNG left as it was), the first RANDOM_DRAFT_VOCAB
+    token ids as its draft vocabulary; bound to the target. For timing and CPU studies on random weights: its drafts
+    mean nothing."""
+    vocab = min(RANDOM_DRAFT_VOCAB, mcfg.vocab_size)
+    cfg = EagleConfig.for_target(mcfg, name, weights_fingerprint(target_model), draft_vocab_size=vocab)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        head = EagleHead(cfg, dtype=dtype).to(device)
+    if cfg.draft_vocab_size:
+        head.set_draft_vocab(torch.arange(vocab))
+    return head.bind(target_model.embed_tokens, target_model.lm_head).eval().requires_grad_(False)
 
 
 def load_head(folder: str | Path, target_model, *, dtype: torch.dtype, device, check: bool = True) -> EagleHead:

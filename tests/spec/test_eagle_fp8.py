@@ -214,9 +214,10 @@ def test_a_random_head_has_the_targets_shapes_and_a_draft_vocabulary(tmp_path, m
     shapes, the first RANDOM_DRAFT_VOCAB ids its draft vocabulary, reproducible (seed 0)."""
     from attnlab.engine import eagle_side
     from attnlab.engine.build import SideSpec, build_side
+    from attnlab.models import eagle_io
     from attnlab.plan import ModelSource
 
-    monkeypatch.setattr(eagle_side, "RANDOM_DRAFT_VOCAB", 64)
+    monkeypatch.setattr(eagle_io, "RANDOM_DRAFT_VOCAB", 64)
     common = {"page_size": 16, "num_pages": 8, "max_batch": 2, "max_context": 64, "device": "cpu"}
     target = build_side(SideSpec(ModelSource("tiny-llama", init="random"), "torch", "bf16", "bf16", **common),
                         progress=False)
