@@ -48,14 +48,21 @@ def side(model: str, backend: str, batch: int, graphs: bool, max_context: int, d
     fused: False | True (engine.fused_ops) | "gemm" (engine.gemm=triton) | "gemm_attn" (engine.gemm=triton_attn).
     weights: ``bf16`` (``dtype``'s), or ``fp8w``: the layer projections' weights e4m3 with per-row scales, weight-only
     at small M (precision=fp8w-draft's weights; the KV pool stays ``dtype``); ``fp8wh``: the LM head too."""
-    if weights not in WEIGHTS:
-        raise ValueError(f"weights={weights!r}: choose from {', '.join(WEIGHTS)}")
-    fp8 = ({"dtype": "fp8_e4m3", "fp8_gemm": "weight_only", "fp8_lm_head": weights == "fp8wh"}
-           if weights.startswith("fp8") else {"dtype": dtype})
     spec = SideSpec(ModelSource(model, init="random"), backend, kv_dtype=dtype, page_size=16, max_context=max_context,
                     max_batch=batch, device="cuda", cuda_graph=graphs, max_q_len=1, fused_ops=bool(fused),
-                    gemm={path: kind for kind, path in GEMM_PATHS.items()}.get(fused, "cublas"), **fp8)
+                    gemm={path: kind for kind, path in GEMM_PATHS.items()}.get(fused, "cublas"),
+                    **weights_spec(weights, dtype))
     return build_side(spec, progress=False)
+
+
+def weights_spec(weights: str, dtype: str) -> dict:
+    """The SideSpec fields of a side's ``weights`` (WEIGHTS): ``dtype`` for bf16; fp8w / fp8wh: e4m3 weights,
+    weight-only at small M (precision=fp8w-draft), the LM head too for fp8wh."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights={weights!r}: choose from {', '.join(WEIGHTS)}")
+    if weights == "bf16":
+        return {"dtype": dtype}
+    return {"dtype": "fp8_e4m3", "fp8_gemm": "weight_only", "fp8_lm_head": weights == "fp8wh"}
 
 
 def _suffix(fused) -> str:

@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attnlab.bench.cells import parse_spec, skip_unsupported
+from attnlab.bench.e2e import WEIGHTS, weights_spec
 from attnlab.bench.host_profile import drafter_profile
 from attnlab.bench.output import write_report
 from attnlab.config import check_backend, check_invariant
@@ -174,14 +175,13 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
 
     def spec_for(label, batch, layers=None, name="target", weights="bf16"):
         backend, options = parse_spec(label)  # "flashinfer/device_steps=false": the backend's options
-        fp8 = ({"dtype": "fp8_e4m3", "fp8_gemm": "weight_only", "fp8_lm_head": weights == "fp8wh"}
-               if weights != "bf16" else {"dtype": a.dtype})  # --draft-weights; the KV pool stays a.dtype
         return SideSpec(model, backend, kv_dtype=a.dtype, page_size=16, max_context=max_ctx, max_batch=batch,
                         device=str(dev), name=name, layers=tuple(layers) if layers else None, cuda_graph=graphs,
                         max_q_len=max(kmax + 1, topk),  # tree verify: k + 1; topk draft steps: topk
                         fused_ops=a.fused_ops or (a.invariant and name == "target"),
                         gemm=a.gemm,
-                        invariant=a.invariant and name == "target", backend_options=options, **fp8)
+                        invariant=a.invariant and name == "target", backend_options=options,
+                        **weights_spec(weights, a.dtype))  # --draft-weights; the KV pool stays a.dtype
 
     def check(side_name, label):  # unsupported: ConfigError before anything is built
         backend, options = parse_spec(label)
@@ -384,11 +384,16 @@ def arm_lines(rows: list[Row]) -> list[str]:
         ref = first.get(key(r))
         if r.arm in (None, arms[0]) or ref is None or len(r.repeats_s) != len(ref.repeats_s):
             continue
-        tok = lambda row, i: sum(map(len, row.outputs_rounds[i])) if row.outputs_rounds else row.new_tokens
-        ratios = sorted(tok(r, i) / r.repeats_s[i] / (tok(ref, i) / ref.repeats_s[i]) for i in range(len(r.repeats_s)))
+        ratios = _round_ratios(r, ref)
         out.append(f"- {r.drafter} {r.pair} k={r.k} {r.tree} batch {r.batch}, {r.arm}: "
                    f"{percentile(ratios, 50):.3f}x{_spread(ratios)}")
     return out
+
+
+def _round_ratios(r: Row, ref: Row) -> list[float]:
+    """``r``'s tok/s over ``ref``'s, round by round (their repeats ran in the same rounds), sorted."""
+    tok = lambda row, i: sum(map(len, row.outputs_rounds[i])) if row.outputs_rounds else row.new_tokens
+    return sorted(tok(r, i) / r.repeats_s[i] / (tok(ref, i) / ref.repeats_s[i]) for i in range(len(r.repeats_s)))
 
 
 def weights_lines(rows: list[Row]) -> list[str]:
@@ -404,8 +409,7 @@ def weights_lines(rows: list[Row]) -> list[str]:
         ref = bf16.get(key(r))
         if r.engine != "attnlab" or not fp8(r) or ref is None or len(r.repeats_s) != len(ref.repeats_s):
             continue
-        ratios = sorted(sum(map(len, r.outputs_rounds[i])) / r.repeats_s[i]
-                        / (sum(map(len, ref.outputs_rounds[i])) / ref.repeats_s[i]) for i in range(len(r.repeats_s)))
+        ratios = _round_ratios(r, ref)
         draft = (f"; draft phase {r.phase_ms['draft']:.3f} ms against {ref.phase_ms['draft']:.3f} ms an iteration"
                  if r.phase_ms.get("draft") and ref.phase_ms.get("draft") else "")
         out.append(f"- {r.drafter} {_pair(r)} k={r.k} {r.tree} batch {r.batch}: {percentile(ratios, 50):.3f}x"
@@ -701,8 +705,6 @@ def parse(argv=None):
     if not a.batches or min(a.batches) < 1 or a.repeats < 1:
         ap.error("--batch sizes and --repeats must be >= 1")
     a.num_prompts = max(a.num_prompts, max(a.batches))  # at least one full batch
-    from attnlab.bench.e2e import WEIGHTS
-
     a.draft_weights = [w for w in a.draft_weights.split(",") if w]
     bad = sorted(set(a.draft_weights) - set(WEIGHTS)) or (not a.draft_weights and ["(none)"])
     if bad:
