@@ -169,11 +169,7 @@ class Decoder(nn.Module):
                 mode = True  # prefill (> 16 tokens) or Qwen3's q/k norm: the fused path, cuBLAS GEMMs
             elif gemm.rope_table():
                 table = getattr(ctx, "rope_table", None)
-        if table is not None:  # the side's cos / sin over positions (its runner's): no torch ops per pass
-            (cos, sin), rope_pos = table, positions
-        else:
-            cos, sin = rope.cos_sin(positions, self.inv_freq, h.dtype)
-            rope_pos = None
+        cos, sin, rope_pos = rope.for_pass(positions, self.inv_freq, h.dtype, table)  # table: the runner's, or None
         if mode == "gemm":
             from attnlab.kernels import fused
 

@@ -145,6 +145,9 @@ class EagleHead(nn.Module):
         self.config = cfg
         H, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.q_size, self.kv_size = q, kv
+        # the attention shapes gemm_path.attention_block reads from a layer's attention (the head's KV: pool layer 0)
+        self.head_dim, self.num_heads, self.num_kv_heads = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        self.layer_idx = 0
         self.fc = nn.Linear(cfg.feature_dim, H, bias=False, dtype=dtype)
         self.input_norm = RMSNorm(H, cfg.rms_norm_eps, dtype)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps, dtype)
@@ -238,7 +241,8 @@ class EagleHead(nn.Module):
         rows = w[self.d2t.to(w.device)].contiguous() if self.config.draft_vocab_size else None
         rows8 = None
         if self._fp8_rows:  # shapes checked by quantize_fp8
-            rows8, rows = FP8Linear.from_weight(w if rows is None else rows, small_m=self._fp8_rows, role="lm_head"), None
+            rows8 = FP8Linear.from_weight(w if rows is None else rows, small_m=self._fp8_rows, role="lm_head")
+            rows = None
         object.__setattr__(self, "_rows", rows)
         object.__setattr__(self, "_rows8", rows8)
 
@@ -348,22 +352,10 @@ class EagleHead(nn.Module):
         x = torch.empty(f.shape[0], 2 * H, dtype=f.dtype, device=f.device)
         fused.add_rmsnorm(self.shared[0](input_ids), None, self.input_norm.weight, self.input_norm.eps, out=x[:, :H])
         fused.add_rmsnorm(f, None, self.hidden_norm.weight, self.hidden_norm.eps, out=x[:, H:])
-        table = getattr(ctx, "rope_table", None) if gemm.rope_table() else None
-        if table is not None:  # the runner's cos / sin over positions (rope_tables): no torch ops per pass
-            (cos, sin), pos = table, positions
-        else:
-            (cos, sin), pos = rope.cos_sin(positions, self.inv_freq, f.dtype), None
-        store = ctx.kv_store_target(0, x.dtype)
-        qk = self.q_size + self.kv_size
-        qkv = gemm_path.proj(self.qkv_proj, x, "qkv", epilogue="rope", cos=cos, sin=sin, head_dim=c.head_dim,
-                             rope_cols=qk, kv_store=store, positions=pos)
-        t, d = x.shape[0], c.head_dim
-        q = qkv[:, :self.q_size].view(t, c.num_heads, d)
-        k = qkv[:, self.q_size:qk].view(t, c.num_kv_heads, d)
-        v = qkv[:, qk:].view(t, c.num_kv_heads, d)
-        o = ctx.attend(0, q, k, v, stored=store is not None).reshape(t, self.q_size)
+        cos, sin, pos = rope.for_pass(positions, self.inv_freq, f.dtype,
+                                      getattr(ctx, "rope_table", None) if gemm.rope_table() else None)
         post = self.post_attention_layernorm
-        h, x = gemm_path.residual_proj(self.o_proj, o, "o", f, post)
+        h, x = gemm_path.attention_block(self, x, {}, f, cos, sin, ctx, pos, post)  # the residual: f
         if x is None:
             x = fused.add_rmsnorm(h, None, post.weight, post.eps)[0]
         act = gemm_path.proj(self.gate_up_proj, x, "gate_up", epilogue="silu_mul")

@@ -37,7 +37,8 @@ LINEAR_NAMES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "m
 LINEAR_ROLES = dict(zip(LINEAR_NAMES, ("qkv", "o", "gate_up", "down")))
 SMALL_M = ("w8a8", "weight_only")  # FP8Linear.small_m (precision.fp8_gemm)
 # in the __dict__ of a module whose projections quantize_linears / EagleHead.quantize_fp8 made W8A8 (``mark_w8a8``):
-# attnlab's small-M GEMM runs e4m3 weights weight-only, so such a layer or head keeps the fused cuBLAS path (``is_w8a8``)
+# attnlab's small-M GEMM runs e4m3 weights weight-only, so such a layer or head keeps the fused cuBLAS path
+# (``is_w8a8``)
 W8A8_MARK = "fp8_w8a8"
 _MIN_SCALE = 1e-12  # a zero row gets this scale (its fp8 values are 0 anyway), never a division by zero
 

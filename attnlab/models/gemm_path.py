@@ -71,7 +71,7 @@ def layer_forward(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
     GEMM's tail computes where ``gemm.norm_tail(hidden)`` (else the second value is None)."""
     mlp = layer.mlp
     x, norm = (x, {}) if x is not None else _normed(h, layer.input_layernorm)
-    h, x = _attention(layer.self_attn, x, norm, h, cos, sin, ctx, positions, layer.post_attention_layernorm)
+    h, x = attention_block(layer.self_attn, x, norm, h, cos, sin, ctx, positions, layer.post_attention_layernorm)
     x, norm = (x, {}) if x is not None else _normed(h, layer.post_attention_layernorm)
     act = proj(mlp.gate_up_proj, x, "gate_up", **norm, epilogue="silu_mul")
     return residual_proj(mlp.down_proj, act, "down", h, next_norm)
@@ -86,11 +86,12 @@ def residual_proj(linear: nn.Module, x: torch.Tensor, role: str, residual: torch
     return proj(linear, x, role, epilogue="residual", residual=residual, tail_norm=(next_norm.weight, next_norm.eps))
 
 
-def _attention(attn, x: torch.Tensor, norm: dict, residual: torch.Tensor, cos, sin, ctx,
-               positions: torch.Tensor | None, next_norm=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """qkv (``norm``: its prologue kwargs, if any; RoPE and the KV store in its epilogue) -> attention -> o with the
-    residual added: (the stream after the attention block, ``next_norm`` of it where o_proj's tail computes it,
-    ``residual_proj``, else None)."""
+def attention_block(attn, x: torch.Tensor, norm: dict, residual: torch.Tensor, cos, sin, ctx,
+                    positions: torch.Tensor | None, next_norm=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``attn``: a layer's attention (or anything with its qkv_proj, o_proj, q_size, kv_size, head_dim, num_heads,
+    num_kv_heads and layer_idx: an EAGLE head). qkv (``norm``: its prologue kwargs, if any; RoPE and the KV store in
+    its epilogue) -> attention -> o with the residual added: (the stream after the attention block, ``next_norm`` of
+    it where o_proj's tail computes it, ``residual_proj``, else None)."""
     t, d = x.shape[0], attn.head_dim
     qk_cols = attn.q_size + attn.kv_size
     store = ctx.kv_store_target(attn.layer_idx, x.dtype)
@@ -123,6 +124,6 @@ def attn_layer_forward(layer, x: torch.Tensor, residual: torch.Tensor | None, co
 
     mlp, norm1 = layer.mlp, layer.input_layernorm
     x, residual = fused.add_rmsnorm(x, residual, norm1.weight, norm1.eps)
-    h = _attention(layer.self_attn, x, {}, residual, cos, sin, ctx, positions)[0]
+    h = attention_block(layer.self_attn, x, {}, residual, cos, sin, ctx, positions)[0]
     x = _normed(h, layer.post_attention_layernorm, prologue=False)[0]
     return project(mlp.down_proj, fused.silu_mul(project(mlp.gate_up_proj, x, ctx), mlp.intermediate_size), ctx), h

@@ -62,6 +62,15 @@ def position_tables(cache: dict, inv: torch.Tensor, dtype: torch.dtype,
     return cache[key]
 
 
+def for_pass(positions: torch.Tensor, inv: torch.Tensor, dtype: torch.dtype,
+             table: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """(cos, sin, positions for the GEMM's RoPE epilogue) of a pass: a runner's ``position_tables`` indexed by position
+    in the epilogue (no torch ops per pass), else ``cos_sin``'s [T, 1, D] and None."""
+    if table is not None:
+        return table[0], table[1], positions
+    return (*cos_sin(positions, inv, dtype), None)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, H, D] -> x * cos + rotate_half(x) * sin, same shape and dtype."""
     half = x.shape[-1] // 2
