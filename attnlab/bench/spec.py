@@ -115,7 +115,7 @@ class Row:
     # a flashinfer side's plans over the row's timed batches: side ("draft" / "target") -> [planned, kept]
     plans: dict[str, list[int]] = field(default_factory=dict)
     arm: str | None = None  # the gemm arm its sides were built, captured and timed under (several --gemm-split arms)
-    draft_weights: str = "bf16"  # the drafter's weights: --dtype's, or fp8w / fp8wh (its drafter label says so: eagle+fp8w)
+    draft_weights: str = "bf16"  # the drafter's weights: --dtype's, or fp8w / fp8wh (its label says so: eagle+fp8w)
 
     @property
     def tok_s(self) -> float:
