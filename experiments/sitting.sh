@@ -17,6 +17,12 @@ install_fb() {
   $PY -c "import torch, triton, flashinfer; print('torch', torch.__version__, 'triton', triton.__version__, \
 'flashinfer', flashinfer.__version__)"
 }
+# pack: every file of this call in $OUT but its console log into one archive, resultsPART.tgz (at most 8 files come
+# back from a call)
+pack() {
+  tar czf "/tmp/results$PART.tgz" -C "$OUT" --exclude="run$PART.log" . && find "$OUT" -type f ! -name "run$PART.log" -delete
+  mv "/tmp/results$PART.tgz" "$OUT/"
+}
 # gpu_tests NAME SECONDS PYTEST-ARGS...: the GPU tests of one step under a timeout, their log as $OUT/NAME.log (it
 # comes back), the summary lines on the console.
 gpu_tests() {

@@ -18,11 +18,7 @@
 # back from a call). Each step has its own timeout inside the 10-minute limit of a call.
 set -u -o pipefail
 PART=${1:?part 1-8}
-. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, fi_jit, the environment, the call's log, PY
-pack() {  # every file of this call but its console log into one archive
-  tar czf "/tmp/results$PART.tgz" -C "$OUT" --exclude="run$PART.log" . && find "$OUT" -type f ! -name "run$PART.log" -delete
-  mv "/tmp/results$PART.tgz" "$OUT/"
-}
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, fi_jit, pack, the environment, the call's log, PY
 FI="flashinfer,flashinfer/verify_split_kv=auto"
 case $PART in
 1)
