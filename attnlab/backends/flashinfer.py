@@ -56,6 +56,7 @@ from attnlab.backends.base import (
     DeviceStepsUnfit,
     Mode,
 )
+from attnlab.backends.flashinfer_rows import rows_layout
 from attnlab.errors import BackendUnavailable, ConfigError
 from attnlab.kvcache.layout import pages_needed
 from attnlab.kvcache.pool import FP8_DTYPES
@@ -260,6 +261,10 @@ class FlashInferBackend(AttentionBackend):
                            "split where the KV is short for the grid (verify_whole_kv; uniform-q_len causal passes; "
                            "in CUDA-graph mode a graph per choice), else as true (to become the default once its GPU "
                            "tests ran: docs/backends.md)",
+        "verify_as_decode": "false (default) / true: a verify / short extend (uniform q_len >= 2, causal, no mask) "
+                            "runs FlashInfer's decode kernel over its batch x q_len rows, row i of a request a decode "
+                            "of its first kv_len - q_len + 1 + i tokens (flashinfer_rows; no GQA-packed query tile, "
+                            "no merge of its own: the decode's split-KV); in CUDA-graph mode q_len <= max_q_len",
         "keep_plans": "true (default) / false: in CUDA-graph mode, a decode (CUDA-core) or fa2 verify / extend pass "
                       "whose FlashInfer schedule equals the one its wrapper holds keeps that plan and writes only "
                       "its layout (no plan() on the host)",
@@ -270,12 +275,13 @@ class FlashInferBackend(AttentionBackend):
                  prefill_backend: str = "auto", prefill_min_q_len: int = PREFILL_MIN_Q_LEN,
                  cuda_graph: bool = False, max_batch_size: int | None = None, max_q_len: int = 16,
                  max_context: int | None = None, workspace_bytes: int = WORKSPACE_BYTES, keep_plans: bool = True,
-                 verify_split_kv: bool | str = True):
+                 verify_split_kv: bool | str = True, verify_as_decode: bool = False):
         super().__init__(pool, num_q_heads, num_kv_heads, head_dim, scale, dtype)
         check_shapes(dtype, pool.dtype, head_dim)
         self.check_options({"verify_backend": verify_backend, "prefill_backend": prefill_backend,
                             "prefill_min_q_len": prefill_min_q_len, "device_steps": device_steps,
-                            "keep_plans": keep_plans, "verify_split_kv": verify_split_kv}, "flashinfer")
+                            "keep_plans": keep_plans, "verify_split_kv": verify_split_kv,
+                            "verify_as_decode": verify_as_decode}, "flashinfer")
         fa3 = [n for n, v in (("verify_backend", verify_backend), ("prefill_backend", prefill_backend)) if v == "fa3"]
         if fa3 and pool.dtype in FP8_DTYPES:
             raise ConfigError(f"flashinfer: {fa3[0]}=fa3 with fp8 KV: FlashInfer's FA3 kernels need an fp8 query "
@@ -304,6 +310,7 @@ class FlashInferBackend(AttentionBackend):
         self._prefill_models: dict[tuple[int, int], tuple[int, int]] = {}
         self._prefill_model_ok = True
         self.keep_plans = keep_plans
+        self.verify_as_decode = verify_as_decode  # True: uniform verify passes as decode rows (flashinfer_rows)
         self.verify_split_kv = verify_split_kv  # False: fa2 causal / mask plans with disable_split_kv; "auto": by rule
         self.sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                     if self.device.type == "cuda" else NOMINAL_SMS)
@@ -343,7 +350,7 @@ class FlashInferBackend(AttentionBackend):
         tc = options.get("decode_tensor_cores")
         if tc is not None and not isinstance(tc, bool):
             raise ConfigError(f"{field}.decode_tensor_cores={tc!r}: must be true, false or null")
-        for key in ("device_steps", "keep_plans"):
+        for key in ("device_steps", "keep_plans", "verify_as_decode"):
             if not isinstance(options.get(key, True), bool):
                 raise ConfigError(f"{field}.{key}={options[key]!r}: must be true or false")
         split = options.get("verify_split_kv", True)
@@ -399,7 +406,7 @@ class FlashInferBackend(AttentionBackend):
     def graph_variants(self, q_len: int, masked: bool) -> tuple:
         """verify_split_kv=auto in CUDA-graph mode: an fa2 causal pass (verify, draft-extend) plans with or without
         split-KV by its lengths, and the split launches a merge the whole plan does not: one graph each."""
-        if (self.cuda_graph and not masked
+        if (self.cuda_graph and not masked and not self._as_rows("causal", q_len, prefill=False)
                 and self._by_rule("causal", self._prefill_family("causal", q_len), q_len, prefill=False)):
             return ("split", "whole")
         return (None,)
@@ -410,6 +417,13 @@ class FlashInferBackend(AttentionBackend):
         the passes ``graph_variants`` names two plans for."""
         return (self.verify_split_kv == "auto" and kind == "causal" and family == "fa2" and uniform is not None
                 and uniform >= 2 and not prefill)
+
+    def _as_rows(self, kind: str, uniform: int | None, prefill: bool) -> bool:
+        """Whether verify_as_decode runs this pass as decode rows: a causal, unmasked pass of ``uniform`` (>= 2)
+        tokens a request, shorter than a long prefill, that is not a prefill; in graph mode at most max_q_len (the
+        rows' buffers)."""
+        return (self.verify_as_decode and kind == "causal" and not prefill and uniform is not None
+                and 2 <= uniform < self.prefill_min_q_len and (not self.cuda_graph or uniform <= self.max_q_len))
 
     def _whole(self, kind: str, family: str, meta: AttnMeta, by_rule: bool) -> bool:
         """Whether this pass plans with disable_split_kv (verify_split_kv; under auto a forced graph variant, else
@@ -446,6 +460,18 @@ class FlashInferBackend(AttentionBackend):
             self._graph_bufs[key] = _GraphBuffers(*z)
         return self._graph_bufs[key]
 
+    def _rows_buffers(self, slot: int) -> _GraphBuffers:
+        """Graph mode, verify_as_decode: the slot's buffers for max_batch_size x max_q_len decode rows, each a prefix
+        of its request's page list (``_buffers``' page ids once per row of a request)."""
+        key = ("rows", slot)
+        if key not in self._graph_bufs:
+            rows = self.max_batch_size * self.max_q_len
+            pages = self.max_q_len * (self.pool.num_pages + 1 + self.max_batch_size
+                                      * pages_needed(self.max_q_len, self.pool.page_size))
+            z = [torch.zeros(n, dtype=torch.int32, device=self.device) for n in (1, rows + 1, pages, rows, 1)]
+            self._graph_bufs[key] = _GraphBuffers(*z)
+        return self._graph_bufs[key]
+
     def _mask_capacity_bytes(self, batch: int | None = None, q_len: int | None = None) -> int:
         # per request at most ceil(q_len * max_context / 8) packed bytes (each request's bits start on a byte)
         b, q = batch or self.max_batch_size, q_len or self.max_q_len
@@ -472,10 +498,13 @@ class FlashInferBackend(AttentionBackend):
             else:
                 w = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=family)
         else:
-            if self.cuda_graph and batch_size > self.max_batch_size:
+            if self.cuda_graph and batch_size > self.max_batch_size * (self.max_q_len if family == "rows" else 1):
                 raise ConfigError(f"flashinfer graph bucket: batch {batch_size} > max_batch_size {self.max_batch_size}")
             b = batch_size
-            buf = self._buffers(slot) if self.cuda_graph else self._buffers(slot, b, graph_q_len)
+            if family == "rows":
+                buf = self._rows_buffers(slot)
+            else:
+                buf = self._buffers(slot) if self.cuda_graph else self._buffers(slot, b, graph_q_len)
             if kind == "decode":
                 w = fi.BatchDecodeWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.use_tensor_cores,
@@ -516,6 +545,8 @@ class FlashInferBackend(AttentionBackend):
             if need > cap:
                 raise ConfigError(f"flashinfer graph mode: tree mask needs {need} bytes, buffer holds "
                                   f"{cap}; raise max_q_len / max_context")
+        if self._as_rows(kind, uniform, meta.mode == Mode.PREFILL):
+            return self._rows_plan(meta, slot)
         by_rule = self._by_rule(kind, family, uniform, meta.mode == Mode.PREFILL)
         whole = self._whole(kind, family, meta, by_rule)
         variant = ("whole" if whole else "split") if by_rule and self.cuda_graph else None
@@ -542,7 +573,8 @@ class FlashInferBackend(AttentionBackend):
             wrapper.plan(kv_indptr, meta.layout.kv_indices, last_page_len, *shape, pos_encoding_mode="NONE",
                          **common)
         else:
-            if getattr(wrapper, "_use_cuda_graph", getattr(wrapper, "use_cuda_graph", False)) and graph_q_len is not None and family == "fa2":
+            graphed = getattr(wrapper, "_use_cuda_graph", getattr(wrapper, "use_cuda_graph", False))
+            if graphed and graph_q_len is not None and family == "fa2":
                 # fa2's graph-mode scheduler otherwise sizes the query tile for the ragged worst case
                 # (total rows - batch + 1 rows per request); the hint is exact here (every request has it)
                 common["uniform_q_len"] = graph_q_len
@@ -565,6 +597,28 @@ class FlashInferBackend(AttentionBackend):
             self._step_plans[id(wrapper)] = self._keep_key(kind, family, meta, graph_q_len, ind, pages, whole)
         return _Plan(wrapper, kind, family, meta.batch_size, meta.num_tokens,
                      buf.custom_mask if packing is not None else None, packing, variant)
+
+    def _rows_plan(self, meta: AttnMeta, slot: int) -> _Plan:
+        """verify_as_decode: the pass's batch x q_len query rows as decode requests (flashinfer_rows), on a decode
+        wrapper of their own (graph mode: over the slot's rows buffers). The rows' page ids are one gather of the
+        layout's on the device; the plan is made every pass (no kept plans)."""
+        q, ps = meta.q_lens[0], meta.page_size
+        kv_indptr, last, gather = rows_layout(meta.kv_lens_host, q, ps, host_csr(meta)[1])
+        rows = meta.batch_size * q
+        wrapper, buf = self._wrapper(slot, "decode", "rows", rows, 1 if self.cuda_graph else None)
+        if buf is not None and gather.numel() > buf.kv_indices.numel():
+            raise ValueError(f"flashinfer rows: {gather.numel()} page ids exceed the graph buffer's "
+                             f"{buf.kv_indices.numel()}")
+        indices = meta.layout.kv_indices[gather.to(self.device, non_blocking=True)]
+        self._step_plans.pop(id(wrapper), None)
+        self.plans_made += 1
+        wrapper.plan(kv_indptr, indices, last, self.num_q_heads, self.num_kv_heads, self.head_dim, ps,
+                     pos_encoding_mode="NONE", q_data_type=self.dtype, kv_data_type=self.pool.dtype,
+                     sm_scale=self.scale)
+        if self.forced_variant is None:
+            self._resolved.setdefault(meta.mode.value, set()).add(resolved_family(wrapper, "decode", "decode")
+                                                                  + ":rows")
+        return _Plan(wrapper, "decode", "rows", rows, meta.num_tokens)
 
     def _record(self, meta: AttnMeta, kind: str, wrapper, family: str, whole: bool) -> None:
         """What this pass's plan runs, for kernel_info (a capture's forced plans are not a pass's: not recorded);

@@ -20,13 +20,14 @@ set -u -o pipefail
 PART=${1:?part 1-8}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, fi_jit, pack, the environment, the call's log, PY
 FI="flashinfer,flashinfer/verify_split_kv=auto"
+ROWS="$FI,flashinfer/verify_as_decode=true"  # + the verify as decode rows (flashinfer_rows, 2026-12-05)
 case $PART in
 1)
   install_fb
-  fi_jit compile1 150 "$FI"
+  fi_jit compile1 150 "$ROWS"
   step "GPU tests: verify_split_kv=auto (both plans, a graph per split choice, graphs, kept plans, hybrid)"
   gpu_tests tests1 220 tests/backends/test_flashinfer_whole.py tests/backends/test_flashinfer_keep.py \
-    tests/backends/test_hybrid.py tests/integration/test_gpu_engine.py \
+    tests/backends/test_hybrid.py tests/integration/test_gpu_engine.py tests/backends/test_flashinfer_rows.py \
     "tests/backends/test_flashinfer.py::test_gpu_cuda_graph_capture_replay" \
     "tests/backends/test_flashinfer.py::test_gpu_kernel_families" -m gpu -k "(flashinfer or routing) and not fp8_eagle"
   step "GPU tests: draft=eagle with fp8 weights in graphs (triton and flashinfer; unfused, fused ops, the gemm path)"
@@ -34,19 +35,19 @@ case $PART in
   pack
   ;;
 2)
-  step "issue 16: FlashInfer verify / decode before (split always) and after (auto), batch 1/16/64 x 512/1024/4096"
-  timeout 130 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,16,64 --contexts 512,1024,4096 --ks 4 \
-    --models smollm2,llama8b --backends $FI --baseline flashinfer --repeats 3 --out "$OUT/split2" > $LOGS/split2.log 2>&1
+  step "issue 16: FlashInfer verify / decode: split always, auto, as decode rows; batch 1/16/64 x 512/1024/4096"
+  timeout 190 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,16,64 --contexts 512,1024,4096 --ks 4 \
+    --models smollm2,llama8b --backends $ROWS --baseline flashinfer --repeats 3 --out "$OUT/split2" > $LOGS/split2.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/split2.log
   step "issue 16: end to end, SmolLM2 shapes (random weights), triton drafts, flashinfer verifies, batch 1 / 16"
-  timeout 260 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters self --k 4 \
-    --batch 1,16 --backends $FI --draft-backends triton --num-prompts 16 --new 64 --repeats 3 \
+  timeout 230 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters self --k 4 \
+    --batch 1,16 --backends $ROWS --draft-backends triton --num-prompts 16 --new 64 --repeats 3 \
     --out "$OUT/spec2" > $LOGS/spec2.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/spec2.log | head -40
   step "issue 16: the batch-1 Triton decode floor, a sweep of the decode launch (decode_tiles: BLOCK_N x warps x stages)"
   T=triton; for t in 16x2x4 32x2x4 32x4x3 64x2x4 64x4x3 64x4x4 64x8x3 128x4x3 128x8x2 128x8x3 256x8x2; do
     T="$T,triton/decode_tiles=$t"; done
-  timeout 140 $PY -m attnlab.bench.kernels --phases decode --batches 1 --contexts 4096 --models smollm2,llama8b \
+  timeout 120 $PY -m attnlab.bench.kernels --phases decode --batches 1 --contexts 4096 --models smollm2,llama8b \
     --backends "$T" --baseline triton --repeats 3 --out "$OUT/dtiles2" > $LOGS/dtiles2.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/dtiles2.log
   cp $LOGS/split2.log $LOGS/spec2.log $LOGS/dtiles2.log "$OUT/" 2>/dev/null

@@ -97,7 +97,8 @@ def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
     monkeypatch.setattr(kernels, "build", cpu_build)
     monkeypatch.setattr(kernels, "Timer", FakeTimer)
     specs = ["torch", "triton", "flashinfer/workspace_bytes=65536", "fa", "hybrid/short=torch/long=triton/threshold=8",
-             "triton/num_splits=7", "flashinfer/verify_split_kv=auto/workspace_bytes=65536"]
+             "triton/num_splits=7", "flashinfer/verify_split_kv=auto/workspace_bytes=65536",
+             "flashinfer/verify_as_decode=true/workspace_bytes=65536"]
     classes = {s: get_backend_class(*parse_spec(s)) for s in specs}  # load_backends would ask for CUDA
     args = argparse.Namespace(page_size=16, reps=5, iters=10, repeats=2, copy_gb_s=1000.0)
     cells = run_shape(classes, "verify", "smollm2", 2, 40, 5, args, torch.bfloat16)
@@ -108,6 +109,8 @@ def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
     assert by["flashinfer/workspace_bytes=65536"].kernel == "fa2" and by["fa"].kernel == "fa3_fwd"
     # a 40-token verify under verify_split_kv=auto: fa2 without split-KV, which the cell names
     assert by["flashinfer/verify_split_kv=auto/workspace_bytes=65536"].kernel == "fa2:whole"
+    # the verify as decode rows (SmolLM2's GQA 3: the CUDA-core decode)
+    assert by["flashinfer/verify_as_decode=true/workspace_bytes=65536"].kernel == "cuda-core:rows"
     assert by["triton/num_splits=7"].kernel == "splits 7" and by["hybrid/short=torch/long=triton/threshold=8"].kernel \
         == "triton:splits 1"
     assert by["triton"].extra["cuda_graph"] and not by["torch"].extra["cuda_graph"]

@@ -182,3 +182,20 @@ def test_a_hybrid_replays_the_graph_of_its_sides_pair(fake_fi, stand_in_graphs):
         assert graphed.backend.slot_variant(0) == pair, ctx
         torch.testing.assert_close(got, want, atol=0, rtol=0)
     assert {v: g.replays for v, g in graphs.items() if g.replays} == {("whole", "split"): 2, ("whole", "whole"): 1}
+
+
+def test_rows_verify_captures_one_graph_and_matches_fa2(fake_fi, stand_in_graphs):
+    """verify_as_decode: the verify bucket is one graph (the rows plan has no variants, even under auto), each replay
+    equal to an eager rows runner exactly and to the default fa2 plan within bf16 rounding."""
+    graphed = fi_runner(verify_as_decode=True, verify_split_kv="auto")
+    eager, fa2 = fi_runner(verify_as_decode=True), fi_runner()
+    graphed.graphs = GraphCache(graphed)
+    assert graphed.graphs.capture([BUCKET], [1, K1], range(1)) == 2
+    assert {key[5] for key in graphed.graphs.graphs} == {None}
+    for i, ctx in enumerate((100, 900, (40, 700, K1))):
+        got, want, ref = (verify_logits(r, ctx, torch.Generator().manual_seed(i)) for r in (graphed, eager, fa2))
+        assert graphed.backend.active_plan.family == "rows"
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        torch.testing.assert_close(got, ref, atol=3e-2, rtol=3e-2)
+    assert graphed.graphs.graphs[(BUCKET, K1, 0, None, False, None)].graph.replays == 3
+    assert graphed.backend.kernel_info()["verify"] == "cuda-core:rows"

@@ -1,0 +1,136 @@
+"""flashinfer's verify_as_decode (CPU, through the fake module; GPU at the end): a uniform causal verify / short extend
+runs as FlashInfer decode requests, one a query row (attnlab.backends.flashinfer_rows), against the torch reference."""
+
+import pytest
+import torch
+
+from attnlab.backends.base import Mode
+from attnlab.backends.flashinfer import FlashInferBackend
+from attnlab.backends.flashinfer_rows import rows_layout
+from attnlab.errors import ConfigError
+from tests.backends.cases import make_case
+from tests.backends.fakes import FakeDecode, FakePrefill
+from tests.backends.test_flashinfer import backend as fi_backend
+from tests.backends.test_flashinfer import meta_over, reference, run_all_layers
+
+ROWS = {"verify_as_decode": True}
+
+
+def backend(case, **kw):
+    return fi_backend(case, **{**ROWS, **kw})
+
+
+def case_of(q_lens, kv_lens, page_size=16, gqa=3, head_dim=64, num_kv_heads=2):
+    return make_case(kv_lens=kv_lens, q_lens=q_lens, page_size=page_size, num_kv_heads=num_kv_heads, gqa=gqa,
+                     head_dim=head_dim, dtype=torch.bfloat16, num_layers=2, mode=Mode.VERIFY)
+
+
+def test_rows_layout_by_hand():
+    """Two requests of 3 new tokens, page 4: request 0 (kv 6, pages at slots 0-1) gives rows of 4 / 5 / 6 tokens,
+    request 1 (kv 3, its page at slot 2) rows of 1 / 2 / 3; each row's page ids are a prefix of its request's."""
+    indptr, last, gather = rows_layout([6, 3], 3, 4, torch.tensor([0, 2, 3], dtype=torch.int32))
+    assert indptr.tolist() == [0, 1, 3, 5, 6, 7, 8]
+    assert last.tolist() == [4, 1, 2, 1, 2, 3]
+    assert gather.tolist() == [0, 0, 1, 0, 1, 2, 2, 2]
+    assert indptr.dtype == last.dtype == torch.int32
+
+
+@pytest.mark.parametrize("kv_lens,q_len", [([2, 9], 3), ([5], 0)])
+def test_rows_layout_refuses_a_request_without_its_new_tokens(kv_lens, q_len):
+    with pytest.raises(ValueError, match="must each hold"):
+        rows_layout(kv_lens, q_len, 16, torch.tensor([0, 1, 2][:len(kv_lens) + 1], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("gqa", [1, 3, 4])
+@pytest.mark.parametrize("q_len,kv_lens", [(2, [2, 40]), (5, [5, 33, 200]), (4, [17])])
+def test_eager_rows_attend_the_reference(fake_fi, page_size, gqa, q_len, kv_lens):
+    """Eager plans: one decode wrapper over batch x q_len rows (row i of a request: its first kv - q + 1 + i
+    tokens), equal to the reference's bottom-right causal verify; no prefill wrapper is made; kernel_info names
+    the rows plan (the CUDA-core decode below GQA 4, the tensor-core one from 4)."""
+    case = case_of([q_len] * len(kv_lens), kv_lens, page_size=page_size, gqa=gqa)
+    be = backend(case)
+    be.plan(case.meta)
+    plan = be.active_plan
+    assert isinstance(plan.wrapper, FakeDecode) and plan.batch_size == q_len * len(kv_lens)
+    torch.testing.assert_close(run_all_layers(be, case), reference(case, case.meta, case.q), atol=2e-2, rtol=2e-2)
+    assert not FakePrefill.created
+    assert be.kernel_info() == {"verify": ("fa2" if gqa >= 4 else "cuda-core") + ":rows"}
+
+
+def test_graph_mode_rows_keep_one_wrapper_a_bucket_and_follow_new_lengths(fake_fi):
+    """cuda_graph=True: a bucket's rows wrapper is built once over the slot's rows buffers (sized max_batch_size x
+    max_q_len rows), re-planned every pass (lengths crossing pages, a padded request of kv = q_len), each pass equal
+    to the reference; there is one plan variant even under verify_split_kv=auto."""
+    case = case_of([5, 5], [900, 400])
+    be = backend(case, cuda_graph=True, max_batch_size=2, max_q_len=8, max_context=1024, verify_split_kv="auto")
+    assert be.graph_variants(5, False) == be.graph_variants(1, False) == be.graph_variants(5, True) == (None,)
+    assert backend(case, cuda_graph=True, max_batch_size=2, max_q_len=4, verify_split_kv="auto").graph_variants(
+        5, False) == ("split", "whole")  # past max_q_len: no rows, the split rule's two plans
+    g = torch.Generator().manual_seed(5)
+    wrappers = set()
+    for kv_lens in ([900, 400], [17, 5], [300, 301], [5, 64]):
+        meta = meta_over(case, kv_lens, [5, 5])
+        be.plan(meta)
+        wrappers.add(id(be.active_plan.wrapper))
+        assert be.slot_variant(0) is None
+        q = torch.randn(10, case.num_q_heads, case.head_dim, generator=g).bfloat16()
+        torch.testing.assert_close(run_all_layers(be, case, q), reference(case, meta, q), atol=2e-2, rtol=2e-2)
+    assert len(wrappers) == 1 and be.plan_counts() == (4, 0)
+    w = be.active_plan.wrapper
+    assert w.use_cuda_graph and w.bufs["kv_indptr"].numel() == 11  # the bucket's 10 rows, in the rows buffers
+    assert be._rows_buffers(0).kv_indptr.numel() == 2 * 8 + 1
+
+
+def test_rows_leave_other_passes_to_their_plans(fake_fi):
+    """Decode passes, prefills, tree masks and (graph mode) a q_len past max_q_len keep FlashInfer's own plans."""
+    case = case_of([5, 5], [400, 400])
+    eager, graph = backend(case), backend(case, cuda_graph=True, max_batch_size=2, max_q_len=4, max_context=1024)
+    for be in (eager, graph):
+        for meta in (meta_over(case, [40, 30], [1, 1]), meta_over(case, [40, 30], [40, 30], mode=Mode.PREFILL)):
+            be.plan(meta)
+            assert be.active_plan.family != "rows", (meta.mode, meta.q_lens)
+    graph.plan(meta_over(case, [40, 30], [5, 5]))  # q_len 5 > max_q_len 4: no rows buffers for it
+    assert graph.active_plan.family == "fa2"
+    tree = make_case(kv_lens=[40, 30], q_lens=[5, 5], page_size=16, num_kv_heads=2, gqa=3, head_dim=64,
+                     dtype=torch.bfloat16, tree_mask=True, mode=Mode.VERIFY)
+    be = backend(tree)
+    be.plan(tree.meta)
+    assert be.active_plan.kind == "mask"
+
+
+def test_a_graph_bucket_past_the_rows_buffers_is_refused(fake_fi):
+    case = case_of([3, 3, 3], [30, 30, 30])
+    be = backend(case, cuda_graph=True, max_batch_size=2, max_q_len=4)
+    with pytest.raises(ConfigError, match="max_batch_size"):
+        be.plan(case.meta)  # 9 rows > 2 x 4
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_verify_as_decode_takes_a_bool(fake_fi, value):
+    with pytest.raises(ConfigError, match="verify_as_decode"):
+        FlashInferBackend.check_options({"verify_as_decode": value}, "verify.options")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("gqa,head_dim,page_size", [(3, 64, 16), (4, 128, 16), (3, 64, 1)])
+def test_gpu_rows_attend_the_reference(gqa, head_dim, page_size):
+    """The real FlashInfer: graph-mode rows wrappers (the CUDA-core decode at GQA 3, the tensor-core one at 4) over
+    lengths that cross pages and a request of kv = q_len, each pass equal to the reference."""
+    if why := FlashInferBackend.available():
+        pytest.skip(why)
+    from tests.backends.cases import GPU_TOL
+
+    case = make_case(kv_lens=[1500, 1500, 1500], q_lens=[5] * 3, page_size=page_size, num_kv_heads=2, gqa=gqa,
+                     head_dim=head_dim, dtype=torch.bfloat16, device="cuda", num_layers=2, mode=Mode.VERIFY)
+    be = FlashInferBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale,
+                           torch.bfloat16, cuda_graph=True, max_batch_size=3, max_context=2048, **ROWS)
+    g = torch.Generator(device="cuda").manual_seed(gqa)
+    for kv_lens in ([100, 7, 300], [1500, 5, 900], [250, 240, 9]):
+        meta = meta_over(case, kv_lens, [5] * 3)
+        be.plan(meta)
+        assert be.active_plan.family == "rows"
+        q = torch.randn(15, case.num_q_heads, case.head_dim, device="cuda", generator=g).bfloat16()
+        tol = GPU_TOL[torch.bfloat16]
+        torch.testing.assert_close(run_all_layers(be, case, q), reference(case, meta, q), atol=tol, rtol=tol)
