@@ -39,9 +39,9 @@ case $PART in
   timeout 190 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,16,64 --contexts 512,1024,4096 --ks 4 \
     --models smollm2,llama8b --backends $ROWS --baseline flashinfer --repeats 3 --out "$OUT/split2" > $LOGS/split2.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/split2.log
-  step "issue 16: end to end, SmolLM2 shapes (random weights), triton drafts, flashinfer verifies, batch 1 / 16"
-  timeout 230 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters self --k 4 \
-    --batch 1,16 --backends $ROWS --draft-backends triton --num-prompts 16 --new 64 --repeats 3 \
+  step "issue 16: end to end, SmolLM2 shapes (random weights), triton drafts, flashinfer verifies, batch 1"
+  timeout 150 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters self --k 4 \
+    --batch 1 --backends $ROWS --draft-backends triton --num-prompts 16 --new 64 --repeats 3 \
     --out "$OUT/spec2" > $LOGS/spec2.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/spec2.log | head -40
   step "issue 16: the batch-1 Triton decode floor, a sweep of the decode launch (decode_tiles: BLOCK_N x warps x stages)"
@@ -55,13 +55,14 @@ case $PART in
   ;;
 3)
   for model in smollm2-135m llama-3.2-1b llama-3.1-8b; do
-    rounds=5; [ $model = llama-3.1-8b ] && rounds=3  # 8B: ~8 ms an iteration; 3 rounds keep the step under 150 s
+    rounds=5; secs=120; [ $model = llama-3.1-8b ] && rounds=3 secs=150  # 8B: ~8 ms an iteration
     step "issue 17: EAGLE drafter bf16 / fp8w / fp8wh, $model shapes, random weights and head, batch 1, k 4"
-    timeout 150 $PY -m attnlab.bench.spec --device cuda --skip-hf --model $model --weights random --eagle-head random \
+    timeout $secs $PY -m attnlab.bench.spec --device cuda --skip-hf --model $model --weights random --eagle-head random \
       --drafters eagle --draft-weights bf16,fp8w,fp8wh --dtype bf16 --k 4 --batch 1 --backends triton --gemm triton \
       --pdl --ignore-eos --num-prompts 4 --new 96 --repeats $rounds --out "$OUT/eagle3-$model" > $LOGS/eagle3-$model.log 2>&1
     echo "exit code $?"; grep -E "^\||^- eagle" $LOGS/eagle3-$model.log
   done
+  [ "${FUSED:-0}" = 1 ] || { pack; exit 0; }  # the device time of 2026-12-05 did not reach to the step below
   step "issue 17: the same SmolLM2 rows on the fused cuBLAS path (--fused-ops): the EAGLE head's draft phase before its gemm path"
   timeout 100 $PY -m attnlab.bench.spec --device cuda --skip-hf --model smollm2-135m --weights random --eagle-head random \
     --drafters eagle --draft-weights bf16,fp8w --dtype bf16 --k 4 --batch 1 --backends triton --fused-ops --pdl \
