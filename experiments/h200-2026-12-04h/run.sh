@@ -1,11 +1,12 @@
 # The H200 calls of the 2026-12-04h sitting, one part a call, back to back on one machine (README.md here):
 #   FB=.gpu/fi bash experiments/h200-2026-12-04h/run.sh N      (carry [".gpu/fi"]; part 1 on a fresh machine)
-#   1  install; FlashInfer JIT; GPU tests: verify_split_kv=auto (12-04g's owed call 2: both plans against the reference,
-#      the engine's graph per split choice, graphs, kept plans, hybrid) and draft=eagle with fp8 weights (graphs, both
-#      backends, fused or not, weight-only + e4m3 LM head and W8A8)
-#   2  issue 16: bench.kernels before (split always) / after (auto), batch 1/16/64 x 512/1024/4096; bench.spec end to
-#      end, SmolLM2 shapes, random weights, self-draft on triton, flashinfer verify split always / auto, batch 1 / 16;
-#      the batch-1 Triton decode at 4k under 11 decode_tiles launches (the floor: 4.60 / 9.40 us)
+#   (2026-12-05: reordered so that the first call, if it is the only one, decides issue 16's default and floor)
+#   1  install; GPU tests: verify_split_kv=auto (12-04g's owed call 2: both plans against the reference, the engine's
+#      graph per split choice, graphs, kept plans, hybrid) and verify_as_decode (the rows against the reference);
+#      issue 16: bench.kernels split always / auto / decode rows, batch 1/16/64 x 512/1024/4096 (floor_table.py)
+#   2  GPU tests of draft=eagle with fp8 weights (graphs, both backends, fused or not, weight-only + e4m3 LM head and
+#      W8A8); the batch-1 Triton decode at 4k under 11 decode_tiles launches (the floor: 4.60 / 9.40 us); bench.spec end
+#      to end, SmolLM2 shapes, random weights, self-draft on triton, the three flashinfer verifies, batch 1
 #   3  issue 17: an EAGLE drafter with bf16 / fp8w / fp8wh weights, random weights and an untrained head of the
 #      target's shapes (--eagle-head random), gemm engine + PDL, batch 1, k 4: SmolLM2, Llama-3.2-1B, Llama-3.1-8B;
 #      then SmolLM2 on the fused cuBLAS path (the head's draft phase before its gemm path, EagleHead._forward_gemm)
@@ -24,33 +25,33 @@ ROWS="$FI,flashinfer/verify_as_decode=true"  # + the verify as decode rows (flas
 case $PART in
 1)
   install_fb
-  fi_jit compile1 150 "$ROWS"
-  step "GPU tests: verify_split_kv=auto (both plans, a graph per split choice, graphs, kept plans, hybrid)"
-  gpu_tests tests1 220 tests/backends/test_flashinfer_whole.py tests/backends/test_flashinfer_keep.py \
+  step "GPU tests: verify_split_kv=auto (both plans, a graph per split choice, graphs, kept plans, hybrid) and the verify as decode rows (their FlashInfer JIT inside)"
+  gpu_tests tests1 240 tests/backends/test_flashinfer_whole.py tests/backends/test_flashinfer_keep.py \
     tests/backends/test_hybrid.py tests/integration/test_gpu_engine.py tests/backends/test_flashinfer_rows.py \
     "tests/backends/test_flashinfer.py::test_gpu_cuda_graph_capture_replay" \
     "tests/backends/test_flashinfer.py::test_gpu_kernel_families" -m gpu -k "(flashinfer or routing) and not fp8_eagle"
-  step "GPU tests: draft=eagle with fp8 weights in graphs (triton and flashinfer; unfused, fused ops, the gemm path)"
-  gpu_tests tests1e 130 tests/integration/test_gpu_engine.py -m gpu -k "fp8_eagle or eagle_graphs or fused_eagle_head or head_on_the_gemm"
+  step "issue 16: FlashInfer verify / decode: split always, auto, as decode rows; batch 1/16/64 x 512/1024/4096"
+  timeout 240 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,16,64 --contexts 512,1024,4096 --ks 4 \
+    --models smollm2,llama8b --backends $ROWS --baseline flashinfer --repeats 3 --out "$OUT/split2" > $LOGS/split2.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/split2.log
+  cp $LOGS/split2.log "$OUT/" 2>/dev/null
   pack
   ;;
 2)
-  step "issue 16: FlashInfer verify / decode: split always, auto, as decode rows; batch 1/16/64 x 512/1024/4096"
-  timeout 190 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,16,64 --contexts 512,1024,4096 --ks 4 \
-    --models smollm2,llama8b --backends $ROWS --baseline flashinfer --repeats 3 --out "$OUT/split2" > $LOGS/split2.log 2>&1
-  echo "exit code $?"; grep -E "^\|" $LOGS/split2.log
-  step "issue 16: end to end, SmolLM2 shapes (random weights), triton drafts, flashinfer verifies, batch 1"
-  timeout 150 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters self --k 4 \
-    --batch 1 --backends $ROWS --draft-backends triton --num-prompts 16 --new 64 --repeats 3 \
-    --out "$OUT/spec2" > $LOGS/spec2.log 2>&1
-  echo "exit code $?"; grep -E "^\|" $LOGS/spec2.log | head -40
+  step "GPU tests: draft=eagle with fp8 weights in graphs (triton and flashinfer; unfused, fused ops, the gemm path)"
+  gpu_tests tests2e 130 tests/integration/test_gpu_engine.py -m gpu -k "fp8_eagle or eagle_graphs or fused_eagle_head or head_on_the_gemm"
   step "issue 16: the batch-1 Triton decode floor, a sweep of the decode launch (decode_tiles: BLOCK_N x warps x stages)"
   T=triton; for t in 16x2x4 32x2x4 32x4x3 64x2x4 64x4x3 64x4x4 64x8x3 128x4x3 128x8x2 128x8x3 256x8x2; do
     T="$T,triton/decode_tiles=$t"; done
   timeout 120 $PY -m attnlab.bench.kernels --phases decode --batches 1 --contexts 4096 --models smollm2,llama8b \
     --backends "$T" --baseline triton --repeats 3 --out "$OUT/dtiles2" > $LOGS/dtiles2.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/dtiles2.log
-  cp $LOGS/split2.log $LOGS/spec2.log $LOGS/dtiles2.log "$OUT/" 2>/dev/null
+  step "issue 16: end to end, SmolLM2 shapes (random weights), triton drafts, flashinfer verifies, batch 1"
+  timeout 150 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters self --k 4 \
+    --batch 1 --backends $ROWS --draft-backends triton --num-prompts 16 --new 64 --repeats 3 \
+    --out "$OUT/spec2" > $LOGS/spec2.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/spec2.log | head -40
+  cp $LOGS/spec2.log $LOGS/dtiles2.log "$OUT/" 2>/dev/null
   pack
   ;;
 3)
