@@ -358,6 +358,35 @@ def test_flashinfer_replays_the_graph_of_its_split_choice():
     assert seen == ["whole", "split", "whole", "split"]
 
 
+def test_flashinfer_verify_as_decode_rows_in_graphs_match_fa2():
+    """verify_as_decode=true: the verify bucket's one graph (no plan variants) replays FlashInfer's decode over the
+    batch x q_len rows; its logits match an eager runner's fa2 verify (another kernel: bf16 rounding apart) at
+    lengths that cross pages, a short KV and a long one."""
+    target = tiny_model(CFG, seed=0).to("cuda", torch.bfloat16)
+    t = gpu_runner(target, "flashinfer", torch.bfloat16, True, max_context=2048, options={"verify_as_decode": True})
+    e = gpu_runner(target, "flashinfer", torch.bfloat16, False, max_context=2048)
+    t.capture_graphs(q_lens=(5,))
+    assert {key[5] for key in t.graphs.graphs if key[1] == 5} == {None}
+    g = torch.Generator(device="cuda").manual_seed(1)
+    reqs = [0, 1, 2]
+    for ctx in (100, 1500, 37):
+        chunks = [(s, min(500, ctx - s), torch.randint(0, CFG.vocab_size, (3 * min(500, ctx - s),), device="cuda",
+                                                       generator=g)) for s in range(0, ctx, 500)]
+        draft = torch.randint(0, CFG.vocab_size, (15,), device="cuda", generator=g)
+        outs = []
+        for r in (t, e):
+            for start, n, ids in chunks:
+                r.run(reqs, [start] * 3, [n] * 3, ids, Mode.PREFILL)
+            p = r.prepare(reqs, [ctx] * 3, [5] * 3, Mode.VERIFY)
+            r.plan(p)
+            outs.append(r.forward(p, draft))
+            for req in reqs:
+                r.release(req)
+        assert t.backend.active_plan.family == "rows" and t.graphs.has(4, 5, 0, None, False, None)
+        torch.testing.assert_close(outs[0], outs[1], atol=5e-2, rtol=5e-2)
+    assert t.backend.kernel_info()["verify"].endswith(":rows")
+
+
 @pytest.mark.parametrize("backend", ["triton", "flashinfer"])
 @pytest.mark.parametrize("n_steps", [4, 8])
 def test_multistep_graph_matches_one_step_per_sync(backend, n_steps):
