@@ -498,7 +498,10 @@ class FlashInferBackend(AttentionBackend):
             else:
                 w = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=family)
         else:
-            if self.cuda_graph and batch_size > self.max_batch_size * (self.max_q_len if family == "rows" else 1):
+            if family == "rows" and batch_size > self.max_batch_size * self.max_q_len:
+                raise ConfigError(f"flashinfer graph bucket: {batch_size} decode rows > max_batch_size "
+                                  f"{self.max_batch_size} x max_q_len {self.max_q_len}")
+            if self.cuda_graph and family != "rows" and batch_size > self.max_batch_size:
                 raise ConfigError(f"flashinfer graph bucket: batch {batch_size} > max_batch_size {self.max_batch_size}")
             b = batch_size
             if family == "rows":
@@ -600,17 +603,17 @@ class FlashInferBackend(AttentionBackend):
 
     def _rows_plan(self, meta: AttnMeta, slot: int) -> _Plan:
         """verify_as_decode: the pass's batch x q_len query rows as decode requests (flashinfer_rows), on a decode
-        wrapper of their own (graph mode: over the slot's rows buffers). The rows' page ids are one gather of the
-        layout's on the device; the plan is made every pass (no kept plans)."""
+        wrapper of their own per row count (graph mode: over the slot's rows buffers; buckets of one row count, e.g. 2
+        x 4 and 4 x 2, share it: the same launch shape, planned before each replay). The rows' page ids are one gather
+        of the layout's on the device; the plan is made every pass (no kept plans)."""
         q, ps = meta.q_lens[0], meta.page_size
-        kv_indptr, last, gather = rows_layout(meta.kv_lens_host, q, ps, host_csr(meta)[1])
+        kv_indptr, last, gather = rows_layout(meta.kv_lens_host, q, ps)
         rows = meta.batch_size * q
         wrapper, buf = self._wrapper(slot, "decode", "rows", rows, 1 if self.cuda_graph else None)
         if buf is not None and gather.numel() > buf.kv_indices.numel():
             raise ValueError(f"flashinfer rows: {gather.numel()} page ids exceed the graph buffer's "
                              f"{buf.kv_indices.numel()}")
         indices = meta.layout.kv_indices[gather.to(self.device, non_blocking=True)]
-        self._step_plans.pop(id(wrapper), None)
         self.plans_made += 1
         wrapper.plan(kv_indptr, indices, last, self.num_q_heads, self.num_kv_heads, self.head_dim, ps,
                      pos_encoding_mode="NONE", q_data_type=self.dtype, kv_data_type=self.pool.dtype,

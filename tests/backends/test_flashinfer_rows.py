@@ -4,6 +4,7 @@ runs as FlashInfer decode requests, one a query row (attnlab.backends.flashinfer
 import pytest
 import torch
 
+from attnlab.backends import flashinfer_rows as rows_mod
 from attnlab.backends.base import Mode
 from attnlab.backends.flashinfer import FlashInferBackend
 from attnlab.backends.flashinfer_rows import rows_layout
@@ -28,17 +29,46 @@ def case_of(q_lens, kv_lens, page_size=16, gqa=3, head_dim=64, num_kv_heads=2):
 def test_rows_layout_by_hand():
     """Two requests of 3 new tokens, page 4: request 0 (kv 6, pages at slots 0-1) gives rows of 4 / 5 / 6 tokens,
     request 1 (kv 3, its page at slot 2) rows of 1 / 2 / 3; each row's page ids are a prefix of its request's."""
-    indptr, last, gather = rows_layout([6, 3], 3, 4, torch.tensor([0, 2, 3], dtype=torch.int32))
+    indptr, last, gather = rows_layout([6, 3], 3, 4)
     assert indptr.tolist() == [0, 1, 3, 5, 6, 7, 8]
     assert last.tolist() == [4, 1, 2, 1, 2, 3]
     assert gather.tolist() == [0, 0, 1, 0, 1, 2, 2, 2]
     assert indptr.dtype == last.dtype == torch.int32
 
 
+def naive_rows(kv_lens, q_len, ps):
+    indptr, last, gather, base = [0], [], [], 0
+    for n in kv_lens:
+        for i in range(q_len):
+            length = n - q_len + 1 + i
+            p = (length + ps - 1) // ps
+            gather += [base + j for j in range(p)]
+            indptr.append(indptr[-1] + p)
+            last.append(length - (p - 1) * ps)
+        base += (n + ps - 1) // ps
+    return indptr, last, gather
+
+
+@pytest.mark.parametrize("list_max", [0, 1 << 30])
+def test_rows_layout_matches_a_naive_build_on_both_paths(monkeypatch, list_max):
+    """The host-tensor path (large passes) and the list path (small ones) against a per-row build, over page sizes 1
+    to 64, q_len 1 to 9, rows ending on a page boundary, kv_len = q_len and random batches."""
+    monkeypatch.setattr(rows_mod, "LIST_MAX_IDS", list_max)
+    g = torch.Generator().manual_seed(0)
+    for ps in (1, 3, 4, 16, 64):
+        for q in (1, 2, 5, 9):
+            for _ in range(12):
+                b = int(torch.randint(1, 6, (1,), generator=g))
+                kv = [q + int(x) for x in torch.randint(0, 3 * ps + 5, (b,), generator=g)]
+                kv[0] = q + ps - 1 if ps > 1 else q  # a row ending on a page boundary, or kv = q
+                got = rows_layout(kv, q, ps)
+                assert [t.tolist() for t in got] == list(naive_rows(kv, q, ps)), (ps, q, kv)
+
+
 @pytest.mark.parametrize("kv_lens,q_len", [([2, 9], 3), ([5], 0)])
 def test_rows_layout_refuses_a_request_without_its_new_tokens(kv_lens, q_len):
     with pytest.raises(ValueError, match="must each hold"):
-        rows_layout(kv_lens, q_len, 16, torch.tensor([0, 1, 2][:len(kv_lens) + 1], dtype=torch.int32))
+        rows_layout(kv_lens, q_len, 16)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -83,13 +113,19 @@ def test_graph_mode_rows_keep_one_wrapper_a_bucket_and_follow_new_lengths(fake_f
 
 
 def test_rows_leave_other_passes_to_their_plans(fake_fi):
-    """Decode passes, prefills, tree masks and (graph mode) a q_len past max_q_len keep FlashInfer's own plans."""
+    """Decode passes, uniform prefills, a q_len-1 verify-mode pass, a pass of prefill_min_q_len tokens (a long
+    prefill's), tree masks and (graph mode) a q_len past max_q_len keep FlashInfer's own plans."""
     case = case_of([5, 5], [400, 400])
-    eager, graph = backend(case), backend(case, cuda_graph=True, max_batch_size=2, max_q_len=4, max_context=1024)
+    eager = backend(case, prefill_min_q_len=32)
+    graph = backend(case, cuda_graph=True, max_batch_size=2, max_q_len=4, max_context=1024, prefill_min_q_len=32)
     for be in (eager, graph):
-        for meta in (meta_over(case, [40, 30], [1, 1]), meta_over(case, [40, 30], [40, 30], mode=Mode.PREFILL)):
+        for meta in (meta_over(case, [40, 30], [1, 1]), meta_over(case, [40, 30], [1, 1], mode=Mode.VERIFY),
+                     meta_over(case, [40, 40], [20, 20], mode=Mode.PREFILL),
+                     meta_over(case, [40, 40], [32, 32], mode=Mode.VERIFY)):
             be.plan(meta)
-            assert be.active_plan.family != "rows", (meta.mode, meta.q_lens)
+            assert be.active_plan.family != "rows", (be.cuda_graph, meta.mode, meta.q_lens)
+        be.plan(meta_over(case, [40, 40], [31, 31] if be is eager else [4, 4], mode=Mode.VERIFY))
+        assert be.active_plan.family == "rows"  # the bounds themselves: the longest q_len that is rows
     graph.plan(meta_over(case, [40, 30], [5, 5]))  # q_len 5 > max_q_len 4: no rows buffers for it
     assert graph.active_plan.family == "fa2"
     tree = make_case(kv_lens=[40, 30], q_lens=[5, 5], page_size=16, num_kv_heads=2, gqa=3, head_dim=64,
@@ -99,11 +135,25 @@ def test_rows_leave_other_passes_to_their_plans(fake_fi):
     assert be.active_plan.kind == "mask"
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("graphs", [False, True])
+def test_rows_over_fp8_kv_attend_the_reference(fake_fi, kv_dtype, graphs):
+    """fp8 KV: the rows plan names the pool's KV dtype and the run passes its scales (the tensor-core decode)."""
+    case = make_case(kv_lens=[40, 21], q_lens=[5, 5], page_size=16, num_kv_heads=2, gqa=3, head_dim=64,
+                     dtype=torch.bfloat16, kv_dtype=kv_dtype, num_layers=2, mode=Mode.VERIFY)
+    kw = {"cuda_graph": True, "max_batch_size": 2, "max_context": 64} if graphs else {}
+    be = backend(case, **kw)
+    be.plan(case.meta)
+    assert be.active_plan.family == "rows" and be.active_plan.wrapper.plans[-1]["kv_dtype"] == kv_dtype
+    torch.testing.assert_close(run_all_layers(be, case), reference(case, case.meta, case.q), atol=2e-2, rtol=2e-2)
+    assert be.kernel_info() == {"verify": "fa2:rows"}
+
+
 def test_a_graph_bucket_past_the_rows_buffers_is_refused(fake_fi):
     case = case_of([3, 3, 3], [30, 30, 30])
     be = backend(case, cuda_graph=True, max_batch_size=2, max_q_len=4)
-    with pytest.raises(ConfigError, match="max_batch_size"):
-        be.plan(case.meta)  # 9 rows > 2 x 4
+    with pytest.raises(ConfigError, match="9 decode rows > max_batch_size 2 x max_q_len 4"):
+        be.plan(case.meta)
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
@@ -134,3 +184,5 @@ def test_gpu_rows_attend_the_reference(gqa, head_dim, page_size):
         q = torch.randn(15, case.num_q_heads, case.head_dim, device="cuda", generator=g).bfloat16()
         tol = GPU_TOL[torch.bfloat16]
         torch.testing.assert_close(run_all_layers(be, case, q), reference(case, meta, q), atol=tol, rtol=tol)
+    assert be.use_tensor_cores == (gqa >= 4)
+    assert be.kernel_info() == {"verify": ("fa2" if gqa >= 4 else "cuda-core") + ":rows"}

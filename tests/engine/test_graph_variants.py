@@ -15,7 +15,7 @@ from attnlab.engine import graphs as graphs_mod
 from attnlab.engine.graphs import GraphCache
 from attnlab.engine.runner import ModelRunner
 from attnlab.kvcache import KVPool, PageAllocator
-from tests.backends.fakes import FakePrefill
+from tests.backends.fakes import FakeDecode, FakePrefill
 from tests.spec.tiny import tiny_config, tiny_model
 
 CFG = tiny_config(vocab=64, layers=2, heads=6, kv_heads=2, head_dim=64, hidden=96)
@@ -23,12 +23,20 @@ BUCKET, K1 = 4, 5  # a bucket of 4 requests, verify passes of 5 tokens
 
 
 def _baked(plan) -> list:
-    """What a real graph bakes into its launches from each FlashInfer prefill plan it ran: the grid (padded work
-    count), the query tile and whether the kernel splits the KV and a merge follows (the fake's plan info)."""
+    """What a real graph bakes into its launches from each FlashInfer plan it ran (the fake's plan info): a prefill
+    plan's grid (padded work count), query tile and whether the kernel splits the KV and a merge follows; a CUDA-core
+    decode plan's (the verify as decode rows) padded batch and split."""
     routes = getattr(plan, "routes", None)
     plans = [r.plan for r in routes] if routes is not None else [plan]
-    return [(info[0], info[3], info[14]) if isinstance(p.wrapper, FakePrefill) and len(info := p.wrapper._plan_info) == 15
-            else None for p in plans]
+    return [_launch(getattr(p.wrapper, "_plan_info", None), p.wrapper) for p in plans]
+
+
+def _launch(info, wrapper):
+    if isinstance(wrapper, FakePrefill) and info is not None and len(info) == 15:
+        return info[0], info[3], info[14]
+    if isinstance(wrapper, FakeDecode) and info is not None and len(info) == 10:
+        return info[0], info[9]
+    return None
 
 
 class GraphStandIn:
@@ -197,5 +205,6 @@ def test_rows_verify_captures_one_graph_and_matches_fa2(fake_fi, stand_in_graphs
         assert graphed.backend.active_plan.family == "rows"
         torch.testing.assert_close(got, want, atol=0, rtol=0)
         torch.testing.assert_close(got, ref, atol=3e-2, rtol=3e-2)
-    assert graphed.graphs.graphs[(BUCKET, K1, 0, None, False, None)].graph.replays == 3
+    verify_graph = graphed.graphs.graphs[(BUCKET, K1, 0, None, False, None)].graph
+    assert verify_graph.replays == 3 and verify_graph.baked == [(64 // CFG.num_kv_heads, 1)]  # a split decode launch
     assert graphed.backend.kernel_info()["verify"] == "cuda-core:rows"
