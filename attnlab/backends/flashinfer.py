@@ -80,7 +80,7 @@ PREFILL_MIN_Q_LEN = 512
 # model says "same schedule" is caught.
 MODELLED_VERSIONS = ("0.7.",)
 KEEP_CHECK_EVERY = 64
-# verify_split_kv=auto (opt-in until its GPU tests ran): an fa2 verify / short extend runs without split-KV (one
+# verify_split_kv=auto (the default since its GPU tests ran, experiments/h200-2026-12-04h): an fa2 verify / short extend runs without split-KV (one
 # launch, no merge) when its longest request's KV is short for the grid the pass makes unsplit (``verify_whole_kv``).
 # Fitted on an H200 (experiments/h200-2026-12-04g: 24 cells of SmolLM2 and Llama-8B shapes, batch 1-64, context
 # 512-2048, k = 4, both plans measured in one process): it picks the faster plan in all 24. Below the knee, a request
@@ -255,12 +255,11 @@ class FlashInferBackend(AttentionBackend):
         "prefill_min_q_len": f"int >= 1 (default {PREFILL_MIN_Q_LEN}): a causal pass whose longest request has "
                              "this many new tokens runs prefill_backend",
         "workspace_bytes": f"float workspace per backend instance (default {WORKSPACE_BYTES})",
-        "verify_split_kv": "true (default) | auto | false: whether fa2 passes (verify, short extends, tree masks; "
+        "verify_split_kv": "auto (default) | true | false: whether fa2 passes (verify, short extends, tree masks; "
                            "prefills where prefill_backend=fa2) may split long KV across CTAs and merge (FlashInfer's "
                            "plan); false plans them with disable_split_kv (one launch, no merge); auto: without the "
                            "split where the KV is short for the grid (verify_whole_kv; uniform-q_len causal passes; "
-                           "in CUDA-graph mode a graph per choice), else as true (to become the default once its GPU "
-                           "tests ran: docs/backends.md)",
+                           "in CUDA-graph mode a graph per choice), else as true (docs/backends.md)",
         "verify_as_decode": "false (default) / true: a verify / short extend (uniform q_len >= 2, causal, no mask) "
                             "runs FlashInfer's decode kernel over its batch x q_len rows, row i of a request a decode "
                             "of its first kv_len - q_len + 1 + i tokens (flashinfer_rows; no GQA-packed query tile, "
@@ -275,7 +274,7 @@ class FlashInferBackend(AttentionBackend):
                  prefill_backend: str = "auto", prefill_min_q_len: int = PREFILL_MIN_Q_LEN,
                  cuda_graph: bool = False, max_batch_size: int | None = None, max_q_len: int = 16,
                  max_context: int | None = None, workspace_bytes: int = WORKSPACE_BYTES, keep_plans: bool = True,
-                 verify_split_kv: bool | str = True, verify_as_decode: bool = False):
+                 verify_split_kv: bool | str = "auto", verify_as_decode: bool = False):
         super().__init__(pool, num_q_heads, num_kv_heads, head_dim, scale, dtype)
         check_shapes(dtype, pool.dtype, head_dim)
         self.check_options({"verify_backend": verify_backend, "prefill_backend": prefill_backend,
@@ -353,7 +352,7 @@ class FlashInferBackend(AttentionBackend):
         for key in ("device_steps", "keep_plans", "verify_as_decode"):
             if not isinstance(options.get(key, True), bool):
                 raise ConfigError(f"{field}.{key}={options[key]!r}: must be true or false")
-        split = options.get("verify_split_kv", True)
+        split = options.get("verify_split_kv", "auto")
         if not (split is True or split is False or split == "auto"):
             raise ConfigError(f"{field}.verify_split_kv={split!r}: must be auto, true or false")
 

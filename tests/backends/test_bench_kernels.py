@@ -96,8 +96,8 @@ def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
 
     monkeypatch.setattr(kernels, "build", cpu_build)
     monkeypatch.setattr(kernels, "Timer", FakeTimer)
-    specs = ["torch", "triton", "flashinfer/workspace_bytes=65536", "fa", "hybrid/short=torch/long=triton/threshold=8",
-             "triton/num_splits=7", "flashinfer/verify_split_kv=auto/workspace_bytes=65536",
+    specs = ["torch", "triton", "flashinfer/verify_split_kv=true/workspace_bytes=65536", "fa",
+             "hybrid/short=torch/long=triton/threshold=8", "triton/num_splits=7", "flashinfer/workspace_bytes=65536",
              "flashinfer/verify_as_decode=true/workspace_bytes=65536"]
     classes = {s: get_backend_class(*parse_spec(s)) for s in specs}  # load_backends would ask for CUDA
     args = argparse.Namespace(page_size=16, reps=5, iters=10, repeats=2, copy_gb_s=1000.0)
@@ -106,9 +106,9 @@ def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
     assert all(c.status == "ok" for c in cells), [(c.backend, c.status) for c in cells]
     assert sorted(set(built)) == [16, 40]  # the shared paged pool, and fa3_fwd's contiguous one
     assert by["fa"].page_size == 40 and by["triton"].page_size == 16
-    assert by["flashinfer/workspace_bytes=65536"].kernel == "fa2" and by["fa"].kernel == "fa3_fwd"
-    # a 40-token verify under verify_split_kv=auto: fa2 without split-KV, which the cell names
-    assert by["flashinfer/verify_split_kv=auto/workspace_bytes=65536"].kernel == "fa2:whole"
+    assert by["flashinfer/verify_split_kv=true/workspace_bytes=65536"].kernel == "fa2" and by["fa"].kernel == "fa3_fwd"
+    # a 40-token verify under verify_split_kv=auto (the default): fa2 without split-KV, which the cell names
+    assert by["flashinfer/workspace_bytes=65536"].kernel == "fa2:whole"
     # the verify as decode rows (SmolLM2's GQA 3: the CUDA-core decode)
     assert by["flashinfer/verify_as_decode=true/workspace_bytes=65536"].kernel == "cuda-core:rows"
     assert by["triton/num_splits=7"].kernel == "splits 7" and by["hybrid/short=torch/long=triton/threshold=8"].kernel \
