@@ -80,8 +80,9 @@ PREFILL_MIN_Q_LEN = 512
 # model says "same schedule" is caught.
 MODELLED_VERSIONS = ("0.7.",)
 KEEP_CHECK_EVERY = 64
-# verify_split_kv=auto (the default since its GPU tests ran, experiments/h200-2026-12-04h): an fa2 verify / short extend runs without split-KV (one
-# launch, no merge) when its longest request's KV is short for the grid the pass makes unsplit (``verify_whole_kv``).
+# verify_split_kv=auto (the default since its GPU tests ran, experiments/h200-2026-12-04h): an fa2 verify / short
+# extend runs without split-KV (one launch, no merge) when its longest request's KV is short for the grid the pass
+# makes unsplit (``verify_whole_kv``).
 # Fitted on an H200 (experiments/h200-2026-12-04g: 24 cells of SmolLM2 and Llama-8B shapes, batch 1-64, context
 # 512-2048, k = 4, both plans measured in one process): it picks the faster plan in all 24. Below the knee, a request
 # whose K holds at most WHOLE_KV_ELEMENTS (kv_len x head_dim: SmolLM2 at 512 tokens, 32K, ran 0.80-0.88x of the split
@@ -446,28 +447,21 @@ class FlashInferBackend(AttentionBackend):
 
     # -- wrappers ---------------------------------------------------------------------------------------
 
-    def _buffers(self, slot: int, batch: int | None = None, q_len: int | None = None) -> _GraphBuffers:
+    def _buffers(self, slot: int, batch: int | None = None, q_len: int | None = None,
+                 rows: bool = False) -> _GraphBuffers:
         """Graph mode: the slot's buffers for max_batch_size requests (batch None). Otherwise the buffers of one
         (slot, batch, q_len) tree-mask wrapper, sized for ``batch`` (a tree pass's mask lives in buffers we own):
-        one set per wrapper, so no later pass of the slot resizes what an earlier wrapper reads."""
-        key = slot if batch is None else (slot, batch, q_len)
+        one set per wrapper, so no later pass of the slot resizes what an earlier wrapper reads. ``rows`` (graph mode,
+        verify_as_decode): the slot's buffers for max_batch_size x max_q_len decode rows, each a prefix of its
+        request's page list, so the slot's page ids once per row of a request."""
+        key = ("rows", slot) if rows else slot if batch is None else (slot, batch, q_len)
         if key not in self._graph_bufs:
             b = self.max_batch_size if batch is None else batch
             # page ids: every pool page once, plus padded requests that repeat the scratch page
             pages = self.pool.num_pages + 1 + b * pages_needed(self.max_q_len, self.pool.page_size)
+            if rows:
+                b, pages = b * self.max_q_len, pages * self.max_q_len
             z = [torch.zeros(n, dtype=torch.int32, device=self.device) for n in (b + 1, b + 1, pages, b, b + 1)]
-            self._graph_bufs[key] = _GraphBuffers(*z)
-        return self._graph_bufs[key]
-
-    def _rows_buffers(self, slot: int) -> _GraphBuffers:
-        """Graph mode, verify_as_decode: the slot's buffers for max_batch_size x max_q_len decode rows, each a prefix
-        of its request's page list (``_buffers``' page ids once per row of a request)."""
-        key = ("rows", slot)
-        if key not in self._graph_bufs:
-            rows = self.max_batch_size * self.max_q_len
-            pages = self.max_q_len * (self.pool.num_pages + 1 + self.max_batch_size
-                                      * pages_needed(self.max_q_len, self.pool.page_size))
-            z = [torch.zeros(n, dtype=torch.int32, device=self.device) for n in (1, rows + 1, pages, rows, 1)]
             self._graph_bufs[key] = _GraphBuffers(*z)
         return self._graph_bufs[key]
 
@@ -497,16 +491,12 @@ class FlashInferBackend(AttentionBackend):
             else:
                 w = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=family)
         else:
-            if family == "rows" and batch_size > self.max_batch_size * self.max_q_len:
-                raise ConfigError(f"flashinfer graph bucket: {batch_size} decode rows > max_batch_size "
-                                  f"{self.max_batch_size} x max_q_len {self.max_q_len}")
-            if self.cuda_graph and family != "rows" and batch_size > self.max_batch_size:
-                raise ConfigError(f"flashinfer graph bucket: batch {batch_size} > max_batch_size {self.max_batch_size}")
+            rows = family == "rows"  # verify_as_decode: batch_size counts decode rows (graph mode only)
+            if self.cuda_graph and batch_size > self.max_batch_size * (self.max_q_len if rows else 1):
+                raise ConfigError(f"flashinfer graph bucket: batch {batch_size} > max_batch_size {self.max_batch_size}"
+                                  + (f" x max_q_len {self.max_q_len} decode rows" if rows else ""))
             b = batch_size
-            if family == "rows":
-                buf = self._rows_buffers(slot)
-            else:
-                buf = self._buffers(slot) if self.cuda_graph else self._buffers(slot, b, graph_q_len)
+            buf = self._buffers(slot, rows=rows) if self.cuda_graph else self._buffers(slot, b, graph_q_len)
             if kind == "decode":
                 w = fi.BatchDecodeWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.use_tensor_cores,
@@ -561,7 +551,7 @@ class FlashInferBackend(AttentionBackend):
             self._unchecked += 1
             self._write_layout(buf, meta, qo_indptr, kv_indptr, last_page_len, kind != "decode")
             self.plans_kept += 1
-            self._record(meta, kind, wrapper, family, whole)
+            self._record(meta, kind, wrapper, family, ":whole" if whole else "")
             return _Plan(wrapper, kind, family, meta.batch_size, meta.num_tokens, variant=variant)
         self._step_plans.pop(id(wrapper), None)  # this plan replaces what the wrapper's workspace held
         self.plans_made += 1
@@ -592,7 +582,7 @@ class FlashInferBackend(AttentionBackend):
                 # The kernel reads request i's bits from byte mask_indptr[i]; with a packed mask FlashInfer's plan
                 # fills that buffer from the unpacked (bit) offsets, so write the byte offsets after it.
                 buf.mask_indptr[: meta.batch_size + 1].copy_(packing.byte_indptr, non_blocking=True)
-        self._record(meta, kind, wrapper, family, whole)
+        self._record(meta, kind, wrapper, family, ":whole" if whole else "")
         if keep is not None:
             if not whole:  # a whole plan has one schedule per (rows, q_len): nothing to model
                 self._confirm_model(kind, wrapper, meta.batch_size, graph_q_len, pages)
@@ -617,19 +607,16 @@ class FlashInferBackend(AttentionBackend):
         wrapper.plan(kv_indptr, indices, last, self.num_q_heads, self.num_kv_heads, self.head_dim, ps,
                      pos_encoding_mode="NONE", q_data_type=self.dtype, kv_data_type=self.pool.dtype,
                      sm_scale=self.scale)
-        if self.forced_variant is None:
-            self._resolved.setdefault(meta.mode.value, set()).add(resolved_family(wrapper, "decode", "decode")
-                                                                  + ":rows")
+        self._record(meta, "decode", wrapper, "decode", ":rows")
         return _Plan(wrapper, "decode", "rows", rows, meta.num_tokens)
 
-    def _record(self, meta: AttnMeta, kind: str, wrapper, family: str, whole: bool) -> None:
-        """What this pass's plan runs, for kernel_info (a capture's forced plans are not a pass's: not recorded);
-        an fa2 plan without split-KV reads ``fa2:whole``."""
+    def _record(self, meta: AttnMeta, kind: str, wrapper, family: str, tag: str = "") -> None:
+        """What this pass's plan runs, for kernel_info (a capture's forced plans are not a pass's: not recorded): the
+        resolved family and ``tag``, ``:whole`` for an fa2 plan without split-KV, ``:rows`` for decode rows."""
         if self.forced_variant is not None:
             return
         label = meta.mode.value + ("_tree" if kind == "mask" else "")
-        self._resolved.setdefault(label, set()).add(resolved_family(wrapper, kind, family) + (":whole" if whole
-                                                                                               else ""))
+        self._resolved.setdefault(label, set()).add(resolved_family(wrapper, kind, family) + tag)
 
     # -- kept plans ------------------------------------------------------------------------------------
     # A graph-mode wrapper's plan is a function of its schedule (flashinfer_schedule): the CUDA-core decode's of the

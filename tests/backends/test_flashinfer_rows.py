@@ -109,7 +109,7 @@ def test_graph_mode_rows_keep_one_wrapper_a_bucket_and_follow_new_lengths(fake_f
     assert len(wrappers) == 1 and be.plan_counts() == (4, 0)
     w = be.active_plan.wrapper
     assert w.use_cuda_graph and w.bufs["kv_indptr"].numel() == 11  # the bucket's 10 rows, in the rows buffers
-    assert be._rows_buffers(0).kv_indptr.numel() == 2 * 8 + 1
+    assert be._buffers(0, rows=True).kv_indptr.numel() == 2 * 8 + 1
 
 
 def test_rows_leave_other_passes_to_their_plans(fake_fi):
@@ -152,7 +152,7 @@ def test_rows_over_fp8_kv_attend_the_reference(fake_fi, kv_dtype, graphs):
 def test_a_graph_bucket_past_the_rows_buffers_is_refused(fake_fi):
     case = case_of([3, 3, 3], [30, 30, 30])
     be = backend(case, cuda_graph=True, max_batch_size=2, max_q_len=4)
-    with pytest.raises(ConfigError, match="9 decode rows > max_batch_size 2 x max_q_len 4"):
+    with pytest.raises(ConfigError, match="batch 9 > max_batch_size 2 x max_q_len 4 decode rows"):
         be.plan(case.meta)
 
 

@@ -322,6 +322,27 @@ def test_graph_returns_its_argmax(q_len):
     assert torch.equal(tokens, logits.argmax(-1))
 
 
+def prefill_and_verify(runners, ctx: int, g: torch.Generator) -> tuple[list, list]:
+    """On each runner, 3 requests prefilled to ``ctx`` tokens in chunks of <= 500 (flashinfer's fa2 prefill: no fa3
+    JIT here), then one verify pass of 5 tokens each, the same random ids everywhere, then released: (each runner's
+    verify logits, each verify pass's ``padded_to``)."""
+    reqs = [0, 1, 2]
+    chunks = [(s, min(500, ctx - s), torch.randint(0, CFG.vocab_size, (3 * min(500, ctx - s),), device="cuda",
+                                                   generator=g)) for s in range(0, ctx, 500)]
+    draft = torch.randint(0, CFG.vocab_size, (15,), device="cuda", generator=g)
+    outs, padded = [], []
+    for r in runners:
+        for start, n, ids in chunks:
+            r.run(reqs, [start] * 3, [n] * 3, ids, Mode.PREFILL)
+        p = r.prepare(reqs, [ctx] * 3, [5] * 3, Mode.VERIFY)
+        r.plan(p)
+        outs.append(r.forward(p, draft))
+        padded.append(p.padded_to)
+        for req in reqs:
+            r.release(req)
+    return outs, padded
+
+
 def test_flashinfer_replays_the_graph_of_its_split_choice():
     """verify_split_kv=auto: the verify bucket is captured once per plan variant, and each pass
     replays the graph of the plan it got: a short KV the whole graph (no split-KV, no merge launch), a long one the
@@ -333,22 +354,10 @@ def test_flashinfer_replays_the_graph_of_its_split_choice():
     t.capture_graphs(q_lens=(5,))
     assert {key[5] for key in t.graphs.graphs if key[1] == 5} == {"split", "whole"}
     g = torch.Generator(device="cuda").manual_seed(0)
-    seen, reqs = [], [0, 1, 2]
+    seen = []
     for ctx in (100, 1500, 400, 1900):
-        # prefill in chunks of < 512 tokens (flashinfer's fa2 prefill: no fa3 JIT here), then one verify pass
-        chunks = [(s, min(500, ctx - s), torch.randint(0, CFG.vocab_size, (3 * min(500, ctx - s),), device="cuda",
-                                                       generator=g)) for s in range(0, ctx, 500)]
-        draft = torch.randint(0, CFG.vocab_size, (15,), device="cuda", generator=g)
-        outs = []
-        for r in (t, e):
-            for start, n, ids in chunks:
-                r.run(reqs, [start] * 3, [n] * 3, ids, Mode.PREFILL)
-            p = r.prepare(reqs, [ctx] * 3, [5] * 3, Mode.VERIFY)
-            assert p.padded_to == (4 if r is t else None)  # the graphed runner's pass is the bucket's
-            r.plan(p)
-            outs.append(r.forward(p, draft))
-            for req in reqs:
-                r.release(req)
+        outs, padded = prefill_and_verify((t, e), ctx, g)
+        assert padded == [4, None]  # the graphed runner's pass is the bucket's
         seen.append(t.backend.slot_variant(0))
         assert t.graphs.has(4, 5, 0, None, False, seen[-1]) and e.backend.slot_variant(0) is None
         # not bitwise: the graphed pass is padded to the bucket (4 rows) and FlashInfer's split search counts the
@@ -368,20 +377,8 @@ def test_flashinfer_verify_as_decode_rows_in_graphs_match_fa2():
     t.capture_graphs(q_lens=(5,))
     assert {key[5] for key in t.graphs.graphs if key[1] == 5} == {None}
     g = torch.Generator(device="cuda").manual_seed(1)
-    reqs = [0, 1, 2]
     for ctx in (100, 1500, 37):
-        chunks = [(s, min(500, ctx - s), torch.randint(0, CFG.vocab_size, (3 * min(500, ctx - s),), device="cuda",
-                                                       generator=g)) for s in range(0, ctx, 500)]
-        draft = torch.randint(0, CFG.vocab_size, (15,), device="cuda", generator=g)
-        outs = []
-        for r in (t, e):
-            for start, n, ids in chunks:
-                r.run(reqs, [start] * 3, [n] * 3, ids, Mode.PREFILL)
-            p = r.prepare(reqs, [ctx] * 3, [5] * 3, Mode.VERIFY)
-            r.plan(p)
-            outs.append(r.forward(p, draft))
-            for req in reqs:
-                r.release(req)
+        outs, _ = prefill_and_verify((t, e), ctx, g)
         assert t.backend.active_plan.family == "rows" and t.graphs.has(4, 5, 0, None, False, None)
         torch.testing.assert_close(outs[0], outs[1], atol=5e-2, rtol=5e-2)
     assert t.backend.kernel_info()["verify"].endswith(":rows")
