@@ -91,6 +91,15 @@ KEEP_CHECK_EVERY = 64
 # 0.87x, 1024 1.07x).
 WHOLE_KV_ELEMENTS = 48 * 1024
 WHOLE_GRID_KNEE = 0.5
+# verify_as_decode=auto: a uniform verify / short extend runs as decode rows (flashinfer_rows) when the batch's K is
+# small: its kv tokens x head_dim at most ROWS_KV_ELEMENTS, at batch <= ROWS_MAX_BATCH. Fitted on the H200
+# (experiments/h200-2026-12-04h, results/floor1.md: verify / its own decode, three plans in one process): at batch 1
+# the rows won every cell of 64K elements or less (SmolLM2 x 512 / 1,024: 1.04 / 1.19x against auto's 1.29 / 1.59x;
+# Llama-8B x 512: 1.11x against 1.18x) and lost every larger one (Llama-8B x 1,024 1.34x against 1.19x, SmolLM2 x
+# 4,096 1.47x against 1.21x); at batch 16 they lost everywhere (1.97x and up). Each row reads its request's KV, so
+# their traffic is q x the batch's K: the bound is on the batch's K, not a request's.
+ROWS_KV_ELEMENTS = 64 * 1024
+ROWS_MAX_BATCH = 8
 NOMINAL_SMS = 132  # an H200's, for a backend off the GPU (the CPU tests' fake FlashInfer)
 
 
@@ -138,6 +147,14 @@ def verify_whole_kv(max_kv_len: int, head_dim: int, batch: int, num_kv_heads: in
     packed = q_len * group
     programs = batch * num_kv_heads * -(-packed // fis.fa2_cta_tile_q(packed, head_dim))
     return max_kv_len * head_dim <= WHOLE_KV_ELEMENTS * max(1.0, programs / (WHOLE_GRID_KNEE * sms))
+
+
+def verify_as_rows(kv_tokens: int, head_dim: int, batch: int) -> bool:
+    """verify_as_decode=auto's rule: whether a uniform verify / short extend runs as decode rows: at most
+    ROWS_MAX_BATCH requests whose K together (``kv_tokens``, the sum of their kv lengths, x ``head_dim`` elements) is
+    at most ROWS_KV_ELEMENTS. In graph mode ``batch`` is the padded bucket (the launch's size) and a dummy adds its
+    q_len tokens (its KV is the scratch page), so graph and eager passes choose alike but for those few tokens."""
+    return batch <= ROWS_MAX_BATCH and kv_tokens * head_dim <= ROWS_KV_ELEMENTS
 
 
 def host_csr(meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -215,8 +232,9 @@ class _Plan:
     num_tokens: int
     mask_buf: torch.Tensor | None = None  # a tree pass's packed mask, in our buffer (update_mask writes it)
     packing: MaskPacking | None = None
-    # graph-mode fa2 causal passes under verify_split_kv=auto: "split" (FlashInfer's split-KV and merge) or "whole"
-    # (disable_split_kv), each its own wrapper and graph; None elsewhere
+    # graph-mode plan variants, each its own wrapper and graph: fa2 causal passes under verify_split_kv=auto "split"
+    # (FlashInfer's split-KV and merge) or "whole" (disable_split_kv); under verify_as_decode=auto also "rows" (decode
+    # rows), and "prefill" for the prefill wrapper's plan where the split is not by rule; None elsewhere
     variant: str | None = None
 
 
@@ -261,10 +279,11 @@ class FlashInferBackend(AttentionBackend):
                            "plan); false plans them with disable_split_kv (one launch, no merge); auto: without the "
                            "split where the KV is short for the grid (verify_whole_kv; uniform-q_len causal passes; "
                            "in CUDA-graph mode a graph per choice), else as true (docs/backends.md)",
-        "verify_as_decode": "false (default) / true: a verify / short extend (uniform q_len >= 2, causal, no mask) "
-                            "runs FlashInfer's decode kernel over its batch x q_len rows, row i of a request a decode "
-                            "of its first kv_len - q_len + 1 + i tokens (flashinfer_rows; no GQA-packed query tile, "
-                            "no merge of its own: the decode's split-KV); in CUDA-graph mode q_len <= max_q_len",
+        "verify_as_decode": "false (default) | true | auto: a verify / short extend (uniform q_len >= 2, causal, no "
+                            "mask) runs FlashInfer's decode kernel over its batch x q_len rows, row i of a request a "
+                            "decode of its first kv_len - q_len + 1 + i tokens (flashinfer_rows; no GQA-packed query "
+                            "tile, no merge of its own: the decode's split-KV); in CUDA-graph mode q_len <= max_q_len; "
+                            "auto: where the batch's K is small (verify_as_rows; in CUDA-graph mode a graph more)",
         "keep_plans": "true (default) / false: in CUDA-graph mode, a decode (CUDA-core) or fa2 verify / extend pass "
                       "whose FlashInfer schedule equals the one its wrapper holds keeps that plan and writes only "
                       "its layout (no plan() on the host)",
@@ -275,7 +294,7 @@ class FlashInferBackend(AttentionBackend):
                  prefill_backend: str = "auto", prefill_min_q_len: int = PREFILL_MIN_Q_LEN,
                  cuda_graph: bool = False, max_batch_size: int | None = None, max_q_len: int = 16,
                  max_context: int | None = None, workspace_bytes: int = WORKSPACE_BYTES, keep_plans: bool = True,
-                 verify_split_kv: bool | str = "auto", verify_as_decode: bool = False):
+                 verify_split_kv: bool | str = "auto", verify_as_decode: bool | str = False):
         super().__init__(pool, num_q_heads, num_kv_heads, head_dim, scale, dtype)
         check_shapes(dtype, pool.dtype, head_dim)
         self.check_options({"verify_backend": verify_backend, "prefill_backend": prefill_backend,
@@ -310,7 +329,8 @@ class FlashInferBackend(AttentionBackend):
         self._prefill_models: dict[tuple[int, int], tuple[int, int]] = {}
         self._prefill_model_ok = True
         self.keep_plans = keep_plans
-        self.verify_as_decode = verify_as_decode  # True: uniform verify passes as decode rows (flashinfer_rows)
+        # True: uniform verify passes as decode rows (flashinfer_rows); "auto": by rule (verify_as_rows)
+        self.verify_as_decode = verify_as_decode
         self.verify_split_kv = verify_split_kv  # False: fa2 causal / mask plans with disable_split_kv; "auto": by rule
         self.sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                     if self.device.type == "cuda" else NOMINAL_SMS)
@@ -350,12 +370,13 @@ class FlashInferBackend(AttentionBackend):
         tc = options.get("decode_tensor_cores")
         if tc is not None and not isinstance(tc, bool):
             raise ConfigError(f"{field}.decode_tensor_cores={tc!r}: must be true, false or null")
-        for key in ("device_steps", "keep_plans", "verify_as_decode"):
+        for key in ("device_steps", "keep_plans"):
             if not isinstance(options.get(key, True), bool):
                 raise ConfigError(f"{field}.{key}={options[key]!r}: must be true or false")
-        split = options.get("verify_split_kv", "auto")
-        if not (split is True or split is False or split == "auto"):
-            raise ConfigError(f"{field}.verify_split_kv={split!r}: must be auto, true or false")
+        for key in ("verify_split_kv", "verify_as_decode"):
+            v = options.get(key, "auto")
+            if not (v is True or v is False or v == "auto"):
+                raise ConfigError(f"{field}.{key}={v!r}: must be auto, true or false")
 
     @classmethod
     def capabilities(cls) -> Capabilities:
@@ -403,13 +424,22 @@ class FlashInferBackend(AttentionBackend):
         return prefill_family(kind, max_q_len, verify_backend=self.verify_backend,
                               prefill_backend=self.prefill_backend, prefill_min_q_len=self.prefill_min_q_len)
 
-    def graph_variants(self, q_len: int, masked: bool) -> tuple:
-        """verify_split_kv=auto in CUDA-graph mode: an fa2 causal pass (verify, draft-extend) plans with or without
-        split-KV by its lengths, and the split launches a merge the whole plan does not: one graph each."""
-        if (self.cuda_graph and not masked and not self._as_rows("causal", q_len, prefill=False)
-                and self._by_rule("causal", self._prefill_family("causal", q_len), q_len, prefill=False)):
-            return ("split", "whole")
-        return (None,)
+    def graph_variants(self, q_len: int, masked: bool, batch: int | None = None) -> tuple:
+        """CUDA-graph mode: the plans one (``batch`` bucket, ``q_len``) pass can take, a graph each. verify_split_kv=
+        auto: an fa2 causal pass (verify, draft-extend) plans with or without split-KV by its lengths, and the split
+        launches a merge the whole plan does not. verify_as_decode=auto: the prefill wrapper's plan is a variant
+        ("prefill" where the split is fixed), and the decode rows another where the bucket's K can be small enough
+        (verify_as_rows with every request at kv_len = q_len)."""
+        rows = self._rows_eligible("causal", q_len, prefill=False)
+        if not self.cuda_graph or masked or rows is True:
+            return (None,)
+        fa2 = (("split", "whole") if self._by_rule("causal", self._prefill_family("causal", q_len), q_len,
+                                                   prefill=False) else (None,))
+        if rows != "auto":
+            return fa2
+        fa2 = tuple(v or "prefill" for v in fa2)
+        n = batch or 1
+        return fa2 + ("rows",) if batch is None or verify_as_rows(n * q_len, self.head_dim, n) else fa2
 
     def _by_rule(self, kind: str, family: str, uniform: int | None, prefill: bool) -> bool:
         """Whether verify_split_kv=auto decides a pass: a uniform (``uniform`` tokens a request) fa2 causal pass of
@@ -418,12 +448,23 @@ class FlashInferBackend(AttentionBackend):
         return (self.verify_split_kv == "auto" and kind == "causal" and family == "fa2" and uniform is not None
                 and uniform >= 2 and not prefill)
 
-    def _as_rows(self, kind: str, uniform: int | None, prefill: bool) -> bool:
-        """Whether verify_as_decode runs this pass as decode rows: a causal, unmasked pass of ``uniform`` (>= 2)
-        tokens a request, shorter than a long prefill, that is not a prefill; in graph mode at most max_q_len (the
-        rows' buffers)."""
-        return (self.verify_as_decode and kind == "causal" and not prefill and uniform is not None
-                and 2 <= uniform < self.prefill_min_q_len and (not self.cuda_graph or uniform <= self.max_q_len))
+    def _rows_eligible(self, kind: str, uniform: int | None, prefill: bool) -> bool | str:
+        """verify_as_decode for this pass: False, or its value (True / "auto") for a causal, unmasked pass of
+        ``uniform`` (>= 2) tokens a request, shorter than a long prefill, that is not a prefill; in graph mode at most
+        max_q_len (the rows' buffers)."""
+        ok = (kind == "causal" and not prefill and uniform is not None and 2 <= uniform < self.prefill_min_q_len
+              and (not self.cuda_graph or uniform <= self.max_q_len))
+        return self.verify_as_decode if ok else False
+
+    def _as_rows(self, kind: str, meta: AttnMeta, uniform: int | None) -> bool:
+        """Whether this pass runs as decode rows: verify_as_decode=true on every eligible pass; auto a graph
+        capture's forced variant, else the rule (verify_as_rows)."""
+        eligible = self._rows_eligible(kind, uniform, meta.mode == Mode.PREFILL)
+        if eligible != "auto":
+            return bool(eligible)
+        if self.forced_variant is not None:
+            return self.forced_variant == "rows"
+        return verify_as_rows(sum(meta.kv_lens_host), self.head_dim, meta.batch_size)
 
     def _whole(self, kind: str, family: str, meta: AttnMeta, by_rule: bool) -> bool:
         """Whether this pass plans with disable_split_kv (verify_split_kv; under auto a forced graph variant, else
@@ -537,11 +578,12 @@ class FlashInferBackend(AttentionBackend):
             if need > cap:
                 raise ConfigError(f"flashinfer graph mode: tree mask needs {need} bytes, buffer holds "
                                   f"{cap}; raise max_q_len / max_context")
-        if self._as_rows(kind, uniform, meta.mode == Mode.PREFILL):
-            return self._rows_plan(meta, slot)
+        rows_auto = self.cuda_graph and self._rows_eligible(kind, uniform, meta.mode == Mode.PREFILL) == "auto"
+        if self._as_rows(kind, meta, uniform):
+            return self._rows_plan(meta, slot, "rows" if rows_auto else None)
         by_rule = self._by_rule(kind, family, uniform, meta.mode == Mode.PREFILL)
         whole = self._whole(kind, family, meta, by_rule)
-        variant = ("whole" if whole else "split") if by_rule and self.cuda_graph else None
+        variant = ("whole" if whole else "split") if by_rule and self.cuda_graph else "prefill" if rows_auto else None
         wrapper, buf = self._wrapper(slot, kind, family, meta.batch_size, graph_q_len, whole)
         qo_indptr, kv_indptr, last_page_len = host_csr(meta)
         ind = kv_indptr.tolist()
@@ -590,7 +632,7 @@ class FlashInferBackend(AttentionBackend):
         return _Plan(wrapper, kind, family, meta.batch_size, meta.num_tokens,
                      buf.custom_mask if packing is not None else None, packing, variant)
 
-    def _rows_plan(self, meta: AttnMeta, slot: int) -> _Plan:
+    def _rows_plan(self, meta: AttnMeta, slot: int, variant: str | None) -> _Plan:
         """verify_as_decode: the pass's batch x q_len query rows as decode requests (flashinfer_rows), on a decode
         wrapper of their own per row count (graph mode: over the slot's rows buffers; buckets of one row count, e.g. 2
         x 4 and 4 x 2, share it: the same launch shape, planned before each replay). The rows' page ids are one gather
@@ -608,7 +650,7 @@ class FlashInferBackend(AttentionBackend):
                      pos_encoding_mode="NONE", q_data_type=self.dtype, kv_data_type=self.pool.dtype,
                      sm_scale=self.scale)
         self._record(meta, "decode", wrapper, "decode", ":rows")
-        return _Plan(wrapper, "decode", "rows", rows, meta.num_tokens)
+        return _Plan(wrapper, "decode", "rows", rows, meta.num_tokens, variant=variant)
 
     def _record(self, meta: AttnMeta, kind: str, wrapper, family: str, tag: str = "") -> None:
         """What this pass's plan runs, for kernel_info (a capture's forced plans are not a pass's: not recorded): the

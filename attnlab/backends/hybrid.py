@@ -281,11 +281,11 @@ class HybridBackend(AttentionBackend):
     # Plan variants (AttentionBackend.graph_variants): a graph-mode plan runs both sides over the whole bucket, so its
     # variant is the pair of theirs, and a graph is captured per pair; other plans (eager, tree masks) have none.
 
-    def graph_variants(self, q_len: int, masked: bool) -> tuple:
+    def graph_variants(self, q_len: int, masked: bool, batch: int | None = None) -> tuple:
         if not self.cuda_graph or masked:
             return (None,)
-        return tuple(itertools.product(self.short.graph_variants(q_len, masked),
-                                       self.long.graph_variants(q_len, masked)))
+        return tuple(itertools.product(self.short.graph_variants(q_len, masked, batch),
+                                       self.long.graph_variants(q_len, masked, batch)))
 
     def plan_variant(self, plan) -> tuple | None:
         if not isinstance(plan, HybridPlan) or plan.select_long is None:

@@ -14,8 +14,9 @@ after one ``plan`` stays valid after the next ``plan`` rewrote those buffers in 
 (see ``ModelRunner.prepare(pad_to=...)``) write to slot -1 and read the scratch page: harmless rows.
 
 A backend whose plans of one (batch, q_len) can launch different kernels by the pass's lengths names those plan
-variants (``AttentionBackend.graph_variants``: flashinfer's fa2 verify with and without split-KV); each gets its own
-graph, captured with the variant forced, and a replay takes the graph of the variant its slot's plan chose.
+variants (``AttentionBackend.graph_variants``: flashinfer's fa2 verify with and without split-KV, or as decode
+rows); each gets its own graph, captured with the variant forced, and a replay takes the graph of the variant its
+slot's plan chose.
 
 Every graph of a runner shares one memory pool; buckets are captured largest first (as nano-vllm does) so
 the smaller ones reuse the pool's blocks. A graph records the runner's ``capture_layers`` at capture time and
@@ -110,7 +111,7 @@ class GraphCache:
         for bs in sorted(set(buckets), reverse=True):
             for q in sorted(set(q_lens)):
                 for slot in slots:
-                    for variant in r.backend.graph_variants(q, masked):
+                    for variant in r.backend.graph_variants(q, masked, bs):
                         if (bs, q, slot, r.capture_layers, masked, variant) not in self.graphs:
                             self._capture_one(r, bs, q, slot, feature_dim, masked, variant)
         return len(self.graphs) - before

@@ -6,7 +6,7 @@ import torch
 
 from attnlab.backends import flashinfer_rows as rows_mod
 from attnlab.backends.base import Mode
-from attnlab.backends.flashinfer import FlashInferBackend
+from attnlab.backends.flashinfer import FlashInferBackend, verify_as_rows
 from attnlab.backends.flashinfer_rows import rows_layout
 from attnlab.errors import ConfigError
 from tests.backends.cases import make_case
@@ -156,10 +156,66 @@ def test_a_graph_bucket_past_the_rows_buffers_is_refused(fake_fi):
         be.plan(case.meta)
 
 
-@pytest.mark.parametrize("value", ["yes", 1, None])
-def test_verify_as_decode_takes_a_bool(fake_fi, value):
-    with pytest.raises(ConfigError, match="verify_as_decode"):
+@pytest.mark.parametrize("value", ["yes", 1, None, "Auto"])
+def test_verify_as_decode_takes_a_bool_or_auto(fake_fi, value):
+    for ok in (True, False, "auto"):
+        FlashInferBackend.check_options({"verify_as_decode": ok}, "verify.options")
+    with pytest.raises(ConfigError, match="verify.options.verify_as_decode=.*must be auto, true or false"):
         FlashInferBackend.check_options({"verify_as_decode": value}, "verify.options")
+
+
+def test_the_auto_rule_by_hand():
+    """verify_as_rows: the batch's K (its kv tokens x head_dim) at most 64K elements, at most 8 requests: SmolLM2
+    (head_dim 64) at batch 1 up to 1,024 tokens, Llama-8B (128) up to 512, two requests of SmolLM2 512 each."""
+    assert verify_as_rows(1024, 64, 1) and not verify_as_rows(1025, 64, 1)
+    assert verify_as_rows(512, 128, 1) and not verify_as_rows(1024, 128, 1)
+    assert verify_as_rows(2 * 512, 64, 2) and not verify_as_rows(2 * 512 + 1, 64, 2)
+    assert verify_as_rows(8 * 128, 64, 8) and not verify_as_rows(9 * 16, 64, 9)  # past ROWS_MAX_BATCH: never
+
+
+def test_auto_takes_the_rows_where_the_batch_k_is_small(fake_fi):
+    """verify_as_decode=auto, eager: the rows where the rule says so, verify_split_kv's fa2 plans elsewhere (here
+    whole, then split), every pass equal to the reference; kernel_info names the plans the passes took."""
+    case = case_of([5, 5], [2000, 400])
+    be = backend(case, verify_as_decode="auto")
+    g = torch.Generator().manual_seed(2)
+    for kv_lens, family in (([40, 21], "rows"), ([1003, 21], "rows"), ([1004, 21], "fa2"), ([700, 400], "fa2"),
+                            ([2000, 21], "fa2")):
+        meta = meta_over(case, kv_lens, [5, 5])
+        be.plan(meta)
+        assert be.active_plan.family == family and be.slot_variant(0) is None, kv_lens
+        q = torch.randn(10, case.num_q_heads, case.head_dim, generator=g).bfloat16()
+        torch.testing.assert_close(run_all_layers(be, case, q), reference(case, meta, q), atol=2e-2, rtol=2e-2)
+    assert be.kernel_info() == {"verify": "cuda-core:rows+fa2+fa2:whole"}
+
+
+def test_auto_in_graph_mode_is_a_plan_variant_of_the_small_buckets(fake_fi):
+    """CUDA-graph mode: "rows" is a third plan variant (a graph each) in buckets where the rule can hold; a capture
+    forces each variant whatever the lengths; a pass takes the one its lengths say. verify_as_decode=true has one
+    variant, and with verify_split_kv fixed the fa2 plan is the "prefill" variant."""
+    case = case_of([5, 5], [3000, 21])
+    kw = {"cuda_graph": True, "max_batch_size": 16, "max_q_len": 8, "max_context": 4096}
+    be = backend(case, verify_as_decode="auto", **kw)
+    assert be.graph_variants(5, False, 1) == be.graph_variants(5, False) == ("split", "whole", "rows")
+    assert be.graph_variants(5, False, 16) == ("split", "whole")  # past ROWS_MAX_BATCH
+    fixed = backend(case, verify_as_decode="auto", verify_split_kv=False, **kw)
+    assert fixed.graph_variants(5, False, 8) == ("prefill", "rows") and fixed.graph_variants(5, False, 16) == (
+        "prefill",)  # the fa2 plan is a named variant in every bucket, as make_plan names it
+    assert be.graph_variants(1, False, 1) == be.graph_variants(5, True, 1) == (None,)  # decode, tree masks
+    assert be.graph_variants(9, False, 1) == ("split", "whole")  # past max_q_len: no rows buffers for it
+    assert backend(case, verify_as_decode=True, **kw).graph_variants(5, False, 1) == (None,)
+    short, long = meta_over(case, [40, 21], [5, 5]), meta_over(case, [3000, 21], [5, 5])
+    for variant in ("split", "whole", "rows"):
+        for meta in (short, long):
+            with be.forcing(variant):
+                be.plan(meta)
+            assert be.slot_variant(0) == variant
+            assert be.active_plan.family == ("rows" if variant == "rows" else "fa2")
+    assert be.kernel_info() == {}  # forced plans are a capture's, not a pass's
+    be.plan(short)
+    assert be.slot_variant(0) == "rows"
+    be.plan(long)
+    assert be.slot_variant(0) == "split"
 
 
 @pytest.mark.gpu

@@ -87,12 +87,12 @@ def fi_runner(max_context=1024, **options) -> ModelRunner:
     return r
 
 
-def hybrid_runner(threshold: int, max_context=1024) -> ModelRunner:
-    """flashinfer (auto) on both sides of a hybrid routing by ``threshold`` tokens, graph mode."""
+def hybrid_runner(threshold: int, max_context=1024, **options) -> ModelRunner:
+    """flashinfer (auto, and ``options``) on both sides of a hybrid routing by ``threshold`` tokens, graph mode."""
     from attnlab.backends.hybrid import HybridBackend, HybridSpec
     from attnlab.backends.registry import bind_options
 
-    fi = bind_options(FlashInferBackend, {"verify_split_kv": "auto", "workspace_bytes": 1 << 16})
+    fi = bind_options(FlashInferBackend, {"verify_split_kv": "auto", "workspace_bytes": 1 << 16, **options})
     cls = HybridBackend.with_classes(HybridSpec("flashinfer", "flashinfer", threshold), fi, fi)
     pages = BUCKET * -(-max_context // 16)
     pool = KVPool(CFG.num_layers, pages, 16, CFG.num_kv_heads, CFG.head_dim, torch.bfloat16, "cpu")
@@ -192,6 +192,45 @@ def test_a_hybrid_replays_the_graph_of_its_sides_pair(fake_fi, stand_in_graphs):
     assert {v: g.replays for v, g in graphs.items() if g.replays} == {("whole", "split"): 2, ("whole", "whole"): 1}
 
 
+def test_auto_rows_are_a_third_graph_replayed_where_the_batch_k_is_small(fake_fi, stand_in_graphs):
+    """verify_as_decode=auto and verify_split_kv=auto: the verify bucket gets a graph per variant (split, whole,
+    rows), and each pass replays the one its plan took: rows where the batch's K is small (3 x 105 tokens and a
+    dummy's 5, x 64; at 3 x 305 + 5 too, the eager pass's 3 x 305 alike), whole and split past it, each exactly an
+    eager (unpadded) runner's logits."""
+    opts = {"verify_as_decode": "auto", "verify_split_kv": "auto"}
+    graphed, eager = fi_runner(**opts), fi_runner(**opts)
+    graphed.graphs = GraphCache(graphed)
+    assert graphed.graphs.capture([BUCKET], [1, K1], range(1)) == 4
+    by_variant = {key[5]: g.graph for key, g in graphed.graphs.graphs.items() if key[1] == K1}
+    assert set(by_variant) == {"split", "whole", "rows"}
+    seen = []
+    for i, ctx in enumerate((100, 900, 400, 40, 300)):
+        got, want = (verify_logits(r, ctx, torch.Generator().manual_seed(i)) for r in (graphed, eager))
+        seen.append(graphed.backend.slot_variant(0))
+        assert eager.backend.active_plan.family == graphed.backend.active_plan.family
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert seen == ["rows", "split", "whole", "rows", "rows"]
+    assert {v: g.replays for v, g in by_variant.items()} == {"rows": 3, "split": 1, "whole": 1}
+    assert graphed.backend.kernel_info()["verify"] == "cuda-core:rows+fa2+fa2:whole"
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_auto_rows_beside_a_fixed_split_capture_every_bucket(fake_fi, stand_in_graphs, split):
+    """verify_as_decode=auto with verify_split_kv fixed: the fa2 plan is the "prefill" variant in every bucket, and
+    "rows" a second one only in buckets where the rule can hold (bucket 16 is past ROWS_MAX_BATCH); a pass in a
+    bucket without rows replays its prefill graph."""
+    r = fi_runner(verify_as_decode="auto", verify_split_kv=split)
+    r.graphs = GraphCache(r)
+    r.backend.max_batch_size = 16  # the buckets' largest (the pool is the runner's: 4 requests are enough here)
+    assert r.graphs.capture([1, 4, 16], [K1], range(1)) == 5
+    assert {(key[0], key[5]) for key in r.graphs.graphs} == {(1, "prefill"), (1, "rows"), (4, "prefill"),
+                                                             (4, "rows"), (16, "prefill")}
+    verify_logits(r, 900, torch.Generator().manual_seed(0))
+    assert r.backend.slot_variant(0) == "prefill" and r.graphs.graphs[(4, K1, 0, None, False, "prefill")].graph.replays
+    verify_logits(r, 40, torch.Generator().manual_seed(1))
+    assert r.backend.slot_variant(0) == "rows" and r.graphs.graphs[(4, K1, 0, None, False, "rows")].graph.replays
+
+
 def test_rows_verify_captures_one_graph_and_matches_fa2(fake_fi, stand_in_graphs):
     """verify_as_decode: the verify bucket is one graph (the rows plan has no variants, even under auto), each replay
     equal to an eager rows runner exactly and to the default fa2 plan within bf16 rounding."""
@@ -208,3 +247,19 @@ def test_rows_verify_captures_one_graph_and_matches_fa2(fake_fi, stand_in_graphs
     verify_graph = graphed.graphs.graphs[(BUCKET, K1, 0, None, False, None)].graph
     assert verify_graph.replays == 3 and verify_graph.baked == [(64 // CFG.num_kv_heads, 1)]  # a split decode launch
     assert graphed.backend.kernel_info()["verify"] == "cuda-core:rows"
+
+
+def test_a_hybrid_with_auto_rows_replays_its_sides_pair(fake_fi, stand_in_graphs):
+    """verify_as_decode=auto on both sides of a hybrid: 3 x 3 variant pairs, a graph each; each side picks its plan
+    over its own requests and the other side's as dummies (5 tokens each), as an eager hybrid picks it over its own
+    requests alone, with that hybrid's exact logits."""
+    graphed, eager = hybrid_runner(300, verify_as_decode="auto"), hybrid_runner(300, verify_as_decode="auto")
+    eager.backend.cuda_graph = False
+    graphed.graphs = GraphCache(graphed)
+    assert graphed.graphs.capture([BUCKET], [K1], range(1)) == 9
+    passes = (([100, 900, 100], ("rows", "rows")), ([600, 600, 100], ("rows", "whole")),
+              ([900, 40, 1000], ("rows", "split")))
+    for i, (ctx, pair) in enumerate(passes):
+        got, want = (verify_logits(r, ctx, torch.Generator().manual_seed(i)) for r in (graphed, eager))
+        assert graphed.backend.slot_variant(0) == pair, ctx
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
