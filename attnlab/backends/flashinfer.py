@@ -284,7 +284,8 @@ class FlashInferBackend(AttentionBackend):
                             "decode of its first kv_len - q_len + 1 + i tokens (flashinfer_rows; no GQA-packed query "
                             "tile, no merge of its own: the decode's split-KV); in CUDA-graph mode q_len <= max_q_len; "
                             "auto: where the batch's K is small (verify_as_rows; in CUDA-graph mode a graph more)",
-        "keep_plans": "true (default) / false: in CUDA-graph mode, a decode (CUDA-core) or fa2 verify / extend pass "
+        "keep_plans": "true (default) / false: in CUDA-graph mode, a decode (CUDA-core; also a verify's decode rows) "
+                      "or fa2 verify / extend pass "
                       "whose FlashInfer schedule equals the one its wrapper holds keeps that plan and writes only "
                       "its layout (no plan() on the host)",
     }
@@ -591,7 +592,8 @@ class FlashInferBackend(AttentionBackend):
         keep = self._keep_key(kind, family, meta, graph_q_len, ind, pages, whole) if buf is not None else None
         if keep is not None and self._step_plans.get(id(wrapper)) == keep and self._unchecked < KEEP_CHECK_EVERY:
             self._unchecked += 1
-            self._write_layout(buf, meta, qo_indptr, kv_indptr, last_page_len, kind != "decode")
+            self._write_layout(buf, kv_indptr, last_page_len, meta.layout.kv_indices,
+                               qo_indptr if kind != "decode" else None)
             self.plans_kept += 1
             self._record(meta, kind, wrapper, family, ":whole" if whole else "")
             return _Plan(wrapper, kind, family, meta.batch_size, meta.num_tokens, variant=variant)
@@ -636,7 +638,8 @@ class FlashInferBackend(AttentionBackend):
         """verify_as_decode: the pass's batch x q_len query rows as decode requests (flashinfer_rows), on a decode
         wrapper of their own per row count (graph mode: over the slot's rows buffers; buckets of one row count, e.g. 2
         x 4 and 4 x 2, share it: the same launch shape, planned before each replay). The rows' page ids are one gather
-        of the layout's on the device; the plan is made every pass (no kept plans)."""
+        of the layout's on the device. In graph mode the CUDA-core decode's plans are kept as a decode pass's are
+        (the rows' schedule, flashinfer_schedule, of their page counts)."""
         q, ps = meta.q_lens[0], meta.page_size
         kv_indptr, last, gather = rows_layout(meta.kv_lens_host, q, ps)
         rows = meta.batch_size * q
@@ -645,12 +648,28 @@ class FlashInferBackend(AttentionBackend):
             raise ValueError(f"flashinfer rows: {gather.numel()} page ids exceed the graph buffer's "
                              f"{buf.kv_indices.numel()}")
         indices = meta.layout.kv_indices[gather.to(self.device, non_blocking=True)]
+        ind = kv_indptr.tolist()
+        pages = fis.page_counts(ind)
+        keep = (self._plan_key(rows, pages, ind) if buf is not None and self.keep_plans and self._modelled_version
+                and not self.use_tensor_cores else None)
+        plan = _Plan(wrapper, "decode", "rows", rows, meta.num_tokens, variant=variant)
+        if keep is not None and self._step_plans.get(id(wrapper)) == keep and self._unchecked < KEEP_CHECK_EVERY:
+            self._unchecked += 1
+            self._write_layout(buf, kv_indptr, last, indices)
+            self.plans_kept += 1
+            self._record(meta, "decode", wrapper, "decode", ":rows")
+            return plan
+        self._step_plans.pop(id(wrapper), None)
         self.plans_made += 1
+        self._unchecked = 0
         wrapper.plan(kv_indptr, indices, last, self.num_q_heads, self.num_kv_heads, self.head_dim, ps,
                      pos_encoding_mode="NONE", q_data_type=self.dtype, kv_data_type=self.pool.dtype,
                      sm_scale=self.scale)
         self._record(meta, "decode", wrapper, "decode", ":rows")
-        return _Plan(wrapper, "decode", "rows", rows, meta.num_tokens, variant=variant)
+        if keep is not None:
+            self._learn_schedule(wrapper, rows, pages)
+            self._step_plans[id(wrapper)] = self._plan_key(rows, pages, ind)
+        return plan
 
     def _record(self, meta: AttnMeta, kind: str, wrapper, family: str, tag: str = "") -> None:
         """What this pass's plan runs, for kernel_info (a capture's forced plans are not a pass's: not recorded): the
@@ -705,17 +724,17 @@ class FlashInferBackend(AttentionBackend):
         else:
             self._prefill_models[(rows, q_len)] = known
 
-    def _write_layout(self, buf: _GraphBuffers, meta: AttnMeta, qo_indptr, kv_indptr, last_page_len,
-                      prefill: bool) -> None:
-        """A kept plan's new layout, into the buffers its wrapper reads (what FlashInfer's plan() copies there)."""
-        b, n = meta.batch_size, int(kv_indptr[-1])
+    def _write_layout(self, buf: _GraphBuffers, kv_indptr, last_page_len, kv_indices, qo_indptr=None) -> None:
+        """A kept plan's new layout (host indptr / last page lengths of its rows, the device page ids; a prefill
+        plan's qo_indptr), into the buffers its wrapper reads (what FlashInfer's plan() copies there)."""
+        b, n = last_page_len.numel(), int(kv_indptr[-1])
         if n > buf.kv_indices.numel():
             raise ValueError(f"flashinfer: {n} page ids exceed the graph buffer's {buf.kv_indices.numel()}")
-        if prefill:
+        if qo_indptr is not None:
             buf.qo_indptr[:b + 1].copy_(qo_indptr, non_blocking=True)
         buf.kv_indptr[:b + 1].copy_(kv_indptr, non_blocking=True)
         buf.kv_last_page_len[:b].copy_(last_page_len, non_blocking=True)
-        buf.kv_indices[:n].copy_(meta.layout.kv_indices[:n], non_blocking=True)
+        buf.kv_indices[:n].copy_(kv_indices[:n], non_blocking=True)
 
     def write_mask(self, plan: _Plan, custom_mask: torch.Tensor) -> None:
         """Re-pack the new values into the plan's own mask buffer, in place (graph-safe)."""

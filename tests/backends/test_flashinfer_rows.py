@@ -112,6 +112,32 @@ def test_graph_mode_rows_keep_one_wrapper_a_bucket_and_follow_new_lengths(fake_f
     assert be._buffers(0, rows=True).kv_indptr.numel() == 2 * 8 + 1
 
 
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_graph_mode_rows_keep_plans_of_one_schedule(fake_fi, page_size):
+    """Graph mode: a rows pass whose rows' schedule (the CUDA-core decode's, of their page counts) equals the one its
+    wrapper holds writes only the rows' layout; lengths grow by 0-2 tokens a pass (pages crossed on the way), every
+    pass equals the reference (the fake's kernel asserts no chunk starts past a row's length), most are kept, and
+    every real plan agreed with the model."""
+    case = case_of([5, 5, 5], [170, 60, 110], page_size=page_size)
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_q_len=8, max_context=200)
+    g = torch.Generator().manual_seed(page_size)
+    lens = [120, 10, 60]
+    for _ in range(24):
+        meta = meta_over(case, lens, [5, 5, 5])
+        be.plan(meta)
+        assert be.active_plan.family == "rows"
+        q = torch.randn(15, case.num_q_heads, case.head_dim, generator=g).bfloat16()
+        torch.testing.assert_close(run_all_layers(be, case, q), reference(case, meta, q), atol=2e-2, rtol=2e-2)
+        lens = [n + int(torch.randint(0, 3, (1,), generator=g)) for n in lens]
+    made, kept = be.plan_counts()
+    assert made + kept == 24 and kept >= 12 and be._schedule_model_ok, (made, kept)
+    assert made == sum(len(w.plans) for w in FakeDecode.created)
+    eager = backend(case)  # no graphs: every pass plans
+    for n in range(3):
+        eager.plan(meta_over(case, [100 + n, 20, 50], [5, 5, 5]))
+    assert eager.plan_counts() == (3, 0)
+
+
 def test_rows_leave_other_passes_to_their_plans(fake_fi):
     """Decode passes, uniform prefills, a q_len-1 verify-mode pass, a pass of prefill_min_q_len tokens (a long
     prefill's), tree masks and (graph mode) a q_len past max_q_len keep FlashInfer's own plans."""
