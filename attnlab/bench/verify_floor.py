@@ -1,0 +1,164 @@
+"""Issue 16's verify floor, read from a ``bench.kernels`` JSON (``--out PREFIX`` wrote PREFIX.json): per cell, each
+plan's verify time over its own decode time (the decode cell of the same backend spec, timed in the same process),
+which plan was fastest, and, for a plan chosen by rule (``--rule``), whether it ran within the spread of the fastest
+of the others and which kernel it took. No GPU needed.
+
+    python -m attnlab.bench.verify_floor results/rows1.json \\
+        --plans default=flashinfer,rows=flashinfer/verify_as_decode=true \\
+        --rule "by rule=flashinfer/verify_as_decode=auto" [--floor 1.3] [--spread 1.03] [--plot rows1.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FLOOR = 1.3  # issue 16: verify at most 1.3x its own decode
+SPREAD = 1.03  # a rule within 3% of the fastest plan took it (a cell's repeats spread about that much)
+
+
+@dataclass
+class Row:
+    model: str
+    batch: int
+    context: int
+    q_len: int
+    decode_us: float | None  # the first plan's decode
+    verify_us: dict[str, float] = field(default_factory=dict)  # plan -> verify us
+    ratio: dict[str, float] = field(default_factory=dict)  # plan -> verify / its own decode
+    rule_kernel: str = ""
+    rule_right: bool | None = None  # None: no rule, or a plan missing in this cell
+
+
+def parse_plans(text: str) -> dict[str, str]:
+    """``name=spec,name=spec`` -> {name: backend spec}; a spec may hold ``=`` itself (its options)."""
+    plans = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, sep, spec = item.partition("=")
+        if not sep or not name or not spec:
+            raise ValueError(f"plan {item!r}: write name=backend-spec (e.g. rows=flashinfer/verify_as_decode=true)")
+        if name in plans:
+            raise ValueError(f"plan name {name!r} given twice")
+        plans[name] = spec
+    if not plans:
+        raise ValueError("no plans given")
+    return plans
+
+
+def rows_of(cells: list[dict], plans: dict[str, str], rule: tuple[str, str] | None = None,
+            spread: float = SPREAD) -> list[Row]:
+    """One Row per verify shape (model, batch, context, q_len) any plan measured, sorted; the rule's plan joins
+    ``plans`` in the ratios and is judged against the fastest of the others."""
+    every = dict(plans, **({rule[0]: rule[1]} if rule else {}))
+    us = {(c["phase"], c["model"], c["batch"], c["context"], c["q_len"], c["backend"]): c["ms"] * 1000
+          for c in cells if c.get("status", "ok") == "ok" and c.get("ms")}
+    kernel = {(c["model"], c["batch"], c["context"], c["q_len"], c["backend"]): c.get("kernel", "") for c in cells
+              if c["phase"] == "verify"}
+    specs = set(every.values())
+    shapes = sorted({k[1:5] for k in us if k[0] == "verify" and k[5] in specs})
+    first = next(iter(plans.values()))
+    out = []
+    for model, batch, ctx, q in shapes:
+        row = Row(model, batch, ctx, q, us.get(("decode", model, batch, ctx, 1, first)))
+        for name, spec in every.items():
+            v, d = us.get(("verify", model, batch, ctx, q, spec)), us.get(("decode", model, batch, ctx, 1, spec))
+            if v is not None and d is not None:
+                row.verify_us[name], row.ratio[name] = v, v / d
+        if rule:
+            row.rule_kernel = kernel.get((model, batch, ctx, q, rule[1]), "")
+            if set(every) <= set(row.ratio):
+                row.rule_right = row.ratio[rule[0]] <= min(row.ratio[p] for p in plans) * spread
+        out.append(row)
+    return out
+
+
+def markdown(rows: list[Row], plans: list[str], rule: str | None = None, floor: float = FLOOR,
+             spread: float = SPREAD) -> str:
+    """The table, then how many cells each plan holds at or under ``floor``, and the rule's record."""
+    names = plans + ([rule] if rule else [])
+    head = "| model | batch | context | q | decode us | " + " | ".join(f"{p} us (/ decode)" for p in names)
+    head += " | best |" + (" rule took | right |" if rule else "")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        cells = [f"{r.verify_us[p]:.2f} ({r.ratio[p]:.2f}x)" if p in r.ratio else "-" for p in names]
+        best = min((p for p in plans if p in r.ratio), key=r.ratio.get, default="-")
+        dec = f"{r.decode_us:.2f}" if r.decode_us else "-"
+        line = f"| {r.model} | {r.batch} | {r.context} | {r.q_len} | {dec} | " + " | ".join(cells) + f" | {best} |"
+        if rule:
+            line += f" {r.rule_kernel} | {'-' if r.rule_right is None else 'yes' if r.rule_right else 'no'} |"
+        lines.append(line)
+    met = {p: sum(p in r.ratio and r.ratio[p] <= floor for r in rows) for p in names}
+    lines += ["", f"cells at or under {floor}x of their decode, of {len(rows)}: "
+              + ", ".join(f"{p} {n}" for p, n in met.items())]
+    if rule:
+        judged = [r for r in rows if r.rule_right is not None]
+        wrong = [f"{r.model} b{r.batch} x {r.context} q{r.q_len}" for r in judged if not r.rule_right]
+        lines.append(f"{rule} within {spread - 1:.0%} of the fastest other plan in {len(judged) - len(wrong)} of "
+                     f"{len(judged)} cells" + (f"; not in: {', '.join(wrong)}" if wrong else ""))
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], names: list[str], path: str, floor: float = FLOOR) -> None:
+    """Verify / decode against the batch's KV tokens (batch x context), one panel per model and q_len: a color per
+    plan, a marker per batch (a line joins one plan's cells of one batch); the floor as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    panels = sorted({(r.model, r.q_len) for r in rows})
+    batches = sorted({r.batch for r in rows})
+    marks = dict(zip(batches, "osD^v<>ph*x+"))
+    colors = {p: f"C{i}" for i, p in enumerate(names)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (model, q) in zip(axes[0], panels):
+        mine = [r for r in rows if (r.model, r.q_len) == (model, q)]
+        for p in names:
+            for b in batches:
+                pts = sorted((r.batch * r.context, r.ratio[p]) for r in mine if r.batch == b and p in r.ratio)
+                if pts:
+                    ax.plot(*zip(*pts), color=colors[p], marker=marks.get(b, "o"), ms=4, lw=1, alpha=0.8)
+        ax.axhline(floor, color="k", lw=0.8, ls="--")
+        ax.set(xscale="log", yscale="log", xlabel="batch x context (KV tokens)", ylabel="verify / decode",
+               title=f"{model}, q {q}")
+    handles = [Line2D([], [], color=c, lw=2, label=p) for p, c in colors.items()]
+    handles += [Line2D([], [], color="gray", marker=m, ls="", label=f"batch {b}") for b, m in marks.items()]
+    fig.legend(handles=handles, loc="outside right center", fontsize=7)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m attnlab.bench.verify_floor")
+    ap.add_argument("results", help="a bench.kernels JSON (--out PREFIX wrote PREFIX.json)")
+    ap.add_argument("--plans", required=True, help="name=backend-spec,... (the first one's decode is the table's)")
+    ap.add_argument("--rule", help="name=backend-spec of a plan chosen by rule among --plans")
+    ap.add_argument("--floor", type=float, default=FLOOR)
+    ap.add_argument("--spread", type=float, default=SPREAD)
+    ap.add_argument("--plot", help="write a PNG of verify / decode per plan here")
+    args = ap.parse_args(argv)
+    try:
+        plans = parse_plans(args.plans)
+        rule = next(iter(parse_plans(args.rule).items())) if args.rule else None
+        cells = json.loads(Path(args.results).read_text())["cells"]
+    except (ValueError, OSError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = rows_of(cells, plans, rule, args.spread)
+    if not rows:
+        print(f"error: no verify cell of {', '.join(plans.values())} in {args.results}", file=sys.stderr)
+        return 2
+    names = list(plans)
+    print(markdown(rows, names, rule[0] if rule else None, args.floor, args.spread))
+    if args.plot:
+        plot(rows, names + ([rule[0]] if rule else []), args.plot, args.floor)
+        print(f"\nplot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
