@@ -177,19 +177,26 @@ def test_a_hybrid_replays_the_graph_of_its_sides_pair(fake_fi, stand_in_graphs):
     """flashinfer (auto) on both sides of a hybrid, graph mode: a verify bucket gets a graph per pair of variants, and
     each pass replays the pair its sides planned (the short side over its own requests and the long side's as
     dummies, and the other way round), with an eager hybrid's exact logits."""
-    graphed, eager = hybrid_runner(300), hybrid_runner(300)
-    eager.backend.cuda_graph = False  # the same sides' classes, planned per sub-batch: the eager route
-    graphed.graphs = GraphCache(graphed)
-    assert graphed.graphs.capture([BUCKET], [K1], range(1)) == 4
-    graphs = {key[5]: g.graph for key, g in graphed.graphs.graphs.items()}
-    assert set(graphs) == {(a, b) for a in ("split", "whole") for b in ("split", "whole")}
     passes = (([100, 900, 100], ("whole", "split")), ([600, 600, 100], ("whole", "whole")),
               ([900, 40, 1000], ("whole", "split")))
+    graphs = replay_hybrid_passes(4, passes)
+    assert set(graphs) == {(a, b) for a in ("split", "whole") for b in ("split", "whole")}
+    assert {v: g.replays for v, g in graphs.items() if g.replays} == {("whole", "split"): 2, ("whole", "whole"): 1}
+
+
+def replay_hybrid_passes(n_graphs: int, passes, **options) -> dict:
+    """A graphed hybrid (threshold 300, flashinfer with ``options`` on both sides) captures ``n_graphs`` verify graphs,
+    then runs ``passes`` ((contexts, the pair of variants its sides must plan)) beside an eager hybrid (the same
+    sides' classes, planned per sub-batch): each replay equals the eager logits exactly. -> the graphs by pair."""
+    graphed, eager = hybrid_runner(300, **options), hybrid_runner(300, **options)
+    eager.backend.cuda_graph = False
+    graphed.graphs = GraphCache(graphed)
+    assert graphed.graphs.capture([BUCKET], [K1], range(1)) == n_graphs
     for i, (ctx, pair) in enumerate(passes):
         got, want = (verify_logits(r, ctx, torch.Generator().manual_seed(i)) for r in (graphed, eager))
         assert graphed.backend.slot_variant(0) == pair, ctx
         torch.testing.assert_close(got, want, atol=0, rtol=0)
-    assert {v: g.replays for v, g in graphs.items() if g.replays} == {("whole", "split"): 2, ("whole", "whole"): 1}
+    return {key[5]: g.graph for key, g in graphed.graphs.graphs.items()}
 
 
 def test_auto_rows_are_a_third_graph_replayed_where_the_batch_k_is_small(fake_fi, stand_in_graphs):
@@ -253,13 +260,7 @@ def test_a_hybrid_with_auto_rows_replays_its_sides_pair(fake_fi, stand_in_graphs
     """verify_as_decode=auto on both sides of a hybrid: 3 x 3 variant pairs, a graph each; each side picks its plan
     over its own requests and the other side's as dummies (5 tokens each), as an eager hybrid picks it over its own
     requests alone, with that hybrid's exact logits."""
-    graphed, eager = hybrid_runner(300, verify_as_decode="auto"), hybrid_runner(300, verify_as_decode="auto")
-    eager.backend.cuda_graph = False
-    graphed.graphs = GraphCache(graphed)
-    assert graphed.graphs.capture([BUCKET], [K1], range(1)) == 9
     passes = (([100, 900, 100], ("rows", "rows")), ([600, 600, 100], ("rows", "whole")),
               ([900, 40, 1000], ("rows", "split")))
-    for i, (ctx, pair) in enumerate(passes):
-        got, want = (verify_logits(r, ctx, torch.Generator().manual_seed(i)) for r in (graphed, eager))
-        assert graphed.backend.slot_variant(0) == pair, ctx
-        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    graphs = replay_hybrid_passes(9, passes, verify_as_decode="auto")
+    assert {v: g.replays for v, g in graphs.items() if g.replays} == {p: 1 for _, p in passes}
