@@ -3,7 +3,7 @@ plan's verify time over its own decode time (the decode cell of the same backend
 which plan was fastest, and, for a plan chosen by rule (``--rule``), whether it ran within the spread of the fastest
 of the others and which kernel it took. No GPU needed.
 
-    python -m attnlab.bench.verify_floor results/rows1.json \\
+    python -m attnlab.bench.verify_floor results/rows1-smollm2.json results/rows1-llama8b.json \\
         --plans default=flashinfer,rows=flashinfer/verify_as_decode=true \\
         --rule "by rule=flashinfer/verify_as_decode=auto" [--floor 1.3] [--spread 1.03] [--plot rows1.png]
 """
@@ -134,7 +134,8 @@ def plot(rows: list[Row], names: list[str], path: str, floor: float = FLOOR) -> 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m attnlab.bench.verify_floor")
-    ap.add_argument("results", help="a bench.kernels JSON (--out PREFIX wrote PREFIX.json)")
+    ap.add_argument("results", nargs="+", help="bench.kernels JSONs (--out PREFIX wrote PREFIX.json); their cells "
+                    "are read together")
     ap.add_argument("--plans", required=True, help="name=backend-spec,... (the first one's decode is the table's)")
     ap.add_argument("--rule", help="name=backend-spec of a plan chosen by rule among --plans")
     ap.add_argument("--floor", type=float, default=FLOOR)
@@ -144,13 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plans = parse_plans(args.plans)
         rule = next(iter(parse_plans(args.rule).items())) if args.rule else None
-        cells = json.loads(Path(args.results).read_text())["cells"]
+        cells = [c for path in args.results for c in json.loads(Path(path).read_text())["cells"]]
     except (ValueError, OSError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     rows = rows_of(cells, plans, rule, args.spread)
     if not rows:
-        print(f"error: no verify cell of {', '.join(plans.values())} in {args.results}", file=sys.stderr)
+        print(f"error: no verify cell of {', '.join(plans.values())} in {', '.join(args.results)}", file=sys.stderr)
         return 2
     names = list(plans)
     print(markdown(rows, names, rule[0] if rule else None, args.floor, args.spread))

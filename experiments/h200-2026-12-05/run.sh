@@ -1,39 +1,57 @@
 # The H200 call of the 2026-12-05 sitting (README.md here): issue 16's verify_as_decode=auto, the decode rows by rule.
 #   FB=.gpu/fi bash experiments/h200-2026-12-05/run.sh 1      (carry [".gpu/fi"]; a fresh machine or a warm one)
+#   bash experiments/h200-2026-12-05/run.sh 2                 (carry [".gpu/5"]; optional, on part 1's machine)
 #   1  install (a no-op on a warm machine); GPU tests of verify_as_decode=auto (the engine's third graph, the rows on
 #      the real FlashInfer, the rows' kept plans against fresh ones bit for bit) and of fused ops in graphs against
 #      unfused eager on every backend (fa skips without fa3_fwd: carry .gpu/5 in a later call); bench.kernels
 #      FlashInfer decode / verify with the default (verify_split_kv=auto), the rows always and the rows by rule,
 #      batch 1/2/4/8/16 x 256/512/1024/2048/4096, k 2/4/8, SmolLM2 and Llama-8B shapes (attnlab.bench.verify_floor:
-#      floor1.md, rows1.png); bench.spec end to end, SmolLM2 shapes, random weights, self-draft on triton, batch 1
-#      and 4, the default flashinfer verify against verify_as_decode=auto
-# Output: $OUT/run1.log (the console) and results1.tgz (logs and bench tables).
+#      floor1.md, rows1.png); bench.spec end to end, SmolLM2 shapes, random weights, self-draft on triton, batch 1,
+#      the default flashinfer verify against verify_as_decode=auto
+#   2  fa3_fwd installed; fa's case of the fused-ops graph test; part 1's bench.spec at batch 4
+# Output: $OUT/runN.log (the console) and resultsN.tgz (logs and bench tables).
 set -u -o pipefail
-PART=${1:?part 1}
+PART=${1:?part 1 or 2}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 B="flashinfer,flashinfer/verify_as_decode=true,flashinfer/verify_as_decode=auto"
+# spec_rows BATCH SECS: bench.spec, SmolLM2 shapes, random weights, triton self-drafts (k 4), the default flashinfer
+# verify against verify_as_decode=auto; its table on the console
+spec_rows() {
+  timeout "$2" $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters self --k 4 --batch "$1" \
+    --backends "flashinfer,flashinfer/verify_as_decode=auto" --draft-backends triton --num-prompts 16 --new 64 \
+    --repeats 3 --out "$OUT/spec$PART-b$1" > $LOGS/spec$PART-b$1.log 2>&1
+  echo "exit code $?"; grep -E "^\|" $LOGS/spec$PART-b$1.log | head -20; cp $LOGS/spec$PART-b$1.log "$OUT/"
+}
 case $PART in
 1)
   install_fb
   step "GPU tests: verify_as_decode (true and auto: the rows against the reference, the engine's graphs per variant)"
-  gpu_tests tests1 200 tests/backends/test_flashinfer_rows.py tests/integration/test_gpu_engine.py \
+  gpu_tests tests1 170 tests/backends/test_flashinfer_rows.py tests/integration/test_gpu_engine.py \
     tests/backends/test_flashinfer_whole.py tests/backends/test_flashinfer_keep.py -m gpu \
     -k "rows or split_choice or whole or kept_plans or fused_ops_in_graphs"
-  step "issue 16: FlashInfer verify / decode: default (split by rule), rows always, rows by rule"
-  timeout 240 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,2,4,8,16 \
-    --contexts 256,512,1024,2048,4096 --ks 2,4,8 --models smollm2,llama8b --backends $B --baseline flashinfer \
-    --repeats 3 --out "$OUT/rows1" > $LOGS/rows1.log 2>&1
-  echo "exit code $?"; $PY -m attnlab.bench.verify_floor "$OUT/rows1.json" --plot "$OUT/rows1.png" \
+  for m in smollm2 llama8b; do  # one process a model: a timeout loses one model's table, not both
+    step "issue 16: FlashInfer verify / decode, $m shapes: default (split by rule), rows always, rows by rule"
+    timeout 110 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,2,4,8,16 \
+      --contexts 256,512,1024,2048,4096 --ks 2,4,8 --models $m --backends $B --baseline flashinfer \
+      --repeats 3 --out "$OUT/rows1-$m" > $LOGS/rows1-$m.log 2>&1
+    echo "exit code $?"
+  done
+  $PY -m attnlab.bench.verify_floor "$OUT"/rows1-*.json --plot "$OUT/rows1.png" \
     --plans "default=flashinfer,rows=flashinfer/verify_as_decode=true" \
     --rule "by rule=flashinfer/verify_as_decode=auto" > "$OUT/floor1.md"; tail -n 4 "$OUT/floor1.md"
-  step "issue 16: end to end, SmolLM2 shapes, triton self-drafts, flashinfer verify: default vs rows by rule"
-  for b in 1 4; do
-    timeout 120 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters self --k 4 --batch $b \
-      --backends "flashinfer,flashinfer/verify_as_decode=auto" --draft-backends triton --num-prompts 16 --new 64 \
-      --repeats 3 --out "$OUT/spec1-b$b" > $LOGS/spec1-b$b.log 2>&1
-    echo "exit code $?"; grep -E "^\|" $LOGS/spec1-b$b.log | head -20
-  done
-  cp $LOGS/rows1.log $LOGS/spec1-b*.log "$OUT/" 2>/dev/null
+  step "issue 16: end to end, SmolLM2 shapes, triton self-drafts, flashinfer verify: default vs rows by rule, batch 1"
+  spec_rows 1 110
+  cp $LOGS/rows1-*.log "$OUT/" 2>/dev/null
+  pack
+  ;;
+2)
+  # optional, the same machine, carry [".gpu/5"] (fa3_fwd): fa's case of the fused-ops graph test, and batch 4 end
+  # to end
+  step "install .gpu/5 (fa3_fwd)"; bash .gpu/5/install.sh | tail -1
+  step "GPU test: fused ops in graphs against unfused eager, fa (fa3_fwd's contiguous layout)"
+  gpu_tests tests2 150 tests/integration/test_gpu_engine.py -m gpu -k "fused_ops_in_graphs"
+  step "issue 16: end to end, as part 1's, batch 4"
+  spec_rows 4 110
   pack
   ;;
 esac

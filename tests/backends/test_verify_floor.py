@@ -52,13 +52,17 @@ def test_a_cell_missing_a_plan_is_not_judged():
     assert "| 13.00 (1.30x) | - | 20.00 (2.00x) | fa2 | cuda-core:rows | - |" in text
 
 
-def test_the_command_line_writes_the_table_and_a_plot(tmp_path, capsys):
-    path = tmp_path / "k.json"
-    path.write_text(json.dumps({"info": {}, "cells": cells()}))
+def test_the_command_line_reads_several_files_and_writes_the_table_and_a_plot(tmp_path, capsys):
+    """Two bench.kernels JSONs (one run per model, say) are read as one."""
+    every = cells()
+    half = len(every) // 2
+    for name, part in (("a", every[:half]), ("b", every[half:])):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"info": {}, "cells": part}))
     png = tmp_path / "k.png"
-    assert main([str(path), "--plans", "fa2=flashinfer,rows=flashinfer/verify_as_decode=true",
+    assert main([str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--plans",
+                 "fa2=flashinfer,rows=flashinfer/verify_as_decode=true",
                  "--rule", "by rule=flashinfer/verify_as_decode=auto", "--plot", str(png)]) == 0
-    assert "by rule within 3%" in capsys.readouterr().out
+    assert "by rule within 3% of the fastest other plan in 1 of 2 cells" in capsys.readouterr().out
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
