@@ -39,8 +39,8 @@ case $PART in
   ;;
 2)
   step "GPU tests: draft=eagle with fp8 weights in graphs (triton and flashinfer; unfused, fused ops, the gemm path)"
-  install_fb  # a fresh machine after call 1's was taken back (2026-12-05); a no-op on a warm one
-  gpu_tests tests2e 130 tests/integration/test_gpu_engine.py -m gpu -k "fp8_eagle or eagle_graphs or fused_eagle_head or head_on_the_gemm"
+  install_fb  # a fresh machine (the next session opens with this call: 280 s for the tests, JIT inside); no-op warm
+  gpu_tests tests2e 280 tests/integration/test_gpu_engine.py -m gpu -k "fp8_eagle or eagle_graphs or fused_eagle_head or head_on_the_gemm"
   step "issue 16: the batch-1 Triton decode floor, a sweep of the decode launch (decode_tiles: BLOCK_N x warps x stages)"
   T=triton; for t in 16x2x4 32x2x4 32x4x3 64x2x4 64x4x3 64x4x4 64x8x3 128x4x3 128x8x2 128x8x3 256x8x2; do
     T="$T,triton/decode_tiles=$t"; done
