@@ -26,9 +26,10 @@ lazily and re-planned every iteration (a wrapper's ``backend`` is fixed at const
 
 CUDA graphs (``cuda_graph=True``): every slot owns preallocated int32 index buffers sized for
 ``max_batch_size`` requests and every page of the pool; wrappers are created with ``use_cuda_graph=True`` and
-slices of those buffers, one wrapper per (slot, kind, family, batch size, q_len) bucket and split choice
-(``verify_split_kv=auto``: a plan variant, a graph each), for decode and verify passes (prefills are never captured
-and plan plain wrappers). What the capturing caller must do:
+slices of those buffers, one wrapper per (slot, kind, family, batch size, q_len) bucket and plan variant
+(``verify_split_kv=auto``: with or without split-KV; ``verify_as_decode=auto``: the decode rows too, whose wrappers
+are keyed by their row count: a graph each), for decode and verify passes (prefills are never captured and plan
+plain wrappers). What the capturing caller must do:
 
 1. pad the batch to the bucket's batch size (padded requests: q_len as the others, kv_len = q_len, every page
    the scratch page ``pool.num_pages``; their outputs are ignored) and ``plan(meta)`` (or ``plan_steps``)
