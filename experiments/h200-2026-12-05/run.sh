@@ -1,6 +1,7 @@
 # The H200 call of the 2026-12-05 sitting (README.md here): issue 16's verify_as_decode=auto, the decode rows by rule.
 #   FB=.gpu/fi bash experiments/h200-2026-12-05/run.sh 1      (carry [".gpu/fi"]; a fresh machine or a warm one)
 #   bash experiments/h200-2026-12-05/run.sh 2                 (carry [".gpu/5"]; optional, on part 1's machine)
+#   bash experiments/h200-2026-12-05/run.sh 3                 (no carry; optional, on the same machine)
 #   1  install (a no-op on a warm machine); GPU tests of verify_as_decode=auto (the engine's third graph, the rows on
 #      the real FlashInfer, the rows' kept plans against fresh ones bit for bit) and of fused ops in graphs against
 #      unfused eager on every backend (fa skips without fa3_fwd: carry .gpu/5 in a later call); bench.kernels
@@ -8,10 +9,12 @@
 #      batch 1/2/4/8/16 x 256/512/1024/2048/4096, k 2/4/8, SmolLM2 and Llama-8B shapes (attnlab.bench.verify_floor:
 #      floor1.md, rows1.png); bench.spec end to end, SmolLM2 shapes, random weights, self-draft on triton, batch 1,
 #      the default flashinfer verify against verify_as_decode=auto
-#   2  fa3_fwd installed; fa's case of the fused-ops graph test; part 1's bench.spec at batch 4
+#   2  fa3_fwd installed; fa's GPU tests (parity, graph replay) and its case of the fused-ops graph test; part 1's
+#      bench.spec at batch 4
+#   3  the GPU grids never run whole: FlashInfer's parity grid (test_gpu_parity), Triton's GPU cases
 # Output: $OUT/runN.log (the console) and resultsN.tgz (logs and bench tables).
 set -u -o pipefail
-PART=${1:?part 1 or 2}
+PART=${1:?part 1, 2 or 3}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 B="flashinfer,flashinfer/verify_as_decode=true,flashinfer/verify_as_decode=auto"
 # spec_rows BATCH SECS: bench.spec, SmolLM2 shapes, random weights, triton self-drafts (k 4), the default flashinfer
@@ -48,10 +51,20 @@ case $PART in
   # optional, the same machine, carry [".gpu/5"] (fa3_fwd): fa's case of the fused-ops graph test, and batch 4 end
   # to end
   step "install .gpu/5 (fa3_fwd)"; bash .gpu/5/install.sh | tail -1
-  step "GPU test: fused ops in graphs against unfused eager, fa (fa3_fwd's contiguous layout)"
-  gpu_tests tests2 150 tests/integration/test_gpu_engine.py -m gpu -k "fused_ops_in_graphs"
+  step "GPU tests: fa's own (parity, CUDA-graph replay: never run since 2026-11-29) and its fused-ops graph case"
+  gpu_tests tests2 300 tests/backends/test_flash_attn.py tests/integration/test_gpu_engine.py -m gpu \
+    -k "test_flash_attn or fused_ops_in_graphs"
   step "issue 16: end to end, as part 1's, batch 4"
   spec_rows 4 110
+  pack
+  ;;
+3)
+  # optional, the same machine, no carry: the GPU grids never run whole (docs/backends.md, "Which builds ran"):
+  # FlashInfer's parity grid against the torch reference (JIT: about 3 minutes), Triton's GPU cases
+  step "GPU tests: FlashInfer's parity grid (test_gpu_parity, every dtype / head dim / page size / mode)"
+  gpu_tests tests3f 400 tests/backends/test_flashinfer.py -m gpu -k test_gpu_parity
+  step "GPU tests: Triton's GPU cases (test_triton.py -m gpu)"
+  gpu_tests tests3t 170 tests/backends/test_triton.py -m gpu
   pack
   ;;
 esac
