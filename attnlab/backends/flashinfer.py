@@ -322,7 +322,8 @@ class FlashInferBackend(AttentionBackend):
         self.device_steps = device_steps
         self.step_plans_reused = 0  # device-steps launches that kept the previous launch's plan
         self.step_launches_widened = 0  # device-steps launches in which a request crossed a page
-        # rows -> (split, grid rows) of the slot-1 decode wrappers, once a real plan confirmed the schedule model
+        # rows -> (split, grid rows) of the CUDA-core decode wrappers of that many rows (decode passes, device-steps
+        # launches, a verify's decode rows: one kernel, one grid bound), once a real plan confirmed the schedule model
         # (flashinfer_schedule); False after a disagreement: then only launches within pages run device-planned
         self._schedules: dict[int, tuple[bool, int | None]] = {}
         self._schedule_model_ok = True
@@ -352,8 +353,8 @@ class FlashInferBackend(AttentionBackend):
         self._wrappers: dict[tuple, object] = {}
         self._wrapper_bufs: dict[tuple, _GraphBuffers | None] = {}  # the buffers a fixed-buffer wrapper reads
         self._graph_bufs: dict[int, _GraphBuffers] = {}
-        # id(wrapper) -> what its device-steps plan was made for: (rows, schedule), or its kv_indptr before the
-        # schedule model is confirmed
+        # id(wrapper) -> what its kept plan serves (_keep_key, _plan_key): for a decode wrapper (rows, schedule), or
+        # its kv_indptr before the schedule model is confirmed
         self._step_plans: dict[int, tuple] = {}
         self._resolved: dict[str, set[str]] = {}  # pass label -> kernel families its wrappers resolved to
         # fp8 KV stores value / scale; FlashInfer folds k_scale into sm_scale and multiplies out by v_scale.
@@ -649,10 +650,11 @@ class FlashInferBackend(AttentionBackend):
             raise ValueError(f"flashinfer rows: {gather.numel()} page ids exceed the graph buffer's "
                              f"{buf.kv_indices.numel()}")
         indices = meta.layout.kv_indices[gather.to(self.device, non_blocking=True)]
-        ind = kv_indptr.tolist()
-        pages = fis.page_counts(ind)
-        keep = (self._plan_key(rows, pages, ind) if buf is not None and self.keep_plans and self._modelled_version
-                and not self.use_tensor_cores else None)
+        keep = None
+        if buf is not None and self.keep_plans and self._modelled_version:
+            ind = kv_indptr.tolist()
+            pages = fis.page_counts(ind)
+            keep = self._decode_keep_key(rows, pages, ind)
         plan = _Plan(wrapper, "decode", "rows", rows, meta.num_tokens, variant=variant)
         if keep is not None and self._step_plans.get(id(wrapper)) == keep and self._unchecked < KEEP_CHECK_EVERY:
             self._unchecked += 1
@@ -669,7 +671,7 @@ class FlashInferBackend(AttentionBackend):
         self._record(meta, "decode", wrapper, "decode", ":rows")
         if keep is not None:
             self._learn_schedule(wrapper, rows, pages)
-            self._step_plans[id(wrapper)] = self._plan_key(rows, pages, ind)
+            self._step_plans[id(wrapper)] = self._decode_keep_key(rows, pages, ind)
         return plan
 
     def _record(self, meta: AttnMeta, kind: str, wrapper, family: str, tag: str = "") -> None:
@@ -698,8 +700,8 @@ class FlashInferBackend(AttentionBackend):
         if not (self.keep_plans and self.cuda_graph and graph_q_len is not None and self._modelled_version):
             return None
         rows, ps = meta.batch_size, self.pool.page_size
-        if kind == "decode" and not self.use_tensor_cores:
-            return self._plan_key(rows, pages, ind)
+        if kind == "decode":
+            return self._decode_keep_key(rows, pages, ind)
         if kind != "causal" or family != "fa2":
             return None
         if whole:
@@ -821,6 +823,11 @@ class FlashInferBackend(AttentionBackend):
         self._step_plans[id(wrapper)] = self._plan_key(rows, pages, kv_indptr)
         self._resolved.setdefault("decode_steps", set()).add(
             resolved_family(wrapper, "decode", "decode") + " (planned once per launch)")
+
+    def _decode_keep_key(self, rows: int, pages: list[int], kv_indptr: list[int]) -> tuple | None:
+        """What a graph-mode decode wrapper's kept plan serves (a decode pass's or a verify's decode rows), or None:
+        the tensor-core decode plans on token lengths, so its plans are never kept."""
+        return None if self.use_tensor_cores else self._plan_key(rows, pages, kv_indptr)
 
     def _plan_key(self, rows: int, pages: list[int], kv_indptr: list[int]) -> tuple:
         """What a slot-1 plan serves: its schedule, once the model is confirmed (the plan's content is a function of

@@ -138,6 +138,38 @@ def test_graph_mode_rows_keep_plans_of_one_schedule(fake_fi, page_size):
     assert eager.plan_counts() == (3, 0)
 
 
+def test_rows_buckets_and_decode_passes_share_the_schedule_model_and_slot_buffers(fake_fi):
+    """Graph mode: rows passes of 15, 10 and 3 rows (3 x 5, 2 x 5, 1 x 3) and decode passes of batch 3 (3 rows, the
+    model learned for 3 rows is theirs and the 1 x 3 rows') interleave over growing lengths: every pass equals the
+    reference (the rows' buckets rewrite the slot's shared rows buffers between kept passes), the model agrees with
+    every real plan, and each wrapper keeps plans."""
+    case = case_of([5, 5, 5], [170, 60, 110])
+    be = backend(case, cuda_graph=True, max_batch_size=4, max_q_len=8, max_context=200)
+    g = torch.Generator().manual_seed(11)
+    lens = [100, 30, 60]
+    passes = [(3, 5), (2, 5), (3, 1), (1, 3)]
+    for i in range(32):
+        batch, q = passes[i % 4]
+        meta = meta_over(case, lens[:batch], [q] * batch, Mode.DECODE if q == 1 else Mode.VERIFY)
+        be.plan(meta)
+        assert be.active_plan.family == ("decode" if q == 1 else "rows")
+        x = torch.randn(batch * q, case.num_q_heads, case.head_dim, generator=g).bfloat16()
+        torch.testing.assert_close(run_all_layers(be, case, x), reference(case, meta, x), atol=2e-2, rtol=2e-2)
+        lens = [n + int(torch.randint(0, 2, (1,), generator=g)) for n in lens]
+    made, kept = be.plan_counts()
+    assert be._schedule_model_ok and set(be._schedules) == {15, 10, 3} and kept >= 16, (made, kept)
+
+
+def test_graph_mode_rows_on_the_tensor_core_decode_plan_every_pass(fake_fi):
+    """GQA 4 (the tensor-core decode plans on token lengths): graph-mode rows never keep a plan."""
+    case = case_of([5, 5], [170, 60], gqa=4)
+    be = backend(case, cuda_graph=True, max_batch_size=2, max_q_len=8, max_context=200)
+    for n in range(4):
+        be.plan(meta_over(case, [100 + n, 30], [5, 5]))
+        assert be.active_plan.family == "rows"
+    assert be.use_tensor_cores and be.plan_counts() == (4, 0)
+
+
 def test_rows_leave_other_passes_to_their_plans(fake_fi):
     """Decode passes, uniform prefills, a q_len-1 verify-mode pass, a pass of prefill_min_q_len tokens (a long
     prefill's), tree masks and (graph mode) a q_len past max_q_len keep FlashInfer's own plans."""
