@@ -161,3 +161,41 @@ def test_gpu_kept_plans_give_a_fresh_plans_bits(q_len, rows_opt):
     assert kept.active_plan.family == ("rows" if rows_opt else "decode" if q_len == 1 else "fa2")
     assert (kept._schedule_model_ok if q_len == 1 or rows_opt else kept._prefill_model_ok), "the model disagreed"
     assert kept.plans_kept >= 20 and fresh.plans_kept == 0, (kept.plans_made, kept.plans_kept)
+
+
+@pytest.mark.gpu
+@needs_flashinfer_gpu
+@pytest.mark.parametrize("shape", ["mixed", "unsplit"])
+def test_gpu_kept_rows_plans_give_a_fresh_plans_bits(shape):
+    """The real FlashInfer, verify_as_decode=true in graph mode, a backend that keeps plans against one that plans
+    every pass: the same bits at every pass. ``mixed``: rows buckets of 4 x 5, 2 x 5 and 1 x 4 rows and decode passes
+    of batch 4 interleaved over growing lengths (the slot's rows buffers rewritten between kept passes; the decode
+    and the 4-row rows wrappers share the schedule model). ``unsplit``: 64 x 12 = 768 rows, at or past the decode
+    grid's bound (2,304 row x KV-head programs), where the plan splits the KV little or not at all."""
+    if shape == "mixed":
+        starts, batch, q_lens, steps = [1, 200, 1000, 45], 4, (5, 5, 1, 4), 40
+    else:
+        starts = torch.randint(50, 400, (64,), generator=torch.Generator().manual_seed(1)).tolist()
+        batch, q_lens, steps = 64, (12,), 10
+    case = make_case(kv_lens=[s + 200 for s in starts], q_lens=[1] * batch, page_size=16, num_kv_heads=3, gqa=3,
+                     head_dim=64, dtype=torch.bfloat16, device="cuda", num_layers=1)
+    kept, fresh = (FlashInferBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale,
+                                     torch.bfloat16, cuda_graph=True, max_batch_size=batch, max_q_len=12,
+                                     max_context=2048, keep_plans=keep, verify_as_decode=True) for keep in (True, False))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    lens = [s + 5 for s in starts]
+    for i in range(steps):
+        for j, q_len in enumerate(q_lens):
+            n = batch if shape == "unsplit" else (4, 2, 4, 1)[j]
+            meta = meta_over(case, lens[:n], [q_len] * n, Mode.DECODE if q_len == 1 else Mode.VERIFY)
+            q = torch.randn(q_len * n, case.num_q_heads, case.head_dim, device="cuda", generator=g).bfloat16()
+            outs = []
+            for be in (kept, fresh):
+                be.plan(meta)
+                outs.append(be.run(q, 0).clone())
+            assert torch.equal(outs[0], outs[1]), (i, n, q_len, lens[:n])
+        lens = [n + 1 + i % 2 for n in lens]
+    torch.testing.assert_close(outs[0].float(), reference(case, meta, q)[0], atol=2e-2, rtol=2e-2)
+    passes = steps * len(q_lens)
+    assert kept._schedule_model_ok and kept.plans_kept >= passes // 4 and fresh.plans_kept == 0, kept.plan_counts()
+    assert kept.kernel_info()["verify"] == "cuda-core:rows"
