@@ -6,7 +6,7 @@
 #      the real FlashInfer, the rows' kept plans against fresh ones bit for bit) and of fused ops in graphs against
 #      unfused eager on every backend (fa skips without fa3_fwd: carry .gpu/5 in a later call); bench.kernels
 #      FlashInfer decode / verify with the default (verify_split_kv=auto), the rows always and the rows by rule,
-#      batch 1/2/4/8/16 x 256/512/1024/2048/4096, k 2/4/8, SmolLM2 and Llama-8B shapes (attnlab.bench.verify_floor:
+#      batch 1/2/4/8/16 x 128/256/512/1024/4096, k 2/4/8, SmolLM2 and Llama-8B shapes (attnlab.bench.verify_floor:
 #      floor1.md, rows1.png); bench.spec end to end, SmolLM2 shapes, random weights, self-draft on triton, batch 1,
 #      the default flashinfer verify against verify_as_decode=auto
 #   2  fa3_fwd installed; fa's GPU tests (parity, graph replay) and its case of the fused-ops graph test; part 1's
@@ -35,7 +35,7 @@ case $PART in
   for m in smollm2 llama8b; do  # one process a model: a timeout loses one model's table, not both
     step "issue 16: FlashInfer verify / decode, $m shapes: default (split by rule), rows always, rows by rule"
     timeout 100 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,2,4,8,16 \
-      --contexts 256,512,1024,2048,4096 --ks 2,4,8 --models $m --backends $B --baseline flashinfer \
+      --contexts 128,256,512,1024,4096 --ks 2,4,8 --models $m --backends $B --baseline flashinfer \
       --repeats 3 --out "$OUT/rows1-$m" > $LOGS/rows1-$m.log 2>&1
     echo "exit code $?"
   done
