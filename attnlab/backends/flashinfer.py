@@ -377,7 +377,7 @@ class FlashInferBackend(AttentionBackend):
             if not isinstance(options.get(key, True), bool):
                 raise ConfigError(f"{field}.{key}={options[key]!r}: must be true or false")
         for key in ("verify_split_kv", "verify_as_decode"):
-            v = options.get(key, "auto")
+            v = options.get(key, False)
             if not (v is True or v is False or v == "auto"):
                 raise ConfigError(f"{field}.{key}={v!r}: must be auto, true or false")
 
@@ -441,8 +441,7 @@ class FlashInferBackend(AttentionBackend):
         if rows != "auto":
             return fa2
         fa2 = tuple(v or "prefill" for v in fa2)
-        n = batch or 1
-        return fa2 + ("rows",) if batch is None or verify_as_rows(n * q_len, self.head_dim, n) else fa2
+        return fa2 + ("rows",) if batch is None or verify_as_rows(batch * q_len, self.head_dim, batch) else fa2
 
     def _by_rule(self, kind: str, family: str, uniform: int | None, prefill: bool) -> bool:
         """Whether verify_split_kv=auto decides a pass: a uniform (``uniform`` tokens a request) fa2 causal pass of
@@ -459,10 +458,9 @@ class FlashInferBackend(AttentionBackend):
               and (not self.cuda_graph or uniform <= self.max_q_len))
         return self.verify_as_decode if ok else False
 
-    def _as_rows(self, kind: str, meta: AttnMeta, uniform: int | None) -> bool:
-        """Whether this pass runs as decode rows: verify_as_decode=true on every eligible pass; auto a graph
-        capture's forced variant, else the rule (verify_as_rows)."""
-        eligible = self._rows_eligible(kind, uniform, meta.mode == Mode.PREFILL)
+    def _as_rows(self, eligible: bool | str, meta: AttnMeta) -> bool:
+        """Whether this pass (``eligible``: its _rows_eligible) runs as decode rows: verify_as_decode=true on every
+        eligible pass; auto a graph capture's forced variant, else the rule (verify_as_rows)."""
         if eligible != "auto":
             return bool(eligible)
         if self.forced_variant is not None:
@@ -581,8 +579,9 @@ class FlashInferBackend(AttentionBackend):
             if need > cap:
                 raise ConfigError(f"flashinfer graph mode: tree mask needs {need} bytes, buffer holds "
                                   f"{cap}; raise max_q_len / max_context")
-        rows_auto = self.cuda_graph and self._rows_eligible(kind, uniform, meta.mode == Mode.PREFILL) == "auto"
-        if self._as_rows(kind, meta, uniform):
+        eligible = self._rows_eligible(kind, uniform, meta.mode == Mode.PREFILL)
+        rows_auto = self.cuda_graph and eligible == "auto"
+        if self._as_rows(eligible, meta):
             return self._rows_plan(meta, slot, "rows" if rows_auto else None)
         by_rule = self._by_rule(kind, family, uniform, meta.mode == Mode.PREFILL)
         whole = self._whole(kind, family, meta, by_rule)
@@ -592,16 +591,11 @@ class FlashInferBackend(AttentionBackend):
         ind = kv_indptr.tolist()
         pages = fis.page_counts(ind)
         keep = self._keep_key(kind, family, meta, graph_q_len, ind, pages, whole) if buf is not None else None
-        if keep is not None and self._step_plans.get(id(wrapper)) == keep and self._unchecked < KEEP_CHECK_EVERY:
-            self._unchecked += 1
+        if self._keeps(wrapper, keep):
             self._write_layout(buf, kv_indptr, last_page_len, meta.layout.kv_indices,
                                qo_indptr if kind != "decode" else None)
-            self.plans_kept += 1
             self._record(meta, kind, wrapper, family, ":whole" if whole else "")
             return _Plan(wrapper, kind, family, meta.batch_size, meta.num_tokens, variant=variant)
-        self._step_plans.pop(id(wrapper), None)  # this plan replaces what the wrapper's workspace held
-        self.plans_made += 1
-        self._unchecked = 0
         common = {"q_data_type": self.dtype, "kv_data_type": self.pool.dtype, "sm_scale": self.scale}
         if whole:
             common["disable_split_kv"] = True
@@ -656,15 +650,10 @@ class FlashInferBackend(AttentionBackend):
             pages = fis.page_counts(ind)
             keep = self._decode_keep_key(rows, pages, ind)
         plan = _Plan(wrapper, "decode", "rows", rows, meta.num_tokens, variant=variant)
-        if keep is not None and self._step_plans.get(id(wrapper)) == keep and self._unchecked < KEEP_CHECK_EVERY:
-            self._unchecked += 1
+        if self._keeps(wrapper, keep):
             self._write_layout(buf, kv_indptr, last, indices)
-            self.plans_kept += 1
             self._record(meta, "decode", wrapper, "decode", ":rows")
             return plan
-        self._step_plans.pop(id(wrapper), None)
-        self.plans_made += 1
-        self._unchecked = 0
         wrapper.plan(kv_indptr, indices, last, self.num_q_heads, self.num_kv_heads, self.head_dim, ps,
                      pos_encoding_mode="NONE", q_data_type=self.dtype, kv_data_type=self.pool.dtype,
                      sm_scale=self.scale)
@@ -689,6 +678,19 @@ class FlashInferBackend(AttentionBackend):
     # ids, last page lengths) into the buffers the wrapper reads: no FlashInfer plan() on the host. Before a real
     # plan confirmed the model for a shape, only the same page counts keep a plan; a disagreement switches the model
     # off for good (another FlashInfer version).
+
+    def _keeps(self, wrapper, keep: tuple | None) -> bool:
+        """Whether ``wrapper``'s plan serves a pass whose kept-plan key is ``keep`` (None: never kept), counted as
+        kept; else the pass plans (counted made), which replaces what the wrapper's workspace held. At most
+        KEEP_CHECK_EVERY passes in a row keep a plan: the next one plans for real and checks the model."""
+        if keep is not None and self._step_plans.get(id(wrapper)) == keep and self._unchecked < KEEP_CHECK_EVERY:
+            self._unchecked += 1
+            self.plans_kept += 1
+            return True
+        self._step_plans.pop(id(wrapper), None)
+        self.plans_made += 1
+        self._unchecked = 0
+        return False
 
     def _keep_key(self, kind: str, family: str, meta: AttnMeta, graph_q_len: int | None, ind: list[int],
                   pages: list[int], whole: bool = False) -> tuple | None:
