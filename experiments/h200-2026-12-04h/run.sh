@@ -3,7 +3,7 @@
 #   (2026-12-05: reordered so that the first call, if it is the only one, decides issue 16's default and floor)
 #   1  install; GPU tests: verify_split_kv=auto (12-04g's owed call 2: both plans against the reference, the engine's
 #      graph per split choice, graphs, kept plans, hybrid) and verify_as_decode (the rows against the reference);
-#      issue 16: bench.kernels split always / auto / decode rows, batch 1/16/64 x 512/1024/4096 (floor_table.py)
+#      issue 16: bench.kernels split always / auto / decode rows, batch 1/16/64 x 512/1024/4096 (bench.verify_floor)
 #   2  GPU tests of draft=eagle with fp8 weights (graphs, both backends, fused or not, weight-only + e4m3 LM head and
 #      W8A8); the batch-1 Triton decode at 4k under 11 decode_tiles launches (the floor: 4.60 / 9.40 us); bench.spec end
 #      to end, SmolLM2 shapes, random weights, self-draft on triton, the three flashinfer verifies, batch 1
