@@ -185,8 +185,10 @@ class ParitySchema:
 class EngineSchema:
     cuda_graph: bool = False
     # Triton kernels for residual add + RMSNorm, RoPE, SiLU-mul and the KV store (attnlab/kernels/fused.py)
-    # instead of 32 elementwise torch launches per layer; CUDA only. Parity reference sides always run unfused.
-    fused_ops: bool = False
+    # instead of 32 elementwise torch launches per layer; parity reference sides always run unfused.
+    # true (CUDA only: refused on CPU) | false | auto (true where the run's device is cuda, false on CPU);
+    # resolve_fused_ops. Any: a bool or the word auto (OmegaConf has no bool-or-literal type).
+    fused_ops: Any = False
     # cublas | triton | triton_attn: triton runs passes of <= 16 tokens (decode, verify) on attnlab's
     # row-invariant small-M GEMM with RoPE / SiLU-mul / residual adds / the KV store fused into it, the norms as
     # their own launches or, for streams of <= 1,024 columns, in the o / down GEMMs' tails (attnlab/models/gemm_path.py,
@@ -277,6 +279,16 @@ def _gemm_prefetch(engine) -> int:
 def _choice(field_name: str, value, allowed) -> None:
     if value not in allowed:
         raise ConfigError(f"{field_name}={value!r}: unknown value (choose from: {', '.join(map(str, allowed))})")
+
+
+def resolve_fused_ops(value, device: str) -> bool:
+    """engine.fused_ops as the run will use it: auto is true on CUDA, false on CPU; true on CPU is refused."""
+    if not (isinstance(value, bool) or value == "auto"):
+        raise ConfigError(f"engine.fused_ops={value!r}: choose true, false or auto (auto: true where device=cuda)")
+    if value is True and device != "cuda":
+        raise ConfigError("engine.fused_ops=true runs Triton kernels and needs device=cuda (use "
+                          "engine.fused_ops=false or auto on CPU)")
+    return value is True or (value == "auto" and device == "cuda")
 
 
 def resolve_device(device: str) -> str:
@@ -513,7 +525,7 @@ def _check_arrivals(w) -> None:
             raise ConfigError(f"workload.{key}={v}: must be a number > 0 or null (no bound)")
 
 
-def _check_pdl_has_kernels(cfg: DictConfig, attention_sides) -> None:
+def _check_pdl_has_kernels(cfg: DictConfig, attention_sides, fused: bool) -> None:
     """engine.pdl acts on attnlab's Triton kernels only: refuse a run in which none would launch (flashinfer / fa /
     torch attention, no fused ops, cuBLAS GEMMs), instead of recording ``pdl: true`` for a run it did not touch."""
     def triton_attention(be) -> bool:
@@ -521,7 +533,7 @@ def _check_pdl_has_kernels(cfg: DictConfig, attention_sides) -> None:
         return be.name == "triton" or (be.name == "hybrid" and "triton" in (opts.get("short"), opts.get("long")))
 
     e = cfg.engine
-    if not (e.fused_ops or e.gemm in TRITON_GEMMS or e.get("invariant", False)
+    if not (fused or e.gemm in TRITON_GEMMS or e.get("invariant", False)
             or any(map(triton_attention, attention_sides))):
         names = "/".join(be.name for be in attention_sides)
         raise ConfigError(f"engine.pdl=true: no attnlab Triton kernel runs here (attention {names}, "
@@ -643,9 +655,7 @@ def validate(cfg: DictConfig) -> RunPlan:
         raise ConfigError(f"engine.decode_steps_per_sync={n_steps} runs greedy steps on the device: it needs "
                           f"spec.temperature=0 (got {s.temperature})")
 
-    if cfg.engine.fused_ops and device != "cuda":
-        raise ConfigError("engine.fused_ops=true runs Triton kernels and needs device=cuda (use "
-                          "engine.fused_ops=false on CPU)")
+    fused = resolve_fused_ops(cfg.engine.fused_ops, device)
     if cfg.engine.get("pdl", False) and device != "cuda":
         raise ConfigError("engine.pdl=true (programmatic dependent launch) is a CUDA feature and needs device=cuda "
                           "(use engine.pdl=false on CPU)")
@@ -678,7 +688,7 @@ def validate(cfg: DictConfig) -> RunPlan:
                 raise ConfigError(f"{side}={name} cannot run inside CUDA graphs; use engine.cuda_graph=false and "
                                   f"warmup=none|jit, or a graph-capable backend (triton, flashinfer, fa)")
     if cfg.engine.get("pdl", False):
-        _check_pdl_has_kernels(cfg, [be for _, be, _, _ in sides])
+        _check_pdl_has_kernels(cfg, [be for _, be, _, _ in sides], fused)
     b = cfg.bench
     if b.repeats is not None and b.repeats < 1:
         raise ConfigError(f"bench.repeats={b.repeats}: must be >= 1 or null (3 on GPU, 1 on CPU)")
@@ -724,7 +734,8 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
                              float(p.near_tie_eps) if p.get("near_tie_eps") is not None else None,
                              p.enabled and p.tokens and bool(p.get("noise_floor", False)),
                              near_tie_ulps=float(p.near_tie_ulps)),
-        engine=pl.EnginePlan(cuda_graph=graphs, fused_ops=bool(cfg.engine.fused_ops), gemm=cfg.engine.gemm,
+        engine=pl.EnginePlan(cuda_graph=graphs, fused_ops=resolve_fused_ops(cfg.engine.fused_ops, device),
+                             gemm=cfg.engine.gemm,
                              decode_steps_per_sync=cfg.engine.decode_steps_per_sync,
                              invariant=bool(cfg.engine.get("invariant", False)), kv_policy=cfg.engine.kv_policy,
                              pdl=bool(cfg.engine.get("pdl", False)),

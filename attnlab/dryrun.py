@@ -74,6 +74,8 @@ def plan(cfg) -> tuple[list[tuple[str, str]], object]:
                       f"{p.kv_dtype})" for p in work.pools)
     rows.append(("kv pools", f"{pools}; free on {run.device}: {fmt_bytes(free) if free is not None else 'unknown'}"))
     rows.append(("cuda graphs", _graphs(run, work)))
+    e = run.engine
+    rows.append(("layers", f"fused ops {'on' if e.fused_ops else 'off'}, gemm {e.gemm}, pdl {'on' if e.pdl else 'off'}"))
     rows.append(("warmup", run.warmup.plan + (f" (lengths {list(work.warmup_lengths)})" if run.warmup.generates
                                               else "")))
     rows.append(("timing", f"{run.bench.repeats} timed repeat(s), cold start {run.bench.cold}"))

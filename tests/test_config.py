@@ -82,6 +82,16 @@ def test_validate_resolves_auto():
     assert _validate("draft=none", "engine.decode_steps_per_sync=4").engine.decode_steps_per_sync == 4
 
 
+def test_fused_ops_auto_is_on_where_the_device_is_cuda():
+    """engine.fused_ops=auto: off on CPU, where the main job runs as is, on where the run's device is cuda."""
+    from attnlab.config import resolve_fused_ops
+
+    assert _validate("engine.fused_ops=auto").engine.fused_ops is False
+    assert _validate("engine.fused_ops=false").engine.fused_ops is False
+    assert resolve_fused_ops("auto", "cuda") is True and resolve_fused_ops(True, "cuda") is True
+    assert resolve_fused_ops(False, "cuda") is False and resolve_fused_ops("auto", "cpu") is False
+
+
 def test_the_run_plan_is_frozen_and_typed():
     """validate returns the config as frozen dataclasses (attnlab/plan.py), not a string-keyed dict."""
     import dataclasses
@@ -126,7 +136,10 @@ def test_the_run_plan_is_frozen_and_typed():
     (["model.name=nope"], "unknown model preset"),
     (["draft=self", "draft.layers=[]"], "draft.layers"),
     (["engine.cuda_graph=true"], "engine.cuda_graph"),
-    (["engine.fused_ops=true"], "engine.fused_ops"),
+    (["engine.fused_ops=true"], "engine.fused_ops=true runs Triton kernels and needs device=cuda"),
+    (["engine.fused_ops=yes"], "engine.fused_ops='yes': choose true, false or auto"),
+    (["engine.fused_ops=1"], "engine.fused_ops=1: choose true, false or auto"),
+    (["engine.fused_ops=[auto]"], "engine.fused_ops="),
     (["engine.pdl=true"], "engine.pdl=true"),
     (["engine.gemm=triton"], "engine.gemm=triton"),
     (["engine.gemm=triton_attn"], "engine.gemm=triton_attn runs attnlab's Triton GEMM and needs device=cuda"),

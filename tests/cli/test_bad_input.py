@@ -296,13 +296,15 @@ def test_sweep_with_a_failed_job_exits_3(tmp_path):
 
 
 def test_dry_run_prints_the_resolved_plan(tmp_path):
-    proc = _run(tmp_path, "dry_run=true", "draft=self", "draft.layers=1", "kv.page_size=100000")
+    proc = _run(tmp_path, "dry_run=true", "draft=self", "draft.layers=1", "kv.page_size=100000",
+                "engine.fused_ops=auto")  # auto: off on CPU
     assert proc.returncode == 0 and stderr_lines(proc) == [], proc.stderr[-3000:]
     out = proc.stdout
     assert "attnlab dry run: valid" in out
     for needle in ("device       cpu", "verify       torch: weights fp32, KV fp32", "backend      torch",
                    "layers [0]", "(clamped from 100000)", "kv pools     target ", "draft ", "free on cpu",
-                   "cuda graphs  off", "parity       kernel, logits, tokens"):
+                   "cuda graphs  off", "layers       fused ops off, gemm cublas, pdl off",
+                   "parity       kernel, logits, tokens"):
         assert needle in out, (needle, out)
     assert not (tmp_path / "run").exists()  # nothing written
 

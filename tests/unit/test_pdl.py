@@ -127,12 +127,12 @@ def test_config_refuses_pdl_where_no_attnlab_kernel_runs():
     fi, fa = OmegaConf.create({"name": "flashinfer"}), OmegaConf.create({"name": "fa"})
     with pytest.raises(ConfigError, match=r"engine.pdl=true: no attnlab Triton kernel runs here \(attention "
                                           r"flashinfer/fa"):
-        _check_pdl_has_kernels(_cfg(), [fi, fa])
-    for cfg, sides in ((_cfg(fused_ops=True), [fi]), (_cfg(gemm="triton"), [fi]),
-                       (_cfg(), [OmegaConf.create({"name": "triton"})]),
-                       (_cfg(), [OmegaConf.create({"name": "hybrid", "options": {"short": "flashinfer",
-                                                                                 "long": "triton"}})])):
-        _check_pdl_has_kernels(cfg, sides)  # each runs attnlab kernels: accepted
+        _check_pdl_has_kernels(_cfg(), [fi, fa], False)
+    for cfg, sides, fused in ((_cfg(), [fi], True), (_cfg(gemm="triton"), [fi], False),
+                              (_cfg(), [OmegaConf.create({"name": "triton"})], False),
+                              (_cfg(), [OmegaConf.create({"name": "hybrid", "options": {"short": "flashinfer",
+                                                                                        "long": "triton"}})], False)):
+        _check_pdl_has_kernels(cfg, sides, fused)  # each runs attnlab kernels: accepted
 
 
 def test_using_restores_the_previous_setting():
