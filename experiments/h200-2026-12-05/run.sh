@@ -12,9 +12,12 @@
 #   2  fa3_fwd installed; fa's GPU tests (parity, graph replay) and its case of the fused-ops graph test; part 1's
 #      bench.spec at batch 4
 #   3  the GPU grids never run whole: FlashInfer's parity grid (test_gpu_parity), Triton's GPU cases
+#   4  issue 16's full kernel grid with today's defaults (2026-12-03b ran it before verify_split_kv=auto and the
+#      contiguous prefill): every backend and phase, batch 1/16/64 x 512/4k/16k, k 4; after parts 1 and 2 on one
+#      machine (FlashInfer and fa3_fwd installed), no carry
 # Output: $OUT/runN.log (the console) and resultsN.tgz (logs and bench tables).
 set -u -o pipefail
-PART=${1:?part 1, 2 or 3}
+PART=${1:?part 1, 2, 3 or 4}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 B="flashinfer,flashinfer/verify_as_decode=true,flashinfer/verify_as_decode=auto"
 # spec_rows BATCH SECS: bench.spec, SmolLM2 shapes, random weights, triton self-drafts (k 4), the default flashinfer
@@ -65,6 +68,14 @@ case $PART in
   gpu_tests tests3f 400 tests/backends/test_flashinfer.py -m gpu -k test_gpu_parity
   step "GPU tests: Triton's GPU cases (test_triton.py -m gpu)"
   gpu_tests tests3t 170 tests/backends/test_triton.py -m gpu
+  pack
+  ;;
+4)
+  step "issue 16: bench.kernels, full grid with today's defaults (the rows by rule beside the default flashinfer)"
+  timeout 330 $PY -m attnlab.bench.kernels --ks 4 --backends \
+    triton,flashinfer,flashinfer/verify_as_decode=auto,fa,hybrid/short=flashinfer/long=triton/threshold=1024 \
+    --out "$OUT/grid4" > $LOGS/grid4.log 2>&1; echo "exit code $?"; tail -n 60 $LOGS/grid4.log
+  cp $LOGS/grid4.log "$OUT/" 2>/dev/null
   pack
   ;;
 esac
