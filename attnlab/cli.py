@@ -24,7 +24,7 @@ EXIT_USAGE = 2
 HYDRA_INFO_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc",
                     "--experimental-rerun", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
                     "--version")
-DRY_RUN = re.compile(r"^\+*dry_run=(true|false|True|False|1|0)$")
+DRY_RUN = re.compile(r"^\+*dry_run=(.*)$")
 
 
 def one_line(exc: BaseException) -> str:
@@ -68,6 +68,16 @@ def _unknown_key(exc: BaseException) -> str | None:
     return None
 
 
+def add_free_form(args: list[str]) -> list[str]:
+    """``verify.options.num_splits=4`` as docs/usage.md writes it: a key of a free-form section (backend options,
+    model overrides) is not in the composed config until it is set, so Hydra would want ``+``; ``++`` adds it or
+    overrides it (hybrid's yaml already sets some). The backend or model then checks the key itself."""
+    from attnlab.keys import FREE_FORM
+
+    return [f"++{a}" if "=" in a and a.split("=", 1)[0].rpartition(".")[0].startswith(FREE_FORM) else a
+            for a in args]
+
+
 def is_user_error(exc: BaseException) -> bool:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -82,6 +92,10 @@ def _pop_dry_run(args: list[str]) -> tuple[bool, list[str]]:
     for a in args:
         m = DRY_RUN.match(a)
         if m:
+            if m.group(1).lower() not in ("true", "false", "1", "0"):
+                from attnlab.errors import ConfigError
+
+                raise ConfigError(f"dry_run={m.group(1)}: must be true or false")
             dry = m.group(1).lower() in ("true", "1")
         else:
             rest.append(a)
@@ -125,6 +139,7 @@ def _main(args: list[str], user_full_error: bool) -> int:
     from attnlab.job import run_job, take_user_error
 
     dry, args = _pop_dry_run(args)
+    args = add_free_form(args)
     info = any(a.split("=")[0] in HYDRA_INFO_FLAGS for a in args)
     multirun = any(a in ("-m", "--multirun") for a in args)
     overrides = [a for a in args if a not in ("-m", "--multirun")]

@@ -386,8 +386,12 @@ def self_draft_layers(layers, num_layers: int | None = None) -> list[int] | None
     except (TypeError, ValueError):
         raise ConfigError(f"draft.layers={layers!r}: expected null, a layer count or a list of layer indices")
     if not idx or len(set(idx)) != len(idx) or min(idx) < 0 or (num_layers is not None and max(idx) >= num_layers):
+        if idx and num_layers is not None and sorted(idx) == list(range(len(idx))):  # a count, resolved by validate
+            raise ConfigError(f"draft.layers={len(idx)}: a layer count must be in 1..{num_layers} (the target has "
+                              f"{num_layers} layers)")
         rng = f"in 0..{num_layers - 1}" if num_layers is not None else ">= 0"
-        raise ConfigError(f"draft.layers={idx}: need one or more distinct layer indices {rng}")
+        shown = f"[{', '.join(map(str, idx[:8]))}{', ...' if len(idx) > 8 else ''}]"
+        raise ConfigError(f"draft.layers={shown}: need one or more distinct layer indices {rng}")
     return sorted(idx)
 
 
@@ -687,6 +691,13 @@ def validate(cfg: DictConfig) -> RunPlan:
             if not get_backend_class(name, options, f"{side}.options").capabilities().cuda_graph:
                 raise ConfigError(f"{side}={name} cannot run inside CUDA graphs; use engine.cuda_graph=false and "
                                   f"warmup=none|jit, or a graph-capable backend (triton, flashinfer, fa)")
+    p = cfg.parity
+    if p.enabled:  # the oracle runs on this device too: refused here, not after the timed runs
+        ref_dt, ref_kv = (prec["target"], prec["kv_target"]) if p.reference_precision == "same" else ("fp32", "fp32")
+        check_backend("parity.reference", p.reference, device=device, dtype=ref_dt, kv_dtype=ref_kv,
+                      page_size=page_size, max_context=ctx if kv.max_context else max(ctx, page_size), topk=s.topk)
+        if p.max_prompts is not None and p.max_prompts < 1:
+            raise ConfigError(f"parity.max_prompts={p.max_prompts}: must be >= 1, or null for every prompt")
     if cfg.engine.get("pdl", False):
         _check_pdl_has_kernels(cfg, [be for _, be, _, _ in sides], fused)
     b = cfg.bench

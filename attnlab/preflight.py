@@ -114,6 +114,26 @@ def serving_pages(pools: list[PoolSpec], max_context: int) -> None:
                               f"workload.max_new_tokens / the prompt lengths")
 
 
+def batch_pages(plan, pools: list[PoolSpec], prompts) -> None:
+    """A batch workload with a fixed kv.num_pages: each batch of workload.batch_size prompts (in order, as the run
+    takes them) must fit every side's pool when each request runs to its budget (prompt + max_new_tokens + k + 1),
+    so a short pool is refused before the weights are read instead of at the first batch that outgrows it."""
+    from attnlab.kvcache.layout import pages_needed
+
+    w = plan.workload
+    lens = [len(p.token_ids) + (p.max_new_tokens or w.max_new_tokens) + plan.k + 1 for p in prompts]
+    for pool in pools:
+        need = [pages_needed(n, pool.page_size) for n in lens]
+        sums = [sum(need[i:i + w.batch_size]) for i in range(0, len(need), w.batch_size)]
+        worst = max(range(len(sums)), key=sums.__getitem__)
+        if sums[worst] > pool.num_pages:
+            raise ConfigError(
+                f"kv.num_pages={pool.num_pages}: the {pool.side} pool cannot hold batch {worst} of "
+                f"{min(w.batch_size, len(lens) - worst * w.batch_size)} prompt(s) run to their budgets "
+                f"({sums[worst]} pages of {pool.page_size}); raise kv.num_pages (or null = enough for one batch at max "
+                f"context), or lower workload.batch_size / workload.max_new_tokens")
+
+
 def check_memory(plan, pools: list[PoolSpec]) -> None:
     """Every pool together against the device's free memory, naming both numbers and the fields to change."""
     from attnlab.kvcache.budget import check_fits, fmt_bytes

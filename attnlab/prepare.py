@@ -122,6 +122,11 @@ def prepare(plan: RunPlan) -> Prepared:
     if dcfg is not None and dcfg.vocab_size != mcfg.vocab_size:
         raise ConfigError(f"draft={plan.draft.model.name}: vocabulary {dcfg.vocab_size} != target's "
                           f"{mcfg.vocab_size} (a drafter must share the target's tokenizer)")
+    if plan.draft.kind == "eagle":  # the head's folder and shapes, before any weights are read (dry run too)
+        from attnlab.models.eagle_io import check_shapes, head_folder, read_head_config
+
+        folder = head_folder(plan.draft.head, plan.model.name)
+        check_shapes(read_head_config(folder), mcfg, folder)
     layers = None
     if plan.draft.kind == "self":
         layers = self_draft_layers(list(plan.draft.layers) if plan.draft.layers is not None else None,
@@ -160,6 +165,8 @@ def prepare(plan: RunPlan) -> Prepared:
     pools = preflight.kv_pools(plan, mcfg, dcfg, page_size, max_context, layers)
     if w.serving:  # the scheduler can always run one request to its end (no deadlock, no crash)
         preflight.serving_pages(pools, max_context)
+    elif plan.kv.num_pages:  # a fixed pool: every batch of the workload fits it
+        preflight.batch_pages(plan, pools, prompts)
     preflight.check_memory(plan, pools)  # before any weights are read
     eos = set(mcfg.eos_token_ids)
     if getattr(tokenizer, "eos_token_id", None) is not None:

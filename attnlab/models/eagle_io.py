@@ -66,14 +66,19 @@ def save_head(head: EagleHead, folder: str | Path) -> Path:
     return folder
 
 
-def check_target(cfg: EagleConfig, target_model, folder: Path) -> None:
-    """Refuse a head trained for another model: shapes first, then the weights fingerprint."""
-    mc = target_model.config
+def check_shapes(cfg: EagleConfig, mc, folder: Path) -> None:
+    """Refuse a head whose shapes are another model's (``mc``: the target's ModelConfig; no weights needed, so the
+    run's prepare step and the dry run check it before any weights are read)."""
     got = (mc.vocab_size, mc.hidden_size, mc.num_heads, mc.num_kv_heads, mc.head_dim)
     want = (cfg.vocab_size, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     if got != want or max(cfg.capture_layers) >= mc.num_layers:
         raise ModelLoadError(f"draft=eagle: the head in {folder} was trained for {cfg.target!r} "
                              f"(vocab, hidden, heads, kv heads, head_dim = {want}); this target has {got}")
+
+
+def check_target(cfg: EagleConfig, target_model, folder: Path) -> None:
+    """Refuse a head trained for another model: shapes first, then the weights fingerprint."""
+    check_shapes(cfg, target_model.config, folder)
     fp = weights_fingerprint(target_model)
     if fp != cfg.target_fingerprint:
         raise ModelLoadError(f"draft=eagle: the head in {folder} was trained for {cfg.target!r} with weights "

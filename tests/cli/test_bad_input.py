@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from attnlab.models.eagle_io import HEADS_DIR
 from tests.cli.helpers import TINY, interrupt_cli, read_json, run_cli, stderr_lines
 
 CASES = {
@@ -38,6 +39,15 @@ CASES = {
                                                 ["model=tiny-llama has no pretrained weights", "model.init=random"]),
     "fa on CPU": (["verify=fa"], ["verify=fa runs on CUDA GPUs only", "device 'cpu'", "verify=torch"]),
     "draft.layers=0": (["draft=self", "draft.layers=0"], ["draft.layers=0", "must be >= 1"]),
+    "KV pool too small for a batch": (["kv.num_pages=1"], ["kv.num_pages=1", "cannot hold batch 0 of",
+                                                             "raise kv.num_pages"]),
+    "parity reference on the wrong device": (["parity.reference=flashinfer"],
+                                             ["parity.reference=flashinfer", "device 'cpu'"]),
+    "parity.max_prompts=0": (["parity.max_prompts=0"], ["parity.max_prompts=0", ">= 1"]),
+    "EAGLE head folder missing": (["draft=eagle", "draft.path=/nonexistent/head"],
+                                  ["draft.path='/nonexistent/head'", "eagle3.json"]),
+    "EAGLE head of another model": (["draft=eagle", f"draft.path={HEADS_DIR / 'smollm2-135m'}"],
+                                    ["trained for 'smollm2-135m'", "this target has"]),
     "KV pool larger than memory": (["kv.num_pages=100000000"],
                                    ["kv.num_pages=100000000", "TiB", "free on cpu", "lower kv.num_pages"]),
     "context past the model's": (["workload=synthetic", "workload.lengths=[4000]"],
@@ -307,6 +317,19 @@ def test_dry_run_prints_the_resolved_plan(tmp_path):
                    "parity       kernel, logits, tokens"):
         assert needle in out, (needle, out)
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_free_form_keys_are_set_as_the_docs_write_them(tmp_path):
+    """verify.options.<key> / model.overrides.<key> without Hydra's +: the key reaches the backend's / model's own
+    check (an unknown option is still refused by name), and a sweep over one plans a job per value."""
+    proc = _run(tmp_path, "dry_run=true", "model.overrides.num_layers=1")
+    assert proc.returncode == 0 and "1 layers" in proc.stdout, proc.stderr[-2000:]
+    _assert_one_line_exit_2(_run(tmp_path, "dry_run=true", "verify=hybrid", "verify.options.short=torch",
+                                 "verify.options.threshold=-5"), ["verify.options.threshold=-5: must be an int"])
+    _assert_one_line_exit_2(_run(tmp_path, "dry_run=true", "verify.options.splits=4"),
+                            ["verify.options.splits: unknown option for backend 'torch'"])
+    proc = run_cli(["-m", *TINY, "dry_run=true", "model.overrides.num_layers=1,2"], tmp_path)
+    assert proc.returncode == 0 and "2 jobs, 2 valid" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_dry_run_of_a_sweep_names_the_invalid_job(tmp_path):
