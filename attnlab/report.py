@@ -6,13 +6,19 @@ page size, k, repeats, tau, tok/s with its min-max over the repeats, ms per iter
 min-max, TTFT and TPOT p50, peak memory, the logits error, the token match, the divergences vs target-only
 (how many at near-ties, how many unexplained), the noise floor's token match and the status. It writes
 report.md, throughput_tau.png (tok/s and tau, one bar per job) and accept_rate_pos.png (acceptance rate per
-draft position, one line per job) into the folder (or --out); serving jobs add a latency table,
-latency_throughput.png and kv_timeline.png (attnlab.report_serving).
+draft position, one line per job) into the folder (or --out); serving jobs add a latency table (printed
+after the main one), latency_throughput.png and kv_timeline.png (attnlab.report_serving).
+
+Folders with a status.json that are not speculative-decoding runs (``python -m attnlab.train_draft`` writes one
+too, e.g. beside the runs under outputs/) are skipped and named in a note (stderr and report.md). ``--keys``
+takes metrics.json keys or dotted .hydra/config.yaml keys; a key no job has is refused (exit 2) with the
+closest keys the jobs do have.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import re
@@ -20,17 +26,26 @@ import sys
 import textwrap
 from pathlib import Path
 
+from attnlab.cli import EXIT_USAGE
+
 FIXED_COLUMNS = ("draft/verify", "drafter", "precision", "page", "k", "graphs", "repeats", "tau", "tok/s",
                  "tok/s min-max", "ms/iter", "speedup", "speedup min-max", "TTFT p50 ms", "TPOT p50 ms", "peak mem",
                  "logits err", "token match", "divergences", "noise floor", "invariant", "status")
 COLUMNS = ("job", *FIXED_COLUMNS)  # + one column per varied override, after "job"
+# top-level groups of a speculative-decoding run's config (conf/config.yaml); conf/train_draft.yaml has none
+RUN_GROUPS = ("draft", "verify", "spec", "workload")
+
+
+class ReportInputError(Exception):
+    """The user's input (folder, --keys) cannot make a report: one line on stderr, exit 2."""
 
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _read_config(job: Path) -> dict:
@@ -54,7 +69,8 @@ def find_jobs(root: Path) -> list[Path]:
 
 
 def _read_overrides(job: Path) -> dict[str, str]:
-    """The job's command-line overrides (Hydra's .hydra/overrides.yaml) as {key: value}."""
+    """The job's command-line overrides (Hydra's .hydra/overrides.yaml) as {key: value}; a key's ``+`` / ``++`` (which
+    the CLI adds to backend options and model overrides) dropped, so it names the config key."""
     path = job / ".hydra" / "overrides.yaml"
     try:
         import yaml
@@ -62,7 +78,44 @@ def _read_overrides(job: Path) -> dict[str, str]:
         items = yaml.safe_load(path.read_text()) or []
     except Exception:  # noqa: BLE001 - a missing or broken file only costs the plot labels
         return {}
-    return dict(str(o).split("=", 1) for o in items if "=" in str(o))
+    return dict(str(o).lstrip("+").split("=", 1) for o in items if "=" in str(o))
+
+
+def job_kind(job: dict) -> str:
+    """"run" (a speculative-decoding run of ``python -m attnlab``, or a folder whose config is missing or
+    unreadable: its other files still make a row), "train_draft" (``python -m attnlab.train_draft``: a
+    ``train`` group, no draft / verify / spec / workload) or "other" (a config that is neither)."""
+    c = job["config"]
+    if not isinstance(c, dict):
+        return "other"
+    if not c or any(k in c for k in RUN_GROUPS):
+        return "run"
+    return "train_draft" if "train" in c else "other"
+
+
+def split_jobs(jobs: list[dict]) -> tuple[list[dict], dict[str, list[dict]]]:
+    """(the speculative-decoding runs, {kind: the other folders}) of ``jobs``."""
+    runs, skipped = [], {}
+    for j in jobs:
+        kind = job_kind(j)
+        if kind == "run":
+            runs.append(j)
+        else:
+            skipped.setdefault(kind, []).append(j)
+    return runs, skipped
+
+
+def skip_note(skipped: dict[str, list[dict]]) -> str:
+    """One line naming the folders left out ("" when none), e.g. "skipped 1 train_draft folder (...): t1"."""
+    parts = []
+    for kind, js in sorted(skipped.items()):
+        names = [j["name"] for j in js]
+        shown = ", ".join(names[:5]) + (f", ... ({len(names) - 5} more)" if len(names) > 5 else "")
+        what = ("train_draft folder" if kind == "train_draft" else "folder") + ("s" if len(js) > 1 else "")
+        why = ("python -m attnlab.train_draft output; its results are in summary.json" if kind == "train_draft"
+               else "not an attnlab run: its .hydra/config.yaml has no " + "/".join(RUN_GROUPS))
+        parts.append(f"skipped {len(js)} {what} ({why}): {shown}")
+    return "; ".join(parts)
 
 
 def load_job(job: Path, root: Path) -> dict:
@@ -105,26 +158,32 @@ def _bytes(x) -> str:
     return f"{x / 2 ** 30:.2f} GiB" if x >= 2 ** 30 else f"{x / 2 ** 20:.0f} MiB"
 
 
+def _group(c, name: str) -> dict:
+    """The config group ``name`` as a mapping ({} when absent, or not a mapping: never an AttributeError)."""
+    g = c.get(name) if isinstance(c, dict) else None
+    return g if isinstance(g, dict) else {}
+
+
 def job_row(job: dict) -> dict:
     c, m, st = job["config"], job["metrics"], job["status"]
-    draft = c.get("draft", {})
+    draft = _group(c, "draft")
     kind = draft.get("kind", "?")
-    k = m.get("num_draft_tokens", c.get("spec", {}).get("num_draft_tokens"))
+    k = m.get("num_draft_tokens", _group(c, "spec").get("num_draft_tokens"))
     drafter = {"model": draft.get("name") or "model", "self": f"self{_layers(draft.get('layers'))}"}.get(kind, kind)
     # the draft-side backend only matters when the drafter runs attention
-    backend = c.get("backend", {}).get("name", "?") if kind in ("self", "model", "eagle") else "-"
+    backend = _group(c, "backend").get("name", "?") if kind in ("self", "model", "eagle") else "-"
     prec = (f"{m['precision_target']}/{m['precision_draft']}" if "precision_target" in m
-            else c.get("precision", {}).get("name", "?"))
-    if m.get("precision_kv_target", "").startswith("fp8") or m.get("precision_kv_draft", "").startswith("fp8"):
+            else _group(c, "precision").get("name", "?"))
+    if any(str(m.get(f"precision_kv_{side}") or "").startswith("fp8") for side in ("target", "draft")):
         prec += f" kv {m.get('precision_kv_target')}/{m.get('precision_kv_draft')}"
     return {
         "job": job["name"],
-        "draft/verify": f"{backend}/{c.get('verify', {}).get('name', '?')}",
+        "draft/verify": f"{backend}/{_group(c, 'verify').get('name', '?')}",
         "drafter": drafter,
         "precision": prec,
-        "page": str(m.get("page_size", c.get("kv", {}).get("page_size", "?"))),
+        "page": str(m.get("page_size", _group(c, "kv").get("page_size", "?"))),
         "k": str(k if k is not None else "?"),
-        "graphs": "yes" if m.get("cuda_graphs") or c.get("engine", {}).get("cuda_graph") else "no",
+        "graphs": "yes" if m.get("cuda_graphs") or _group(c, "engine").get("cuda_graph") else "no",
         "repeats": (str(m["bench_repeats"]) + (" noisy" if m.get("noisy") else "")) if "bench_repeats" in m else "-",
         "tau": _num(m.get("accept_len_mean"), ".2f"),
         "tok/s": _num(m.get("output_tokens_per_s"), ".1f"),
@@ -140,7 +199,7 @@ def job_row(job: dict) -> dict:
         "divergences": _divergences(m),
         "noise floor": _num(m.get("parity_noise_floor_token_match"), ".3f"),
         "invariant": _invariant(m),
-        "status": st.get("status", "?") + (f": {st['error']}" if st.get("error") else ""),
+        "status": str(st.get("status", "?")) + (f": {st['error']}" if st.get("error") else ""),
     }
 
 
@@ -271,12 +330,47 @@ def plot(jobs: list[dict], rows: list[dict], out_dir: Path) -> list[Path]:
     return paths
 
 
+def _flat(c, prefix: str = "") -> dict:
+    """A config's leaves by dotted key, e.g. {"kv.page_size": 16}."""
+    out = {}
+    for k, v in (c.items() if isinstance(c, dict) else ()):
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def job_keys(job: dict) -> dict:
+    """What ``--keys`` can show for a job: its metrics.json keys, then its dotted config keys
+    (.hydra/config.yaml, e.g. workload.rate) where metrics.json lacks the name."""
+    return {**_flat(job["config"]), **job["metrics"]}
+
+
+def check_keys(jobs: list[dict], keys: list[str]) -> None:
+    """Refuse a key that no job has (a typo would print a column of "-"), with the closest keys they have."""
+    valid = sorted(set().union(*(job_keys(j) for j in jobs)))
+    bad = []
+    for k in dict.fromkeys(keys):
+        if k in valid:
+            continue
+        close = difflib.get_close_matches(k, valid, n=3, cutoff=0.6)
+        close += [v for v in valid if k.lower() in v.lower() and v not in close][:5 - len(close)]
+        bad.append(f"{k} (did you mean {', '.join(close)}?)" if close else
+                   f"{k} (no close match; docs/usage.md, 'The run folder', lists the metrics.json keys)")
+    if bad:
+        one = len(bad) == 1
+        raise ReportInputError(f"unknown --keys key{'' if one else 's'} {'; '.join(bad)}: no job has "
+                               f"{'it' if one else 'them'} in metrics.json or .hydra/config.yaml")
+
+
 def key_table(jobs: list[dict], keys: list[str]) -> str:
-    """job, the varied overrides, then the given metrics.json keys as they are (e.g. a cold-start table)."""
+    """job, the varied overrides, then the given keys' values as they are (e.g. a cold-start table): metrics.json
+    keys, or dotted config keys; "-" for a job without the key."""
     varying = varied_overrides(jobs)
     rows = []
     for j in jobs:
-        m = j["metrics"]
+        m = job_keys(j)
         row = {"job": j["name"], **{k: j["overrides"].get(k, "-") for k in varying}}
         for k in keys:
             v = m.get(k)
@@ -290,29 +384,42 @@ def key_table(jobs: list[dict], keys: list[str]) -> str:
     return markdown_table(rows, ("job", *varying, *keys))
 
 
-def report(root: Path, out_dir: Path | None = None, plots: bool = True, keys: list[str] | None = None) -> str:
-    """The job table (or, with ``keys``, a table of those metrics.json keys) -> report.md (+ plots)."""
+def report(root: Path, out_dir: Path | None = None, plots: bool = True, keys: list[str] | None = None,
+           notes: list[str] | None = None) -> str:
+    """The job table (or, with ``keys``, a table of those keys) -> report.md (+ plots). Returns what the CLI
+    prints: the table, then the serving table when some jobs served. Folders that are not speculative-decoding
+    runs are left out; ``notes`` (when given) receives the line that says so."""
     root = Path(root)
-    jobs = [load_job(j, root) for j in find_jobs(root)]
+    jobs, skipped = split_jobs([load_job(j, root) for j in find_jobs(root)])
+    note = skip_note(skipped)
     if not jobs:
+        if note:
+            raise ReportInputError(f"no attnlab speculative-decoding run folders under {root}: {note}")
         raise FileNotFoundError(f"no attnlab job folders (with status.json) under {root}")
     if keys:
+        check_keys(jobs, keys)
         table = key_table(jobs, keys)
     else:
         rows, columns = table_rows(jobs)
         table = markdown_table(rows, columns)
+    if note and notes is not None:
+        notes.append(note)
     out_dir = Path(out_dir or root)
     out_dir.mkdir(parents=True, exist_ok=True)
-    text = f"# attnlab report: {root}\n\n{table}\n"
+    text = f"# attnlab report: {root}\n\n{table}\n" + (f"\nNote: {note}.\n" if note else "")
+    printed = table
     if plots and not keys:
         for p in plot(jobs, rows, out_dir):
             text += f"\n![{p.stem}]({p.name})\n"
     if not keys:  # serving jobs (workload.arrival != batch): their latency table and plots
-        from attnlab.report_serving import serving_section
+        from attnlab.report_serving import serving_markdown, serving_section
 
         text += serving_section(jobs, out_dir, plots)
+        serving = serving_markdown(jobs)
+        if serving:
+            printed += f"\n\n{serving}"
     (out_dir / "report.md").write_text(text)
-    return table
+    return printed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -320,18 +427,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder", type=Path, help="a run folder or a sweep folder")
     ap.add_argument("--out", type=Path, default=None, help="where report.md and the PNGs go (default: folder)")
     ap.add_argument("--no-plots", action="store_true")
-    ap.add_argument("--keys", default=None, help="comma-separated metrics.json keys: print a table of those "
-                                                 "instead (e.g. first_request_ms_cold,first_request_ms_warm)")
+    ap.add_argument("--keys", default=None, help="comma-separated metrics.json keys (or dotted config keys, "
+                                                 "e.g. workload.rate): print a table of those instead (e.g. "
+                                                 "first_request_ms_cold,first_request_ms_warm)")
     args = ap.parse_args(argv)
     if not args.folder.is_dir():
         print(f"attnlab.report: error: {args.folder}: no such folder", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        print(f"attnlab.report: error: --out {args.out}: not a folder", file=sys.stderr)
+        return EXIT_USAGE
+    notes: list[str] = []
     try:
         keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
-        print(report(args.folder, args.out, plots=not args.no_plots, keys=keys))
-    except FileNotFoundError as e:
+        printed = report(args.folder, args.out, plots=not args.no_plots, keys=keys, notes=notes)
+    except (FileNotFoundError, ReportInputError) as e:
         print(f"attnlab.report: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    print(printed)
+    for note in notes:
+        print(f"attnlab.report: note: {note}", file=sys.stderr)
     return 0
 
 

@@ -1,8 +1,9 @@
 """The serving part of ``python -m attnlab.report``: jobs run with workload.arrival = all_at_once | poisson |
 closed (attnlab.measure_serving).
 
-- a table: backend pair, drafter, arrival and load (rate or concurrency), requests/s, tok/s, goodput,
-  TTFT / TPOT / ITL p50 and p99, peak KV pages (target, draft), preemptions, speedup vs target-only;
+- a table (printed on stdout after the main table, and in report.md): backend pair, drafter, arrival and load
+  (rate or concurrency), requests/s, tok/s, goodput, TTFT / TPOT / ITL p50 and p99, peak KV pages (target,
+  draft), preemptions, speedup vs target-only;
 - latency_throughput.png: per backend pair and drafter, one line through its jobs in order of load (a rate or
   concurrency sweep), measured output tokens/s on x, ITL p50 / ITL p99 / TTFT p99 on three panels;
 - kv_timeline.png: KV pages in use on the target side over each job's first timed spec run, from the
@@ -19,6 +20,7 @@ from attnlab.report import _num, _plt, _wrap, job_row, markdown_table, sweep_lab
 COLUMNS = ("draft/verify", "drafter", "arrival", "load", "req/s", "tok/s", "goodput req/s", "TTFT p50 ms",
            "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "ITL p50 ms", "ITL p99 ms", "peak KV pages", "preempt",
            "speedup", "status")
+HEADING = "## Serving (continuous batching)"
 PANELS = (("itl_ms_p50", "ITL p50 (ms)"), ("itl_ms_p99", "ITL p99 (ms)"), ("ttft_ms_p99", "TTFT p99 (ms)"))
 
 
@@ -129,12 +131,18 @@ def kv_timeline_figure(jobs: list[dict]):
     return fig
 
 
+def serving_markdown(jobs: list[dict]) -> str:
+    """The serving heading and table ("" when no job served): printed after the main table, and in report.md."""
+    jobs = [j for j in jobs if is_serving(j)]
+    return f"{HEADING}\n\n{serving_table(jobs)}" if jobs else ""
+
+
 def serving_section(jobs: list[dict], out_dir: Path, plots: bool = True) -> str:
     """report.md's serving section ("" when no job served): the table and the two plots."""
     jobs = [j for j in jobs if is_serving(j)]
     if not jobs:
         return ""
-    text = f"\n## Serving (continuous batching)\n\n{serving_table(jobs)}\n"
+    text = f"\n{serving_markdown(jobs)}\n"
     if plots:
         plt = _plt()
         for name, fig in (("latency_throughput.png", latency_throughput_figure(jobs)),
