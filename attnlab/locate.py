@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 
 from attnlab.backends.base import Mode
+from attnlab.errors import AttnlabError
 from attnlab.probe import Recorder, Recording, RecordingContext, op_order
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -134,7 +136,8 @@ def locate(a: Passes, b: Passes, seq: list[int], start: int, position: int) -> d
             if pos == position:
                 at.append({"op": op, "layer": layer, "equal": equal, **({} if equal else _diff(x, y))})
     (rec_a, ja), (rec_b, jb) = ra[position], rb[position]
-    logits = {"a": _argmax_margin(rec_a.ops[("logits", None)][ja]), "b": _argmax_margin(rec_b.ops[("logits", None)][jb])}
+    logits = {"a": _argmax_margin(rec_a.ops[("logits", None)][ja]),
+              "b": _argmax_margin(rec_b.ops[("logits", None)][jb])}
     return {"a": a.label, "b": b.label, "start": start, "position": position, "positions": positions,
             "first": first, "at_position": at, "logits": logits}
 
@@ -176,50 +179,209 @@ def verify_row(accept_lens: list[int], d: int) -> int:
     raise ValueError(f"output token {d} is past the {emitted} tokens the accept lengths account for")
 
 
-def pick_request(rows: list[dict], key: str, request: int | None) -> tuple[int, dict, int]:
-    """(index, requests.jsonl row, output index of its first divergence) for ``key``'s comparison."""
-    def index_of(row):
-        if key == "noise_floor":
-            return (row.get("divergence_noise_floor") or {}).get("index")
-        return row.get(f"first_divergence_{key}")
+class LocateError(AttnlabError):
+    """The run folder, request or option the locator was given cannot be used: one line, exit code 2."""
 
+
+class NothingToLocate(Exception):
+    """The run's requests have no divergence for the chosen comparison: not an error (exit code 0)."""
+
+
+def _index_of(row: dict, key: str) -> int | None:
+    if key == "noise_floor":
+        return (row.get("divergence_noise_floor") or {}).get("index")
+    return row.get(f"first_divergence_{key}")
+
+
+def _list(indices: list[int], most: int = 8) -> str:
+    return ", ".join(map(str, indices[:most])) + (f" and {len(indices) - most} more" if len(indices) > most else "")
+
+
+def pick_request(rows: list[dict], key: str, request: int | None) -> tuple[int, dict, int]:
+    """(index, requests.jsonl row, output index of its first divergence) for ``key``'s comparison. A request
+    out of range or without a divergence is a LocateError; no diverging request at all, NothingToLocate."""
+    diverging = [i for i, row in enumerate(rows) if _index_of(row, key) is not None]
+    which = f"requests that diverge ({key}): {_list(diverging)}" if diverging else f"no request diverges ({key})"
     if request is not None:
         if not 0 <= request < len(rows):
-            raise SystemExit(f"attnlab.locate: --request {request}: the run has {len(rows)} requests")
-        d = index_of(rows[request])
+            raise LocateError(f"--request {request}: the run has {len(rows)} requests (0..{len(rows) - 1}); "
+                              f"{which}")
+        d = _index_of(rows[request], key)
         if d is None:
-            raise SystemExit(f"attnlab.locate: request {request} has no divergence ({key}) in requests.jsonl")
+            raise LocateError(f"--request {request}: request {request} has no divergence ({key}) in "
+                              f"requests.jsonl; {which}")
         return request, rows[request], d
-    for i, row in enumerate(rows):
-        if index_of(row) is not None:
-            return i, row, index_of(row)
-    raise SystemExit(f"attnlab.locate: no request diverges ({key}) in requests.jsonl: nothing to locate")
+    if not diverging:
+        raise NothingToLocate(f"no request of {len(rows)} diverges ({key}) in requests.jsonl: nothing to locate")
+    i = diverging[0]
+    return i, rows[i], _index_of(rows[i], key)
+
+
+def _status(run: Path) -> str:
+    """' (status.json: failed: <error>)', or '' when it cannot be read."""
+    try:
+        st = json.loads((run / "status.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(st, dict) or "status" not in st:
+        return ""
+    return f" (status.json: {st['status']}{': ' + str(st['error']) if st.get('error') else ''})"
+
+
+def read_run(run: Path, divergence: str = "vs_target_only") -> tuple[list[str], list[dict]]:
+    """The run folder's saved overrides and requests.jsonl rows; LocateError (one line: what is wrong and what
+    to pass instead) for a path that is not a finished run's folder."""
+    import yaml
+
+    hint = "pass the folder of one run (its hydra.run.dir, holding .hydra/ and requests.jsonl)"
+    if not run.exists():
+        raise LocateError(f"{run}: no such folder: {hint}")
+    if not run.is_dir():
+        raise LocateError(f"{run}: not a folder: {hint}")
+    saved = run / ".hydra" / "overrides.yaml"
+    if not saved.is_file():
+        jobs = sorted((p for p in run.iterdir() if (p / ".hydra" / "overrides.yaml").is_file()),
+                      key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+        if (run / "multirun.yaml").is_file() or (jobs and all(p.name.isdigit() for p in jobs)):
+            names = _list([p.name for p in jobs]) if jobs else "none yet"
+            raise LocateError(f"{run} is a sweep folder (job folders: {names}): pass one job folder"
+                              + (f", e.g. {jobs[0]}" if jobs else ""))
+        if jobs:
+            raise LocateError(f"{run} holds {len(jobs)} run folders ({_list([p.name for p in jobs], 4)}): pass one "
+                              f"of them, e.g. {jobs[0]}")
+        raise LocateError(f"{run}: not a run folder (no .hydra/overrides.yaml): {hint}")
+    try:
+        overrides = yaml.safe_load(saved.read_text()) or []
+    except yaml.YAMLError as e:
+        raise LocateError(f"{saved}: not readable YAML ({str(e).splitlines()[0]}): the run folder is damaged") from e
+    if not isinstance(overrides, list):
+        raise LocateError(f"{saved}: not a list of overrides: the run folder is damaged")
+    requests = run / "requests.jsonl"
+    if not requests.is_file():
+        raise LocateError(f"{run}: no requests.jsonl{_status(run)}: the locator needs a run that finished "
+                          f"requests; pass a completed run's folder, or run it again")
+    rows = []
+    for n, line in enumerate(requests.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError as e:
+                raise LocateError(f"{requests}:{n}: not a JSON line ({e}): the run folder is damaged") from e
+    if not rows:
+        raise LocateError(f"{requests} holds no request{_status(run)}: nothing to locate; pass a run that "
+                          f"finished requests")
+    if not _compared(run, rows, divergence):
+        if divergence == "noise_floor":
+            why, how = "did not measure the noise floor", "parity.noise_floor=true"
+        else:
+            why = "did not compare its tokens with target-only (parity=off, parity.tokens=false or draft=none)"
+            how = "parity.tokens=true and a drafter"
+        raise LocateError(f"{run}: the run {why}, so requests.jsonl names no divergence: run it again with {how}")
+    return [str(o) for o in overrides], rows
+
+
+def _compared(run: Path, rows: list[dict], divergence: str) -> bool:
+    """Whether the run compared tokens for ``divergence`` at all (else no divergence can have been found)."""
+    if divergence != "noise_floor":
+        return any(f"first_divergence_{divergence}" in row for row in rows)
+    if any(row.get("divergence_noise_floor") for row in rows):
+        return True
+    try:
+        parity = json.loads((run / "parity.json").read_text())
+    except (OSError, ValueError):
+        return True  # cannot tell: say "nothing to locate" rather than refuse
+    return isinstance(parity, dict) and isinstance(parity.get("noise_floor"), dict)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: must be >= 1 (copies of the request in every pass)")
+    return n
+
+
+def _request_index(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n}: must be >= 0 (a request's line in requests.jsonl, from 0)")
+    return n
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (``attnlab.locate: error: ...``) and exit code 2."""
+
+    def error(self, message: str):
+        print(f"attnlab.locate: error: {message}; see python -m attnlab.locate --help", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _out_path(out: str | None, run: Path) -> Path:
+    """locate.json's path: ``--out`` (a file; an existing folder or one ending in / gets locate.json), else the
+    run folder. LocateError now, before the passes run, where it could not be written."""
+    if out is None:
+        return run / "locate.json"
+    path = Path(out)
+    if out.endswith(("/", os.sep)) or path.is_dir():
+        path = path / "locate.json"
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise LocateError(f"--out {out}: {parent} is a file, not a folder: choose another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise LocateError(f"--out {out}: {parent} is not writable: choose another path")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attnlab.locate", description=__doc__.splitlines()[0],
-                                 epilog="Extra arguments are config overrides applied on top of the run's own "
-                                        "(e.g. device=cpu).")
+    from attnlab.cli import EXIT_USAGE, is_user_error, one_line
+
+    ap = _Parser(prog="python -m attnlab.locate", description=" ".join(__doc__.split("\n\n")[0].split()),
+                 epilog="Extra arguments are config overrides applied on top of the run's own (e.g. device=cpu). "
+                        "Exit codes: 0 located (or no request diverges: nothing to locate), 1 a bug in attnlab, "
+                        "2 a user error. docs/usage.md, 'Locating a divergence', says more.")
     ap.add_argument("run", type=Path, help="a run folder (with .hydra/ and requests.jsonl)")
-    ap.add_argument("--request", type=int, default=None, help="request index (default: the first that diverges)")
+    ap.add_argument("--request", type=_request_index, default=None,
+                    help="request index, from 0 (default: the first that diverges)")
     ap.add_argument("--divergence", default="vs_target_only", choices=("vs_target_only", "noise_floor"),
                     help="which comparison's divergence: spec vs target-only (decode vs verify shape), or the "
                          "noise floor (decode at batch 1 vs at batch B)")
-    ap.add_argument("--batch", type=int, default=None, help="copies of the request per pass (default: the run's "
-                                                            "workload.batch_size; the noise floor's path A is 1)")
+    ap.add_argument("--batch", type=_positive_int, default=None,
+                    help="copies of the request per pass, >= 1 (default: the run's workload.batch_size; the noise "
+                         "floor's path A is 1)")
     ap.add_argument("--against", default=None, help="path B on this verify backend, same shape as A")
-    ap.add_argument("--out", type=Path, default=None, help="where locate.json goes (default: the run folder)")
+    ap.add_argument("--out", default=None, help="where locate.json goes: a file, or a folder (created if missing; "
+                                                "default: the run folder)")
     args, overrides = ap.parse_known_args(argv)
-    from attnlab.errors import AttnlabError
-
+    flags = [o for o in overrides if o.startswith("-")]
+    if flags:
+        ap.error(f"unrecognized arguments: {' '.join(flags)} (overrides are key=value, e.g. device=cpu)")
+    full = os.environ.get("HYDRA_FULL_ERROR") == "1"
     try:
+        out = _out_path(args.out, args.run)
         res = locate_run(args.run, overrides, args.request, args.divergence, args.batch, args.against)
-    except AttnlabError as e:
-        print(f"attnlab.locate: error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
+    except NothingToLocate as e:
+        print(f"attnlab.locate: {e}")
+        return 0
+    except Exception as e:
+        if full or not is_user_error(e):
+            raise
+        print(f"attnlab.locate: error: {one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
     print(format_result(res))
-    out = args.out or args.run / "locate.json"
-    out.write_text(json.dumps(res, indent=2) + "\n")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=2) + "\n")
+    except OSError as e:
+        print(f"attnlab.locate: error: --out {out}: cannot write it ({e.strerror or e}): choose another path",
+              file=sys.stderr)
+        return EXIT_USAGE
     print(f"wrote {out}")
     return 0
 
@@ -227,8 +389,6 @@ def main(argv: list[str] | None = None) -> int:
 def locate_run(run: Path, overrides: list[str], request: int | None, divergence: str, batch: int | None,
                against: str | None) -> dict:
     """The run folder's divergence located (see the module doc)."""
-    import yaml
-
     from attnlab.compose import compose
     from attnlab.config import validate
     from attnlab.engine.graphs import DEFAULT_BUCKETS, bucket_for
@@ -236,20 +396,22 @@ def locate_run(run: Path, overrides: list[str], request: int | None, divergence:
     from attnlab.sides import build, side_spec
 
     run = Path(run)
-    saved = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text()) or []
-    plan = validate(compose([*saved, *overrides]))
-    work = prepare(plan)
-    rows = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines() if line.strip()]
+    if batch is not None and batch < 1:
+        raise LocateError(f"--batch {batch}: must be >= 1 (copies of the request in every pass)")
+    saved, rows = read_run(run, divergence)
+    plan = validate(compose([*saved, *overrides]))  # a bad override is reported whatever the requests hold
     i, row, d = pick_request(rows, divergence, request)
-    prompt = list(work.prompts[i].token_ids)
+    work = prepare(plan)
+    prompt = list(work.prompts[i].token_ids) if i < len(work.prompts) else None
     out = list(row["output_token_ids"])
-    if len(prompt) != row["prompt_tokens"]:
-        raise SystemExit("attnlab.locate: the prompts prepared now differ from the run's (another workload file?)")
+    if prompt is None or len(prompt) != row["prompt_tokens"]:
+        raise LocateError(f"request {i}: the prompts prepared now differ from the run's (another workload file, or "
+                          f"a workload override?): locate with the run's own workload")
     position = len(prompt) + d - 1  # the input row whose logits chose output token d
     k = plan.k
     seq = prompt + out + [0] * (k + 1)  # rows after the diverging one: the run's own continuation (causally unseen)
     target = build(side_spec(plan, work, "target", plan.verify))  # graph launch parameters, run eagerly
-    b_size = batch or plan.workload.batch_size
+    b_size = plan.workload.batch_size if batch is None else batch
     buckets = [x for x in DEFAULT_BUCKETS if x < plan.workload.batch_size]
     buckets.append(next((x for x in DEFAULT_BUCKETS if x >= plan.workload.batch_size), plan.workload.batch_size))
     pad = (lambda n: bucket_for(n, buckets)) if plan.engine.cuda_graph else (lambda n: None)
@@ -273,7 +435,8 @@ def locate_run(run: Path, overrides: list[str], request: int | None, divergence:
         return {**locate(a, b, seq, position, position), "request": i, "output_index": d}
     j = verify_row(row["accept_lens"], d)
     start = position - j
-    a = Passes(target, (1,) * (j + 1), b_size, pad(b_size), f"decode (q_len 1 per position) at batch {b_size} on {desc}")
+    a = Passes(target, (1,) * (j + 1), b_size, pad(b_size),
+               f"decode (q_len 1 per position) at batch {b_size} on {desc}")
     b = Passes(target, (k + 1,), b_size, pad(b_size), f"verify (q_len {k + 1}, row {j}) at batch {b_size} on {desc}")
     return {**locate(a, b, seq, start, position), "request": i, "output_index": d, "verify_row": j}
 

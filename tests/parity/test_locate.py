@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from attnlab.backends.torch_ref import TorchBackend, reference_attention
-from attnlab.locate import Passes, format_result, locate, pick_request, verify_row
+from attnlab.locate import (
+    LocateError,
+    NothingToLocate,
+    Passes,
+    format_result,
+    locate,
+    pick_request,
+    verify_row,
+)
 from attnlab.probe import LAYER_OPS, Recorder
 from tests.spec.tiny import runner, tiny_config, tiny_model
 
@@ -114,8 +122,12 @@ def test_pick_request():
                                                          "divergence_noise_floor": {"index": 2}}]
     assert pick_request(rows, "vs_target_only", None)[::2] == (1, 4)
     assert pick_request(rows, "noise_floor", None)[::2] == (1, 2)
-    with pytest.raises(SystemExit, match="no divergence"):
+    with pytest.raises(LocateError, match="no divergence.*requests that diverge .vs_target_only.: 1"):
         pick_request(rows, "vs_target_only", 0)
+    with pytest.raises(LocateError, match="the run has 2 requests"):
+        pick_request(rows, "vs_target_only", 2)
+    with pytest.raises(NothingToLocate, match="no request of 1 diverges"):
+        pick_request(rows[:1], "vs_target_only", None)
 
 
 @pytest.mark.slow
@@ -143,7 +155,8 @@ def test_cli_on_a_run_folder(tmp_path):
 def test_an_invariant_side_is_bitwise_identical_decode_vs_verify(dtype):
     """engine.invariant's target side on CPU (the interpreter): the invariant triton kernel with a split of 16
     tokens (two splits at these positions), the fused one-row-per-program ops, the GEMMs through
-    invariant_linear (on CPU one GEMV per row: through BLAS at M = 15 the locator names qkv instead). Decode at q_len 1 and one q_len 5 verify pass, at batch 1 and batch 3: no op differs."""
+    invariant_linear (on CPU one GEMV per row: through BLAS at M = 15 the locator names qkv instead). Decode at
+    q_len 1 and one q_len 5 verify pass, at batch 1 and batch 3: no op differs."""
     from attnlab.backends.triton import TritonBackend
 
     cfg = tiny_config(layers=1)  # one layer: every op kind once, small enough for the interpreter
