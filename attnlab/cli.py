@@ -33,9 +33,9 @@ def one_line(exc: BaseException) -> str:
 
     if isinstance(exc, MissingConfigException) and exc.options is not None:
         # "Could not find 'backend/foo'" + available options -> backend=foo: unknown option (choose from: ...)
-        m = re.search(r"'([^']+)/([^'/]+)'", str(exc))
-        if m:
-            return (f"{m.group(1).replace('/', '.')}={m.group(2)}: unknown option "
+        m = re.search(r"Could not find '([^']+)/([^'/]+)'", str(exc))
+        if m:  # the group as the command line names it: backend, hydra/launcher
+            return (f"{m.group(1)}={m.group(2)}: unknown option "
                     f"(choose from: {', '.join(sorted(exc.options))})")
     unknown = _unknown_key(exc)
     if unknown:

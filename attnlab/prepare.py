@@ -156,6 +156,9 @@ def prepare(plan: RunPlan) -> Prepared:
     mcfg.check_context(max_context)  # a sliding window shorter than the run: refuse
     notes.update(preflight.context_limit(plan, need, mcfg, dcfg))  # past max_position_embeddings: refused or noted
     page_size = max_context if plan.kv.layout == "contiguous" else plan.kv.page_size
+    if plan.kv.layout == "contiguous":
+        log.info("kv.layout=contiguous: one page of max context %d tokens per request (kv.page_size=%d is not read)",
+                 max_context, plan.kv.page_size)
     if (page := preflight.page_size(plan, page_size, max_context)) != page_size:
         notes["page_size_requested"], page_size = page_size, page
     draft_hd = {"self": mcfg.head_dim, "eagle": mcfg.head_dim,  # an EAGLE head has the target's attention shapes
