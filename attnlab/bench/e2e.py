@@ -169,7 +169,8 @@ def hf_tok_s(model_name: str, batch: int, prompt_len: int, new: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m attnlab.bench.e2e",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backends", default="triton,flashinfer")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-8b", action="store_true")

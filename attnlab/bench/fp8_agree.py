@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 
@@ -173,9 +174,25 @@ def table(res: dict, ks: list[int]) -> list[str]:
     head = "| variant | agreement | " + " | ".join(f"tau k={k}" for k in ks) + " | KL (nats) |"
     lines = [head, "|" + "---|" * (3 + len(ks))]
     for name, r in res["variants"].items():
-        taus = " | ".join(f"{r['tau'][k]:.2f}" for k in ks)
+        taus = " | ".join(num_or_dash(r["tau"][k], ".2f") for k in ks)
         lines.append(f"| {name} | {r['agreement']:.2%} ({r['positions']}) | {taus} | {r['kl']:.2e} |")
-    return lines
+    return lines + unwalked_note(res, ks)
+
+
+def num_or_dash(x: float, fmt: str) -> str:
+    """``x`` in ``fmt``; ``-`` for NaN (nothing measured)."""
+    return "-" if math.isnan(x) else format(x, fmt)
+
+
+def unwalked_note(res: dict, ks: list[int]) -> list[str]:
+    """A note under the table where a k has no pass (its tau ``-``): no continuation was k + 1 tokens long (the target
+    stopped at EOS before ``--new``)."""
+    empty = [k for k in ks if not any(r["passes"][k] for r in res["variants"].values())]
+    if not empty:
+        return []
+    note = (f"\n-: no pass of k={','.join(map(str, empty))} drafts fit a continuation (a pass needs k + 1 continuation "
+            "tokens; the target stopped at EOS before --new): raise --num-prompts or --new, or lower --k")
+    return [note]
 
 
 def study_args(ap: argparse.ArgumentParser, variants: dict, num_prompts: int) -> argparse.ArgumentParser:
@@ -206,6 +223,10 @@ def checked(ap: argparse.ArgumentParser, a: argparse.Namespace, variants: dict) 
         ap.error(f"--variants: {', '.join(bad) or 'none'}: choose from {', '.join(variants)}")
     if a.num_prompts < 1 or a.new < 1:
         ap.error("--num-prompts and --new must be >= 1")
+    if max(a.ks) >= a.new:  # walk_passes: a pass of k drafts reads a continuation token and needs k more after it
+        too_big = ",".join(str(k) for k in a.ks if k >= a.new)
+        ap.exit(2, f"{ap.prog}: error: --k {too_big} cannot be measured over --new {a.new} tokens: tau at k needs a "
+                   f"continuation of >= k + 1 tokens; raise --new to >= {max(a.ks) + 1} or lower --k\n")
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {a.device}: no CUDA device here")
     from attnlab.bench.spec import resolve_weights
@@ -241,7 +262,8 @@ def study_main(a: argparse.Namespace, run) -> int:
 
 
 def parse(argv=None):
-    ap = study_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), VARIANTS, 16)
+    ap = study_args(argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                        prog="python -m attnlab.bench.fp8_agree"), VARIANTS, 16)
     return checked(ap, ap.parse_args(argv), VARIANTS)
 
 

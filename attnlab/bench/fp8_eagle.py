@@ -38,9 +38,11 @@ from attnlab.bench.fp8_agree import (
     checked,
     continuations,
     load_study,
+    num_or_dash,
     study_args,
     study_main,
     study_report,
+    unwalked_note,
 )
 from attnlab.models.eagle import HEAD_ROLES
 
@@ -143,15 +145,17 @@ def table(res: dict, ks: list[int]) -> list[str]:
             " | ".join(f"top-1 step {j}" for j in range(steps)) + " |")
     lines = [head, "|" + "---|" * (1 + len(ks) + steps)]
     for name, r in res["variants"].items():
-        taus = " | ".join(f"{r['tau'][k]:.3f}" + (f" ({r['tau'][k] / base['tau'][k] - 1:+.1%})"
-                                                   if base and name != "bf16" else "") for k in ks)
-        top1 = " | ".join(f"{x:.1%}" for x in r["top1"])
+        taus = " | ".join(num_or_dash(r["tau"][k], ".3f") + (f" ({r['tau'][k] / base['tau'][k] - 1:+.1%})"
+                                                       if base and name != "bf16" and base["passes"][k]
+                                                       and r["passes"][k] else "") for k in ks)
+        top1 = " | ".join(num_or_dash(x, ".1%") for x in r["top1"])
         lines.append(f"| {name} | {taus} | {top1} |")
-    return lines
+    return lines + unwalked_note(res, ks)
 
 
 def parse(argv=None):
-    ap = study_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), VARIANTS, 32)
+    ap = study_args(argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                        prog="python -m attnlab.bench.fp8_eagle"), VARIANTS, 32)
     ap.add_argument("--head", default=None, help="an EAGLE head folder (default: the one attnlab ships for --model)")
     return checked(ap, ap.parse_args(argv), VARIANTS)
 

@@ -224,7 +224,8 @@ def markdown(rows: list[dict], modes: list[str] | None = None) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m attnlab.bench.gemm",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="llama8b,llama1b,smollm2", help=f"of {', '.join(MODELS)}")
     ap.add_argument("--gemms", default=",".join(GEMMS))
     ap.add_argument("--ms", default=None, help="rows per GEMM (default 1,2,4,8,16; --quick 1,4,16)")

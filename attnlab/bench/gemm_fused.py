@@ -189,7 +189,8 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m attnlab.bench.gemm_fused",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="smollm2,llama1b,llama8b")
     ap.add_argument("--ms", default="1,5")
     ap.add_argument("--splits", default=DEFAULT_SPLITS)

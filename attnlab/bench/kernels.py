@@ -391,7 +391,8 @@ def _ints(s: str) -> list[int]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m attnlab.bench.kernels",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", default="torch,triton,flashinfer,fa",
                     help="comma-separated specs: name or name/key=value/... (backend options)")
     ap.add_argument("--phases", default="decode,verify,prefill")

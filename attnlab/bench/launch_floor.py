@@ -106,7 +106,8 @@ def arms(model: str, context: int, page_size: int, reps: int, iters: int) -> tup
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m attnlab.bench.launch_floor",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="smollm2,llama8b")
     ap.add_argument("--contexts", default="4096")
     ap.add_argument("--page-size", type=int, default=16)

@@ -117,7 +117,8 @@ def _spread(v: list[float], fmt: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m attnlab.bench.pdl",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b")
     ap.add_argument("--engines", default="fused,gemm", help=f"comma-separated, of {', '.join(ENGINES)}")
     ap.add_argument("--host", type=check_host, default=check_host("thin8"), help="host paths (bench.e2e's)")

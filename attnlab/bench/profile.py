@@ -130,7 +130,8 @@ def main(argv=None) -> int:
     from attnlab.bench.pdl import ENGINES, GEMM_ENGINES
     from attnlab.kernels import gemm, pdl
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m attnlab.bench.profile",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="smollm2-135m")
     ap.add_argument("--engines", default="fused,gemm", help=f"comma-separated, of {', '.join(ENGINES)}")
     ap.add_argument("--pdl", default="off,on", help="off, on or off,on")

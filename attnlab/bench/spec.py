@@ -576,7 +576,8 @@ def table(rows: list[Row]) -> list[str]:
 
 
 def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m attnlab.bench.spec",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--weights", choices=("auto", "real", "random"), default="auto")
@@ -759,8 +760,31 @@ def resolve_weights(ap: argparse.ArgumentParser, model: str, weights: str) -> st
         return "random"
 
 
-def run(a) -> dict:
+def header(a, dev: torch.device, n_prompts: int) -> str:
+    """The report's first line: the device, versions and the run's settings (the self drafter's layers where it
+    runs)."""
     from attnlab.bench.kernels import versions
+
+    self_layers = f"self-draft layers={a.draft_layers}, " if "self" in a.drafters else ""
+    return (f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}; {versions()}; {a.model} "
+            f"({a.weights} weights), {a.dtype}, k={','.join(map(str, a.ks))}, {self_layers}{n_prompts} "
+            f"{a.prompts} prompts x <= {a.new} new tokens, batch {','.join(map(str, a.batches))}, "
+            f"{a.repeats} timed repeat(s) (tok/s: median, min-max"
+            f"{'; attnlab: in rounds, speedup the median of per-round ratios, min-max' if a.repeats > 1 else ''}"
+            f"{', rows interleaved by prompt batch' if a.interleave == 'batch' else ''}), "
+            f"attnlab CUDA graphs "
+            f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}, fused layer ops "
+            f"{'on' if a.fused_ops else 'on (target side, invariant)' if a.invariant else 'off'}"
+            f"{f', engine.gemm={a.gemm}' if a.gemm in TRITON_GEMMS else ''}"
+            f"{f' ({a.gemm_split})' if a.gemm in TRITON_GEMMS and len(a.arms) == 1 else ''}"
+            f"{f' (arms {chr(44).join(a.arms)}, in the same rounds)' if len(a.arms) > 1 else ''}"
+            f"{', PDL on' if a.pdl else ''}"
+            f"{', draft weights ' + ','.join(a.draft_weights) if a.draft_weights != ['bf16'] else ''}"
+            f"{', EOS ignored' if a.ignore_eos else ''}"
+            f"{', target side invariant (engine.invariant)' if a.invariant else ''}")
+
+
+def run(a) -> dict:
     from attnlab.models.loading import load_tokenizer
 
     dev = torch.device(a.device)
@@ -775,20 +799,7 @@ def run(a) -> dict:
     rows = [] if a.skip_hf else hf_rows(model, a, prompts, eos)
     skipped: list[str] = []
     rows += attnlab_rows(base, a, prompts, eos, skipped)
-    head = (f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}; {versions()}; {a.model} "
-            f"({a.weights} weights), {a.dtype}, k={','.join(map(str, a.ks))}, self-draft layers={a.draft_layers}, {len(prompts)} "
-            f"{a.prompts} prompts x <= {a.new} new tokens, batch {','.join(map(str, a.batches))}, "
-            f"{a.repeats} timed repeat(s) (tok/s: median, min-max"
-            f"{'; attnlab: in rounds, speedup the median of per-round ratios, min-max' if a.repeats > 1 else ''}"
-            f"{', rows interleaved by prompt batch' if a.interleave == 'batch' else ''}), "
-            f"attnlab CUDA graphs "
-            f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}, fused layer ops "
-            f"{'on' if a.fused_ops else 'on (target side, invariant)' if a.invariant else 'off'}"
-            f"{f', engine.gemm={a.gemm}' if a.gemm in TRITON_GEMMS else ''}"
-            f"{f' ({a.gemm_split})' if a.gemm in TRITON_GEMMS and len(a.arms) == 1 else ''}"
-            f"{f' (arms {chr(44).join(a.arms)}, in the same rounds)' if len(a.arms) > 1 else ''}{', PDL on' if a.pdl else ''}"
-            f"{', draft weights ' + ','.join(a.draft_weights) if a.draft_weights != ['bf16'] else ''}"
-            f"{', EOS ignored' if a.ignore_eos else ''}{', target side invariant (engine.invariant)' if a.invariant else ''}")
+    head = header(a, dev, len(prompts))
     lines = [head, ""] + table(rows) + arm_lines(rows) + weights_lines(rows)
     if not a.skip_hf:  # the two engines' target-only outputs (fp32: identical but for near-ties)
         hf_ref = rows[0].outputs

@@ -109,12 +109,13 @@ def plot(rows: list[Row], names: list[str], path: str, floor: float = FLOOR) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     panels = sorted({(r.model, r.q_len) for r in rows})
     batches = sorted({r.batch for r in rows})
     marks = dict(zip(batches, "osD^v<>ph*x+"))
     colors = {p: f"C{i}" for i, p in enumerate(names)}
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False, layout="constrained")
     for ax, (model, q) in zip(axes[0], panels):
         mine = [r for r in rows if (r.model, r.q_len) == (model, q)]
         for p in names:
@@ -125,11 +126,119 @@ def plot(rows: list[Row], names: list[str], path: str, floor: float = FLOOR) -> 
         ax.axhline(floor, color="k", lw=0.8, ls="--")
         ax.set(xscale="log", yscale="log", xlabel="batch x context (KV tokens)", ylabel="verify / decode",
                title=f"{model}, q {q}")
+        lo, hi = ax.get_ylim()  # autoscaled to the points and the floor
+        ax.yaxis.set_major_locator(FixedLocator(ratio_ticks(lo, hi, floor)))
+        ax.set_ylim(lo, hi)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: f"{y:g}x"))
+        ax.yaxis.set_minor_formatter(NullFormatter())  # the log axis' default labels its minor ticks 2x10^0 etc.
     handles = [Line2D([], [], color=c, lw=2, label=p) for p, c in colors.items()]
     handles += [Line2D([], [], color="gray", marker=m, ls="", label=f"batch {b}") for b, m in marks.items()]
     fig.legend(handles=handles, loc="outside right center", fontsize=7)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# a ratio axis' ticks per decade, coarse first
+LEVELS = ((1,), (1, 2, 5), (1, 1.5, 2, 3, 5, 7.5), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8),
+          (1, 1.1, 1.2, 1.3, 1.4, 1.5, 1.75, 2, 2.5, 3, 4, 5, 6, 7, 8, 9))
+
+
+def ratio_ticks(lo: float, hi: float, floor: float, gap: float = 0.07, most: int = 10) -> list[float]:
+    """Ticks of a log ratio axis from ``lo`` to ``hi``: the finest of LEVELS whose ticks lie at least ``gap`` of the
+    axis apart, ``most`` of them, and the floor (where in range; a tick nearer it than ``gap`` gives way)."""
+    import itertools
+    import math
+
+    span = math.log(hi / lo)
+    decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+    ticks: list[float] = []
+    for level in LEVELS:
+        these = sorted(t for t in {round(m * 10.0 ** e, 9) for e in decades for m in level} if lo <= t <= hi)
+        if ticks and (len(these) > most or any(math.log(b / a) < gap * span for a, b in itertools.pairwise(these))):
+            break
+        ticks = these
+    if lo <= floor <= hi:
+        ticks = sorted([t for t in ticks if abs(math.log(t / floor)) >= gap * span] + [floor])
+    return ticks
+
+
+CELL_KEYS = {"phase", "model", "batch", "context", "q_len", "backend"}  # what rows_of reads of a cell
+
+
+def read_cells(paths: list[str]) -> list[dict]:
+    """The cells of ``bench.kernels`` JSONs, read together; ValueError naming the file that is not one."""
+    cells = []
+    for path in paths:
+        text = Path(path).read_text()  # OSError: the file's own message names it
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"{path}: not a bench.kernels JSON (not JSON: {e})") from None
+        why = ""
+        if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+            why = 'no "cells" list; --out PREFIX writes PREFIX.json'
+        elif any(not isinstance(c, dict) or not CELL_KEYS <= set(c) for c in data["cells"]):
+            why = f"a cell without {', '.join(sorted(CELL_KEYS))}"
+        if why:
+            raise ValueError(f"{path}: not a bench.kernels JSON ({why})")
+        cells += data["cells"]
+    return cells
+
+
+def check_specs(cells: list[dict], plans: dict[str, str], rule: tuple[str, str] | None, paths: list[str]) -> list[str]:
+    """ValueError where a plan's (or the rule's) backend spec is in no cell of the files (a typo), or where no plan
+    has a measured verify cell; the notes (one per spec) where a spec's verify cells all failed or timed out: a GPU
+    sitting's partial file still gives the other plans' table, the failed one a column of "-"."""
+    known = {c["backend"] for c in cells}
+    measured = sorted({c["backend"] for c in cells if c["phase"] == "verify" and c.get("status", "ok") == "ok"
+                       and c.get("ms")})
+    specs = [("plan", n, s) for n, s in plans.items()] + ([("rule", *rule)] if rule else [])
+    notes = []
+    for what, name, spec in specs:
+        if spec in measured:
+            continue
+        where = f"{spec} ({what} {name}) in {', '.join(paths)}; measured there: {', '.join(measured) or 'none'}"
+        if spec not in known:
+            raise ValueError(f"no cell of {where}")
+        notes.append(f"no measured verify cell of {where}")
+    if not any(spec in measured for what, _, spec in specs if what == "plan"):
+        raise ValueError(notes[0])
+    return notes
+
+
+def plot_path(path: str) -> str:
+    """--plot's path, its folder made; ValueError where it cannot be written as an image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    p = Path(path)
+    fmt = p.suffix.lstrip(".").lower()
+    kinds = FigureCanvasAgg.get_supported_filetypes()
+    if fmt and fmt not in kinds:
+        raise ValueError(f"--plot {path}: an image's extension, e.g. .png ({', '.join(sorted(kinds))})")
+    if p.is_dir():
+        raise ValueError(f"--plot {path}: a folder; give a file name, e.g. {p / 'verify_floor.png'}")
+    above = next(q for q in p.absolute().parents if q.exists())
+    if not above.is_dir():
+        raise ValueError(f"--plot {path}: {above} is a file, not a folder")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--plot {path}: cannot make its folder ({e.strerror or e})") from None
+    return path
+
+
+def ratio_arg(flag: str, text: str, least: float, closed: bool = False) -> float:
+    """``text`` as a finite ratio above ``least`` (at or above it where ``closed``); ValueError naming ``flag``."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not (v >= least if closed else v > least) or v == float("inf"):
+        raise ValueError(f"{flag} {text}: a ratio {'>=' if closed else '>'} {least:g}")
+    return v
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,26 +247,32 @@ def main(argv: list[str] | None = None) -> int:
                     "are read together")
     ap.add_argument("--plans", required=True, help="name=backend-spec,... (the first one's decode is the table's)")
     ap.add_argument("--rule", help="name=backend-spec of a plan chosen by rule among --plans")
-    ap.add_argument("--floor", type=float, default=FLOOR)
-    ap.add_argument("--spread", type=float, default=SPREAD)
-    ap.add_argument("--plot", help="write a PNG of verify / decode per plan here")
+    ap.add_argument("--floor", default=FLOOR, help=f"verify / its own decode a cell meets, > 0 (default {FLOOR})")
+    ap.add_argument("--spread", default=SPREAD, help=f"the rule is right within this ratio of the fastest other "
+                    f"plan, >= 1 (default {SPREAD})")
+    ap.add_argument("--plot", help="write a PNG of verify / decode per plan here (its folder is made)")
     args = ap.parse_args(argv)
     try:
+        floor = ratio_arg("--floor", str(args.floor), 0)
+        spread = ratio_arg("--spread", str(args.spread), 1, closed=True)
         plans = parse_plans(args.plans)
         rule = next(iter(parse_plans(args.rule).items())) if args.rule else None
-        cells = [c for path in args.results for c in json.loads(Path(path).read_text())["cells"]]
-    except (ValueError, OSError, KeyError) as e:
+        if rule and rule[0] in plans:
+            raise ValueError(f"--rule {args.rule}: {rule[0]!r} names a plan of --plans too; give the rule its own name")
+        cells = read_cells(args.results)
+        notes = check_specs(cells, plans, rule, args.results)
+        plot_to = plot_path(args.plot) if args.plot else None  # its folder made: before the table, after the checks
+    except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rows = rows_of(cells, plans, rule, args.spread)
-    if not rows:
-        print(f"error: no verify cell of {', '.join(plans.values())} in {', '.join(args.results)}", file=sys.stderr)
-        return 2
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    rows = rows_of(cells, plans, rule, spread)
     names = list(plans)
-    print(markdown(rows, names, rule[0] if rule else None, args.floor, args.spread))
-    if args.plot:
-        plot(rows, names + ([rule[0]] if rule else []), args.plot, args.floor)
-        print(f"\nplot: {args.plot}")
+    print(markdown(rows, names, rule[0] if rule else None, floor, spread))
+    if plot_to:
+        plot(rows, names + ([rule[0]] if rule else []), plot_to, floor)
+        print(f"\nplot: {plot_to}")
     return 0
 
 

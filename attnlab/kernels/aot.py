@@ -58,16 +58,22 @@ class _FakeDriver:
 
 
 @contextlib.contextmanager
-def compile_only(arch: int = 90, warp_size: int = 32):
-    """Inside: every @triton.jit launch compiles for cuda:<arch> and returns without running."""
+def compile_only(arch: int = 90, warp_size: int = 32, progress: bool = False):
+    """Inside: every @triton.jit launch compiles for cuda:<arch> and returns without running; ``progress``: a tqdm
+    counter of the variants compiled (and the kernel of the last one) on stderr."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("attnlab.kernels.aot needs TRITON_INTERPRET unset (the interpreter compiles nothing)")
+    from tqdm import tqdm
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
     log = CompileLog(target=f"cuda:{arch}")
     seen: set = set()
+    # no total: the variants are known as they compile (the full grid: some 350, several minutes)
+    bar = None
+    if progress:
+        bar = tqdm(desc=f"compiling for cuda:{arch}", unit=" variants", file=sys.stderr, mininterval=1.0)
     original = JITFunction.run
 
     def run(self, *args, grid, warmup, **kwargs):
@@ -81,6 +87,9 @@ def compile_only(arch: int = 90, warp_size: int = 32):
             log.pdl_variants += "griddepcontrol.wait" in ptx
             if "prefetch.global.L2" in ptx:
                 log.prefetch_variants[self.__name__] = log.prefetch_variants.get(self.__name__, 0) + 1
+            if bar is not None:
+                bar.set_postfix_str(self.__name__, refresh=False)
+                bar.update()
         return kernel
 
     from attnlab.kernels import gemm
@@ -94,6 +103,8 @@ def compile_only(arch: int = 90, warp_size: int = 32):
         yield log
     finally:
         log.seconds = time.perf_counter() - t0
+        if bar is not None:
+            bar.close()
         JITFunction.run = original
         driver._active = previous
         gemm._compile_only = compile_only_before
@@ -322,14 +333,16 @@ def compile_pdl(arch: int = 90, log: CompileLog | None = None) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m attnlab.kernels.aot",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90 = Hopper, 80 = Ampere)")
     ap.add_argument("--quick", action="store_true", help="bf16 and head dims 64/128 only")
     ap.add_argument("--pdl", choices=("off", "also", "only"), default="off",
                     help="the kernels' programmatic-dependent-launch variants (engine.pdl): also, or only them")
+    ap.add_argument("--no-progress", action="store_true", help="no progress counter on stderr")
     a = ap.parse_args(argv)
     try:
-        with compile_only(a.arch) as log:
+        with compile_only(a.arch, progress=not a.no_progress) as log:
             if a.pdl != "only":
                 compile_store_and_fused(a.quick, a.arch)
                 compile_gemm(a.quick, a.arch)

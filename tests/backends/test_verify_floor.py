@@ -79,4 +79,81 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
     path.write_text(json.dumps({"cells": cells()}))
     assert main([str(path), "--plans", "a=triton"]) == 2
     err = capsys.readouterr().err
-    assert "No such file" in err and "no verify cell of triton" in err
+    assert "No such file" in err and "no cell of triton" in err
+
+
+def _kernels_json(tmp_path):
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps({"cells": cells()}))
+    return str(path)
+
+
+def _one_line_exit_2(capsys, argv, *needles):
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+def test_a_plan_whose_cells_all_failed_keeps_the_others_table(tmp_path, capsys):
+    """A GPU sitting's file where one plan's verify cells failed: the other plans' table, a note for it (exit 0);
+    where every plan's failed, exit 2."""
+    data = cells()
+    for c in data:
+        if c["backend"] == "flashinfer/verify_as_decode=auto" and c["phase"] == "verify":
+            c.update(status="error", ms=None)
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps({"cells": data}))
+    argv = [str(path), "--plans", "fa2=flashinfer,rows=flashinfer/verify_as_decode=auto"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "note: no measured verify cell of flashinfer/verify_as_decode=auto (plan rows)" in err, err
+    assert "| smollm2 | 1 | 512 | 5 | 8.00 | 11.00 (1.38x) | - | fa2 |" in out, out
+    _one_line_exit_2(capsys, [str(path), "--plans", "rows=flashinfer/verify_as_decode=auto"],
+                     "no measured verify cell of flashinfer/verify_as_decode=auto (plan rows)")
+
+
+def test_the_plot_makes_its_folder(tmp_path, capsys):
+    png = tmp_path / "new" / "folder" / "k.png"
+    assert main([_kernels_json(tmp_path), "--plans", "fa2=flashinfer", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("where,why", [("", "a folder; give a file name"), ("k.json/x.png", "is a file, not a folder"),
+                                       ("x.notanimage", "an image's extension")])
+def test_a_plot_that_cannot_be_written_is_refused_before_the_table(tmp_path, capsys, where, why):
+    data = _kernels_json(tmp_path)
+    _one_line_exit_2(capsys, [data, "--plans", "fa2=flashinfer", "--plot", str(tmp_path / where)], "--plot", why)
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--plans", "fa2=flashinfer", "--rule", "b=triton"],
+     ["no cell of triton (rule b)", "measured there: flashinfer, flashinfer/verify_as_decode=auto"]),
+    (["--plans", "fa2=flashinfer,b=triton"], ["no cell of triton (plan b)"]),
+    (["--plans", "fa2=flashinfer", "--rule", "fa2=flashinfer/verify_as_decode=auto"], ["names a plan of --plans"]),
+    (["--plans", "fa2=flashinfer", "--floor", "-1"], ["--floor -1: a ratio > 0"]),
+    (["--plans", "fa2=flashinfer", "--floor", "0"], ["--floor 0: a ratio > 0"]),
+    (["--plans", "fa2=flashinfer", "--floor", "abc"], ["--floor abc: a ratio > 0"]),
+    (["--plans", "fa2=flashinfer", "--spread", "0.97"], ["--spread 0.97: a ratio >= 1"]),
+])
+def test_unknown_specs_and_bad_ratios_exit_2_with_one_line(tmp_path, capsys, argv, needles):
+    _one_line_exit_2(capsys, [_kernels_json(tmp_path), *argv], *needles)
+
+
+@pytest.mark.parametrize("text,why", [("# a README\n", "not JSON"), ("[1, 2]", 'no "cells" list'),
+                                      ('{"cells": [{"phase": "verify"}]}', "a cell without")])
+def test_a_file_that_is_not_a_bench_kernels_json_is_named(tmp_path, capsys, text, why):
+    path = tmp_path / "README.md"
+    path.write_text(text)
+    _one_line_exit_2(capsys, [str(path), "--plans", "fa2=flashinfer"], f"{path}: not a bench.kernels JSON", why)
+
+
+def test_ratio_ticks_are_plain_numbers_and_the_floor_stands_alone():
+    from attnlab.bench.verify_floor import ratio_ticks
+
+    assert ratio_ticks(1.05, 2.85, 1.3) == [1.2, 1.3, 1.5, 2, 2.5]  # 12-04h's Llama-8B panel
+    assert ratio_ticks(0.9, 5.5, 1.3) == [1, 1.3, 1.5, 2, 2.5, 3, 4, 5]  # 1.2 gives way to the floor
+    assert ratio_ticks(0.02, 300, 1.3) == [0.1, 1.3, 10, 100]  # a decade each
+    assert ratio_ticks(1.5, 3, 1.3) == [1.5, 1.75, 2, 2.5, 3]  # the floor off the axis: not a tick

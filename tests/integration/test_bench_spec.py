@@ -445,3 +445,27 @@ def test_spec_bench_random_head_needs_random_weights(capsys, monkeypatch):
     monkeypatch.setattr(spec, "resolve_weights", lambda ap, model, weights: "random")
     assert spec.parse(["--device", "cpu", "--model", "tiny-llama", "--drafters", "eagle", "--eagle-head",
                        "random"]).eagle_head == "random"
+
+
+@pytest.mark.parametrize("drafters,says", [("ngram", False), ("ngram,self", True), ("self", True)])
+def test_the_header_names_the_self_drafts_layers_only_where_it_runs(drafters, says):
+    import torch
+
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--weights", "random", "--drafters", drafters,
+                    "--draft-layers", "1"])
+    head = spec.header(a, torch.device("cpu"), 2)
+    assert ("self-draft layers=1, " in head) is says, head
+    assert "k=4, " in head and "2 builtin prompts" in head
+
+
+@pytest.mark.parametrize("tool", ["e2e", "gemm", "gemm_fused", "kernels", "launch_floor", "pdl", "profile", "serving",
+                                  "spec"])
+def test_bench_usage_names_the_module(tool, capsys):
+    """``python -m attnlab.bench.X --help`` says that, not ``X.py``."""
+    import importlib
+
+    mod = importlib.import_module(f"attnlab.bench.{tool}")
+    with pytest.raises(SystemExit) as e:
+        (mod.parse if hasattr(mod, "parse") else mod.main)(["--help"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: python -m attnlab.bench.{tool} ")

@@ -138,3 +138,13 @@ def test_paired_gemm_mma_on_sm90():
     for weights in ("bf16", "fp8"):  # the loop of 4 warps, forced
         assert got[(weights, "fill/ticket+k256s4w4")][::3] == (3, 0), proc.stdout
         assert got[(weights, "fill/ticket+k256s4w4+pair2")] == (2, 4, 1, 2), proc.stdout
+
+
+def test_usage_names_the_module(capsys):
+    from attnlab.kernels import aot
+
+    with pytest.raises(SystemExit) as e:
+        aot.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m attnlab.kernels.aot ") and "--no-progress" in out

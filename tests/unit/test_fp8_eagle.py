@@ -84,3 +84,39 @@ def test_the_study_emulates_the_built_fp8_head(head):
             torch.testing.assert_close(getattr(built, n)(x), getattr(h, n)(x), atol=2e-2, rtol=2**-7)
     x = torch.randn(16, h.config.hidden_size, generator=g).bfloat16()
     assert torch.equal(built.greedy_tokens(x), v.tokens(x))
+
+
+@pytest.mark.parametrize("study", ["fp8_eagle", "fp8_agree"])
+def test_a_k_the_continuations_cannot_hold_is_refused_up_front(study, capsys):
+    """tau at k walks passes of k drafts after a continuation token: --new 8 holds k = 7 at most, so the default
+    --k 4,8 exits 2 in one line before any model loads (it printed nan)."""
+    from attnlab.bench import fp8_agree
+
+    mod = fp8_eagle if study == "fp8_eagle" else fp8_agree
+    with pytest.raises(SystemExit) as e:
+        mod.parse(["--model", "tiny-llama", "--weights", "random", "--num-prompts", "1", "--new", "8"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"python -m attnlab.bench.{study}: error: --k 8 "), err
+    assert "raise --new to >= 9" in err
+    a = mod.parse(["--model", "tiny-llama", "--weights", "random", "--new", "9"])
+    assert a.ks == [4, 8]
+
+
+def test_a_k_without_passes_prints_a_dash_and_a_note():
+    """EOS can still cut every continuation short of k + 1 tokens: that k's tau is -, not nan."""
+    nan = float("nan")
+    res = {"variants": {name: {"tau": {2: 1.5, 4: nan}, "passes": {2: 3, 4: 0}, "top1": [0.5, nan, nan, nan]}
+                        for name in ("bf16", "head8")}, "continuations": [[1, 2, 3]]}
+    text = "\n".join(fp8_eagle.table(res, [2, 4]))
+    assert "| head8 | 1.500 (+0.0%) | - | 50.0% | - | - | - |" in text and "nan" not in text
+    assert "-: no pass of k=4 drafts fit a continuation" in text
+
+
+@pytest.mark.parametrize("study", ["fp8_eagle", "fp8_agree"])
+def test_usage_names_the_module(study, capsys):
+    from attnlab.bench import fp8_agree
+
+    with pytest.raises(SystemExit):
+        (fp8_eagle if study == "fp8_eagle" else fp8_agree).parse(["--help"])
+    assert capsys.readouterr().out.startswith(f"usage: python -m attnlab.bench.{study} ")
