@@ -156,7 +156,8 @@ def export(out: str, train: int | None, heldout: int | None, path: str | None = 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(description="Export ShareGPT first turns (train / heldout splits) to JSONL(.gz)")
+    ap = argparse.ArgumentParser(prog="python -m attnlab.workloads.sharegpt",
+                                 description="Export ShareGPT first turns (train / heldout splits) to JSONL(.gz)")
     ap.add_argument("--export", required=True, help="output file (.jsonl or .jsonl.gz)")
     ap.add_argument("--train", type=int, default=None, help="first N train turns (default: all)")
     ap.add_argument("--heldout", type=int, default=None, help="first N heldout turns (default: all)")
