@@ -421,7 +421,7 @@ def _check_model(prefix: str, m) -> None:
     if m.init == "random":  # a given path must be loaded, not silently replaced by random weights
         raise ConfigError(f"{prefix}.path={m.path!r} is given but {prefix}.init=random would not read its weights "
                           f"({prefix}={m.name} defaults to init=random): add {prefix}.init=pretrained to load them, "
-                          f"or drop {prefix}.path (random weights of another shape: +{prefix}.overrides.<field>=...)")
+                          f"or drop {prefix}.path (random weights of another shape: {prefix}.overrides.<field>=...)")
 
 
 def check_invariant(verify: str, options, *, device: str, topk: int) -> None:
@@ -692,10 +692,15 @@ def validate(cfg: DictConfig) -> RunPlan:
                 raise ConfigError(f"{side}={name} cannot run inside CUDA graphs; use engine.cuda_graph=false and "
                                   f"warmup=none|jit, or a graph-capable backend (triton, flashinfer, fa)")
     p = cfg.parity
-    if p.enabled:  # the oracle runs on this device too: refused here, not after the timed runs
+    if p.enabled and (p.tokens or p.logits or p.acceptance):  # the passes that build the oracle: it runs on this
+        # device too, refused here rather than after the timed runs; it takes the verify side's options where it is
+        # the verify backend (sides.reference_spec: plan.options_for("target", ...))
         ref_dt, ref_kv = (prec["target"], prec["kv_target"]) if p.reference_precision == "same" else ("fp32", "fp32")
+        same = p.reference == cfg.verify.name
         check_backend("parity.reference", p.reference, device=device, dtype=ref_dt, kv_dtype=ref_kv,
-                      page_size=page_size, max_context=ctx if kv.max_context else max(ctx, page_size), topk=s.topk)
+                      page_size=page_size, max_context=ctx if kv.max_context else max(ctx, page_size), topk=s.topk,
+                      options=cfg.verify.get("options") if same else None,
+                      options_field="verify.options" if same else None)
         if p.max_prompts is not None and p.max_prompts < 1:
             raise ConfigError(f"parity.max_prompts={p.max_prompts}: must be >= 1, or null for every prompt")
     if cfg.engine.get("pdl", False):

@@ -75,7 +75,8 @@ def plan(cfg) -> tuple[list[tuple[str, str]], object]:
     rows.append(("kv pools", f"{pools}; free on {run.device}: {fmt_bytes(free) if free is not None else 'unknown'}"))
     rows.append(("cuda graphs", _graphs(run, work)))
     e = run.engine
-    rows.append(("layers", f"fused ops {'on' if e.fused_ops else 'off'}, gemm {e.gemm}, pdl {'on' if e.pdl else 'off'}"))
+    fused = "on" if e.fused_ops else "on (target side: engine.invariant)" if e.invariant else "off"
+    rows.append(("layers", f"fused ops {fused}, gemm {e.gemm}, pdl {'on' if e.pdl else 'off'}"))
     rows.append(("warmup", run.warmup.plan + (f" (lengths {list(work.warmup_lengths)})" if run.warmup.generates
                                               else "")))
     rows.append(("timing", f"{run.bench.repeats} timed repeat(s), cold start {run.bench.cold}"))
@@ -100,7 +101,8 @@ def main(overrides: list[str], multirun: bool = False) -> int:
     common = set.intersection(*(set(j) for j in jobs)) if len(jobs) > 1 else set()
     bad = 0
     for i, job_overrides in enumerate(jobs):
-        own = [o for o in job_overrides if o not in common]  # what this job of the sweep changes
+        own = [o.lstrip("+") if o.startswith("++") else o for o in job_overrides if o not in common]  # what this
+        # job of the sweep changes (cli.add_free_form's ++ dropped: as the user typed it)
         label = f"job {i} ({' '.join(own) or 'defaults'})" if multirun else ""
         try:
             rows, _ = plan(compose(job_overrides))

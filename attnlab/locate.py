@@ -389,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
 def locate_run(run: Path, overrides: list[str], request: int | None, divergence: str, batch: int | None,
                against: str | None) -> dict:
     """The run folder's divergence located (see the module doc)."""
+    from attnlab.cli import add_free_form
     from attnlab.compose import compose
     from attnlab.config import validate
     from attnlab.engine.graphs import DEFAULT_BUCKETS, bucket_for
@@ -399,7 +400,8 @@ def locate_run(run: Path, overrides: list[str], request: int | None, divergence:
     if batch is not None and batch < 1:
         raise LocateError(f"--batch {batch}: must be >= 1 (copies of the request in every pass)")
     saved, rows = read_run(run, divergence)
-    plan = validate(compose([*saved, *overrides]))  # a bad override is reported whatever the requests hold
+    # a bad override is reported whatever the requests hold; backend options / model overrides need no + (cli)
+    plan = validate(compose([*saved, *add_free_form(list(overrides))]))
     i, row, d = pick_request(rows, divergence, request)
     work = prepare(plan)
     prompt = list(work.prompts[i].token_ids) if i < len(work.prompts) else None

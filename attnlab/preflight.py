@@ -114,24 +114,40 @@ def serving_pages(pools: list[PoolSpec], max_context: int) -> None:
                               f"workload.max_new_tokens / the prompt lengths")
 
 
-def batch_pages(plan, pools: list[PoolSpec], prompts) -> None:
+def request_peak(prompt: int, budget: int, plan, side: str, max_context: int) -> int:
+    """The most KV tokens one request of ``prompt`` tokens and an output ``budget`` holds on ``side``: with L = prompt
+    + budget - 1 its longest context before the last step, a verify stores k + 1 tokens from L - 1 (L + k), N decode
+    steps a launch (engine.decode_steps_per_sync, target-only) L - 1 + N, a tree's frontier passes (S - 1) * K draft
+    slots from L (attnlab.spec.tree_loop.TreeIteration.fits); never past max_context."""
+    longest = prompt + budget - 1
+    over = max(plan.k, plan.engine.decode_steps_per_sync - 1)
+    if side == "draft" and plan.spec.topk > 1:
+        over = max(over, (plan.spec.num_steps - 1) * plan.spec.topk)
+    return min(max_context, longest + over)
+
+
+def batch_pages(plan, pools: list[PoolSpec], prompts, warmup_lengths, max_context: int) -> None:
     """A batch workload with a fixed kv.num_pages: each batch of workload.batch_size prompts (in order, as the run
-    takes them) must fit every side's pool when each request runs to its budget (prompt + max_new_tokens + k + 1),
-    so a short pool is refused before the weights are read instead of at the first batch that outgrows it."""
+    takes them; the warmup's batches of one length each) must fit every side's pool when each request runs to its
+    budget (request_peak), so a short pool is refused before the weights are read, not at the first batch that
+    outgrows it."""
     from attnlab.kvcache.layout import pages_needed
 
-    w = plan.workload
-    lens = [len(p.token_ids) + (p.max_new_tokens or w.max_new_tokens) + plan.k + 1 for p in prompts]
+    w, bs = plan.workload, plan.workload.batch_size
+    runs = [(len(p.token_ids), p.max_new_tokens or w.max_new_tokens) for p in prompts]
+    fix = "lower workload.batch_size / workload.max_new_tokens"
+    batches = [(f"batch {i // bs} of the workload", runs[i:i + bs], fix) for i in range(0, len(runs), bs)]
+    batches += [(f"the warmup's {n}-token batch", [(n, plan.warmup.max_new_tokens)] * bs,
+                 f"{fix}, or shorten warmup.lengths") for n in warmup_lengths]
     for pool in pools:
-        need = [pages_needed(n, pool.page_size) for n in lens]
-        sums = [sum(need[i:i + w.batch_size]) for i in range(0, len(need), w.batch_size)]
-        worst = max(range(len(sums)), key=sums.__getitem__)
-        if sums[worst] > pool.num_pages:
-            raise ConfigError(
-                f"kv.num_pages={pool.num_pages}: the {pool.side} pool cannot hold batch {worst} of "
-                f"{min(w.batch_size, len(lens) - worst * w.batch_size)} prompt(s) run to their budgets "
-                f"({sums[worst]} pages of {pool.page_size}); raise kv.num_pages (or null = enough for one batch at max "
-                f"context), or lower workload.batch_size / workload.max_new_tokens")
+        for what, batch, hint in batches:
+            need = sum(pages_needed(request_peak(n, b, plan, pool.side, max_context), pool.page_size)
+                       for n, b in batch)
+            if need > pool.num_pages:
+                raise ConfigError(
+                    f"kv.num_pages={pool.num_pages}: the {pool.side} pool cannot hold {what} ({len(batch)} "
+                    f"request(s) run to their budgets: {need} pages of {pool.page_size}); raise kv.num_pages (or "
+                    f"null = enough for one batch at max context), or {hint}")
 
 
 def check_memory(plan, pools: list[PoolSpec]) -> None:

@@ -166,10 +166,11 @@ def prepare(plan: RunPlan) -> Prepared:
     check_sides(plan, max_context=max_context, page_size=page_size, target_head_dim=mcfg.head_dim,
                 draft_head_dim=draft_hd)
     pools = preflight.kv_pools(plan, mcfg, dcfg, page_size, max_context, layers)
+    warm = fit_warmup(plan, max_context)
     if w.serving:  # the scheduler can always run one request to its end (no deadlock, no crash)
         preflight.serving_pages(pools, max_context)
     elif plan.kv.num_pages:  # a fixed pool: every batch of the workload fits it
-        preflight.batch_pages(plan, pools, prompts)
+        preflight.batch_pages(plan, pools, prompts, warm, max_context)
     preflight.check_memory(plan, pools)  # before any weights are read
     eos = set(mcfg.eos_token_ids)
     if getattr(tokenizer, "eos_token_id", None) is not None:
@@ -180,5 +181,5 @@ def prepare(plan: RunPlan) -> Prepared:
              len(prompts), w.kind, "max running" if w.serving else "batch", w.batch_size, w.max_new_tokens,
              " (cap of the recorded lengths)" if w.output_len == "recorded" else "", max_context, page_size)
     return Prepared(tuple(prompts), tokenizer, mcfg, dcfg, max_context, page_size,
-                    tuple(layers) if layers is not None else None, frozenset(eos), fit_warmup(plan, max_context),
+                    tuple(layers) if layers is not None else None, frozenset(eos), warm,
                     tuple(pools), notes)

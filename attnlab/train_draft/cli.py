@@ -73,10 +73,11 @@ def _task(cfg) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import hydra
 
+    from attnlab.cli import add_free_form
     from attnlab.train_draft import schema  # noqa: F401  registers the schema
 
-    if argv is not None:
-        sys.argv = [sys.argv[0], *argv]
+    # model.overrides.<field>=... as for python -m attnlab: no + needed
+    sys.argv = [sys.argv[0], *add_free_form(list(sys.argv[1:] if argv is None else argv))]
     full = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
     task = hydra.main(config_path=str(CONF_DIR), config_name="train_draft", version_base="1.3")(_task)

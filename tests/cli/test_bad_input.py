@@ -332,6 +332,41 @@ def test_free_form_keys_are_set_as_the_docs_write_them(tmp_path):
     assert proc.returncode == 0 and "2 jobs, 2 valid" in proc.stdout, proc.stderr[-2000:]
 
 
+PAGES = ["model=tiny-llama", "device=cpu", "logger=none", "parity=off", "workload=synthetic", "workload.batch_size=2",
+         "workload.max_new_tokens=24", "kv.page_size=1", "dry_run=true"]
+
+
+@pytest.mark.parametrize("overrides,verdict", [
+    # two 16-token prompts, 24 new tokens, k = 4: a request peaks at 16 + 23 + 4 = 43 tokens (86 pages of 1)
+    (["workload.lengths=[16,16]", "workload.num_prompts=2", "kv.num_pages=86"], None),
+    (["workload.lengths=[16,16]", "workload.num_prompts=2", "kv.num_pages=85"],
+     "the target pool cannot hold batch 0 of the workload (2 request(s) run to their budgets: 86 pages of 1)"),
+    # a tree's frontier writes (S - 1) * K = 12 draft slots: 16 + 23 + 12 = 51 a request (the 60-token prompt of
+    # batch 1 makes max context 89: the cap does not hold them back)
+    (["workload.lengths=[16,16,60]", "workload.num_prompts=3", "kv.num_pages=90", "draft=self", "draft.layers=1",
+      "spec.topk=4", "spec.num_steps=4"],
+     "the draft pool cannot hold batch 0 of the workload (2 request(s) run to their budgets: 102 pages of 1)"),
+    # the warmup runs batch_size copies of each length: 2 x (60 + 7 + 4)
+    (["workload.lengths=[16,16,60]", "workload.num_prompts=3", "kv.num_pages=90", "warmup=jit",
+      "warmup.lengths=[60]"], "the warmup's 60-token batch (2 request(s) run to their budgets: 142 pages of 1)"),
+])
+def test_a_fixed_pool_is_checked_against_each_batch(tmp_path, overrides, verdict):
+    """kv.num_pages against every batch's peak KV (preflight.request_peak), in the dry run: what fits runs, what does
+    not is refused naming the pool and the batch, never an out-of-pages error after the weights are read."""
+    proc = run_cli([*PAGES, *overrides], tmp_path)
+    if verdict is None:
+        assert proc.returncode == 0 and "valid" in proc.stdout, proc.stderr[-2000:]
+    else:
+        _assert_one_line_exit_2(proc, [verdict, "raise kv.num_pages"])
+
+
+def test_kernel_only_parity_builds_no_reference(tmp_path):
+    """parity.reference is checked where a pass builds it (tokens, logits, acceptance), not for kernel parity."""
+    proc = _run(tmp_path, "dry_run=true", "parity.reference=flashinfer", "parity.tokens=false", "parity.logits=false",
+                "parity.acceptance=false")
+    assert proc.returncode == 0 and "valid" in proc.stdout, proc.stderr[-2000:]
+
+
 def test_dry_run_of_a_sweep_names_the_invalid_job(tmp_path):
     proc = run_cli(["-m", *TINY, "dry_run=true", "verify=torch,flashinfer"], tmp_path)
     line = _assert_one_line_exit_2(proc, ["job 1 (verify=flashinfer)", "device 'cpu'"])
