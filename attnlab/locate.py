@@ -293,24 +293,21 @@ def _compared(run: Path, rows: list[dict], divergence: str) -> bool:
     return isinstance(parity, dict) and isinstance(parity.get("noise_floor"), dict)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n}: must be >= 1 (copies of the request in every pass)")
-    return n
+def _int_at_least(least: int, why: str):
+    """An argparse type: an int >= ``least``, else the one-line reason (``why``: what the number counts)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if n < least:
+            raise argparse.ArgumentTypeError(f"{n}: must be >= {least} ({why})")
+        return n
+    return parse
 
 
-def _request_index(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{n}: must be >= 0 (a request's line in requests.jsonl, from 0)")
-    return n
+_positive_int = _int_at_least(1, "copies of the request in every pass")
+_request_index = _int_at_least(0, "a request's line in requests.jsonl, from 0")
 
 
 class _Parser(argparse.ArgumentParser):
