@@ -711,10 +711,11 @@ def validate(cfg: DictConfig) -> RunPlan:
     if not (math.isfinite(b.noisy_ratio) and b.noisy_ratio >= 1):
         raise ConfigError(f"bench.noisy_ratio={b.noisy_ratio}: must be a number >= 1 (max / min over the repeats)")
     _choice("bench.cold", b.cold, BENCH_COLD)
-    return make_plan(cfg, device=device, precision=prec, layers=layers, k=k, graphs=graphs)
+    return make_plan(cfg, device=device, precision=prec, layers=layers, k=k, graphs=graphs, fused=fused)
 
 
-def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, graphs: bool) -> RunPlan:
+def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, graphs: bool,
+              fused: bool) -> RunPlan:
     """The composed config + the values ``validate`` resolved, as a RunPlan (attnlab/plan.py)."""
     from attnlab.spec.tree import check_tree_shape
 
@@ -750,8 +751,7 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
                              float(p.near_tie_eps) if p.get("near_tie_eps") is not None else None,
                              p.enabled and p.tokens and bool(p.get("noise_floor", False)),
                              near_tie_ulps=float(p.near_tie_ulps)),
-        engine=pl.EnginePlan(cuda_graph=graphs, fused_ops=resolve_fused_ops(cfg.engine.fused_ops, device),
-                             gemm=cfg.engine.gemm,
+        engine=pl.EnginePlan(cuda_graph=graphs, fused_ops=fused, gemm=cfg.engine.gemm,
                              decode_steps_per_sync=cfg.engine.decode_steps_per_sync,
                              invariant=bool(cfg.engine.get("invariant", False)), kv_policy=cfg.engine.kv_policy,
                              pdl=bool(cfg.engine.get("pdl", False)),

@@ -101,8 +101,8 @@ def main(overrides: list[str], multirun: bool = False) -> int:
     common = set.intersection(*(set(j) for j in jobs)) if len(jobs) > 1 else set()
     bad = 0
     for i, job_overrides in enumerate(jobs):
-        own = [o.lstrip("+") if o.startswith("++") else o for o in job_overrides if o not in common]  # what this
-        # job of the sweep changes (cli.add_free_form's ++ dropped: as the user typed it)
+        # what this job of the sweep changes, as typed (cli.add_free_form's ++ dropped)
+        own = [o.removeprefix("++") for o in job_overrides if o not in common]
         label = f"job {i} ({' '.join(own) or 'defaults'})" if multirun else ""
         try:
             rows, _ = plan(compose(job_overrides))

@@ -48,13 +48,18 @@ def parse_plans(text: str) -> dict[str, str]:
     return plans
 
 
+def measured(cell: dict) -> bool:
+    """Whether a bench.kernels cell holds a time (not failed, cut or skipped)."""
+    return cell.get("status", "ok") == "ok" and bool(cell.get("ms"))
+
+
 def rows_of(cells: list[dict], plans: dict[str, str], rule: tuple[str, str] | None = None,
             spread: float = SPREAD) -> list[Row]:
     """One Row per verify shape (model, batch, context, q_len) any plan measured, sorted; the rule's plan joins
     ``plans`` in the ratios and is judged against the fastest of the others."""
     every = dict(plans, **({rule[0]: rule[1]} if rule else {}))
     us = {(c["phase"], c["model"], c["batch"], c["context"], c["q_len"], c["backend"]): c["ms"] * 1000
-          for c in cells if c.get("status", "ok") == "ok" and c.get("ms")}
+          for c in cells if measured(c)}
     kernel = {(c["model"], c["batch"], c["context"], c["q_len"], c["backend"]): c.get("kernel", "") for c in cells
               if c["phase"] == "verify"}
     specs = set(every.values())
@@ -190,18 +195,17 @@ def check_specs(cells: list[dict], plans: dict[str, str], rule: tuple[str, str] 
     has a measured verify cell; the notes (one per spec) where a spec's verify cells all failed or timed out: a GPU
     sitting's partial file still gives the other plans' table, the failed one a column of "-"."""
     known = {c["backend"] for c in cells}
-    measured = sorted({c["backend"] for c in cells if c["phase"] == "verify" and c.get("status", "ok") == "ok"
-                       and c.get("ms")})
+    timed = sorted({c["backend"] for c in cells if c["phase"] == "verify" and measured(c)})
     specs = [("plan", n, s) for n, s in plans.items()] + ([("rule", *rule)] if rule else [])
     notes = []
     for what, name, spec in specs:
-        if spec in measured:
+        if spec in timed:
             continue
-        where = f"{spec} ({what} {name}) in {', '.join(paths)}; measured there: {', '.join(measured) or 'none'}"
+        where = f"{spec} ({what} {name}) in {', '.join(paths)}; measured there: {', '.join(timed) or 'none'}"
         if spec not in known:
             raise ValueError(f"no cell of {where}")
         notes.append(f"no measured verify cell of {where}")
-    if not any(spec in measured for what, _, spec in specs if what == "plan"):
+    if not any(spec in timed for what, _, spec in specs if what == "plan"):
         raise ValueError(notes[0])
     return notes
 
