@@ -7,6 +7,7 @@ Every failure is a ConfigError with one line naming the field and the allowed va
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -32,6 +33,9 @@ BENCH_COLD = ("inline", "process", "empty_caches")
 ARRIVALS = ("batch", "all_at_once", "poisson", "closed")
 OUTPUT_LENS = ("fixed", "recorded")
 KV_POLICIES = ("reserve", "preempt")
+SPLIT_WORKLOADS = ("hf", "sharegpt")  # the workload kinds that read workload.split
+
+log = logging.getLogger("attnlab")
 
 
 @dataclass
@@ -611,6 +615,9 @@ def validate(cfg: DictConfig) -> RunPlan:
             raise ConfigError(f"workload.path={w.path!r}: no such file")
     if w.kind == "synthetic" and (not w.lengths or min(w.lengths) < 1):
         raise ConfigError(f"workload.lengths={list(w.lengths)}: need one or more prompt lengths >= 1")
+    if w.kind not in SPLIT_WORKLOADS and w.split != WorkloadSchema.split:
+        raise ConfigError(f"workload.split={w.split}: workload={w.kind} has no splits (only "
+                          f"{' and '.join(SPLIT_WORKLOADS)} read one); drop workload.split")
     _check_lengths(w)
     _check_arrivals(w)
     _choice("engine.kv_policy", cfg.engine.kv_policy, KV_POLICIES)
@@ -618,8 +625,17 @@ def validate(cfg: DictConfig) -> RunPlan:
     _choice("warmup.plan", cfg.warmup.plan, WARMUP_PLANS)
     if cfg.warmup.plan != "none" and (not cfg.warmup.lengths or min(cfg.warmup.lengths) < 1):
         raise ConfigError(f"warmup.lengths={list(cfg.warmup.lengths)}: need prompt lengths >= 1")
+    if not pl.WarmupPlan(cfg.warmup.plan).generates and list(cfg.warmup.lengths) != WarmupSchema().lengths:
+        # a warning, not a refusal: an experiment file or a sweep over warmup plans sets lengths for the plans that
+        # read them
+        log.warning("warmup.lengths=%s is ignored: warmup=%s runs no warmup generations (warmup=jit or full runs "
+                    "them)", list(cfg.warmup.lengths), cfg.warmup.plan)
     _choice("logger.kind", cfg.logger.kind, LOGGER_KINDS)
     _choice("logger.mode", cfg.logger.mode, WANDB_MODES)
+    if cfg.logger.kind == "wandb":
+        from attnlab.metrics.loggers import check_online
+
+        check_online(cfg.logger.mode)  # no API key: refused here, not by wandb.init once the run has started
     _choice("parity.reference_precision", cfg.parity.reference_precision, ("same", "fp32"))
     eps = cfg.parity.get("near_tie_eps")
     if eps is not None and not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -172,11 +173,49 @@ def test_the_run_plan_is_frozen_and_typed():
     (["workload.warmup_requests=1"], "for the serving arrivals only"),
     (["workload.arrival=all_at_once", "workload.slo_ttft_ms=-1"], "workload.slo_ttft_ms=-1"),
     (["workload.arrival=all_at_once", "engine.kv_policy=lru"], "engine.kv_policy"),
+    (["workload.split=test"], "workload.split=test: workload=builtin has no splits"),
+    (["workload=synthetic", "workload.split=heldout"], "workload.split=heldout: workload=synthetic has no splits"),
 ])
 def test_validation_errors_name_the_field(overrides, needle):
     with pytest.raises(ConfigError) as e:
         _validate(*overrides)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_split_is_read_only_where_a_workload_has_splits():
+    """workload.split on a workload without splits is refused (above); its schema default is not a request."""
+    assert _validate("workload.split=train").workload.kind == "builtin"
+    assert _validate("workload=humaneval").workload.split == "train"
+
+
+def test_warmup_lengths_without_warmup_generations_warn(caplog):
+    """warmup.lengths under a plan that runs no warmup generations (none, graphs) is one warning line, not an error
+    (experiment=hybrid_routing sets lengths for the plans that read them); the default value says nothing."""
+    with caplog.at_level(logging.WARNING, logger="attnlab"):
+        _validate("warmup.lengths=[64,128]")
+    assert [r.getMessage() for r in caplog.records] == [
+        "warmup.lengths=[64, 128] is ignored: warmup=none runs no warmup generations (warmup=jit or full runs them)"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="attnlab"):
+        _validate("warmup.lengths=[16]")
+        _validate("warmup=jit", "warmup.lengths=[64]")
+    assert not caplog.records
+
+
+def test_wandb_online_needs_an_api_key(tmp_path, monkeypatch):
+    """logger.mode=online with no W&B API key is refused by validate (so by the dry run too), not by wandb.init once
+    the run has started; offline and the jsonl logger need none."""
+    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb"))
+    with pytest.raises(ConfigError, match=r"^logger.mode=online: no W&B API key .* has no entry for api.wandb.ai\); "
+                                          r"set WANDB_API_KEY .* or use logger.mode=offline"):
+        _validate("logger.mode=online")
+    assert _validate("logger.mode=offline").logger.mode == "offline"
+    assert _validate("logger=jsonl", "logger.mode=online").logger.kind == "jsonl"
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    assert _validate("logger.mode=online").logger.mode == "online"
 
 
 def test_ngram_drafter_ignores_the_draft_backend():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 from attnlab.backends.cases import random_paged_case
 from attnlab.metrics.env import env_info
 from attnlab.metrics.kernel_parity import kernel_parity
-from attnlab.metrics.loggers import JsonlLogger, flatten
+from attnlab.metrics.loggers import JsonlLogger, flatten, wandb_credentials
 from attnlab.metrics.outputs import StatusFile, request_rows, write_json
 from attnlab.metrics.parity import acceptance_parity, first_divergence, logits_parity, token_parity
 from attnlab.metrics.perf import accept_rates, kv_waste_frac, merge_outputs, percentile, summarize
@@ -184,6 +185,36 @@ def test_outputs_and_jsonl_logger(tmp_path):
     events = [json.loads(line)["event"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert events == ["config", "metrics", "finish"]
     assert flatten({"a": {"b": 1}, "c": 2}) == {"a/b": 1, "c": 2}
+
+
+def test_wandb_credentials_are_found_where_wandb_looks(tmp_path, monkeypatch):
+    """logger.mode=online's key check (config validation) reads what wandb.init would, without importing wandb:
+    WANDB_API_KEY, then a netrc entry for the W&B host (WANDB_BASE_URL, else the settings file's base_url, else
+    api.wandb.ai), then an api_key in wandb's settings file."""
+    monkeypatch.setitem(sys.modules, "wandb", None)  # an import of wandb would raise
+    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    netrc, settings = tmp_path / "netrc", tmp_path / "wandb" / "settings"
+    monkeypatch.setenv("NETRC", str(netrc))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(settings.parent))
+    assert wandb_credentials() is None  # no netrc file, no settings file
+    netrc.write_text("machine wandb.example.com\n  login user\n  password k1\n")
+    assert wandb_credentials() is None  # an entry for another host
+    netrc.write_text(netrc.read_text() + "machine api.wandb.ai login user password k2\n")
+    assert wandb_credentials() == str(netrc)
+    netrc.write_text("machine wandb.example.com\n  login user\n  password k1\n")
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.com")
+    assert wandb_credentials() == str(netrc)
+    monkeypatch.delenv("WANDB_BASE_URL")
+    settings.parent.mkdir()
+    settings.write_text("[default]\nbase_url = https://wandb.example.com\n")
+    assert wandb_credentials() == str(netrc)
+    netrc.unlink()
+    assert wandb_credentials() is None
+    settings.write_text("[default]\napi_key = k3\n")
+    assert wandb_credentials() == "wandb settings"
+    monkeypatch.setenv("WANDB_API_KEY", "k4")
+    assert wandb_credentials() == "WANDB_API_KEY"
 
 
 def _fake_job(root, name, status, verify, tps=None, tau=None):

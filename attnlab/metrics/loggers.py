@@ -6,10 +6,15 @@ whatever the logger; a logger only mirrors them. ``finish`` is always called (th
 
 from __future__ import annotations
 
+import configparser
 import json
+import netrc
 import os
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
+
+WANDB_HOST = "https://api.wandb.ai"  # wandb's default base_url
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -22,6 +27,63 @@ def flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[key] = v
     return out
+
+
+def _wandb_settings() -> dict[str, str]:
+    """The [default] section of wandb's global settings file ($WANDB_CONFIG_DIR/settings, else
+    ~/.config/wandb/settings), where ``wandb login --host`` keeps base_url; {} if there is none."""
+    folder = os.environ.get("WANDB_CONFIG_DIR") or os.path.expanduser("~/.config/wandb")
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(os.path.join(folder, "settings"))
+        return dict(parser["default"]) if parser.has_section("default") else {}
+    except (OSError, configparser.Error):
+        return {}
+
+
+def _wandb_host(settings: dict[str, str]) -> str:
+    """The W&B server's host name: WANDB_BASE_URL, else the settings file's base_url, else api.wandb.ai."""
+    return urlsplit(os.environ.get("WANDB_BASE_URL") or settings.get("base_url") or WANDB_HOST).netloc
+
+
+def _netrc_path() -> Path:
+    """The netrc file wandb reads: $NETRC, else ~/.netrc, else ~/_netrc (as wandb.sdk.lib.wbauth.wbnetrc)."""
+    if os.environ.get("NETRC"):
+        return Path(os.environ["NETRC"]).expanduser()
+    unix = Path("~/.netrc").expanduser()
+    windows = Path("~/_netrc").expanduser()
+    return windows if not unix.exists() and windows.exists() else unix
+
+
+def wandb_credentials() -> str | None:
+    """Where wandb would find an API key for logger.mode=online, looked up as wandb.init does but without importing
+    wandb: WANDB_API_KEY / WANDB_IDENTITY_TOKEN_FILE, a netrc entry for the W&B host (WANDB_BASE_URL, else the
+    settings file's base_url, else api.wandb.ai), or an api_key in wandb's settings file. None: no key anywhere
+    (wandb.init would refuse the run only once it had started, and a dry run would pass)."""
+    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        if os.environ.get(var):
+            return var
+    settings = _wandb_settings()
+    host, path = _wandb_host(settings), _netrc_path()
+    try:
+        entry = netrc.netrc(str(path)).authenticators(host) if host else None
+    except (OSError, netrc.NetrcParseError):  # no file, or one wandb cannot read either
+        entry = None
+    if entry and entry[2]:
+        return str(path)
+    return "wandb settings" if settings.get("api_key") else None
+
+
+def check_online(mode: str) -> None:
+    """Refuse logger.mode=online with no W&B API key, in config validation (see wandb_credentials)."""
+    if mode != "online" or wandb_credentials():
+        return
+    from attnlab.errors import ConfigError
+
+    host = _wandb_host(_wandb_settings())
+    raise ConfigError(f"logger.mode=online: no W&B API key (WANDB_API_KEY is unset and {_netrc_path()} has no entry "
+                      f"for {host}); set WANDB_API_KEY or run `wandb login`, or use logger.mode=offline (`wandb sync` "
+                      f"uploads the run later)")
 
 
 class RunLogger:

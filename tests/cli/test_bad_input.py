@@ -177,9 +177,13 @@ def test_empty_prompt_list(tmp_path):
 def test_wandb_online_without_api_key(tmp_path):
     env = {"HOME": str(tmp_path), "WANDB_API_KEY": None, "WANDB_MODE": None, "NETRC": str(tmp_path / "netrc"),
            "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config")}
+    needles = ["logger.mode=online: no W&B API key", "api.wandb.ai", "WANDB_API_KEY", "logger.mode=offline"]
+    # the dry run refuses it too (it passed before: only wandb.init refused it, once the run had started)
+    _assert_one_line_exit_2(_run(tmp_path, "dry_run=true", "logger=wandb", "logger.mode=online", env=env), needles)
+    assert not (tmp_path / "run").exists()
     proc = _run(tmp_path, "logger=wandb", "logger.mode=online", env=env)
-    _assert_one_line_exit_2(proc, ["logger.mode=online", "wandb", "logger.mode=offline"])
-    assert _status(tmp_path) == "failed"
+    _assert_one_line_exit_2(proc, needles)
+    assert _status(tmp_path) == "failed" and "wandb" not in {p.name for p in (tmp_path / "run").iterdir()}
 
 
 def test_chat_template_failure_is_a_config_error():
