@@ -65,6 +65,8 @@ def test_hf_errors_are_one_line(tmp_path):
         load_hf(str(path), "text", 2)
     with pytest.raises(ConfigError, match=r"workload.field='prompt'.*columns: text"):
         load_hf(str(path), "prompt", 2)
+    with pytest.raises(ConfigError, match=r"workload.split=test: .* local file, which has one split"):
+        load_hf(str(path), "text", 2, split="test")
     bad = tmp_path / "d.xml"
     bad.write_text("<x/>")
     with pytest.raises(ConfigError, match="unknown file type"):

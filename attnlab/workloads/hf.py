@@ -26,6 +26,9 @@ def _load(path: str, name: str | None, split: str):
         if ext not in FORMATS:
             raise ConfigError(f"workload.path={path!r}: unknown file type {ext or '(none)'} "
                               f"(supported: {', '.join(FORMATS)})")
+        if split != "train":  # a local file is one split; the setting would be ignored without a word
+            raise ConfigError(f"workload.split={split}: workload.path={path!r} is a local file, which has one split "
+                              f"(train); drop workload.split")
         try:
             return datasets.load_dataset(FORMATS[ext], data_files=local, split="train")
         except Exception as e:  # noqa: BLE001 - a malformed file is the user's input
