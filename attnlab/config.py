@@ -192,7 +192,7 @@ class EngineSchema:
     # instead of 32 elementwise torch launches per layer; parity reference sides always run unfused.
     # true (CUDA only: refused on CPU) | false | auto (true where the run's device is cuda, false on CPU);
     # resolve_fused_ops. Any: a bool or the word auto (OmegaConf has no bool-or-literal type).
-    fused_ops: Any = False
+    fused_ops: Any = "auto"
     # cublas | triton | triton_attn: triton runs passes of <= 16 tokens (decode, verify) on attnlab's
     # row-invariant small-M GEMM with RoPE / SiLU-mul / residual adds / the KV store fused into it, the norms as
     # their own launches or, for streams of <= 1,024 columns, in the o / down GEMMs' tails (attnlab/models/gemm_path.py,

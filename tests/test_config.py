@@ -84,9 +84,11 @@ def test_validate_resolves_auto():
 
 
 def test_fused_ops_auto_is_on_where_the_device_is_cuda():
-    """engine.fused_ops=auto: off on CPU, where the main job runs as is, on where the run's device is cuda."""
-    from attnlab.config import resolve_fused_ops
+    """engine.fused_ops=auto, the default since 2026-12-05: off on CPU, where the main job runs as is, on where the
+    run's device is cuda."""
+    from attnlab.config import EngineSchema, resolve_fused_ops
 
+    assert EngineSchema().fused_ops == "auto" and _validate().engine.fused_ops is False
     assert _validate("engine.fused_ops=auto").engine.fused_ops is False
     assert _validate("engine.fused_ops=false").engine.fused_ops is False
     assert resolve_fused_ops("auto", "cuda") is True and resolve_fused_ops(True, "cuda") is True
