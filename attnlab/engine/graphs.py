@@ -33,11 +33,25 @@ that one reduction over [rows, vocab] unused (``runner.graph_argmax = False`` at
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass
 
 import torch
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@contextlib.contextmanager
+def _gc_off():
+    """The garbage collector off inside the block (an explicit gc.collect still runs)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def bucket_for(batch: int, buckets) -> int | None:
@@ -81,6 +95,7 @@ class GraphCache:
         self.q_lens: tuple[int, ...] = ()  # of causal passes
         self.mask_q_lens: tuple[int, ...] = ()  # of tree passes
         self.pool = None
+        self.stream = None  # the capture stream (record), made at the first capture
         self.tree_accept: dict[tuple, object] = {}  # (topk, num_steps, T) -> spec.tree_accept_graph.AcceptGraphs
         self.step_replays = {"steps": 0, "dsteps": 0, "dtree": 0}  # multi-step graph replays: host- / device-planned, trees
 
@@ -117,18 +132,27 @@ class GraphCache:
         return len(self.graphs) - before
 
     def record(self, fn):
-        """Run ``fn`` twice on a side stream (compiles kernels, settles the allocator off the capture), then
-        capture one call into a graph of this cache's pool: -> (the graph, what the captured call returned,
-        i.e. the graph's output buffers)."""
+        """Run ``fn`` twice, then capture one call into a graph of this cache's pool: -> (the graph, what the
+        captured call returned, i.e. the graph's output buffers).
+
+        The warm-up calls run on the stream the capture runs on (one per cache, as SGLang's runner does), so what a
+        library sets up lazily per stream, e.g. the cuBLAS workspace of (handle, stream), is set up before the
+        capture and not inside it; they also compile the kernels and settle the allocator. The garbage
+        collector is off during the capture (as vLLM and SGLang keep it; torch.cuda.graph still collects once before
+        it begins): a collection inside it could free another runner's graph or memory, a call a capture does not
+        allow. Either could explain the H100's failures of 2026-12-05: the EAGLE head's capture failed in cuBLAS
+        in the three runs that collected the other EAGLE graph tests of test_gpu_engine.py, and passed in the five
+        that ran it alone or in a pair (experiments/h100-2026-12-05)."""
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()
         with torch.inference_mode():
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
                 for _ in range(2):
                     fn()
-            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.current_stream().wait_stream(self.stream)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
+            with _gc_off(), torch.cuda.graph(g, pool=self.pool, stream=self.stream):
                 out = fn()
         return g, out
 
