@@ -4,17 +4,27 @@
 
 A request whose context (``kv_len``: cached tokens plus this pass's new ones) is at most ``threshold`` tokens
 goes to ``short``, a longer one to ``long`` (optional ``short_options`` / ``long_options`` are those backends'
-own options). Both backends read the same KV pool; each plans its own requests, and ``run`` launches both:
+own options). Both backends read the same KV pool; each plans its own requests, and ``run`` launches the sides
+that have any:
 
 - eager (the default, and any ragged / prefill / tree pass): each backend plans the sub-batch of its requests
   (its own qo_indptr, page table slice and mask blocks, gathered on the device: no host sync) and runs on
   those query rows (``index_select``); the two results land in disjoint rows of one output (``index_copy_``).
-- CUDA graphs (``cuda_graph=True``, a decode / verify pass with one q_len, no tree mask): the sub-batch sizes
-  would change with every routing change, so instead each backend plans the *whole* batch with the other
-  side's requests replaced by dummies (q_len as theirs, kv_len = q_len, the scratch page: almost no work),
-  exactly as a padded CUDA-graph bucket does; both run over every row and a per-row select (a static
-  bool buffer rewritten by each plan) takes each row from its own backend. Every buffer a replay reads is
-  rewritten in place by ``plan``, so one captured graph serves any later routing of that (slot, batch, q_len).
+  A pass whose requests all go one way is that backend's own pass, ``run_new`` included (a prefill's new K / V:
+  triton's contiguous kernel).
+- CUDA graphs (``cuda_graph=True``, a decode / verify pass with one q_len, no tree mask): a graph's launches are
+  fixed, so a (slot, batch, q_len) has three kinds of plan variant, a graph each (``graph_variants``):
+  - ``("short", v, None)`` / ``("long", None, v)``: every request goes one way; that backend plans the whole
+    batch and runs alone, as it would without the hybrid. A bucket's padding requests (nothing cached: kv_len =
+    q_len) go with the real ones, so a batch of long requests padded to its bucket is still one-sided.
+  - ``("both", v_short, v_long)``: mixed routing. Each backend plans the whole batch with the other side's
+    requests replaced by dummies (q_len as theirs, kv_len = q_len, the scratch page: almost no work), as a padded
+    bucket does; both run over every row and a per-row select (a static bool buffer rewritten by each plan) takes
+    each row from its own backend. Every buffer a replay reads is rewritten in place by ``plan``, so the graph
+    serves any later mixed routing of that (slot, batch, q_len).
+
+  Passes planned ahead (``plan_steps``: chain-draft steps, the multi-step decode graph, whose capture is not per
+  variant) always take ``both``, which serves any routing.
 
 Capabilities are the intersection of both backends' (page sizes: both rules must hold; CUDA graphs: only the
 modes both capture). ``parse_hybrid_options`` raises a one-line ConfigError for impossible hybrids: a missing
@@ -192,7 +202,8 @@ class _Route:
 class HybridPlan:
     routes: list[_Route]
     num_tokens: int
-    select_long: torch.Tensor | None = None  # graph mode: [T, 1, 1] bool, True = row from the long backend
+    select_long: torch.Tensor | None = None  # graph mode, side "both": [T, 1, 1] bool, True = row from the long side
+    side: str | None = None  # graph mode: "both", "short" or "long"; None: an eager plan
 
 
 class HybridBackend(AttentionBackend):
@@ -249,6 +260,7 @@ class HybridBackend(AttentionBackend):
                                  for c in self.classes)
         self.threshold = self.spec.threshold
         self._select: dict[tuple[int, int, int], torch.Tensor] = {}  # (slot, batch, q_len) -> [T, 1, 1] bool
+        self._ahead = False  # inside plan_steps: graph-mode plans take side "both"
         self.routed = {"short": 0, "long": 0}  # requests routed per side, over every plan (kernel_info)
 
     def is_long(self, meta: AttnMeta) -> list[bool]:
@@ -282,21 +294,35 @@ class HybridBackend(AttentionBackend):
     # variant is the pair of theirs, and a graph is captured per pair; other plans (eager, tree masks) have none.
 
     def graph_variants(self, q_len: int, masked: bool, batch: int | None = None) -> tuple:
+        """(side, short's variant, long's variant): "both" for each pair of the sides' variants, "short" / "long" for
+        each of that side's (the module doc)."""
         if not self.cuda_graph or masked:
             return (None,)
-        return tuple(itertools.product(self.short.graph_variants(q_len, masked, batch),
-                                       self.long.graph_variants(q_len, masked, batch)))
+        short, long_ = (be.graph_variants(q_len, masked, batch) for be in (self.short, self.long))
+        return (tuple(("both", a, b) for a, b in itertools.product(short, long_))
+                + tuple(("short", a, None) for a in short) + tuple(("long", None, b) for b in long_))
 
     def plan_variant(self, plan) -> tuple | None:
-        if not isinstance(plan, HybridPlan) or plan.select_long is None:
+        if not isinstance(plan, HybridPlan) or plan.side is None:
             return None
-        return tuple(r.backend.plan_variant(r.plan) for r in plan.routes)
+        if plan.side == "both":
+            return ("both", *(r.backend.plan_variant(r.plan) for r in plan.routes))
+        v = plan.routes[0].backend.plan_variant(plan.routes[0].plan)
+        return (plan.side, v, None) if plan.side == "short" else (plan.side, None, v)
 
     @contextmanager
     def forcing(self, variant) -> Iterator[None]:
-        short, long_ = (None, None) if variant is None else variant
+        _, short, long_ = (None, None, None) if variant is None else variant
         with super().forcing(variant), self.short.forcing(short), self.long.forcing(long_):
             yield
+
+    def plan_steps(self, metas: list[AttnMeta]) -> None:
+        """Plans ahead take side "both" in graph mode (the module doc)."""
+        self._ahead = True
+        try:
+            super().plan_steps(metas)
+        finally:
+            self._ahead = False
 
     def write_mask(self, plan: HybridPlan, custom_mask: torch.Tensor) -> None:
         """Each backend gets its sub-batch's entries (the eager plan's routes; graph plans take no mask)."""
@@ -305,9 +331,24 @@ class HybridBackend(AttentionBackend):
         for r in plan.routes:
             r.backend.write_mask(r.plan, custom_mask if r.mask_index is None else custom_mask[r.mask_index])
 
+    def _graph_side(self, long_: list[bool], meta: AttnMeta) -> str:
+        """The graph-mode plan's side: forced by a capture, "both" for plans ahead, else by the routing of the
+        requests with something cached (kv_len > q_len; a bucket's padding has nothing), or of all if none has."""
+        if self.forced_variant is not None:
+            return self.forced_variant[0]
+        if self._ahead:
+            return "both"
+        real = [x for x, kv, q in zip(long_, meta.kv_lens_host, meta.q_lens) if kv > q] or long_
+        return "long" if all(real) else "short" if not any(real) else "both"
+
     def _graph_plan(self, meta: AttnMeta, slot: int, long_: list[bool]) -> HybridPlan:
-        """Both backends plan the whole batch (the other side's requests as dummies) into their graph-mode
-        buffers of (slot, batch, q_len); the row select is this key's static buffer, rewritten in place."""
+        """Side "short" / "long": that backend plans the whole batch into its graph-mode buffers of (slot, batch,
+        q_len). Side "both": both backends plan the whole batch (the other side's requests as dummies); the row
+        select is this key's static buffer, rewritten in place."""
+        side = self._graph_side(long_, meta)
+        if side != "both":
+            backend = self.short if side == "short" else self.long
+            return HybridPlan([_Route(backend, backend.make_plan(meta, slot), None)], meta.num_tokens, side=side)
         key = (slot, meta.batch_size, meta.q_lens[0])
         sel = self._select.get(key)
         if sel is None:
@@ -318,25 +359,30 @@ class HybridBackend(AttentionBackend):
         for backend, want in ((self.short, False), (self.long, True)):
             m = sub_meta(meta, [x == want for x in long_], self.pool.num_pages, dummies=True)
             routes.append(_Route(backend, backend.make_plan(m, slot), None))
-        return HybridPlan(routes, meta.num_tokens, sel)
+        return HybridPlan(routes, meta.num_tokens, sel, side="both")
 
     def run(self, q: torch.Tensor, layer: int) -> torch.Tensor:
-        """q: [num_tokens, Hq, D] -> [num_tokens, Hq, D]: both backends' launches, no host sync."""
+        """q: [num_tokens, Hq, D] -> [num_tokens, Hq, D]: the launches of the sides with requests, no host sync."""
+        return self.run_new(q, None, None, layer)
+
+    def run_new(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int) -> torch.Tensor:
+        """``run`` with this pass's new K / V: each side gets its own requests' rows of them (its ``run_new``)."""
         plan: HybridPlan = self.active_plan
         if plan.select_long is not None:
             short, long_ = (self._run_route(r, q, layer) for r in plan.routes)
             return torch.where(plan.select_long, long_, short)
         if len(plan.routes) == 1 and plan.routes[0].rows is None:
-            return self._run_route(plan.routes[0], q, layer)
+            return self._run_route(plan.routes[0], q, layer, k, v)
         out = torch.zeros_like(q)  # rows of q_len-0 requests: none; every real row is written below
         for r in plan.routes:
-            out.index_copy_(0, r.rows, self._run_route(r, q.index_select(0, r.rows), layer))
+            kv = (None, None) if k is None or v is None else (k.index_select(0, r.rows), v.index_select(0, r.rows))
+            out.index_copy_(0, r.rows, self._run_route(r, q.index_select(0, r.rows), layer, *kv))
         return out
 
     @staticmethod
-    def _run_route(route: _Route, q: torch.Tensor, layer: int) -> torch.Tensor:
+    def _run_route(route: _Route, q: torch.Tensor, layer: int, k=None, v=None) -> torch.Tensor:
         route.backend._plan = route.plan  # that backend's active plan: a Python attribute, no device work
-        return route.backend.run(q, layer)
+        return route.backend.run_new(q, k, v, layer)
 
     def kernel_info(self) -> dict[str, str]:
         """The routing and what each side ran (its own kernel_info, prefixed by the side)."""

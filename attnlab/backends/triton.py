@@ -393,7 +393,7 @@ class TritonBackend(AttentionBackend):
 
     def run_new(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         """``run``, but a prefill planned for the contiguous kernel (``_contig``) reads the new K / V given here.
-        kernel_info's prefill label says which kernel ran, when it ran (a hybrid's triton side is run by ``run``)."""
+        kernel_info's prefill label says which kernel ran, when it ran (a hybrid hands its triton side its rows)."""
         plan: TritonPlan = self.active_plan
         if plan.contig is None or k is None or v is None:
             return self.run(q, layer)

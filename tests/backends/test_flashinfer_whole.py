@@ -120,25 +120,40 @@ def test_a_fixed_choice_has_one_variant(fake_fi, split):
         assert be.slot_variant(0) is None and be.active_plan.wrapper.plans[-1]["disable_split_kv"] is not split
 
 
-def test_hybrid_variants_are_the_pairs_of_its_sides(fake_fi):
-    """A graph-mode hybrid plans both sides over the whole bucket: its variant is the pair (flashinfer's, triton's),
-    a graph per pair; forcing a pair forces each side; eager plans and tree masks have none."""
+def test_hybrid_variants_are_its_sides_alone_and_their_pairs(fake_fi):
+    """A graph-mode hybrid's variants: (side, flashinfer's, triton's): "both" for each pair, a graph each, and "short"
+    / "long" for a batch routed one way, which that side plans alone. Forcing a variant forces each side and the
+    routing; a bucket's padding (kv_len = q_len) goes with the real requests; plans ahead (plan_steps) and eager
+    plans are as before."""
     from attnlab.backends.flashinfer import FlashInferBackend
     from attnlab.backends.registry import bind_options
 
     fi = bind_options(FlashInferBackend, {**AUTO, "workspace_bytes": 1 << 16})
     cls = HybridBackend.with_classes(HybridSpec("flashinfer", "triton", 256), fi, TritonBackend)
-    case = cpu_case([5, 5], [900, 40], gqa=3)
+    case = cpu_case([5, 5], [900, 900], gqa=3)  # page tables for 900 tokens each; the passes use fewer
     be = cls(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale, torch.bfloat16,
              cuda_graph=True, max_batch_size=2, max_q_len=8, max_context=1024)
-    assert be.graph_variants(5, False) == (("split", None), ("whole", None))
-    assert be.graph_variants(5, True) == (None,) and be.graph_variants(1, False) == ((None, None),)
+    assert be.graph_variants(5, False) == (("both", "split", None), ("both", "whole", None), ("short", "split", None),
+                                           ("short", "whole", None), ("long", None, None))
+    assert be.graph_variants(5, True) == (None,)
+    assert be.graph_variants(1, False) == (("both", None, None), ("short", None, None), ("long", None, None))
     be.plan(meta_over(case, [900, 40], [5, 5]))  # flashinfer holds request 1 (40 tokens) and a dummy: whole
-    assert be.slot_variant(0) == ("whole", None)
-    with be.forcing(("split", None)):
+    assert be.slot_variant(0) == ("both", "whole", None) and len(be.active_plan.routes) == 2
+    with be.forcing(("both", "split", None)):
         be.plan(meta_over(case, [900, 40], [5, 5]))
         assert be.short.forced_variant == "split"
-    assert be.slot_variant(0) == ("split", None) and be.short.forced_variant is None
+    assert be.slot_variant(0) == ("both", "split", None) and be.short.forced_variant is None
+    for kv_lens, variant in (([900, 300], ("long", None, None)), ([900, 5], ("long", None, None)),  # 5: padding
+                             ([40, 5], ("short", "whole", None)), ([5, 5], ("short", "whole", None))):
+        be.plan(meta_over(case, kv_lens, [5, 5]))
+        (route,) = be.active_plan.routes
+        assert be.slot_variant(0) == variant and route.backend is (be.long if variant[0] == "long" else be.short)
+        assert be.active_plan.select_long is None
+    with be.forcing(("long", None, None)):  # a capture's forced side, whatever the lengths
+        be.plan(meta_over(case, [40, 5], [5, 5]))
+    assert be.slot_variant(0) == ("long", None, None)
+    be.plan_steps([meta_over(case, [900, 300], [5, 5])])  # ahead: "both" serves any routing
+    assert be.plan_variant(be._slots[1])[0] == "both"
     eager = cls(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale, torch.bfloat16)
     eager.plan(meta_over(case, [900, 40], [5, 5], mode=Mode.VERIFY))
     assert eager.graph_variants(5, False) == (None,) and eager.slot_variant(0) is None

@@ -99,6 +99,44 @@ def test_routes_each_request_by_context_length():
     torch.testing.assert_close(be.run(case.q[:3], 0).float(), _ref(case, m, 0, case.q[:3]), atol=1e-5, rtol=1e-5)
 
 
+class NewKV(TorchBackend):
+    """The torch reference, recording what each ``run_new`` got: (its query rows, the new K / V it was handed)."""
+
+    seen: list
+
+    def run_new(self, q, k, v, layer):
+        type(self).seen.append((q.shape[0], k, v))
+        return super().run_new(q, k, v, layer)
+
+
+def test_run_new_hands_each_side_its_own_new_kv():
+    """A prefill's new K / V (what triton's contiguous kernel reads) reach each side: its own requests' rows in a
+    mixed pass (torch short: 40 + 1 rows, torch long: 5), the tensors themselves in a one-way pass; outputs are the
+    reference's."""
+    from attnlab.backends.cases import new_kv
+
+    short, long_ = type("Short", (NewKV,), {"seen": []}), type("Long", (NewKV,), {"seen": []})
+    cls = HybridBackend.with_classes(HybridSpec("torch", "torch", THRESHOLD), short, long_)
+    q_lens, contexts, mode, _ = PASSES["prefill"]
+    case = make_case(kv_lens=lens(contexts, q_lens), q_lens=q_lens, page_size=16, num_kv_heads=2, gqa=3, head_dim=64,
+                     dtype=torch.float32, mode=mode)
+    be = case.backend(cls)
+    be.plan(case.meta)
+    k, v = new_kv(case.pool, case.meta, 0)
+    torch.testing.assert_close(be.run_new(case.q, k, v, 0).float(), _ref(case, case.meta, 0), **TOL[torch.float32])
+    (n_short, k_short, v_short), (n_long, k_long, v_long) = short.seen + long_.seen
+    rows_short, rows_long = (r.rows for r in be.active_plan.routes)
+    assert (n_short, n_long) == (41, 5) and torch.equal(k_long, k[rows_long]) and torch.equal(v_short, v[rows_short])
+    assert torch.equal(k_short, k[rows_short]) and torch.equal(v_long, v[rows_long])
+    one_way = meta_over(case, [40, 17, 6, 2], q_lens, mode=Mode.PREFILL)  # every context <= 64: short alone
+    be.plan(one_way)
+    k, v = new_kv(case.pool, one_way, 0)
+    be.run_new(case.q, k, v, 0)
+    assert short.seen[-1][1] is k and short.seen[-1][2] is v and len(long_.seen) == 1
+    be.run(case.q, 0)  # no new K / V: run_new(q, None, None) on the side
+    assert short.seen[-1][1:] == (None, None)
+
+
 def test_plan_steps_keep_both_sides_per_slot():
     """Multi-step draft: k plans alive at once; use_step switches both sides' plans without planning."""
     cls = hybrid_class(short="triton", long="torch", threshold=40)

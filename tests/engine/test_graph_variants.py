@@ -174,14 +174,20 @@ def test_a_capture_whose_plan_ignores_the_forced_variant_fails_loudly(fake_fi, s
 
 
 def test_a_hybrid_replays_the_graph_of_its_sides_pair(fake_fi, stand_in_graphs):
-    """flashinfer (auto) on both sides of a hybrid, graph mode: a verify bucket gets a graph per pair of variants, and
-    each pass replays the pair its sides planned (the short side over its own requests and the long side's as
-    dummies, and the other way round), with an eager hybrid's exact logits."""
-    passes = (([100, 900, 100], ("whole", "split")), ([600, 600, 100], ("whole", "whole")),
-              ([900, 40, 1000], ("whole", "split")))
-    graphs = replay_hybrid_passes(4, passes)
-    assert set(graphs) == {(a, b) for a in ("split", "whole") for b in ("split", "whole")}
-    assert {v: g.replays for v, g in graphs.items() if g.replays} == {("whole", "split"): 2, ("whole", "whole"): 1}
+    """flashinfer (auto) on both sides of a hybrid, graph mode: a verify bucket gets a graph per pair of variants
+    ("both") and per variant of each side alone ("short", "long"); each pass replays the one it planned (mixed: the
+    short side over its own requests and the long side's as dummies, and the other way round; one way: that side
+    alone, the bucket's padding request with it), with an eager hybrid's exact logits."""
+    passes = (([100, 900, 100], ("both", "whole", "split")), ([600, 600, 100], ("both", "whole", "whole")),
+              ([900, 40, 1000], ("both", "whole", "split")), ([900, 400, 1000], ("long", None, "split")),
+              ([100, 40, 200], ("short", "whole", None)))
+    graphs = replay_hybrid_passes(8, passes)
+    sides = ("split", "whole")
+    assert set(graphs) == ({("both", a, b) for a in sides for b in sides} | {("short", a, None) for a in sides}
+                           | {("long", None, b) for b in sides})
+    assert {v: g.replays for v, g in graphs.items() if g.replays} == {
+        ("both", "whole", "split"): 2, ("both", "whole", "whole"): 1, ("long", None, "split"): 1,
+        ("short", "whole", None): 1}
 
 
 def replay_hybrid_passes(n_graphs: int, passes, **options) -> dict:
@@ -257,10 +263,10 @@ def test_rows_verify_captures_one_graph_and_matches_fa2(fake_fi, stand_in_graphs
 
 
 def test_a_hybrid_with_auto_rows_replays_its_sides_pair(fake_fi, stand_in_graphs):
-    """verify_as_decode=auto on both sides of a hybrid: 3 x 3 variant pairs, a graph each; each side picks its plan
-    over its own requests and the other side's as dummies (5 tokens each), as an eager hybrid picks it over its own
-    requests alone, with that hybrid's exact logits."""
-    passes = (([100, 900, 100], ("rows", "rows")), ([600, 600, 100], ("rows", "whole")),
-              ([900, 40, 1000], ("rows", "split")))
-    graphs = replay_hybrid_passes(9, passes, verify_as_decode="auto")
+    """verify_as_decode=auto on both sides of a hybrid: 3 x 3 variant pairs and 3 + 3 one-sided variants, a graph
+    each; each side picks its plan over its own requests and the other side's as dummies (5 tokens each), as an eager
+    hybrid picks it over its own requests alone, with that hybrid's exact logits."""
+    passes = (([100, 900, 100], ("both", "rows", "rows")), ([600, 600, 100], ("both", "rows", "whole")),
+              ([900, 40, 1000], ("both", "rows", "split")))
+    graphs = replay_hybrid_passes(15, passes, verify_as_decode="auto")
     assert {v: g.replays for v, g in graphs.items() if g.replays} == {p: 1 for _, p in passes}
