@@ -228,6 +228,31 @@ def _status(run: Path) -> str:
     return f" (status.json: {st['status']}{': ' + str(st['error']) if st.get('error') else ''})"
 
 
+# Settings whose default changed after runs were made: locate recomposes a run from its overrides and today's defaults,
+# so it pins these to the run's own composed value (.hydra/config.yaml) where its overrides do not set them.
+PINNED = ("engine.fused_ops",)  # default false until 2026-12-05, auto since
+
+
+def _pinned_defaults(config: Path, overrides: list) -> list[str]:
+    """``key=value`` overrides for the PINNED keys that ``overrides`` does not set, from the run's composed config
+    (none where it has no such file or key: a run folder made by hand)."""
+    import yaml
+
+    set_keys = {str(o).split("=", 1)[0].lstrip("+~") for o in overrides}
+    try:
+        cfg = yaml.safe_load(config.read_text()) if config.is_file() else None
+    except yaml.YAMLError:
+        cfg = None
+    out = []
+    for key in PINNED:
+        node = cfg
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if key not in set_keys and node is not None:
+            out.append(f"{key}={str(node).lower() if isinstance(node, bool) else node}")
+    return out
+
+
 def read_run(run: Path, divergence: str = "vs_target_only") -> tuple[list[str], list[dict]]:
     """The run folder's saved overrides and requests.jsonl rows; LocateError (one line: what is wrong and what
     to pass instead) for a path that is not a finished run's folder."""
@@ -256,6 +281,7 @@ def read_run(run: Path, divergence: str = "vs_target_only") -> tuple[list[str], 
         raise LocateError(f"{saved}: not readable YAML ({str(e).splitlines()[0]}): the run folder is damaged") from e
     if not isinstance(overrides, list):
         raise LocateError(f"{saved}: not a list of overrides: the run folder is damaged")
+    overrides = [*_pinned_defaults(run / ".hydra" / "config.yaml", overrides), *overrides]
     requests = run / "requests.jsonl"
     if not requests.is_file():
         raise LocateError(f"{run}: no requests.jsonl{_status(run)}: the locator needs a run that finished "

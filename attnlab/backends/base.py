@@ -258,10 +258,10 @@ class AttentionBackend(ABC):
     # kernels by the lengths (flashinfer: an fa2 verify with or without split-KV and its merge) names those
     # variants, and the engine captures a graph per variant and replays the one the pass's plan chose.
 
-    def graph_variants(self, q_len: int, masked: bool, batch: int | None = None) -> tuple[Hashable, ...]:
+    def graph_variants(self, q_len: int, masked: bool, batch: int | None = None, slot: int = 0) -> tuple[Hashable, ...]:
         """The plan variants a graph-mode pass of ``q_len`` tokens per request (``masked``: a tree pass) in a bucket
-        of ``batch`` requests (None: any) can take; one graph is captured per variant. ``(None,)``: one kind of
-        plan."""
+        of ``batch`` requests (None: any) can take in plan ``slot`` (0: planned one pass at a time; 1..n: planned
+        ahead by plan_steps); one graph is captured per variant. ``(None,)``: one kind of plan."""
         return (None,)
 
     def plan_variant(self, plan) -> Hashable:

@@ -427,7 +427,7 @@ class FlashInferBackend(AttentionBackend):
         return prefill_family(kind, max_q_len, verify_backend=self.verify_backend,
                               prefill_backend=self.prefill_backend, prefill_min_q_len=self.prefill_min_q_len)
 
-    def graph_variants(self, q_len: int, masked: bool, batch: int | None = None) -> tuple:
+    def graph_variants(self, q_len: int, masked: bool, batch: int | None = None, slot: int = 0) -> tuple:
         """CUDA-graph mode: the plans one (``batch`` bucket, ``q_len``) pass can take, a graph each. verify_split_kv=
         auto: an fa2 causal pass (verify, draft-extend) plans with or without split-KV by its lengths, and the split
         launches a merge the whole plan does not. verify_as_decode=auto: the prefill wrapper's plan is a variant

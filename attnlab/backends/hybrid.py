@@ -204,6 +204,7 @@ class HybridPlan:
     num_tokens: int
     select_long: torch.Tensor | None = None  # graph mode, side "both": [T, 1, 1] bool, True = row from the long side
     side: str | None = None  # graph mode: "both", "short" or "long"; None: an eager plan
+    new_kv: bool = False  # a prefill: its sides take the pass's new K / V (run_new); other passes never read them
 
 
 class HybridBackend(AttentionBackend):
@@ -288,19 +289,21 @@ class HybridBackend(AttentionBackend):
             sub = sub_meta(meta, keep, self.pool.num_pages, dummies=False)
             rows_t = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
             routes.append(_Route(backend, backend.make_plan(sub, slot), rows_t, _mask_entries(meta, keep)))
-        return HybridPlan(routes, meta.num_tokens)
+        return HybridPlan(routes, meta.num_tokens, new_kv=meta.mode == Mode.PREFILL)
 
     # Plan variants (AttentionBackend.graph_variants): a graph-mode plan runs both sides over the whole bucket, so its
     # variant is the pair of theirs, and a graph is captured per pair; other plans (eager, tree masks) have none.
 
-    def graph_variants(self, q_len: int, masked: bool, batch: int | None = None) -> tuple:
+    def graph_variants(self, q_len: int, masked: bool, batch: int | None = None, slot: int = 0) -> tuple:
         """(side, short's variant, long's variant): "both" for each pair of the sides' variants, "short" / "long" for
-        each of that side's (the module doc)."""
+        each of that side's (the module doc); a slot planned ahead (>= 1: plan_steps) has the "both" ones only."""
         if not self.cuda_graph or masked:
             return (None,)
-        short, long_ = (be.graph_variants(q_len, masked, batch) for be in (self.short, self.long))
-        return (tuple(("both", a, b) for a, b in itertools.product(short, long_))
-                + tuple(("short", a, None) for a in short) + tuple(("long", None, b) for b in long_))
+        short, long_ = (be.graph_variants(q_len, masked, batch, slot) for be in (self.short, self.long))
+        both = tuple(("both", a, b) for a, b in itertools.product(short, long_))
+        if slot:
+            return both
+        return both + tuple(("short", a, None) for a in short) + tuple(("long", None, b) for b in long_)
 
     def plan_variant(self, plan) -> tuple | None:
         if not isinstance(plan, HybridPlan) or plan.side is None:
@@ -326,7 +329,7 @@ class HybridBackend(AttentionBackend):
 
     def write_mask(self, plan: HybridPlan, custom_mask: torch.Tensor) -> None:
         """Each backend gets its sub-batch's entries (the eager plan's routes; graph plans take no mask)."""
-        if plan.select_long is not None:
+        if plan.side is not None:
             raise ValueError("hybrid: update_mask on a graph-mode plan (tree passes plan eagerly)")
         for r in plan.routes:
             r.backend.write_mask(r.plan, custom_mask if r.mask_index is None else custom_mask[r.mask_index])
@@ -366,8 +369,11 @@ class HybridBackend(AttentionBackend):
         return self.run_new(q, None, None, layer)
 
     def run_new(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int) -> torch.Tensor:
-        """``run`` with this pass's new K / V: each side gets its own requests' rows of them (its ``run_new``)."""
+        """``run`` with this pass's new K / V: in a prefill each side gets its own requests' rows of them (its
+        ``run_new``); no other pass gathers them (no backend reads a decode's or a verify's)."""
         plan: HybridPlan = self.active_plan
+        if not plan.new_kv:
+            k = v = None
         if plan.select_long is not None:
             short, long_ = (self._run_route(r, q, layer) for r in plan.routes)
             return torch.where(plan.select_long, long_, short)

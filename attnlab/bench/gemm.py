@@ -96,17 +96,10 @@ class GraphTimer:
     def __init__(self, fn, copies: int, reps: int, iters: int):
         import torch
 
+        from attnlab.engine.graphs import record_graph
+
         self.iters, self.reps = iters, reps
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for i in range(reps):
-                fn(i % copies)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            for i in range(reps):
-                fn(i % copies)
+        self.graph, _ = record_graph(lambda: [fn(i % copies) for i in range(reps)], warmups=1)
         self.graph.replay()
         torch.cuda.synchronize()
 

@@ -160,16 +160,9 @@ class Timer:
         self.graph, self.graph_error = None, None
         if graphable:
             try:
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):  # side-stream warmup as torch.cuda.graphs recommends
-                    for r in range(self.reps):
-                        self.call(r % num_layers)
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for r in range(self.reps):
-                        self.call(r % num_layers)
+                from attnlab.engine.graphs import record_graph
+
+                graph, _ = record_graph(lambda: [self.call(r % num_layers) for r in range(self.reps)], warmups=1)
                 graph.replay()
                 torch.cuda.synchronize()
                 self.graph = graph

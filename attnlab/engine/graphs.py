@@ -54,6 +54,31 @@ def _gc_off():
             gc.enable()
 
 
+def record_graph(fn, pool=None, stream=None, warmups: int = 2):
+    """Run ``fn`` ``warmups`` times, then capture one call of it into a CUDA graph (of ``pool``, if given): -> (the
+    graph, what the captured call returned, i.e. the graph's output buffers). Every attnlab capture goes through
+    here (GraphCache.record, the benches' timers).
+
+    The warm-up calls run on the stream the capture runs on (``stream``, or a new one; GraphCache keeps one per cache,
+    as SGLang's graph runner does), so what a library sets up lazily per stream, e.g. the cuBLAS workspace of
+    (handle, stream), is set up before the capture and not inside it; they also compile the kernels and settle the
+    allocator. The garbage collector is off during the capture (as vLLM and SGLang keep it; torch.cuda.graph no longer
+    collects before a capture unless TORCH_CUDAGRAPH_GC=1): a collection inside it could free another runner's graph,
+    memory or a compiled kernel, calls a capture does not allow. Either could explain the H100's failures of
+    2026-12-05: the EAGLE head's capture failed in cuBLAS in the three runs that collected the other EAGLE graph tests
+    of test_gpu_engine.py, and passed in the five that ran it alone or in a pair (experiments/h100-2026-12-05)."""
+    stream = stream or torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with _gc_off(), torch.cuda.graph(g, pool=pool, stream=stream):
+        out = fn()
+    return g, out
+
+
 def bucket_for(batch: int, buckets) -> int | None:
     """The smallest captured bucket that holds ``batch`` requests, or None (eager)."""
     return next((b for b in sorted(buckets) if b >= batch), None)
@@ -115,6 +140,7 @@ class GraphCache:
 
     def capture(self, buckets, q_lens, slots, feature_dim: int | None = None, masked: bool = False) -> int:
         """Capture every (bucket, q_len, slot) not captured yet; returns how many were added."""
+        gc.collect()  # once a batch of captures (record_graph keeps the collector off inside each)
         r = self.runner
         before = len(self.graphs)
         self.buckets = tuple(sorted(set(self.buckets) | set(buckets)))
@@ -126,35 +152,18 @@ class GraphCache:
         for bs in sorted(set(buckets), reverse=True):
             for q in sorted(set(q_lens)):
                 for slot in slots:
-                    for variant in r.backend.graph_variants(q, masked, bs):
+                    for variant in r.backend.graph_variants(q, masked, bs, slot):
                         if (bs, q, slot, r.capture_layers, masked, variant) not in self.graphs:
                             self._capture_one(r, bs, q, slot, feature_dim, masked, variant)
         return len(self.graphs) - before
 
     def record(self, fn):
-        """Run ``fn`` twice, then capture one call into a graph of this cache's pool: -> (the graph, what the
-        captured call returned, i.e. the graph's output buffers).
-
-        The warm-up calls run on the stream the capture runs on (one per cache, as SGLang's runner does), so what a
-        library sets up lazily per stream, e.g. the cuBLAS workspace of (handle, stream), is set up before the
-        capture and not inside it; they also compile the kernels and settle the allocator. The garbage
-        collector is off during the capture (as vLLM and SGLang keep it; torch.cuda.graph still collects once before
-        it begins): a collection inside it could free another runner's graph or memory, a call a capture does not
-        allow. Either could explain the H100's failures of 2026-12-05: the EAGLE head's capture failed in cuBLAS
-        in the three runs that collected the other EAGLE graph tests of test_gpu_engine.py, and passed in the five
-        that ran it alone or in a pair (experiments/h100-2026-12-05)."""
+        """Run ``fn`` twice, then capture one call into a graph of this cache's pool, on this cache's capture stream
+        (``record_graph``): -> (the graph, what the captured call returned, i.e. the graph's output buffers)."""
         if self.stream is None:
-            self.stream = torch.cuda.Stream()
+            self.stream = torch.cuda.Stream(device=self.runner.device)
         with torch.inference_mode():
-            self.stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self.stream):
-                for _ in range(2):
-                    fn()
-            torch.cuda.current_stream().wait_stream(self.stream)
-            g = torch.cuda.CUDAGraph()
-            with _gc_off(), torch.cuda.graph(g, pool=self.pool, stream=self.stream):
-                out = fn()
-        return g, out
+            return record_graph(fn, self.pool, self.stream)
 
     def _capture_one(self, r, bs: int, q: int, slot: int, feature_dim: int | None, masked: bool = False,
                      variant=None) -> None:
@@ -200,6 +209,7 @@ class GraphCache:
     def capture_steps(self, buckets, n: int, feature_dim: int | None = None) -> int:
         """Capture the n-step greedy graph (engine/multistep.py) of every bucket not captured yet; with
         ``feature_dim``, a draft head's (its first step reads a [bs, feature_dim] feature buffer)."""
+        gc.collect()  # once a batch of captures, as capture
         before = len(self.graphs)
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         r = self.runner
@@ -298,6 +308,7 @@ class GraphCache:
         """Capture the device-planned tree draft (attnlab.spec.tree_device: a greedy draft's S - 1 frontier
         passes, expansions and select_tree in one graph) of every bucket not captured yet; ``feature_dim``: an
         EAGLE head's feature width (None: a plain drafter)."""
+        gc.collect()  # once a batch of captures, as capture
         before = len(self.graphs)
         self.buckets = tuple(sorted(set(self.buckets) | set(buckets)))
         self.pool = self.pool or torch.cuda.graph_pool_handle()

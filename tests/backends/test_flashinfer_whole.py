@@ -124,7 +124,7 @@ def test_hybrid_variants_are_its_sides_alone_and_their_pairs(fake_fi):
     """A graph-mode hybrid's variants: (side, flashinfer's, triton's): "both" for each pair, a graph each, and "short"
     / "long" for a batch routed one way, which that side plans alone. Forcing a variant forces each side and the
     routing; a bucket's padding (kv_len = q_len) goes with the real requests; plans ahead (plan_steps) and eager
-    plans are as before."""
+    plans are as before; a slot planned ahead has the "both" variants only."""
     from attnlab.backends.flashinfer import FlashInferBackend
     from attnlab.backends.registry import bind_options
 
@@ -152,6 +152,9 @@ def test_hybrid_variants_are_its_sides_alone_and_their_pairs(fake_fi):
     with be.forcing(("long", None, None)):  # a capture's forced side, whatever the lengths
         be.plan(meta_over(case, [40, 5], [5, 5]))
     assert be.slot_variant(0) == ("long", None, None)
+    with pytest.raises(ValueError, match="hybrid: update_mask on a graph-mode plan"):
+        be.write_mask(be.active_plan, torch.ones(10, dtype=torch.bool))
+    assert be.graph_variants(5, False, 2, slot=1) == (("both", "split", None), ("both", "whole", None))
     be.plan_steps([meta_over(case, [900, 300], [5, 5])])  # ahead: "both" serves any routing
     assert be.plan_variant(be._slots[1])[0] == "both"
     eager = cls(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale, torch.bfloat16)

@@ -135,6 +135,16 @@ def test_run_new_hands_each_side_its_own_new_kv():
     assert short.seen[-1][1] is k and short.seen[-1][2] is v and len(long_.seen) == 1
     be.run(case.q, 0)  # no new K / V: run_new(q, None, None) on the side
     assert short.seen[-1][1:] == (None, None)
+    q_lens, contexts, mode, _ = PASSES["decode"]  # a mixed decode: nothing to gather, no side reads a decode's K / V
+    decode = make_case(kv_lens=lens(contexts, q_lens), q_lens=q_lens, page_size=16, num_kv_heads=2, gqa=3,
+                       head_dim=64, dtype=torch.float32, mode=mode)
+    be = decode.backend(cls)
+    be.plan(decode.meta)
+    k, v = new_kv(decode.pool, decode.meta, 0)
+    torch.testing.assert_close(be.run_new(decode.q, k, v, 0).float(), _ref(decode, decode.meta, 0),
+                               **TOL[torch.float32])
+    assert len(be.active_plan.routes) == 2
+    assert all(seen[1:] == (None, None) for seen in (short.seen[-1], long_.seen[-1]))
 
 
 def test_plan_steps_keep_both_sides_per_slot():

@@ -145,3 +145,17 @@ def test_a_bug_still_raises(run, monkeypatch, capsys):
 def test_cli_one_line_no_traceback(tmp_path):
     proc = run_cli([str(tmp_path / "nonexistent")], tmp_path, module="attnlab.locate")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_run_keeps_the_fused_ops_it_was_composed_with(tmp_path):
+    """engine.fused_ops's default changed (false -> auto, 2026-12-05): a run whose overrides do not set it is
+    recomposed with its own composed value (.hydra/config.yaml), not today's default; an override of the run wins,
+    and a folder without config.yaml pins nothing."""
+    old = fake_run(tmp_path / "old")
+    (old / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"engine": {"fused_ops": False, "cuda_graph": False}}))
+    saved, _ = loc.read_run(old)
+    assert saved == ["engine.fused_ops=false", *OVERRIDES]
+    own = fake_run(tmp_path / "own", overrides=[*OVERRIDES, "engine.fused_ops=auto"])
+    (own / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"engine": {"fused_ops": "auto"}}))
+    assert loc.read_run(own)[0] == [*OVERRIDES, "engine.fused_ops=auto"]
+    assert loc.read_run(fake_run(tmp_path / "bare"))[0] == OVERRIDES
