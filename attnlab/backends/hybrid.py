@@ -291,8 +291,8 @@ class HybridBackend(AttentionBackend):
             routes.append(_Route(backend, backend.make_plan(sub, slot), rows_t, _mask_entries(meta, keep)))
         return HybridPlan(routes, meta.num_tokens, new_kv=meta.mode == Mode.PREFILL)
 
-    # Plan variants (AttentionBackend.graph_variants): a graph-mode plan runs both sides over the whole bucket, so its
-    # variant is the pair of theirs, and a graph is captured per pair; other plans (eager, tree masks) have none.
+    # Plan variants (AttentionBackend.graph_variants): a graph-mode plan runs one side or both over the whole bucket, so
+    # its variant is (side, the short side's, the long side's), a graph each; other plans (eager, tree masks) have none.
 
     def graph_variants(self, q_len: int, masked: bool, batch: int | None = None, slot: int = 0) -> tuple:
         """(side, short's variant, long's variant): "both" for each pair of the sides' variants, "short" / "long" for
