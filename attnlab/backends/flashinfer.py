@@ -92,15 +92,19 @@ KEEP_CHECK_EVERY = 64
 # 0.87x, 1024 1.07x).
 WHOLE_KV_ELEMENTS = 48 * 1024
 WHOLE_GRID_KNEE = 0.5
-# verify_as_decode=auto: a uniform verify / short extend runs as decode rows (flashinfer_rows) when the batch's K is
-# small: its kv tokens x head_dim at most ROWS_KV_ELEMENTS, at batch <= ROWS_MAX_BATCH. Fitted on the H200
-# (experiments/h200-2026-12-04h, results/floor1.md: verify / its own decode, three plans in one process): at batch 1
-# the rows won every cell of 64K elements or less (SmolLM2 x 512 / 1,024: 1.04 / 1.19x against auto's 1.29 / 1.59x;
-# Llama-8B x 512: 1.11x against 1.18x) and lost every larger one (Llama-8B x 1,024 1.34x against 1.19x, SmolLM2 x
-# 4,096 1.47x against 1.21x); at batch 16 they lost everywhere (1.97x and up). Each row reads its request's KV, so
-# their traffic is q x the batch's K: the bound is on the batch's K, not a request's.
-ROWS_KV_ELEMENTS = 64 * 1024
-ROWS_MAX_BATCH = 8
+# verify_as_decode=auto: a uniform verify / short extend runs as decode rows (flashinfer_rows) when its rows' traffic
+# is small: each of a request's q_len rows reads that request's whole K, so the rows read q_len x the batch's kv tokens
+# x head_dim elements, at most ROWS_ELEMENTS, at batch <= ROWS_MAX_BATCH and where the longest request holds at least
+# ROWS_MIN_KV tokens (below it the fa2 plan is already at its launch floor and the rows' extra work items lose).
+# Refitted on an H100 (experiments/h100-2026-12-05, results/rows1-*.json: 150 cells, batch 1-16 x context 128-4,096 x
+# q 3 / 5 / 9, SmolLM2 and Llama-8B shapes, the rows and the default in one process): 127 cells within 3% of the better
+# plan against the default's 116, the worst 1.32x against 1.47x; fitted on one model's cells it gains on the other's
+# (scripts/ and the numbers: experiments/h100-2026-12-05/README.md). It takes the faster plan in all 18 cells of the
+# H200's 2026-12-04h grid (batch 1 / 16 / 64 x 512 / 1,024 / 4,096, k 4), where a bound of 1M elements would lose one
+# (Llama-8B b1 x 1,024, 1.11x). The rule before it (the batch's K <= 64K elements at batch <= 8, no q_len) put 121.
+ROWS_ELEMENTS = 512 * 1024
+ROWS_MAX_BATCH = 4
+ROWS_MIN_KV = 256
 NOMINAL_SMS = 132  # an H200's, for a backend off the GPU (the CPU tests' fake FlashInfer)
 
 
@@ -150,12 +154,14 @@ def verify_whole_kv(max_kv_len: int, head_dim: int, batch: int, num_kv_heads: in
     return max_kv_len * head_dim <= WHOLE_KV_ELEMENTS * max(1.0, programs / (WHOLE_GRID_KNEE * sms))
 
 
-def verify_as_rows(kv_tokens: int, head_dim: int, batch: int) -> bool:
-    """verify_as_decode=auto's rule: whether a uniform verify / short extend runs as decode rows: at most
-    ROWS_MAX_BATCH requests whose K together (``kv_tokens``, the sum of their kv lengths, x ``head_dim`` elements) is
-    at most ROWS_KV_ELEMENTS. In graph mode ``batch`` is the padded bucket (the launch's size) and a dummy adds its
-    q_len tokens (its KV is the scratch page), so graph and eager passes choose alike but for those few tokens."""
-    return batch <= ROWS_MAX_BATCH and kv_tokens * head_dim <= ROWS_KV_ELEMENTS
+def verify_as_rows(kv_tokens: int, head_dim: int, batch: int, q_len: int, max_kv_len: int) -> bool:
+    """verify_as_decode=auto's rule: whether a uniform verify / short extend (``q_len`` tokens a request) runs as
+    decode rows: at most ROWS_MAX_BATCH requests, the longest holding at least ROWS_MIN_KV tokens (``max_kv_len``),
+    whose rows read at most ROWS_ELEMENTS (``q_len`` x ``kv_tokens``, the sum of the kv lengths, x ``head_dim``). In
+    graph mode ``batch`` is the padded bucket (the launch's size) and a dummy adds its q_len tokens (its KV is the
+    scratch page), so graph and eager passes choose alike but for those few tokens."""
+    return (batch <= ROWS_MAX_BATCH and max_kv_len >= ROWS_MIN_KV
+            and q_len * kv_tokens * head_dim <= ROWS_ELEMENTS)
 
 
 def host_csr(meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -432,7 +438,7 @@ class FlashInferBackend(AttentionBackend):
         auto: an fa2 causal pass (verify, draft-extend) plans with or without split-KV by its lengths, and the split
         launches a merge the whole plan does not. verify_as_decode=auto: the prefill wrapper's plan is a variant
         ("prefill" where the split is fixed), and the decode rows another where the bucket's K can be small enough
-        (verify_as_rows with every request at kv_len = q_len)."""
+        (verify_as_rows with the fewest kv tokens it takes: one request at ROWS_MIN_KV, the others at q_len)."""
         rows = self._rows_eligible("causal", q_len, prefill=False)
         if not self.cuda_graph or masked or rows is True:
             return (None,)
@@ -441,7 +447,10 @@ class FlashInferBackend(AttentionBackend):
         if rows != "auto":
             return fa2
         fa2 = tuple(v or "prefill" for v in fa2)
-        return fa2 + ("rows",) if batch is None or verify_as_rows(batch * q_len, self.head_dim, batch) else fa2
+        if batch is not None and not verify_as_rows(ROWS_MIN_KV + (batch - 1) * q_len, self.head_dim, batch, q_len,
+                                                    ROWS_MIN_KV):
+            return fa2
+        return fa2 + ("rows",)
 
     def _by_rule(self, kind: str, family: str, uniform: int | None, prefill: bool) -> bool:
         """Whether verify_split_kv=auto decides a pass: a uniform (``uniform`` tokens a request) fa2 causal pass of
@@ -465,7 +474,8 @@ class FlashInferBackend(AttentionBackend):
             return bool(eligible)
         if self.forced_variant is not None:
             return self.forced_variant == "rows"
-        return verify_as_rows(sum(meta.kv_lens_host), self.head_dim, meta.batch_size)
+        return verify_as_rows(sum(meta.kv_lens_host), self.head_dim, meta.batch_size, meta.q_lens[0],
+                              meta.max_kv_len)
 
     def _whole(self, kind: str, family: str, meta: AttnMeta, by_rule: bool) -> bool:
         """Whether this pass plans with disable_split_kv (verify_split_kv; under auto a forced graph variant, else

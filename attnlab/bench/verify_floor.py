@@ -1,11 +1,15 @@
 """Issue 16's verify floor, read from a ``bench.kernels`` JSON (``--out PREFIX`` wrote PREFIX.json): per cell, each
 plan's verify time over its own decode time (the decode cell of the same backend spec, timed in the same process),
 which plan was fastest, and, for a plan chosen by rule (``--rule``), whether it ran within the spread of the fastest
-of the others and which kernel it took. No GPU needed.
+of the others and which kernel it took. ``--computed`` scores today's ``verify_as_decode=auto`` rule
+(``flashinfer.verify_as_rows``) on cells measured without it: per cell the rows plan's time where the rule takes the
+rows, the other plan's elsewhere, judged as a rule (a refit is scored before a GPU runs it). No GPU needed.
 
     python -m attnlab.bench.verify_floor results/rows1-smollm2.json results/rows1-llama8b.json \\
         --plans default=flashinfer,rows=flashinfer/verify_as_decode=true \\
         --rule "by rule=flashinfer/verify_as_decode=auto" [--floor 1.3] [--spread 1.03] [--plot rows1.png]
+    python -m attnlab.bench.verify_floor results/rows1-*.json --plans default=flashinfer,rows=flashinfer/verify_as_decode=true \
+        --computed "rule now=default/rows"
 """
 
 from __future__ import annotations
@@ -190,6 +194,30 @@ def read_cells(paths: list[str]) -> list[dict]:
     return cells
 
 
+def computed_cells(cells: list[dict], name: str, off: str, on: str) -> list[dict]:
+    """--computed: cells of a synthetic spec ``name``, per verify shape the ``on`` spec's verify cell (the rows) where
+    today's verify_as_decode=auto rule takes the rows at that shape (kv tokens: bench.kernels' batch x context, the
+    longest request: context; head_dim from bench.kernels' HEADS), else the ``off`` spec's; its decode cells are
+    ``off``'s. ValueError for a model bench.kernels does not know."""
+    from attnlab.backends.flashinfer import verify_as_rows
+    from attnlab.bench.kernels import HEADS
+
+    out = []
+    for c in cells:
+        if c["backend"] == off and c["phase"] == "decode":
+            out.append(dict(c, backend=name))
+        if c["backend"] not in (off, on) or c["phase"] != "verify":
+            continue
+        if c["model"] not in HEADS:
+            raise ValueError(f"--computed: model {c['model']!r} is not one of bench.kernels' ({', '.join(HEADS)})")
+        b, ctx = c["batch"], c["context"]
+        takes_rows = verify_as_rows(b * ctx, HEADS[c["model"]][2], b, c["q_len"], ctx)
+        if (c["backend"] == on) == takes_rows:
+            took, kernel = "rows" if takes_rows else "other", c.get("kernel", "")
+            out.append(dict(c, backend=name, kernel=f"{took} ({kernel})" if kernel else took))
+    return out
+
+
 def check_specs(cells: list[dict], plans: dict[str, str], rule: tuple[str, str] | None, paths: list[str]) -> list[str]:
     """ValueError where a plan's (or the rule's) backend spec is in no cell of the files (a typo), or where no plan
     has a measured verify cell; the notes (one per spec) where a spec's verify cells all failed or timed out: a GPU
@@ -251,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                     "are read together")
     ap.add_argument("--plans", required=True, help="name=backend-spec,... (the first one's decode is the table's)")
     ap.add_argument("--rule", help="name=backend-spec of a plan chosen by rule among --plans")
+    ap.add_argument("--computed", help="NAME=OFF/ON (plan names of --plans: the rows' plan ON, the other OFF): "
+                    "today's verify_as_decode=auto rule scored as --rule on these cells (not with --rule)")
     ap.add_argument("--floor", default=FLOOR, help=f"verify / its own decode a cell meets, > 0 (default {FLOOR})")
     ap.add_argument("--spread", default=SPREAD, help=f"the rule is right within this ratio of the fastest other "
                     f"plan, >= 1 (default {SPREAD})")
@@ -264,6 +294,16 @@ def main(argv: list[str] | None = None) -> int:
         if rule and rule[0] in plans:
             raise ValueError(f"--rule {args.rule}: {rule[0]!r} names a plan of --plans too; give the rule its own name")
         cells = read_cells(args.results)
+        if args.computed:
+            if rule:
+                raise ValueError("--computed and --rule: give one (each is the table's judged column)")
+            name, sep, pair = args.computed.partition("=")
+            off, slash, on = pair.partition("/")
+            if not (sep and slash and name and off in plans and on in plans and off != on) or name in plans:
+                raise ValueError(f"--computed {args.computed}: write NAME=OFF/ON, two plan names of --plans "
+                                 f"({', '.join(plans)}), and a NAME of its own")
+            rule = (name, f"computed:{name}")
+            cells = cells + computed_cells(cells, rule[1], plans[off], plans[on])
         notes = check_specs(cells, plans, rule, args.results)
         plot_to = plot_path(args.plot) if args.plot else None  # its folder made: before the table, after the checks
     except (ValueError, OSError) as e:

@@ -223,22 +223,27 @@ def test_verify_as_decode_takes_a_bool_or_auto(fake_fi, value):
 
 
 def test_the_auto_rule_by_hand():
-    """verify_as_rows: the batch's K (its kv tokens x head_dim) at most 64K elements, at most 8 requests: SmolLM2
-    (head_dim 64) at batch 1 up to 1,024 tokens, Llama-8B (128) up to 512, two requests of SmolLM2 512 each."""
-    assert verify_as_rows(1024, 64, 1) and not verify_as_rows(1025, 64, 1)
-    assert verify_as_rows(512, 128, 1) and not verify_as_rows(1024, 128, 1)
-    assert verify_as_rows(2 * 512, 64, 2) and not verify_as_rows(2 * 512 + 1, 64, 2)
-    assert verify_as_rows(8 * 128, 64, 8) and not verify_as_rows(9 * 16, 64, 9)  # past ROWS_MAX_BATCH: never
+    """verify_as_rows: the rows read q_len x the batch's kv tokens x head_dim elements, at most 512K, at batch <= 4 and
+    the longest request >= 256 tokens: SmolLM2 (head_dim 64) at batch 1 and q 5 up to 1,638 tokens, at q 9 up to 910;
+    Llama-8B (128) at q 5 up to 819; two requests share the bound; none past batch 4 or under 256 tokens."""
+    assert verify_as_rows(1638, 64, 1, 5, 1638) and not verify_as_rows(1639, 64, 1, 5, 1639)
+    assert verify_as_rows(910, 64, 1, 9, 910) and not verify_as_rows(911, 64, 1, 9, 911)
+    assert verify_as_rows(819, 128, 1, 5, 819) and not verify_as_rows(820, 128, 1, 5, 820)
+    assert verify_as_rows(2 * 819, 64, 2, 5, 819) and not verify_as_rows(2 * 819 + 1, 64, 2, 5, 820)
+    assert verify_as_rows(256, 64, 1, 5, 256) and not verify_as_rows(255, 64, 1, 5, 255)  # ROWS_MIN_KV
+    assert verify_as_rows(300 + 3 * 5, 64, 4, 5, 300)  # a bucket of 4: one request, three dummies of q_len
+    assert not verify_as_rows(5 * 256, 64, 5, 5, 256)  # past ROWS_MAX_BATCH: never
 
 
 def test_auto_takes_the_rows_where_the_batch_k_is_small(fake_fi):
-    """verify_as_decode=auto, eager: the rows where the rule says so, verify_split_kv's fa2 plans elsewhere (here
-    whole, then split), every pass equal to the reference; kernel_info names the plans the passes took."""
+    """verify_as_decode=auto, eager: the rows where the rule says so (5 x 1,638 tokens x 64 at most, a request of
+    >= 256), verify_split_kv's fa2 plans elsewhere (here split, then whole), every pass equal to the reference;
+    kernel_info names the plans the passes took."""
     case = case_of([5, 5], [2000, 400])
     be = backend(case, verify_as_decode="auto")
     g = torch.Generator().manual_seed(2)
-    for kv_lens, family in (([40, 21], "rows"), ([1003, 21], "rows"), ([1004, 21], "fa2"), ([700, 400], "fa2"),
-                            ([2000, 21], "fa2")):
+    for kv_lens, family in (([300, 21], "rows"), ([1617, 21], "rows"), ([1618, 21], "fa2"), ([255, 21], "fa2"),
+                            ([1200, 400], "rows"), ([2000, 21], "fa2")):
         meta = meta_over(case, kv_lens, [5, 5])
         be.plan(meta)
         assert be.active_plan.family == family and be.slot_variant(0) is None, kv_lens
@@ -255,14 +260,14 @@ def test_auto_in_graph_mode_is_a_plan_variant_of_the_small_buckets(fake_fi):
     kw = {"cuda_graph": True, "max_batch_size": 16, "max_q_len": 8, "max_context": 4096}
     be = backend(case, verify_as_decode="auto", **kw)
     assert be.graph_variants(5, False, 1) == be.graph_variants(5, False) == ("split", "whole", "rows")
-    assert be.graph_variants(5, False, 16) == ("split", "whole")  # past ROWS_MAX_BATCH
+    assert be.graph_variants(5, False, 8) == ("split", "whole")  # past ROWS_MAX_BATCH
     fixed = backend(case, verify_as_decode="auto", verify_split_kv=False, **kw)
-    assert fixed.graph_variants(5, False, 8) == ("prefill", "rows") and fixed.graph_variants(5, False, 16) == (
+    assert fixed.graph_variants(5, False, 4) == ("prefill", "rows") and fixed.graph_variants(5, False, 8) == (
         "prefill",)  # the fa2 plan is a named variant in every bucket, as make_plan names it
     assert be.graph_variants(1, False, 1) == be.graph_variants(5, True, 1) == (None,)  # decode, tree masks
     assert be.graph_variants(9, False, 1) == ("split", "whole")  # past max_q_len: no rows buffers for it
     assert backend(case, verify_as_decode=True, **kw).graph_variants(5, False, 1) == (None,)
-    short, long = meta_over(case, [40, 21], [5, 5]), meta_over(case, [3000, 21], [5, 5])
+    short, long = meta_over(case, [300, 21], [5, 5]), meta_over(case, [3000, 21], [5, 5])
     for variant in ("split", "whole", "rows"):
         for meta in (short, long):
             with be.forcing(variant):

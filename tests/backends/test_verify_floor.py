@@ -157,3 +157,22 @@ def test_ratio_ticks_are_plain_numbers_and_the_floor_stands_alone():
     assert ratio_ticks(0.9, 5.5, 1.3) == [1, 1.3, 1.5, 2, 2.5, 3, 4, 5]  # 1.2 gives way to the floor
     assert ratio_ticks(0.02, 300, 1.3) == [0.1, 1.3, 10, 100]  # a decade each
     assert ratio_ticks(1.5, 3, 1.3) == [1.5, 1.75, 2, 2.5, 3]  # the floor off the axis: not a tick
+
+
+def test_computed_scores_todays_rule_on_cells_measured_without_it(tmp_path, capsys):
+    """--computed: at batch 1 x 512 (SmolLM2, q 5: 5 x 512 x 64 within the rows' bound) the rule takes the rows' 8 us,
+    at batch 16 (past ROWS_MAX_BATCH) fa2's 13 us: right in both cells, where the measured rule (cells()) was wrong
+    at batch 16; the column's kernel says which plan it took."""
+    measured_without = [c for c in cells() if c["backend"] != RULE[1]]
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps({"cells": measured_without}))
+    argv = [str(path), "--plans", "fa2=flashinfer,rows=flashinfer/verify_as_decode=true"]
+    assert main(argv + ["--computed", "rule now=fa2/rows"]) == 0
+    out = capsys.readouterr().out
+    assert "| 8.00 (1.00x) | rows | rows (cuda-core:rows) | yes |" in out
+    assert "| 13.00 (1.30x) | fa2 | other | yes |" in out
+    assert "rule now within 3% of the fastest other plan in 2 of 2 cells" in out
+    for bad, needle in (("rule now=fa2", "write NAME=OFF/ON"), ("fa2=fa2/rows", "a NAME of its own"),
+                        ("x=fa2/nope", "two plan names of --plans")):
+        _one_line_exit_2(capsys, argv + ["--computed", bad], needle)
+    _one_line_exit_2(capsys, argv + ["--computed", "x=fa2/rows", "--rule", "r=" + RULE[1]], "give one")

@@ -207,9 +207,9 @@ def replay_hybrid_passes(n_graphs: int, passes, **options) -> dict:
 
 def test_auto_rows_are_a_third_graph_replayed_where_the_batch_k_is_small(fake_fi, stand_in_graphs):
     """verify_as_decode=auto and verify_split_kv=auto: the verify bucket gets a graph per variant (split, whole,
-    rows), and each pass replays the one its plan took: rows where the batch's K is small (3 x 105 tokens and a
-    dummy's 5, x 64; at 3 x 305 + 5 too, the eager pass's 3 x 305 alike), whole and split past it, each exactly an
-    eager (unpadded) runner's logits."""
+    rows), and each pass replays the one its plan took: rows where the rows' reads are small and a request holds
+    >= 256 tokens (5 x (3 x 305 and a dummy's 5) x 64; at 3 x 505 + 5 too, the eager pass's 3 x 505 alike), whole
+    past that bound or under 256 tokens, split past whole's, each exactly an eager (unpadded) runner's logits."""
     opts = {"verify_as_decode": "auto", "verify_split_kv": "auto"}
     graphed, eager = fi_runner(**opts), fi_runner(**opts)
     graphed.graphs = GraphCache(graphed)
@@ -217,13 +217,13 @@ def test_auto_rows_are_a_third_graph_replayed_where_the_batch_k_is_small(fake_fi
     by_variant = {key[5]: g.graph for key, g in graphed.graphs.graphs.items() if key[1] == K1}
     assert set(by_variant) == {"split", "whole", "rows"}
     seen = []
-    for i, ctx in enumerate((100, 900, 400, 40, 300)):
+    for i, ctx in enumerate((300, 900, 600, 100, 500)):
         got, want = (verify_logits(r, ctx, torch.Generator().manual_seed(i)) for r in (graphed, eager))
         seen.append(graphed.backend.slot_variant(0))
         assert eager.backend.active_plan.family == graphed.backend.active_plan.family
         torch.testing.assert_close(got, want, atol=0, rtol=0)
-    assert seen == ["rows", "split", "whole", "rows", "rows"]
-    assert {v: g.replays for v, g in by_variant.items()} == {"rows": 3, "split": 1, "whole": 1}
+    assert seen == ["rows", "split", "whole", "whole", "rows"]
+    assert {v: g.replays for v, g in by_variant.items()} == {"rows": 2, "split": 1, "whole": 2}
     assert graphed.backend.kernel_info()["verify"] == "cuda-core:rows+fa2+fa2:whole"
 
 
@@ -240,7 +240,7 @@ def test_auto_rows_beside_a_fixed_split_capture_every_bucket(fake_fi, stand_in_g
                                                              (4, "rows"), (16, "prefill")}
     verify_logits(r, 900, torch.Generator().manual_seed(0))
     assert r.backend.slot_variant(0) == "prefill" and r.graphs.graphs[(4, K1, 0, None, False, "prefill")].graph.replays
-    verify_logits(r, 40, torch.Generator().manual_seed(1))
+    verify_logits(r, 300, torch.Generator().manual_seed(1))
     assert r.backend.slot_variant(0) == "rows" and r.graphs.graphs[(4, K1, 0, None, False, "rows")].graph.replays
 
 
@@ -266,7 +266,7 @@ def test_a_hybrid_with_auto_rows_replays_its_sides_pair(fake_fi, stand_in_graphs
     """verify_as_decode=auto on both sides of a hybrid: 3 x 3 variant pairs and 3 + 3 one-sided variants, a graph
     each; each side picks its plan over its own requests and the other side's as dummies (5 tokens each), as an eager
     hybrid picks it over its own requests alone, with that hybrid's exact logits."""
-    passes = (([100, 900, 100], ("both", "rows", "rows")), ([600, 600, 100], ("both", "rows", "whole")),
-              ([900, 40, 1000], ("both", "rows", "split")))
+    passes = (([260, 900, 100], ("both", "rows", "rows")), ([100, 900, 900], ("both", "whole", "split")),
+              ([1000, 260, 1000], ("both", "rows", "split")))
     graphs = replay_hybrid_passes(15, passes, verify_as_decode="auto")
     assert {v: g.replays for v, g in graphs.items() if g.replays} == {p: 1 for _, p in passes}

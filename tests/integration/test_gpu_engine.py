@@ -400,8 +400,9 @@ def test_flashinfer_verify_as_decode_rows_in_graphs_match_fa2():
 
 def test_flashinfer_auto_rows_replay_their_own_graph_beside_split_and_whole():
     """verify_as_decode=auto with verify_split_kv=auto: the verify bucket gets three graphs, and each pass replays the
-    one its plan took: rows where the batch's K is small (3 x 105 tokens and a dummy's 5, x head_dim 64), whole,
-    then split past it; every replay within bf16 rounding of an eager fa2 verify."""
+    one its plan took: rows where their reads are small and a request holds >= 256 tokens (5 x (3 x 305 tokens and a
+    dummy's 5) x head_dim 64), whole past that bound, split past whole's, whole again under 256 tokens; every replay
+    within bf16 rounding of an eager fa2 verify."""
     target = tiny_model(CFG, seed=0).to("cuda", torch.bfloat16)
     t = gpu_runner(target, "flashinfer", torch.bfloat16, True, max_context=2048, options={"verify_as_decode": "auto"})
     e = gpu_runner(target, "flashinfer", torch.bfloat16, False, max_context=2048)
@@ -409,13 +410,13 @@ def test_flashinfer_auto_rows_replay_their_own_graph_beside_split_and_whole():
     assert {key[5] for key in t.graphs.graphs if key[1] == 5 and key[0] == 4} == {"split", "whole", "rows"}
     g = torch.Generator(device="cuda").manual_seed(2)
     seen = []
-    for ctx in (100, 400, 1500, 37):
+    for ctx in (300, 600, 1500, 37):
         outs, padded = prefill_and_verify((t, e), ctx, g)
         assert padded == [4, None]  # the graphed runner's pass is the bucket's: a replay, not an eager pass
         seen.append(t.backend.slot_variant(0))
         assert t.graphs.has(4, 5, 0, None, False, seen[-1])
         torch.testing.assert_close(outs[0], outs[1], atol=5e-2, rtol=5e-2)
-    assert seen == ["rows", "whole", "split", "rows"]
+    assert seen == ["rows", "whole", "split", "whole"]
     assert t.backend.kernel_info()["verify"] == "cuda-core:rows+fa2+fa2:whole"
 
 
