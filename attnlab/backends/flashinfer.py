@@ -98,10 +98,11 @@ WHOLE_GRID_KNEE = 0.5
 # ROWS_MIN_KV tokens (below it the fa2 plan is already at its launch floor and the rows' extra work items lose).
 # Refitted on an H100 (experiments/h100-2026-12-05, results/rows1-*.json: 150 cells, batch 1-16 x context 128-4,096 x
 # q 3 / 5 / 9, SmolLM2 and Llama-8B shapes, the rows and the default in one process): 127 cells within 3% of the better
-# plan against the default's 116, the worst 1.32x against 1.47x; fitted on one model's cells it gains on the other's
-# (scripts/ and the numbers: experiments/h100-2026-12-05/README.md). It takes the faster plan in all 18 cells of the
-# H200's 2026-12-04h grid (batch 1 / 16 / 64 x 512 / 1,024 / 4,096, k 4), where a bound of 1M elements would lose one
-# (Llama-8B b1 x 1,024, 1.11x). The rule before it (the batch's K <= 64K elements at batch <= 8, no q_len) put 121.
+# plan against the default's 116 (SmolLM2 55 / 51 of 75, Llama-8B 72 / 65), the worst 1.32x against 1.47x (scored
+# with bench.verify_floor --computed; its measured run: experiments/rows-refit). It takes the faster plan in all 18
+# cells of the H200's 2026-12-04h grid (batch 1 / 16 / 64 x 512 / 1,024 / 4,096, k 4), where a bound of 1M elements
+# would lose one (Llama-8B b1 x 1,024, 1.11x). The rule before it (the batch's K <= 64K elements at batch <= 8, no
+# q_len), measured on the same cells: 119 within 3%, worst 1.81x.
 ROWS_ELEMENTS = 512 * 1024
 ROWS_MAX_BATCH = 4
 ROWS_MIN_KV = 256
