@@ -47,3 +47,16 @@ fi_jit() {
     --models smollm2,llama8b --backends "$backends" > $LOGS/$name.log 2>&1
   echo "exit code $?"; tail -n 1 $LOGS/$name.log
 }
+# rows_grid NAME SECS BACKENDS: bench.kernels FlashInfer decode / verify for these backend specs, batch 1/2/4/8/16 x
+# context 128/256/512/1024/4096 x k 2/4/8, one process a model (SmolLM2, then Llama-8B shapes: a timeout loses one
+# model's table, not both), SECS each; NAME-MODEL.json / .md in $OUT, the logs in $LOGS.
+rows_grid() {
+  local name=$1 secs=$2 backends=$3 m
+  for m in smollm2 llama8b; do
+    step "FlashInfer verify / decode, $m shapes: $backends"
+    timeout "$secs" $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,2,4,8,16 \
+      --contexts 128,256,512,1024,4096 --ks 2,4,8 --models $m --backends "$backends" --baseline flashinfer \
+      --repeats 3 --out "$OUT/$name-$m" > $LOGS/$name-$m.log 2>&1
+    echo "exit code $?"
+  done
+}

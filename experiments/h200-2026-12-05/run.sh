@@ -35,13 +35,7 @@ case $PART in
   gpu_tests tests1 220 tests/backends/test_flashinfer_rows.py tests/integration/test_gpu_engine.py \
     tests/backends/test_flashinfer_whole.py tests/backends/test_flashinfer_keep.py -m gpu \
     -k "rows or split_choice or whole or kept_plans or fused_ops_in_graphs"
-  for m in smollm2 llama8b; do  # one process a model: a timeout loses one model's table, not both
-    step "issue 16: FlashInfer verify / decode, $m shapes: default (split by rule), rows always, rows by rule"
-    timeout 100 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,2,4,8,16 \
-      --contexts 128,256,512,1024,4096 --ks 2,4,8 --models $m --backends $B --baseline flashinfer \
-      --repeats 3 --out "$OUT/rows1-$m" > $LOGS/rows1-$m.log 2>&1
-    echo "exit code $?"
-  done
+  rows_grid rows1 100 "$B"  # default (split by rule), rows always, rows by rule
   $PY -m attnlab.bench.verify_floor "$OUT"/rows1-*.json --plot "$OUT/rows1.png" \
     --plans "default=flashinfer,rows=flashinfer/verify_as_decode=true" \
     --rule "by rule=flashinfer/verify_as_decode=auto" > "$OUT/floor1.md"; tail -n 4 "$OUT/floor1.md"

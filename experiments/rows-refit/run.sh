@@ -10,20 +10,14 @@
 # Output: $OUT/runrr.log (the console) and resultsrr.tgz (logs and tables).
 set -u -o pipefail
 PART=rr
-. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, rows_grid, pack, the environment, the call's log, PY
 B="flashinfer,flashinfer/verify_as_decode=true,flashinfer/verify_as_decode=auto"
 P="default=flashinfer,rows=flashinfer/verify_as_decode=true"
 install_fb
 step "GPU tests: the rows by rule (the reference, the engine's verify graphs per variant)"
 gpu_tests testsrr 200 tests/backends/test_flashinfer_rows.py tests/integration/test_gpu_engine.py -m gpu \
   -k "rows or auto_rows"
-for m in smollm2 llama8b; do  # one process a model: a timeout loses one model's table, not both
-  step "FlashInfer verify / decode, $m shapes: default, rows always, rows by the refitted rule"
-  timeout 110 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,2,4,8,16 \
-    --contexts 128,256,512,1024,4096 --ks 2,4,8 --models $m --backends $B --baseline flashinfer \
-    --repeats 3 --out "$OUT/rr-$m" > $LOGS/rr-$m.log 2>&1
-  echo "exit code $?"
-done
+rows_grid rr 110 "$B"
 $PY -m attnlab.bench.verify_floor "$OUT"/rr-*.json --plans "$P" --plot "$OUT/rr.png" \
   --rule "by rule=flashinfer/verify_as_decode=auto" > "$OUT/floor-rr.md"; tail -n 2 "$OUT/floor-rr.md"
 $PY -m attnlab.bench.verify_floor "$OUT"/rr-*.json --plans "$P" --computed "computed=default/rows" \
