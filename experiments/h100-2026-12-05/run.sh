@@ -29,7 +29,7 @@ timeout 150 $PY -m attnlab -m $R engine.cuda_graph=true warmup=full verify=hybri
   workload.batch_size=1,8 hydra.sweep.dir=/tmp/sweep/hybrid > $LOGS/e2e9.log 2>&1
 echo "exit code $?"; $PY -m attnlab.report /tmp/sweep/hybrid > "$OUT/e2e9.md" 2>&1; tail -n 12 "$OUT/e2e9.md"
 cp $LOGS/hyb9.log $LOGS/e2e9.log "$OUT/" 2>/dev/null
-LEFT=$(( 570 - $(date +%s) + T0 ))  # the rest of the call's 600 s, less the pack
+LEFT=$(( ${LIMIT:-570} - $(date +%s) + T0 ))  # the rest of the call (LIMIT: its seconds, less the pack; 600 s)
 step "GPU tests: test_gpu_engine.py whole (last: the time left, ${LEFT}s)"
 [ $LEFT -gt 30 ] && gpu_tests tests9g $LEFT tests/integration/test_gpu_engine.py -m gpu
 pack
