@@ -124,6 +124,31 @@ def _timed_spec(plan: RunPlan, work: Prepared, pair: Pair, prompts, desc: str, o
     return out, {side: r.allocator.max_pages_used for side, r in runners.items()}, peak_memory_bytes(plan.device)
 
 
+def graph_counts(target, draft=None) -> dict[str, tuple[int, dict]]:
+    """Each side's graph counters now ({side: (replays, {miss key: count})}; engine.runner.ModelRunner's), of the
+    sides with graphs."""
+    runners = {"target": target, "draft": draft}
+    return {side: (r.graph_replays, dict(r.graph_misses)) for side, r in runners.items()
+            if r is not None and getattr(r, "graphs", None) is not None}
+
+
+def graph_metrics(before: dict[str, tuple[int, dict]], after: dict[str, tuple[int, dict]]) -> dict:
+    """The timed runs' graph-eligible passes between two ``graph_counts``: replayed, eager (no graph of their key),
+    and the eager passes' keys, most first ("side bB qQ slot S variant V xN"). Empty where no side has graphs."""
+    if not after:
+        return {}
+    replayed, misses = 0, []
+    for side, (n, miss) in after.items():
+        n0, miss0 = before.get(side, (0, {}))
+        replayed += n - n0
+        misses += [(c - miss0.get(key, 0), side, key) for key, c in miss.items() if c > miss0.get(key, 0)]
+    misses.sort(key=lambda x: (-x[0], x[1], str(x[2])))
+    keys = [f"{side} b{key[0]} q{key[1]} slot {key[2]}" + (f" variant {key[3]}" if key[3] is not None else "")
+            + f" x{c}" for c, side, key in misses]
+    return {"graph_passes_replayed": replayed, "graph_passes_eager": sum(c for c, _, _ in misses),
+            "graph_eager_keys": keys}
+
+
 def cold_kind(cold: dict | None) -> dict:
     """Which cold start first_request_ms_cold is (metrics.json ``cold_start``)."""
     before = _JOBS_MEASURED[0]
@@ -151,6 +176,7 @@ def measure(plan: RunPlan, work: Prepared, pair: Pair, cold: dict | None = None,
     prompts, res = list(work.prompts), Measured([], [])
     pages: dict[str, int] = {}
     peak = 0
+    graphs0 = graph_counts(pair.target, pair.draft_runner)
     for i in range(plan.bench.repeats):
         tag = f" {i + 1}/{plan.bench.repeats}" if plan.bench.repeats > 1 else ""
         out, used, mem = _timed_spec(plan, work, pair, prompts, "workload" + tag, on_batch if i == 0 else None)
@@ -160,6 +186,7 @@ def measure(plan: RunPlan, work: Prepared, pair: Pair, cold: dict | None = None,
         if plan.draft.kind != "none":
             _sync(plan.device)
             res.base.append(decode(pair.target_only(), plan, work, prompts, k=0, desc="target-only" + tag))
+    graphed = graph_metrics(graphs0, graph_counts(pair.target, pair.draft_runner))
     # The first request right after the warmup plan vs the same batch once everything ran (same kind of run).
     first = res.spec[0].requests[0].latency_ms
     if len(res.spec) > 1:
@@ -181,6 +208,8 @@ def measure(plan: RunPlan, work: Prepared, pair: Pair, cold: dict | None = None,
     m["peak_mem_bytes"] = peak
     m.update(memory_metrics({"target": pair.target, "draft": pair.draft_runner}))
     m.update(describe(plan, work))
+    m.update(graphed)
+    warn_eager(graphed)
     if m.get("noisy"):
         log.warning("noisy timings: %s spread more than %.2fx over %d repeats (max/min %s); host load %s",
                     ", ".join(m["noisy_keys"]), plan.bench.noisy_ratio, plan.bench.repeats,
@@ -188,6 +217,15 @@ def measure(plan: RunPlan, work: Prepared, pair: Pair, cold: dict | None = None,
                     _load())
     res.metrics = m
     return res
+
+
+def warn_eager(graphed: dict) -> None:
+    """One warning where timed graph-eligible passes ran eager: their time is not the graphs' (engine.cuda_graph)."""
+    if graphed.get("graph_passes_eager"):
+        n, total = graphed["graph_passes_eager"], graphed["graph_passes_eager"] + graphed["graph_passes_replayed"]
+        keys = graphed["graph_eager_keys"]
+        log.warning("%d of %d graph-eligible timed passes ran eager, no graph captured for them: %s%s", n, total,
+                    "; ".join(keys[:4]), f"; {len(keys) - 4} more keys" if len(keys) > 4 else "")
 
 
 def _load() -> str:

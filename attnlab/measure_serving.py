@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 
+from attnlab import measure
 from attnlab.measure import _JOBS_MEASURED, Measured, _load, _sync, cold_kind, describe, warmup
 from attnlab.metrics.memory import peak_memory_bytes, reset_peak_memory
 from attnlab.metrics.serving import LATENCIES
@@ -83,6 +84,7 @@ def measure_serving(plan: RunPlan, work: Prepared, pair: Pair, cold: dict | None
     _JOBS_MEASURED[0] += 1
     m = warmup(plan, work, pair)
     prompts, res, peak, events = list(work.prompts), Measured([], []), 0, []
+    graphs0 = measure.graph_counts(pair.target, pair.draft_runner)
     for i in range(plan.bench.repeats):
         out, mem = _timed(plan, work, pair, prompts)
         res.spec.append(out)
@@ -94,6 +96,7 @@ def measure_serving(plan: RunPlan, work: Prepared, pair: Pair, cold: dict | None
             base, _ = _timed(plan, work, pair.target_only(), prompts, k=0)
             res.base.append(base)
             events += timeline_events(base, "target_only", i)
+    graphed = measure.graph_metrics(graphs0, measure.graph_counts(pair.target, pair.draft_runner))
 
     def summary(o):
         return serving_summary(o, work.page_size, w.warmup_requests, w.slo_ttft_ms, w.slo_tpot_ms)
@@ -118,6 +121,8 @@ def measure_serving(plan: RunPlan, work: Prepared, pair: Pair, cold: dict | None
     m.update(arrival=w.arrival, request_rate=w.rate, concurrency=w.concurrency, warmup_requests=w.warmup_requests,
              kv_policy=plan.engine.kv_policy, output_len=w.output_len,
              slo_ttft_ms=w.slo_ttft_ms, slo_tpot_ms=w.slo_tpot_ms)
+    m.update(graphed)
+    measure.warn_eager(graphed)
     if m.get("noisy"):
         log.warning("noisy timings: %s spread more than %.2fx over %d repeats; host load %s",
                     ", ".join(m["noisy_keys"]), plan.bench.noisy_ratio, plan.bench.repeats, _load())

@@ -164,6 +164,14 @@ def _group(c, name: str) -> dict:
     return g if isinstance(g, dict) else {}
 
 
+def _graphs_cell(m: dict, c: dict) -> str:
+    """"no", "yes", or "yes, N of M eager" where timed graph-eligible passes ran eager (measure.graph_metrics)."""
+    if not (m.get("cuda_graphs") or _group(c, "engine").get("cuda_graph")):
+        return "no"
+    eager = m.get("graph_passes_eager") or 0
+    return f"yes, {eager} of {eager + (m.get('graph_passes_replayed') or 0)} eager" if eager else "yes"
+
+
 def job_row(job: dict) -> dict:
     c, m, st = job["config"], job["metrics"], job["status"]
     draft = _group(c, "draft")
@@ -183,7 +191,7 @@ def job_row(job: dict) -> dict:
         "precision": prec,
         "page": str(m.get("page_size", _group(c, "kv").get("page_size", "?"))),
         "k": str(k if k is not None else "?"),
-        "graphs": "yes" if m.get("cuda_graphs") or _group(c, "engine").get("cuda_graph") else "no",
+        "graphs": _graphs_cell(m, c),
         "repeats": (str(m["bench_repeats"]) + (" noisy" if m.get("noisy") else "")) if "bench_repeats" in m else "-",
         "tau": _num(m.get("accept_len_mean"), ".2f"),
         "tok/s": _num(m.get("output_tokens_per_s"), ".1f"),

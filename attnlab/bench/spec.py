@@ -71,6 +71,7 @@ from attnlab.bench.host_profile import drafter_profile
 from attnlab.bench.output import write_report
 from attnlab.config import check_backend, check_invariant
 from attnlab.engine.build import SideSpec, build_side
+from attnlab.measure import graph_counts, graph_metrics
 from attnlab.metrics.interval import floor_verdict, median_interval
 from attnlab.metrics.perf import percentile
 from attnlab.plan import GEMM_KINDS, TRITON_GEMMS, ModelSource
@@ -114,6 +115,9 @@ class Row:
     step_launches: dict[str, int] = field(default_factory=dict)
     # a flashinfer side's plans over the row's timed batches: side ("draft" / "target") -> [planned, kept]
     plans: dict[str, list[int]] = field(default_factory=dict)
+    # graph-eligible passes of the timed batches (measure.graph_metrics): replayed, eager, the eager ones' keys
+    graph_passes: dict[str, int] = field(default_factory=dict)
+    graph_eager_keys: list[str] = field(default_factory=list)
     arm: str | None = None  # the gemm arm its sides were built, captured and timed under (several --gemm-split arms)
     draft_weights: str = "bf16"  # the drafter's weights: --dtype's, or fp8w / fp8wh (its label says so: eagle+fp8w)
 
@@ -248,6 +252,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
 
         def batch(self, c: _Cell, i: int) -> None:
             plans0 = _plan_counts(c.dec)  # around this row's own batch: rows of a group share their target
+            graphs0 = graph_counts(c.dec.target, c.dec.drafter.runner)
             _sync(dev)
             t0 = time.perf_counter()
             out = c.dec.generate(prompts[i:i + c.row.batch], a.new, eos)
@@ -257,6 +262,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                 total = c.row.plans.setdefault(side, [0, 0])
                 for j in range(2):
                     total[j] += now[j] - plans0[side][j]
+            _add_graph_passes(c.row, graph_metrics(graphs0, graph_counts(c.dec.target, c.dec.drafter.runner)))
             for o in out.requests:
                 self.outs.append(o.output_ids)
                 c.taus += o.accept_lens
@@ -427,6 +433,19 @@ class _Cell:
     phases: dict[str, list[float]] = field(default_factory=dict)
     host: dict[str, list[float]] = field(default_factory=dict)
     launches: dict[str, int] = field(default_factory=dict)
+
+
+def _add_graph_passes(row: Row, graphed: dict) -> None:
+    """One timed batch's graph_metrics into its row's totals (keys merged, their counts summed)."""
+    if not graphed:
+        return
+    for key in ("replayed", "eager"):
+        row.graph_passes[key] = row.graph_passes.get(key, 0) + graphed[f"graph_passes_{key}"]
+    counts: dict[str, int] = {}
+    for text in row.graph_eager_keys + graphed["graph_eager_keys"]:
+        name, _, n = text.rpartition(" x")
+        counts[name] = counts.get(name, 0) + int(n)
+    row.graph_eager_keys = [f"{name} x{n}" for name, n in sorted(counts.items(), key=lambda x: -x[1])]
 
 
 def _plan_counts(dec) -> dict[str, tuple[int, int]]:
@@ -812,6 +831,11 @@ def run(a) -> dict:
         kept = [f"{side} {k} of {m + k} ({k / (m + k):.0%})" for side, (m, k) in r.plans.items() if m + k]
         if kept and r.engine == "attnlab":
             lines.append(f"\n{r.drafter} {_pair(r)}, batch {r.batch}: flashinfer plans kept: {', '.join(kept)}")
+    for r in rows:  # timed passes a graph should have run, eager: their time is not the graphs'
+        if r.graph_passes.get("eager"):
+            n, m = r.graph_passes["eager"], r.graph_passes["eager"] + r.graph_passes.get("replayed", 0)
+            lines.append(f"\n**{r.drafter} {_pair(r)}, batch {r.batch}: {n} of {m} graph-eligible timed passes ran "
+                         f"eager** (no graph captured for them): {'; '.join(r.graph_eager_keys[:4])}")
     planned = [r for r in rows if r.step_launches.get("steps") and r.step_launches.get("dsteps")]
     for r in planned:  # a backend whose launches are device-planned only within a page (flashinfer)
         n, d = sum(r.step_launches.values()), r.step_launches["dsteps"]

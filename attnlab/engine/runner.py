@@ -54,6 +54,12 @@ class ModelRunner:
         self.device = pool.device
         self.graphs = None  # GraphCache once capture_graphs() ran
         self._slot = 0  # plan slot of the active plan: 0 = plan(), j + 1 = use_step(j)
+        # Graph-eligible passes (decode / verify / extend of one q_len that graphs capture): how many replayed a
+        # graph, and the keys (bucket, q_len, slot, plan variant) of those that ran eager, no graph captured for
+        # them (bucket ">N": more requests than the largest bucket), with their counts. A timed run in graph mode
+        # reads them (measure.graph_metrics): a silent eager pass would time something else.
+        self.graph_replays = 0
+        self.graph_misses: dict[tuple, int] = {}
         # engine.fused_ops for this side: its layers run attnlab.kernels.fused and the KV store joins them.
         # A side property, not the weights': a parity reference sharing the model still runs unfused.
         self.fused_ops = fused_ops
@@ -258,10 +264,16 @@ class ModelRunner:
         if g is not None and p.padded_to is not None and g.has(p.padded_to, p.q_len, self._slot, features, masked,
                                                                variant):
             logits, aux, tokens = g.replay(p.padded_to, p.q_len, self._slot, p, input_ids, features, masked, variant)
+            self.graph_replays += 1
             self.aux = aux[:n] if aux is not None else None
             if tokens is None:
                 return logits[rows] if rows is not None else logits[:n], None
             return (logits[rows], tokens[rows]) if rows is not None else (logits[:n], tokens[:n])
+        if g is not None and (p.padded_to is not None or (p.meta.mode != Mode.PREFILL and p.q_len is not None
+                                                          and p.q_len in g.q_lens_for(masked))):
+            # a graph-eligible pass ran eager: no graph of its key, or (padded_to None) past the largest bucket
+            key = (p.padded_to or f">{max(g.buckets, default=0)}", p.q_len, self._slot, variant)
+            self.graph_misses[key] = self.graph_misses.get(key, 0) + 1
         ctx = self.context(p.slots)
         if p.padded_to is not None and p.positions.shape[0] > n:  # padded, but no graph for this slot: eager
             pad = p.positions.shape[0] - n

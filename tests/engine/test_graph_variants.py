@@ -270,3 +270,26 @@ def test_a_hybrid_with_auto_rows_replays_its_sides_pair(fake_fi, stand_in_graphs
               ([1000, 260, 1000], ("both", "rows", "split")))
     graphs = replay_hybrid_passes(15, passes, verify_as_decode="auto")
     assert {v: g.replays for v, g in graphs.items() if g.replays} == {p: 1 for _, p in passes}
+
+
+def test_the_runner_counts_replays_and_the_eager_passes_of_missing_graphs(fake_fi, stand_in_graphs):
+    """Graph-eligible passes are counted: a replay where the key's graph exists; where a variant's graph is missing
+    (dropped here, as an uncaptured variant would be) the pass runs eager, exactly as an eager runner, and its key
+    (bucket, q_len, slot, variant) is counted; a prefill is never eligible. measure.graph_metrics turns two counts
+    into the run's metrics, the keys most first."""
+    from attnlab.measure import graph_counts, graph_metrics
+
+    graphed, eager = fi_runner(verify_split_kv="auto"), fi_runner(verify_split_kv="auto")
+    graphed.graphs = GraphCache(graphed)
+    graphed.graphs.capture([BUCKET], [K1], range(1))
+    del graphed.graphs.graphs[(BUCKET, K1, 0, None, False, "split")]
+    before = graph_counts(graphed)
+    assert before == {"target": (0, {})}  # the capture's own passes are not counted
+    for i, ctx in enumerate((100, 900, 1000)):  # whole, split, split
+        got, want = (verify_logits(r, ctx, torch.Generator().manual_seed(i)) for r in (graphed, eager))
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert graphed.graph_replays == 1 and graphed.graph_misses == {(BUCKET, K1, 0, "split"): 2}
+    assert eager.graph_replays == 0 and eager.graph_misses == {}  # no graphs: nothing is eligible
+    assert graph_metrics(before, graph_counts(graphed)) == {
+        "graph_passes_replayed": 1, "graph_passes_eager": 2, "graph_eager_keys": ["target b4 q5 slot 0 variant split x2"]}
+    assert graph_metrics({}, graph_counts(eager)) == {}  # no side with graphs: no metrics
