@@ -60,3 +60,10 @@ rows_grid() {
     echo "exit code $?"
   done
 }
+# settle: no JIT compiler of a step cut by its timeout left running (timeout ends the Python process, not the ninja /
+# nvcc / cicc children FlashInfer's JIT spawned: on 2026-12-05 they ran on under the next step's timed runs), then
+# the host load.
+settle() {
+  pkill -f -x "ninja.*|.*nvcc .*|.*cicc .*|.*ptxas .*" 2>/dev/null; sleep 2
+  echo "host load: $(cut -d' ' -f1-3 /proc/loadavg)"
+}
