@@ -87,19 +87,20 @@ def fi_runner(max_context=1024, **options) -> ModelRunner:
     return r
 
 
-def hybrid_runner(threshold: int, max_context=1024, **options) -> ModelRunner:
-    """flashinfer (auto, and ``options``) on both sides of a hybrid routing by ``threshold`` tokens, graph mode."""
+def hybrid_runner(threshold: int, max_context=1024, bucket=BUCKET, **options) -> ModelRunner:
+    """flashinfer (auto, and ``options``) on both sides of a hybrid routing by ``threshold`` tokens, graph mode, up
+    to ``bucket`` requests."""
     from attnlab.backends.hybrid import HybridBackend, HybridSpec
     from attnlab.backends.registry import bind_options
 
     fi = bind_options(FlashInferBackend, {"verify_split_kv": "auto", "workspace_bytes": 1 << 16, **options})
     cls = HybridBackend.with_classes(HybridSpec("flashinfer", "flashinfer", threshold), fi, fi)
-    pages = BUCKET * -(-max_context // 16)
+    pages = bucket * -(-max_context // 16)
     pool = KVPool(CFG.num_layers, pages, 16, CFG.num_kv_heads, CFG.head_dim, torch.bfloat16, "cpu")
     be = cls(pool, CFG.num_heads, CFG.num_kv_heads, CFG.head_dim, CFG.head_dim ** -0.5, torch.bfloat16,
-             cuda_graph=True, max_batch_size=BUCKET, max_q_len=8, max_context=max_context)
+             cuda_graph=True, max_batch_size=bucket, max_q_len=8, max_context=max_context)
     r = ModelRunner(tiny_model(CFG, seed=0, dtype=torch.bfloat16), CFG, None, pool, PageAllocator(pages, 16), be,
-                    max_context, "target", max_batch=BUCKET)
+                    max_context, "target", max_batch=bucket)
     r.graph_argmax = False
     return r
 
@@ -293,3 +294,26 @@ def test_the_runner_counts_replays_and_the_eager_passes_of_missing_graphs(fake_f
     assert graph_metrics(before, graph_counts(graphed)) == {
         "graph_passes_replayed": 1, "graph_passes_eager": 2, "graph_eager_keys": ["target b4 q5 slot 0 variant split x2"]}
     assert graph_metrics({}, graph_counts(eager)) == {}  # no side with graphs: no metrics
+
+
+def test_a_mixed_hybrid_batch_replays_every_pass_of_the_speculative_loop(fake_fi, stand_in_graphs):
+    """The end-to-end shape of experiment=hybrid_routing at batch 8 (H100 2026-12-05b: the hybrid took 2.0x triton's
+    iteration there): 4 short and 4 long prompts through the n-gram speculative loop, graphs of buckets 1-8 at q_len
+    1 and 5. Every verify pass replays a graph (mixed ones "both", one-sided ones after requests finish): none runs
+    eager; the tokens are an eager hybrid's."""
+    from attnlab.spec.decoder import SpecParams, SpeculativeDecoder
+    from attnlab.spec.drafters import NgramDrafter
+
+    graphed, eager = hybrid_runner(100, max_context=512, bucket=8), hybrid_runner(100, max_context=512, bucket=8)
+    eager.backend.cuda_graph = False
+    graphed.graphs = GraphCache(graphed)
+    graphed.graphs.capture([1, 2, 4, 8], [1, K1], range(1))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, CFG.vocab_size, (20 if i % 2 else 300,), generator=g).tolist() for i in range(8)]
+    budgets = [24 - i for i in range(8)]  # requests finish one by one: buckets 8, 4, 2, 1
+    got, want = (SpeculativeDecoder(r, NgramDrafter("cpu"), SpecParams(K1 - 1)).generate(prompts, budgets)
+                 for r in (graphed, eager))
+    assert [o.output_ids for o in got.requests] == [o.output_ids for o in want.requests]
+    assert graphed.graph_misses == {} and graphed.graph_replays == len(got.iterations)
+    sides = {key[5][0] for key, c in graphed.graphs.graphs.items() if key[1] == K1 and c.graph.replays}
+    assert "both" in sides and sides - {"both"}, sides  # mixed passes, then one-sided ones as requests finish
