@@ -261,7 +261,6 @@ class HybridBackend(AttentionBackend):
                                  for c in self.classes)
         self.threshold = self.spec.threshold
         self._select: dict[tuple[int, int, int], torch.Tensor] = {}  # (slot, batch, q_len) -> [T, 1, 1] bool
-        self._ahead = False  # inside plan_steps: graph-mode plans take side "both"
         self.routed = {"short": 0, "long": 0}  # requests routed per side, over every plan (kernel_info)
 
     def is_long(self, meta: AttnMeta) -> list[bool]:
@@ -319,14 +318,6 @@ class HybridBackend(AttentionBackend):
         with super().forcing(variant), self.short.forcing(short), self.long.forcing(long_):
             yield
 
-    def plan_steps(self, metas: list[AttnMeta]) -> None:
-        """Plans ahead take side "both" in graph mode (the module doc)."""
-        self._ahead = True
-        try:
-            super().plan_steps(metas)
-        finally:
-            self._ahead = False
-
     def write_mask(self, plan: HybridPlan, custom_mask: torch.Tensor) -> None:
         """Each backend gets its sub-batch's entries (the eager plan's routes; graph plans take no mask)."""
         if plan.side is not None:
@@ -334,12 +325,13 @@ class HybridBackend(AttentionBackend):
         for r in plan.routes:
             r.backend.write_mask(r.plan, custom_mask if r.mask_index is None else custom_mask[r.mask_index])
 
-    def _graph_side(self, long_: list[bool], meta: AttnMeta) -> str:
-        """The graph-mode plan's side: forced by a capture, "both" for plans ahead, else by the routing of the
-        requests with something cached (kv_len > q_len; a bucket's padding has nothing), or of all if none has."""
+    def _graph_side(self, long_: list[bool], meta: AttnMeta, slot: int) -> str:
+        """The graph-mode plan's side: forced by a capture, "both" in a slot planned ahead (>= 1: plan_steps), else
+        by the routing of the requests with something cached (kv_len > q_len; a bucket's padding has nothing), or of
+        all if none has."""
         if self.forced_variant is not None:
             return self.forced_variant[0]
-        if self._ahead:
+        if slot:
             return "both"
         real = [x for x, kv, q in zip(long_, meta.kv_lens_host, meta.q_lens) if kv > q] or long_
         return "long" if all(real) else "short" if not any(real) else "both"
@@ -348,7 +340,7 @@ class HybridBackend(AttentionBackend):
         """Side "short" / "long": that backend plans the whole batch into its graph-mode buffers of (slot, batch,
         q_len). Side "both": both backends plan the whole batch (the other side's requests as dummies); the row
         select is this key's static buffer, rewritten in place."""
-        side = self._graph_side(long_, meta)
+        side = self._graph_side(long_, meta, slot)
         if side != "both":
             backend = self.short if side == "short" else self.long
             return HybridPlan([_Route(backend, backend.make_plan(meta, slot), None)], meta.num_tokens, side=side)
