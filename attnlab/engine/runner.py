@@ -36,6 +36,7 @@ class Pass:
     last_rows: torch.Tensor
     q_len: int | None = None  # uniform q_len per request (graph-eligible), else None
     padded_to: int | None = None  # batch size after padding with dummy requests (CUDA-graph bucket)
+    graphable: bool = False  # a pass graphs hold (padded, or past the largest bucket): counted if it runs eager
 
 
 class ModelRunner:
@@ -173,8 +174,9 @@ class ModelRunner:
         # A prefill is never padded into a graph bucket: graphs hold decode / verify / extend passes, and a
         # backend plans a prefill as one (flashinfer: its plain prefill wrapper), so a one-token prompt that
         # replayed the decode graph ran on that graph's stale plan (wrong first tokens, H200, 2026-12-01).
-        if (pad_to is None and self.graphs is not None and uniform is not None and mode != Mode.PREFILL
-                and uniform in self.graphs.q_lens_for(masked)):
+        eligible = (self.graphs is not None and uniform is not None and mode != Mode.PREFILL
+                    and uniform in self.graphs.q_lens_for(masked))
+        if pad_to is None and eligible:
             from attnlab.engine.graphs import bucket_for
 
             pad_to = bucket_for(len(reqs), self.graphs.buckets)
@@ -208,7 +210,8 @@ class ModelRunner:
             meta = AttnMeta(mode=mode, qo_indptr=qo_t, layout=PagedLayout(kv_indptr, kv_indices, kv_last, kv_lens),
                             q_lens=list(q_lens), kv_lens_host=ends, page_size=ps, custom_mask=custom_mask)
             # a tree pass's RoPE positions (root + depth) come as a device tensor; the staged ones are KV positions
-            return Pass(list(reqs), meta, slots_t, pos_t if rope_pos is None else rope_pos, last_t, uniform, padded)
+            return Pass(list(reqs), meta, slots_t, pos_t if rope_pos is None else rope_pos, last_t, uniform, padded,
+                        eligible or padded is not None)
 
         return segments, finish
 
@@ -269,9 +272,7 @@ class ModelRunner:
             if tokens is None:
                 return logits[rows] if rows is not None else logits[:n], None
             return (logits[rows], tokens[rows]) if rows is not None else (logits[:n], tokens[:n])
-        if g is not None and (p.padded_to is not None or (p.meta.mode != Mode.PREFILL and p.q_len is not None
-                                                          and p.q_len in g.q_lens_for(masked))):
-            # a graph-eligible pass ran eager: no graph of its key, or (padded_to None) past the largest bucket
+        if g is not None and p.graphable:  # ran eager: no graph of its key, or (not padded) past the largest bucket
             key = (p.padded_to or f">{max(g.buckets, default=0)}", p.q_len, self._slot, variant)
             self.graph_misses[key] = self.graph_misses.get(key, 0) + 1
         ctx = self.context(p.slots)
