@@ -132,21 +132,33 @@ def graph_counts(target, draft=None) -> dict[str, tuple[int, dict]]:
             if r is not None and getattr(r, "graphs", None) is not None}
 
 
-def graph_metrics(before: dict[str, tuple[int, dict]], after: dict[str, tuple[int, dict]]) -> dict:
-    """The timed runs' graph-eligible passes between two ``graph_counts``: replayed, eager (no graph of their key),
-    and the eager passes' keys, most first ("side bB qQ slot S variant V xN"). Empty where no side has graphs."""
-    if not after:
-        return {}
-    replayed, misses = 0, []
+def eager_passes(before: dict[str, tuple[int, dict]], after: dict[str, tuple[int, dict]]) -> tuple[int, dict]:
+    """Between two ``graph_counts``: (passes replayed, {"side bB qQ slot S[ variant V]": passes run eager})."""
+    replayed, eager = 0, {}
     for side, (n, miss) in after.items():
         n0, miss0 = before.get(side, (0, {}))
         replayed += n - n0
-        misses += [(c - miss0.get(key, 0), side, key) for key, c in miss.items() if c > miss0.get(key, 0)]
-    misses.sort(key=lambda x: (-x[0], x[1], str(x[2])))
-    keys = [f"{side} b{key[0]} q{key[1]} slot {key[2]}" + (f" variant {key[3]}" if key[3] is not None else "")
-            + f" x{c}" for c, side, key in misses]
-    return {"graph_passes_replayed": replayed, "graph_passes_eager": sum(c for c, _, _ in misses),
-            "graph_eager_keys": keys}
+        for key, c in miss.items():
+            if c > miss0.get(key, 0):
+                label = f"{side} b{key[0]} q{key[1]} slot {key[2]}"
+                label += f" variant {key[3]}" if key[3] is not None else ""
+                eager[label] = c - miss0.get(key, 0)
+    return replayed, eager
+
+
+def eager_keys(eager: dict[str, int]) -> list[str]:
+    """``eager_passes``' counts as "label xN", most first."""
+    return [f"{label} x{n}" for label, n in sorted(eager.items(), key=lambda x: (-x[1], x[0]))]
+
+
+def graph_metrics(before: dict[str, tuple[int, dict]], after: dict[str, tuple[int, dict]]) -> dict:
+    """The timed runs' graph-eligible passes between two ``graph_counts``: replayed, eager (no graph of their key),
+    and the eager passes' keys, most first (``eager_keys``). Empty where no side has graphs."""
+    if not after:
+        return {}
+    replayed, eager = eager_passes(before, after)
+    return {"graph_passes_replayed": replayed, "graph_passes_eager": sum(eager.values()),
+            "graph_eager_keys": eager_keys(eager)}
 
 
 def cold_kind(cold: dict | None) -> dict:

@@ -71,7 +71,7 @@ from attnlab.bench.host_profile import drafter_profile
 from attnlab.bench.output import write_report
 from attnlab.config import check_backend, check_invariant
 from attnlab.engine.build import SideSpec, build_side
-from attnlab.measure import graph_counts, graph_metrics
+from attnlab.measure import eager_keys, eager_passes, graph_counts
 from attnlab.metrics.interval import floor_verdict, median_interval
 from attnlab.metrics.perf import percentile
 from attnlab.plan import GEMM_KINDS, TRITON_GEMMS, ModelSource
@@ -115,9 +115,9 @@ class Row:
     step_launches: dict[str, int] = field(default_factory=dict)
     # a flashinfer side's plans over the row's timed batches: side ("draft" / "target") -> [planned, kept]
     plans: dict[str, list[int]] = field(default_factory=dict)
-    # graph-eligible passes of the timed batches (measure.graph_metrics): replayed, eager, the eager ones' keys
-    graph_passes: dict[str, int] = field(default_factory=dict)
-    graph_eager_keys: list[str] = field(default_factory=list)
+    # graph-eligible passes of the timed batches (measure.eager_passes): how many replayed, and the eager ones by key
+    graph_replays: int = 0
+    graph_eager: dict[str, int] = field(default_factory=dict)
     arm: str | None = None  # the gemm arm its sides were built, captured and timed under (several --gemm-split arms)
     draft_weights: str = "bf16"  # the drafter's weights: --dtype's, or fp8w / fp8wh (its label says so: eagle+fp8w)
 
@@ -262,7 +262,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                 total = c.row.plans.setdefault(side, [0, 0])
                 for j in range(2):
                     total[j] += now[j] - plans0[side][j]
-            _add_graph_passes(c.row, graph_metrics(graphs0, graph_counts(c.dec.target, c.dec.drafter.runner)))
+            _add_graph_passes(c.row, *eager_passes(graphs0, graph_counts(c.dec.target, c.dec.drafter.runner)))
             for o in out.requests:
                 self.outs.append(o.output_ids)
                 c.taus += o.accept_lens
@@ -435,17 +435,11 @@ class _Cell:
     launches: dict[str, int] = field(default_factory=dict)
 
 
-def _add_graph_passes(row: Row, graphed: dict) -> None:
-    """One timed batch's graph_metrics into its row's totals (keys merged, their counts summed)."""
-    if not graphed:
-        return
-    for key in ("replayed", "eager"):
-        row.graph_passes[key] = row.graph_passes.get(key, 0) + graphed[f"graph_passes_{key}"]
-    counts: dict[str, int] = {}
-    for text in row.graph_eager_keys + graphed["graph_eager_keys"]:
-        name, _, n = text.rpartition(" x")
-        counts[name] = counts.get(name, 0) + int(n)
-    row.graph_eager_keys = [f"{name} x{n}" for name, n in sorted(counts.items(), key=lambda x: -x[1])]
+def _add_graph_passes(row: Row, replayed: int, eager: dict[str, int]) -> None:
+    """One timed batch's ``eager_passes`` into its row's totals."""
+    row.graph_replays += replayed
+    for label, n in eager.items():
+        row.graph_eager[label] = row.graph_eager.get(label, 0) + n
 
 
 def _plan_counts(dec) -> dict[str, tuple[int, int]]:
@@ -832,10 +826,9 @@ def run(a) -> dict:
         if kept and r.engine == "attnlab":
             lines.append(f"\n{r.drafter} {_pair(r)}, batch {r.batch}: flashinfer plans kept: {', '.join(kept)}")
     for r in rows:  # timed passes a graph should have run, eager: their time is not the graphs'
-        if r.graph_passes.get("eager"):
-            n, m = r.graph_passes["eager"], r.graph_passes["eager"] + r.graph_passes.get("replayed", 0)
-            lines.append(f"\n**{r.drafter} {_pair(r)}, batch {r.batch}: {n} of {m} graph-eligible timed passes ran "
-                         f"eager** (no graph captured for them): {'; '.join(r.graph_eager_keys[:4])}")
+        if n := sum(r.graph_eager.values()):
+            lines.append(f"\n**{r.drafter} {_pair(r)}, batch {r.batch}: {n} of {n + r.graph_replays} graph-eligible timed "
+                         f"passes ran eager** (no graph captured for them): {'; '.join(eager_keys(r.graph_eager)[:4])}")
     planned = [r for r in rows if r.step_launches.get("steps") and r.step_launches.get("dsteps")]
     for r in planned:  # a backend whose launches are device-planned only within a page (flashinfer)
         n, d = sum(r.step_launches.values()), r.step_launches["dsteps"]

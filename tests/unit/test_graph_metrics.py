@@ -4,7 +4,7 @@ cell and bench.spec's per-row totals (the runner's counting: tests/engine/test_g
 import logging
 
 from attnlab.bench.spec import Row, _add_graph_passes
-from attnlab.measure import graph_metrics, warn_eager
+from attnlab.measure import eager_keys, graph_metrics, warn_eager
 from attnlab.report import _graphs_cell
 
 
@@ -37,12 +37,10 @@ def test_the_reports_graphs_cell_says_how_many_passes_ran_eager():
     assert _graphs_cell({}, {"engine": {"cuda_graph": False}}) == "no"
 
 
-def test_bench_spec_rows_add_their_batches_keys():
+def test_bench_spec_rows_add_their_batches_counts():
     row = Row(engine="attnlab", drafter="ngram", pair="-/triton", seconds=0.0, new_tokens=0, target_passes=0)
-    _add_graph_passes(row, {"graph_passes_replayed": 5, "graph_passes_eager": 2,
-                            "graph_eager_keys": ["target b8 q5 slot 0 x2"]})
-    _add_graph_passes(row, {"graph_passes_replayed": 5, "graph_passes_eager": 4,
-                            "graph_eager_keys": ["target b8 q5 slot 0 x1", "target b4 q1 slot 0 x3"]})
-    _add_graph_passes(row, {})
-    assert row.graph_passes == {"replayed": 10, "eager": 6}
-    assert row.graph_eager_keys == ["target b8 q5 slot 0 x3", "target b4 q1 slot 0 x3"]
+    _add_graph_passes(row, 5, {"target b8 q5 slot 0": 2})
+    _add_graph_passes(row, 5, {"target b8 q5 slot 0": 1, "target b4 q1 slot 0": 3})
+    _add_graph_passes(row, 0, {})
+    assert row.graph_replays == 10 and row.graph_eager == {"target b8 q5 slot 0": 3, "target b4 q1 slot 0": 3}
+    assert eager_keys(row.graph_eager) == ["target b4 q1 slot 0 x3", "target b8 q5 slot 0 x3"]
