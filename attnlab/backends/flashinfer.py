@@ -292,11 +292,6 @@ class FlashInferBackend(AttentionBackend):
                             "decode of its first kv_len - q_len + 1 + i tokens (flashinfer_rows; no GQA-packed query "
                             "tile, no merge of its own: the decode's split-KV); in CUDA-graph mode q_len <= max_q_len; "
                             "auto: where the batch's K is small (verify_as_rows; in CUDA-graph mode a graph more)",
-        "verify_kv_chunk": "null (default: FlashInfer's floor, 128 tokens) | int >= 1: the smallest KV chunk, in "
-                           "pages, an fa2 split plan of a uniform-q_len causal pass (verify, short extends) may take: "
-                           "attnlab runs the planner's chunk search from it and passes the result as "
-                           "fixed_split_size, so a short batch spreads over more CTAs (flashinfer_schedule.fine_chunk; "
-                           "in CUDA-graph mode within the wrapper's captured grid)",
         "keep_plans": "true (default) / false: in CUDA-graph mode, a decode (CUDA-core; also a verify's decode rows) "
                       "or fa2 verify / extend pass "
                       "whose FlashInfer schedule equals the one its wrapper holds keeps that plan and writes only "
@@ -308,14 +303,13 @@ class FlashInferBackend(AttentionBackend):
                  prefill_backend: str = "auto", prefill_min_q_len: int = PREFILL_MIN_Q_LEN,
                  cuda_graph: bool = False, max_batch_size: int | None = None, max_q_len: int = 16,
                  max_context: int | None = None, workspace_bytes: int = WORKSPACE_BYTES, keep_plans: bool = True,
-                 verify_split_kv: bool | str = "auto", verify_as_decode: bool | str = False,
-                 verify_kv_chunk: int | None = None):
+                 verify_split_kv: bool | str = "auto", verify_as_decode: bool | str = False):
         super().__init__(pool, num_q_heads, num_kv_heads, head_dim, scale, dtype)
         check_shapes(dtype, pool.dtype, head_dim)
         self.check_options({"verify_backend": verify_backend, "prefill_backend": prefill_backend,
                             "prefill_min_q_len": prefill_min_q_len, "device_steps": device_steps,
                             "keep_plans": keep_plans, "verify_split_kv": verify_split_kv,
-                            "verify_as_decode": verify_as_decode, "verify_kv_chunk": verify_kv_chunk}, "flashinfer")
+                            "verify_as_decode": verify_as_decode}, "flashinfer")
         fa3 = [n for n, v in (("verify_backend", verify_backend), ("prefill_backend", prefill_backend)) if v == "fa3"]
         if fa3 and pool.dtype in FP8_DTYPES:
             raise ConfigError(f"flashinfer: {fa3[0]}=fa3 with fp8 KV: FlashInfer's FA3 kernels need an fp8 query "
@@ -348,7 +342,6 @@ class FlashInferBackend(AttentionBackend):
         # True: uniform verify passes as decode rows (flashinfer_rows); "auto": by rule (verify_as_rows)
         self.verify_as_decode = verify_as_decode
         self.verify_split_kv = verify_split_kv  # False: fa2 causal / mask plans with disable_split_kv; "auto": by rule
-        self.verify_kv_chunk = verify_kv_chunk  # None: FlashInfer's chunk floor; else fa2 split plans search from it
         self.sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                     if self.device.type == "cuda" else NOMINAL_SMS)
         # the schedulers flashinfer_schedule models are FlashInfer 0.7's: another version plans every pass
@@ -394,9 +387,6 @@ class FlashInferBackend(AttentionBackend):
             v = options.get(key, False)
             if not (v is True or v is False or v == "auto"):
                 raise ConfigError(f"{field}.{key}={v!r}: must be auto, true or false")
-        c = options.get("verify_kv_chunk")
-        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
-            raise ConfigError(f"{field}.verify_kv_chunk={c!r}: must be null or an int >= 1 (pages)")
 
     @classmethod
     def capabilities(cls) -> Capabilities:
@@ -620,11 +610,6 @@ class FlashInferBackend(AttentionBackend):
         common = {"q_data_type": self.dtype, "kv_data_type": self.pool.dtype, "sm_scale": self.scale}
         if whole:
             common["disable_split_kv"] = True
-        fixed = None
-        if kind == "causal" and family == "fa2" and not whole and uniform is not None:
-            fixed = self._fine_chunk(wrapper, meta.batch_size, uniform, pages, self.cuda_graph and graph_q_len is not None)
-        if fixed is not None:
-            common["fixed_split_size"] = fixed
         shape = (self.num_q_heads, self.num_kv_heads, self.head_dim, meta.page_size)
         packing = None
         if kind == "decode":
@@ -648,14 +633,11 @@ class FlashInferBackend(AttentionBackend):
                 # The kernel reads request i's bits from byte mask_indptr[i]; with a packed mask FlashInfer's plan
                 # fills that buffer from the unpacked (bit) offsets, so write the byte offsets after it.
                 buf.mask_indptr[: meta.batch_size + 1].copy_(packing.byte_indptr, non_blocking=True)
-        self._record(meta, kind, wrapper, family, ":whole" if whole else ":fine" if fixed is not None else "")
+        self._record(meta, kind, wrapper, family, ":whole" if whole else "")
         if keep is not None:
             if not whole:  # a whole plan has one schedule per (rows, q_len): nothing to model
-                self._confirm_model(kind, wrapper, meta.batch_size, graph_q_len, pages, fixed is not None)
-            # what this plan serves: a fine schedule only where it was given one (a wrapper's first plan, before its
-            # grid is known, takes FlashInfer's default even where verify_kv_chunk would split finer)
-            self._step_plans[id(wrapper)] = self._keep_key(kind, family, meta, graph_q_len, ind, pages, whole,
-                                                           fixed is not None)
+                self._confirm_model(kind, wrapper, meta.batch_size, graph_q_len, pages)
+            self._step_plans[id(wrapper)] = self._keep_key(kind, family, meta, graph_q_len, ind, pages, whole)
         return _Plan(wrapper, kind, family, meta.batch_size, meta.num_tokens,
                      buf.custom_mask if packing is not None else None, packing, variant)
 
@@ -722,7 +704,7 @@ class FlashInferBackend(AttentionBackend):
         return False
 
     def _keep_key(self, kind: str, family: str, meta: AttnMeta, graph_q_len: int | None, ind: list[int],
-                  pages: list[int], whole: bool = False, fine: bool = True) -> tuple | None:
+                  pages: list[int], whole: bool = False) -> tuple | None:
         """What a plan of this pass (kv_indptr ``ind``, page counts ``pages``) serves, or None where plans are not
         kept (keep_plans off, no graphs, the tensor-core decode, a tree mask, a family other than fa2). A ``whole``
         plan (disable_split_kv) serves every layout of its (rows, q_len): FlashInfer 0.7's planner then gives each
@@ -740,28 +722,10 @@ class FlashInferBackend(AttentionBackend):
         known = self._prefill_models.get((rows, graph_q_len)) if self._prefill_model_ok else None
         if known is None:
             return ("fa2", rows, graph_q_len, tuple(pages))
-        return ("fa2", rows, graph_q_len, fis.prefill_schedule(pages, ps, *known, self.verify_kv_chunk if fine else None))
+        return ("fa2", rows, graph_q_len, fis.prefill_schedule(pages, ps, *known))
 
-    def _fine_chunk(self, wrapper, rows: int, q_len: int, pages: list[int], graphed: bool) -> int | None:
-        """verify_kv_chunk's fixed_split_size for this fa2 split plan (flashinfer_schedule.fine_chunk), or None. The
-        bound is the grid FlashInfer 0.7's PrefillPlan sizes (2 CTAs an SM over the KV heads, or the batch's query
-        tiles where more: a graph-mode wrapper's padded work count): read from the wrapper's earlier plan where it
-        has one (its captured grid), else computed, for the FlashInfer version that formula is read from only (another
-        takes its default plan until the wrapper has planned once)."""
-        if self.verify_kv_chunk is None:
-            return None
-        group = self.num_q_heads // self.num_kv_heads
-        known = fis.prefill_learned(wrapper, q_len, group) if graphed else None
-        if known is None:
-            if graphed and not self._modelled_version:
-                return None
-            tiles = -(-q_len * group // fis.fa2_cta_tile_q(q_len * group, self.head_dim))
-            known = (tiles, max(2 * self.sms // self.num_kv_heads, tiles * rows))
-        return fis.fine_chunk(pages, *known, self.verify_kv_chunk)
-
-    def _confirm_model(self, kind: str, wrapper, rows: int, q_len: int, pages: list[int], fine: bool = False) -> None:
-        """Check the schedule model against the plan just made (its page-locked copy, no device sync); ``fine``: the
-        plan was given verify_kv_chunk's fixed size."""
+    def _confirm_model(self, kind: str, wrapper, rows: int, q_len: int, pages: list[int]) -> None:
+        """Check the schedule model against the plan just made (its page-locked copy, no device sync)."""
         ps = self.pool.page_size
         if kind == "decode":
             self._learn_schedule(wrapper, rows, pages)
@@ -770,8 +734,7 @@ class FlashInferBackend(AttentionBackend):
             return
         known = fis.prefill_learned(wrapper, q_len, self.num_q_heads // self.num_kv_heads)
         got = fis.prefill_planned(wrapper, rows, q_len, ps)
-        floor = self.verify_kv_chunk if fine else None
-        if known is None or got is None or fis.prefill_schedule(pages, ps, *known, floor) != got:
+        if known is None or got is None or fis.prefill_schedule(pages, ps, *known) != got:
             self._prefill_model_ok = False
             self._prefill_models.clear()
         else:

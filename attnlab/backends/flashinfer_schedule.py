@@ -90,7 +90,7 @@ def planned(wrapper, rows: int, page_size: int) -> tuple | None:
 #
 # - the chunk size in pages, the smallest in ``[max(128 // page_size, 1), max(max pages, 1)]`` whose work items
 #   ``sum_i tiles_q x ceil(max(pages_i, 1) / chunk)`` fit in the planner's ``max_batch_size_if_split`` (a binary
-#   search, PrefillBinarySearchKVChunkSize), or the ``fixed_split_size`` the plan was given (``fine_chunk``);
+#   search, PrefillBinarySearchKVChunkSize);
 # - each request's chunk count ``ceil(max(pages_i, 1) / chunk)``.
 #
 # So a wrapper whose plan has the schedule a new layout would get can keep it: only the layout buffers it reads
@@ -99,10 +99,11 @@ def planned(wrapper, rows: int, page_size: int) -> tuple | None:
 # (``padded`` serves as the bound either way).
 
 
-def _search(pages: list[int], tiles_q: int, grid_rows: int, low: int) -> tuple:
-    """PrefillBinarySearchKVChunkSize from ``low``: the smallest chunk (pages) in [low, max pages] whose work items
-    fit in ``grid_rows``, and every request's chunk count."""
-    high = max([1, *pages])
+def prefill_schedule(pages: list[int], page_size: int, tiles_q: int, grid_rows: int) -> tuple:
+    """(chunk pages, chunks per request) that a graph-mode fa2 plan of these page counts writes, on a wrapper
+    whose ``tiles_q`` (query tiles a request) and ``grid_rows`` (its padded work count) came from a plan
+    (``prefill_learned``)."""
+    low, high = max(128 // page_size, 1), max([1, *pages])
     while low < high:
         mid = (low + high) // 2
         if sum(tiles_q * -(-max(p, 1) // mid) for p in pages) > grid_rows:
@@ -110,31 +111,6 @@ def _search(pages: list[int], tiles_q: int, grid_rows: int, low: int) -> tuple:
         else:
             high = mid
     return (low, tuple(-(-max(p, 1) // low) for p in pages))
-
-
-def fine_chunk(pages: list[int], tiles_q: int, grid_rows: int, floor: int | None) -> int | None:
-    """The ``fixed_split_size`` (pages) attnlab passes for ``verify_kv_chunk=floor``: the planner's own search run
-    from ``floor`` instead of its 128-token floor, where that leaves a request more than one chunk; else None (the
-    planner's default, which then gives every request one chunk as well). FlashInfer 0.7 sets split-KV from a fixed
-    size only where a request has several chunks, and a graph's launches keep the merge of their capture, so a
-    fixed size is passed only then. Bounded by ``grid_rows`` (the planner's split bound, or a graph-mode wrapper's
-    padded work count), so the plan never outgrows a captured grid."""
-    if floor is None:
-        return None
-    chunk, chunks = _search(pages, tiles_q, grid_rows, max(floor, 1))
-    return chunk if max(chunks, default=1) > 1 else None
-
-
-def prefill_schedule(pages: list[int], page_size: int, tiles_q: int, grid_rows: int,
-                     floor: int | None = None) -> tuple:
-    """(chunk pages, chunks per request) that a graph-mode fa2 plan of these page counts writes, on a wrapper
-    whose ``tiles_q`` (query tiles a request) and ``grid_rows`` (its padded work count) came from a plan
-    (``prefill_learned``); ``floor``: the backend's verify_kv_chunk (the plan then takes ``fine_chunk``'s size where
-    there is one)."""
-    fixed = fine_chunk(pages, tiles_q, grid_rows, floor)
-    if fixed is not None:
-        return (fixed, tuple(-(-max(p, 1) // fixed) for p in pages))
-    return _search(pages, tiles_q, grid_rows, max(128 // page_size, 1))
 
 
 def fa2_cta_tile_q(packed_rows: int, head_dim: int) -> int:

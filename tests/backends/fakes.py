@@ -171,9 +171,7 @@ class FakePrefill(_FakeWrapper):
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
              num_kv_heads, head_dim_qk, page_size, *, causal=False, custom_mask=None, packed_custom_mask=None,
-             q_data_type="float16", kv_data_type=None, sm_scale=None, uniform_q_len=None, disable_split_kv=False,
-             fixed_split_size=None):
-        assert fixed_split_size is None or (type(fixed_split_size) is int and fixed_split_size >= 1), fixed_split_size
+             q_data_type="float16", kv_data_type=None, sm_scale=None, uniform_q_len=None, disable_split_kv=False):
         if self.use_cuda_graph:  # as FlashInfer: a graph-mode prefill wrapper's row count is fixed by its first plan
             rows = int(qo_indptr[-1])
             self.rows = getattr(self, "rows", rows)
@@ -208,19 +206,19 @@ class FakePrefill(_FakeWrapper):
         self._store(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
                     num_kv_heads, head_dim_qk, page_size, causal, custom_mask, q_data_type, kv_data_type, sm_scale,
                     uniform_q_len=uniform_q_len, backend=self._backend, packed=packed_custom_mask is not None,
-                    disable_split_kv=disable_split_kv, fixed_split_size=fixed_split_size)
+                    disable_split_kv=disable_split_kv)
         self.sched = None
         if self.use_cuda_graph and self._backend == "fa2" and uniform_q_len and not masked:
             pages = (paged_kv_indptr[1:] - paged_kv_indptr[:-1]).tolist()
             self._fa2_plan(pages, uniform_q_len, num_qo_heads // num_kv_heads, num_kv_heads, page_size, head_dim_qk,
-                           disable_split_kv, fixed_split_size)
+                           disable_split_kv)
 
     # the fa2 paged prefill's schedule in graph mode with uniform_q_len, as FlashInfer 0.7.2's PrefillPlan writes it
     # (scheduler.cuh, PrefillSplitQOKVIndptr: transliterated here on its own, not shared with attnlab's model)
     MAX_GRID: ClassVar[int] = 64
     CHUNK_BIAS: ClassVar[int] = 0  # a test's "other FlashInfer version": the chunk this many pages off
 
-    def _fa2_plan(self, pages, q_len, group, hkv, ps, head_dim=64, disable_split_kv=False, fixed_split_size=None):
+    def _fa2_plan(self, pages, q_len, group, hkv, ps, head_dim=64, disable_split_kv=False):
         packed = q_len * group
         cta = 16 if packed <= 16 else 64 if packed <= 64 or head_dim >= 256 else 128  # FA2DetermineCtaTileQ-like
         tiles_q = math.ceil(packed / cta)
@@ -234,27 +232,18 @@ class FakePrefill(_FakeWrapper):
                 high = mid
         # disable_split_kv: one chunk a request (FlashInfer's kernel then reads each request's whole KV, whatever
         # the chunk size it was handed), no merge
-        fixed = fixed_split_size is not None and not disable_split_kv  # the search is skipped, chunk as given
-        chunk = (2 ** 30 // ps) if disable_split_kv else fixed_split_size if fixed else low + self.CHUNK_BIAS
+        chunk = (2 ** 30 // ps) if disable_split_kv else low + self.CHUNK_BIAS
         o_indptr = [0]
         for p in pages:
             o_indptr.append(o_indptr[-1] + q_len * (1 if disable_split_kv else math.ceil(max(p, 1) / chunk)))
         padded = max(max_if_split, tiles_q * len(pages))
-        work = sum(tiles_q * (1 if disable_split_kv else math.ceil(max(p, 1) / chunk)) for p in pages)
-        if work > padded:  # FlashInfer's FLASHINFER_CHECK (a fixed split size can outgrow the graph's grid)
-            raise RuntimeError("new batch size should not exceed padded batch size. If you are using fixed split "
-                               "size, please consider disabling cuda graph.")
-        # split-KV: always in graph mode, but with a fixed size only where a request has several chunks
-        split = not disable_split_kv and (not fixed or any(math.ceil(max(p, 1) / chunk) > 1 for p in pages))
-        # a graph replays the launches of its capture: the kernel and the merge, or the kernel alone
-        assert getattr(self, "split_kv", split) == split, "a graph-mode wrapper's plan changed its split-KV launches"
-        self.split_kv = split
         chunk_off, o_off = 5, 32
         pinned = torch.zeros(o_off + 4 * (len(pages) + 1), dtype=torch.uint8)
         pinned[chunk_off:chunk_off + 4] = torch.tensor([chunk * ps], dtype=torch.int32).view(torch.uint8)
         pinned[o_off:o_off + 4 * len(o_indptr)] = torch.tensor(o_indptr, dtype=torch.int32).view(torch.uint8)
         self._pin_memory_int_workspace_buffer = pinned
-        self._plan_info = [padded, q_len * len(pages), 0, cta, 0, 0, 0, 0, o_off, chunk_off, 0, 0, 0, 1, int(split)]
+        self._plan_info = [padded, q_len * len(pages), 0, cta, 0, 0, 0, 0, o_off, chunk_off, 0, 0, 0, 1,
+                           int(not disable_split_kv)]
         self.sched = (chunk, o_indptr, q_len)
 
     def run(self, q, paged_kv_cache, k_scale=None, v_scale=None):
