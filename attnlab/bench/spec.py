@@ -3,6 +3,7 @@ drafter (batch 1) vs attnlab per backend pair and batch size, each engine agains
 
     python -m attnlab.bench.spec [--device cuda] [--backends triton,flashinfer] [--drafters ngram,self,eagle]
                                  [--batch 1,4,16] [--repeats 3] [--prompts builtin|sharegpt] [--num-prompts 8]
+                                 [--prompt-lengths 48,96 (random weights: the synthetic prompts, cycled)]
                                  [--new 128] [--k 4] [--trees chain,4x3] [--draft-layers 10] [--eagle-head DIR]
                                  [--draft-weights bf16,fp8w,fp8wh] [--invariant] [--ignore-eos] [--out PREFIX]
 
@@ -82,6 +83,7 @@ from attnlab.spec.drafters import ModelDrafter, NgramDrafter, NoDrafter
 EAGLES = ("eagle", "eagle-per-step")
 
 NGRAM_N = 3
+SYNTHETIC_LENGTHS = (48, 96)  # random weights: the prompts' lengths in tokens, cycled (--prompt-lengths)
 
 
 PHASES = ("draft", "draft_extend", "verify", "accept", "other")
@@ -142,12 +144,16 @@ def stop_tokens(a, cfg) -> set[int]:
     return set(cfg.eos_token_ids) if a.weights == "real" and not a.ignore_eos else set()
 
 
-def load_prompts(weights: str, n: int, vocab: int, tokenizer, source: str = "builtin") -> list[list[int]]:
+def load_prompts(weights: str, n: int, vocab: int, tokenizer, source: str = "builtin",
+                 lengths: list[int] | None = None) -> list[list[int]]:
+    """Real weights: ``source``'s texts, tokenized. Random weights: random tokens, prompt i of ``lengths[i %
+    len(lengths)]`` tokens (``--prompt-lengths``; default SYNTHETIC_LENGTHS), so consecutive prompts (one batch)
+    mix the lengths."""
     from attnlab.workloads import synthetic_prompts, tokenize_prompts
     from attnlab.workloads.builtin import load_builtin
 
     if weights != "real":
-        return [p.token_ids for p in synthetic_prompts([48, 96], n, vocab, seed=0)]
+        return [p.token_ids for p in synthetic_prompts(list(lengths or SYNTHETIC_LENGTHS), n, vocab, seed=0)]
     if source == "builtin":
         texts = load_builtin(n)
     else:  # sharegpt: the held-out split (never trained on by attnlab.train_draft), or an exported file
@@ -609,6 +615,10 @@ def parse(argv=None):
     ap.add_argument("--batch", default="1", help="attnlab batch sizes, comma-separated (HF runs batch 1 only)")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per row (default: 3 on CUDA, 1 on CPU)")
     ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--prompt-lengths", default=None,
+                    help="random weights: the synthetic prompts' lengths in tokens, comma-separated, prompt i the "
+                         f"(i mod n)-th, so a batch mixes them (default {','.join(map(str, SYNTHETIC_LENGTHS))}; "
+                         "e.g. 200,4000: the hybrid's mixed workload, its rows in the same rounds)")
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--k", default="4", help="draft tokens per verify pass; comma-separated for several (attnlab)")
     ap.add_argument("--trees", default="chain", help="draft shapes at each --k (attnlab self/eagle): chain and/or "
@@ -744,6 +754,17 @@ def parse(argv=None):
     if set(EAGLES) & set(a.drafters) and not a.skip_hf:
         a.skip_hf = True  # HF assisted generation has no EAGLE-3 path here: attnlab rows only
     a.weights = resolve_weights(ap, a.model, a.weights)
+    a.lengths = list(SYNTHETIC_LENGTHS)
+    if a.prompt_lengths is not None:
+        if a.weights != "random":
+            ap.error(f"--prompt-lengths: synthetic prompts are for random weights (weights {a.weights} here read "
+                     "--prompts' texts: add --weights random)")
+        try:
+            a.lengths = [int(x) for x in a.prompt_lengths.split(",") if x.strip()]
+        except ValueError:
+            a.lengths = []
+        if not a.lengths or min(a.lengths) < 1:
+            ap.error(f"--prompt-lengths {a.prompt_lengths!r}: comma-separated token counts >= 1")
     if a.eagle_head == "random" and a.weights != "random":
         ap.error(f"--eagle-head random: an untrained head times the draft on random weights only (weights "
                  f"{a.weights} here: use a trained head, or --weights random)")
@@ -773,6 +794,13 @@ def resolve_weights(ap: argparse.ArgumentParser, model: str, weights: str) -> st
         return "random"
 
 
+def prompt_source(a) -> str:
+    """What the prompts are: --prompts' texts (real weights), else random tokens of --prompt-lengths."""
+    if a.weights == "real":
+        return a.prompts
+    return f"synthetic {'/'.join(map(str, getattr(a, 'lengths', SYNTHETIC_LENGTHS)))}-token"
+
+
 def header(a, dev: torch.device, n_prompts: int) -> str:
     """The report's first line: the device, versions and the run's settings (the self drafter's layers where it
     runs)."""
@@ -781,7 +809,7 @@ def header(a, dev: torch.device, n_prompts: int) -> str:
     self_layers = f"self-draft layers={a.draft_layers}, " if "self" in a.drafters else ""
     return (f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}; {versions()}; {a.model} "
             f"({a.weights} weights), {a.dtype}, k={','.join(map(str, a.ks))}, {self_layers}{n_prompts} "
-            f"{a.prompts} prompts x <= {a.new} new tokens, batch {','.join(map(str, a.batches))}, "
+            f"{prompt_source(a)} prompts x <= {a.new} new tokens, batch {','.join(map(str, a.batches))}, "
             f"{a.repeats} timed repeat(s) (tok/s: median, min-max"
             f"{'; attnlab: in rounds, speedup the median of per-round ratios, min-max' if a.repeats > 1 else ''}"
             f"{', rows interleaved by prompt batch' if a.interleave == 'batch' else ''}), "
@@ -807,7 +835,7 @@ def run(a) -> dict:
                                max_context=64, max_batch=1, device=a.device), progress=False)
     cfg, model = base.model_config, base.model
     tok = load_tokenizer(a.model, init=init, config=cfg) if a.weights == "real" else None
-    prompts = load_prompts(a.weights, a.num_prompts, cfg.vocab_size, tok, a.prompts)
+    prompts = load_prompts(a.weights, a.num_prompts, cfg.vocab_size, tok, a.prompts, a.lengths)
     eos = stop_tokens(a, cfg)
     rows = [] if a.skip_hf else hf_rows(model, a, prompts, eos)
     skipped: list[str] = []

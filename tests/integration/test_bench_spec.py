@@ -455,7 +455,36 @@ def test_the_header_names_the_self_drafts_layers_only_where_it_runs(drafters, sa
                     "--draft-layers", "1"])
     head = spec.header(a, torch.device("cpu"), 2)
     assert ("self-draft layers=1, " in head) is says, head
-    assert "k=4, " in head and "2 builtin prompts" in head
+    assert "k=4, " in head and "2 synthetic 48/96-token prompts" in head
+
+
+def test_prompt_lengths_mix_the_synthetic_prompts_of_a_batch():
+    """--prompt-lengths 5,30: prompt i has the (i mod 2)-th length, so a batch of 2 holds one of each; the run's
+    header says so; every row decodes its tokens."""
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--weights", "random", "--backends", "torch",
+                    "--drafters", "ngram", "--skip-hf", "--prompt-lengths", "5,30", "--num-prompts", "3", "--new", "4",
+                    "--batch", "2"])
+    assert a.lengths == [5, 30]
+    prompts = spec.load_prompts(a.weights, 3, 256, None, a.prompts, a.lengths)
+    assert [len(p) for p in prompts] == [5, 30, 5]
+    res = spec.run(a)
+    assert "3 synthetic 5/30-token prompts" in res["header"], res["header"]
+    assert all(r["new_tokens"] > 0 for r in res["rows"])
+
+
+@pytest.mark.parametrize("value,needle", [("0,30", "token counts >= 1"), ("a", "token counts >= 1"),
+                                          (",", "token counts >= 1")])
+def test_prompt_lengths_are_checked(capsys, value, needle):
+    with pytest.raises(SystemExit):
+        spec.parse(["--device", "cpu", "--model", "tiny-llama", "--weights", "random", "--prompt-lengths", value])
+    assert needle in capsys.readouterr().err
+
+
+def test_prompt_lengths_need_random_weights(capsys, monkeypatch):
+    monkeypatch.setattr(spec, "resolve_weights", lambda ap, model, weights: "real")
+    with pytest.raises(SystemExit):
+        spec.parse(["--device", "cpu", "--model", "smollm2-135m", "--prompt-lengths", "200,4000"])
+    assert "synthetic prompts are for random weights" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("tool", ["e2e", "gemm", "gemm_fused", "kernels", "launch_floor", "pdl", "profile", "serving",
