@@ -798,7 +798,7 @@ def prompt_source(a) -> str:
     """What the prompts are: --prompts' texts (real weights), else random tokens of --prompt-lengths."""
     if a.weights == "real":
         return a.prompts
-    return f"synthetic {'/'.join(map(str, getattr(a, 'lengths', SYNTHETIC_LENGTHS)))}-token"
+    return f"synthetic {'/'.join(map(str, a.lengths))}-token"
 
 
 def header(a, dev: torch.device, n_prompts: int) -> str:
