@@ -15,6 +15,8 @@ which only pays once a pass has enough rows); tree masks always run ``fa2`` (FA3
 CUDA-graph mode an fa2 plan of a uniform-q_len pass passes ``uniform_q_len``, so the graph-mode scheduler
 sizes its query tile for q_len x group rows instead of the ragged worst case. ``kernel_info()`` reports what
 each wrapper resolved to (``w.resolved_backend`` / the prefill wrapper's resolved ``_backend``).
+``verify_backend=xqa`` runs uniform chain verifies of at most 32 q_len x GQA rows on FlashInfer's XQA kernel instead
+(one launch, its split merged in-kernel, no host plan: flashinfer_xqa), the other short passes on fa2.
 
 The pool layer ``[2, num_pages + 1, page_size, Hkv, D]`` is handed over as the tuple ``(layer[0], layer[1])``
 (two NHD ``[pages, page_size, Hkv, D]`` views, no copy): FlashInfer's single-tensor form is
@@ -49,6 +51,7 @@ from typing import ClassVar
 import torch
 
 from attnlab.backends import flashinfer_schedule as fis
+from attnlab.backends import flashinfer_xqa as xqa
 from attnlab.backends.base import (
     DTYPE_TO_NAME,
     AttentionBackend,
@@ -69,6 +72,7 @@ INSTALL_HINT = "pip install 'attnlab[gpu]' (package flashinfer-python)"
 TENSOR_CORE_MIN_GROUP = 4  # GQA ratio from which the tensor-core (prefill-kernel) decode wins, as in SGLang
 CUDA_CORE_GROUPS = (1, 2, 3, 4, 6, 8, 16)  # GQA ratios compiled into the CUDA-core decode (DISPATCH_GQA_GROUP_SIZE)
 PREFILL_FAMILIES = ("fa2", "fa3", "auto")  # BatchPrefillWithPagedKVCacheWrapper(backend=...) values we allow
+VERIFY_FAMILIES = (*PREFILL_FAMILIES, "xqa")  # verify_backend: also XQA (flashinfer_xqa) for uniform chain verifies
 # A causal pass whose longest request has at least this many new tokens is a "long prefill" and runs
 # prefill_backend (auto: FA3 on Hopper). FA3's paged planner makes one work item per (query head, 128-row
 # tile) with no GQA packing and no split-KV: at 512 rows a request fills 4 tiles per head, 128 items per
@@ -276,8 +280,12 @@ class FlashInferBackend(AttentionBackend):
         "decode_tensor_cores": "true/false: force the tensor-core (prefill-kernel) decode on or off; null = rule",
         "device_steps": "true (default) / false: plan a multi-step draft's n decode steps once per launch (CUDA "
                         "graphs, CUDA-core decode, no page boundary crossed), not once per step",
-        "verify_backend": "fa2 (default) | auto | fa3: kernel family of causal passes shorter than "
-                          "prefill_min_q_len (verify, draft catch-up, short extends); auto = FlashInfer's pick",
+        "verify_backend": "fa2 (default) | auto | fa3 | xqa: kernel family of causal passes shorter than "
+                          "prefill_min_q_len (verify, draft catch-up, short extends); auto = FlashInfer's pick; xqa = "
+                          "FlashInfer's XQA speculative-decoding kernel (one launch, its split merged in-kernel) for "
+                          "uniform verifies of >= 2 tokens a request that are not prefills and whose q_len x GQA group "
+                          "rows are at most 32 (its specialized tile), fa2 for the other passes (page size "
+                          "16/32/64/128, KV of the query's dtype or fp8_e4m3; flashinfer_xqa)",
         "prefill_backend": "auto (default: FA3 on Hopper) | fa2 | fa3: kernel family of long causal prefills",
         "prefill_min_q_len": f"int >= 1 (default {PREFILL_MIN_Q_LEN}): a causal pass whose longest request has "
                              "this many new tokens runs prefill_backend",
@@ -317,6 +325,10 @@ class FlashInferBackend(AttentionBackend):
         if fa3 and self.device.type == "cuda" and torch.cuda.get_device_capability(self.device)[0] != 9:
             raise ConfigError(f"flashinfer: {fa3[0]}=fa3 needs a Hopper GPU (sm_90); use fa2 or auto")
         self._fi = import_flashinfer()
+        self._xqa_run = None  # verify_backend=xqa: FlashInfer's xqa_batch_decode_with_kv_cache
+        if verify_backend == "xqa":
+            xqa.check_fit(dtype, pool.dtype, pool.page_size, self.device)
+            self._xqa_run = xqa.xqa_function()
         self.use_tensor_cores = decode_uses_tensor_cores(num_q_heads, num_kv_heads, pool.dtype,
                                                          decode_tensor_cores)
         group = num_q_heads // num_kv_heads
@@ -364,6 +376,11 @@ class FlashInferBackend(AttentionBackend):
         # its kv_indptr before the schedule model is confirmed
         self._step_plans: dict[int, tuple] = {}
         self._resolved: dict[str, set[str]] = {}  # pass label -> kernel families its wrappers resolved to
+        # verify_backend=xqa: its workspace (semaphores, then the split's partials; made on first use), its graph-mode
+        # buffers a slot (page table, KV lengths) and its draft-block masks a (batch, q_len)
+        self._xqa_workspace: torch.Tensor | None = None
+        self._xqa_bufs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._xqa_masks: dict[tuple[int, int], torch.Tensor] = {}
         # fp8 KV stores value / scale; FlashInfer folds k_scale into sm_scale and multiplies out by v_scale.
         self._k_scale = pool.k_scale if pool.is_fp8 else None
         self._v_scale = pool.v_scale if pool.is_fp8 else None
@@ -371,9 +388,9 @@ class FlashInferBackend(AttentionBackend):
     @classmethod
     def check_options(cls, options: dict, field: str) -> None:
         """ConfigError (one line, naming ``field.key``) for option values FlashInfer cannot take."""
-        for key in ("verify_backend", "prefill_backend"):
-            if key in options and options[key] not in PREFILL_FAMILIES:
-                raise ConfigError(f"{field}.{key}={options[key]!r}: choose from {', '.join(PREFILL_FAMILIES)}")
+        for key, allowed in (("verify_backend", VERIFY_FAMILIES), ("prefill_backend", PREFILL_FAMILIES)):
+            if key in options and options[key] not in allowed:
+                raise ConfigError(f"{field}.{key}={options[key]!r}: choose from {', '.join(allowed)}")
         n = options.get("prefill_min_q_len", PREFILL_MIN_Q_LEN)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"{field}.prefill_min_q_len={n!r}: must be an int >= 1 (query tokens)")
@@ -387,6 +404,9 @@ class FlashInferBackend(AttentionBackend):
             v = options.get(key, False)
             if not (v is True or v is False or v == "auto"):
                 raise ConfigError(f"{field}.{key}={v!r}: must be auto, true or false")
+        if options.get("verify_backend") == "xqa" and options.get("verify_as_decode", False) is not False:
+            raise ConfigError(f"{field}.verify_backend=xqa with verify_as_decode={options['verify_as_decode']}: two "
+                              "plans for the same verify passes; choose one")
 
     @classmethod
     def capabilities(cls) -> Capabilities:
@@ -402,7 +422,8 @@ class FlashInferBackend(AttentionBackend):
             cuda_graph=frozenset({Mode.DECODE, Mode.VERIFY}),
             cuda_graph_mask=True,
             notes="decode: BatchDecode (tensor cores at GQA>=4 or fp8 KV); verify / short extends: BatchPrefill "
-                  "fa2 (GQA-packed, split-KV), long prefills: auto (FA3 on Hopper), tree masks: fa2; CUDA graphs "
+                  "fa2 (GQA-packed, split-KV; verify_backend=xqa: XQA for chain verifies), long prefills: auto "
+                  "(FA3 on Hopper), tree masks: fa2; CUDA graphs "
                   "need cuda_graph=True (caller-owned buffers, one wrapper per batch size and q_len)",
         )
 
@@ -431,7 +452,9 @@ class FlashInferBackend(AttentionBackend):
         return "decode" if kind == "decode" else self._prefill_family(kind, meta.max_q_len)
 
     def _prefill_family(self, kind: str, max_q_len: int) -> str:
-        return prefill_family(kind, max_q_len, verify_backend=self.verify_backend,
+        """The prefill wrapper's family (verify_backend=xqa: fa2 for the passes XQA does not take)."""
+        verify = "fa2" if self.verify_backend == "xqa" else self.verify_backend
+        return prefill_family(kind, max_q_len, verify_backend=verify,
                               prefill_backend=self.prefill_backend, prefill_min_q_len=self.prefill_min_q_len)
 
     def graph_variants(self, q_len: int, masked: bool, batch: int | None = None, slot: int = 0) -> tuple:
@@ -441,7 +464,7 @@ class FlashInferBackend(AttentionBackend):
         ("prefill" where the split is fixed), and the decode rows another where the bucket's K can be small enough
         (verify_as_rows with the fewest kv tokens it takes: one request at ROWS_MIN_KV, the others at q_len)."""
         rows = self._rows_eligible("causal", q_len, prefill=False)
-        if not self.cuda_graph or masked or rows is True:
+        if not self.cuda_graph or masked or rows is True or self._xqa_takes("causal", q_len, prefill=False):
             return (None,)
         fa2 = (("split", "whole") if self._by_rule("causal", self._prefill_family("causal", q_len), q_len,
                                                    prefill=False) else (None,))
@@ -467,6 +490,14 @@ class FlashInferBackend(AttentionBackend):
         ok = (kind == "causal" and not prefill and uniform is not None and 2 <= uniform < self.prefill_min_q_len
               and (not self.cuda_graph or uniform <= self.max_q_len))
         return self.verify_as_decode if ok else False
+
+    def _xqa_takes(self, kind: str, uniform: int | None, prefill: bool) -> bool:
+        """Whether verify_backend=xqa runs this pass on XQA: a causal, unmasked pass of ``uniform`` (>= 2) tokens a
+        request that is not a prefill, whose uniform x GQA-group rows fit XQA's specialized tile (xqa.fits_tile); in
+        graph mode at most max_q_len (its buffers)."""
+        return (self.verify_backend == "xqa" and kind == "causal" and not prefill and uniform is not None
+                and uniform >= 2 and xqa.fits_tile(uniform, self.num_q_heads // self.num_kv_heads)
+                and (not self.cuda_graph or uniform <= self.max_q_len))
 
     def _as_rows(self, eligible: bool | str, meta: AttnMeta) -> bool:
         """Whether this pass (``eligible``: its _rows_eligible) runs as decode rows: verify_as_decode=true on every
@@ -590,6 +621,8 @@ class FlashInferBackend(AttentionBackend):
             if need > cap:
                 raise ConfigError(f"flashinfer graph mode: tree mask needs {need} bytes, buffer holds "
                                   f"{cap}; raise max_q_len / max_context")
+        if self._xqa_takes(kind, uniform, meta.mode == Mode.PREFILL):
+            return self._xqa_plan(meta, slot)
         eligible = self._rows_eligible(kind, uniform, meta.mode == Mode.PREFILL)
         rows_auto = self.cuda_graph and eligible == "auto"
         if self._as_rows(eligible, meta):
@@ -674,13 +707,43 @@ class FlashInferBackend(AttentionBackend):
             self._step_plans[id(wrapper)] = self._decode_keep_key(rows, pages, ind)
         return plan
 
+    def _xqa_plan(self, meta: AttnMeta, slot: int) -> xqa.XqaPass:
+        """verify_backend=xqa: the pass's page table, KV lengths and causal draft-block mask as XQA reads them (device
+        ops, no plan on the host). Graph mode: written into the slot's buffers, whose page table is as wide as the
+        longest captured KV (XQA's grid depends on the width: one width, one launch shape)."""
+        q, ps, b = meta.q_lens[0], meta.page_size, meta.batch_size
+        pages = [pages_needed(n, ps) for n in meta.kv_lens_host]
+        lay = meta.layout
+        if self._xqa_workspace is None:
+            self._xqa_workspace = torch.zeros(xqa.SEMAPHORE_BYTES + xqa.SCRATCH_BYTES, dtype=torch.uint8,
+                                              device=self.device)
+        if (b, q) not in self._xqa_masks:
+            self._xqa_masks[(b, q)] = xqa.chain_mask(b, q, self.device)
+        if self.cuda_graph:
+            if b > self.max_batch_size:
+                raise ConfigError(f"flashinfer graph bucket: batch {b} > max_batch_size {self.max_batch_size}")
+            if slot not in self._xqa_bufs:
+                width = xqa.graph_width(self.max_context, self.max_q_len, ps)
+                self._xqa_bufs[slot] = (torch.zeros(self.max_batch_size, width, dtype=torch.int32, device=self.device),
+                                        torch.zeros(self.max_batch_size, dtype=torch.int32, device=self.device))
+            table_buf, lens_buf = self._xqa_bufs[slot]
+            table, lens = table_buf[:b], lens_buf[:b]
+            table.copy_(xqa.block_table(lay.kv_indptr, lay.kv_indices, pages, table.shape[1], self.pool.num_pages))
+            lens.copy_(lay.kv_lens)
+        else:
+            table = xqa.block_table(lay.kv_indptr, lay.kv_indices, pages, max(pages, default=1), self.pool.num_pages)
+            lens = lay.kv_lens
+        self._record(meta, "causal", None, "xqa")
+        return xqa.XqaPass(table, lens.view(torch.uint32), self._xqa_masks[(b, q)], q, b, meta.num_tokens)
+
     def _record(self, meta: AttnMeta, kind: str, wrapper, family: str, tag: str = "") -> None:
         """What this pass's plan runs, for kernel_info (a capture's forced plans are not a pass's: not recorded): the
         resolved family and ``tag``, ``:whole`` for an fa2 plan without split-KV, ``:rows`` for decode rows."""
         if self.forced_variant is not None:
             return
         label = meta.mode.value + ("_tree" if kind == "mask" else "")
-        self._resolved.setdefault(label, set()).add(resolved_family(wrapper, kind, family) + tag)
+        got = family if wrapper is None else resolved_family(wrapper, kind, family)
+        self._resolved.setdefault(label, set()).add(got + tag)
 
     # -- kept plans ------------------------------------------------------------------------------------
     # A graph-mode wrapper's plan is a function of its schedule (flashinfer_schedule): the CUDA-core decode's of the
@@ -883,6 +946,13 @@ class FlashInferBackend(AttentionBackend):
         """q: [num_tokens, Hq, D] fp16/bf16 -> [num_tokens, Hq, D]; the active wrapper's run(), no host sync."""
         plan = self.active_plan
         kv = self.pool.layer(layer)  # [2, num_pages + 1, page_size, Hkv, D]
+        if isinstance(plan, xqa.XqaPass):
+            # bmm1 = sm_scale x k_scale on Q.K; bmm2 = v_scale on the output (1 for a KV of the query's dtype)
+            out = self._xqa_run(q.contiguous(), (kv[0], kv[1]), self._xqa_workspace, plan.table, plan.seq_lens,
+                                plan.table.shape[1] * self.pool.page_size,
+                                bmm1_scale=self.scale * (self._k_scale or 1.0), bmm2_scale=self._v_scale or 1.0,
+                                kv_layout="NHD", q_len_per_req=plan.q_len, mask=plan.mask)
+            return out.view(q.shape)  # XQA returns [batch, q_len, Hq, D]
         return plan.wrapper.run(q, (kv[0], kv[1]), k_scale=self._k_scale, v_scale=self._v_scale)
 
 

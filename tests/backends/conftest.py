@@ -7,7 +7,14 @@ import types
 
 import pytest
 
-from tests.backends.fakes import MODULES, FakeDecode, FakePrefill, fake_fa_module
+from tests.backends.fakes import (
+    MODULES,
+    XQA_CALLS,
+    FakeDecode,
+    FakePrefill,
+    fake_fa_module,
+    fake_xqa_batch_decode_with_kv_cache,
+)
 
 
 @pytest.fixture
@@ -17,7 +24,12 @@ def fake_fi(monkeypatch):
     FakeDecode.created, FakePrefill.created = [], []
     mod.BatchDecodeWithPagedKVCacheWrapper = FakeDecode
     mod.BatchPrefillWithPagedKVCacheWrapper = FakePrefill
+    decode = types.ModuleType("flashinfer.decode")
+    decode.xqa_batch_decode_with_kv_cache = fake_xqa_batch_decode_with_kv_cache
+    XQA_CALLS.clear()
+    mod.decode = decode
     monkeypatch.setitem(sys.modules, "flashinfer", mod)
+    monkeypatch.setitem(sys.modules, "flashinfer.decode", decode)
     return mod
 
 

@@ -303,3 +303,48 @@ def fake_fa_module(flavor: str, calls: list) -> types.ModuleType:
 
     mod.flash_attn_with_kvcache = flash_attn_with_kvcache
     return mod
+
+
+XQA_CALLS: list = []  # the fake XQA's calls (arguments as given), for the tests to read
+
+
+def fake_xqa_batch_decode_with_kv_cache(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len,
+                                        bmm1_scale=1.0, bmm2_scale=1.0, window_left=-1, out=None, sinks=None,
+                                        kv_layout="NHD", enable_pdl=None, q_len_per_req=1, o_scale=1.0, mask=None,
+                                        kv_cache_sf=None, q_cu_seq_lens=None):
+    """FlashInfer 0.7.2's ``flashinfer.decode.xqa_batch_decode_with_kv_cache`` as its docstring and XQA's kernel
+    (mha.cu, applyMaskFromInput) define it: ``query`` [batch x q_len, H, D]; ``kv_cache`` a (K, V) tuple of NHD
+    [pages, page_size, Hkv, D]; ``block_tables`` [batch, width] int32 with width x page_size == ``max_seq_len``;
+    ``seq_lens`` [batch] uint32, each request's KV length with its q_len draft tokens last; ``mask`` [batch, q_len,
+    2 x ceil(q_len / 32)] uint16, bit j (little-endian 32-bit words) of row i: draft token i sees draft token j; every
+    earlier token is seen. Scores scaled by ``bmm1_scale``, the output by ``bmm2_scale``; returned as [batch, q_len, H,
+    D] (the view of the query it was given, as the real function's)."""
+    k_cache, v_cache = kv_cache
+    ps, hkv = k_cache.shape[1], k_cache.shape[2]
+    q_len = q_len_per_req
+    assert kv_layout == "NHD" and q_cu_seq_lens is None and sinks is None and window_left == -1 and out is None
+    assert workspace_buffer.dtype == torch.uint8 and workspace_buffer.numel() > 8 * 1024 * 1024
+    assert query.dim() == 3 and query.is_contiguous() and query.shape[0] % q_len == 0
+    b = query.shape[0] // q_len
+    assert block_tables.dtype == torch.int32 and block_tables.shape[0] == b and block_tables.is_contiguous()
+    assert max_seq_len == block_tables.shape[1] * ps, (max_seq_len, block_tables.shape, ps)
+    assert seq_lens.dtype == torch.uint32 and tuple(seq_lens.shape) == (b,)
+    words = -(-q_len // 32)
+    assert q_len > 1 and mask is not None and mask.dtype == torch.uint16, "spec-dec mode needs its uint16 mask"
+    assert tuple(mask.shape) == (b, q_len, 2 * words), mask.shape
+    XQA_CALLS.append({"b": b, "q_len": q_len, "table": block_tables, "seq_lens": seq_lens, "mask": mask,
+                      "max_seq_len": max_seq_len, "bmm1": bmm1_scale, "bmm2": bmm2_scale})
+    bits = mask.contiguous().view(torch.int32).view(b, q_len, words).to(torch.int64) & 0xFFFFFFFF
+    seen = ((bits[..., None] >> torch.arange(32)) & 1).bool().view(b, q_len, words * 32)[..., :q_len]
+    out = torch.zeros(query.shape, dtype=torch.float32)
+    for r in range(b):
+        n = int(seq_lens[r].to(torch.int64))
+        assert q_len <= n <= max_seq_len
+        pages = block_tables[r, :-(-n // ps)].long()
+        kk = k_cache[pages].reshape(-1, hkv, k_cache.shape[-1])[:n].float()
+        vv = v_cache[pages].reshape(-1, hkv, v_cache.shape[-1])[:n].float()
+        m = torch.ones(q_len, n, dtype=torch.bool)
+        m[:, n - q_len:] = seen[r]
+        rows = slice(r * q_len, (r + 1) * q_len)
+        out[rows] = reference_attention(query[rows], kk, vv, m, bmm1_scale) * bmm2_scale
+    return out.to(query.dtype).view(b, q_len, *query.shape[1:])  # as FlashInfer's: [batch, q_len, H, D]

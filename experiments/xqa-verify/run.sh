@@ -1,0 +1,47 @@
+# FlashInfer's XQA kernel as the verify (flashinfer verify_backend=xqa, attnlab/backends/flashinfer_xqa.py), against
+# the default fa2 plan and its own decode: issue 16's floor "FlashInfer verify <= 1.3x its decode", which fa2 misses in
+# 24 of 150 H100 cells whatever the plan (a fixed 3.5-5.4 us of launch and merge; docs/backends.md, "Measured"). XQA
+# merges its split in the same launch. Two calls back to back on one machine (the second finds the JIT cache warm):
+#   1  carry [".gpu/fk"]:             bash experiments/xqa-verify/run.sh 1
+#   2  carry [".gpu/m0"]:             bash experiments/xqa-verify/run.sh 2
+# (.gpu/fk: .gpu/fi without datasets / dill / multiprocess, 20.1 MB: with the tree and a GGUF part it passed 64 MiB on
+# 2026-12-05d, so call 1 carries no part; .gpu/m0: h200-2026-12-04h/bundles.sh, riding along for a later real model.)
+# 1  install; XQA's modules built in parallel (jit.py) beside FlashInfer's decode / fa2 JIT; GPU tests: XQA against
+#    the reference, eager and in graphs (tests/backends/test_flashinfer_xqa.py), FlashInfer's graph tests; the SmolLM2
+#    grid: bench.kernels FlashInfer decode / verify, default and xqa, batch 1/2/4/8/16 x 128-4,096 x q 3/5/9
+# 2  the Llama-8B grid (HYBRID=1: then experiments/hybrid-rounds/run.sh, owed, on the warm machine)
+# Then, here (no GPU): python -m attnlab.bench.verify_floor results/xq-*.json \
+#   --plans default=flashinfer,xqa=flashinfer/verify_backend=xqa --plot results/xq.png > results/floor-xq.md
+# Output: $OUT/runN.log (the console) and resultsN.tgz.
+set -u -o pipefail
+PART=${1:?part 1 or 2}
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, fi_jit, gpu_tests, pack, the environment, PY
+B="flashinfer,flashinfer/verify_backend=xqa"
+grid() {  # grid MODEL SECS: the 75 cells of one model's shapes, both plans in one process
+  step "FlashInfer verify / decode, $1 shapes: $B"
+  timeout "$2" $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,2,4,8,16 \
+    --contexts 128,256,512,1024,4096 --ks 2,4,8 --models "$1" --backends "$B" --baseline flashinfer \
+    --repeats 3 --out "$OUT/xq-$1" > $LOGS/xq-$1.log 2>&1
+  echo "exit code $?"; cp $LOGS/xq-$1.log "$OUT/"
+}
+case $PART in
+1)
+  FB=.gpu/fk install_fb; [ ! -d .gpu/m0 ] || bash .gpu/m0/install.sh | tail -1
+  step "XQA modules (jit.py) beside FlashInfer's decode / fa2 JIT"
+  timeout 330 $PY experiments/xqa-verify/jit.py > $LOGS/xqa-jit.log 2>&1 &
+  J=$!
+  fi_jit jit 330 "flashinfer"
+  wait $J; echo "jit.py exit code $?"  # its pid only: a bare wait also waits for the console's tee, forever
+  tail -n 3 $LOGS/xqa-jit.log; cp $LOGS/xqa-jit.log "$OUT/"
+  step "GPU tests: XQA against the reference (eager, graphs); FlashInfer's graph tests"
+  gpu_tests testsxq 150 tests/backends/test_flashinfer_xqa.py tests/backends/test_flashinfer.py -m gpu \
+    -k "xqa or cuda_graph or kernel_families"
+  grid smollm2 "${GRID_SECS:-120}"
+  ;;
+2)
+  FB=${FB:-.gpu/m0} install_fb
+  grid llama8b 200
+  [ -z "${HYBRID:-}" ] || FB=${FB:-.gpu/m0} bash experiments/hybrid-rounds/run.sh  # owed since 2026-12-05c (its own log)
+  ;;
+esac
+pack
