@@ -400,6 +400,25 @@ def test_gpu_draft_steps(tensor_cores):
         torch.testing.assert_close(run_all_layers(be, case), reference(case, m, case.q), atol=2e-2, rtol=2e-2)
 
 
+def capture_layers(be, case, q):
+    """Plan ``case.meta``, run every layer eagerly, warm up on a side stream (JIT, lazy allocations), capture run() of
+    every layer with ``q`` a static buffer and replay it: the replay must equal eager bit for bit (same kernels, same
+    plan). Returns (graph, the captured outputs)."""
+    be.plan(case.meta)
+    eager = run_all_layers(be, case, q)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run_all_layers(be, case, q)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [be.run(q, layer) for layer in range(case.pool.num_layers)]
+    graph.replay()
+    torch.testing.assert_close(torch.stack(outs).float(), eager, atol=0, rtol=0)
+    return graph, outs
+
+
 @pytest.mark.gpu
 @needs_flashinfer_gpu
 @pytest.mark.parametrize("mode", ["decode", "verify"])
@@ -413,18 +432,7 @@ def test_gpu_cuda_graph_capture_replay(mode, gqa):
     be = FlashInferBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale,
                            torch.bfloat16, cuda_graph=True, max_batch_size=8)
     q = case.q.clone()  # static input buffer
-    be.plan(case.meta)
-    eager = run_all_layers(be, case, q)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up off the capture (JIT, lazy allocations)
-        run_all_layers(be, case, q)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = [be.run(q, layer) for layer in range(case.pool.num_layers)]
-    graph.replay()
-    torch.testing.assert_close(torch.stack(outs).float(), eager, atol=0, rtol=0)  # same kernels, same plan
+    graph, outs = capture_layers(be, case, q)
     # next pass: same batch size, other lengths and queries -> re-plan outside the graph, replay
     kv2 = [n - (i % 3) for i, n in enumerate(kv_lens)]
     kv2 = [max(n, q_len) for n in kv2]

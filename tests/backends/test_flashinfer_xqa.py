@@ -14,7 +14,7 @@ from attnlab.errors import ConfigError
 from tests.backends.cases import make_case
 from tests.backends.fakes import XQA_CALLS, FakeDecode, FakePrefill
 from tests.backends.test_flashinfer import backend as fi_backend
-from tests.backends.test_flashinfer import meta_over, reference, run_all_layers
+from tests.backends.test_flashinfer import capture_layers, meta_over, reference, run_all_layers
 
 XQA = {"verify_backend": "xqa"}
 
@@ -224,18 +224,7 @@ def test_gpu_xqa_eager_and_graph_attend_the_reference(gqa, head_dim, page_size, 
     gb = FlashInferBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale, dtype,
                            verify_backend="xqa", cuda_graph=True, max_batch_size=4, max_q_len=q_len, max_context=4200)
     q = case.q.clone()
-    gb.plan(case.meta)
-    eager = run_all_layers(gb, case, q)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run_all_layers(gb, case, q)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = [gb.run(q, layer) for layer in range(case.pool.num_layers)]
-    graph.replay()
-    torch.testing.assert_close(torch.stack(outs).float(), eager, atol=0, rtol=0)
+    graph, outs = capture_layers(gb, case, q)
     m2 = meta_over(case, [max(n - 7, q_len) for n in kv_lens], [q_len] * 4)
     q.copy_(torch.randn_like(q))
     gb.plan(m2)
