@@ -10,11 +10,12 @@
 #    the reference, eager and in graphs (tests/backends/test_flashinfer_xqa.py), FlashInfer's graph tests; the SmolLM2
 #    grid: bench.kernels FlashInfer decode / verify, default and xqa, batch 1/2/4/8/16 x 128-4,096 x q 3/5/9
 # 2  the Llama-8B grid (HYBRID=1: then experiments/hybrid-rounds/run.sh, owed, on the warm machine)
+# 3  (owed; one call, carry [".gpu/fk"], fresh or warm) end to end: bench.spec, verify fa2 / xqa / triton, in rounds
 # Then, here (no GPU): python -m attnlab.bench.verify_floor results/xq-*.json \
 #   --plans default=flashinfer,xqa=flashinfer/verify_backend=xqa --plot results/xq.png > results/floor-xq.md
 # Output: $OUT/runN.log (the console) and resultsN.tgz.
 set -u -o pipefail
-PART=${1:?part 1 or 2}
+PART=${1:?part 1, 2 or 3}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, fi_jit, gpu_tests, pack, the environment, PY
 B="flashinfer,flashinfer/verify_backend=xqa"
 grid() {  # grid MODEL SECS: the 75 cells of one model's shapes, both plans in one process
@@ -42,6 +43,25 @@ case $PART in
   FB=${FB:-.gpu/m0} install_fb
   grid llama8b 200
   [ -z "${HYBRID:-}" ] || FB=${FB:-.gpu/m0} bash experiments/hybrid-rounds/run.sh  # owed since 2026-12-05c (its own log)
+  ;;
+3)
+  # end to end, owed: bench.spec, verify flashinfer (fa2) against flashinfer/verify_backend=xqa (and triton), in rounds;
+  # random weights, ngram k 4, graphs, batch 1 and 8, 32 prompts x 128 tokens, 5 rounds; short synthetic prompts, then
+  # 1,000 / 4,000-token ones. prefill_backend=fa2 on both flashinfer rows: the same prefill, and no FA3 JIT (minutes)
+  FB=.gpu/fk install_fb
+  step "XQA modules (jit.py) beside FlashInfer's decode / fa2 JIT"
+  timeout 330 $PY experiments/xqa-verify/jit.py > $LOGS/xqa-jit.log 2>&1 &
+  J=$!
+  fi_jit jit 330 "flashinfer"
+  wait $J; echo "jit.py exit code $?"
+  F="flashinfer/prefill_backend=fa2,flashinfer/verify_backend=xqa/prefill_backend=fa2,triton"
+  for L in "" 1000,4000; do
+    step "bench.spec: $F; prompts ${L:-synthetic}"
+    timeout 240 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters ngram --k 4 --batch 1,8 \
+      --backends "$F" ${L:+--prompt-lengths $L} --num-prompts 32 --new 128 --repeats 5 --out "$OUT/e2e${L:+-long}" \
+      > $LOGS/e2e${L:+-long}.log 2>&1
+    echo "exit code $?"; grep -E "^\|" $LOGS/e2e${L:+-long}.log; cp $LOGS/e2e${L:+-long}.log "$OUT/"
+  done
   ;;
 esac
 pack
