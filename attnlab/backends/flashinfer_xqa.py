@@ -20,7 +20,7 @@ XQA takes a verify whose q_len x GQA-group rows fit its specialized tile (``fits
 q 10, Llama-8B up to q 8); the backend runs fa2 for longer ones, where fa2 was measured faster. Limits of the kernel
 (``flashinfer.jit.xqa``): page sizes 16 / 32 / 64 / 128, fp16 / bf16 queries, KV of the query's
 dtype or fp8 e4m3, sm_90 / sm_100 / sm_120. Each (dtype, page size, head dim, GQA ratio, q_len) is its own JIT module
-(a minute or so to compile on first use, then cached on disk).
+(compiled on first use, then cached on disk: experiments/xqa-verify/jit.py builds a list of them in parallel).
 """
 
 from __future__ import annotations

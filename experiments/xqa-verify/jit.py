@@ -1,6 +1,6 @@
 """Compile FlashInfer's XQA modules of this sitting's cells in one parallel ninja (flashinfer.jit.core.build_jit_specs),
 untimed, before anything is timed: each (dtype, KV dtype, page size, head dim, GQA ratio, q_len) is a module of its own,
-about a minute each when FlashInfer builds them one by one on first use.
+which FlashInfer otherwise builds one by one on first use, inside whatever is being timed.
 
     python experiments/xqa-verify/jit.py            # bench.kernels' SmolLM2 / Llama-8B verify cells (q 3 / 5 / 9) and
                                                     # the GPU tests' cells (tests/backends/test_flashinfer_xqa.py)
