@@ -284,7 +284,7 @@ class FlashInferBackend(AttentionBackend):
                           "prefill_min_q_len (verify, draft catch-up, short extends); auto = FlashInfer's pick; xqa = "
                           "FlashInfer's XQA speculative-decoding kernel (one launch, its split merged in-kernel) for "
                           "uniform verifies of >= 2 tokens a request that are not prefills and whose q_len x GQA group "
-                          "rows are at most 32 (its specialized tile), fa2 for the other passes (page size "
+                          "rows are at most 32 (one query tile), fa2 for the other passes (page size "
                           "16/32/64/128, KV of the query's dtype or fp8_e4m3; flashinfer_xqa)",
         "prefill_backend": "auto (default: FA3 on Hopper) | fa2 | fa3: kernel family of long causal prefills",
         "prefill_min_q_len": f"int >= 1 (default {PREFILL_MIN_Q_LEN}): a causal pass whose longest request has "
@@ -493,10 +493,10 @@ class FlashInferBackend(AttentionBackend):
 
     def _xqa_takes(self, kind: str, uniform: int | None, prefill: bool) -> bool:
         """Whether verify_backend=xqa runs this pass on XQA: a causal, unmasked pass of ``uniform`` (>= 2) tokens a
-        request that is not a prefill, whose uniform x GQA-group rows fit XQA's specialized tile (xqa.fits_tile); in
-        graph mode at most max_q_len (its buffers)."""
+        request, shorter than a long prefill, that is not a prefill, whose uniform x GQA-group rows fit XQA's query
+        tile (xqa.fits_tile); in graph mode at most max_q_len (its buffers)."""
         return (self.verify_backend == "xqa" and kind == "causal" and not prefill and uniform is not None
-                and uniform >= 2 and xqa.fits_tile(uniform, self.num_q_heads // self.num_kv_heads)
+                and 2 <= uniform < self.prefill_min_q_len and xqa.fits_tile(uniform, self.num_q_heads // self.num_kv_heads)
                 and (not self.cuda_graph or uniform <= self.max_q_len))
 
     def _as_rows(self, eligible: bool | str, meta: AttnMeta) -> bool:

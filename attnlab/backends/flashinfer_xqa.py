@@ -16,7 +16,7 @@ What the kernel reads, built here from attnlab's layout (no host sync):
 - ``mask`` [batch, q_len, 2 x ceil(q_len / 32)] uint16: the draft block's mask, bit j of row i (little-endian 32-bit
   words) set where draft token i sees draft token j; a chain verify's is causal (j <= i). Every earlier token is seen.
 
-XQA takes a verify whose q_len x GQA-group rows fit its specialized tile (``fits_tile``, at most 32 rows: SmolLM2 up to
+XQA takes a verify whose q_len x GQA-group rows fit one query tile (``fits_tile``, at most 32 rows: SmolLM2 up to
 q 10, Llama-8B up to q 8); the backend runs fa2 for longer ones, where fa2 was measured faster. Limits of the kernel
 (``flashinfer.jit.xqa``): page sizes 16 / 32 / 64 / 128, fp16 / bf16 queries, KV of the query's
 dtype or fp8 e4m3, sm_90 / sm_100 / sm_120. Each (dtype, page size, head dim, GQA ratio, q_len) is its own JIT module
@@ -38,10 +38,10 @@ PAGE_SIZES = (16, 32, 64, 128)  # TOKENS_PER_PAGE values gen_xqa_module builds
 Q_DTYPES = (torch.float16, torch.bfloat16)
 FP8_KV = (torch.float8_e4m3fn,)  # CACHE_ELEM_ENUM 2; e5m2 has no XQA build
 ARCH_MAJORS = (9, 10, 12)
-# XQA's rows a CTA tile specializes for (flashinfer.jit.xqa.swap_ab_eligible: SPEC_Q_SEQ_LEN is compiled in where
-# q_len x GQA group <= 32). Past it the generic spec-dec tile runs, and on an H100 (experiments/xqa-verify, 150 cells)
-# that lost to fa2: Llama-8B shapes at q 9 (36 rows) took 1.09x fa2's time (geomean, fa2 faster in 16 of 25 cells, up
-# to 1.5x), while every shape within the bound ran 0.87-0.91x of fa2's (geomean).
+# XQA's query tile: M_TILESIZE = 32 rows (csrc/xqa/defines.h). A request's q_len x GQA-group rows past it take
+# divUp(rows, 32) CTAs a KV head (mha.cu's nbTokenBlocksPerGrp), each reading the request's whole KV again. On an H100
+# (experiments/xqa-verify, 150 cells) that lost to fa2: Llama-8B shapes at q 9 (36 rows) took 1.09x fa2's time
+# (geomean, fa2 faster in 16 of 25 cells, up to 1.5x), while every shape within one tile ran 0.87-0.91x of fa2's.
 MAX_ROWS = 32
 # xqa_batch_decode_with_kv_cache takes its semaphores from the first 8 MB of the workspace (zeroed once; the kernel
 # leaves them zero) and the split's partials from the rest
@@ -65,7 +65,7 @@ def xqa_unfit(dtype: torch.dtype, kv_dtype: torch.dtype, page_size: int, device:
 
 
 def fits_tile(q_len: int, group: int) -> bool:
-    """Whether a verify of ``q_len`` tokens a request fits XQA's specialized tile (``MAX_ROWS`` rows)."""
+    """Whether a verify of ``q_len`` tokens a request fits one XQA query tile (``MAX_ROWS`` rows)."""
     return q_len * group <= MAX_ROWS
 
 

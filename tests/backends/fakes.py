@@ -317,8 +317,10 @@ def fake_xqa_batch_decode_with_kv_cache(query, kv_cache, workspace_buffer, block
     [pages, page_size, Hkv, D]; ``block_tables`` [batch, width] int32 with width x page_size == ``max_seq_len``;
     ``seq_lens`` [batch] uint32, each request's KV length with its q_len draft tokens last; ``mask`` [batch, q_len,
     2 x ceil(q_len / 32)] uint16, bit j (little-endian 32-bit words) of row i: draft token i sees draft token j; every
-    earlier token is seen. Scores scaled by ``bmm1_scale``, the output by ``bmm2_scale``; returned as [batch, q_len, H,
-    D] (the view of the query it was given, as the real function's)."""
+    earlier token is seen. An fp8 cache: scores scaled by ``bmm1_scale``, the output by ``bmm2_scale``; a cache of the
+    query's dtype: scores by ``bmm1_scale / bmm2_scale`` (the function's q_scale is bmm1 / kv_scale x sqrt(D), and the
+    kernel applies kv_scale to quantized caches only), output unscaled. Returned as [batch, q_len, H, D] (the view of
+    the query it was given, as the real function's)."""
     k_cache, v_cache = kv_cache
     ps, hkv = k_cache.shape[1], k_cache.shape[2]
     q_len = q_len_per_req
@@ -346,5 +348,8 @@ def fake_xqa_batch_decode_with_kv_cache(query, kv_cache, workspace_buffer, block
         m = torch.ones(q_len, n, dtype=torch.bool)
         m[:, n - q_len:] = seen[r]
         rows = slice(r * q_len, (r + 1) * q_len)
-        out[rows] = reference_attention(query[rows], kk, vv, m, bmm1_scale) * bmm2_scale
+        if k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # mha.cu: qkScale x kvScale, output x kvScale
+            out[rows] = reference_attention(query[rows], kk, vv, m, bmm1_scale) * bmm2_scale
+        else:  # a cache of the query's dtype: the scores take bmm1 / bmm2 and the output is not rescaled
+            out[rows] = reference_attention(query[rows], kk, vv, m, bmm1_scale / bmm2_scale)
     return out.to(query.dtype).view(b, q_len, *query.shape[1:])  # as FlashInfer's: [batch, q_len, H, D]

@@ -100,7 +100,7 @@ def test_eager_xqa_dtypes_and_head_dims(fake_fi, dtype, kv_dtype, head_dim):
 @pytest.mark.parametrize("gqa,q_len,takes", [(4, 8, True), (4, 9, False), (3, 10, True), (3, 11, False),
                                              (16, 2, True), (32, 2, False)])
 def test_xqa_takes_a_verify_whose_rows_fit_its_tile(fake_fi, gqa, q_len, takes):
-    """q_len x GQA group <= 32 rows (XQA's specialized tile) runs XQA, more runs the fa2 plan (eager; and in graph mode
+    """q_len x GQA group <= 32 rows (one XQA query tile) runs XQA, more runs the fa2 plan (eager; and in graph mode
     the split rule's two fa2 plans); both attend the reference."""
     case = case_of([q_len] * 2, [q_len + 30, 90], gqa=gqa, num_kv_heads=1)
     be = backend(case)
@@ -110,6 +110,17 @@ def test_xqa_takes_a_verify_whose_rows_fit_its_tile(fake_fi, gqa, q_len, takes):
     torch.testing.assert_close(run_all_layers(be, case), reference(case, case.meta, case.q), atol=2e-2, rtol=2e-2)
     graphs = backend(case, cuda_graph=True, max_batch_size=2, max_q_len=16, verify_split_kv="auto")
     assert graphs.graph_variants(q_len, False) == ((None,) if takes else ("split", "whole"))
+
+
+def test_fp8_kv_scales_fold_into_bmm1_and_bmm2(fake_fi):
+    """An e4m3 pool whose k_scale and v_scale differ (2.0, 0.5; the stored values read as value x scale by the
+    reference too): XQA's scores take sm_scale x k_scale, its output v_scale; swapped scales would miss the reference."""
+    case = case_of([3, 3], [70, 20], kv_dtype=torch.float8_e4m3fn)
+    case.pool.k_scale, case.pool.v_scale = 2.0, 0.5
+    be = backend(case)
+    be.plan(case.meta)
+    torch.testing.assert_close(run_all_layers(be, case), reference(case, case.meta, case.q), atol=3e-2, rtol=3e-2)
+    assert XQA_CALLS[-1]["bmm1"] == pytest.approx(2.0 * case.scale) and XQA_CALLS[-1]["bmm2"] == 0.5
 
 
 def test_passes_xqa_does_not_take_run_fa2_or_the_decode(fake_fi):
@@ -135,8 +146,9 @@ def test_passes_xqa_does_not_take_run_fa2_or_the_decode(fake_fi):
 
 def test_graph_mode_xqa_writes_one_slot_buffer_and_follows_new_lengths(fake_fi):
     """cuda_graph=True: every pass of a bucket writes the slot's page table / lengths in place (the pointers a graph
-    captured stay the ones XQA reads), a table as wide as max_context + max_q_len (one grid), padded requests on the
-    scratch page; each pass equals the reference; graph_variants names one plan, under verify_split_kv=auto too."""
+    captured stay the ones XQA reads), a table as wide as max_context + max_q_len (one grid), the scratch page past
+    each request's pages; each pass equals the reference; graph_variants names one plan, under verify_split_kv=auto
+    too."""
     case = case_of([5, 5], [300, 120])
     be = backend(case, cuda_graph=True, max_batch_size=4, max_q_len=8, max_context=320, verify_split_kv="auto")
     assert be.graph_variants(5, False) == (None,) and be.graph_variants(5, False, batch=4) == (None,)
@@ -225,6 +237,7 @@ def test_gpu_xqa_eager_and_graph_attend_the_reference(gqa, head_dim, page_size, 
                            verify_backend="xqa", cuda_graph=True, max_batch_size=4, max_q_len=q_len, max_context=4200)
     q = case.q.clone()
     graph, outs = capture_layers(gb, case, q)
+    assert isinstance(gb.active_plan, XqaPass)  # the graph captured XQA, not an fa2 fallback
     m2 = meta_over(case, [max(n - 7, q_len) for n in kv_lens], [q_len] * 4)
     q.copy_(torch.randn_like(q))
     gb.plan(m2)
