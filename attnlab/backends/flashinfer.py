@@ -328,7 +328,7 @@ class FlashInferBackend(AttentionBackend):
         self._xqa_run = None  # verify_backend=xqa: FlashInfer's xqa_batch_decode_with_kv_cache
         if verify_backend == "xqa":
             xqa.check_fit(dtype, pool.dtype, pool.page_size, self.device)
-            self._xqa_run = xqa.xqa_function()
+            self._xqa_run = xqa.xqa_function(self._fi)
         self.use_tensor_cores = decode_uses_tensor_cores(num_q_heads, num_kv_heads, pool.dtype,
                                                          decode_tensor_cores)
         group = num_q_heads // num_kv_heads
@@ -483,21 +483,22 @@ class FlashInferBackend(AttentionBackend):
         return (self.verify_split_kv == "auto" and kind == "causal" and family == "fa2" and uniform is not None
                 and uniform >= 2 and not prefill)
 
+    def _chain_verify(self, kind: str, uniform: int | None, prefill: bool) -> bool:
+        """Whether a pass is a chain verify the verify-only plans (decode rows, XQA) may take: causal and unmasked,
+        ``uniform`` (>= 2) tokens a request, shorter than a long prefill, not a prefill; in graph mode at most
+        max_q_len (their buffers)."""
+        return (kind == "causal" and not prefill and uniform is not None and 2 <= uniform < self.prefill_min_q_len
+                and (not self.cuda_graph or uniform <= self.max_q_len))
+
     def _rows_eligible(self, kind: str, uniform: int | None, prefill: bool) -> bool | str:
-        """verify_as_decode for this pass: False, or its value (True / "auto") for a causal, unmasked pass of
-        ``uniform`` (>= 2) tokens a request, shorter than a long prefill, that is not a prefill; in graph mode at most
-        max_q_len (the rows' buffers)."""
-        ok = (kind == "causal" and not prefill and uniform is not None and 2 <= uniform < self.prefill_min_q_len
-              and (not self.cuda_graph or uniform <= self.max_q_len))
-        return self.verify_as_decode if ok else False
+        """verify_as_decode for this pass: False, or its value (True / "auto") for a chain verify."""
+        return self.verify_as_decode if self._chain_verify(kind, uniform, prefill) else False
 
     def _xqa_takes(self, kind: str, uniform: int | None, prefill: bool) -> bool:
-        """Whether verify_backend=xqa runs this pass on XQA: a causal, unmasked pass of ``uniform`` (>= 2) tokens a
-        request, shorter than a long prefill, that is not a prefill, whose uniform x GQA-group rows fit XQA's query
-        tile (xqa.fits_tile); in graph mode at most max_q_len (its buffers)."""
-        return (self.verify_backend == "xqa" and kind == "causal" and not prefill and uniform is not None
-                and 2 <= uniform < self.prefill_min_q_len and xqa.fits_tile(uniform, self.num_q_heads // self.num_kv_heads)
-                and (not self.cuda_graph or uniform <= self.max_q_len))
+        """Whether verify_backend=xqa runs this pass on XQA: a chain verify whose uniform x GQA-group rows fit one XQA
+        query tile (xqa.fits_tile)."""
+        return (self.verify_backend == "xqa" and self._chain_verify(kind, uniform, prefill)
+                and xqa.fits_tile(uniform, self.num_q_heads // self.num_kv_heads))
 
     def _as_rows(self, eligible: bool | str, meta: AttnMeta) -> bool:
         """Whether this pass (``eligible``: its _rows_eligible) runs as decode rows: verify_as_decode=true on every
@@ -712,7 +713,7 @@ class FlashInferBackend(AttentionBackend):
         ops, no plan on the host). Graph mode: written into the slot's buffers, whose page table is as wide as the
         longest captured KV (XQA's grid depends on the width: one width, one launch shape)."""
         q, ps, b = meta.q_lens[0], meta.page_size, meta.batch_size
-        pages = [pages_needed(n, ps) for n in meta.kv_lens_host]
+        most = pages_needed(meta.max_kv_len, ps)  # the longest request's pages
         lay = meta.layout
         if self._xqa_workspace is None:
             self._xqa_workspace = torch.zeros(xqa.SEMAPHORE_BYTES + xqa.SCRATCH_BYTES, dtype=torch.uint8,
@@ -728,13 +729,13 @@ class FlashInferBackend(AttentionBackend):
                                         torch.zeros(self.max_batch_size, dtype=torch.int32, device=self.device))
             table_buf, lens_buf = self._xqa_bufs[slot]
             table, lens = table_buf[:b], lens_buf[:b]
-            table.copy_(xqa.block_table(lay.kv_indptr, lay.kv_indices, pages, table.shape[1], self.pool.num_pages))
+            table.copy_(xqa.block_table(lay.kv_indptr, lay.kv_indices, most, table.shape[1], self.pool.num_pages))
             lens.copy_(lay.kv_lens)
         else:
-            table = xqa.block_table(lay.kv_indptr, lay.kv_indices, pages, max(pages, default=1), self.pool.num_pages)
+            table = xqa.block_table(lay.kv_indptr, lay.kv_indices, most, max(most, 1), self.pool.num_pages)
             lens = lay.kv_lens
         self._record(meta, "causal", None, "xqa")
-        return xqa.XqaPass(table, lens.view(torch.uint32), self._xqa_masks[(b, q)], q, b, meta.num_tokens)
+        return xqa.XqaPass(table, lens.view(torch.uint32), self._xqa_masks[(b, q)], q)
 
     def _record(self, meta: AttnMeta, kind: str, wrapper, family: str, tag: str = "") -> None:
         """What this pass's plan runs, for kernel_info (a capture's forced plans are not a pass's: not recorded): the

@@ -85,20 +85,20 @@ def chain_mask(batch: int, q_len: int, device) -> torch.Tensor:
     return packed.view(torch.uint16).reshape(1, q_len, 2 * words).repeat(batch, 1, 1).to(device)
 
 
-def block_table(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, pages: list[int], width: int,
+def block_table(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, max_pages: int, width: int,
                 pad_page: int) -> torch.Tensor:
-    """[batch, width] int32 page table from a CSR layout (device tensors; ``pages``: each request's page count, host),
-    column j of request r its j-th page id, the scratch page ``pad_page`` past its pages. Device ops only."""
-    if max(pages, default=0) > width:
-        raise ValueError(f"flashinfer xqa: a request holds {max(pages)} pages, the table {width}")
+    """[batch, width] int32 page table from a CSR layout (device tensors; ``max_pages``: the longest request's page
+    count, host), column j of request r its j-th page id, the scratch page ``pad_page`` past its pages. Device ops
+    only: each request's page count is read from ``kv_indptr`` on the device."""
+    if max_pages > width:
+        raise ValueError(f"flashinfer xqa: a request holds {max_pages} pages, the table {width}")
     dev = kv_indices.device
+    start = kv_indptr[:-1].to(torch.int64)[:, None]
     j = torch.arange(width, device=dev, dtype=torch.int64)
-    n = torch.tensor(pages, dtype=torch.int64).to(dev, non_blocking=True)
-    at = kv_indptr[:-1].to(torch.int64)[:, None] + j  # [batch, width]
-    inside = j < n[:, None]
+    inside = j < kv_indptr[1:].to(torch.int64)[:, None] - start  # [batch, width]
     if kv_indices.numel() == 0:
-        return torch.full(at.shape, pad_page, dtype=torch.int32, device=dev)
-    ids = kv_indices[at.clamp(max=kv_indices.numel() - 1)]
+        return torch.full(inside.shape, pad_page, dtype=torch.int32, device=dev)
+    ids = kv_indices[(start + j).clamp(max=kv_indices.numel() - 1)]
     return torch.where(inside, ids, torch.full_like(ids, pad_page)).to(torch.int32)
 
 
@@ -107,9 +107,9 @@ def graph_width(max_context: int, max_q_len: int, page_size: int) -> int:
     return pages_needed(max_context + max_q_len, page_size)
 
 
-def xqa_function():
-    """flashinfer.decode.xqa_batch_decode_with_kv_cache, or ConfigError naming the version that lacks it."""
-    fi = importlib.import_module("flashinfer")
+def xqa_function(fi):
+    """``fi`` (the flashinfer module)'s decode.xqa_batch_decode_with_kv_cache, or ConfigError naming the version that
+    lacks it."""
     try:
         return importlib.import_module("flashinfer.decode").xqa_batch_decode_with_kv_cache
     except (ImportError, AttributeError) as e:
@@ -126,6 +126,3 @@ class XqaPass:
     seq_lens: torch.Tensor
     mask: torch.Tensor
     q_len: int
-    batch_size: int
-    num_tokens: int
-    kind: str = "xqa"

@@ -51,11 +51,11 @@ def test_block_table_by_hand():
     """CSR -> [batch, width]: each request's page ids, the scratch page past them (and for a request of no pages)."""
     ptr = torch.tensor([0, 2, 5, 5], dtype=torch.int32)
     ids = torch.tensor([7, 8, 1, 2, 3], dtype=torch.int32)
-    t = block_table(ptr, ids, [2, 3, 0], 4, 99)
+    t = block_table(ptr, ids, 3, 4, 99)
     assert t.dtype == torch.int32 and t.tolist() == [[7, 8, 99, 99], [1, 2, 3, 99], [99, 99, 99, 99]]
     with pytest.raises(ValueError, match="holds 3 pages, the table 2"):
-        block_table(ptr, ids, [2, 3, 0], 2, 99)
-    empty = block_table(torch.zeros(2, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), [0], 3, 5)
+        block_table(ptr, ids, 3, 2, 99)
+    empty = block_table(torch.zeros(2, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), 0, 3, 5)
     assert empty.tolist() == [[5, 5, 5]]
     assert graph_width(1000, 8, 16) == 63
 
@@ -206,8 +206,9 @@ def test_a_flashinfer_without_xqa_is_a_config_error(fake_fi, monkeypatch):
 
 GPU_REASON = FlashInferBackend.available()
 needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=f"flashinfer unavailable: {GPU_REASON}")
-# Each (dtype, KV dtype, page size, head dim, GQA ratio, q_len) is a JIT module of its own (about a minute on first
-# use): SmolLM2's and Llama-8B's verify shapes at k = 4, an fp16, a page-64 and an e4m3 cell.
+# Each (dtype, KV dtype, page size, head dim, GQA ratio, q_len) is a JIT module of its own, compiled on first use
+# (experiments/xqa-verify/jit.py builds these in parallel first): SmolLM2's and Llama-8B's verify shapes at k = 4, an
+# fp16, a page-64 and an e4m3 cell, SmolLM2 at q 9.
 GPU_CELLS = [  # (gqa, head_dim, page_size, dtype, kv_dtype, q_len)
     (3, 64, 16, torch.bfloat16, None, 5),
     (4, 128, 16, torch.bfloat16, None, 5),
