@@ -60,6 +60,21 @@ rows_grid() {
     echo "exit code $?"
   done
 }
+# jit_prefill NAME SECS: FlashInfer's long-prompt prefill (prefill_backend=auto: FA3 on Hopper), SmolLM2 shapes, compiled
+# untimed (2026-12-05c: its JIT took 2.5 minutes inside a timed bench.spec job); its log as $LOGS/NAME.log.
+jit_prefill() {
+  timeout "$2" $PY -m attnlab.bench.kernels --compile-only --phases prefill --contexts 512 --batches 1 \
+    --models smollm2 --backends flashinfer > $LOGS/$1.log 2>&1
+  echo "$1 exit code $?"; tail -n 1 $LOGS/$1.log
+}
+# jit_fp8 NAME SECS: FlashInfer's e4m3-KV modules at SmolLM2 shapes (the tensor-core decode, the fa2 verify / prefill)
+# compiled untimed by one small job, flashinfer on both sides of a self-draft, random weights; its log $LOGS/NAME.log.
+jit_fp8() {
+  timeout "$2" $PY -m attnlab device=cuda precision=fp8-kv draft=self draft.layers=2 backend=flashinfer \
+    verify=flashinfer model.init=random logger=none parity=off workload.num_prompts=1 workload.max_new_tokens=8 \
+    bench.repeats=1 hydra.run.dir=/tmp/jit-fp8 > $LOGS/$1.log 2>&1
+  echo "$1 exit code $?"; grep -E "tau|Error|error" $LOGS/$1.log | tail -n 2
+}
 # settle: no JIT compiler of a step cut by its timeout left running (timeout ends the Python process, not the ninja /
 # nvcc / cicc children FlashInfer's JIT spawned: on 2026-12-05 they ran on under the next step's timed runs), then
 # the host load.

@@ -10,7 +10,8 @@
 #    the reference, eager and in graphs (tests/backends/test_flashinfer_xqa.py), FlashInfer's graph tests; the SmolLM2
 #    grid: bench.kernels FlashInfer decode / verify, default and xqa, batch 1/2/4/8/16 x 128-4,096 x q 3/5/9
 # 2  the Llama-8B grid (HYBRID=1: then experiments/hybrid-rounds/run.sh, owed, on the warm machine)
-# 3  (owed; one call, carry [".gpu/fk"], fresh or warm) end to end: bench.spec, verify fa2 / xqa / triton, in rounds
+# 3  (owed; one call, carry [".gpu/fk", ".gpu/g0"], fresh or warm) end to end: bench.spec, verify fa2 / xqa / triton,
+#    in rounds; first the XQA GPU tests and, untimed, the JIT of this and the sitting's later calls
 # Then, here (no GPU): python -m attnlab.bench.verify_floor results/xq-*.json \
 #   --plans default=flashinfer,xqa=flashinfer/verify_backend=xqa --plot results/xq.png > results/floor-xq.md
 # Output: $OUT/runN.log (the console) and resultsN.tgz.
@@ -46,19 +47,30 @@ case $PART in
   ;;
 3)
   # end to end, owed: bench.spec, verify flashinfer (fa2) against flashinfer/verify_backend=xqa (and triton), in rounds;
-  # random weights, ngram k 4, graphs, batch 1 and 8, 32 prompts x 128 tokens, 5 rounds; short synthetic prompts, then
-  # 1,000 / 4,000-token ones. prefill_backend=fa2 on both flashinfer rows: the same prefill, and no FA3 JIT (minutes)
-  FB=.gpu/fk install_fb
-  step "XQA modules (jit.py) beside FlashInfer's decode / fa2 JIT"
-  timeout 330 $PY experiments/xqa-verify/jit.py > $LOGS/xqa-jit.log 2>&1 &
+  # random weights, ngram k 4, graphs, batch 1 and 8, 16 prompts x 128 tokens, 5 rounds; short synthetic prompts, then
+  # 1,000 / 4,000-token ones. prefill_backend=fa2 on both flashinfer rows: the same prefill. Before them, untimed: the
+  # JIT (XQA, FlashInfer's decode / fa2) and the XQA GPU tests; beside those the FA3 prefill and e4m3-KV modules that
+  # the sitting's later calls need (hybrid-rounds/run.sh, fp8-kv-sweep/run.sh 3), finished before anything is timed.
+  # Carry [".gpu/fk", ".gpu/g0"] (g0: fp8-kv-sweep/bundles.sh's first GGUF part, for that sweep's third call).
+  FB=.gpu/fk install_fb; [ ! -d .gpu/g0 ] || bash .gpu/g0/install.sh | tail -1
+  step "JIT: XQA (jit.py), FlashInfer's decode / fa2; the FA3 prefill and e4m3-KV modules beside it and the GPU tests"
+  jit_prefill jitp 240 > $LOGS/jitp.out 2>&1 &
+  P=$!
+  jit_fp8 jitfp8 240 > $LOGS/jitfp8.out 2>&1 &
+  F=$!
+  timeout 200 $PY experiments/xqa-verify/jit.py > $LOGS/xqa-jit.log 2>&1 &
   J=$!
-  fi_jit jit 330 "flashinfer"
-  wait $J; echo "jit.py exit code $?"
+  fi_jit jit 200 "flashinfer"
+  wait $J; echo "jit.py exit code $?"; tail -n 1 $LOGS/xqa-jit.log  # pids only: a bare wait also waits for the tee
+  step "GPU tests: XQA against the reference (eager, graphs; capture_layers; the e4m3 cell at 2e-2)"
+  gpu_tests testsxq 120 tests/backends/test_flashinfer_xqa.py -m gpu
+  wait $P; cat $LOGS/jitp.out; wait $F; cat $LOGS/jitfp8.out; cp $LOGS/jitp.log $LOGS/jitfp8.log "$OUT/"
+  settle
   F="flashinfer/prefill_backend=fa2,flashinfer/verify_backend=xqa/prefill_backend=fa2,triton"
   for L in "" 1000,4000; do
     step "bench.spec: $F; prompts ${L:-synthetic}"
-    timeout 240 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters ngram --k 4 --batch 1,8 \
-      --backends "$F" ${L:+--prompt-lengths $L} --num-prompts 32 --new 128 --repeats 5 --out "$OUT/e2e${L:+-long}" \
+    timeout 170 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters ngram --k 4 --batch 1,8 \
+      --backends "$F" ${L:+--prompt-lengths $L} --num-prompts 16 --new 128 --repeats 5 --out "$OUT/e2e${L:+-long}" \
       > $LOGS/e2e${L:+-long}.log 2>&1
     echo "exit code $?"; grep -E "^\|" $LOGS/e2e${L:+-long}.log; cp $LOGS/e2e${L:+-long}.log "$OUT/"
   done
