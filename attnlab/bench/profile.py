@@ -26,8 +26,11 @@ import torch
 # role, substrings of the kernel name (first match wins; names are lower-cased)
 ROLES = (
     ("attnlab GEMM", ("_gemm_kernel", "_reduce_kernel")),
-    ("attention", ("_decode_kernel", "_extend_kernel", "_invariant_kernel")),
-    ("split merge", ("_merge_kernel", "_merge_ordered_kernel")),
+    # triton's; FlashInfer's decode / fa2 / FA3 (BatchDecode..., BatchPrefill..., PrefillWithKVCache...) and XQA's
+    # (kernel_mha); flash_attn's
+    ("attention", ("_decode_kernel", "_extend_kernel", "_invariant_kernel", "batchdecode", "batchprefill",
+                   "prefillwithkvcache", "kernel_mha", "flash_fwd", "flashattn")),
+    ("split merge", ("_merge_kernel", "_merge_ordered_kernel", "mergestate")),
     ("RMSNorm (+ residual)", ("_add_rmsnorm_kernel", "rms_norm", "rmsnorm")),
     ("RoPE", ("_rope_qk_kernel", "rope")),
     ("SiLU-mul", ("_silu_mul_kernel", "silu")),
@@ -70,6 +73,24 @@ def kernel_table(kernels: Iterable[tuple[str, int, float]], steps: int) -> list[
     return sorted(rows, key=lambda r: -r["us_per_step"])
 
 
+def device_kernels(prof, cuda: bool = True) -> dict[str, tuple[int, float]]:
+    """A torch profiler's events -> {name: (launches, total us)}: the CUDA kernels' own device time, or with ``cuda``
+    False (a CPU run, where the ops are the device's work) the CPU ops' own time."""
+    out: dict[str, tuple[int, float]] = {}
+    for e in prof.key_averages():
+        if cuda:
+            us = getattr(e, "self_device_time_total", None)
+            if us is None:
+                us = e.self_cuda_time_total
+            ours = e.device_type == torch.autograd.DeviceType.CUDA
+        else:
+            us, ours = e.self_cpu_time_total, e.device_type == torch.autograd.DeviceType.CPU
+        if us > 0 and ours:
+            c, t = out.get(e.key, (0, 0.0))
+            out[e.key] = (c + e.count, t + us)
+    return out
+
+
 def table_lines(rows: list[dict]) -> list[str]:
     """The markdown rows of ``kernel_table``: a role, then one indented row per kernel where it has several."""
     out = []
@@ -103,18 +124,7 @@ def _profile_side(rs, batch: int, steps: int) -> tuple[list[tuple[str, int, floa
         dec.generate(prompts, steps + 1)
         torch.cuda.synchronize()
 
-    def kernels(p) -> dict[str, tuple[int, float]]:
-        out: dict[str, tuple[int, float]] = {}
-        for e in p.key_averages():
-            us = getattr(e, "self_device_time_total", None)
-            if us is None:
-                us = e.self_cuda_time_total
-            if us > 0 and e.device_type == torch.autograd.DeviceType.CUDA:
-                c, t = out.get(e.key, (0, 0.0))
-                out[e.key] = (c + e.count, t + us)
-        return out
-
-    base, full = kernels(p1), kernels(p2)
+    base, full = device_kernels(p1), device_kernels(p2)
     rows = []
     for name, (c, t) in full.items():
         c0, t0 = base.get(name, (0, 0.0))

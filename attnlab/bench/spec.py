@@ -69,6 +69,7 @@ import torch
 from attnlab.bench.cells import parse_spec, skip_unsupported
 from attnlab.bench.e2e import WEIGHTS, weights_spec
 from attnlab.bench.host_profile import drafter_profile
+from attnlab.bench.kernel_profile import kernel_profile
 from attnlab.bench.output import write_report
 from attnlab.config import check_backend, check_invariant
 from attnlab.engine.build import SideSpec, build_side
@@ -121,6 +122,7 @@ class Row:
     graph_replays: int = 0
     graph_eager: dict[str, int] = field(default_factory=dict)
     arm: str | None = None  # the gemm arm its sides were built, captured and timed under (several --gemm-split arms)
+    kernel_profile: dict | None = None  # --kernel-profile: one untimed run's kernels per iteration (bench/kernel_profile.py)
     draft_weights: str = "bf16"  # the drafter's weights: --dtype's, or fp8w / fp8wh (its label says so: eagle+fp8w)
 
     @property
@@ -286,11 +288,14 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                 for key, n in self.graphs.step_replays.items():
                     c.launches[key] = c.launches.get(key, 0) + n - self.launches0.get(key, 0)
 
-    def run_prompts(c: _Cell) -> None:
-        """Every prompt through a row's decoder once more, untimed (the host profile)."""
+    def run_prompts(c: _Cell) -> int:
+        """Every prompt through a row's decoder once more, untimed (the host and kernel profiles); -> its decode
+        iterations."""
+        n = 0
         for i in range(0, len(prompts), c.row.batch):
-            c.dec.generate(prompts[i:i + c.row.batch], a.new, eos)
+            n += len(c.dec.generate(prompts[i:i + c.row.batch], a.new, eos).iterations)
         _sync(dev)
+        return n
 
     def group_rows(cells: list[_Cell]) -> list[Row]:
         """The rows of one (batch, verify) group, each arm's first cell its target-only row: the repeats run round-robin over
@@ -304,6 +309,13 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                 with _arm(c.row.arm):
                     text = drafter_profile(c.dec.drafter, lambda c=c: run_prompts(c), a.host_profile)
                 print(f"\n### host profile: {c.row.drafter} {_pair(c.row)}, batch {c.row.batch}, k={c.row.k}\n{text}",
+                      flush=True)
+        if a.kernel_profile:
+            for c in cells:
+                with _arm(c.row.arm):
+                    text, c.row.kernel_profile = kernel_profile(lambda c=c: run_prompts(c), dev, a.kernel_profile)
+                c.row.kernel_profile["markdown"] = text
+                print(f"\n### kernel profile: {c.row.drafter} {_pair(c.row)}, batch {c.row.batch}, k={c.row.k}\n{text}",
                       flush=True)
         refs: dict = {}  # each arm's target-only row (its first cell)
         for c in cells:
@@ -652,6 +664,10 @@ def parse(argv=None):
                     help="after each group's timed rounds, run every speculative row's prompts once more (untimed) "
                          "with cProfile on inside the drafter's propose / extend and print its N costliest functions "
                          "(bench/host_profile.py)")
+    ap.add_argument("--kernel-profile", type=int, default=0, metavar="N",
+                    help="after each group's timed rounds, run every attnlab row's prompts once more (untimed) under "
+                         "the torch profiler and report its kernel time per iteration by role and its N costliest "
+                         "kernels (bench/kernel_profile.py; on CPU: the ops' CPU time)")
     ap.add_argument("--interleave", choices=("round", "batch"), default="round",
                     help="a timed round runs each row over every prompt before the next row (round), or every row over "
                          "prompt batch i before batch i + 1 (batch: a row's time and its target-only time are then "
@@ -666,6 +682,8 @@ def parse(argv=None):
         ap.error(f"--floor {a.floor}: a speedup > 0")
     if a.host_profile < 0:
         ap.error(f"--host-profile {a.host_profile}: a number of functions >= 0")
+    if a.kernel_profile < 0:
+        ap.error(f"--kernel-profile {a.kernel_profile}: a number of kernels >= 0")
     cuda = a.device == "cuda"
     a.backends = (a.backends or ("triton,flashinfer" if cuda else "torch")).split(",")
     a.draft_backends = a.draft_backends.split(",") if a.draft_backends else list(a.backends)
@@ -862,6 +880,10 @@ def run(a) -> dict:
         n, d = sum(r.step_launches.values()), r.step_launches["dsteps"]
         lines.append(f"\n{r.drafter} {_pair(r)}, batch {r.batch}, k={r.k}: {d} of {n} draft launches device-planned "
                      f"({d / n:.0%}), the others planned per step")
+    for r in rows:
+        if r.kernel_profile:
+            lines.append(f"\n### kernel profile: {r.drafter} {_pair(r)}, batch {r.batch}, k={r.k}\n"
+                         f"{r.kernel_profile['markdown']}")
     if a.floor is not None:
         judge_floor(rows, a.floor)
         lines.append(floor_lines(rows, a.floor))

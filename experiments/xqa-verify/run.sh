@@ -12,11 +12,14 @@
 # 2  the Llama-8B grid (HYBRID=1: then experiments/hybrid-rounds/run.sh, owed, on the warm machine)
 # 3  (owed; one call, carry [".gpu/fk", ".gpu/g0"], fresh or warm) end to end: bench.spec, verify fa2 / xqa / triton,
 #    in rounds; first the XQA GPU tests and, untimed, the JIT of this and the sitting's later calls
+# 4  (owed; one call, carry [".gpu/fk"]) why XQA loses end to end (call 3, 2026-12-05f: its verify phase took 0.12-0.38
+#    ms an iteration more than fa2's, where bench.kernels had its kernel 0.88x fa2's): bench.spec --kernel-profile,
+#    fa2 against xqa, each row's kernels per iteration (the attention kernel, the page table built per pass, the rest)
 # Then, here (no GPU): python -m attnlab.bench.verify_floor results/xq-*.json \
 #   --plans default=flashinfer,xqa=flashinfer/verify_backend=xqa --plot results/xq.png > results/floor-xq.md
 # Output: $OUT/runN.log (the console) and resultsN.tgz.
 set -u -o pipefail
-PART=${1:?part 1, 2 or 3}
+PART=${1:?part 1, 2, 3 or 4}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, fi_jit, gpu_tests, pack, the environment, PY
 B="flashinfer,flashinfer/verify_backend=xqa"
 grid() {  # grid MODEL SECS: the 75 cells of one model's shapes, both plans in one process
@@ -73,6 +76,24 @@ case $PART in
       --backends "$F" ${L:+--prompt-lengths $L} --num-prompts 16 --new 128 --repeats 5 --out "$OUT/e2e${L:+-long}" \
       > $LOGS/e2e${L:+-long}.log 2>&1
     echo "exit code $?"; grep -E "^\|" $LOGS/e2e${L:+-long}.log; cp $LOGS/e2e${L:+-long}.log "$OUT/"
+  done
+  ;;
+4)
+  FB=.gpu/fk install_fb
+  step "XQA modules (jit.py) beside FlashInfer's decode / fa2 JIT"
+  timeout 200 $PY experiments/xqa-verify/jit.py > $LOGS/xqa-jit.log 2>&1 &
+  J=$!
+  fi_jit jit 200 "flashinfer"
+  wait $J; echo "jit.py exit code $?"
+  settle
+  F="flashinfer/prefill_backend=fa2,flashinfer/verify_backend=xqa/prefill_backend=fa2"
+  for L in 48,96 1000,4000; do
+    step "bench.spec --kernel-profile 12: $F; prompts $L"
+    timeout 200 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters ngram --k 4 --batch 1,8 \
+      --backends "$F" --prompt-lengths $L --num-prompts 16 --new 128 --repeats 3 --kernel-profile 12 \
+      --out "$OUT/kp-${L%%,*}" > $LOGS/kp-${L%%,*}.log 2>&1
+    echo "exit code $?"; grep -E "^\||^### kernel|iterations:" $LOGS/kp-${L%%,*}.log | grep -v "^| aten" | head -n 80
+    cp $LOGS/kp-${L%%,*}.log "$OUT/"
   done
   ;;
 esac

@@ -498,3 +498,28 @@ def test_bench_usage_names_the_module(tool, capsys):
         (mod.parse if hasattr(mod, "parse") else mod.main)(["--help"])
     assert e.value.code == 0
     assert capsys.readouterr().out.startswith(f"usage: python -m attnlab.bench.{tool} ")
+
+
+def test_kernel_profile_per_iteration_of_every_row(capsys):
+    """--kernel-profile: after the timed rounds every attnlab row (target-only too) runs once more under the torch
+    profiler; each row gets its per-iteration kernel time (on CPU the ops' CPU time) in the JSON and the report."""
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--num-prompts", "2",
+                    "--new", "8", "--k", "3", "--drafters", "ngram", "--repeats", "1", "--skip-hf",
+                    "--kernel-profile", "6"])
+    res = spec.run(a)
+    rows = res["rows"]
+    assert [r["drafter"] for r in rows] == ["none", "ngram"]  # the profiled pass adds no row
+    for r in rows:
+        kp = r["kernel_profile"]
+        assert kp["iterations"] >= 1 and kp["us_per_iteration"] > 0 and kp["launches_per_iteration"] > 0
+        assert 1 <= len(kp["top"]) <= 6 and all(t["name"].startswith("aten::") for t in kp["top"])
+        assert [t["us_per_iteration"] for t in kp["top"]] == sorted((t["us_per_iteration"] for t in kp["top"]),
+                                                                    reverse=True)
+        assert sum(x["share"] for x in kp["roles"]) == pytest.approx(1.0)
+        assert f"### kernel profile: {r['drafter']} - / torch, batch 1" in res["markdown"]
+    # target-only: one token an iteration after each prompt's prefill (its first token); the ngram row: no more
+    assert rows[0]["kernel_profile"]["iterations"] == rows[0]["new_tokens"] - 2
+    assert rows[1]["kernel_profile"]["iterations"] <= rows[1]["new_tokens"]
+    assert "CPU op time per iteration" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        spec.parse(["--device", "cpu", "--kernel-profile", "-1"])

@@ -14,6 +14,13 @@ from attnlab.bench.profile import kernel_table, role_of
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, ArgMaxOps>>", "argmax / reductions"),
     ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>", "torch elementwise"),
     ("void at::native::index_elementwise_kernel<128, 4>", "gather / embedding / copies"),
+    ("void flashinfer::BatchPrefillWithPagedKVCacheKernel<KernelTraits<...>>", "attention"),
+    ("void flashinfer::BatchDecodeWithPagedKVCacheKernel<Params>", "attention"),
+    ("void flashinfer::PrefillWithKVCacheKernel<CollectiveMainloop>", "attention"),
+    ("kernel_mha_impl", "attention"), ("kernel_mha", "attention"),
+    ("void flashinfer::MergeStatesLargeNumIndexSetsKernel<bf16>", "split merge"),
+    ("void flashinfer::PersistentVariableLengthMergeStatesKernel<bf16>", "split merge"),
+    ("void flashinfer::MergeStateKernel<bf16>", "split merge"),
     ("mystery", "other"),
 ])
 def test_roles(name, role):
