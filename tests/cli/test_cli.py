@@ -124,8 +124,9 @@ def test_sweep_records_failed_jobs_and_reports(tmp_path):
     assert (sweep / "throughput_tau.png").stat().st_size > 0 and (sweep / "accept_rate_pos.png").stat().st_size > 0
 
 
-def _smoke_overrides(name: str) -> list[str]:
-    """Replace every model by the tiny one and shrink the workload; keep the rest of the experiment."""
+def _smoke_overrides(name: str, tmp_path) -> list[str]:
+    """Replace every model by the tiny one (an EAGLE drafter by an untrained head of its shapes, in ``tmp_path``) and
+    shrink the workload; keep the rest of the experiment."""
     from hydra import compose, initialize_config_dir
 
     import attnlab.config  # noqa: F401  registers the schema
@@ -137,6 +138,10 @@ def _smoke_overrides(name: str) -> list[str]:
         extra.append("draft=tiny-llama")
     if cfg.draft.kind == "self" and cfg.draft.layers is not None:
         extra.append("draft.layers=1")
+    if cfg.draft.kind == "eagle":
+        from tests.cli.test_eagle_cli import _head_for_tiny_llama
+
+        extra.append(f"draft.path={_head_for_tiny_llama(tmp_path / 'head')}")
     return [*TINY, "backend=torch", "verify=torch", "workload.lengths=[16]", "warmup.lengths=[8]",
             "warmup.max_new_tokens=2", *extra]
 
@@ -144,7 +149,7 @@ def _smoke_overrides(name: str) -> list[str]:
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
 def test_experiment_composes_and_smoke_runs(name, tmp_path):
     run = tmp_path / "run"
-    proc = run_cli([f"experiment={name}", *_smoke_overrides(name), f"hydra.run.dir={run}"], tmp_path)
+    proc = run_cli([f"experiment={name}", *_smoke_overrides(name, tmp_path), f"hydra.run.dir={run}"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert read_json(run / "status.json")["status"] == "complete"
     assert yaml.safe_load((run / ".hydra/config.yaml").read_text())["study"] == name
