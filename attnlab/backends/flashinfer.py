@@ -729,8 +729,8 @@ class FlashInferBackend(AttentionBackend):
                                         torch.zeros(self.max_batch_size, dtype=torch.int32, device=self.device))
             table_buf, lens_buf = self._xqa_bufs[slot]
             table, lens = table_buf[:b], lens_buf[:b]
-            table.copy_(xqa.block_table(lay.kv_indptr, lay.kv_indices, most, table.shape[1], self.pool.num_pages))
-            lens.copy_(lay.kv_lens)
+            xqa.block_table(lay.kv_indptr, lay.kv_indices, most, table.shape[1], self.pool.num_pages, out=table,
+                            lens=(lay.kv_lens, lens))  # one launch: the table and the lengths
         else:
             table = xqa.block_table(lay.kv_indptr, lay.kv_indices, most, max(most, 1), self.pool.num_pages)
             lens = lay.kv_lens

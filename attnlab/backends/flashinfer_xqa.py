@@ -85,21 +85,22 @@ def chain_mask(batch: int, q_len: int, device) -> torch.Tensor:
     return packed.view(torch.uint16).reshape(1, q_len, 2 * words).repeat(batch, 1, 1).to(device)
 
 
-def block_table(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, max_pages: int, width: int,
-                pad_page: int) -> torch.Tensor:
+def block_table(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, max_pages: int, width: int, pad_page: int,
+                out: torch.Tensor | None = None, lens: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """[batch, width] int32 page table from a CSR layout (device tensors; ``max_pages``: the longest request's page
-    count, host), column j of request r its j-th page id, the scratch page ``pad_page`` past its pages. Device ops
-    only: each request's page count is read from ``kv_indptr`` on the device."""
+    count, host), column j of request r its j-th page id, the scratch page ``pad_page`` past its pages; written into
+    ``out`` (a graph slot's buffer) when given, with ``lens`` = (src, dst) the KV lengths copied too. One launch
+    (attnlab.kernels.page_table), no host sync."""
+    from attnlab.kernels.page_table import write_page_table
+
     if max_pages > width:
         raise ValueError(f"flashinfer xqa: a request holds {max_pages} pages, the table {width}")
-    dev = kv_indices.device
-    start = kv_indptr[:-1].to(torch.int64)[:, None]
-    j = torch.arange(width, device=dev, dtype=torch.int64)
-    inside = j < kv_indptr[1:].to(torch.int64)[:, None] - start  # [batch, width]
-    if kv_indices.numel() == 0:
-        return torch.full(inside.shape, pad_page, dtype=torch.int32, device=dev)
-    ids = kv_indices[(start + j).clamp(max=kv_indices.numel() - 1)]
-    return torch.where(inside, ids, torch.full_like(ids, pad_page)).to(torch.int32)
+    if out is None:
+        out = torch.empty(kv_indptr.numel() - 1, width, dtype=torch.int32, device=kv_indices.device)
+    elif out.shape[1] != width:
+        raise ValueError(f"flashinfer xqa: a table of width {width} into a buffer {tuple(out.shape)}")
+    write_page_table(kv_indptr, kv_indices, out, pad_page, lens)
+    return out
 
 
 def graph_width(max_context: int, max_q_len: int, page_size: int) -> int:

@@ -203,6 +203,13 @@ def compile_store_and_fused(quick: bool, arch: int = 90) -> None:
     z = torch.zeros(5, dtype=torch.int32)
     write_step_meta(z[:4], z, z[:4].clone(), 16)
     write_step_meta(z[:4], z, z[:4].clone(), 16, (z.clone(), torch.zeros(64, dtype=torch.int32), z.new_zeros(80)))
+    from attnlab.kernels.page_table import write_page_table
+
+    ptr = torch.zeros(3, dtype=torch.int32)
+    write_page_table(ptr, torch.zeros(4, dtype=torch.int32), torch.zeros(2, 300, dtype=torch.int32), 9)  # xqa's table
+    write_page_table(ptr, torch.zeros(4, dtype=torch.int32), torch.zeros(2, 8, dtype=torch.int32), 9,
+                     (ptr[:2], ptr[:2].clone()))
+    write_page_table(ptr, torch.zeros(0, dtype=torch.int32), torch.zeros(2, 8, dtype=torch.int32), 9)
     from attnlab.kernels.tree_meta import tree_step_meta
 
     for rows, K, page in ((1, 4, 16), (8, 2, 1)):  # a device-planned tree draft's frontier pass metadata

@@ -1,6 +1,7 @@
 """flashinfer's verify_backend=xqa (CPU, through the fake XQA of fakes.py; GPU at the end): a uniform chain verify on
 FlashInfer's XQA speculative-decoding kernel (attnlab.backends.flashinfer_xqa), against the torch reference."""
 
+import itertools
 import sys
 import types
 
@@ -58,6 +59,43 @@ def test_block_table_by_hand():
     empty = block_table(torch.zeros(2, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), 0, 3, 5)
     assert empty.tolist() == [[5, 5, 5]]
     assert graph_width(1000, 8, 16) == 63
+
+
+def table_reference(ptr: list[int], ids: list[int], width: int, pad: int) -> list[list[int]]:
+    return [ids[a:b] + [pad] * (width - (b - a)) for a, b in itertools.pairwise(ptr)]
+
+
+@pytest.mark.parametrize("pages,width", [([3, 0, 1], 4), ([0], 2), ([300, 5], 600), ([1] * 9, 1), ([257, 256], 257)])
+def test_block_table_kernel_against_lists(pages, width):
+    """The Triton kernel (the interpreter here) against the lists by hand: tables wider than one program's 256
+    columns, requests of no pages, a request filling its row; written into a slot buffer's first rows with the KV
+    lengths in the same launch, the rows past the batch untouched."""
+    gen = torch.Generator().manual_seed(len(pages))
+    ptr = [0]
+    for n in pages:
+        ptr.append(ptr[-1] + n)
+    ids = torch.randperm(2000, generator=gen)[:ptr[-1]].to(torch.int32)
+    want = table_reference(ptr, ids.tolist(), width, 7777)
+    t = block_table(torch.tensor(ptr, dtype=torch.int32), ids, max(pages), width, 7777)
+    assert t.dtype == torch.int32 and t.tolist() == want
+    buf, lens_buf = torch.full((len(pages) + 2, width), -5, dtype=torch.int32), torch.full((len(pages) + 2,), -5,
+                                                                                        dtype=torch.int32)
+    lens = torch.arange(len(pages), dtype=torch.int32) * 16 + 3
+    block_table(torch.tensor(ptr, dtype=torch.int32), ids, max(pages), width, 7777, out=buf[:len(pages)],
+                lens=(lens, lens_buf[:len(pages)]))
+    assert buf[:len(pages)].tolist() == want and buf[len(pages):].eq(-5).all()
+    assert lens_buf[:len(pages)].tolist() == lens.tolist() and lens_buf[len(pages):].eq(-5).all()
+
+
+def test_block_table_bad_buffers():
+    ptr, ids = torch.tensor([0, 2], dtype=torch.int32), torch.tensor([4, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="width 4 into a buffer"):
+        block_table(ptr, ids, 2, 4, 0, out=torch.zeros(1, 3, dtype=torch.int32))
+    with pytest.raises(ValueError, match="row-contiguous"):
+        block_table(ptr, ids, 2, 4, 0, out=torch.zeros(4, 1, dtype=torch.int32).t())
+    with pytest.raises(ValueError, match="lens of 2 / 1"):
+        block_table(ptr, ids, 2, 4, 0, out=torch.zeros(1, 4, dtype=torch.int32),
+                    lens=(torch.zeros(2, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)))
 
 
 @pytest.mark.parametrize("page_size", [16, 32])

@@ -14,7 +14,7 @@ import pytest
 KERNELS = ("_decode_kernel", "_extend_kernel", "_merge_kernel", "_store_kv_kernel", "_add_rmsnorm_kernel",
            "_rope_qk_kernel", "_silu_mul_kernel", "_gemm_kernel", "_reduce_kernel", "_step_meta_kernel",
            "_argmax_rows_kernel",
-           "_prefill_contig_kernel", "_tree_meta_kernel")
+           "_prefill_contig_kernel", "_tree_meta_kernel", "_page_table_kernel")
 
 
 @pytest.mark.slow
@@ -31,6 +31,7 @@ def test_all_kernels_compile_for_sm90():
     assert set(counts) == set(KERNELS) | {"_invariant_kernel", "_merge_ordered_kernel"}, proc.stdout
     # decode: dtype x kv dtype x head dim x GQA x (short, split) -> several variants; extend: causal, tree, prefill
     assert counts["_decode_kernel"] >= 4 and counts["_extend_kernel"] >= 8, counts
+    assert counts["_page_table_kernel"] == 3, counts  # with and without the lengths, and for a pass of no pages
 
 
 @pytest.mark.slow
