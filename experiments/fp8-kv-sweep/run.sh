@@ -1,29 +1,40 @@
 # Issue 16's item 2 (docs/precision.md, "The H200 sweep"): conf/experiment/fp8_kv.yaml on the real SmolLM2, the
-# flashinfer rows beside triton's: precision bf16 / fp8-kv / fp8-draft x draft backend x verify backend (12 jobs, one
-# process, bf16 first: it is what the fp8 rows' parity is read against), parity (tokens, logits, acceptance) and speed.
+# flashinfer rows beside triton's: precision bf16 / fp8-kv / fp8-draft x draft backend x verify backend (12 jobs, bf16
+# first: it is what the fp8 rows' parity is read against), parity (tokens, logits, acceptance) and speed. The drafter is
+# the shipped EAGLE-3 head since 2026-12-05f (the self-draft's tau was 1.02-1.03; results/: that run, 8 of 12 jobs in
+# 470 s on an H100, so the 12 take two calls now: bf16 and fp8-kv, then fp8-draft).
 # The GGUF travels in three parts (bundles.sh: .gpu/g0..g2, after ../shared/gpu/prepare.sh) on one machine, back to
 # back; calls 1 and 2 carry little, so other work of the sitting rides beside them:
 #   1  carry [".gpu/fk", ".gpu/g0"]:  bash experiments/fp8-kv-sweep/run.sh 1   (or xqa-verify/run.sh 3, which installs
 #                                     both and compiles this sweep's e4m3-KV FlashInfer modules untimed: jit_fp8)
 #   2  carry [".gpu/g1"]:             bash experiments/fp8-kv-sweep/run.sh 2   (or FB=.gpu/g1 hybrid-rounds/run.sh)
-#   3  carry [".gpu/g2"]:             bash experiments/fp8-kv-sweep/run.sh 3   (joins the GGUF; the sweep; the report)
+#   3  carry [".gpu/g2"]:             bash experiments/fp8-kv-sweep/run.sh 3   (joins the GGUF; bf16 and fp8-kv: 8 jobs)
+#   4  no carry:                      bash experiments/fp8-kv-sweep/run.sh 4   (fp8-draft: 4 jobs; the reports)
 # (.gpu/fk: the core libraries and flashinfer of .gpu/1 without its GGUF part, datasets, dill and multiprocess.)
 # Output: $OUT/runN.log (the console) and resultsN.tgz (the report, fp8kv.md, and the run folders without weights).
 set -u -o pipefail
-PART=${1:?part 1, 2 or 3}
+PART=${1:?part 1, 2, 3 or 4}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, jit_fp8, pack, the environment, the call's log, PY
+# sweep NAME PRECISIONS SECS: experiment=fp8_kv at these precisions x backend x verify, in /tmp/sweep/NAME
+sweep() {
+  step "fp8_kv sweep on the real SmolLM2, precision $2 x backend x verify (triton, flashinfer)"
+  timeout "$3" $PY -m attnlab -m experiment=fp8_kv device=cuda logger=jsonl precision="$2" \
+    hydra.sweep.dir=/tmp/sweep/$1 > $LOGS/sweep-$1.log 2>&1
+  echo "exit code $?"; grep -E "HYDRA\] +#|tau|ERROR|attnlab sweep" $LOGS/sweep-$1.log | cut -c1-220
+  cp $LOGS/sweep-$1.log "$OUT/"
+}
 case $PART in
 1) FB=.gpu/fk install_fb; bash .gpu/g0/install.sh | tail -1; step "e4m3-KV JIT"; jit_fp8 jitfp8 240 ;;
 2) FB=.gpu/g1 install_fb ;;
 3)
   FB=.gpu/g2 install_fb
   test -s /opt/models/SmolLM2-135M-Instruct.Q4_1.gguf || { echo "the GGUF is not whole: parts 1 and 2 first"; exit 1; }
-  step "fp8_kv sweep on the real SmolLM2: precision bf16 / fp8-kv / fp8-draft x backend x verify (triton, flashinfer)"
-  timeout "${SWEEP_SECS:-500}" $PY -m attnlab -m experiment=fp8_kv device=cuda logger=jsonl \
-    precision=bf16,fp8-kv,fp8-draft hydra.sweep.dir=/tmp/sweep/fp8kv > $LOGS/sweep.log 2>&1
-  echo "exit code $?"; grep -E "HYDRA\] +#|tau|ERROR|attnlab sweep" $LOGS/sweep.log | cut -c1-220; cp $LOGS/sweep.log "$OUT/"
-  $PY -m attnlab.report /tmp/sweep/fp8kv > "$OUT/fp8kv.md" 2>&1; cat "$OUT/fp8kv.md"
-  tar czf "$OUT/fp8kv-runs.tgz" --exclude="*.pt" -C /tmp/sweep fp8kv 2>/dev/null
-  pack
+  sweep fp8kv bf16,fp8-kv "${SWEEP_SECS:-540}"
+  ;;
+4)
+  sweep fp8draft fp8-draft "${SWEEP_SECS:-300}"
+  for d in fp8kv fp8draft; do $PY -m attnlab.report /tmp/sweep/$d > "$OUT/$d.md" 2>&1; cat "$OUT/$d.md"; done
+  tar czf "$OUT/fp8kv-runs.tgz" --exclude="*.pt" -C /tmp/sweep fp8kv fp8draft 2>/dev/null
   ;;
 esac
+pack
