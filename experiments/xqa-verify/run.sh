@@ -12,7 +12,7 @@
 # 2  the Llama-8B grid (HYBRID=1: then experiments/hybrid-rounds/run.sh, owed, on the warm machine)
 # 3  (owed; one call, carry [".gpu/fk", ".gpu/g0"], fresh or warm) end to end: bench.spec, verify fa2 / xqa / triton,
 #    in rounds; first the XQA GPU tests and, untimed, the JIT of this and the sitting's later calls
-# 4  (owed; one call, carry [".gpu/fk"]) why XQA loses end to end (call 3, 2026-12-05f: its verify phase took 0.12-0.38
+# 4  (owed; one call, carry [".gpu/fk", ".gpu/g0"]) why XQA loses end to end (call 3, 2026-12-05f: its verify phase took 0.12-0.38
 #    ms an iteration more than fa2's, where bench.kernels had its kernel 0.88x fa2's): bench.spec --kernel-profile,
 #    fa2 against xqa, each row's kernels per iteration (the attention kernel, the page table built per pass, the rest)
 # Then, here (no GPU): python -m attnlab.bench.verify_floor results/xq-*.json \
@@ -79,12 +79,18 @@ case $PART in
   done
   ;;
 4)
-  FB=.gpu/fk install_fb
-  step "XQA modules (jit.py) beside FlashInfer's decode / fa2 JIT"
+  # carry [".gpu/fk", ".gpu/g0"] (g0 optional: the fp8 sweep's first GGUF part; beside the JIT this sitting's, the FA3
+  # prefill of hybrid-rounds/run.sh and the e4m3-KV modules of fp8-kv-sweep/run.sh, untimed)
+  FB=.gpu/fk install_fb; [ ! -d .gpu/g0 ] || bash .gpu/g0/install.sh | tail -1
+  step "JIT: XQA (jit.py), FlashInfer's decode / fa2, the FA3 prefill, the e4m3-KV modules"
+  jit_prefill jitp 240 > $LOGS/jitp.out 2>&1 &
+  P=$!
+  jit_fp8 jitfp8 240 > $LOGS/jitfp8.out 2>&1 &
+  F=$!
   timeout 200 $PY experiments/xqa-verify/jit.py > $LOGS/xqa-jit.log 2>&1 &
   J=$!
   fi_jit jit 200 "flashinfer"
-  wait $J; echo "jit.py exit code $?"
+  wait $J; echo "jit.py exit code $?"; wait $P; cat $LOGS/jitp.out; wait $F; cat $LOGS/jitfp8.out
   settle
   F="flashinfer/prefill_backend=fa2,flashinfer/verify_backend=xqa/prefill_backend=fa2"
   for L in 48,96 1000,4000; do
