@@ -26,11 +26,12 @@ import torch
 # role, substrings of the kernel name (first match wins; names are lower-cased)
 ROLES = (
     ("attnlab GEMM", ("_gemm_kernel", "_reduce_kernel")),
+    # before attention: flash_attn's split-KV combine kernels carry its attention kernels' prefixes
+    ("split merge", ("_merge_kernel", "_merge_ordered_kernel", "mergestate", "combine", "attentionsum")),
     # triton's; FlashInfer's decode / fa2 / FA3 (BatchDecode..., BatchPrefill..., PrefillWithKVCache...) and XQA's
     # (kernel_mha); flash_attn's
     ("attention", ("_decode_kernel", "_extend_kernel", "_invariant_kernel", "batchdecode", "batchprefill",
                    "prefillwithkvcache", "kernel_mha", "flash_fwd", "flashattn")),
-    ("split merge", ("_merge_kernel", "_merge_ordered_kernel", "mergestate")),
     ("RMSNorm (+ residual)", ("_add_rmsnorm_kernel", "rms_norm", "rmsnorm")),
     ("RoPE", ("_rope_qk_kernel", "rope")),
     ("SiLU-mul", ("_silu_mul_kernel", "silu")),

@@ -122,7 +122,7 @@ class Row:
     graph_replays: int = 0
     graph_eager: dict[str, int] = field(default_factory=dict)
     arm: str | None = None  # the gemm arm its sides were built, captured and timed under (several --gemm-split arms)
-    kernel_profile: dict | None = None  # --kernel-profile: one untimed run's kernels per iteration (bench/kernel_profile.py)
+    kernel_profile: dict | None = None  # --kernel-profile: its decode iterations' kernels (bench/kernel_profile.py)
     draft_weights: str = "bf16"  # the drafter's weights: --dtype's, or fp8w / fp8wh (its label says so: eagle+fp8w)
 
     @property
@@ -288,12 +288,12 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                 for key, n in self.graphs.step_replays.items():
                     c.launches[key] = c.launches.get(key, 0) + n - self.launches0.get(key, 0)
 
-    def run_prompts(c: _Cell) -> int:
-        """Every prompt through a row's decoder once more, untimed (the host and kernel profiles); -> its decode
-        iterations."""
+    def run_prompts(c: _Cell, new: int | None = None) -> int:
+        """Every prompt through a row's decoder once more to ``new`` tokens (--new), untimed (the host and kernel
+        profiles); -> its decode iterations."""
         n = 0
         for i in range(0, len(prompts), c.row.batch):
-            n += len(c.dec.generate(prompts[i:i + c.row.batch], a.new, eos).iterations)
+            n += len(c.dec.generate(prompts[i:i + c.row.batch], new or a.new, eos).iterations)
         _sync(dev)
         return n
 
@@ -313,8 +313,9 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         if a.kernel_profile:
             for c in cells:
                 with _arm(c.row.arm):
-                    text, c.row.kernel_profile = kernel_profile(lambda c=c: run_prompts(c), dev, a.kernel_profile)
-                c.row.kernel_profile["markdown"] = text
+                    text, c.row.kernel_profile = kernel_profile(lambda n, c=c: run_prompts(c, n), a.new, dev,
+                                                                a.kernel_profile)
+                c.row.kernel_profile = {**(c.row.kernel_profile or {}), "markdown": text}
                 print(f"\n### kernel profile: {c.row.drafter} {_pair(c.row)}, batch {c.row.batch}, k={c.row.k}\n{text}",
                       flush=True)
         refs: dict = {}  # each arm's target-only row (its first cell)
@@ -665,9 +666,10 @@ def parse(argv=None):
                          "with cProfile on inside the drafter's propose / extend and print its N costliest functions "
                          "(bench/host_profile.py)")
     ap.add_argument("--kernel-profile", type=int, default=0, metavar="N",
-                    help="after each group's timed rounds, run every attnlab row's prompts once more (untimed) under "
-                         "the torch profiler and report its kernel time per iteration by role and its N costliest "
-                         "kernels (bench/kernel_profile.py; on CPU: the ops' CPU time)")
+                    help="after each group's timed rounds, run every attnlab row's prompts again (untimed) under the "
+                         "torch profiler, to --new tokens and to one (the prefills, subtracted), and report its kernel "
+                         "time per decode iteration by role and its N costliest kernels (bench/kernel_profile.py; on "
+                         "CPU: the ops' CPU time)")
     ap.add_argument("--interleave", choices=("round", "batch"), default="round",
                     help="a timed round runs each row over every prompt before the next row (round), or every row over "
                          "prompt batch i before batch i + 1 (batch: a row's time and its target-only time are then "

@@ -17,7 +17,7 @@ import triton.language as tl
 BLOCK = 256  # table columns per program
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["width", "pad_page"])  # one variant whatever the width (eager passes grow it)
 def _page_table_kernel(INDPTR, INDICES, TABLE, LENS_SRC, LENS_DST, width, pad_page, HAS_PAGES: tl.constexpr,
                        COPY_LENS: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0)
@@ -45,11 +45,16 @@ def write_page_table(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, out: tor
                          f"{out.dtype} of strides {out.stride()}; want kv_indptr ({batch + 1},), int32, row-contiguous")
     if lens is not None and not (lens[0].numel() == lens[1].numel() == batch and lens[1].is_contiguous()):
         raise ValueError(f"write_page_table: lens of {lens[0].numel()} / {lens[1].numel()} for a batch of {batch}")
+    if {t.device for t in (kv_indptr, kv_indices, *(lens or ()))} != {out.device}:
+        raise ValueError(f"write_page_table: inputs on {kv_indptr.device} / {kv_indices.device}, the table on "
+                         f"{out.device}")
+    # the kernel reads its inputs at unit stride: a strided view is copied (a no-op for the staged layouts)
+    kv_indptr, kv_indices = kv_indptr.contiguous(), kv_indices.contiguous()
     if batch == 0 or width == 0:
         if lens is not None:
             lens[1].copy_(lens[0])
         return
-    src, dst = lens if lens is not None else (kv_indptr, kv_indptr)  # unread without COPY_LENS
+    src, dst = (lens[0].contiguous(), lens[1]) if lens is not None else (kv_indptr, kv_indptr)  # unread without lens
     _page_table_kernel[(batch, triton.cdiv(width, BLOCK))](
         kv_indptr, kv_indices if kv_indices.numel() else kv_indptr, out, src, dst, width, pad_page,
         HAS_PAGES=kv_indices.numel() > 0, COPY_LENS=lens is not None, BLOCK=BLOCK, num_warps=1)

@@ -87,6 +87,16 @@ def test_block_table_kernel_against_lists(pages, width):
     assert lens_buf[:len(pages)].tolist() == lens.tolist() and lens_buf[len(pages):].eq(-5).all()
 
 
+def test_block_table_of_strided_views():
+    """The kernel reads at unit stride: strided views of the layout and of the lengths are copied first, not misread."""
+    ptr = torch.tensor([0, 9, 2, 9, 3], dtype=torch.int32)[::2]  # [0, 2, 3]
+    ids = torch.tensor([10, 0, 11, 0, 12, 0], dtype=torch.int32)[::2]  # [10, 11, 12]
+    lens = torch.tensor([5, 0, 7, 0], dtype=torch.int32)[::2]
+    out, got = torch.zeros(2, 3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+    block_table(ptr, ids, 2, 3, 99, out=out, lens=(lens, got))
+    assert out.tolist() == [[10, 11, 99], [12, 99, 99]] and got.tolist() == [5, 7]
+
+
 def test_block_table_bad_buffers():
     ptr, ids = torch.tensor([0, 2], dtype=torch.int32), torch.tensor([4, 5], dtype=torch.int32)
     with pytest.raises(ValueError, match="width 4 into a buffer"):

@@ -1,6 +1,7 @@
 """attnlab.bench.spec on CPU with the tiny model: both engines, all drafters, lossless, and HF-identical."""
 
 import pytest
+import torch
 
 from attnlab.bench import spec
 
@@ -523,3 +524,32 @@ def test_kernel_profile_per_iteration_of_every_row(capsys):
     assert "CPU op time per iteration" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         spec.parse(["--device", "cpu", "--kernel-profile", "-1"])
+
+
+def test_kernel_profile_subtracts_the_prefills():
+    """The profile is of the decode iterations: a run to one token (its prefills) is taken off a run to --new, op by
+    op; where no prompt decodes past its first token there is nothing to profile, and the timed rows still stand."""
+    from attnlab.bench.kernel_profile import kernel_profile
+
+    calls = []
+
+    def run(new):  # a fake row: the prefill is one 'prefill' op, each iteration one 'step' op
+        calls.append(new)
+        with torch.profiler.record_function("prefill"):
+            torch.ones(64).sum()
+        for _ in range(new - 1):
+            with torch.profiler.record_function("step"):
+                torch.ones(8).sum()
+        return new - 1
+
+    text, prof = kernel_profile(run, 5, torch.device("cpu"), 20)
+    assert calls == [5, 1] and prof["iterations"] == 4 and "prefills' kernels subtracted" in text
+    names = {t["name"]: t["launches_per_iteration"] for t in prof["top"]}
+    assert names["step"] == 1 and "prefill" not in names
+    text, prof = kernel_profile(run, 1, torch.device("cpu"), 20)
+    assert prof is None and "nothing to profile" in text
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch", "--num-prompts", "1",
+                    "--new", "1", "--drafters", "ngram", "--k", "2", "--repeats", "1", "--skip-hf",
+                    "--kernel-profile", "3"])
+    res = spec.run(a)
+    assert all("nothing to profile" in r["kernel_profile"]["markdown"] for r in res["rows"])

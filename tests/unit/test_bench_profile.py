@@ -21,6 +21,8 @@ from attnlab.bench.profile import kernel_table, role_of
     ("void flashinfer::MergeStatesLargeNumIndexSetsKernel<bf16>", "split merge"),
     ("void flashinfer::PersistentVariableLengthMergeStatesKernel<bf16>", "split merge"),
     ("void flashinfer::MergeStateKernel<bf16>", "split merge"),
+    ("void flash_fwd_splitkv_combine_kernel<Kernel_traits>", "split merge"),
+    ("void flash::FlashAttnFwdCombine<Shape>", "split merge"), ("void flash::flash_fwd_kernel<Traits>", "attention"),
     ("mystery", "other"),
 ])
 def test_roles(name, role):
