@@ -29,6 +29,25 @@ grid() {  # grid MODEL SECS: the 75 cells of one model's shapes, both plans in o
     --repeats 3 --out "$OUT/xq-$1" > $LOGS/xq-$1.log 2>&1
   echo "exit code $?"; cp $LOGS/xq-$1.log "$OUT/"
 }
+# jit_start: install .gpu/fk (and .gpu/g0 where carried), then compile, untimed: XQA's modules (jit.py) and FlashInfer's
+# decode / fa2 (waited for), and in the background the FA3 prefill and the e4m3-KV modules this sitting's later calls
+# need (hybrid-rounds/run.sh, fp8-kv-sweep/run.sh); jit_wait: those too, then no compiler left running (settle)
+jit_start() {
+  FB=.gpu/fk install_fb; [ ! -d .gpu/g0 ] || bash .gpu/g0/install.sh | tail -1
+  step "JIT: XQA (jit.py), FlashInfer's decode / fa2; the FA3 prefill and e4m3-KV modules beside them"
+  jit_prefill jitp 240 > $LOGS/jitp.out 2>&1 &
+  JP=$!
+  jit_fp8 jitfp8 240 > $LOGS/jitfp8.out 2>&1 &
+  JF=$!
+  timeout 200 $PY experiments/xqa-verify/jit.py > $LOGS/xqa-jit.log 2>&1 &
+  local j=$!
+  fi_jit jit 200 "flashinfer"
+  wait $j; echo "jit.py exit code $?"; tail -n 1 $LOGS/xqa-jit.log  # pids only: a bare wait also waits for the tee
+}
+jit_wait() {
+  wait $JP; cat $LOGS/jitp.out; wait $JF; cat $LOGS/jitfp8.out; cp $LOGS/jitp.log $LOGS/jitfp8.log "$OUT/"
+  settle
+}
 case $PART in
 1)
   FB=.gpu/fk install_fb; [ ! -d .gpu/m0 ] || bash .gpu/m0/install.sh | tail -1
@@ -55,20 +74,10 @@ case $PART in
   # JIT (XQA, FlashInfer's decode / fa2) and the XQA GPU tests; beside those the FA3 prefill and e4m3-KV modules that
   # the sitting's later calls need (hybrid-rounds/run.sh, fp8-kv-sweep/run.sh 3), finished before anything is timed.
   # Carry [".gpu/fk", ".gpu/g0"] (g0: fp8-kv-sweep/bundles.sh's first GGUF part, for that sweep's third call).
-  FB=.gpu/fk install_fb; [ ! -d .gpu/g0 ] || bash .gpu/g0/install.sh | tail -1
-  step "JIT: XQA (jit.py), FlashInfer's decode / fa2; the FA3 prefill and e4m3-KV modules beside it and the GPU tests"
-  jit_prefill jitp 240 > $LOGS/jitp.out 2>&1 &
-  P=$!
-  jit_fp8 jitfp8 240 > $LOGS/jitfp8.out 2>&1 &
-  F=$!
-  timeout 200 $PY experiments/xqa-verify/jit.py > $LOGS/xqa-jit.log 2>&1 &
-  J=$!
-  fi_jit jit 200 "flashinfer"
-  wait $J; echo "jit.py exit code $?"; tail -n 1 $LOGS/xqa-jit.log  # pids only: a bare wait also waits for the tee
+  jit_start
   step "GPU tests: XQA against the reference (eager, graphs; capture_layers; the e4m3 cell at 2e-2)"
   gpu_tests testsxq 120 tests/backends/test_flashinfer_xqa.py -m gpu
-  wait $P; cat $LOGS/jitp.out; wait $F; cat $LOGS/jitfp8.out; cp $LOGS/jitp.log $LOGS/jitfp8.log "$OUT/"
-  settle
+  jit_wait
   F="flashinfer/prefill_backend=fa2,flashinfer/verify_backend=xqa/prefill_backend=fa2,triton"
   for L in "" 1000,4000; do
     step "bench.spec: $F; prompts ${L:-synthetic}"
@@ -81,17 +90,8 @@ case $PART in
 4)
   # carry [".gpu/fk", ".gpu/g0"] (g0 optional: the fp8 sweep's first GGUF part; beside the JIT this sitting's, the FA3
   # prefill of hybrid-rounds/run.sh and the e4m3-KV modules of fp8-kv-sweep/run.sh, untimed)
-  FB=.gpu/fk install_fb; [ ! -d .gpu/g0 ] || bash .gpu/g0/install.sh | tail -1
-  step "JIT: XQA (jit.py), FlashInfer's decode / fa2, the FA3 prefill, the e4m3-KV modules"
-  jit_prefill jitp 240 > $LOGS/jitp.out 2>&1 &
-  P=$!
-  jit_fp8 jitfp8 240 > $LOGS/jitfp8.out 2>&1 &
-  F=$!
-  timeout 200 $PY experiments/xqa-verify/jit.py > $LOGS/xqa-jit.log 2>&1 &
-  J=$!
-  fi_jit jit 200 "flashinfer"
-  wait $J; echo "jit.py exit code $?"; wait $P; cat $LOGS/jitp.out; wait $F; cat $LOGS/jitfp8.out
-  settle
+  jit_start
+  jit_wait
   F="flashinfer/prefill_backend=fa2,flashinfer/verify_backend=xqa/prefill_backend=fa2"
   for L in 48,96 1000,4000; do
     step "bench.spec --kernel-profile 12: $F; prompts $L"
