@@ -14,12 +14,15 @@ import torch
 import triton
 import triton.language as tl
 
+from attnlab.kernels.pdl import launch_args, pdl_start
+
 BLOCK = 256  # table columns per program
 
 
 @triton.jit(do_not_specialize=["width", "pad_page"])  # one variant whatever the width (eager passes grow it)
 def _page_table_kernel(INDPTR, INDICES, TABLE, LENS_SRC, LENS_DST, width, pad_page, HAS_PAGES: tl.constexpr,
-                       COPY_LENS: tl.constexpr, BLOCK: tl.constexpr):
+                       COPY_LENS: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_start(USE_PDL)
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     start = tl.load(INDPTR + r)
@@ -57,4 +60,4 @@ def write_page_table(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, out: tor
     src, dst = (lens[0].contiguous(), lens[1]) if lens is not None else (kv_indptr, kv_indptr)  # unread without lens
     _page_table_kernel[(batch, triton.cdiv(width, BLOCK))](
         kv_indptr, kv_indices if kv_indices.numel() else kv_indptr, out, src, dst, width, pad_page,
-        HAS_PAGES=kv_indices.numel() > 0, COPY_LENS=lens is not None, BLOCK=BLOCK, num_warps=1)
+        HAS_PAGES=kv_indices.numel() > 0, COPY_LENS=lens is not None, BLOCK=BLOCK, num_warps=1, **launch_args(out))
