@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -302,8 +303,11 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         the cells (``once``: row by row, or prompt batch by prompt batch), so a drift of the GPU's speed during the
         group lands on every row of a round alike; each row's speedup is the median over rounds of the target-only
         time / its time in the same round."""
-        for _ in range(a.repeats):
+        label = f"batch {cells[0].row.batch}, verify {cells[0].row.pair.split(' / ')[-1]}"
+        for i in range(a.repeats):
+            t0 = time.perf_counter()
             once(cells)
+            progress(f"{label}: round {i + 1} of {a.repeats} timed in {time.perf_counter() - t0:.1f} s")
         if a.host_profile:
             for c in (c for c in cells if c.row.drafter != "none"):
                 with _arm(c.row.arm):
@@ -373,13 +377,20 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
     arms = a.arms if len(getattr(a, "arms", ())) > 1 else [None]  # one arm: the process's (main), as before
     for batch in a.batches:
         for verify in a.backends:
-            cells = []
+            cells, t0 = [], time.perf_counter()
             for arm in arms:  # arm by arm, each its target-only row first
                 with _arm(arm):
                     cells += arm_cells(batch, verify, arm)
             if cells:
+                progress(f"batch {batch}, verify {verify}: {len(cells)} rows built, captured and warmed in "
+                         f"{time.perf_counter() - t0:.1f} s")
                 rows += group_rows(cells)
     return rows
+
+
+def progress(line: str) -> None:
+    """A progress line on stderr (a long bench shows where it is; a log cut by a timeout says how far it got)."""
+    print(f"[bench.spec {time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
 
 
 def _pair(r: Row) -> str:

@@ -521,7 +521,11 @@ def test_kernel_profile_per_iteration_of_every_row(capsys):
     # target-only: one token an iteration after each prompt's prefill (its first token); the ngram row: no more
     assert rows[0]["kernel_profile"]["iterations"] == rows[0]["new_tokens"] - 2
     assert rows[1]["kernel_profile"]["iterations"] <= rows[1]["new_tokens"]
-    assert "CPU op time per iteration" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "CPU op time per iteration" in out.out
+    # progress on stderr: the group's rows built, then each timed round
+    assert "batch 1, verify torch: 2 rows built, captured and warmed in" in out.err
+    assert "batch 1, verify torch: round 1 of 1 timed in" in out.err
     with pytest.raises(SystemExit):
         spec.parse(["--device", "cpu", "--kernel-profile", "-1"])
 
