@@ -329,6 +329,9 @@ class FlashInferBackend(AttentionBackend):
         if verify_backend == "xqa":
             xqa.check_fit(dtype, pool.dtype, pool.page_size, self.device)
             self._xqa_run = xqa.xqa_function(self._fi)
+        # XQA's scales: bmm1 = sm_scale x k_scale on Q.K, bmm2 = v_scale on the output (1 for a KV of the query's dtype)
+        self._xqa_bmm1 = scale * (pool.k_scale if pool.is_fp8 else 1.0)
+        self._xqa_bmm2 = pool.v_scale if pool.is_fp8 else 1.0
         self.use_tensor_cores = decode_uses_tensor_cores(num_q_heads, num_kv_heads, pool.dtype,
                                                          decode_tensor_cores)
         group = num_q_heads // num_kv_heads
@@ -735,7 +738,7 @@ class FlashInferBackend(AttentionBackend):
             table = xqa.block_table(lay.kv_indptr, lay.kv_indices, most, max(most, 1), self.pool.num_pages)
             lens = lay.kv_lens
         self._record(meta, "causal", None, "xqa")
-        return xqa.XqaPass(table, lens.view(torch.uint32), self._xqa_masks[(b, q)], q)
+        return xqa.XqaPass(table, lens.view(torch.uint32), self._xqa_masks[(b, q)], q, table.shape[1] * ps)
 
     def _record(self, meta: AttnMeta, kind: str, wrapper, family: str, tag: str = "") -> None:
         """What this pass's plan runs, for kernel_info (a capture's forced plans are not a pass's: not recorded): the
@@ -948,10 +951,8 @@ class FlashInferBackend(AttentionBackend):
         plan = self.active_plan
         kv = self.pool.layer(layer)  # [2, num_pages + 1, page_size, Hkv, D]
         if isinstance(plan, xqa.XqaPass):
-            # bmm1 = sm_scale x k_scale on Q.K; bmm2 = v_scale on the output (1 for a KV of the query's dtype)
             out = self._xqa_run(q.contiguous(), (kv[0], kv[1]), self._xqa_workspace, plan.table, plan.seq_lens,
-                                plan.table.shape[1] * self.pool.page_size,
-                                bmm1_scale=self.scale * (self._k_scale or 1.0), bmm2_scale=self._v_scale or 1.0,
+                                plan.max_seq_len, bmm1_scale=self._xqa_bmm1, bmm2_scale=self._xqa_bmm2,
                                 kv_layout="NHD", q_len_per_req=plan.q_len, mask=plan.mask)
             return out.view(q.shape)  # XQA returns [batch, q_len, Hq, D]
         return plan.wrapper.run(q, (kv[0], kv[1]), k_scale=self._k_scale, v_scale=self._v_scale)

@@ -121,9 +121,10 @@ def xqa_function(fi):
 @dataclass
 class XqaPass:
     """One pass's XQA arguments (``FlashInferBackend._xqa_plan``): page table [batch, width] int32, KV lengths
-    [batch] uint32, the draft-block mask, q_len tokens a request."""
+    [batch] uint32, the draft-block mask, q_len tokens a request, and the kernel's max_seq_len (width x page size)."""
 
     table: torch.Tensor
     seq_lens: torch.Tensor
     mask: torch.Tensor
     q_len: int
+    max_seq_len: int

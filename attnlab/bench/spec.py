@@ -320,8 +320,9 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                     text, c.row.kernel_profile = kernel_profile(lambda n, c=c: run_prompts(c, n), a.new, dev,
                                                                 a.kernel_profile)
                 c.row.kernel_profile = {**(c.row.kernel_profile or {}), "markdown": text}
+                # on stderr now (a later timeout keeps it in the log); the report's copy is in the markdown at the end
                 print(f"\n### kernel profile: {c.row.drafter} {_pair(c.row)}, batch {c.row.batch}, k={c.row.k}\n{text}",
-                      flush=True)
+                      file=sys.stderr, flush=True)
         refs: dict = {}  # each arm's target-only row (its first cell)
         for c in cells:
             r = c.row

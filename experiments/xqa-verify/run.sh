@@ -14,7 +14,8 @@
 #    in rounds; first the XQA GPU tests and, untimed, the JIT of this and the sitting's later calls
 # 4  (owed; one call, carry [".gpu/fk", ".gpu/g0"]) why XQA loses end to end (call 3, 2026-12-05f: its verify phase took 0.12-0.38
 #    ms an iteration more than fa2's, where bench.kernels had its kernel 0.88x fa2's): bench.spec --kernel-profile,
-#    fa2 against xqa, each row's kernels per iteration (the attention kernel, the page table built per pass, the rest)
+#    fa2 against xqa, each row's kernels per iteration (the attention kernel, the page table built per pass, the rest);
+#    first the XQA GPU tests, which have not run with the one-launch page table
 # Then, here (no GPU): python -m attnlab.bench.verify_floor results/xq-*.json \
 #   --plans default=flashinfer,xqa=flashinfer/verify_backend=xqa --plot results/xq.png > results/floor-xq.md
 # Output: $OUT/runN.log (the console) and resultsN.tgz.
@@ -91,6 +92,8 @@ case $PART in
   # carry [".gpu/fk", ".gpu/g0"] (g0 optional: the fp8 sweep's first GGUF part; beside the JIT this sitting's, the FA3
   # prefill of hybrid-rounds/run.sh and the e4m3-KV modules of fp8-kv-sweep/run.sh, untimed)
   jit_start
+  step "GPU tests: XQA against the reference with the one-launch page table (attnlab/kernels/page_table.py)"
+  gpu_tests testsxq4 120 tests/backends/test_flashinfer_xqa.py -m gpu
   jit_wait
   F="flashinfer/prefill_backend=fa2,flashinfer/verify_backend=xqa/prefill_backend=fa2"
   for L in 48,96 1000,4000; do
