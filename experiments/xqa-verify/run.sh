@@ -15,12 +15,13 @@
 # 4  (owed; one call, carry [".gpu/fk", ".gpu/g0"]) why XQA loses end to end (call 3, 2026-12-05f: its verify phase took 0.12-0.38
 #    ms an iteration more than fa2's, where bench.kernels had its kernel 0.88x fa2's): bench.spec --kernel-profile,
 #    fa2 against xqa, each row's kernels per iteration (the attention kernel, the page table built per pass, the rest);
-#    first the XQA GPU tests, which have not run with the one-launch page table
+#    first the XQA GPU tests, which have not run with the one-launch page table (KP=48,96: the short prompts only)
+# 5  (carry [".gpu/g1"], FB=.gpu/g1, on the machine part 4 with KP=48,96 left warm) the long prompts' profile
 # Then, here (no GPU): python -m attnlab.bench.verify_floor results/xq-*.json \
 #   --plans default=flashinfer,xqa=flashinfer/verify_backend=xqa --plot results/xq.png > results/floor-xq.md
 # Output: $OUT/runN.log (the console) and resultsN.tgz.
 set -u -o pipefail
-PART=${1:?part 1, 2, 3 or 4}
+PART=${1:?part 1, 2, 3, 4 or 5}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, fi_jit, gpu_tests, pack, the environment, PY
 B="flashinfer,flashinfer/verify_backend=xqa"
 grid() {  # grid MODEL SECS: the 75 cells of one model's shapes, both plans in one process
@@ -29,6 +30,17 @@ grid() {  # grid MODEL SECS: the 75 cells of one model's shapes, both plans in o
     --contexts 128,256,512,1024,4096 --ks 2,4,8 --models "$1" --backends "$B" --baseline flashinfer \
     --repeats 3 --out "$OUT/xq-$1" > $LOGS/xq-$1.log 2>&1
   echo "exit code $?"; cp $LOGS/xq-$1.log "$OUT/"
+}
+# kp LENGTHS: bench.spec --kernel-profile 12, fa2 against xqa (the same fa2 prefill), batch 1 and 8, 16 prompts x 128
+# tokens, 3 rounds; $OUT/kp-FIRST.md / .json and its log
+kp() {
+  local F="flashinfer/prefill_backend=fa2,flashinfer/verify_backend=xqa/prefill_backend=fa2" n=kp-${1%%,*}
+  step "bench.spec --kernel-profile 12: $F; prompts $1"
+  timeout 200 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters ngram --k 4 --batch 1,8 \
+    --backends "$F" --prompt-lengths "$1" --num-prompts 16 --new 128 --repeats 3 --kernel-profile 12 \
+    --out "$OUT/$n" > $LOGS/$n.log 2>&1
+  echo "exit code $?"; grep -E "^\||^### kernel|iterations" $LOGS/$n.log | grep -v "^| aten" | head -n 80
+  cp $LOGS/$n.log "$OUT/"
 }
 # jit_start: install .gpu/fk (and .gpu/g0 where carried), then compile, untimed: XQA's modules (jit.py) and FlashInfer's
 # decode / fa2 (waited for), and in the background the FA3 prefill and the e4m3-KV modules this sitting's later calls
@@ -95,15 +107,13 @@ case $PART in
   step "GPU tests: XQA against the reference with the one-launch page table (attnlab/kernels/page_table.py)"
   gpu_tests testsxq4 120 tests/backends/test_flashinfer_xqa.py -m gpu
   jit_wait
-  F="flashinfer/prefill_backend=fa2,flashinfer/verify_backend=xqa/prefill_backend=fa2"
-  for L in 48,96 1000,4000; do
-    step "bench.spec --kernel-profile 12: $F; prompts $L"
-    timeout 200 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters ngram --k 4 --batch 1,8 \
-      --backends "$F" --prompt-lengths $L --num-prompts 16 --new 128 --repeats 3 --kernel-profile 12 \
-      --out "$OUT/kp-${L%%,*}" > $LOGS/kp-${L%%,*}.log 2>&1
-    echo "exit code $?"; grep -E "^\||^### kernel|iterations:" $LOGS/kp-${L%%,*}.log | grep -v "^| aten" | head -n 80
-    cp $LOGS/kp-${L%%,*}.log "$OUT/"
-  done
+  for L in ${KP:-48,96 1000,4000}; do kp "$L"; done
+  ;;
+5)
+  # carry [".gpu/g1"] (FB=.gpu/g1: the fp8 sweep's second GGUF part rides along), on the machine part 4 (KP=48,96)
+  # left warm: the long prompts' kernel profile (part 4's second step, split off so that neither call nears 600 s)
+  FB=${FB:-.gpu/fk} install_fb
+  kp 1000,4000
   ;;
 esac
 pack
