@@ -23,6 +23,12 @@ sweep() {
   echo "exit code $?"; grep -E "HYDRA\] +#|tau|ERROR|attnlab sweep" $LOGS/sweep-$1.log | cut -c1-220
   cp $LOGS/sweep-$1.log "$OUT/"
 }
+# reports SWEEP...: attnlab.report of each sweep folder (its .md in $OUT and on the console), and the run folders without
+# weights in one archive
+reports() {
+  local d; for d in "$@"; do $PY -m attnlab.report /tmp/sweep/$d > "$OUT/$d.md" 2>&1; cat "$OUT/$d.md"; done
+  tar czf "$OUT/fp8kv-runs.tgz" --exclude="*.pt" -C /tmp/sweep "$@" 2>/dev/null
+}
 case $PART in
 1) FB=.gpu/fk install_fb; bash .gpu/g0/install.sh | tail -1; step "e4m3-KV JIT"; jit_fp8 jitfp8 240 ;;
 2) FB=.gpu/g1 install_fb ;;
@@ -30,11 +36,11 @@ case $PART in
   FB=.gpu/g2 install_fb
   test -s /opt/models/SmolLM2-135M-Instruct.Q4_1.gguf || { echo "the GGUF is not whole: parts 1 and 2 first"; exit 1; }
   sweep fp8kv bf16,fp8-kv "${SWEEP_SECS:-540}"
+  reports fp8kv  # here too: a sitting short of device time may stop after this call
   ;;
 4)
   sweep fp8draft fp8-draft "${SWEEP_SECS:-300}"
-  for d in fp8kv fp8draft; do $PY -m attnlab.report /tmp/sweep/$d > "$OUT/$d.md" 2>&1; cat "$OUT/$d.md"; done
-  tar czf "$OUT/fp8kv-runs.tgz" --exclude="*.pt" -C /tmp/sweep fp8kv fp8draft 2>/dev/null
+  reports fp8kv fp8draft
   ;;
 esac
 pack
