@@ -258,7 +258,9 @@ def test_phase_timer_host_time_and_its_metrics():
     t.stop()
     assert t.host() == pytest.approx({"draft": 1.5, "verify": 3.0}) and t.read() == pytest.approx(t.host())
     out = _out()
-    out.iterations[0].host_ms = {"draft": 0.5, "verify": 1.0, "other": 0.25}
+    out.iterations[0].host_ms = {"draft": 0.5, "verify": 1.0, "sync": 3.0, "other": 0.25}
+    out.iterations[0].sync_ms = 0.5
     m = summarize(out)
     assert m["draft_host_ms"] == pytest.approx(0.25) and m["verify_host_ms"] == pytest.approx(0.5)
     assert m["overhead_host_ms"] == pytest.approx(0.125) and m["draft_extend_host_ms"] == 0.0
+    assert m["sync_host_ms"] == pytest.approx(1.5) and m["sync_ms"] == pytest.approx(0.25)

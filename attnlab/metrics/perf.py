@@ -83,12 +83,14 @@ def summarize(out, page_size: int | None = None) -> dict[str, float]:
     # the drafter's prefill of one batch (not part of ttft_ms): GenerateOutput.draft_prefill_ms per batch
     m["draft_prefill_ms"] = getattr(out, "draft_prefill_ms", 0.0) / max(getattr(out, "num_batches", 1), 1)
     for key, attr in (("draft_ms", "draft_ms"), ("draft_extend_ms", "draft_extend_ms"), ("verify_ms", "verify_ms"),
-                      ("accept_ms", "accept_ms"), ("overhead_ms", "other_ms"), ("iteration_ms", "total_ms")):
+                      ("accept_ms", "accept_ms"), ("sync_ms", "sync_ms"), ("overhead_ms", "other_ms"),
+                      ("iteration_ms", "total_ms")):
         m[key] = _mean([getattr(it, attr, 0.0) for it in iters])  # draft_extend_ms: EAGLE iterations only
     # the host's own time in the same phases: next to the device ms above, a phase whose host ms is as large
-    # waited for its launches (host-bound); on CPU the two are the same clock
+    # waited for its launches (host-bound); on CPU the two are the same clock. sync_host_ms: the host's wait at the
+    # iteration's sync for the device work still queued (large: device-bound; near 0: the device waited for the host)
     for key, phase in (("draft_host_ms", "draft"), ("draft_extend_host_ms", "draft_extend"),
-                       ("verify_host_ms", "verify"), ("overhead_host_ms", "other")):
+                       ("verify_host_ms", "verify"), ("sync_host_ms", "sync"), ("overhead_host_ms", "other")):
         m[key] = _mean([getattr(it, "host_ms", {}).get(phase, 0.0) for it in iters])
     if page_size:
         m["kv_waste_frac"] = kv_waste_frac([len(r.prompt_ids) + len(r.output_ids) for r in reqs], page_size)

@@ -243,11 +243,9 @@ class SpeculativeDecoder:
         if tree:  # --- tree drafting (spec.topk > 1): draft, verify, accept, rollback, draft-extend (tree_loop) ---
             emitted, n_acc, nxt, logits = self.tree.step(reqs, [r.seq for r in rows], n_before, last, sp, self.gen,
                                                          timer, batch.record_logits)
-            host = torch.cat([emitted, n_acc[:, None]], dim=1).tolist()  # the iteration's one sync
         elif 1 < steps <= room + 1:  # target-only greedy: N steps per launch and sync (engine/multistep.py)
             emitted = tgt.decode_greedy_steps(reqs, [n - 1 for n in n_before], last, steps)
             n_acc, nxt = torch.full_like(last, steps - 1), emitted[:, -1]
-            host = torch.cat([emitted, n_acc[:, None]], dim=1).tolist()  # the one sync per N tokens
             logits = None
         else:
             ids = torch.cat([last[:, None], draft], dim=1).reshape(-1)
@@ -272,7 +270,12 @@ class SpeculativeDecoder:
 
             timer.mark("draft_extend")  # EAGLE: the head reads what was accepted, before the sync
             drafter.extend(reqs, n_before, k, emitted, n_acc, tgt)
-            host = torch.cat([emitted, n_acc[:, None]], dim=1).tolist()  # the iteration's one sync
+        packed = torch.cat([emitted, n_acc[:, None]], dim=1)
+        # The iteration's one sync (one per N tokens on the multi-step path), a phase of its own: its host time is the
+        # wait for the device work still queued (a device-bound loop waits here, not in the phase before it), its
+        # device time the GPU's idle gap until the host is back with the next launch.
+        timer.mark("sync")
+        host = packed.tolist()
         self._read_pending(batch)
 
         timer.mark("other")
@@ -360,5 +363,5 @@ def _fill_times(ms: dict[str, float], rec: IterRecord, host: dict[str, float] | 
     rec.host_ms = host or {}
     rec.draft_ms, rec.verify_ms = ms.get("draft", 0.0), ms.get("verify", 0.0)
     rec.accept_ms, rec.other_ms = ms.get("accept", 0.0), ms.get("other", 0.0)
-    rec.draft_extend_ms = ms.get("draft_extend", 0.0)
+    rec.draft_extend_ms, rec.sync_ms = ms.get("draft_extend", 0.0), ms.get("sync", 0.0)
     rec.total_ms = sum(ms.values())

@@ -35,6 +35,7 @@ class IterRecord:
     other_ms: float
     total_ms: float
     draft_extend_ms: float = 0.0  # EAGLE: the accepted tokens with the target's features through the head
+    sync_ms: float = 0.0  # the iteration's one sync: device idle from the last queued work until the host is back
     # {phase: ms} of host time per phase (PhaseTimer.host): close to the phase's device ms = host-bound
     host_ms: dict[str, float] = field(default_factory=dict)
 

@@ -144,3 +144,30 @@ def test_ttft_is_the_targets_first_token_and_the_drafter_prefill_is_apart():
     assert out.draft_prefill_ms > 0
     for r in out.requests:
         assert 0 < r.ttft_ms <= out.prefill_ms - out.draft_prefill_ms + 1e-6
+
+
+@pytest.mark.parametrize("kind", ["ngram", "none"])
+def test_the_iterations_sync_is_a_phase_of_its_own(kind, monkeypatch):
+    """The host's wait at an iteration's one sync is timed as ``sync``, not inside the phase before it (draft-extend
+    with a drafter, verify target-only): a sync that takes 30 ms (the pending timers read there, slowed) shows up in
+    ``host_ms["sync"]`` and no other phase, and the iteration's total still sums every phase."""
+    import time
+
+    drafter = NgramDrafter("cpu") if kind == "ngram" else NoDrafter("cpu")
+    dec = SpeculativeDecoder(runner(TARGET, CFG, 16), drafter, SpecParams(3 if kind == "ngram" else 0))
+    dec.generate(prompts(2, CFG.vocab_size), 6)  # the process's first passes (lazy initialisation: ~0.1 s on CPU)
+    slow = SpeculativeDecoder._read_pending
+
+    def read_slowly(batch):
+        time.sleep(0.03)
+        slow(batch)
+
+    monkeypatch.setattr(SpeculativeDecoder, "_read_pending", staticmethod(read_slowly))
+    out = dec.generate(prompts(2, CFG.vocab_size), 6)
+    timed = [it for it in out.iterations if it.host_ms]  # the last iteration's timers are read after the loop
+    assert timed
+    for it in timed:
+        assert it.host_ms["sync"] >= 30.0 and it.sync_ms == pytest.approx(it.host_ms["sync"])  # CPU: one clock
+        assert all(ms < 30.0 for ph, ms in it.host_ms.items() if ph != "sync"), it.host_ms
+        parts = it.draft_ms + it.draft_extend_ms + it.verify_ms + it.accept_ms + it.sync_ms + it.other_ms
+        assert it.total_ms == pytest.approx(parts)
