@@ -1,0 +1,135 @@
+"""What an e4m3 KV cache does to EAGLE acceptance on the real SmolLM2, measured on a CPU with the torch reference
+backend on both sides (no GPU needed; fp8 *weights* need sm_89+, so the fp8-draft precision's weights are not here:
+their tau on an H100 is in experiments/h100-2026-12-05c).
+
+    python experiments/fp8-kv-sweep/cpu_tau.py [--prompts 16] [--new 128] [--out experiments/fp8-kv-sweep/results/cpu]
+
+Four jobs of ``experiment=fp8_kv`` (the shipped EAGLE-3 head, k = 4, greedy, batch 1, held-out ShareGPT prompts, as
+the H100's fp8-draft measurement), one process each, parity off (the spec run alone):
+
+    bf16         KV bf16 on both sides
+    fp8-kv       KV e4m3 on both sides (precision=fp8-kv)
+    draft-kv     KV e4m3 on the draft side only (the fp8-draft precision without its fp8 weights)
+    target-kv    KV e4m3 on the target side only
+
+and a table: tau with its per-position acceptance, and how far each job's outputs follow the bf16 job's (prompts
+with the same output, the mean length of the common prefix). Greedy decoding emits the target's tokens, so fp8 KV on
+the target side may change them. On the draft side alone it may too, at near-ties only: other drafts are accepted to
+other lengths, so the target verifies other blocks of tokens, whose bf16 rounding differs from pass shape to pass
+shape (docs/precision.md; engine.invariant=true removes that, and is not used here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+JOBS = {  # name -> precision overrides
+    "bf16": ["precision=bf16"],
+    "fp8-kv": ["precision=fp8-kv"],
+    "draft-kv": ["precision=bf16", "precision.kv_draft=fp8_e4m3"],
+    "target-kv": ["precision=bf16", "precision.kv_target=fp8_e4m3"],
+}
+
+
+def run_job(name: str, overrides: list[str], out: Path, prompts: int, new: int) -> dict:
+    folder = out / name
+    cmd = [sys.executable, "-m", "attnlab", "experiment=fp8_kv", "backend=torch", "verify=torch", "device=cpu",
+           "parity=off", "logger=none", "workload=sharegpt", f"workload.num_prompts={prompts}",
+           f"workload.max_new_tokens={new}", *overrides, f"hydra.run.dir={folder}"]
+    t0 = time.time()
+    print(f"[{name}] {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
+    (folder / "console.log").parent.mkdir(parents=True, exist_ok=True)
+    (folder / "console.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise SystemExit(f"[{name}] exit code {done.returncode}; see {folder / 'console.log'}")
+    r = read_job(folder)
+    print(f"[{name}] tau {r['metrics']['accept_len_mean']:.3f} in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    return r
+
+
+def read_job(folder: Path) -> dict:
+    """A finished job's metrics, per-prompt output ids and per-prompt acceptance lengths (prompt order)."""
+    metrics = json.loads((folder / "metrics.json").read_text())
+    reqs = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines()]
+    return {"metrics": metrics, "outputs": [q["output_token_ids"] for q in reqs], "accepts": [q["accept_lens"] for q in reqs]}
+
+
+def tau_delta(job: list[list[int]], ref: list[list[int]], draws: int = 4000, seed: int = 0) -> tuple[float, float, float]:
+    """tau(job) - tau(ref), tau pooled over prompts (tokens / verify passes), with the 95% interval of a paired
+    bootstrap over prompts (the same resampled prompts for both)."""
+    import random
+
+    def tau(rows, idx):
+        return sum(sum(rows[i]) for i in idx) / max(1, sum(len(rows[i]) for i in idx))
+
+    every = range(len(ref))
+    rng = random.Random(seed)
+    deltas = sorted(tau(job, idx) - tau(ref, idx) for idx in ([rng.randrange(len(ref)) for _ in every]
+                                                              for _ in range(draws)))
+    return tau(job, every) - tau(ref, every), deltas[int(0.025 * draws)], deltas[int(0.975 * draws) - 1]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def table(results: dict, prompts: int, new: int) -> list[str]:
+    ref = results["bf16"]["outputs"]
+    head = (f"SmolLM2-135M (real Q4_1 GGUF, bf16), shipped EAGLE-3 head, k = 4, greedy, batch 1, {prompts} held-out "
+            f"ShareGPT prompts x <= {new} new tokens; torch reference backend on both sides, CPU")
+    cols = ("| job | KV target / draft | tau | tau - bf16's (95% interval, paired bootstrap over prompts) | acceptance at "
+            "draft position 1 / 2 / 3 / 4 | outputs = bf16's | common prefix with bf16's (mean tokens; bf16: its mean "
+            "length) |")
+    lines = [head, "", cols, "|---|---|---|---|---|---|---|"]
+    kv = {"bf16": "bf16 / bf16", "fp8-kv": "e4m3 / e4m3", "draft-kv": "bf16 / e4m3", "target-kv": "e4m3 / bf16"}
+    for name, r in results.items():
+        m, outs = r["metrics"], r["outputs"]
+        same = sum(a == b for a, b in zip(outs, ref))
+        prefix = sum(common_prefix(a, b) for a, b in zip(outs, ref)) / len(ref)
+        rates = " / ".join(f"{m.get(f'accept_rate_pos{i}', 0.0):.3f}" for i in range(1, 5))
+        d, lo, hi = tau_delta(r["accepts"], results["bf16"]["accepts"])
+        delta = "-" if name == "bf16" else f"{d:+.3f} ({lo:+.3f} to {hi:+.3f})"
+        lines.append(f"| {name} | {kv[name]} | {m['accept_len_mean']:.3f} | {delta} | {rates} | {same} of {len(ref)} | "
+                     f"{prefix:.1f} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--jobs", default=",".join(JOBS), help=f"a subset of {','.join(JOBS)} (bf16 always runs)")
+    ap.add_argument("--out", type=Path, default=Path("experiments/fp8-kv-sweep/results/cpu"))
+    ap.add_argument("--table-only", action="store_true", help="run nothing: the table from the jobs already in --out")
+    a = ap.parse_args(argv)
+    names = ["bf16", *[n for n in a.jobs.split(",") if n != "bf16"]]
+    bad = [n for n in names if n not in JOBS]
+    if bad or a.prompts < 1 or a.new < 1:
+        ap.error(f"unknown job(s) {bad}" if bad else "--prompts and --new must be >= 1")
+    if a.table_only:
+        missing = [n for n in names if not (a.out / n / "metrics.json").exists()]
+        if missing:
+            ap.error(f"--table-only: no finished job {missing} in {a.out}")
+        results = {n: read_job(a.out / n) for n in names}
+    else:
+        results = {n: run_job(n, JOBS[n], a.out, a.prompts, a.new) for n in names}
+    lines = table(results, a.prompts, a.new)
+    (a.out / "tau.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
