@@ -22,6 +22,7 @@ shape (docs/precision.md; engine.invariant=true removes that, and is not used he
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import subprocess
@@ -55,10 +56,18 @@ def run_job(name: str, overrides: list[str], out: Path, prompts: int, new: int) 
 
 
 def read_job(folder: Path) -> dict:
-    """A finished job's metrics, per-prompt output ids and per-prompt acceptance lengths (prompt order)."""
+    """A finished job's metrics, per-prompt output ids and per-prompt acceptance lengths (prompt order), from its
+    requests.jsonl; written beside it as summary.json.gz (what the table needs, a few percent of its size: the
+    folders of a many-prompt run can stay out of the repository), which is read where requests.jsonl is gone."""
     metrics = json.loads((folder / "metrics.json").read_text())
-    reqs = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines()]
-    return {"metrics": metrics, "outputs": [q["output_token_ids"] for q in reqs], "accepts": [q["accept_lens"] for q in reqs]}
+    summary = folder / "summary.json.gz"
+    if (folder / "requests.jsonl").exists():
+        reqs = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines()]
+        rows = [{"id": q["id"], "accept_lens": q["accept_lens"], "output_token_ids": q["output_token_ids"]} for q in reqs]
+        summary.write_bytes(gzip.compress(json.dumps(rows).encode(), mtime=0))
+    else:
+        rows = json.loads(gzip.decompress(summary.read_bytes()))
+    return {"metrics": metrics, "outputs": [q["output_token_ids"] for q in rows], "accepts": [q["accept_lens"] for q in rows]}
 
 
 def tau_delta(job: list[list[int]], ref: list[list[int]], draws: int = 4000, seed: int = 0) -> tuple[float, float, float]:
@@ -119,7 +128,8 @@ def main(argv=None) -> int:
     if bad or a.prompts < 1 or a.new < 1:
         ap.error(f"unknown job(s) {bad}" if bad else "--prompts and --new must be >= 1")
     if a.table_only:
-        missing = [n for n in names if not (a.out / n / "metrics.json").exists()]
+        missing = [n for n in names if not (a.out / n / "metrics.json").exists()
+                   or not any((a.out / n / f).exists() for f in ("requests.jsonl", "summary.json.gz"))]
         if missing:
             ap.error(f"--table-only: no finished job {missing} in {a.out}")
         results = {n: read_job(a.out / n) for n in names}
