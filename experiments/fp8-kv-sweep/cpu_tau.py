@@ -55,6 +55,11 @@ def run_job(name: str, overrides: list[str], out: Path, prompts: int, new: int) 
     return r
 
 
+def finished(folder: Path) -> bool:
+    return (folder / "metrics.json").exists() and any((folder / f).exists()
+                                                      for f in ("requests.jsonl", "summary.json.gz"))
+
+
 def read_job(folder: Path) -> dict:
     """A finished job's metrics, per-prompt output ids and per-prompt acceptance lengths (prompt order), from its
     requests.jsonl; written beside it as summary.json.gz (what the table needs, a few percent of its size: the
@@ -122,19 +127,18 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", default=",".join(JOBS), help=f"a subset of {','.join(JOBS)} (bf16 always runs)")
     ap.add_argument("--out", type=Path, default=Path("experiments/fp8-kv-sweep/results/cpu"))
     ap.add_argument("--table-only", action="store_true", help="run nothing: the table from the jobs already in --out")
+    ap.add_argument("--resume", action="store_true",
+                    help="jobs already finished in --out (metrics.json and their outputs) are read, not run again")
     a = ap.parse_args(argv)
     names = ["bf16", *[n for n in a.jobs.split(",") if n != "bf16"]]
     bad = [n for n in names if n not in JOBS]
     if bad or a.prompts < 1 or a.new < 1:
         ap.error(f"unknown job(s) {bad}" if bad else "--prompts and --new must be >= 1")
-    if a.table_only:
-        missing = [n for n in names if not (a.out / n / "metrics.json").exists()
-                   or not any((a.out / n / f).exists() for f in ("requests.jsonl", "summary.json.gz"))]
-        if missing:
-            ap.error(f"--table-only: no finished job {missing} in {a.out}")
-        results = {n: read_job(a.out / n) for n in names}
-    else:
-        results = {n: run_job(n, JOBS[n], a.out, a.prompts, a.new) for n in names}
+    missing = [n for n in names if not finished(a.out / n)]
+    if a.table_only and missing:
+        ap.error(f"--table-only: no finished job {missing} in {a.out}")
+    results = {n: run_job(n, JOBS[n], a.out, a.prompts, a.new) if n in missing or not (a.table_only or a.resume)
+               else read_job(a.out / n) for n in names}
     lines = table(results, a.prompts, a.new)
     (a.out / "tau.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
