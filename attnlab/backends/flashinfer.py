@@ -329,9 +329,6 @@ class FlashInferBackend(AttentionBackend):
         if verify_backend == "xqa":
             xqa.check_fit(dtype, pool.dtype, pool.page_size, self.device)
             self._xqa_run = xqa.xqa_function(self._fi)
-        # XQA's scales: bmm1 = sm_scale x k_scale on Q.K, bmm2 = v_scale on the output (1 for a KV of the query's dtype)
-        self._xqa_bmm1 = scale * (pool.k_scale if pool.is_fp8 else 1.0)
-        self._xqa_bmm2 = pool.v_scale if pool.is_fp8 else 1.0
         self.use_tensor_cores = decode_uses_tensor_cores(num_q_heads, num_kv_heads, pool.dtype,
                                                          decode_tensor_cores)
         group = num_q_heads // num_kv_heads
@@ -387,6 +384,8 @@ class FlashInferBackend(AttentionBackend):
         # fp8 KV stores value / scale; FlashInfer folds k_scale into sm_scale and multiplies out by v_scale.
         self._k_scale = pool.k_scale if pool.is_fp8 else None
         self._v_scale = pool.v_scale if pool.is_fp8 else None
+        # XQA takes the same as two scales: bmm1 = sm_scale x k_scale on Q.K, bmm2 = v_scale on the output
+        self._xqa_bmm1, self._xqa_bmm2 = scale * (self._k_scale or 1.0), self._v_scale or 1.0
 
     @classmethod
     def check_options(cls, options: dict, field: str) -> None:

@@ -272,8 +272,9 @@ class SpeculativeDecoder:
             drafter.extend(reqs, n_before, k, emitted, n_acc, tgt)
         packed = torch.cat([emitted, n_acc[:, None]], dim=1)
         # The iteration's one sync (one per N tokens on the multi-step path), a phase of its own: its host time is the
-        # wait for the device work still queued (a device-bound loop waits here, not in the phase before it), its
-        # device time the GPU's idle gap until the host is back with the next launch.
+        # wait for the device work still queued (a device-bound loop waits here, not in the phase before it) and the
+        # read of the previous iteration's timer events, its device time the GPU's idle gap until the host is back.
+        # One CUDA event more an iteration, recorded without a sync.
         timer.mark("sync")
         host = packed.tolist()
         self._read_pending(batch)

@@ -30,11 +30,13 @@ import sys
 import time
 from pathlib import Path
 
-JOBS = {  # name -> precision overrides
-    "bf16": ["precision=bf16"],
-    "fp8-kv": ["precision=fp8-kv"],
-    "draft-kv": ["precision=bf16", "precision.kv_draft=fp8_e4m3"],
-    "target-kv": ["precision=bf16", "precision.kv_target=fp8_e4m3"],
+from attnlab.metrics.parity import token_parity
+
+JOBS = {  # name -> (KV target / draft, precision overrides)
+    "bf16": ("bf16 / bf16", ["precision=bf16"]),
+    "fp8-kv": ("e4m3 / e4m3", ["precision=fp8-kv"]),
+    "draft-kv": ("bf16 / e4m3", ["precision=bf16", "precision.kv_draft=fp8_e4m3"]),
+    "target-kv": ("e4m3 / bf16", ["precision=bf16", "precision.kv_target=fp8_e4m3"]),
 }
 
 
@@ -90,15 +92,6 @@ def tau_delta(job: list[list[int]], ref: list[list[int]], draws: int = 4000, see
     return tau(job, every) - tau(ref, every), deltas[int(0.025 * draws)], deltas[int(0.975 * draws) - 1]
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def table(results: dict, prompts: int, new: int) -> list[str]:
     ref = results["bf16"]["outputs"]
     head = (f"SmolLM2-135M (real Q4_1 GGUF, bf16), shipped EAGLE-3 head, k = 4, greedy, batch 1, {prompts} held-out "
@@ -107,15 +100,15 @@ def table(results: dict, prompts: int, new: int) -> list[str]:
             "draft position 1 / 2 / 3 / 4 | outputs = bf16's | common prefix with bf16's (mean tokens; bf16: its mean "
             "length) |")
     lines = [head, "", cols, "|---|---|---|---|---|---|---|"]
-    kv = {"bf16": "bf16 / bf16", "fp8-kv": "e4m3 / e4m3", "draft-kv": "bf16 / e4m3", "target-kv": "e4m3 / bf16"}
     for name, r in results.items():
         m, outs = r["metrics"], r["outputs"]
-        same = sum(a == b for a, b in zip(outs, ref))
-        prefix = sum(common_prefix(a, b) for a, b in zip(outs, ref)) / len(ref)
+        tp = token_parity(outs, ref)
+        same = round(tp["exact_frac"] * len(ref))
+        prefix = sum(len(a) if d is None else d for a, d in zip(outs, tp["first_divergence"])) / len(ref)
         rates = " / ".join(f"{m.get(f'accept_rate_pos{i}', 0.0):.3f}" for i in range(1, 5))
         d, lo, hi = tau_delta(r["accepts"], results["bf16"]["accepts"])
         delta = "-" if name == "bf16" else f"{d:+.3f} ({lo:+.3f} to {hi:+.3f})"
-        lines.append(f"| {name} | {kv[name]} | {m['accept_len_mean']:.3f} | {delta} | {rates} | {same} of {len(ref)} | "
+        lines.append(f"| {name} | {JOBS[name][0]} | {m['accept_len_mean']:.3f} | {delta} | {rates} | {same} of {len(ref)} | "
                      f"{prefix:.1f} |")
     return lines
 
@@ -137,7 +130,7 @@ def main(argv=None) -> int:
     missing = [n for n in names if not finished(a.out / n)]
     if a.table_only and missing:
         ap.error(f"--table-only: no finished job {missing} in {a.out}")
-    results = {n: run_job(n, JOBS[n], a.out, a.prompts, a.new) if n in missing or not (a.table_only or a.resume)
+    results = {n: run_job(n, JOBS[n][1], a.out, a.prompts, a.new) if n in missing or not (a.table_only or a.resume)
                else read_job(a.out / n) for n in names}
     lines = table(results, a.prompts, a.new)
     (a.out / "tau.md").write_text("\n".join(lines) + "\n")
