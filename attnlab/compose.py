@@ -28,13 +28,33 @@ def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:
         return hydra_compose("config", overrides=list(overrides), return_hydra_config=with_hydra)
 
 
-def sweep_jobs(overrides: list[str]) -> list[list[str]]:
-    """The per-job override lists of a basic sweep (``verify=torch,triton kv.page_size=1,16`` -> 4 lists)."""
+def split_jobs(overrides: list[str]) -> list[list[str]]:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def sweeper_params(cfg: DictConfig) -> list[str]:
+    """A composed config's ``hydra.sweeper.params`` (an experiment's grid, e.g. conf/experiment/fp8_kv.yaml) as
+    override strings; [] where there are none."""
+    params = OmegaConf.select(cfg, "hydra.sweeper.params")
+    return [f"{k}={v}" for k, v in params.items()] if params else []
+
+
+def with_sweeper_params(overrides: list[str], params: list[str]) -> list[str]:
+    """The overrides a basic sweep expands, as Hydra's BasicSweeper builds them: the config's sweeper params first,
+    then the command line's overrides, which replace a param of the same key."""
+    return list(params) + list(overrides)
+
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """The per-job override lists of a basic sweep (``verify=torch,triton kv.page_size=1,16`` -> 4 lists),
+    including the grid an experiment config sets in ``hydra.sweeper.params``: the jobs Hydra launches. That grid
+    is read from the config the command line's first job composes (Hydra reads it from its master config)."""
+    first = split_jobs(overrides)[0]
+    return split_jobs(with_sweeper_params(overrides, sweeper_params(compose(first, with_hydra=True))))
 
 
 def _holds(folder: Path) -> str:
@@ -53,7 +73,7 @@ def _holds(folder: Path) -> str:
 def check_run_folder(overrides: list[str], multirun: bool) -> None:
     """Refuse to run into a folder that is not empty (``hydra.run.dir``, or ``hydra.sweep.dir`` for ``-m``):
     its old metrics.json / requests.jsonl would sit next to the new run's files. Nothing is deleted."""
-    first = sweep_jobs(overrides)[0] if multirun else overrides
+    first = split_jobs(overrides)[0] if multirun else overrides
     cfg = compose(first, with_hydra=True)
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     try:

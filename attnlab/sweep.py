@@ -48,14 +48,13 @@ STATE = SweepState()
 EXIT_SOME_FAILED = 3  # a sweep that finished with one or more failed jobs (docs/usage.md, "Exit codes")
 
 
-def count_jobs(overrides: list[str]) -> int | None:
-    """Jobs a basic sweep over ``overrides`` runs (the product of the sweep values), None if unparsable."""
+def count_jobs(overrides: list[str], params: list[str] = ()) -> int | None:
+    """Jobs a basic sweep over ``overrides`` runs (the product of the sweep values), the config's sweeper
+    ``params`` (attnlab.compose.sweeper_params) included; None if unparsable."""
     try:
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from attnlab.compose import split_jobs, with_sweeper_params
 
-        batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(list(overrides)), None)
-        return sum(len(b) for b in batches)
+        return len(split_jobs(with_sweeper_params(overrides, params)))
     except Exception:  # noqa: BLE001 - another sweeper's syntax: the count is only informative
         return None
 
@@ -100,7 +99,9 @@ class SweepSummary(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         STATE.sweep_dir = Path(config.hydra.sweep.dir)
-        STATE.planned = count_jobs(list(config.hydra.overrides.task))
+        from attnlab.compose import sweeper_params
+
+        STATE.planned = count_jobs(list(config.hydra.overrides.task), sweeper_params(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

@@ -15,11 +15,12 @@
 set -u -o pipefail
 PART=${1:?part 1, 2, 3 or 4}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, jit_fp8, pack, the environment, the call's log, PY
-# sweep NAME PRECISIONS SECS: experiment=fp8_kv at these precisions x backend x verify, in /tmp/sweep/NAME
+# sweep NAME PRECISIONS SECS: experiment=fp8_kv at these precisions x backend x verify, in /tmp/sweep/NAME; SWEEP_ARGS:
+# more overrides (SWEEP_ARGS=backend=triton: the triton-drafted half, for a sitting short of device time)
 sweep() {
   step "fp8_kv sweep on the real SmolLM2, precision $2 x backend x verify (triton, flashinfer)"
   timeout "$3" $PY -m attnlab -m experiment=fp8_kv device=cuda logger=jsonl precision="$2" \
-    hydra.sweep.dir=/tmp/sweep/$1 > $LOGS/sweep-$1.log 2>&1
+    hydra.sweep.dir=/tmp/sweep/$1 ${SWEEP_ARGS:-} > $LOGS/sweep-$1.log 2>&1
   echo "exit code $?"; grep -E "HYDRA\] +#|tau|ERROR|attnlab sweep" $LOGS/sweep-$1.log | cut -c1-220
   cp $LOGS/sweep-$1.log "$OUT/"
 }

@@ -379,6 +379,25 @@ def test_dry_run_of_a_sweep_names_the_invalid_job(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+def test_dry_run_of_an_experiments_grid_plans_the_jobs_hydra_launches(tmp_path):
+    """An experiment's own grid (hydra.sweeper.params, conf/experiment/fp8_kv.yaml: 3 precisions x 2 x 2 backends)
+    is planned as Hydra's sweeper launches it, with a command-line value replacing the grid's for its key. Before
+    2026-12-06 the dry run expanded the command line only: one job for `-m experiment=fp8_kv`, where Hydra ran 12."""
+    proc = run_cli(["-m", "experiment=fp8_kv", "device=cpu", "logger=none", "dry_run=true"], tmp_path)
+    assert "attnlab dry run: 12 jobs, " in proc.stdout, proc.stdout[-2000:]  # which are valid: this machine's
+    for job in ("job 0 (precision=bf16 backend=triton verify=triton)",
+                "job 11 (precision=fp8-draft backend=flashinfer verify=flashinfer)"):
+        assert job in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    proc = run_cli(["-m", "experiment=fp8_kv", "device=cpu", "logger=none", "dry_run=true", "precision=bf16,fp8-kv",
+                    "backend=torch", "verify=torch"], tmp_path)
+    assert proc.returncode == 0 and "attnlab dry run: 2 jobs, 2 valid, 0 invalid" in proc.stdout, proc.stderr[-2000:]
+    assert "job 1 (precision=fp8-kv): valid" in proc.stdout
+    from attnlab.sweep import count_jobs  # what an interrupted sweep's summary counts as planned
+
+    grid = ["precision=bf16,fp8-kv,fp8-draft", "backend=triton,flashinfer", "verify=triton,flashinfer"]
+    assert count_jobs(["experiment=fp8_kv"], grid) == 12 and count_jobs(["backend=triton"], grid) == 6
+
+
 def test_help_describes_attnlab(tmp_path):
     proc = run_cli(["--help"], tmp_path, timeout=60)
     assert proc.returncode == 0 and proc.stderr == ""
