@@ -44,21 +44,25 @@ kp() {
 }
 # jit_start: install .gpu/fk (and .gpu/g0 where carried), then compile, untimed: XQA's modules (jit.py) and FlashInfer's
 # decode / fa2 (waited for), and in the background the FA3 prefill and the e4m3-KV modules this sitting's later calls
-# need (hybrid-rounds/run.sh, fp8-kv-sweep/run.sh); jit_wait: those too, then no compiler left running (settle)
+# need (hybrid-rounds/run.sh, fp8-kv-sweep/run.sh; LATER=0: not those, for a sitting with no later call); jit_wait:
+# those too, then no compiler left running (settle). Part 4 with LATER=0 KP=" ": the JIT and the XQA GPU tests only.
 jit_start() {
   FB=.gpu/fk install_fb; [ ! -d .gpu/g0 ] || bash .gpu/g0/install.sh | tail -1
   step "JIT: XQA (jit.py), FlashInfer's decode / fa2; the FA3 prefill and e4m3-KV modules beside them"
-  jit_prefill jitp 240 > $LOGS/jitp.out 2>&1 &
-  JP=$!
-  jit_fp8 jitfp8 240 > $LOGS/jitfp8.out 2>&1 &
-  JF=$!
+  JP= JF=
+  if [ "${LATER:-1}" = 1 ]; then
+    jit_prefill jitp 240 > $LOGS/jitp.out 2>&1 &
+    JP=$!
+    jit_fp8 jitfp8 240 > $LOGS/jitfp8.out 2>&1 &
+    JF=$!
+  fi
   timeout 200 $PY experiments/xqa-verify/jit.py > $LOGS/xqa-jit.log 2>&1 &
   local j=$!
   fi_jit jit 200 "flashinfer"
   wait $j; echo "jit.py exit code $?"; tail -n 1 $LOGS/xqa-jit.log  # pids only: a bare wait also waits for the tee
 }
 jit_wait() {
-  wait $JP; cat $LOGS/jitp.out; wait $JF; cat $LOGS/jitfp8.out; cp $LOGS/jitp.log $LOGS/jitfp8.log "$OUT/"
+  [ -z "$JP" ] || { wait $JP; cat $LOGS/jitp.out; wait $JF; cat $LOGS/jitfp8.out; cp $LOGS/jitp.log $LOGS/jitfp8.log "$OUT/"; }
   settle
 }
 case $PART in
