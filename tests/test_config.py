@@ -284,3 +284,21 @@ def test_fp8_mma_sets_the_gemms_fp8_mode():
     auto = [replace(plan.precision, draft="fp8_e4m3", fp8_gemm=g, fp8_mma="auto").fp8_mma for g in ("weight_only", "w8a8")]
     assert auto == ["f16", "bf16"]
     assert [replace(plan.precision, fp8_gemm="weight_only", fp8_mma=m).fp8_mma for m in ("bf16", "f16")] == ["bf16", "f16"]
+
+
+# what a CPU cannot run: the experiments that need a GPU are planned here up to these checks, and no further
+_NEEDS_A_GPU = ("does not support device 'cpu'", "need a CUDA GPU")
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")))
+def test_every_experiment_plans_every_job_of_its_sweep(experiment, capsys):
+    """Each conf/experiment/*.yaml, swept as its comment writes it (``-m``, its own grid included), passes the dry
+    run on this CPU but for the checks only a GPU passes. Until 2026-12-06 long_context asked for 16k prompts of
+    SmolLM2-135M, which holds 8,192 positions: refused at validation on every machine."""
+    from attnlab.dryrun import main
+
+    code = main([f"experiment={experiment}", "logger=none"], multirun=True)
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("attnlab: error")]
+    assert [e for e in errors if not any(n in e for n in _NEEDS_A_GPU)] == [], err
+    assert code == (2 if errors else 0) and "attnlab dry run: " in out
