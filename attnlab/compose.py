@@ -51,10 +51,14 @@ def with_sweeper_params(overrides: list[str], params: list[str]) -> list[str]:
 
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     """The per-job override lists of a basic sweep (``verify=torch,triton kv.page_size=1,16`` -> 4 lists),
-    including the grid an experiment config sets in ``hydra.sweeper.params``: the jobs Hydra launches. That grid
-    is read from the config the command line's first job composes (Hydra reads it from its master config)."""
-    first = split_jobs(overrides)[0]
-    return split_jobs(with_sweeper_params(overrides, sweeper_params(compose(first, with_hydra=True))))
+    including the grid an experiment config sets in ``hydra.sweeper.params``: the jobs Hydra launches. Like Hydra,
+    that grid is read from the config the command line's fixed overrides compose (a swept ``experiment=a,b``
+    brings no grid)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    fixed = [o.input_line for o in OverridesParser.create().parse_overrides(list(overrides))
+             if not o.is_sweep_override()]
+    return split_jobs(with_sweeper_params(overrides, sweeper_params(compose(fixed, with_hydra=True))))
 
 
 def _holds(folder: Path) -> str:

@@ -392,10 +392,14 @@ def test_dry_run_of_an_experiments_grid_plans_the_jobs_hydra_launches(tmp_path):
                     "backend=torch", "verify=torch"], tmp_path)
     assert proc.returncode == 0 and "attnlab dry run: 2 jobs, 2 valid, 0 invalid" in proc.stdout, proc.stderr[-2000:]
     assert "job 1 (precision=fp8-kv): valid" in proc.stdout
+    from attnlab.compose import sweep_jobs
     from attnlab.sweep import count_jobs  # what an interrupted sweep's summary counts as planned
 
     grid = ["precision=bf16,fp8-kv,fp8-draft", "backend=triton,flashinfer", "verify=triton,flashinfer"]
     assert count_jobs(["experiment=fp8_kv"], grid) == 12 and count_jobs(["backend=triton"], grid) == 6
+    # a swept experiment brings no grid: Hydra reads the grid from the fixed overrides' config
+    assert sweep_jobs(["experiment=smoke,fp8_kv", "logger=none"]) == [["experiment=smoke", "logger=none"],
+                                                                      ["experiment=fp8_kv", "logger=none"]]
 
 
 def test_help_describes_attnlab(tmp_path):
