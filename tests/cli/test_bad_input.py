@@ -397,6 +397,15 @@ def test_dry_run_of_an_experiments_grid_plans_the_jobs_hydra_launches(tmp_path):
 
     grid = ["precision=bf16,fp8-kv,fp8-draft", "backend=triton,flashinfer", "verify=triton,flashinfer"]
     assert count_jobs(["experiment=fp8_kv"], grid) == 12 and count_jobs(["backend=triton"], grid) == 6
+    from attnlab import sweep
+    from attnlab.compose import compose
+
+    saved = sweep.STATE.planned, sweep.STATE.sweep_dir
+    try:  # the callback that counts a starting sweep's jobs reads the grid from Hydra's config
+        sweep.SweepSummary().on_multirun_start(compose(["experiment=fp8_kv", "backend=triton"], with_hydra=True))
+        assert sweep.STATE.planned == 6
+    finally:
+        sweep.STATE.planned, sweep.STATE.sweep_dir = saved
     # a swept experiment brings no grid: Hydra reads the grid from the fixed overrides' config
     assert sweep_jobs(["experiment=smoke,fp8_kv", "logger=none"]) == [["experiment=smoke", "logger=none"],
                                                                       ["experiment=fp8_kv", "logger=none"]]
