@@ -25,6 +25,7 @@ HYDRA_INFO_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i
                     "--experimental-rerun", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
                     "--version")
 DRY_RUN = re.compile(r"^\+*dry_run=(.*)$")
+SWEEPER_PARAMS = re.compile(r"^[+~]*hydra\.sweeper\.params\b")
 
 
 def one_line(exc: BaseException) -> str:
@@ -87,6 +88,18 @@ def is_user_error(exc: BaseException) -> bool:
     return isinstance(exc, (AttnlabError, HydraException, OmegaConfBaseException))
 
 
+def _refuse_sweeper_params(args: list[str]) -> None:
+    """hydra.sweeper.params from the command line: Hydra cannot merge into the node (null in its base config) and
+    fails with an OmegaConf traceback. Say where a grid goes instead."""
+    for a in args:
+        if SWEEPER_PARAMS.match(a):
+            from attnlab.errors import ConfigError
+
+            raise ConfigError(f"{a.split('=')[0]}: a sweep's grid cannot be set on the command line; sweep with "
+                              f"-m key=a,b (e.g. -m verify=triton,flashinfer), or put the grid in an experiment "
+                              f"config's hydra.sweeper.params (conf/experiment/fp8_kv.yaml)")
+
+
 def _pop_dry_run(args: list[str]) -> tuple[bool, list[str]]:
     dry, rest = False, []
     for a in args:
@@ -139,6 +152,7 @@ def _main(args: list[str], user_full_error: bool) -> int:
     from attnlab.job import run_job, take_user_error
 
     dry, args = _pop_dry_run(args)
+    _refuse_sweeper_params(args)
     args = add_free_form(args)
     info = any(a.split("=")[0] in HYDRA_INFO_FLAGS for a in args)
     multirun = any(a in ("-m", "--multirun") for a in args)

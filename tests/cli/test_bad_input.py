@@ -411,6 +411,15 @@ def test_dry_run_of_an_experiments_grid_plans_the_jobs_hydra_launches(tmp_path):
                                                                       ["experiment=fp8_kv", "logger=none"]]
 
 
+@pytest.mark.parametrize("arg", ["hydra.sweeper.params={seed:'1,2'}", "+hydra.sweeper.params.seed='1,2'"])
+def test_a_grid_on_the_command_line_is_refused_in_one_line(tmp_path, arg):
+    """Hydra cannot merge hydra.sweeper.params from the command line (an OmegaConf traceback): one line that says
+    where a grid goes, before anything is composed or written."""
+    _assert_one_line_exit_2(run_cli(["-m", *TINY, arg], tmp_path),
+                            ["hydra.sweeper.params", "cannot be set on the command line", "experiment config"])
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_help_describes_attnlab(tmp_path):
     proc = run_cli(["--help"], tmp_path, timeout=60)
     assert proc.returncode == 0 and proc.stderr == ""
