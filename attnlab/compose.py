@@ -28,11 +28,13 @@ def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:
         return hydra_compose("config", overrides=list(overrides), return_hydra_config=with_hydra)
 
 
-def split_jobs(overrides: list[str]) -> list[list[str]]:
+def split_jobs(overrides: list[str], params: list[str] = ()) -> list[list[str]]:
+    """The per-job override lists of a basic sweep over ``overrides``, built as Hydra's BasicSweeper builds them:
+    the config's sweeper ``params`` (sweeper_params) first, then the overrides, which replace a param of their key."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    parsed = OverridesParser.create().parse_overrides([*params, *overrides])
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
@@ -41,12 +43,6 @@ def sweeper_params(cfg: DictConfig) -> list[str]:
     override strings; [] where there are none."""
     params = OmegaConf.select(cfg, "hydra.sweeper.params")
     return [f"{k}={v}" for k, v in params.items()] if params else []
-
-
-def with_sweeper_params(overrides: list[str], params: list[str]) -> list[str]:
-    """The overrides a basic sweep expands, as Hydra's BasicSweeper builds them: the config's sweeper params first,
-    then the command line's overrides, which replace a param of the same key."""
-    return list(params) + list(overrides)
 
 
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:
@@ -58,7 +54,7 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
 
     fixed = [o.input_line for o in OverridesParser.create().parse_overrides(list(overrides))
              if not o.is_sweep_override()]
-    return split_jobs(with_sweeper_params(overrides, sweeper_params(compose(fixed, with_hydra=True))))
+    return split_jobs(overrides, sweeper_params(compose(fixed, with_hydra=True)))
 
 
 def _holds(folder: Path) -> str:

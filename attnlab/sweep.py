@@ -52,9 +52,9 @@ def count_jobs(overrides: list[str], params: list[str] = ()) -> int | None:
     """Jobs a basic sweep over ``overrides`` runs (the product of the sweep values), the config's sweeper
     ``params`` (attnlab.compose.sweeper_params) included; None if unparsable."""
     try:
-        from attnlab.compose import split_jobs, with_sweeper_params
+        from attnlab.compose import split_jobs
 
-        return len(split_jobs(with_sweeper_params(overrides, params)))
+        return len(split_jobs(overrides, params))
     except Exception:  # noqa: BLE001 - another sweeper's syntax: the count is only informative
         return None
 

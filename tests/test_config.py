@@ -292,8 +292,8 @@ _NEEDS_A_GPU = ("does not support device 'cpu'", "need a CUDA GPU")
 
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")))
 def test_every_experiment_plans_every_job_of_its_sweep(experiment, capsys):
-    """Each conf/experiment/*.yaml, swept as its comment writes it (``-m``, its own grid included), passes the dry
-    run on this CPU but for the checks only a GPU passes. Until 2026-12-06 long_context asked for 16k prompts of
+    """Each conf/experiment/*.yaml as a sweep (``-m experiment=NAME``, its own grid included) passes the dry run on
+    this CPU but for the checks only a GPU passes. Until 2026-12-06 long_context asked for 16k prompts of
     SmolLM2-135M, which holds 8,192 positions: refused at validation on every machine."""
     from attnlab.dryrun import main
 

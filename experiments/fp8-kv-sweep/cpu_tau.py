@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from attnlab.metrics.parity import token_parity
 
 JOBS = {  # name -> (KV target / draft, precision overrides)
@@ -74,7 +76,9 @@ def read_job(folder: Path) -> dict:
         summary.write_bytes(gzip.compress(json.dumps(rows).encode(), mtime=0))
     else:
         rows = json.loads(gzip.decompress(summary.read_bytes()))
-    return {"metrics": metrics, "outputs": [q["output_token_ids"] for q in rows], "accepts": [q["accept_lens"] for q in rows]}
+    new = OmegaConf.load(folder / ".hydra" / "config.yaml").workload.max_new_tokens  # what ran, not the flags
+    return {"metrics": metrics, "outputs": [q["output_token_ids"] for q in rows], "accepts": [q["accept_lens"] for q in rows],
+            "new": new}
 
 
 def tau_delta(job: list[list[int]], ref: list[list[int]], draws: int = 4000, seed: int = 0) -> tuple[float, float, float]:
@@ -92,8 +96,14 @@ def tau_delta(job: list[list[int]], ref: list[list[int]], draws: int = 4000, see
     return tau(job, every) - tau(ref, every), deltas[int(0.025 * draws)], deltas[int(0.975 * draws) - 1]
 
 
-def table(results: dict, prompts: int, new: int) -> list[str]:
-    ref = results["bf16"]["outputs"]
+def table(results: dict) -> list[str]:
+    """The jobs' table; its heading from the jobs read (the 128-prompt table of 2026-12-05g, regenerated with
+    --table-only and the default --prompts, was headed 16 prompts when the flags wrote it)."""
+    ref, new = results["bf16"]["outputs"], {r["new"] for r in results.values()}
+    if len(new) != 1 or len({len(r["outputs"]) for r in results.values()}) != 1:
+        raise SystemExit(f"the jobs ran different workloads (max_new_tokens {sorted(new)}, prompts "
+                         f"{sorted({len(r['outputs']) for r in results.values()})}): rerun them with the same flags")
+    prompts, new = len(ref), new.pop()
     head = (f"SmolLM2-135M (real Q4_1 GGUF, bf16), shipped EAGLE-3 head, k = 4, greedy, batch 1, {prompts} held-out "
             f"ShareGPT prompts x <= {new} new tokens; torch reference backend on both sides, CPU")
     cols = ("| job | KV target / draft | tau | tau - bf16's (95% interval, paired bootstrap over prompts) | acceptance at "
@@ -103,7 +113,7 @@ def table(results: dict, prompts: int, new: int) -> list[str]:
     for name, r in results.items():
         m, outs = r["metrics"], r["outputs"]
         tp = token_parity(outs, ref)
-        same = round(tp["exact_frac"] * len(ref))
+        same = sum(d is None for d in tp["first_divergence"])
         prefix = sum(len(a) if d is None else d for a, d in zip(outs, tp["first_divergence"])) / len(ref)
         rates = " / ".join(f"{m.get(f'accept_rate_pos{i}', 0.0):.3f}" for i in range(1, 5))
         d, lo, hi = tau_delta(r["accepts"], results["bf16"]["accepts"])
@@ -132,7 +142,7 @@ def main(argv=None) -> int:
         ap.error(f"--table-only: no finished job {missing} in {a.out}")
     results = {n: run_job(n, JOBS[n][1], a.out, a.prompts, a.new) if n in missing or not (a.table_only or a.resume)
                else read_job(a.out / n) for n in names}
-    lines = table(results, a.prompts, a.new)
+    lines = table(results)
     (a.out / "tau.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
