@@ -42,7 +42,11 @@ assisted generation takes batch 1), attnlab in batches of each ``--batch`` size.
 rounds: every row of a (batch, verify backend) group is built and warmed first, then each round times the target-only
 row and every speculative row once, back to back (the H200's speed drifted by 10% between rows and processes, more
 than the margins the floors are judged by); every side of a group stays alive until the group is timed, so size
-the lists of backends and drafters to the device's memory. Reported per engine, batch, drafter and backend pair: tok/s over all
+the lists of backends and drafters to the device's memory. ``--same-rounds``: one group per batch for all the verify
+backends (not one per verify backend, timed one after another), each row's speedup still against its own verify
+backend's target-only row, and under the table each row's tok/s against the first verify backend's same row, the
+median of per-round ratios: a verdict between verify backends (the hybrid against its two sides) that the device's
+drift between groups cannot decide. Reported per engine, batch, drafter and backend pair: tok/s over all
 prompts (prefill included; the median of ``--repeats`` timed runs with min-max), tokens per target forward pass,
 attnlab's tau, the speedup over the same engine's target-only decoding at the same batch (attnlab: the median of
 the per-round ratios, with their min-max), the share of prompts whose output equals that engine's target-only output, and
@@ -305,7 +309,8 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         the cells (``once``: row by row, or prompt batch by prompt batch), so a drift of the GPU's speed during the
         group lands on every row of a round alike; each row's speedup is the median over rounds of the target-only
         time / its time in the same round."""
-        label = f"batch {cells[0].row.batch}, verify {cells[0].row.pair.split(' / ')[-1]}"
+        verifies = ",".join(dict.fromkeys(_verify(c.row) for c in cells))
+        label = f"batch {cells[0].row.batch}, verify {verifies}"
         for i in range(a.repeats):
             t0 = time.perf_counter()
             once(cells)
@@ -325,10 +330,10 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                 # on stderr now (a later timeout keeps it in the log); the report's copy is in the markdown at the end
                 print(f"\n### kernel profile: {c.row.drafter} {_pair(c.row)}, batch {c.row.batch}, k={c.row.k}\n{text}",
                       file=sys.stderr, flush=True)
-        refs: dict = {}  # each arm's target-only row (its first cell)
+        refs: dict = {}  # each (arm, verify)'s target-only row (its first cell)
         for c in cells:
             r = c.row
-            ref = refs.setdefault(r.arm, r)
+            ref = refs.setdefault((r.arm, _verify(r)), r)
             times = r.repeats_s
             r.seconds = sorted(times)[len(times) // 2]
             r.tau = sum(c.taus) / max(1, len(c.taus)) if r.k else None
@@ -379,14 +384,17 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
 
     arms = a.arms if len(getattr(a, "arms", ())) > 1 else [None]  # one arm: the process's (main), as before
     for batch in a.batches:
-        for verify in a.backends:
+        # a group per verify backend, or (--same-rounds) one group of them all: every side alive, timed together
+        groups = [a.backends] if a.same_rounds else [[v] for v in a.backends]
+        for verifies in groups:
             cells, t0 = [], time.perf_counter()
-            for arm in arms:  # arm by arm, each its target-only row first
-                with _arm(arm):
-                    cells += arm_cells(batch, verify, arm)
+            for verify in verifies:
+                for arm in arms:  # arm by arm, each its target-only row first
+                    with _arm(arm):
+                        cells += arm_cells(batch, verify, arm)
             if cells:
-                progress(f"batch {batch}, verify {verify}: {len(cells)} rows built, captured and warmed in "
-                         f"{time.perf_counter() - t0:.1f} s")
+                progress(f"batch {batch}, verify {','.join(verifies)}: {len(cells)} rows built, captured and warmed "
+                         f"in {time.perf_counter() - t0:.1f} s")
                 rows += group_rows(cells)
     return rows
 
@@ -427,6 +435,32 @@ def arm_lines(rows: list[Row]) -> list[str]:
         out.append(f"- {r.drafter} {r.pair} k={r.k} {r.tree} batch {r.batch}, {r.arm}: "
                    f"{percentile(ratios, 50):.3f}x{_spread(ratios)}")
     return out
+
+
+def _verify(r: Row) -> str:
+    """A row's verify backend (the spec after its pair's " / ")."""
+    return r.pair.split(" / ")[-1]
+
+
+def verify_lines(rows: list[Row], backends: list[str]) -> list[str]:
+    """--same-rounds: each row's tok/s against the same row (batch, drafter, k, tree, draft backend, arm) of the first
+    verify backend, the median of the per-round ratios (min-max): the verify backends' verdict with the device's drift
+    landing on all of them alike."""
+    if len(backends) < 2:
+        return []
+    key = lambda r: (r.batch, r.drafter, r.k, r.tree, r.pair.split(" / ")[0], r.arm)
+    first = {key(r): r for r in rows if r.engine == "attnlab" and _verify(r) == backends[0]}
+    out = []
+    for r in rows:
+        ref = first.get(key(r))
+        if r.engine != "attnlab" or _verify(r) == backends[0] or ref is None or len(r.repeats_s) != len(ref.repeats_s):
+            continue
+        ratios = _round_ratios(r, ref)
+        out.append(f"- {r.drafter} {_pair(r)} k={r.k} {r.tree} batch {r.batch}: {percentile(ratios, 50):.3f}x"
+                   f"{_spread(ratios)}")
+    head = (f"\nVerify backends against the first ({backends[0]}), the same rounds: tok/s, the median of per-round "
+            "ratios (min-max)")
+    return [head, *out] if out else []
 
 
 def _round_ratios(r: Row, ref: Row) -> list[float]:
@@ -688,6 +722,10 @@ def parse(argv=None):
                     help="a timed round runs each row over every prompt before the next row (round), or every row over "
                          "prompt batch i before batch i + 1 (batch: a row's time and its target-only time are then "
                          "measured seconds apart, not a whole row's run apart)")
+    ap.add_argument("--same-rounds", action="store_true",
+                    help="every --backends verify backend's rows of a batch in one group, timed in the same rounds "
+                         "(all their sides alive at once: size the lists to the device's memory), and a line per row "
+                         "with its tok/s against the first verify backend's same row, the median of per-round ratios")
     ap.add_argument("--floor", type=float, default=None, metavar="X",
                     help="a speedup floor (e.g. 1.5): each speculative attnlab row is 'met', 'missed' or 'undecided' by "
                          "the order-statistic interval of its per-round median (metrics/interval.py; needs --repeats "
@@ -846,7 +884,8 @@ def header(a, dev: torch.device, n_prompts: int) -> str:
             f"{prompt_source(a)} prompts x <= {a.new} new tokens, batch {','.join(map(str, a.batches))}, "
             f"{a.repeats} timed repeat(s) (tok/s: median, min-max"
             f"{'; attnlab: in rounds, speedup the median of per-round ratios, min-max' if a.repeats > 1 else ''}"
-            f"{', rows interleaved by prompt batch' if a.interleave == 'batch' else ''}), "
+            f"{', rows interleaved by prompt batch' if a.interleave == 'batch' else ''}"
+            f"{', every verify backend in the same rounds' if a.same_rounds and a.repeats > 1 else ''}), "
             f"attnlab CUDA graphs "
             f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}, fused layer ops "
             f"{'on' if a.fused_ops else 'on (target side, invariant)' if a.invariant else 'off'}"
@@ -876,6 +915,8 @@ def run(a) -> dict:
     rows += attnlab_rows(base, a, prompts, eos, skipped)
     head = header(a, dev, len(prompts))
     lines = [head, ""] + table(rows) + arm_lines(rows) + weights_lines(rows)
+    if a.same_rounds:
+        lines += verify_lines(rows, a.backends)
     if not a.skip_hf:  # the two engines' target-only outputs (fp32: identical but for near-ties)
         hf_ref = rows[0].outputs
         for r in rows:

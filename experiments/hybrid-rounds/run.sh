@@ -1,7 +1,9 @@
-# The hybrid's end-to-end verdict (issue 16; docs/backends.md, "Measured"), timed in rounds: bench.spec times every
-# verify backend on the same mixed 200 / 4,000-token prompts in each round and reports each row's speedup as the median
-# of per-round ratios, so drift between a sweep's jobs (2026-12-05c: triton's batch-8 median moved 1.19x between
-# processes) cannot decide it. Random weights, ngram k 4, graphs, batch 1 and 8, 16 prompts (PROMPTS=32: 2026-12-05c's
+# The hybrid's end-to-end verdict (issue 16; docs/backends.md, "Measured"), timed in rounds: with --same-rounds
+# bench.spec times every verify backend on the same mixed 200 / 4,000-token prompts in each round and reports each
+# row's tok/s against triton's same row as the median of per-round ratios, so drift between a sweep's jobs
+# (2026-12-05c: triton's batch-8 median moved 1.19x between processes) or between groups cannot decide it. (Its first
+# run, 2026-12-06, had no --same-rounds: each verify backend's rows were a group of their own, timed one group after
+# the other in one process; README.md.) Random weights, ngram k 4, graphs, batch 1 and 8, 16 prompts (PROMPTS=32: 2026-12-05c's
 # count) x 128 tokens, 5 rounds. One call, carry [".gpu/fk"], a fresh or a warm machine (plus the FA3 prefill's JIT,
 # minutes, on a machine that has not built it):
 #   FB=.gpu/fk bash experiments/hybrid-rounds/run.sh
@@ -21,8 +23,8 @@ jit_prefill jitp 300
 settle
 step "bench.spec: triton, flashinfer, the hybrid; mixed 200 / 4,000-token prompts; batch 1 and 8; 5 rounds"
 timeout ${SPEC_SECS:-300} $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters ngram --k 4 --batch 1,8 \
-  --backends "triton,flashinfer,$H" --prompt-lengths 200,4000 --num-prompts ${PROMPTS:-16} --new 128 --repeats 5 \
+  --backends "triton,flashinfer,$H" --prompt-lengths 200,4000 --num-prompts ${PROMPTS:-16} --new 128 --repeats 5 --same-rounds \
   --out "$OUT/hr" > $LOGS/hr.log 2>&1
-echo "exit code $?"; grep -E "^\|" $LOGS/hr.log
+echo "exit code $?"; grep -E "^\||^- |against the first" $LOGS/hr.log
 cp $LOGS/hr.log "$OUT/" 2>/dev/null
 pack

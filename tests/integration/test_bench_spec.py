@@ -366,6 +366,47 @@ def test_several_gemm_arms_build_and_time_their_rows_in_the_same_rounds(monkeypa
     assert gemm.norm_place() == gemm.DEFAULT_NORM_PLACE and gemm.split_mode() == gemm.DEFAULT_SPLIT_MODE
 
 
+@pytest.mark.parametrize("same", [False, True])
+def test_same_rounds_time_every_verify_backend_together(monkeypatch, same):
+    """--same-rounds: the verify backends' rows of a batch are one group, timed in the same rounds (without it: a group
+    per verify backend, one after the other); each row's speedup is against its own verify backend's target-only row,
+    and a line under the table gives its tok/s against the first verify backend's same row, round by round."""
+    from attnlab.spec.decoder import SpeculativeDecoder
+
+    order, generate = [], SpeculativeDecoder.generate
+
+    def logged(self, prompts, max_new_tokens, *args, **kwargs):
+        if max_new_tokens == 6:  # a timed repeat (the warm run decodes 8)
+            order.append((self.drafter.kind, type(self.target.backend).__name__))
+        return generate(self, prompts, max_new_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", logged)
+    other = "triton"  # under the Triton interpreter here
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", f"torch,{other}", "--drafters", "ngram",
+                    "--num-prompts", "1", "--new", "6", "--k", "2", "--repeats", "3", "--skip-hf",
+                    *(["--same-rounds"] if same else [])])
+    res = spec.run(a)
+    one = [("none", "TorchBackend"), ("ngram", "TorchBackend")]
+    two = [("none", "TritonBackend"), ("ngram", "TritonBackend")]
+    assert order == ((one + two) * 3 if same else one * 3 + two * 3)
+    rows = res["rows"]
+    assert [r["pair"] for r in rows] == ["- / torch", "- / torch", f"- / {other}", f"- / {other}"]
+    for ref, r in (rows[:2], rows[2:]):  # each verify backend's speedup against its own target-only row
+        ratios = sorted(t0 / t for t0, t in zip(ref["repeats_s"], r["repeats_s"]))
+        assert r["speedup_rounds"] == pytest.approx(ratios) and r["same_as_target_only"] == 1.0
+    md = res["markdown"]
+    tok = lambda r, i: r["new_tokens"] / r["repeats_s"][i]
+    if not same:
+        assert "Verify backends against the first" not in md and "same rounds" not in md.split("\n")[0]
+        return
+    assert "every verify backend in the same rounds" in md.split("\n")[0]
+    assert "Verify backends against the first (torch), the same rounds" in md
+    for i, j in ((2, 0), (3, 1)):
+        want = sorted(tok(rows[i], n) / tok(rows[j], n) for n in range(3))
+        r = rows[i]
+        assert f"- {r['drafter']} - / {other} k={r['k']} chain batch 1: {want[1]:.3f}x" in md
+
+
 def test_spec_bench_gemm_arms_are_checked(capsys):
     with pytest.raises(SystemExit) as e:
         spec.parse(["--device", "cpu", "--model", "tiny-llama", "--gemm-split", "fill/ticket,fill/tickets"])
