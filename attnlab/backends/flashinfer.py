@@ -286,6 +286,9 @@ class FlashInferBackend(AttentionBackend):
                           "uniform verifies of >= 2 tokens a request that are not prefills and whose q_len x GQA group "
                           "rows are at most 32 (one query tile), fa2 for the other passes (page size "
                           "16/32/64/128, KV of the query's dtype or fp8_e4m3; flashinfer_xqa)",
+        "xqa_pdl": "null (default: FlashInfer's choice, on for sm_90+) / true / false: verify_backend=xqa's launch "
+                   "with programmatic dependent launch (its enable_pdl); an A/B of what the kernel's early start "
+                   "costs or saves beside the engine's other launches (experiments/xqa-verify)",
         "prefill_backend": "auto (default: FA3 on Hopper) | fa2 | fa3: kernel family of long causal prefills",
         "prefill_min_q_len": f"int >= 1 (default {PREFILL_MIN_Q_LEN}): a causal pass whose longest request has "
                              "this many new tokens runs prefill_backend",
@@ -311,13 +314,14 @@ class FlashInferBackend(AttentionBackend):
                  prefill_backend: str = "auto", prefill_min_q_len: int = PREFILL_MIN_Q_LEN,
                  cuda_graph: bool = False, max_batch_size: int | None = None, max_q_len: int = 16,
                  max_context: int | None = None, workspace_bytes: int = WORKSPACE_BYTES, keep_plans: bool = True,
-                 verify_split_kv: bool | str = "auto", verify_as_decode: bool | str = False):
+                 verify_split_kv: bool | str = "auto", verify_as_decode: bool | str = False,
+                 xqa_pdl: bool | None = None):
         super().__init__(pool, num_q_heads, num_kv_heads, head_dim, scale, dtype)
         check_shapes(dtype, pool.dtype, head_dim)
         self.check_options({"verify_backend": verify_backend, "prefill_backend": prefill_backend,
                             "prefill_min_q_len": prefill_min_q_len, "device_steps": device_steps,
                             "keep_plans": keep_plans, "verify_split_kv": verify_split_kv,
-                            "verify_as_decode": verify_as_decode}, "flashinfer")
+                            "verify_as_decode": verify_as_decode, "xqa_pdl": xqa_pdl}, "flashinfer")
         fa3 = [n for n, v in (("verify_backend", verify_backend), ("prefill_backend", prefill_backend)) if v == "fa3"]
         if fa3 and pool.dtype in FP8_DTYPES:
             raise ConfigError(f"flashinfer: {fa3[0]}=fa3 with fp8 KV: FlashInfer's FA3 kernels need an fp8 query "
@@ -326,6 +330,7 @@ class FlashInferBackend(AttentionBackend):
             raise ConfigError(f"flashinfer: {fa3[0]}=fa3 needs a Hopper GPU (sm_90); use fa2 or auto")
         self._fi = import_flashinfer()
         self._xqa_run = None  # verify_backend=xqa: FlashInfer's xqa_batch_decode_with_kv_cache
+        self._xqa_pdl = xqa_pdl  # its enable_pdl (None: FlashInfer's default)
         if verify_backend == "xqa":
             xqa.check_fit(dtype, pool.dtype, pool.page_size, self.device)
             self._xqa_run = xqa.xqa_function(self._fi)
@@ -406,6 +411,12 @@ class FlashInferBackend(AttentionBackend):
             v = options.get(key, False)
             if not (v is True or v is False or v == "auto"):
                 raise ConfigError(f"{field}.{key}={v!r}: must be auto, true or false")
+        pdl = options.get("xqa_pdl")
+        if pdl is not None and not isinstance(pdl, bool):
+            raise ConfigError(f"{field}.xqa_pdl={pdl!r}: must be true, false or null")
+        if pdl is not None and options.get("verify_backend", "fa2") != "xqa":
+            raise ConfigError(f"{field}.xqa_pdl={str(pdl).lower()} acts on XQA's launch only: add "
+                              f"{field}.verify_backend=xqa, or drop xqa_pdl")
         if options.get("verify_backend") == "xqa" and options.get("verify_as_decode", False) is not False:
             raise ConfigError(f"{field}.verify_backend=xqa with verify_as_decode={options['verify_as_decode']}: two "
                               "plans for the same verify passes; choose one")
@@ -952,7 +963,7 @@ class FlashInferBackend(AttentionBackend):
         if isinstance(plan, xqa.XqaPass):
             out = self._xqa_run(q.contiguous(), (kv[0], kv[1]), self._xqa_workspace, plan.table, plan.seq_lens,
                                 plan.max_seq_len, bmm1_scale=self._xqa_bmm1, bmm2_scale=self._xqa_bmm2,
-                                kv_layout="NHD", q_len_per_req=plan.q_len, mask=plan.mask)
+                                kv_layout="NHD", q_len_per_req=plan.q_len, mask=plan.mask, enable_pdl=self._xqa_pdl)
             return out.view(q.shape)  # XQA returns [batch, q_len, Hq, D]
         return plan.wrapper.run(q, (kv[0], kv[1]), k_scale=self._k_scale, v_scale=self._v_scale)
 

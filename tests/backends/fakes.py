@@ -335,7 +335,7 @@ def fake_xqa_batch_decode_with_kv_cache(query, kv_cache, workspace_buffer, block
     assert q_len > 1 and mask is not None and mask.dtype == torch.uint16, "spec-dec mode needs its uint16 mask"
     assert tuple(mask.shape) == (b, q_len, 2 * words), mask.shape
     XQA_CALLS.append({"b": b, "q_len": q_len, "table": block_tables, "seq_lens": seq_lens, "mask": mask,
-                      "max_seq_len": max_seq_len, "bmm1": bmm1_scale, "bmm2": bmm2_scale})
+                      "max_seq_len": max_seq_len, "bmm1": bmm1_scale, "bmm2": bmm2_scale, "pdl": enable_pdl})
     bits = mask.contiguous().view(torch.int32).view(b, q_len, words).to(torch.int64) & 0xFFFFFFFF
     seen = ((bits[..., None] >> torch.arange(32)) & 1).bool().view(b, q_len, words * 32)[..., :q_len]
     out = torch.zeros(query.shape, dtype=torch.float32)

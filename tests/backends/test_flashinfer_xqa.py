@@ -243,6 +243,25 @@ def test_config_errors_for_option_clashes(fake_fi):
         fi_backend(case, prefill_backend="xqa")
 
 
+@pytest.mark.parametrize("pdl", [None, True, False])
+def test_xqa_pdl_reaches_the_launch(fake_fi, pdl):
+    """xqa_pdl: XQA's enable_pdl as given (null: FlashInfer's default, which turns it on for sm_90+), the output the
+    same."""
+    case = case_of([3, 3], [70, 20])
+    be = backend(case, **({} if pdl is None else {"xqa_pdl": pdl}))
+    be.plan(case.meta)
+    torch.testing.assert_close(run_all_layers(be, case), reference(case, case.meta, case.q), atol=2e-2, rtol=2e-2)
+    assert XQA_CALLS and all(c["pdl"] is pdl for c in XQA_CALLS)
+
+
+def test_xqa_pdl_is_checked(fake_fi):
+    case = case_of([3], [40])
+    with pytest.raises(ConfigError, match="flashinfer.xqa_pdl='yes': must be true, false or null"):
+        backend(case, xqa_pdl="yes")
+    with pytest.raises(ConfigError, match="xqa_pdl=false acts on XQA's launch only: add .*verify_backend=xqa"):
+        fi_backend(case, xqa_pdl=False)
+
+
 def test_a_flashinfer_without_xqa_is_a_config_error(fake_fi, monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer.decode", types.ModuleType("flashinfer.decode"))
     case = case_of([3], [40])
