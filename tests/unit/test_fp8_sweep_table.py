@@ -1,0 +1,45 @@
+"""experiments/fp8-kv-sweep/gpu_table.py: the README's table of a GPU sweep, read from the committed run folders."""
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "experiments" / "fp8-kv-sweep" / "results" / "h200-eagle"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("gpu_table", ROOT / "experiments" / "fp8-kv-sweep" / "gpu_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_table_of_the_h200_sweep(capsys):
+    """12 rows, bf16 first; tau against the bf16 job of the same pair; the workload in the heading."""
+    load().main([str(RESULTS / "fp8kv"), str(RESULTS / "fp8draft")])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "12 jobs; 6 prompts x 64 new tokens, batch 3, k 4, CUDA graphs off, warmup plan none"
+    rows = [line for line in out if line.startswith(("| bf16", "| fp8"))]
+    assert len(rows) == 12 and [r.split(" | ")[0] for r in rows] == ["| bf16"] * 4 + ["| fp8-kv"] * 4 + ["| fp8-draft"] * 4
+    tt = next(r for r in rows if r.startswith("| fp8-kv | triton/triton |")).split(" | ")
+    assert tt[2] == "2.053" and tt[4] == "+0.099" and tt[6] == "3: 3 near-tie, 0 unexplained"
+
+
+def test_jobs_of_different_workloads_are_refused(tmp_path):
+    for n in ("0", "1"):
+        shutil.copytree(RESULTS / "fp8kv" / n, tmp_path / n)
+    cfg = tmp_path / "1" / ".hydra" / "config.yaml"
+    data = yaml.safe_load(cfg.read_text())
+    data["workload"]["max_new_tokens"] = 128
+    cfg.write_text(yaml.safe_dump(data))
+    with pytest.raises(SystemExit, match="different workloads"):
+        load().main([str(tmp_path)])
+
+
+def test_an_empty_sweep_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="no job folders"):
+        load().main([str(tmp_path)])
