@@ -692,8 +692,10 @@ def parse(argv=None):
                          "too: precision.fp8_lm_head); each fp8 row against its bf16 row under the table")
     ap.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="attnlab eager (CUDA graphs are on)")
-    ap.add_argument("--fused-ops", action="store_true",
-                    help="attnlab layers through the fused Triton kernels (engine.fused_ops; CUDA only)")
+    ap.add_argument("--fused-ops", action=argparse.BooleanOptionalAction, default=None,
+                    help="attnlab layers through the fused Triton kernels (engine.fused_ops; CUDA only); default as "
+                         "the engine's (engine.fused_ops=auto): on with --device cuda, off on CPU; --no-fused-ops: "
+                         "torch's elementwise layers (bench.spec's default until 2026-12-06)")
     ap.add_argument("--gemm", choices=GEMM_KINDS, default="cublas",
                     help="engine.gemm: triton runs decode / verify passes on attnlab's small-M GEMM, triton_attn only "
                          "their qkv and o projections (CUDA only)")
@@ -739,6 +741,8 @@ def parse(argv=None):
     if a.kernel_profile < 0:
         ap.error(f"--kernel-profile {a.kernel_profile}: a number of kernels >= 0")
     cuda = a.device == "cuda"
+    if a.fused_ops is None:  # engine.fused_ops=auto, as the main job resolves it
+        a.fused_ops = cuda
     a.backends = (a.backends or ("triton,flashinfer" if cuda else "torch")).split(",")
     a.draft_backends = a.draft_backends.split(",") if a.draft_backends else list(a.backends)
     a.drafters = [d for d in a.drafters.split(",") if d]

@@ -35,12 +35,13 @@ grid() {  # grid MODEL SECS: the 75 cells of one model's shapes, both plans in o
 }
 # kp LENGTHS: bench.spec --kernel-profile 12, fa2 against xqa (the same fa2 prefill), batch 1 and 8, 8 prompts x 64
 # tokens, 1 round (the profile is the point; 16 x 128 x 3 rounds timed out at 200 s on 2026-12-06: the profiled rerun
-# of 2,032 iterations is slow); ~160-180 s a call; $OUT/kp-FIRST.md / .json and its log
+# of 2,032 iterations is slow); ~160-180 s a call; unfused layers, as the 2026-12-06 profiles ran (bench.spec's
+# default before its layers followed engine.fused_ops); $OUT/kp-FIRST.md / .json and its log
 kp() {
   local F=${XF:-"flashinfer/prefill_backend=fa2,flashinfer/verify_backend=xqa/prefill_backend=fa2"} n=kp-${1%%,*}
   step "bench.spec --kernel-profile 12: $F; prompts $1"
   timeout 300 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters ngram --k 4 --batch 1,8 \
-    --backends "$F" --prompt-lengths "$1" --num-prompts 8 --new 64 --repeats 1 --kernel-profile 12 \
+    --backends "$F" --prompt-lengths "$1" --num-prompts 8 --new 64 --repeats 1 --kernel-profile 12 --no-fused-ops \
     --out "$OUT/$n" > $LOGS/$n.log 2>&1
   echo "exit code $?"; grep -E "^\||^### kernel|iterations" $LOGS/$n.log | grep -v "^| aten" | head -n 80
   cp $LOGS/$n.log "$OUT/"

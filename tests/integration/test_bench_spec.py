@@ -105,6 +105,17 @@ def test_spec_bench_refuses_fused_ops_off_cuda(capsys):
     assert e.value.code == 2 and "--gemm triton_attn needs --device cuda" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags,fused", [(["--device", "cpu"], False), (["--device", "cuda"], True),
+                                         (["--device", "cuda", "--no-fused-ops"], False),
+                                         (["--device", "cuda", "--fused-ops"], True)])
+def test_spec_bench_fuses_the_layers_as_the_engine_does(flags, fused):
+    """The default is engine.fused_ops=auto's: the fused Triton layer kernels with --device cuda, torch's on the CPU
+    (the main job's default, so the bench times what a run runs); --no-fused-ops gives the unfused layers."""
+    a = spec.parse([*flags, "--model", "tiny-llama", "--weights", "random"])
+    assert a.fused_ops is fused
+    assert f"fused layer ops {'on' if fused else 'off'}" in spec.header(a, torch.device("cpu"), 1)  # no GPU name here
+
+
 @pytest.mark.parametrize("flags,needle", [(["--gemm", "triton"], "--gemm triton needs --device cuda"),
                                           (["--pdl"], "--pdl: engine.pdl=true"),
                                           (["--device", "cuda", "--invariant", "--gemm", "triton"],
