@@ -131,6 +131,9 @@ class Row:
     arm: str | None = None  # the gemm arm its sides were built, captured and timed under (several --gemm-split arms)
     kernel_profile: dict | None = None  # --kernel-profile: its decode iterations' kernels (bench/kernel_profile.py)
     draft_weights: str = "bf16"  # the drafter's weights: --dtype's, or fp8w / fp8wh (its label says so: eagle+fp8w)
+    # --same-rounds: tok/s / the first verify backend's same row, the median of per-round ratios, and those ratios
+    vs_first_verify: float | None = None
+    vs_first_verify_rounds: list[float] = field(default_factory=list)
 
     @property
     def tok_s(self) -> float:
@@ -305,16 +308,35 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         return n
 
     def group_rows(cells: list[_Cell]) -> list[Row]:
-        """The rows of one (batch, verify) group, each arm's first cell its target-only row: the repeats run round-robin over
-        the cells (``once``: row by row, or prompt batch by prompt batch), so a drift of the GPU's speed during the
-        group lands on every row of a round alike; each row's speedup is the median over rounds of the target-only
-        time / its time in the same round."""
+        """The rows of one group (a batch and one verify backend, or all of them with --same-rounds), each (verify,
+        arm)'s first cell its target-only row: the repeats run round-robin over the cells (``once``: row by row, or
+        prompt batch by prompt batch), so a drift of the GPU's speed during the group lands on every row of a round
+        alike; each row's speedup is the median over rounds of its target-only row's time / its time in the same
+        round. Profiles come after every group is timed (``profile``)."""
         verifies = ",".join(dict.fromkeys(_verify(c.row) for c in cells))
         label = f"batch {cells[0].row.batch}, verify {verifies}"
         for i in range(a.repeats):
             t0 = time.perf_counter()
             once(cells)
             progress(f"{label}: round {i + 1} of {a.repeats} timed in {time.perf_counter() - t0:.1f} s")
+        refs: dict = {}  # each (arm, verify)'s target-only row (its first cell)
+        for c in cells:
+            r = c.row
+            ref = refs.setdefault((r.arm, _verify(r)), r)
+            times = r.repeats_s
+            r.seconds = sorted(times)[len(times) // 2]
+            r.tau = sum(c.taus) / max(1, len(c.taus)) if r.k else None
+            r.phase_ms = {ph: sum(v) / len(v) for ph, v in c.phases.items() if v}
+            r.host_ms = {ph: sum(v) / len(v) for ph, v in c.host.items() if v}
+            r.step_launches = {key: n for key, n in c.launches.items() if any(c.launches.values())}
+            if r is not ref:
+                finish(r, ref)
+        return [c.row for c in cells]
+
+    def profile(cells: list[_Cell]) -> None:
+        """--host-profile / --kernel-profile: each row's prompts again, untimed, once every group is timed (the torch
+        profiler leaves CUPTI attached to the process, which slowed the host of every group timed after a profile:
+        2026-12-06's kp-48.md, 0.30 against 0.80 ms of host time in identical decode rows)."""
         if a.host_profile:
             for c in (c for c in cells if c.row.drafter != "none"):
                 with _arm(c.row.arm):
@@ -330,19 +352,6 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                 # on stderr now (a later timeout keeps it in the log); the report's copy is in the markdown at the end
                 print(f"\n### kernel profile: {c.row.drafter} {_pair(c.row)}, batch {c.row.batch}, k={c.row.k}\n{text}",
                       file=sys.stderr, flush=True)
-        refs: dict = {}  # each (arm, verify)'s target-only row (its first cell)
-        for c in cells:
-            r = c.row
-            ref = refs.setdefault((r.arm, _verify(r)), r)
-            times = r.repeats_s
-            r.seconds = sorted(times)[len(times) // 2]
-            r.tau = sum(c.taus) / max(1, len(c.taus)) if r.k else None
-            r.phase_ms = {ph: sum(v) / len(v) for ph, v in c.phases.items() if v}
-            r.host_ms = {ph: sum(v) / len(v) for ph, v in c.host.items() if v}
-            r.step_launches = {key: n for key, n in c.launches.items() if any(c.launches.values())}
-            if r is not ref:
-                finish(r, ref)
-        return [c.row for c in cells]
 
     def arm_cells(batch: int, verify: str, arm: str | None) -> list[_Cell]:
         """One arm's cells of a (batch, verify) group, built, captured and warmed under its arm (process-wide
@@ -383,6 +392,7 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
         return cells
 
     arms = a.arms if len(getattr(a, "arms", ())) > 1 else [None]  # one arm: the process's (main), as before
+    profiled: list[_Cell] = []  # with a profile asked for, every group's cells stay alive until all are timed
     for batch in a.batches:
         # a group per verify backend, or (--same-rounds) one group of them all: every side alive, timed together
         groups = [a.backends] if a.same_rounds else [[v] for v in a.backends]
@@ -396,6 +406,10 @@ def attnlab_rows(base, a, prompts, eos: set[int], skipped: list[str] | None = No
                 progress(f"batch {batch}, verify {','.join(verifies)}: {len(cells)} rows built, captured and warmed "
                          f"in {time.perf_counter() - t0:.1f} s")
                 rows += group_rows(cells)
+                if a.host_profile or a.kernel_profile:
+                    profiled += cells
+    if profiled:
+        profile(profiled)
     return rows
 
 
@@ -442,24 +456,26 @@ def _verify(r: Row) -> str:
     return r.pair.split(" / ")[-1]
 
 
-def verify_lines(rows: list[Row], backends: list[str]) -> list[str]:
+def verify_lines(rows: list[Row]) -> list[str]:
     """--same-rounds: each row's tok/s against the same row (batch, drafter, k, tree, draft backend, arm) of the first
-    verify backend, the median of the per-round ratios (min-max): the verify backends' verdict with the device's drift
-    landing on all of them alike."""
-    if len(backends) < 2:
-        return []
+    verify backend that ran (one skipped as unsupported gives way to the next), the median of the per-round ratios
+    (min-max; also the row's ``vs_first_verify`` / ``vs_first_verify_rounds``): the verify backends' verdict with the
+    device's drift landing on all of them alike."""
+    ran = [r for r in rows if r.engine == "attnlab"]
+    first_verify = _verify(ran[0]) if ran else None
     key = lambda r: (r.batch, r.drafter, r.k, r.tree, r.pair.split(" / ")[0], r.arm)
-    first = {key(r): r for r in rows if r.engine == "attnlab" and _verify(r) == backends[0]}
+    first = {key(r): r for r in ran if _verify(r) == first_verify}
     out = []
-    for r in rows:
+    for r in ran:
         ref = first.get(key(r))
-        if r.engine != "attnlab" or _verify(r) == backends[0] or ref is None or len(r.repeats_s) != len(ref.repeats_s):
+        if _verify(r) == first_verify or ref is None or len(r.repeats_s) != len(ref.repeats_s):
             continue
-        ratios = _round_ratios(r, ref)
-        out.append(f"- {r.drafter} {_pair(r)} k={r.k} {r.tree} batch {r.batch}: {percentile(ratios, 50):.3f}x"
-                   f"{_spread(ratios)}")
-    head = (f"\nVerify backends against the first ({backends[0]}), the same rounds: tok/s, the median of per-round "
-            "ratios (min-max)")
+        r.vs_first_verify_rounds = _round_ratios(r, ref)
+        r.vs_first_verify = percentile(r.vs_first_verify_rounds, 50)
+        out.append(f"- {r.drafter} {_pair(r)} k={r.k} {r.tree} batch {r.batch}: {r.vs_first_verify:.3f}x"
+                   f"{_spread(r.vs_first_verify_rounds)}")
+    head = (f"\nVerify backends against the first ({first_verify}), the same rounds: tok/s, the median of per-round "
+            "ratios (min-max; above 1: faster than the first)")
     return [head, *out] if out else []
 
 
@@ -712,11 +728,11 @@ def parse(argv=None):
                          "output must equal its target-only output on every prompt, else the bench exits 3")
     ap.add_argument("--ignore-eos", action="store_true", help="decode exactly --new tokens per prompt (no EOS stop)")
     ap.add_argument("--host-profile", type=int, default=0, metavar="N",
-                    help="after each group's timed rounds, run every speculative row's prompts once more (untimed) "
+                    help="after every group's timed rounds, run every speculative row's prompts once more (untimed) "
                          "with cProfile on inside the drafter's propose / extend and print its N costliest functions "
                          "(bench/host_profile.py)")
     ap.add_argument("--kernel-profile", type=int, default=0, metavar="N",
-                    help="after each group's timed rounds, run every attnlab row's prompts again (untimed) under the "
+                    help="after every group's timed rounds, run every attnlab row's prompts again (untimed) under the "
                          "torch profiler, to --new tokens and to one (the prefills, subtracted), and report its kernel "
                          "time per decode iteration by role and its N costliest kernels (bench/kernel_profile.py; on "
                          "CPU: the ops' CPU time)")
@@ -744,6 +760,11 @@ def parse(argv=None):
     if a.fused_ops is None:  # engine.fused_ops=auto, as the main job resolves it
         a.fused_ops = cuda
     a.backends = (a.backends or ("triton,flashinfer" if cuda else "torch")).split(",")
+    if a.same_rounds and len(a.backends) < 2:
+        ap.error(f"--same-rounds times several verify backends together; --backends {','.join(a.backends)} is one")
+    if a.same_rounds and len(set(a.backends)) < len(a.backends):
+        ap.error(f"--same-rounds: --backends {','.join(a.backends)} names a backend twice (each is one verify side, "
+                 "its rows keyed by its spec)")
     a.draft_backends = a.draft_backends.split(",") if a.draft_backends else list(a.backends)
     a.drafters = [d for d in a.drafters.split(",") if d]
     a.dtype = a.dtype or ("bf16" if cuda else "fp32")
@@ -889,7 +910,7 @@ def header(a, dev: torch.device, n_prompts: int) -> str:
             f"{a.repeats} timed repeat(s) (tok/s: median, min-max"
             f"{'; attnlab: in rounds, speedup the median of per-round ratios, min-max' if a.repeats > 1 else ''}"
             f"{', rows interleaved by prompt batch' if a.interleave == 'batch' else ''}"
-            f"{', every verify backend in the same rounds' if a.same_rounds and a.repeats > 1 else ''}), "
+            f"{', every verify backend in the same rounds' if a.same_rounds else ''}), "
             f"attnlab CUDA graphs "
             f"{'on' if a.graphs and dev.type == 'cuda' else 'off'}, fused layer ops "
             f"{'on' if a.fused_ops else 'on (target side, invariant)' if a.invariant else 'off'}"
@@ -920,7 +941,7 @@ def run(a) -> dict:
     head = header(a, dev, len(prompts))
     lines = [head, ""] + table(rows) + arm_lines(rows) + weights_lines(rows)
     if a.same_rounds:
-        lines += verify_lines(rows, a.backends)
+        lines += verify_lines(rows)
     if not a.skip_hf:  # the two engines' target-only outputs (fp32: identical but for near-ties)
         hf_ref = rows[0].outputs
         for r in rows:

@@ -416,6 +416,46 @@ def test_same_rounds_time_every_verify_backend_together(monkeypatch, same):
         want = sorted(tok(rows[i], n) / tok(rows[j], n) for n in range(3))
         r = rows[i]
         assert f"- {r['drafter']} - / {other} k={r['k']} chain batch 1: {want[1]:.3f}x" in md
+        assert r["vs_first_verify_rounds"] == pytest.approx(want) and r["vs_first_verify"] == pytest.approx(want[1])
+    assert rows[0]["vs_first_verify"] is None and rows[1]["vs_first_verify_rounds"] == []
+
+
+@pytest.mark.parametrize("backends,needle", [("torch", "--backends torch is one"),
+                                             ("torch,triton,torch", "names a backend twice")])
+def test_same_rounds_is_checked(capsys, backends, needle):
+    with pytest.raises(SystemExit) as e:
+        spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", backends, "--same-rounds"])
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_profiles_run_after_every_group_is_timed(monkeypatch):
+    """--kernel-profile / --host-profile: every group (here one a verify backend) is timed before any row is profiled
+    (the torch profiler leaves CUPTI attached, which slowed the host of the groups timed after a profile)."""
+    from attnlab.spec.decoder import SpeculativeDecoder
+
+    events, generate = [], SpeculativeDecoder.generate
+
+    def logged(self, prompts, max_new_tokens, *args, **kwargs):
+        if max_new_tokens == 6:  # a timed repeat (the warm run decodes 8, the profile --new and 1)
+            events.append(("timed", type(self.target.backend).__name__))
+        return generate(self, prompts, max_new_tokens, *args, **kwargs)
+
+    real = spec.kernel_profile
+
+    def profiled(run, new, dev, top):
+        events.append(("profile",))
+        return real(run, new, dev, top)
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", logged)
+    monkeypatch.setattr(spec, "kernel_profile", profiled)
+    a = spec.parse(["--device", "cpu", "--model", "tiny-llama", "--backends", "torch,triton", "--drafters", "ngram",
+                    "--num-prompts", "1", "--new", "6", "--k", "2", "--repeats", "1", "--skip-hf",
+                    "--kernel-profile", "3"])
+    res = spec.run(a)
+    first = events.index(("profile",))  # (a profile's own runs decode --new tokens too: logged after it)
+    assert events[:first] == [("timed", "TorchBackend")] * 2 + [("timed", "TritonBackend")] * 2
+    assert events.count(("profile",)) == 4
+    assert all(r["kernel_profile"]["iterations"] >= 1 for r in res["rows"])
 
 
 def test_spec_bench_gemm_arms_are_checked(capsys):
