@@ -36,12 +36,13 @@ grid() {  # grid MODEL SECS: the 75 cells of one model's shapes, both plans in o
 # kp LENGTHS: bench.spec --kernel-profile 12, fa2 against xqa (the same fa2 prefill), batch 1 and 8, 8 prompts x 64
 # tokens, 1 round (the profile is the point; 16 x 128 x 3 rounds timed out at 200 s on 2026-12-06: the profiled rerun
 # of 2,032 iterations is slow); ~160-180 s a call; unfused layers, as the 2026-12-06 profiles ran (bench.spec's
-# default before its layers followed engine.fused_ops); $OUT/kp-FIRST.md / .json and its log
+# default before its layers followed engine.fused_ops); KB: the batches (1,8), KS: the timeout (300 s); XF: the
+# backends (fa2 and xqa); $OUT/kp-FIRST.md / .json and its log
 kp() {
   local F=${XF:-"flashinfer/prefill_backend=fa2,flashinfer/verify_backend=xqa/prefill_backend=fa2"} n=kp-${1%%,*}
   step "bench.spec --kernel-profile 12: $F; prompts $1"
-  timeout 300 $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters ngram --k 4 --batch 1,8 \
-    --backends "$F" --prompt-lengths "$1" --num-prompts 8 --new 64 --repeats 1 --kernel-profile 12 --no-fused-ops \
+  timeout ${KS:-300} $PY -m attnlab.bench.spec --device cuda --skip-hf --weights random --drafters ngram --k 4 \
+    --batch ${KB:-1,8} --backends "$F" --prompt-lengths "$1" --num-prompts 8 --new 64 --repeats 1 --kernel-profile 12 --no-fused-ops \
     --out "$OUT/$n" > $LOGS/$n.log 2>&1
   echo "exit code $?"; grep -E "^\||^### kernel|iterations" $LOGS/$n.log | grep -v "^| aten" | head -n 80
   cp $LOGS/$n.log "$OUT/"
@@ -124,10 +125,11 @@ case $PART in
   kp 1000,4000
   ;;
 6)
-  # (owed; carry [".gpu/fk"], fresh or warm, ~450 s) why XQA's kernel is slower in the engine than in bench.kernels
+  # (owed; carry [".gpu/fk"], fresh or warm, ~350 s) why XQA's kernel is slower in the engine than in bench.kernels
   # (README, "The kernel profile"): FlashInfer launches XQA with programmatic dependent launch on sm_90 by default; A/B
-  # with xqa_pdl=false, in bench.kernels at the engine's shapes (batch 1 / 8, KV 128-4,096, q 5) and end to end under
-  # the kernel profile (the short prompts, where XQA's grid has no split)
+  # with xqa_pdl=false, in bench.kernels at the engine's shapes (batch 1 / 8, KV 64-4,096 with the short prompts' 176,
+  # q 5; bench.kernels sizes XQA's table to each cell's context) and end to end under the kernel profile (the short
+  # prompts at batch 1, where XQA's grid has no split and its kernel took 1.71x fa2's); the step timeouts sum to 555 s
   FB=.gpu/fk install_fb
   step "JIT: XQA (jit.py), FlashInfer's decode / fa2"
   timeout 200 $PY experiments/xqa-verify/jit.py > $LOGS/xqa-jit.log 2>&1 &
@@ -137,11 +139,11 @@ case $PART in
   settle
   X="flashinfer/verify_backend=xqa"
   step "bench.kernels: fa2, xqa, xqa without PDL; SmolLM2 shapes"
-  timeout 150 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,8 --contexts 128,256,1024,4096 --ks 4 \
+  timeout 100 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,8 --contexts 64,176,256,1024,4096 --ks 4 \
     --models smollm2 --backends "flashinfer,$X,$X/xqa_pdl=false" --baseline flashinfer --repeats 3 \
     --out "$OUT/xq-pdl" > $LOGS/xq-pdl.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/xq-pdl.log; cp $LOGS/xq-pdl.log "$OUT/"
-  XF="flashinfer/prefill_backend=fa2,$X/prefill_backend=fa2,$X/prefill_backend=fa2/xqa_pdl=false" kp 48,96
+  KB=1 KS=240 XF="flashinfer/prefill_backend=fa2,$X/prefill_backend=fa2,$X/prefill_backend=fa2/xqa_pdl=false" kp 48,96
   ;;
 esac
 pack

@@ -27,6 +27,24 @@ def test_the_table_of_the_h200_sweep(capsys):
     assert len(rows) == 12 and [r.split(" | ")[0] for r in rows] == ["| bf16"] * 4 + ["| fp8-kv"] * 4 + ["| fp8-draft"] * 4
     tt = next(r for r in rows if r.startswith("| fp8-kv | triton/triton |")).split(" | ")
     assert tt[2] == "2.053" and tt[4] == "+0.099" and tt[6] == "3: 3 near-tie, 0 unexplained"
+    assert tt[7] == "0.401 / 5: 4 near-tie, 1 unexplained"  # against the reference: the row the README discusses
+    assert [r.split(" | ")[1] for r in rows[:4]] == sorted(r.split(" | ")[1] for r in rows[:4])
+
+
+def test_unfinished_jobs_are_left_out_and_named(tmp_path, capsys):
+    """A job without parity.json, and one whose parity has no logits section, are named on stderr; the rest is
+    tabulated; a precision without its bf16 job has no delta ("-")."""
+    for n in ("4", "5", "6"):
+        shutil.copytree(RESULTS / "fp8kv" / n, tmp_path / n)
+    (tmp_path / "5" / "parity.json").unlink()
+    parity = tmp_path / "6" / "parity.json"
+    parity.write_text(parity.read_text().replace('"logits"', '"logits_off"'))
+    load().main([str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert f"left out: {tmp_path / '5'}: no parity.json (not finished?)" in err
+    assert f"left out: {tmp_path / '6'}: parity.json has no logits" in err
+    row = next(line for line in out.splitlines() if line.startswith("| fp8-kv"))
+    assert row.split(" | ")[4] == "-" and out.startswith("1 jobs;")
 
 
 def test_jobs_of_different_workloads_are_refused(tmp_path):
