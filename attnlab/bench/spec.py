@@ -77,7 +77,7 @@ from attnlab.bench.e2e import WEIGHTS, weights_spec
 from attnlab.bench.host_profile import drafter_profile
 from attnlab.bench.kernel_profile import kernel_profile
 from attnlab.bench.output import write_report
-from attnlab.config import check_backend, check_invariant
+from attnlab.config import check_backend, check_invariant, resolve_fused_ops
 from attnlab.engine.build import SideSpec, build_side
 from attnlab.measure import eager_keys, eager_passes, graph_counts
 from attnlab.metrics.interval import floor_verdict, median_interval
@@ -432,23 +432,26 @@ def _arm(arm: str | None):
     return gemm.arm(arm) if arm else contextlib.nullcontext()
 
 
+def _against(rows: list[Row], key, is_ref) -> list[tuple[Row, Row, list[float]]]:
+    """Each attnlab row that is not a reference (``is_ref``) with the reference row of its ``key`` and their per-round
+    tok/s ratios (row / reference; they ran in the same rounds): the pairing arm_lines, weights_lines and
+    verify_lines format."""
+    ran = [r for r in rows if r.engine == "attnlab"]
+    refs = {key(r): r for r in ran if is_ref(r)}
+    return [(r, ref, _round_ratios(r, ref)) for r in ran
+            if not is_ref(r) and (ref := refs.get(key(r))) is not None and len(r.repeats_s) == len(ref.repeats_s)]
+
+
 def arm_lines(rows: list[Row]) -> list[str]:
     """Several --gemm-split arms: each row's tok/s against the same row (batch, drafter, k, tree, backends) of the
     first arm, the median of the per-round ratios (the arms' rows ran in the same rounds) with their min-max."""
     arms = list(dict.fromkeys(r.arm for r in rows if r.engine == "attnlab" and r.arm))
     if len(arms) < 2:
         return []
-    key = lambda r: (r.batch, r.drafter, r.k, r.tree, r.pair)
-    first = {key(r): r for r in rows if r.arm == arms[0]}
-    out = [f"\nArms against the first ({arms[0]}): tok/s, the median of per-round ratios (min-max)"]
-    for r in rows:
-        ref = first.get(key(r))
-        if r.arm in (None, arms[0]) or ref is None or len(r.repeats_s) != len(ref.repeats_s):
-            continue
-        ratios = _round_ratios(r, ref)
-        out.append(f"- {r.drafter} {r.pair} k={r.k} {r.tree} batch {r.batch}, {r.arm}: "
-                   f"{percentile(ratios, 50):.3f}x{_spread(ratios)}")
-    return out
+    pairs = _against(rows, lambda r: (r.batch, r.drafter, r.k, r.tree, r.pair), lambda r: r.arm in (None, arms[0]))
+    return [f"\nArms against the first ({arms[0]}): tok/s, the median of per-round ratios (min-max)",
+            *(f"- {r.drafter} {r.pair} k={r.k} {r.tree} batch {r.batch}, {r.arm}: "
+              f"{percentile(ratios, 50):.3f}x{_spread(ratios)}" for r, _, ratios in pairs)]
 
 
 def _verify(r: Row) -> str:
@@ -461,19 +464,13 @@ def verify_lines(rows: list[Row]) -> list[str]:
     verify backend that ran (one skipped as unsupported gives way to the next), the median of the per-round ratios
     (min-max; also the row's ``vs_first_verify`` / ``vs_first_verify_rounds``): the verify backends' verdict with the
     device's drift landing on all of them alike."""
-    ran = [r for r in rows if r.engine == "attnlab"]
-    first_verify = _verify(ran[0]) if ran else None
+    first_verify = next((_verify(r) for r in rows if r.engine == "attnlab"), None)
     key = lambda r: (r.batch, r.drafter, r.k, r.tree, r.pair.split(" / ")[0], r.arm)
-    first = {key(r): r for r in ran if _verify(r) == first_verify}
     out = []
-    for r in ran:
-        ref = first.get(key(r))
-        if _verify(r) == first_verify or ref is None or len(r.repeats_s) != len(ref.repeats_s):
-            continue
-        r.vs_first_verify_rounds = _round_ratios(r, ref)
-        r.vs_first_verify = percentile(r.vs_first_verify_rounds, 50)
+    for r, _, ratios in _against(rows, key, lambda r: _verify(r) == first_verify):
+        r.vs_first_verify_rounds, r.vs_first_verify = ratios, percentile(ratios, 50)
         out.append(f"- {r.drafter} {_pair(r)} k={r.k} {r.tree} batch {r.batch}: {r.vs_first_verify:.3f}x"
-                   f"{_spread(r.vs_first_verify_rounds)}")
+                   f"{_spread(ratios)}")
     head = (f"\nVerify backends against the first ({first_verify}), the same rounds: tok/s, the median of per-round "
             "ratios (min-max; above 1: faster than the first)")
     return [head, *out] if out else []
@@ -492,13 +489,8 @@ def weights_lines(rows: list[Row]) -> list[str]:
     (CUDA events: what the weights speed up, on random weights too)."""
     key = lambda r: (r.batch, r.drafter.split("+")[0], r.k, r.tree, r.pair, r.arm)
     fp8 = lambda r: r.draft_weights.startswith("fp8")
-    bf16 = {key(r): r for r in rows if r.engine == "attnlab" and r.k and not fp8(r)}
     out = []
-    for r in rows:
-        ref = bf16.get(key(r))
-        if r.engine != "attnlab" or not fp8(r) or ref is None or len(r.repeats_s) != len(ref.repeats_s):
-            continue
-        ratios = _round_ratios(r, ref)
+    for r, ref, ratios in _against([r for r in rows if r.k], key, lambda r: not fp8(r)):
         draft = (f"; draft phase {r.phase_ms['draft']:.3f} ms against {ref.phase_ms['draft']:.3f} ms an iteration"
                  if r.phase_ms.get("draft") and ref.phase_ms.get("draft") else "")
         out.append(f"- {r.drafter} {_pair(r)} k={r.k} {r.tree} batch {r.batch}: {percentile(ratios, 50):.3f}x"
@@ -757,8 +749,6 @@ def parse(argv=None):
     if a.kernel_profile < 0:
         ap.error(f"--kernel-profile {a.kernel_profile}: a number of kernels >= 0")
     cuda = a.device == "cuda"
-    if a.fused_ops is None:  # engine.fused_ops=auto, as the main job resolves it
-        a.fused_ops = cuda
     a.backends = (a.backends or ("triton,flashinfer" if cuda else "torch")).split(",")
     if a.same_rounds and len(a.backends) < 2:
         ap.error(f"--same-rounds times several verify backends together; --backends {','.join(a.backends)} is one")
@@ -772,6 +762,7 @@ def parse(argv=None):
     if (a.fused_ops or a.gemm in TRITON_GEMMS) and not cuda:
         what = "--fused-ops" if a.fused_ops else f"--gemm {a.gemm}"
         ap.error(f"{what} needs --device cuda (the fused layer kernels are Triton kernels for the GPU)")
+    a.fused_ops = resolve_fused_ops("auto" if a.fused_ops is None else a.fused_ops, a.device)  # the main job's rule
     if a.pdl:
         from attnlab.kernels import pdl
 
