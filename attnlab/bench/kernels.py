@@ -23,6 +23,10 @@ cell is skipped with its reason; a failing one is an error cell; the bench goes 
 A spec ending in ``+pdl`` (``triton+pdl``, ``triton/num_splits=64+pdl``) runs that backend's attnlab kernels with
 programmatic dependent launch (attnlab.kernels.pdl, as ``engine.pdl=true`` does): captured with it, so a cell's
 back-to-back runs (and a split decode's merge) overlap their launches; the same spec without it is the A/B.
+``--cold`` writes a buffer of twice the L2 before each run (captured with the runs) and subtracts the writes' time,
+measured alone in the same sample: the kernel finds its code, page table and workspace cold, not only the KV, as
+in a model whose other kernels run between two layers' attention (XQA's verify took 11 us a launch inside the
+engine's graphs and 7 us a run here back to back, H100 2026-12-06: experiments/xqa-verify).
 ``--compile-only`` plans and runs every (backend, phase, model, context) once at batch 1 and times nothing:
 the warmup that JIT-compiles FlashInfer's and Triton's kernel variants (run several at once, split by
 ``--backends`` / ``--models`` / ``--phases``).
@@ -139,9 +143,12 @@ def make_backend(cls, pool, meta, q, model: str):
 
 class Timer:
     """One backend on one shape: warm, captured (if it can be), then timed on demand. ``kv``: per layer the new
-    tokens' K / V (prefill cells), handed to ``run_new`` as the engine's layers do; else ``run``."""
+    tokens' K / V (prefill cells), handed to ``run_new`` as the engine's layers do; else ``run``. ``flush``: a buffer
+    written before each run (``--cold``: the L2 evicted, as the engine's GEMMs between two layers' attention may), the
+    writes' own time measured alone and subtracted."""
 
-    def __init__(self, be, q, num_layers: int, graphable: bool, reps: int, iters: int, kv: list | None = None):
+    def __init__(self, be, q, num_layers: int, graphable: bool, reps: int, iters: int, kv: list | None = None,
+                 flush: torch.Tensor | None = None):
         self.be, self.q, self.num_layers = be, q, num_layers
         self.call = ((lambda layer: be.run(q, layer)) if kv is None
                      else (lambda layer: be.run_new(q, kv[layer][0], kv[layer][1], layer)))
@@ -157,41 +164,65 @@ class Timer:
             raise RuntimeError("non-finite output")
         self.reps = max(1, min(reps, int(SAMPLE_BUDGET_MS / iters / max(one_ms, 1e-3))))
         self.iters = iters if one_ms * self.reps * iters <= SAMPLE_BUDGET_MS else max(3, int(SAMPLE_BUDGET_MS / one_ms))
-        self.graph, self.graph_error = None, None
+
+        def runs():
+            for r in range(self.reps):
+                if flush is not None:
+                    flush.zero_()
+                self.call(r % num_layers)
+
+        def flushes():
+            for _ in range(self.reps):
+                flush.zero_()
+        self.runs, self.flushes = runs, (None if flush is None else flushes)
+        self.graph, self.flush_graph, self.graph_error = None, None, None
         if graphable:
             try:
                 from attnlab.engine.graphs import record_graph
 
-                graph, _ = record_graph(lambda: [self.call(r % num_layers) for r in range(self.reps)], warmups=1)
+                graph, _ = record_graph(runs, warmups=1)
+                flush_graph = None if flush is None else record_graph(flushes, warmups=1)[0]
                 graph.replay()
                 torch.cuda.synchronize()
-                self.graph = graph
+                self.graph, self.flush_graph = graph, flush_graph
             except Exception as e:  # noqa: BLE001 - a backend that cannot be captured here is timed eagerly
                 self.graph_error = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
                 torch.cuda.synchronize()
 
     def measure(self) -> float:
-        """Median ms per run over ``iters`` samples of ``reps`` runs."""
-        if self.graph is not None:
-            return event_median_ms(self.graph.replay, self.iters) / self.reps
+        """Median ms per run over ``iters`` samples of ``reps`` runs (cold: each sample less its flushes' time)."""
+        run = self.graph.replay if self.graph is not None else self.runs
+        if self.flushes is None:
+            return event_median_ms(run, self.iters) / self.reps
+        flushes = self.flush_graph.replay if self.graph is not None else self.flushes
+        return paired_median_ms(run, flushes, self.iters) / self.reps
 
-        def eager():
-            for r in range(self.reps):
-                self.call(r % self.num_layers)
-        return event_median_ms(eager, self.iters) / self.reps
+
+def event_ms(run) -> float:
+    """One ``run()`` in ms, timed with CUDA events (device time)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def event_median_ms(run, iters: int) -> float:
-    """Median over ``iters`` samples of one ``run()``, in ms, timed with CUDA events (device time)."""
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median over ``iters`` samples of one ``run()``, in ms."""
+    return statistics.median(event_ms(run) for _ in range(iters))
+
+
+def paired_median_ms(run, base, iters: int) -> float:
+    """Median over ``iters`` samples of ``run()``'s time less ``base()``'s, the two timed back to back in each
+    sample (so drift between samples hits both), in ms."""
+    return statistics.median(event_ms(run) - event_ms(base) for _ in range(iters))
+
+
+def flush_buffer(device="cuda") -> torch.Tensor:
+    """A buffer whose write evicts the L2: twice the device's L2 (50 MiB on an H100 / H200), at least 64 MiB."""
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+    return torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device=device)
 
 
 def shapes(phases, models, batches, contexts, ks):
@@ -294,7 +325,7 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
                 continue
             with pdl.using(split_pdl(label)[1], "cuda"):  # graphs record how their kernels were launched
                 timers[label] = Timer(be, q, num_layers, meta.mode in cls.capabilities().cuda_graph,
-                                      args.reps or DEFAULT_REPS[phase], args.iters, kv)
+                                      args.reps or DEFAULT_REPS[phase], args.iters, kv, getattr(args, "flush", None))
             tag(cell, be, meta)  # after its runs: a backend may say which kernel ran only once it ran
             cell.extra.update(cuda_graph=timers[label].graph is not None, reps=timers[label].reps,
                               iters=timers[label].iters)
@@ -404,6 +435,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="measurements per cell, backends interleaved")
     ap.add_argument("--baseline", default="triton", help="the spec whose time the ratios divide by")
     ap.add_argument("--compile-only", action="store_true", help="plan and run each variant once at batch 1")
+    ap.add_argument("--cold", action="store_true",
+                    help="evict the L2 before each run (a write of twice its size, timed alone and subtracted): the "
+                         "kernel's code, page table and workspace cold, as between two layers of a model; the default "
+                         "times runs back to back, only the KV kept out of the L2")
     ap.add_argument("--out", help="write FILE.json and FILE.md")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -422,8 +457,11 @@ def main(argv=None) -> int:
     ks = args.ks or (QUICK_K if args.quick else PHASES["verify"])
     classes = load_backends(specs)
     args.copy_gb_s = 1.0 if args.compile_only else copy_bandwidth_gb_s()
+    args.flush = flush_buffer() if args.cold and not args.compile_only else None
     info = versions() | {"copy_gb_s": args.copy_gb_s, "page_size": args.page_size, "dtype": "bf16",
                          "repeats": args.repeats, "baseline": args.baseline}
+    if args.flush is not None:
+        info["cold"] = f"the L2 flushed before each run ({args.flush.numel() >> 20} MiB written, its time subtracted)"
     header = f"GPU: {info['gpu']} · " + " · ".join(f"{k} {v}" for k, v in info.items() if k != "gpu")
     print(header, flush=True)
     t0 = time.perf_counter()

@@ -8,7 +8,9 @@ attention. The torch profiler (CUPTI)
 records every kernel of ``--steps`` greedy decode steps after a warmup; the table lists per role (attnlab GEMM,
 cuBLAS GEMM, attention, split merge, RMSNorm, RoPE, SiLU-mul, KV store, argmax, torch elementwise, other) the
 launches and device microseconds per step, their share of the kernel time, and the mean kernel length. The step line
-gives the wall time per step (the loop's own timer, without the profiler), the kernel time per step and the rest:
+gives the wall time per step (the loop's own timer, median of 3 runs, every configuration timed before the first
+profile: a profile leaves CUPTI attached and the host of what runs after it slower, by 1.15x a step on an H100), the
+kernel time per step and the rest:
 the **idle share**, GPU time between kernels (launch latency inside the graph, the host), which programmatic
 dependent launch (``engine.pdl``) and fewer kernels shrink. With PDL on, a kernel's recorded time starts at its early
 launch and includes its wait for the previous one, so its kernel time is overstated and the idle share understated
@@ -104,19 +106,31 @@ def table_lines(rows: list[dict]) -> list[str]:
     return out
 
 
-def _profile_side(rs, batch: int, steps: int) -> tuple[list[tuple[str, int, float]], float]:
-    """-> (CUDA kernels of ``steps`` decode steps as (name, launches, total us), wall ms per step unprofiled; a step
-    is one token per request, whatever the host path replays per iteration)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from attnlab.bench.e2e import random_prompts, target_only, timed_generate
+def _wall_ms(dec, prompts, steps: int) -> float:
+    """Wall ms per decode step, unprofiled: the median of 3 runs (one run moved by 30% on the H200)."""
+    from attnlab.bench.e2e import timed_generate
     from attnlab.metrics.perf import percentile
+
+    return percentile([timed_generate(dec, prompts, steps + 1)[1] / steps for _ in range(3)], 50)
+
+
+def _decoder(rs, batch: int):
+    """(a target-only decoder of ``rs``, its random prompts), compiled and its graphs settled."""
+    from attnlab.bench.e2e import random_prompts, target_only
 
     prompts = random_prompts(rs.model_config.vocab_size, batch)
     dec = target_only(rs)
-    dec.generate(prompts, 8)  # compiles, settles the graphs
-    # the wall time: median of 3 unprofiled runs (one run moved by 30% on the H200)
-    wall_ms = percentile([timed_generate(dec, prompts, steps + 1)[1] / steps for _ in range(3)], 50)
+    dec.generate(prompts, 8)
+    return dec, prompts
+
+
+def _profile_side(dec, prompts, steps: int) -> list[tuple[str, int, float]]:
+    """CUDA kernels of ``steps`` decode steps as (name, launches, total us); a step is one token per request, whatever
+    the host path replays per iteration. The torch profiler leaves CUPTI attached: a configuration timed after it had
+    a slower host (H100, 2026-12-06: the same configuration 883 us a step before and 1,013 us after another one's
+    profile), so ``main`` times every configuration's wall first and profiles after."""
+    from torch.profiler import ProfilerActivity, profile
+
     # the decode steps alone: a run of steps + 1 tokens minus a run of 1 token (the prefill and its first token)
     with profile(activities=[ProfilerActivity.CUDA]) as p1:
         dec.generate(prompts, 1)
@@ -131,11 +145,35 @@ def _profile_side(rs, batch: int, steps: int) -> tuple[list[tuple[str, int, floa
         c0, t0 = base.get(name, (0, 0.0))
         if c - c0 > 0:
             rows.append((name, c - c0, max(0.0, t - t0)))
-    return rows, wall_ms
+    return rows
+
+
+def _sweep(configs, make_side, host: str, split: str, work) -> dict:
+    """``work(side)`` for each (model, engine, PDL setting) of ``configs`` (in order; one side a model and engine),
+    under that setting's launches with the graphs re-captured: {config: its result, or the exception it raised (one
+    configuration failing must not lose the others)}."""
+    from attnlab.bench.e2e import set_host_path
+    from attnlab.kernels import gemm, pdl
+
+    out, rs, built = {}, None, None
+    for model, eng, s in configs:
+        try:
+            if built != (model, eng):
+                rs, built = None, None
+                torch.cuda.empty_cache()
+                rs, built = make_side(model, eng), (model, eng)
+            with pdl.using(s == "on", "cuda"), gemm.arm(split):
+                set_host_path(rs, host)  # re-captures the graphs with this setting's launches
+                out[(model, eng, s)] = work(rs)
+        except Exception as e:  # noqa: BLE001
+            out[(model, eng, s)] = e
+    del rs
+    torch.cuda.empty_cache()
+    return out
 
 
 def main(argv=None) -> int:
-    from attnlab.bench.e2e import WEIGHTS, check_host, set_host_path, side, step_weight_bytes
+    from attnlab.bench.e2e import WEIGHTS, check_host, side, step_weight_bytes
     from attnlab.bench.kernels import copy_bandwidth_gb_s, versions
     from attnlab.bench.output import write_report
     from attnlab.bench.pdl import ENGINES, GEMM_ENGINES
@@ -180,49 +218,63 @@ def main(argv=None) -> int:
     head = (f"{res['gpu']}; {res['versions']}; copy bandwidth {bw:.0f} GB/s; target-only greedy decode, random "
             f"weights, CUDA graphs, host path {a.host}, batch {a.batch}, {a.steps} steps profiled"
             f"; weights {a.weights}; arm {split}{'' if set(engines) & set(GEMM_ENGINES) else ' (its split mode inert: no gemm engine)'}")
-    lines = [head, ""]
-    for model in [m.strip() for m in a.models.split(",") if m.strip()]:
+    note = ("Every configuration's wall time is taken before the first profile (the profiler slows the host of what "
+            "runs after it); 'after profiles': the same configuration re-timed after its own profile and those before.")
+    lines = [head, "", note, ""]
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    configs = []
+    for model in models:
         for eng in engines:
-            rs = side(model, "triton", a.batch, True, 32 + a.steps + 48, fused=ENGINES[eng], weights=a.weights)
-            weight_bytes = step_weight_bytes(rs.model)
             for s in settings:
                 if s == "on" and pdl.unsupported("cuda"):
                     lines.append(f"{model} {eng} PDL on: {pdl.unsupported('cuda')}")
-                    continue
-                try:
-                    with pdl.using(s == "on", "cuda"), gemm.arm(split):
-                        set_host_path(rs, a.host)  # re-captures the graphs with this setting's launches
-                        kernels, wall_ms = _profile_side(rs, a.batch, a.steps)
-                except Exception as e:  # noqa: BLE001 - one run failing must not lose the others
-                    lines += [f"### {model}, engine {eng}, PDL {s}", "", f"error: {e!r}", ""]
-                    res["runs"].append({"model": model, "engine": eng, "pdl": s, "error": repr(e)})
-                    print(lines[-2], flush=True)
-                    continue
-                rows = kernel_table(kernels, a.steps)
-                busy_us = sum(r["us_per_step"] for r in rows)
-                gemm_us = sum(r["us_per_step"] for r in rows if "GEMM" in r["role"])
-                run = {"model": model, "engine": eng, "pdl": s, "arm": split,
-                       "gemm_split": split if eng in GEMM_ENGINES else None,
-                       "wall_ms_per_step": wall_ms,
-                       "kernel_us_per_step": busy_us, "idle_share": 1 - busy_us / (wall_ms * 1e3),
-                       "launches_per_step": sum(r["launches_per_step"] for r in rows),
-                       "gemm_gb_s": weight_bytes / (gemm_us * 1e-6) / 1e9 if gemm_us else None,
-                       "weight_bytes": weight_bytes, "rows": rows}
-                res["runs"].append(run)
-                gb_s = run["gemm_gb_s"] or 0.0
-                summary = (f"step {wall_ms * 1e3:.0f} us wall, {busy_us:.0f} us in "
-                           f"{run['launches_per_step']:.0f} kernels -> idle {run['idle_share']:.0%}; GEMMs read "
-                           f"{weight_bytes / 1e6:.0f} MB of weights in {gemm_us:.0f} us = {gb_s:.0f} GB/s "
-                           f"({gb_s / bw:.0%} of copy)")
-                lines += [f"### {model}, engine {eng}, PDL {s}", "", summary, "",
-                          "| role | launches / step | us / step | share of kernel time | us / launch |",
-                          "|---|---|---|---|---|"]
-                body = table_lines(rows)
-                lines += body
-                lines.append("")
-                print("\n".join(lines[-(len(body) + 6):]), flush=True)
-            del rs
-            torch.cuda.empty_cache()
+                else:
+                    configs.append((model, eng, s))
+
+    def make_side(model, eng):
+        return side(model, "triton", a.batch, True, 32 + a.steps + 48, fused=ENGINES[eng], weights=a.weights)
+
+    def timed(rs):
+        return _wall_ms(*_decoder(rs, a.batch), a.steps)
+
+    def profiled(rs):
+        dec, prompts = _decoder(rs, a.batch)
+        return _profile_side(dec, prompts, a.steps), _wall_ms(dec, prompts, a.steps), step_weight_bytes(rs.model)
+
+    walls = _sweep(configs, make_side, a.host, split, timed)  # every wall time before the first profile
+    profiles = _sweep(configs, make_side, a.host, split, profiled)
+    for key in configs:
+        model, eng, s = key
+        got = walls[key] if isinstance(walls[key], Exception) else profiles[key]
+        if isinstance(got, Exception):
+            lines += [f"### {model}, engine {eng}, PDL {s}", "", f"error: {got!r}", ""]
+            res["runs"].append({"model": model, "engine": eng, "pdl": s, "error": repr(got)})
+            print(lines[-2], flush=True)
+            continue
+        (kernels, after_ms, weight_bytes), wall_ms = got, walls[key]
+        rows = kernel_table(kernels, a.steps)
+        busy_us = sum(r["us_per_step"] for r in rows)
+        gemm_us = sum(r["us_per_step"] for r in rows if "GEMM" in r["role"])
+        run = {"model": model, "engine": eng, "pdl": s, "arm": split,
+               "gemm_split": split if eng in GEMM_ENGINES else None,
+               "wall_ms_per_step": wall_ms, "wall_ms_per_step_after_profiles": after_ms,
+               "kernel_us_per_step": busy_us, "idle_share": 1 - busy_us / (wall_ms * 1e3),
+               "launches_per_step": sum(r["launches_per_step"] for r in rows),
+               "gemm_gb_s": weight_bytes / (gemm_us * 1e-6) / 1e9 if gemm_us else None,
+               "weight_bytes": weight_bytes, "rows": rows}
+        res["runs"].append(run)
+        gb_s = run["gemm_gb_s"] or 0.0
+        summary = (f"step {wall_ms * 1e3:.0f} us wall ({after_ms * 1e3:.0f} after profiles), {busy_us:.0f} us in "
+                   f"{run['launches_per_step']:.0f} kernels -> idle {run['idle_share']:.0%}; GEMMs read "
+                   f"{weight_bytes / 1e6:.0f} MB of weights in {gemm_us:.0f} us = {gb_s:.0f} GB/s "
+                   f"({gb_s / bw:.0%} of copy)")
+        lines += [f"### {model}, engine {eng}, PDL {s}", "", summary, "",
+                  "| role | launches / step | us / step | share of kernel time | us / launch |",
+                  "|---|---|---|---|---|"]
+        body = table_lines(rows)
+        lines += body
+        lines.append("")
+        print("\n".join(lines[-(len(body) + 6):]), flush=True)
     write_report(a.out, res, "\n".join(lines))
     return 1 if any("error" in r for r in res["runs"]) else 0
 

@@ -19,11 +19,13 @@
 # 5  (carry [".gpu/g1"], FB=.gpu/g1, on the machine part 4 with KP=48,96 left warm) the long prompts' profile
 # 6  (owed; carry [".gpu/fk"]) XQA with and without programmatic dependent launch (xqa_pdl=false): bench.kernels at
 #    the engine's shapes and the short prompts' kernel profile
+# 7  (carry [".gpu/fk"]) bench.kernels back to back and --cold (the caches' share of the engine's XQA time);
+#    bench.profile with every wall time before the first profile, PDL off,on and on,off
 # Then, here (no GPU): python -m attnlab.bench.verify_floor results/xq-*.json \
 #   --plans default=flashinfer,xqa=flashinfer/verify_backend=xqa --plot results/xq.png > results/floor-xq.md
 # Output: $OUT/runN.log (the console) and resultsN.tgz.
 set -u -o pipefail
-PART=${1:?part 1, 2, 3, 4, 5 or 6}
+PART=${1:?part 1, 2, 3, 4, 5, 6 or 7}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, fi_jit, gpu_tests, pack, the environment, PY
 B="flashinfer,flashinfer/verify_backend=xqa"
 grid() {  # grid MODEL SECS: the 75 cells of one model's shapes, both plans in one process
@@ -130,12 +132,16 @@ case $PART in
   # with xqa_pdl=false, in bench.kernels at the engine's shapes (batch 1 / 8, KV 64-4,096 with the short prompts' 176,
   # q 5; bench.kernels sizes XQA's table to each cell's context) and end to end under the kernel profile (the short
   # prompts at batch 1, where XQA's grid has no split and its kernel took 1.71x fa2's); the step timeouts sum to 555 s
+  # (beside the JIT, untimed: the FA3 prefill that hybrid-rounds/run.sh, the sitting's next call, needs)
   FB=.gpu/fk install_fb
-  step "JIT: XQA (jit.py), FlashInfer's decode / fa2"
+  step "JIT: XQA (jit.py), FlashInfer's decode / fa2; the FA3 prefill beside them"
+  jit_prefill jitp 200 > $LOGS/jitp.out 2>&1 &
+  JP=$!
   timeout 200 $PY experiments/xqa-verify/jit.py > $LOGS/xqa-jit.log 2>&1 &
   J=$!
   fi_jit jit 200 "flashinfer"
   wait $J; echo "jit.py exit code $?"; tail -n 1 $LOGS/xqa-jit.log
+  wait $JP; cat $LOGS/jitp.out
   settle
   X="flashinfer/verify_backend=xqa"
   step "bench.kernels: fa2, xqa, xqa without PDL; SmolLM2 shapes"
@@ -144,6 +150,33 @@ case $PART in
     --out "$OUT/xq-pdl" > $LOGS/xq-pdl.log 2>&1
   echo "exit code $?"; grep -E "^\|" $LOGS/xq-pdl.log; cp $LOGS/xq-pdl.log "$OUT/"
   KB=1 KS=240 XF="flashinfer/prefill_backend=fa2,$X/prefill_backend=fa2,$X/prefill_backend=fa2/xqa_pdl=false" kp 48,96
+  ;;
+7)
+  # (carry [".gpu/fk"], fresh or warm, ~250 s) part 6 on an H100 (2026-12-06b): PDL is not why XQA's kernel takes 11 us
+  # a launch in the engine's graphs (10.99 us with it, 11.05 without) against 7 us a run in bench.kernels. Is it the
+  # caches? bench.kernels back to back, then --cold (the L2 flushed before each run, the flush's time subtracted): fa2
+  # and xqa, batch 1 / 8, KV 176 (the short prompts' table width) / 1,024 / 4,096, q 5. Then bench.profile's wall
+  # times taken before any profile (new), PDL off,on and on,off: each configuration's wall the same in both orders?
+  FB=.gpu/fk install_fb
+  step "JIT: XQA (jit.py), FlashInfer's decode / fa2"
+  timeout 200 $PY experiments/xqa-verify/jit.py > $LOGS/xqa-jit.log 2>&1 &
+  J=$!
+  fi_jit jit 200 "flashinfer"
+  wait $J; echo "jit.py exit code $?"; tail -n 1 $LOGS/xqa-jit.log
+  settle
+  for C in "" --cold; do
+    n=xq-warm; [ -z "$C" ] || n=xq-cold
+    step "bench.kernels $C: fa2, xqa; SmolLM2 shapes"
+    timeout 120 $PY -m attnlab.bench.kernels --phases decode,verify --batches 1,8 --contexts 176,1024,4096 --ks 4 \
+      --models smollm2 --backends "flashinfer,flashinfer/verify_backend=xqa" --baseline flashinfer --repeats 3 $C \
+      --out "$OUT/$n" > $LOGS/$n.log 2>&1
+    echo "exit code $?"; grep -E "^\|" $LOGS/$n.log
+  done
+  for O in off,on on,off; do
+    step "bench.profile, fused engine, PDL $O"
+    timeout 120 $PY -m attnlab.bench.profile --engines fused --pdl $O --out "$OUT/prof-${O/,/-}" > $LOGS/prof.log 2>&1
+    echo "exit code $?"; grep -E "^###|^step|error" $LOGS/prof.log
+  done
   ;;
 esac
 pack

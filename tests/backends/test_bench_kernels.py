@@ -2,6 +2,7 @@
 ratios and the table (the timing itself is GPU-only)."""
 
 import pytest
+import torch
 
 from attnlab.bench.kernels import Cell, add_ratios, kernel_tag, layout_page_size, markdown, parse_spec, shapes
 
@@ -85,7 +86,8 @@ def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
         return pool, meta, q, 1
 
     class FakeTimer:
-        def __init__(self, be, q, num_layers, graphable, reps, iters, kv=None):
+        def __init__(self, be, q, num_layers, graphable, reps, iters, kv=None, flush=None):
+            assert flush is None  # no --cold
             self.out = be.run(q, 0) if kv is None else be.run_new(q, kv[0][0], kv[0][1], 0)
             assert torch.isfinite(self.out.float()).all()
             self.graph, self.graph_error, self.reps, self.iters = (object() if graphable else None), None, reps, iters
@@ -193,3 +195,37 @@ def test_pdl_specs(capsys):
     assert split_pdl("triton/num_splits=64") == ("triton/num_splits=64", False)
     assert load_backends(["triton+pdl"]) == {}
     assert "skipping backend triton+pdl: +pdl:" in capsys.readouterr().err
+
+
+def test_cold_timer_flushes_before_each_run_and_subtracts_the_flushes(monkeypatch):
+    """--cold: a flush before every run, the flushes' own time (timed alone in the same sample) subtracted."""
+    from attnlab.bench import kernels
+
+    log = []
+
+    class Be:
+        def run(self, q, layer):
+            log.append(("run", layer))
+            return q
+
+    class Flush:  # a CPU stand-in for the L2-sized buffer: its write is logged
+        def zero_(self):
+            log.append(("flush",))
+
+    def timed(run):  # fake device time: 2 ms a run, 10 ms a flush
+        n = len(log)
+        run()
+        return sum(2.0 if e[0] == "run" else 10.0 for e in log[n:])
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(kernels, "event_ms", timed)
+    t = kernels.Timer(Be(), torch.zeros(2), num_layers=3, graphable=False, reps=4, iters=5, flush=Flush())
+    assert t.reps == 4 and t.iters == 5
+    log.clear()
+    assert t.measure() == pytest.approx(2.0)  # (4 x 12 - 4 x 10) / 4
+    first = log[:8]  # the first sample's runs: a flush before each, the layers walked
+    assert first == [("flush",), ("run", 0), ("flush",), ("run", 1), ("flush",), ("run", 2), ("flush",), ("run", 0)]
+    assert log[8:12] == [("flush",)] * 4  # then the flushes alone
+    warm = kernels.Timer(Be(), torch.zeros(2), num_layers=3, graphable=False, reps=4, iters=5)
+    log.clear()
+    assert warm.measure() == pytest.approx(2.0) and ("flush",) not in log

@@ -1,6 +1,7 @@
 """attnlab.bench.profile's grouping of a step's kernels (the profiling itself needs a GPU)."""
 
 import pytest
+import torch
 
 from attnlab.bench.profile import kernel_table, role_of
 
@@ -46,3 +47,84 @@ def test_kernel_table_per_step_and_shares():
     assert "_reduce_kernel | 10.0 | 50.0 | | 5.00 |" in lines[2] and lines[3].startswith("| attention |")
     with pytest.raises(ValueError, match="steps"):
         kernel_table([], steps=0)
+
+
+def _fake_gpu(monkeypatch, fail_model=None):
+    """bench.profile's main on CPU: its GPU parts replaced by fakes that log what ran, in order; a wall time taken
+    after any profile comes out 1.15x slower (what CUPTI left attached did to the host on an H100, 2026-12-06)."""
+    import types
+
+    from attnlab.bench import e2e, kernels, profile
+    from attnlab.kernels import pdl
+
+    log, state = [], {"profiled": False}
+
+    def side(model, backend, batch, graphs, max_context, fused=False, weights="bf16"):
+        if model == fail_model:
+            raise RuntimeError("no such side")
+        log.append(("side", model, fused))
+        return types.SimpleNamespace(model=model)
+
+    def wall(dec, prompts, steps):
+        log.append(("wall", dec))
+        return 1.15 if state["profiled"] else 1.0  # ms a step
+
+    def prof(dec, prompts, steps):
+        log.append(("profile", dec))
+        state["profiled"] = True
+        return [("_gemm_kernel", 2 * steps, 600.0 * steps), ("_decode_kernel", steps, 200.0 * steps)]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(kernels, "copy_bandwidth_gb_s", lambda *a, **k: 1000.0)
+    monkeypatch.setattr(kernels, "versions", lambda: {"torch": "x"})
+    monkeypatch.setattr(e2e, "side", side)
+    monkeypatch.setattr(e2e, "set_host_path", lambda rs, host: log.append(("capture", rs.model)))
+    monkeypatch.setattr(e2e, "step_weight_bytes", lambda model: 10 ** 6)
+    monkeypatch.setattr(profile, "_decoder", lambda rs, batch: ((rs.model, pdl.enabled()), "prompts"))
+    monkeypatch.setattr(profile, "_wall_ms", wall)
+    monkeypatch.setattr(profile, "_profile_side", prof)
+    monkeypatch.setattr(pdl, "unsupported", lambda *a: None)
+    monkeypatch.setattr(pdl, "set_enabled", lambda on, device=None: pdl.__dict__.__setitem__("_enabled", on))
+    return log
+
+
+def test_every_wall_time_before_the_first_profile(monkeypatch, tmp_path):
+    import json
+
+    from attnlab.bench.profile import main
+
+    log = _fake_gpu(monkeypatch)
+    rc = main(["--models", "m1,m2", "--engines", "fused", "--pdl", "off,on", "--steps", "4",
+               "--out", str(tmp_path / "p")])
+    assert rc == 0
+    kinds = [e[0] for e in log if e[0] in ("wall", "profile")]
+    first = kinds.index("profile")
+    assert kinds[:first] == ["wall"] * 4  # the four configurations timed, then profiled (each re-timed after)
+    assert kinds[first:] == ["profile", "wall"] * 4
+    # each configuration under its own PDL setting, in both passes
+    assert [e[1] for e in log if e[0] == "wall"][:4] == [("m1", False), ("m1", True), ("m2", False), ("m2", True)]
+    res = json.loads((tmp_path / "p.json").read_text())
+    runs = res["runs"]
+    assert [(r["model"], r["pdl"]) for r in runs] == [("m1", "off"), ("m1", "on"), ("m2", "off"), ("m2", "on")]
+    assert all(r["wall_ms_per_step"] == 1.0 for r in runs)  # none timed after a profile
+    assert all(r["wall_ms_per_step_after_profiles"] == 1.15 for r in runs)
+    assert runs[0]["kernel_us_per_step"] == 800.0 and runs[0]["launches_per_step"] == 3
+    assert runs[0]["idle_share"] == pytest.approx(0.2)  # against the wall before any profile
+    md = (tmp_path / "p.md").read_text()
+    assert md.count("step 1000 us wall (1150 after profiles), 800 us in 3 kernels -> idle 20%") == 4
+
+
+def test_a_failing_configuration_keeps_the_others(monkeypatch, tmp_path):
+    import json
+
+    from attnlab.bench.profile import main
+
+    _fake_gpu(monkeypatch, fail_model="bad")
+    rc = main(["--models", "bad,m2", "--engines", "fused", "--pdl", "off", "--steps", "4",
+               "--out", str(tmp_path / "p")])
+    assert rc == 1
+    runs = json.loads((tmp_path / "p.json").read_text())["runs"]
+    assert runs[0]["model"] == "bad" and "no such side" in runs[0]["error"]
+    assert runs[1]["model"] == "m2" and runs[1]["wall_ms_per_step"] == 1.0
