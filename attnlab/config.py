@@ -183,6 +183,9 @@ class ParitySchema:
     near_tie_ulps: float = 4.0
     near_tie_eps: float | None = None
     noise_floor: bool = False  # target-only at batch 1 vs at workload.batch_size (an untimed pass; tokens level)
+    # the reference's own rounding, measured: its decode's top-2 margins against its teacher-forced prefill of the
+    # same tokens (one extra reference prefill a batch); unexplained divergences within it are marked (parity_pass)
+    rounding: bool = True
 
 
 @dataclass
@@ -766,7 +769,8 @@ def make_plan(cfg: DictConfig, *, device: str, precision: dict, layers, k: int, 
                              p.enabled and p.acceptance, p.reference, p.reference_precision, p.max_prompts,
                              float(p.near_tie_eps) if p.get("near_tie_eps") is not None else None,
                              p.enabled and p.tokens and bool(p.get("noise_floor", False)),
-                             near_tie_ulps=float(p.near_tie_ulps)),
+                             near_tie_ulps=float(p.near_tie_ulps),
+                             rounding=p.enabled and p.tokens and bool(p.get("rounding", True))),
         engine=pl.EnginePlan(cuda_graph=graphs, fused_ops=fused, gemm=cfg.engine.gemm,
                              decode_steps_per_sync=cfg.engine.decode_steps_per_sync,
                              invariant=bool(cfg.engine.get("invariant", False)), kv_policy=cfg.engine.kv_policy,

@@ -21,6 +21,11 @@ timed runs record no logits). What needs more than tokens runs here as its own p
   differently, the very effect being diagnosed. A near-tie is a gap below eps: parity.near_tie_ulps ulps of the
   target's compute dtype at that row's top logit (the GPU tests' rule), or parity.near_tie_eps fixed nats. Each
   unexplained divergence is logged at WARNING, one line each (metrics.parity.format_unexplained).
+- rounding (parity.rounding, greedy, where the reference is decoded at the run's precision): the reference's own top-2 margins in its
+  decode against its teacher-forced prefill of the same tokens, every row: a measured scale of what rounding does at
+  this precision. Each unexplained divergence gets the share of those rows whose margin moved by at least its gap
+  (``within_rounding``: some did). A second opinion beside the ulps rule, which was set for bf16 and knows nothing of
+  an fp8 KV's requantization; it changes no near-tie verdict.
 - noise floor (parity.noise_floor): target-only at batch 1 vs the timed target-only run at batch B, same
   prompts and target runner: what batching alone changes.
 """
@@ -126,17 +131,20 @@ def _diagnose(logits, rerun: list[int], base: list[int], other: list[int],
 
 def recorded_divergences(pair: Pair, plan: RunPlan, work: Prepared, batches: list[list[int]],
                          against: dict[str, dict[int, list[int]]], desc: str,
-                         expect: list[list[int]] | None = None) -> tuple[dict[int, list[int]], dict[str, dict]]:
+                         expect: list[list[int]] | None = None,
+                         calibrate: Callable | None = None) -> tuple[dict[int, list[int]], dict[str, dict]]:
     """Decode each batch (indices into work.prompts, one generate call each) through ``pair`` with k = 0 and
     the target's logits recorded; for each query ``name -> {prompt index: another run's tokens}``, diagnose
     that run's first divergence from this decode (or from ``expect[i]``, the timed run this decode repeats).
-    Logits are reduced batch by batch: at most one batch's [tokens, vocab] rows are held at a time.
-    -> ({index: tokens decoded}, {name: {index: entry}})."""
+    Logits are reduced batch by batch: at most one batch's [tokens, vocab] rows are held at a time; ``calibrate(batch,
+    decoded)``, where given, reads them first. -> ({index: tokens decoded}, {name: {index: entry}})."""
     eps_of, _ = near_tie(plan)
     ids: dict[int, list[int]] = {}
     found: dict[str, dict] = {name: {} for name in against}
     for batch in batches:
         out = decode(pair, plan, work, [work.prompts[i] for i in batch], k=0, record_logits=True, desc=desc)
+        if calibrate is not None:
+            calibrate(batch, out)
         for i, r in zip(batch, out.requests):
             ids[i] = list(r.output_ids)
             base = expect[i] if expect is not None else ids[i]
@@ -163,10 +171,33 @@ def noise_floor_pass(plan: RunPlan, work: Prepared, pair: Pair, prompts, base_id
     return res, b1
 
 
+def _rounding_probe(reference_target: Callable, work: Prepared, changes: list) -> Callable:
+    """parity.rounding: a ``calibrate`` for recorded_divergences over the reference's decode. Each batch's decoded
+    tokens are prefilled again, teacher-forced, by the same reference runner, and every row's top-2 margin change
+    between the two (metrics.parity.margin_changes) is appended to ``changes``: what rounding alone (another pass
+    shape; with an fp8 KV, K / V requantized from other hidden states) does to the reference's margins."""
+    from attnlab.metrics.parity import margin_changes
+
+    def calibrate(batch: list[int], out) -> None:
+        outs = [list(r.output_ids) for r in out.requests]
+        forced = reference_logits(reference_target(), [work.prompts[i].token_ids for i in batch], outs, len(batch))
+        for r, f in zip(out.requests, forced):
+            if r.logits is not None and len(r.output_ids):
+                changes.append(margin_changes(r.logits, f))
+    return calibrate
+
+
 def run_parity(plan: RunPlan, work: Prepared, pair: Pair, spec_out, base_out) -> tuple[dict, dict, list[dict]]:
     """-> (parity.json, metrics.json keys, per-request rows). ``spec_out``/``base_out``: the first timed spec
     and target-only runs (``base_out`` None with draft=none)."""
-    from attnlab.metrics.parity import acceptance_parity, divergence_summary, logits_parity, token_parity
+    from attnlab.metrics.parity import (
+        acceptance_parity,
+        divergence_summary,
+        logits_parity,
+        mark_rounding,
+        rounding_scale,
+        token_parity,
+    )
     from attnlab.metrics.perf import summarize
 
     par = plan.parity
@@ -194,6 +225,7 @@ def run_parity(plan: RunPlan, work: Prepared, pair: Pair, spec_out, base_out) ->
     base_all = [r.output_ids for r in (spec_out if none else base_out).requests]
     if par.tokens:
         ref_found: dict = {}
+        changes: list = []  # the reference's own margin changes, decode vs teacher-forced (parity.rounding)
         if none:
             vs_base = {"note": "draft=none: the run is target-only decoding; nothing to compare it with"}
         else:
@@ -205,8 +237,12 @@ def run_parity(plan: RunPlan, work: Prepared, pair: Pair, spec_out, base_out) ->
         else:  # the reference decode records its logits as it goes: its margins cost no extra pass
             queries = {"ref": dict(enumerate(run_ids))} if greedy else {}
             batches = _batches_of(range(n), plan.workload.batch_size, n)
+            # the reference's rounding stands for the run's only at the run's precision (reference_precision=same)
+            at_run = (ref.dtype, ref.kv_dtype) == (plan.precision.target, plan.precision.kv_target)
+            probe = greedy and par.rounding and at_run
+            calibrate = _rounding_probe(reference_target, work, changes) if probe else None
             ref_ids, ref_found = recorded_divergences(target_only(reference_target()), plan, work, batches,
-                                                      queries, "reference")
+                                                      queries, "reference", calibrate=calibrate)
             vs_ref = token_parity(run_ids, [ref_ids[i] for i in range(n)])
         result["tokens"] = {"greedy": greedy, "vs_target_only": vs_base, "vs_reference": vs_ref}
         noise = None
@@ -232,6 +268,13 @@ def run_parity(plan: RunPlan, work: Prepared, pair: Pair, spec_out, base_out) ->
                                             "target-only again (margins)", expect=base_all)
             found["ref"] = found.get("base", {}) if same else ref_found.get("ref", {})
             _, rule = near_tie(plan)
+            scale, srt = rounding_scale(changes)
+            if changes:
+                result["tokens"]["reference_rounding"] = {
+                    **scale, "what": "how far the reference's top-2 margin moved between its own decode and its "
+                                     "teacher-forced prefill of the same tokens (nats): rounding alone, at this "
+                                     "precision; an unexplained divergence within it is marked within_rounding"}
+                m["parity_rounding_margin_change_max"] = scale["margin_change_max"]
             bs = plan.workload.batch_size
             # (name, level, requests.jsonl key, metrics suffix, log label, the run compared with)
             levels = [("base", vs_base, "vs_target_only", "", "vs target-only" + " (= vs reference)" * same,
@@ -244,6 +287,7 @@ def run_parity(plan: RunPlan, work: Prepared, pair: Pair, spec_out, base_out) ->
                 if "match_rate" not in level:
                     continue
                 summary = divergence_summary([found.get(name, {}).get(i) for i in range(n)], rule)
+                mark_rounding(summary, srt)
                 level["divergences"] = summary
                 if name == "noise":
                     keys = tuple(f"parity_noise_floor_{x}" for x in ("divergences", "near_tie", "unexplained",
@@ -253,6 +297,8 @@ def run_parity(plan: RunPlan, work: Prepared, pair: Pair, spec_out, base_out) ->
                                  for x in ("", "_near_tie", "_unexplained", "_unexplained_margin_max"))
                 m.update(zip(keys, (summary["divergences"], summary["near_tie"], summary["unexplained"],
                                     summary["unexplained_margin_max"])))
+                if srt is not None:
+                    m[keys[2] + "_within_rounding"] = summary["unexplained_within_rounding"]
                 for i, e in enumerate(summary["per_request"]):
                     if e is not None:
                         per_request[i][f"divergence_{row_key}"] = e

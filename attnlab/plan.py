@@ -146,6 +146,8 @@ class ParityPlan:
     near_tie_eps: float | None = None
     noise_floor: bool = False  # target-only at batch 1 vs at workload.batch_size
     near_tie_ulps: float = 4.0
+    # the reference's own rounding measured (decode vs teacher-forced margins); greedy runs whose reference decodes
+    rounding: bool = True
 
 
 GEMM_KINDS = ("cublas", "triton", "triton_attn")  # engine.gemm

@@ -219,11 +219,14 @@ def _invariant(m: dict) -> str:
 
 
 def _divergences(m: dict) -> str:
-    """"n: t tie, u unexpl." (requests diverging from target-only, at near-ties, not); "-" where not compared."""
+    """"n: t tie, u unexpl." (requests diverging from target-only, at near-ties, not), with " (w in rounding)" where
+    parity.rounding measured how many unexplained ones the reference's own rounding reaches; "-" where not compared."""
     n = m.get("parity_divergences")
     if not isinstance(n, int):
         return "-"
-    return f"{n}: {m.get('parity_divergences_near_tie', 0)} tie, {m.get('parity_divergences_unexplained', 0)} unexpl."
+    odd, within = m.get("parity_divergences_unexplained", 0), m.get("parity_divergences_unexplained_within_rounding")
+    extra = f" ({within} in rounding)" if odd and isinstance(within, int) else ""
+    return f"{n}: {m.get('parity_divergences_near_tie', 0)} tie, {odd} unexpl.{extra}"
 
 
 def _layers(layers) -> str:

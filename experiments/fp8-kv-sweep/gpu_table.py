@@ -32,7 +32,11 @@ def _get(d: dict, *keys: str, where: str):
 
 
 def _divergences(div: dict) -> str:
-    return f"{div['divergences']}: {div['near_tie']} near-tie, {div['unexplained']} unexplained"
+    """"n: t near-tie, u unexplained", with "(w within the reference's rounding)" where parity.rounding measured it
+    (runs from 2026-12-06b on)."""
+    within = div.get("unexplained_within_rounding")
+    extra = f" ({within} within the reference's rounding)" if div["unexplained"] and isinstance(within, int) else ""
+    return f"{div['divergences']}: {div['near_tie']} near-tie, {div['unexplained']} unexplained{extra}"
 
 
 def read_job(folder: Path) -> dict:

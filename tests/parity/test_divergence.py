@@ -205,7 +205,7 @@ def test_an_unexplained_divergence_is_logged_with_its_fields(monkeypatch, caplog
 
 
 def test_reference_margins_come_from_the_reference_decode(monkeypatch):
-    """bf16 run vs the fp32 reference: the reference decode records its own logits (no extra pass)."""
+    """bf16 run vs the fp32 reference: the reference decode records its own logits (its margins cost no extra pass)."""
     plan, work, pair = _job("precision=bf16", "parity.reference_precision=fp32", "parity.logits=false",
                             "parity.kernel=false")
     _perturb(pair.target, monkeypatch, lambda p: p.meta.mode == Mode.VERIFY, _boost_runner_up(1.0))
@@ -305,3 +305,83 @@ def test_report_shows_divergences_and_noise_floor():
     assert (row["divergences"], row["noise floor"]) == ("3: 2 tie, 1 unexpl.", "0.988")
     empty = job_row({"name": "0", "config": {}, "metrics": {}, "status": {}})
     assert (empty["divergences"], empty["noise floor"]) == ("-", "-")
+    m["parity_divergences_unexplained_within_rounding"] = 1  # parity.rounding measured it
+    row = job_row({"name": "0", "config": {}, "metrics": m, "status": {"status": "complete"}})
+    assert row["divergences"] == "3: 2 tie, 1 unexpl. (1 in rounding)"
+
+
+def test_margin_changes_rounding_scale_and_marks():
+    from attnlab.metrics.parity import margin_changes, mark_rounding, rounding_scale
+
+    decoded = torch.tensor([[3.0, 1.0, 0.0], [0.0, 2.0, 1.5], [1.0, 1.0, 5.0]])
+    forced = torch.tensor([[3.0, 1.5, 0.0], [0.0, 2.0, 1.5], [1.0, 1.2, 4.0]])
+    ch = margin_changes(decoded, forced)  # top-2 of decoded: (0, 1), (1, 2), (2, 0 or 1)
+    assert ch[0].item() == pytest.approx(0.5) and ch[1].item() == 0.0 and ch[2].item() in (1.0, 1.2)
+    assert margin_changes(decoded[:0], forced).numel() == 0
+    scale, srt = rounding_scale([ch, torch.tensor([0.1])])
+    assert scale["rows"] == 4 and scale["margin_change_max"] == pytest.approx(ch.max().item())
+    assert rounding_scale([]) == ({"rows": 0, "margin_change_median": None, "margin_change_p99": None,
+                                   "margin_change_max": None}, None)
+    tie = {"near_tie": True, "gap": 0.01}
+    mid, far, note = {"near_tie": False, "gap": 0.3}, {"near_tie": False, "gap": 9.0}, {"near_tie": False, "gap": None}
+    s = {"per_request": [None, tie, mid, far, note]}
+    mark_rounding(s, srt)
+    assert "rounding_share" not in tie and "rounding_share" not in note  # near-ties and unreadable ones untouched
+    assert mid["within_rounding"] and mid["rounding_share"] == pytest.approx(0.5)  # 0.5 and ch[2] moved >= 0.3
+    assert not far["within_rounding"] and far["rounding_share"] == 0.0
+    assert s["unexplained_within_rounding"] == 1
+    unmeasured = {"per_request": [{"near_tie": False, "gap": 0.3}]}
+    mark_rounding(unmeasured, None)
+    assert unmeasured["unexplained_within_rounding"] is None and "rounding_share" not in unmeasured["per_request"][0]
+
+
+@pytest.mark.parametrize("ref_noise", [0.0, 2.0], ids=["quiet_reference", "noisy_reference"])
+def test_unexplained_divergences_are_judged_against_the_references_own_rounding(monkeypatch, caplog, ref_noise):
+    """A bf16 run whose verify boosts runner-ups by 1 nat (far past 4 bf16 ulps at these logits) against a bf16
+    reference decoded on its own (reference_is_run forced false: the same backend stands in for another). The
+    reference's teacher-forced margins differ from its decode's by ``ref_noise``: a reference that rounds that much
+    explains those divergences, a quiet one does not."""
+    import attnlab.parity_pass as pp
+
+    caplog.set_level(logging.INFO, logger="attnlab")
+    plan, work, pair = _job("precision=bf16", "parity.logits=false", "parity.kernel=false")
+    _perturb(pair.target, monkeypatch, lambda p: p.meta.mode == Mode.VERIFY, _boost_runner_up(1.0))
+    monkeypatch.setattr(pp, "reference_is_run", lambda plan: False)
+    real = pp.reference_logits
+    monkeypatch.setattr(pp, "reference_logits", lambda *a: [_boost_runner_up(ref_noise)(x) for x in real(*a)])
+    measured = measure(plan, work, pair)
+    parity, m, _ = run_parity(plan, work, pair, measured.spec[0], measured.base[0])
+    scale = parity["tokens"]["reference_rounding"]
+    assert scale["rows"] == sum(len(r.output_ids) for r in measured.base[0].requests[:len(work.prompts)])
+    assert m["parity_rounding_margin_change_max"] == scale["margin_change_max"]
+    if ref_noise:  # every row's top-2 margin moved by the boost
+        assert scale["margin_change_median"] == pytest.approx(ref_noise, abs=0.02)
+    else:  # the same bf16 model: decode and teacher-forced prefill differ by rounding only
+        assert scale["margin_change_max"] < 0.1
+    div = parity["tokens"]["vs_reference"]["divergences"]
+    odd = [e for e in div["per_request"] if e is not None and not e["near_tie"] and e.get("gap") is not None]
+    assert odd, "the boost must leave divergences the ulps rule cannot explain"
+    for e in odd:
+        assert e["within_rounding"] == (e["gap"] <= scale["margin_change_max"])
+    assert div["unexplained_within_rounding"] == sum(e["within_rounding"] for e in odd)
+    assert m["parity_divergences_unexplained_ref_within_rounding"] == div["unexplained_within_rounding"]
+    assert div["unexplained_within_rounding"] == (len(odd) if ref_noise else 0)
+    words = "within the reference's own rounding" if ref_noise else "larger than any margin change"
+    warnings = [w for w in _records(caplog, logging.WARNING) if w.startswith("parity vs reference")]
+    assert warnings and all(words in w for w in warnings)
+
+
+def test_the_rounding_probe_needs_the_runs_precision_and_can_be_off(monkeypatch):
+    """An fp32 reference's rounding says nothing of a bf16 run's; parity.rounding=false skips the probe."""
+    import attnlab.parity_pass as pp
+
+    for extra in (("parity.reference_precision=fp32",), ("parity.rounding=false",)):
+        plan, work, pair = _job("precision=bf16", "parity.logits=false", "parity.kernel=false", *extra)
+        monkeypatch.setattr(pp, "reference_is_run", lambda plan: False)
+        _perturb(pair.target, monkeypatch, lambda p: p.meta.mode == Mode.VERIFY, _boost_runner_up(1.0))
+        measured = measure(plan, work, pair)
+        parity, m, _ = run_parity(plan, work, pair, measured.spec[0], measured.base[0])
+        div = parity["tokens"]["vs_reference"]["divergences"]
+        assert "reference_rounding" not in parity["tokens"] and "parity_rounding_margin_change_max" not in m
+        assert div["divergences"] >= 1 and div["unexplained_within_rounding"] is None
+        assert all("within_rounding" not in e for e in div["per_request"] if e is not None)

@@ -61,3 +61,12 @@ def test_jobs_of_different_workloads_are_refused(tmp_path):
 def test_an_empty_sweep_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="no job folders"):
         load().main([str(tmp_path)])
+
+
+def test_divergences_say_how_many_the_references_rounding_reaches():
+    div = load()._divergences
+    assert div({"divergences": 5, "near_tie": 4, "unexplained": 1}) == "5: 4 near-tie, 1 unexplained"  # before it
+    assert div({"divergences": 5, "near_tie": 4, "unexplained": 1, "unexplained_within_rounding": 1}) == (
+        "5: 4 near-tie, 1 unexplained (1 within the reference's rounding)")
+    assert div({"divergences": 2, "near_tie": 2, "unexplained": 0, "unexplained_within_rounding": 0}) == (
+        "2: 2 near-tie, 0 unexplained")
