@@ -14,7 +14,9 @@ kernel time per step and the rest:
 the **idle share**, GPU time between kernels (launch latency inside the graph, the host), which programmatic
 dependent launch (``engine.pdl``) and fewer kernels shrink. With PDL on, a kernel's recorded time starts at its early
 launch and includes its wait for the previous one, so its kernel time is overstated and the idle share understated
-(even negative): compare the wall time there. GEMM bytes: the weights a step reads over the GEMMs'
+(even negative): compare the wall time there. Wall times between configurations are no A/B: PDL on read 797-841 us
+timed first and 920-967 us after an off configuration in the same process (H100, experiments/profile-order); use
+``bench.pdl`` (rotating rounds) for that verdict. GEMM bytes: the weights a step reads over the GEMMs'
 kernel time, against the measured copy bandwidth.
 """
 
@@ -158,10 +160,10 @@ def _sweep(configs, make_side, host: str, split: str, work) -> dict:
     out, rs, built = {}, None, None
     for model, eng, s in configs:
         try:
-            if built != (model, eng):
+            if built != (model, eng, s):  # a side per configuration: PDL on re-captured after off ran slower
                 rs, built = None, None
                 torch.cuda.empty_cache()
-                rs, built = make_side(model, eng), (model, eng)
+                rs, built = make_side(model, eng), (model, eng, s)
             with pdl.using(s == "on", "cuda"), gemm.arm(split):
                 set_host_path(rs, host)  # re-captures the graphs with this setting's launches
                 out[(model, eng, s)] = work(rs)

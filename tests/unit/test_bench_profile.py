@@ -103,6 +103,7 @@ def test_every_wall_time_before_the_first_profile(monkeypatch, tmp_path):
     first = kinds.index("profile")
     assert kinds[:first] == ["wall"] * 4  # the four configurations timed, then profiled (each re-timed after)
     assert kinds[first:] == ["profile", "wall"] * 4
+    assert sum(e[0] == "side" for e in log) == 8  # a side per configuration in each pass (none re-captured after another)
     # each configuration under its own PDL setting, in both passes
     assert [e[1] for e in log if e[0] == "wall"][:4] == [("m1", False), ("m1", True), ("m2", False), ("m2", True)]
     res = json.loads((tmp_path / "p.json").read_text())
