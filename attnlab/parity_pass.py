@@ -51,9 +51,12 @@ def reference_is_run(plan: RunPlan) -> bool:
     return (plan.verify, p.target, p.kv_target) == (par.reference, *ref_prec)
 
 
-def reference_logits(runner, prompts: list[list[int]], outputs: list[list[int]], batch_size: int) -> list:
+def reference_logits(runner, prompts: list[list[int]], outputs: list[list[int]], batch_size: int,
+                     columns: list | None = None) -> list:
     """Teacher forcing: the logits ``runner`` gives each output token of each request, from one prefill of
-    prompt + output[:-1] per batch (only the output rows go through the LM head). -> [len(output), V] fp32 CPU."""
+    prompt + output[:-1] per batch (only the output rows go through the LM head). -> [len(output), V] fp32 CPU;
+    with ``columns`` (per request a [len(output), c] long tensor) only those columns of each row, gathered on the
+    device: [len(output), c] (the rounding probe's top two: no [rows, V] copy on the host)."""
     import torch
 
     from attnlab.backends.base import Mode
@@ -71,7 +74,10 @@ def reference_logits(runner, prompts: list[list[int]], outputs: list[list[int]],
         ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=dev)
         p = runner.prepare(reqs, [0] * len(seqs), [len(s) for s in seqs], Mode.PREFILL)
         runner.plan(p)
-        logits = runner.forward(p, ids, torch.tensor(rows, dtype=torch.long, device=dev)).float().cpu()
+        logits = runner.forward(p, ids, torch.tensor(rows, dtype=torch.long, device=dev))
+        if columns is not None:
+            logits = logits.gather(1, torch.cat(list(columns[b:b + batch_size])).to(dev))
+        logits = logits.float().cpu()
         for r in reqs:
             runner.release(r)
         start = 0
@@ -136,8 +142,9 @@ def recorded_divergences(pair: Pair, plan: RunPlan, work: Prepared, batches: lis
     """Decode each batch (indices into work.prompts, one generate call each) through ``pair`` with k = 0 and
     the target's logits recorded; for each query ``name -> {prompt index: another run's tokens}``, diagnose
     that run's first divergence from this decode (or from ``expect[i]``, the timed run this decode repeats).
-    Logits are reduced batch by batch: at most one batch's [tokens, vocab] rows are held at a time; ``calibrate(batch,
-    decoded)``, where given, reads them first. -> ({index: tokens decoded}, {name: {index: entry}})."""
+    Logits are reduced batch by batch: one batch's [tokens, vocab] rows are held at a time (``calibrate(batch,
+    decoded)``, where given, reads them first: the rounding probe adds that batch's teacher-forced prefill on the
+    device, its LM head's [tokens, vocab] there too, and brings back two columns a row). -> ({index: tokens decoded}, {name: {index: entry}})."""
     eps_of, _ = near_tie(plan)
     ids: dict[int, list[int]] = {}
     found: dict[str, dict] = {name: {} for name in against}
@@ -175,15 +182,19 @@ def _rounding_probe(reference_target: Callable, work: Prepared, changes: list) -
     """parity.rounding: a ``calibrate`` for recorded_divergences over the reference's decode. Each batch's decoded
     tokens are prefilled again, teacher-forced, by the same reference runner, and every row's top-2 margin change
     between the two (metrics.parity.margin_changes) is appended to ``changes``: what rounding alone (another pass
-    shape; with an fp8 KV, K / V requantized from other hidden states) does to the reference's margins."""
+    shape; with an fp8 KV, K / V requantized from other hidden states) does to the reference's margins. Only each
+    row's top two columns (the decode's) come back from the prefill."""
     from attnlab.metrics.parity import margin_changes
 
     def calibrate(batch: list[int], out) -> None:
-        outs = [list(r.output_ids) for r in out.requests]
-        forced = reference_logits(reference_target(), [work.prompts[i].token_ids for i in batch], outs, len(batch))
-        for r, f in zip(out.requests, forced):
-            if r.logits is not None and len(r.output_ids):
-                changes.append(margin_changes(r.logits, f))
+        kept = [(i, r) for i, r in zip(batch, out.requests) if r.logits is not None and len(r.output_ids)]
+        if not kept:
+            return
+        tops = [r.logits[: len(r.output_ids)].topk(2, dim=-1).indices for _, r in kept]
+        forced = reference_logits(reference_target(), [work.prompts[i].token_ids for i, _ in kept],
+                                  [list(r.output_ids) for _, r in kept], len(kept), columns=tops)
+        for (_, r), top, f in zip(kept, tops, forced):
+            changes.append(margin_changes(r.logits[: len(r.output_ids)].gather(1, top), f))
     return calibrate
 
 

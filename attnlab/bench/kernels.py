@@ -24,7 +24,8 @@ A spec ending in ``+pdl`` (``triton+pdl``, ``triton/num_splits=64+pdl``) runs th
 programmatic dependent launch (attnlab.kernels.pdl, as ``engine.pdl=true`` does): captured with it, so a cell's
 back-to-back runs (and a split decode's merge) overlap their launches; the same spec without it is the A/B.
 ``--cold`` writes a buffer of twice the L2 before each run (captured with the runs) and subtracts the writes' time,
-measured alone in the same sample: the kernel finds its code, page table and workspace cold, not only the KV, as
+measured alone in the same sample: the kernel finds its page table, mask, workspace and code out of the L2, not only
+the KV (an SM's own instruction and constant caches are not flushed), as
 in a model whose other kernels run between two layers' attention (XQA's verify took 11 us a launch inside the
 engine's graphs and 7 us a run here back to back, H100 2026-12-06: experiments/xqa-verify).
 ``--compile-only`` plans and runs every (backend, phase, model, context) once at batch 1 and times nothing:
@@ -329,6 +330,8 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
             tag(cell, be, meta)  # after its runs: a backend may say which kernel ran only once it ran
             cell.extra.update(cuda_graph=timers[label].graph is not None, reps=timers[label].reps,
                               iters=timers[label].iters)
+            if getattr(args, "flush", None) is not None:
+                cell.extra["cold"] = True  # verify_floor refuses to mix these with back-to-back cells
             if timers[label].graph_error:
                 cell.extra["graph_error"] = timers[label].graph_error
         except Exception as e:  # noqa: BLE001 - one failing shape is an error cell, not a crash
@@ -396,6 +399,9 @@ def markdown(cells: list[Cell], labels: list[str], baseline: str, copy_gb_s: flo
                  f"replay) · spread (max - min) / median · ratio to {baseline} · decode/verify: (K+V+q+o) bytes "
                  f"/ time as a fraction of copy bandwidth ({copy_gb_s:.0f} GB/s), prefill: TFLOP/s · the kernel "
                  f"that ran (FlashInfer family, Triton split count, FlashAttention build)")
+    if any(c.extra.get("cold") for c in cells):
+        lines.append("cold (--cold): the L2 flushed before each run, the flush's time subtracted; an eager cell (*) "
+                     "there also hides the host's launch latency behind the flush, so compare graph cells")
     return "\n".join(lines)
 
 
@@ -437,7 +443,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-only", action="store_true", help="plan and run each variant once at batch 1")
     ap.add_argument("--cold", action="store_true",
                     help="evict the L2 before each run (a write of twice its size, timed alone and subtracted): the "
-                         "kernel's code, page table and workspace cold, as between two layers of a model; the default "
+                         "kernel's page table, workspace and code out of the L2, as between two layers of a model; "
+                         "the default "
                          "times runs back to back, only the KV kept out of the L2")
     ap.add_argument("--out", help="write FILE.json and FILE.md")
     args = ap.parse_args(argv)

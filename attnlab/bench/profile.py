@@ -168,7 +168,7 @@ def _sweep(configs, make_side, host: str, split: str, work) -> dict:
                 set_host_path(rs, host)  # re-captures the graphs with this setting's launches
                 out[(model, eng, s)] = work(rs)
         except Exception as e:  # noqa: BLE001
-            out[(model, eng, s)] = e
+            out[(model, eng, s)] = e.with_traceback(None)  # its frames would keep the side's GPU memory alive
     del rs
     torch.cuda.empty_cache()
     return out
@@ -205,6 +205,11 @@ def main(argv=None) -> int:
     engines = [e.strip() for e in a.engines.split(",") if e.strip()]
     if not settings or set(settings) - {"off", "on"} or set(engines) - set(ENGINES) or a.steps < 1:
         ap.error("--pdl takes off / on, --engines names from " + ", ".join(ENGINES) + ", --steps >= 1")
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    for flag, items in (("--pdl", settings), ("--engines", engines), ("--models", models)):
+        if len(set(items)) != len(items):
+            ap.error(f"{flag} lists an entry twice ({','.join(items)}): each configuration is timed once (run the "
+                     f"process again for a repeat)")
     split = a.gemm_split or f"{gemm.DEFAULT_SPLIT_MODE}+pf{gemm.DEFAULT_PREFETCH}"
     try:
         (split,) = gemm.parse_split_modes(split)
@@ -223,7 +228,6 @@ def main(argv=None) -> int:
     note = ("Every configuration's wall time is taken before the first profile (the profiler slows the host of what "
             "runs after it); 'after profiles': the same configuration re-timed after its own profile and those before.")
     lines = [head, "", note, ""]
-    models = [m.strip() for m in a.models.split(",") if m.strip()]
     configs = []
     for model in models:
         for eng in engines:
@@ -244,7 +248,7 @@ def main(argv=None) -> int:
         return _profile_side(dec, prompts, a.steps), _wall_ms(dec, prompts, a.steps), step_weight_bytes(rs.model)
 
     walls = _sweep(configs, make_side, a.host, split, timed)  # every wall time before the first profile
-    profiles = _sweep(configs, make_side, a.host, split, profiled)
+    profiles = _sweep([c for c in configs if not isinstance(walls[c], Exception)], make_side, a.host, split, profiled)
     for key in configs:
         model, eng, s = key
         got = walls[key] if isinstance(walls[key], Exception) else profiles[key]

@@ -191,6 +191,9 @@ def read_cells(paths: list[str]) -> list[dict]:
         if why:
             raise ValueError(f"{path}: not a bench.kernels JSON ({why})")
         cells += data["cells"]
+    if len({bool((c.get("extra") or {}).get("cold")) for c in cells}) > 1:
+        raise ValueError("bench.kernels --cold cells (the L2 flushed before each run) mixed with back-to-back ones: "
+                         "their times are not comparable; pass files of one kind")
     return cells
 
 

@@ -176,3 +176,16 @@ def test_computed_scores_todays_rule_on_cells_measured_without_it(tmp_path, caps
                         ("x=fa2/nope", "two plan names of --plans")):
         _one_line_exit_2(capsys, argv + ["--computed", bad], needle)
     _one_line_exit_2(capsys, argv + ["--computed", "x=fa2/rows", "--rule", "r=" + RULE[1]], "give one")
+
+
+def test_cold_and_back_to_back_files_are_not_mixed(tmp_path):
+    from attnlab.bench.verify_floor import read_cells
+
+    warm, cold = cells(), cells()
+    for c in cold:
+        c["extra"] = {"cold": True}
+    (tmp_path / "w.json").write_text(json.dumps({"cells": warm}))
+    (tmp_path / "c.json").write_text(json.dumps({"cells": cold}))
+    assert len(read_cells([str(tmp_path / "c.json")])) == len(cold)  # one kind: read
+    with pytest.raises(ValueError, match="--cold cells .* mixed"):
+        read_cells([str(tmp_path / "w.json"), str(tmp_path / "c.json")])

@@ -311,25 +311,34 @@ def test_report_shows_divergences_and_noise_floor():
 
 
 def test_margin_changes_rounding_scale_and_marks():
-    from attnlab.metrics.parity import margin_changes, mark_rounding, rounding_scale
+    from attnlab.metrics.parity import ROUNDING_SHARE, margin_changes, mark_rounding, rounding_scale
 
-    decoded = torch.tensor([[3.0, 1.0, 0.0], [0.0, 2.0, 1.5], [1.0, 1.0, 5.0]])
-    forced = torch.tensor([[3.0, 1.5, 0.0], [0.0, 2.0, 1.5], [1.0, 1.2, 4.0]])
-    ch = margin_changes(decoded, forced)  # top-2 of decoded: (0, 1), (1, 2), (2, 0 or 1)
-    assert ch[0].item() == pytest.approx(0.5) and ch[1].item() == 0.0 and ch[2].item() in (1.0, 1.2)
-    assert margin_changes(decoded[:0], forced).numel() == 0
-    scale, srt = rounding_scale([ch, torch.tensor([0.1])])
-    assert scale["rows"] == 4 and scale["margin_change_max"] == pytest.approx(ch.max().item())
+    decoded = torch.tensor([[3.0, 1.0], [2.0, 1.5], [5.0, 1.0]])  # each row's top two (the decode's), in order
+    forced = torch.tensor([[3.0, 1.5], [2.0, 1.5], [4.0, 1.2]])
+    ch = margin_changes(decoded, forced)
+    assert ch.tolist() == pytest.approx([0.5, 0.0, 1.2])
+    with pytest.raises(ValueError, match="the same n"):
+        margin_changes(decoded, forced[:2])  # a misaligned pair is an error, not a silent truncation
+    changes = [ch, torch.linspace(0.0, 0.1, 97)]  # 100 rows: 97 small, then 0.5, 1.2 (and one 0.0)
+    scale, srt = rounding_scale(changes)
+    assert scale["rows"] == 100 and scale["margin_change_max"] == pytest.approx(1.2)
+    assert scale["margin_change_p99"] == pytest.approx(0.5) and scale["margin_change_median"] < 0.1  # nearest rank
     assert rounding_scale([]) == ({"rows": 0, "margin_change_median": None, "margin_change_p99": None,
                                    "margin_change_max": None}, None)
     tie = {"near_tie": True, "gap": 0.01}
-    mid, far, note = {"near_tie": False, "gap": 0.3}, {"near_tie": False, "gap": 9.0}, {"near_tie": False, "gap": None}
-    s = {"per_request": [None, tie, mid, far, note]}
+    at = {"near_tie": False, "gap": 0.5}  # a gap equal to a recorded change: 2 of 100 rows moved >= it
+    mid = {"near_tie": False, "gap": 1.0}  # only the 1.2 row: 1%, the threshold
+    far, note = {"near_tie": False, "gap": 9.0}, {"near_tie": False, "gap": None}
+    s = {"per_request": [None, tie, at, mid, far, note]}
     mark_rounding(s, srt)
     assert "rounding_share" not in tie and "rounding_share" not in note  # near-ties and unreadable ones untouched
-    assert mid["within_rounding"] and mid["rounding_share"] == pytest.approx(0.5)  # 0.5 and ch[2] moved >= 0.3
-    assert not far["within_rounding"] and far["rounding_share"] == 0.0
-    assert s["unexplained_within_rounding"] == 1
+    assert at["rounding_share"] == pytest.approx(0.02) and at["within_rounding"]
+    assert mid["rounding_share"] == pytest.approx(ROUNDING_SHARE) and mid["within_rounding"]
+    assert far["rounding_share"] == 0.0 and not far["within_rounding"]
+    assert s["unexplained_within_rounding"] == 2
+    rare = {"per_request": [{"near_tie": False, "gap": 1.0}]}
+    mark_rounding(rare, rounding_scale([ch, torch.zeros(197)])[1])  # 1 row in 200 moved >= 1.0: under the share
+    assert not rare["per_request"][0]["within_rounding"] and rare["unexplained_within_rounding"] == 0
     unmeasured = {"per_request": [{"near_tie": False, "gap": 0.3}]}
     mark_rounding(unmeasured, None)
     assert unmeasured["unexplained_within_rounding"] is None and "rounding_share" not in unmeasured["per_request"][0]
@@ -348,7 +357,9 @@ def test_unexplained_divergences_are_judged_against_the_references_own_rounding(
     _perturb(pair.target, monkeypatch, lambda p: p.meta.mode == Mode.VERIFY, _boost_runner_up(1.0))
     monkeypatch.setattr(pp, "reference_is_run", lambda plan: False)
     real = pp.reference_logits
-    monkeypatch.setattr(pp, "reference_logits", lambda *a: [_boost_runner_up(ref_noise)(x) for x in real(*a)])
+    # the probe reads each row's top two columns (the decode's, in order): the runner-up's moved by ref_noise
+    monkeypatch.setattr(pp, "reference_logits",
+                        lambda *a, **kw: [x + x.new_tensor([0.0, ref_noise]) for x in real(*a, **kw)])
     measured = measure(plan, work, pair)
     parity, m, _ = run_parity(plan, work, pair, measured.spec[0], measured.base[0])
     scale = parity["tokens"]["reference_rounding"]
@@ -362,11 +373,11 @@ def test_unexplained_divergences_are_judged_against_the_references_own_rounding(
     odd = [e for e in div["per_request"] if e is not None and not e["near_tie"] and e.get("gap") is not None]
     assert odd, "the boost must leave divergences the ulps rule cannot explain"
     for e in odd:
-        assert e["within_rounding"] == (e["gap"] <= scale["margin_change_max"])
+        assert e["within_rounding"] == (e["rounding_share"] >= 0.01)
     assert div["unexplained_within_rounding"] == sum(e["within_rounding"] for e in odd)
     assert m["parity_divergences_unexplained_ref_within_rounding"] == div["unexplained_within_rounding"]
     assert div["unexplained_within_rounding"] == (len(odd) if ref_noise else 0)
-    words = "within the reference's own rounding" if ref_noise else "larger than any margin change"
+    words = "within the reference's own rounding" if ref_noise else "beyond the reference's own rounding (0% of"
     warnings = [w for w in _records(caplog, logging.WARNING) if w.startswith("parity vs reference")]
     assert warnings and all(words in w for w in warnings)
 

@@ -129,3 +129,32 @@ def test_a_failing_configuration_keeps_the_others(monkeypatch, tmp_path):
     runs = json.loads((tmp_path / "p.json").read_text())["runs"]
     assert runs[0]["model"] == "bad" and "no such side" in runs[0]["error"]
     assert runs[1]["model"] == "m2" and runs[1]["wall_ms_per_step"] == 1.0
+
+
+@pytest.mark.parametrize("args", [["--pdl", "off,off"], ["--engines", "fused,fused"], ["--models", "m1,m1"]])
+def test_a_configuration_listed_twice_is_refused(args, capsys):
+    from attnlab.bench.profile import main
+
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2 and "twice" in capsys.readouterr().err
+
+
+def test_a_configuration_whose_wall_failed_is_not_profiled(monkeypatch, tmp_path):
+    import json
+
+    from attnlab.bench import profile
+    from attnlab.bench.profile import main
+
+    log = _fake_gpu(monkeypatch)
+    real = profile._wall_ms
+
+    def wall(dec, prompts, steps):
+        if dec == ("m1", True):
+            raise RuntimeError("capture failed")
+        return real(dec, prompts, steps)
+    monkeypatch.setattr(profile, "_wall_ms", wall)
+    assert main(["--models", "m1", "--engines", "fused", "--pdl", "off,on", "--out", str(tmp_path / "p")]) == 1
+    assert [e[1] for e in log if e[0] == "profile"] == [("m1", False)]  # PDL on failed in the first pass: skipped
+    runs = json.loads((tmp_path / "p.json").read_text())["runs"]
+    assert runs[0]["wall_ms_per_step"] == 1.0 and "capture failed" in runs[1]["error"]
