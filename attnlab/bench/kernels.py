@@ -23,6 +23,8 @@ cell is skipped with its reason; a failing one is an error cell; the bench goes 
 A spec ending in ``+pdl`` (``triton+pdl``, ``triton/num_splits=64+pdl``) runs that backend's attnlab kernels with
 programmatic dependent launch (attnlab.kernels.pdl, as ``engine.pdl=true`` does): captured with it, so a cell's
 back-to-back runs (and a split decode's merge) overlap their launches; the same spec without it is the A/B.
+``--launches`` profiles one measurement per backend after each shape is timed and records every kernel's launch
+shapes (grid, block, shared memory) in the cell (JSON, console), to compare with ``bench.spec --kernel-profile``'s.
 ``--cold`` writes a buffer of twice the L2 before each run (captured with the runs) and subtracts the writes' time,
 measured alone in the same sample: the kernel finds its page table, mask, workspace and code out of the L2, not only
 the KV (an SM's own instruction and constant caches are not flushed), as
@@ -346,12 +348,30 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
                     by_label[label].samples_ms.append(t.measure())
             except Exception as e:  # noqa: BLE001
                 by_label[label].status = f"error: {type(e).__name__}: {str(e)[:160]}"
+    if getattr(args, "launches", False):  # after this shape's timing: the profiler slows what runs after it
+        for label, t in timers.items():
+            by_label[label].extra["launches"] = profiled_launches(t, split_pdl(label)[1])
     for c in cells:
         if c.samples_ms and c.status == "ok":
             finish(c, pools[c.page_size][2], hkv, d, args.copy_gb_s)
     del timers, pools
     torch.cuda.empty_cache()
     return cells
+
+
+def profiled_launches(timer: Timer, pdl_on: bool) -> dict[str, list[dict]]:
+    """--launches: one measurement of ``timer`` under the torch profiler -> its kernels' launch shapes (grid, block,
+    shared memory; bench.kernel_profile.launch_shapes), to compare with the same kernel's launch in the engine
+    (``bench.spec --kernel-profile``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from attnlab.bench.kernel_profile import launch_shapes
+    from attnlab.kernels import pdl
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, pdl.using(pdl_on, "cuda"):
+        timer.measure()
+        torch.cuda.synchronize()
+    return launch_shapes(prof)
 
 
 def finish(cell: Cell, q, hkv: int, d: int, copy_gb_s: float) -> None:
@@ -441,6 +461,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="measurements per cell, backends interleaved")
     ap.add_argument("--baseline", default="triton", help="the spec whose time the ratios divide by")
     ap.add_argument("--compile-only", action="store_true", help="plan and run each variant once at batch 1")
+    ap.add_argument("--launches", action="store_true",
+                    help="after each shape is timed, profile one measurement per backend and record its kernels' "
+                         "launch shapes (grid, block, shared memory) in the JSON and on the console")
     ap.add_argument("--cold", action="store_true",
                     help="evict the L2 before each run (a write of twice its size, timed alone and subtracted): the "
                          "kernel's page table, workspace and code out of the L2, as between two layers of a model; "
@@ -482,6 +505,10 @@ def main(argv=None) -> int:
             shown = cell_text(cell) if not args.compile_only else (cell.kernel if cell.status == "ok" else cell.status)
             print(f"{phase:8s} {model:8s} b={batch:<3d} ctx={ctx:<6d} q={q_len:<5d} {cell.backend:24s} {shown}",
                   flush=True)
+            for name, seen in cell.extra.get("launches", {}).items():
+                print("    launch " + name[:70] + ": " + "; ".join(
+                    f"grid {x['grid']} block {x['block']} smem {x['shared_memory']} x{x['launches']}" for x in seen),
+                    flush=True)
         if args.out and not args.compile_only:  # after every shape: a run cut short keeps what it measured
             write(args.out, info, header, cells, list(classes), args)
     if args.compile_only:

@@ -21,11 +21,12 @@
 #    the engine's shapes and the short prompts' kernel profile
 # 7  (carry [".gpu/fk"]) bench.kernels back to back and --cold (the caches' share of the engine's XQA time);
 #    bench.profile with every wall time before the first profile, PDL off,on and on,off
+# 8  (carry [".gpu/fk"]) XQA's launch shapes (grid, block, shared memory) in bench.kernels and in the engine
 # Then, here (no GPU): python -m attnlab.bench.verify_floor results/xq-*.json \
 #   --plans default=flashinfer,xqa=flashinfer/verify_backend=xqa --plot results/xq.png > results/floor-xq.md
 # Output: $OUT/runN.log (the console) and resultsN.tgz.
 set -u -o pipefail
-PART=${1:?part 1, 2, 3, 4, 5, 6 or 7}
+PART=${1:?part 1 to 8}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, fi_jit, gpu_tests, pack, the environment, PY
 B="flashinfer,flashinfer/verify_backend=xqa"
 grid() {  # grid MODEL SECS: the 75 cells of one model's shapes, both plans in one process
@@ -177,6 +178,21 @@ case $PART in
     timeout 120 $PY -m attnlab.bench.profile --engines fused --pdl $O --out "$OUT/prof-${O/,/-}" > $LOGS/prof.log 2>&1
     echo "exit code $?"; grep -E "^###|^step|error" $LOGS/prof.log
   done
+  ;;
+8)
+  # (carry [".gpu/fk"], fresh or warm, ~180 s) the last untested explanation of XQA's 11 us a launch in the engine
+  # against 7-8 us a run in bench.kernels (neither PDL nor L2 misses: parts 6, 7): is it launched with another grid?
+  # The launch shapes (grid, block, shared memory) of XQA and fa2 at the short prompts' cell (bench.kernels
+  # --launches: batch 1, KV 176, q 5) and of XQA in the engine (bench.spec --kernel-profile's attention launches,
+  # batch 1, the short prompts). Timing does not matter here: the JIT runs inside the steps.
+  FB=.gpu/fk install_fb
+  step "bench.kernels --launches: fa2, xqa; batch 1, KV 176, q 5"
+  timeout 200 $PY -m attnlab.bench.kernels --phases verify --batches 1 --contexts 176 --ks 4 --models smollm2 \
+    --backends "flashinfer,flashinfer/verify_backend=xqa" --baseline flashinfer --repeats 1 --launches \
+    --out "$OUT/xq-launch" > $LOGS/xq-launch.log 2>&1
+  echo "exit code $?"; grep -E "launch |verify " $LOGS/xq-launch.log
+  KB=1 KS=200 XF="flashinfer/prefill_backend=fa2,flashinfer/verify_backend=xqa/prefill_backend=fa2" kp 48,96
+  grep -A8 "attention kernels' launches" $LOGS/kp-48.log
   ;;
 esac
 pack

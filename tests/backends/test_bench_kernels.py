@@ -118,6 +118,14 @@ def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
     assert by["triton"].extra["cuda_graph"] and not by["torch"].extra["cuda_graph"]
     assert by["triton"].samples_ms == [0.5, 0.5] and by["triton"].ms == 0.5 and by["triton"].spread_pct == 0
     assert by["triton"].kv_gb_s > 0 and by["triton"].tflops > 0
+    assert all("launches" not in c.extra for c in cells)  # no --launches
+    # --launches: each timed backend's launch shapes, profiled after the shape's timing
+    seen = []
+    monkeypatch.setattr(kernels, "profiled_launches", lambda t, on: seen.append(t) or {"k": [{"grid": [1, 1, 1]}]})
+    args.launches = True
+    cells = run_shape({"triton": classes["triton"]}, "verify", "smollm2", 2, 40, 5, args, torch.bfloat16)
+    assert len(seen) == 1 and cells[0].extra["launches"] == {"k": [{"grid": [1, 1, 1]}]}
+    args.launches = False
     # a backend that fails on a shape is an error cell and the others go on (fa3_fwd has no fp16)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     cells = run_shape({"fa": classes["fa"], "triton": classes["triton"]}, "verify", "smollm2", 1, 40, 5,
@@ -229,3 +237,20 @@ def test_cold_timer_flushes_before_each_run_and_subtracts_the_flushes(monkeypatc
     warm = kernels.Timer(Be(), torch.zeros(2), num_layers=3, graphable=False, reps=4, iters=5)
     log.clear()
     assert warm.measure() == pytest.approx(2.0) and ("flush",) not in log
+
+
+def test_launch_shapes_from_a_chrome_trace():
+    from attnlab.bench.kernel_profile import launch_lines, shapes_of_trace
+
+    ev = lambda name, grid, smem=0, cat="kernel": {"ph": "X", "cat": cat, "name": name,
+                                                   "args": {"grid": grid, "block": [128, 1, 1], "shared memory": smem}}
+    trace = {"traceEvents": [ev("kernel_mha", [3, 1, 1], 1024), ev("kernel_mha", [3, 1, 1], 1024),
+                             ev("kernel_mha", [3, 4, 1], 1024), ev("aten::mm", [1, 1, 1], cat="cpu_op"),
+                             {"ph": "M", "name": "process_name"}]}
+    got = shapes_of_trace(trace)
+    assert list(got) == ["kernel_mha"]  # CPU ops and metadata are not kernels
+    assert got["kernel_mha"] == [{"grid": [3, 1, 1], "block": [128, 1, 1], "shared_memory": 1024, "launches": 2},
+                                 {"grid": [3, 4, 1], "block": [128, 1, 1], "shared_memory": 1024, "launches": 1}]
+    lines = launch_lines(got, ["kernel_mha", "absent"])
+    assert lines[2] == "| kernel_mha | [3, 1, 1] | [128, 1, 1] | 1024 | 2 |" and len(lines) == 4
+    assert launch_lines(got, ["absent"]) == []

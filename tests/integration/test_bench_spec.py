@@ -609,6 +609,7 @@ def test_kernel_profile_per_iteration_of_every_row(capsys):
         assert [t["us_per_iteration"] for t in kp["top"]] == sorted((t["us_per_iteration"] for t in kp["top"]),
                                                                     reverse=True)
         assert sum(x["share"] for x in kp["roles"]) == pytest.approx(1.0)
+        assert kp["launches"] == {}  # launch shapes are CUDA kernels' (none on CPU)
         assert f"### kernel profile: {r['drafter']} - / torch, batch 1" in res["markdown"]
     # target-only: one token an iteration after each prompt's prefill (its first token); the ngram row: no more
     assert rows[0]["kernel_profile"]["iterations"] == rows[0]["new_tokens"] - 2
