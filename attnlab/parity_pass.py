@@ -21,11 +21,11 @@ timed runs record no logits). What needs more than tokens runs here as its own p
   differently, the very effect being diagnosed. A near-tie is a gap below eps: parity.near_tie_ulps ulps of the
   target's compute dtype at that row's top logit (the GPU tests' rule), or parity.near_tie_eps fixed nats. Each
   unexplained divergence is logged at WARNING, one line each (metrics.parity.format_unexplained).
-- rounding (parity.rounding, greedy, where the reference is decoded at the run's precision): the reference's own top-2 margins in its
-  decode against its teacher-forced prefill of the same tokens, every row: a measured scale of what rounding does at
-  this precision. Each unexplained divergence gets the share of those rows whose margin moved by at least its gap
-  (``within_rounding``: some did). A second opinion beside the ulps rule, which was set for bf16 and knows nothing of
-  an fp8 KV's requantization; it changes no near-tie verdict.
+- rounding (parity.rounding, greedy, where the reference is decoded at the run's precision): the reference's own
+  top-2 margins in its decode against its teacher-forced prefill of the same tokens, every row: a measured scale of
+  what rounding does at this precision. Each unexplained divergence gets the share of those rows whose margin moved
+  by at least its gap (``within_rounding``: 1% or more, metrics.parity.ROUNDING_SHARE). A second opinion beside the
+  ulps rule, which was set for bf16 and knows nothing of an fp8 KV's requantization; it changes no near-tie verdict.
 - noise floor (parity.noise_floor): target-only at batch 1 vs the timed target-only run at batch B, same
   prompts and target runner: what batching alone changes.
 """
@@ -144,7 +144,8 @@ def recorded_divergences(pair: Pair, plan: RunPlan, work: Prepared, batches: lis
     that run's first divergence from this decode (or from ``expect[i]``, the timed run this decode repeats).
     Logits are reduced batch by batch: one batch's [tokens, vocab] rows are held at a time (``calibrate(batch,
     decoded)``, where given, reads them first: the rounding probe adds that batch's teacher-forced prefill on the
-    device, its LM head's [tokens, vocab] there too, and brings back two columns a row). -> ({index: tokens decoded}, {name: {index: entry}})."""
+    device, its LM head's [tokens, vocab] there too, and brings back two columns a row).
+    -> ({index: tokens decoded}, {name: {index: entry}})."""
     eps_of, _ = near_tie(plan)
     ids: dict[int, list[int]] = {}
     found: dict[str, dict] = {name: {} for name in against}
@@ -190,11 +191,12 @@ def _rounding_probe(reference_target: Callable, work: Prepared, changes: list) -
         kept = [(i, r) for i, r in zip(batch, out.requests) if r.logits is not None and len(r.output_ids)]
         if not kept:
             return
-        tops = [r.logits[: len(r.output_ids)].topk(2, dim=-1).indices for _, r in kept]
+        decoded = [r.logits[: len(r.output_ids)] for _, r in kept]  # the rows that chose each output token
+        tops = [x.topk(2, dim=-1).indices for x in decoded]
         forced = reference_logits(reference_target(), [work.prompts[i].token_ids for i, _ in kept],
                                   [list(r.output_ids) for _, r in kept], len(kept), columns=tops)
-        for (_, r), top, f in zip(kept, tops, forced):
-            changes.append(margin_changes(r.logits[: len(r.output_ids)].gather(1, top), f))
+        for x, top, f in zip(decoded, tops, forced):
+            changes.append(margin_changes(x.gather(1, top), f))
     return calibrate
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnlab.bench.profile import device_kernels, kernel_table, role_of, table_lines
+from attnlab.bench.profile import device_kernels, kernel_table, kernels_past, role_of, table_lines
 
 
 def shapes_of_trace(trace: dict) -> dict[str, list[dict]]:
@@ -78,11 +78,7 @@ def kernel_profile(run: Callable[[int], int], new: int, device: torch.device, to
     iterations -= base_iterations
     if iterations < 1:
         return "no decode iteration past the prefills (every prompt stopped at its first token): nothing to profile", None
-    kernels = {}
-    for name, (c, us) in full.items():
-        c0, us0 = base.get(name, (0, 0.0))
-        if c > c0:
-            kernels[name] = (c - c0, max(0.0, us - us0))
+    kernels = kernels_past(full, base)
     rows = kernel_table([(name, c, us) for name, (c, us) in kernels.items()], iterations)
     busy = sum(r["us_per_step"] for r in rows)
     launches = sum(r["launches_per_step"] for r in rows)

@@ -141,29 +141,33 @@ def _profile_side(dec, prompts, steps: int) -> list[tuple[str, int, float]]:
         dec.generate(prompts, steps + 1)
         torch.cuda.synchronize()
 
-    base, full = device_kernels(p1), device_kernels(p2)
-    rows = []
-    for name, (c, t) in full.items():
-        c0, t0 = base.get(name, (0, 0.0))
-        if c - c0 > 0:
-            rows.append((name, c - c0, max(0.0, t - t0)))
-    return rows
+    return [(name, c, us) for name, (c, us) in kernels_past(device_kernels(p2), device_kernels(p1)).items()]
+
+
+def kernels_past(full: dict, base: dict) -> dict[str, tuple[int, float]]:
+    """device_kernels of a run less those of its shorter base run (the prefill and first token): name -> (launches,
+    us) of the kernels the longer run launched more often."""
+    out = {}
+    for name, (c, us) in full.items():
+        c0, us0 = base.get(name, (0, 0.0))
+        if c > c0:
+            out[name] = (c - c0, max(0.0, us - us0))
+    return out
 
 
 def _sweep(configs, make_side, host: str, split: str, work) -> dict:
-    """``work(side)`` for each (model, engine, PDL setting) of ``configs`` (in order; one side a model and engine),
+    """``work(side)`` for each (model, engine, PDL setting) of ``configs`` (in order; a fresh side each),
     under that setting's launches with the graphs re-captured: {config: its result, or the exception it raised (one
     configuration failing must not lose the others)}."""
     from attnlab.bench.e2e import set_host_path
     from attnlab.kernels import gemm, pdl
 
-    out, rs, built = {}, None, None
+    out, rs = {}, None
     for model, eng, s in configs:
         try:
-            if built != (model, eng, s):  # a side per configuration: PDL on re-captured after off ran slower
-                rs, built = None, None
-                torch.cuda.empty_cache()
-                rs, built = make_side(model, eng), (model, eng, s)
+            rs = None  # a side per configuration (PDL on, re-captured on a side that ran off, ran slower)
+            torch.cuda.empty_cache()
+            rs = make_side(model, eng)
             with pdl.using(s == "on", "cuda"), gemm.arm(split):
                 set_host_path(rs, host)  # re-captures the graphs with this setting's launches
                 out[(model, eng, s)] = work(rs)
