@@ -9,6 +9,10 @@ Rows per (model, context), batch 1, bf16, page 16, the triton backend's own plan
 - ``empty, decode grid`` and ``empty x2, decode + merge grids``: empty kernels of the decode's grid (request x kv
   head x split) and of its merge's (token x query head): what launching the real kernels costs with no work in them;
 - ``merge only``: the split merge of the plan's partials (``merge_splits``);
+- ``stream K / V, decode grid`` (and ``+ empty merge grid``): a read-only pass over the same K / V bytes with the
+  decode's programs, split bounds, page gathers and tile (``attnlab.bench.kv_stream``: loads and a sum, checked
+  against torch), so what the memory system alone costs at this grid is measured; ``stream K / V, N splits``: the
+  same with other split counts (``--stream-splits``), the fastest read of these bytes any split grid gets;
 - ``decode``: the triton backend's decode as the engine runs it (the split kernel and its merge).
 Columns: PDL off; PDL on (the decode reads its plan and prefetches its first K / V tiles into L2 before its wait:
 attnlab.kernels.decode); PDL on with that prefetch off (the wait first). The decode's output is checked to be the same
@@ -28,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from attnlab.bench import kv_stream
 from attnlab.bench.kernels import HEADS, Timer, build, make_backend, versions
 from attnlab.bench.output import write_report
 from attnlab.kernels import decode, pdl
@@ -53,7 +58,7 @@ class _Launches:
         return self.out
 
 
-def _rows(be, q, hkv: int) -> tuple[dict, int]:
+def _rows(be, q, hkv: int, stream_splits: tuple[int, ...] = ()) -> tuple[dict, int]:
     """The rows' stand-ins for one backend (planned, PDL as the caller set it): ({row: runner}, its split count)."""
     from attnlab.kernels.merge import merge_splits
 
@@ -74,8 +79,35 @@ def _rows(be, q, hkv: int) -> tuple[dict, int]:
     if splits > 1:  # a split decode's second launch
         rows["empty x2, decode + merge grids"] = empty(decode_grid, merge_grid)
         rows["merge only"] = _Launches(lambda layer: merge_splits(out, plan.o_part, plan.lse_part), out)
+    rows["stream K / V, decode grid"] = _stream(be, splits)
+    if splits > 1:
+        rows["stream K / V + empty merge grid"] = _stream(be, splits, lambda: _empty_kernel[merge_grid](
+            dummy, **launch_args(dummy)))
+    for n in stream_splits:
+        if n != splits:
+            rows[f"stream K / V, {n} splits"] = _stream(be, n)
     rows["decode"] = be
     return rows, splits
+
+
+def _stream(be, splits: int, then=None) -> _Launches:
+    """``kv_stream.stream_kv`` over the backend's pool and plan with ``splits`` splits (the plan's tile and warps),
+    its sums checked against torch once (layer 0); ``then``: a launch after it."""
+    pool, plan, p = be.pool, be.active_plan, be.active_plan.params
+    sums = torch.zeros(plan.kv_lens.shape[0], pool.num_kv_heads, splits, device=plan.kv_lens.device)
+
+    def launch(layer):
+        k, v = pool.slots_view(layer)
+        kv_stream.stream_kv(k, v, sums, plan.kv_indptr, plan.kv_indices, plan.kv_lens, page_size=pool.page_size,
+                            num_splits=splits, block_n=p.block_n, num_warps=p.num_warps, num_stages=p.num_stages)
+        if then is not None:
+            then()
+
+    launch(0)
+    k, v = pool.slots_view(0)
+    kv_stream.check_sums(sums, kv_stream.expected_sums(k, v, plan.kv_indptr, plan.kv_indices, plan.kv_lens,
+                                                       pool.page_size), k, v)
+    return _Launches(launch, sums)
 
 
 # the launch settings each row is captured under: (column name, PDL on, decode KV prefetch tiles)
@@ -83,7 +115,8 @@ SETTINGS = (("PDL off", False, decode.KV_PREFETCH_TILES), ("PDL on", True, decod
             ("PDL on, KV prefetch off", True, 0))
 
 
-def arms(model: str, context: int, page_size: int, reps: int, iters: int) -> tuple[dict[str, Timer], int]:
+def arms(model: str, context: int, page_size: int, reps: int, iters: int,
+         stream_splits: tuple[int, ...] = ()) -> tuple[dict[str, Timer], int]:
     """Every row's timer for one shape under every SETTINGS column: ({"<row> | <column>": Timer}, the decode's split
     count). The decode's output must be the same bits under each (PDL and the prefetch move no sum)."""
     from attnlab.backends.triton import TritonBackend
@@ -94,7 +127,7 @@ def arms(model: str, context: int, page_size: int, reps: int, iters: int) -> tup
     for column, on, tiles in SETTINGS:
         with pdl.using(on, "cuda"), decode.kv_prefetching(tiles):  # graphs record how their kernels were launched
             be = make_backend(TritonBackend, pool, meta, q, model)
-            rows, splits = _rows(be, q, hkv)
+            rows, splits = _rows(be, q, hkv, stream_splits)
             for name, runner in rows.items():
                 t = timers[f"{name} | {column}"] = Timer(runner, q, num_layers, True, reps, iters)
                 if t.graph is None:  # eager timing would run outside this column's settings
@@ -114,6 +147,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--reps", type=int, default=200, help="runs per graph replay")
     ap.add_argument("--iters", type=int, default=20, help="replays per measurement (their median)")
+    ap.add_argument("--stream-splits", default="",
+                    help="more split counts for the stream row (comma list, e.g. 8,16,64,128): the fastest read of "
+                         "the decode's K / V by any split grid")
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)
     models = [m.strip() for m in a.models.split(",") if m.strip()]
@@ -122,6 +158,12 @@ def main(argv=None) -> int:
         ap.error(f"--models: unknown {bad} (choose from {', '.join(HEADS)})")
     if min(a.repeats, a.reps, a.iters) < 1:
         ap.error("--repeats, --reps and --iters must be >= 1")
+    try:
+        stream_splits = tuple(dict.fromkeys(int(n) for n in a.stream_splits.split(",") if n.strip()))
+    except ValueError:
+        ap.error(f"--stream-splits {a.stream_splits!r}: a comma list of ints")
+    if any(not 1 <= n <= 1024 for n in stream_splits):
+        ap.error(f"--stream-splits {a.stream_splits!r}: each in 1..1024")
     why = pdl.unsupported("cuda")
     if why:
         print(f"attnlab.bench.launch_floor: {why}")
@@ -137,7 +179,7 @@ def main(argv=None) -> int:
     print(lines[0], flush=True)
     for model in models:
         for ctx in contexts:
-            timers, splits = arms(model, ctx, a.page_size, a.reps, a.iters)
+            timers, splits = arms(model, ctx, a.page_size, a.reps, a.iters, stream_splits)
             samples = {k: [] for k in timers}
             for _ in range(a.repeats):  # interleaved: drift hits every row alike
                 for k, t in timers.items():
@@ -157,9 +199,14 @@ def main(argv=None) -> int:
                 target = BEFORE_US[model] / 1.5
                 best = min(med[f"decode | {c}"] for c, *_ in SETTINGS)
                 floor2 = med.get("empty x2, decode + merge grids | PDL on", med["empty, decode grid | PDL on"])
+                _, hkv, d = HEADS[model]
+                mb = 2 * ctx * hkv * d * 2 / 1e6  # bf16 K and V of the request
+                reads = {k: v for k, v in med.items() if k.startswith("stream K / V") and "merge" not in k}
+                fast = min(reads, key=reads.get)
                 lines.append(f"| {model} | {ctx} | issue 16 floor: <= {target:.2f} us (2026-12-01: {BEFORE_US[model]} us "
                              f"/ 1.5); best decode {best:.2f} us ({splits} splits); its two empty launches alone "
-                             f"{floor2:.2f} us |" + " |" * (2 * len(SETTINGS)))
+                             f"{floor2:.2f} us; the fastest read of its {mb:.1f} MB of K / V {reads[fast]:.2f} us "
+                             f"({fast}: {mb / reads[fast] * 1e-3:.2f} TB/s) |" + " |" * (2 * len(SETTINGS)))
                 print(lines[-1], flush=True)
     write_report(a.out, res, "\n".join(lines))
     return 0

@@ -10,10 +10,12 @@
 #   2  carry [".gpu/g1"]:             bash experiments/fp8-kv-sweep/run.sh 2   (or FB=.gpu/g1 hybrid-rounds/run.sh)
 #   3  carry [".gpu/g2"]:             bash experiments/fp8-kv-sweep/run.sh 3   (joins the GGUF; bf16 and fp8-kv: 8 jobs)
 #   4  no carry:                      bash experiments/fp8-kv-sweep/run.sh 4   (fp8-draft: 4 jobs; the reports)
+#   5  carry [".gpu/g2"] after 1, 2:  bash experiments/fp8-kv-sweep/run.sh 5   (job 4 alone, fp8-kv triton / triton,
+#                                     with parity.rounding: is its gap-0.5 divergence within the reference's rounding?)
 # (.gpu/fk: the core libraries and flashinfer of .gpu/1 without its GGUF part, datasets, dill and multiprocess.)
 # Output: $OUT/runN.log (the console) and resultsN.tgz (the report, fp8kv.md, and the run folders without weights).
 set -u -o pipefail
-PART=${1:?part 1, 2, 3 or 4}
+PART=${1:?part 1, 2, 3, 4 or 5}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, jit_fp8, pack, the environment, the call's log, PY
 # sweep NAME PRECISIONS SECS: experiment=fp8_kv at these precisions x backend x verify, in /tmp/sweep/NAME; SWEEP_ARGS:
 # more overrides (SWEEP_ARGS=backend=triton: the triton-drafted half, for a sitting short of device time)
@@ -42,6 +44,15 @@ case $PART in
 4)
   sweep fp8draft fp8-draft "${SWEEP_SECS:-300}"
   reports fp8kv fp8draft
+  ;;
+5)
+  FB=.gpu/g2 install_fb
+  test -s /opt/models/SmolLM2-135M-Instruct.Q4_1.gguf || { echo "the GGUF is not whole: parts 1 and 2 first"; exit 1; }
+  step "job 4 of the sweep alone (precision fp8-kv, backend triton, verify triton), parity.rounding on"
+  timeout "${SWEEP_SECS:-300}" $PY -m attnlab experiment=fp8_kv device=cuda logger=jsonl precision=fp8-kv     backend=triton verify=triton hydra.run.dir=/tmp/sweep/job4/0 > $LOGS/job4.log 2>&1
+  echo "exit code $?"; grep -E "tau|WARNING|ERROR|rounding" $LOGS/job4.log | cut -c1-400
+  cp $LOGS/job4.log "$OUT/"
+  reports job4
   ;;
 esac
 pack

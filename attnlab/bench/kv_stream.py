@@ -1,0 +1,92 @@
+"""A read-only pass over a paged decode's K / V: the same programs (request x kv head x split), the same split bounds
+and page gathers as ``attnlab.kernels.decode``, loads and a sum, no softmax, no partials. ``bench.launch_floor``'s
+stream rows time it to say how fast this GPU can read a batch-1 decode's KV bytes at all with that launch grid (and
+with others: ``--stream-splits``), so the decode floor's distance from the memory system is measured, not guessed.
+
+Each program stores the fp32 sum of its K and V elements; ``expected_sums`` is the same from torch, so a bench can
+prove every byte was read (a compiler cannot drop loads whose values reach the output).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from attnlab.kernels.paged import tile_slots
+from attnlab.kernels.pdl import launch_args, pdl_start
+
+
+@triton.jit
+def _stream_kernel(K, V, OUT, KV_INDPTR, KV_INDICES, KV_LENS, num_splits, stride_slot, stride_kh,
+                   HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                   USE_PDL: tl.constexpr = False):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    pdl_start(USE_PDL)
+    kv_len = tl.load(KV_LENS + b)
+    page_base = tl.load(KV_INDPTR + b)
+    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N  # the decode's split bounds
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, kv_len)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    acc = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        n_mask = start + offs_n < hi
+        slots = tile_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE, BLOCK_N)
+        off = slots[:, None] * stride_slot + kvh * stride_kh + offs_d[None, :]
+        k = tl.load(K + off, mask=n_mask[:, None], other=0.0)
+        v = tl.load(V + off, mask=n_mask[:, None], other=0.0)
+        acc += k.to(tl.float32) + v.to(tl.float32)
+    tl.store(OUT + (b * tl.num_programs(1) + kvh) * num_splits + split, tl.sum(acc))
+
+
+def stream_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, kv_indptr: torch.Tensor,
+              kv_indices: torch.Tensor, kv_lens: torch.Tensor, *, page_size: int, num_splits: int, block_n: int,
+              num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+    """Read every K / V element of each request's ``kv_lens`` tokens; ``out`` (fp32, ``[batch, kv_heads,
+    num_splits]``) gets each program's sum. k/v_cache: ``[num_slots, kv_heads, head_dim]`` (slot = page * page_size
+    + offset), a power-of-two head dim; kv_indptr ``[batch + 1]``, kv_indices, kv_lens ``[batch]``: int32, as the
+    decode's plan. PDL as the process is set (``attnlab.kernels.pdl``)."""
+    batch, hkv, head_dim = kv_lens.shape[0], k_cache.shape[1], k_cache.shape[2]
+    if head_dim & (head_dim - 1) or block_n & (block_n - 1):
+        raise ValueError(f"stream_kv: head_dim {head_dim} and block_n {block_n} must be powers of two")
+    if num_splits < 1:
+        raise ValueError(f"stream_kv: num_splits {num_splits} < 1")
+    if out.dtype != torch.float32 or tuple(out.shape) != (batch, hkv, num_splits):
+        raise ValueError(f"stream_kv: out must be fp32 [{batch}, {hkv}, {num_splits}], got {out.dtype} "
+                         f"{list(out.shape)}")
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(2) != 1:
+        raise ValueError("stream_kv: K and V caches must share strides, head dim contiguous")
+    _stream_kernel[(batch, hkv, num_splits)](
+        k_cache, v_cache, out, kv_indptr, kv_indices, kv_lens, num_splits, k_cache.stride(0), k_cache.stride(1),
+        HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
+        **launch_args(k_cache))
+    return out
+
+
+def expected_sums(k_cache: torch.Tensor, v_cache: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                  kv_lens: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Per request and kv head, the fp64 sum of its K and V elements (torch, for ``stream_kv``'s check)."""
+    sums = []
+    for b in range(kv_lens.shape[0]):
+        n = int(kv_lens[b])
+        pages = kv_indices[int(kv_indptr[b]):int(kv_indptr[b + 1])].long()
+        slots = (pages[:, None] * page_size + torch.arange(page_size, device=pages.device)).reshape(-1)[:n]
+        sums.append((k_cache[slots].double() + v_cache[slots].double()).sum(dim=(0, 2)))
+    return torch.stack(sums)
+
+
+def check_sums(out: torch.Tensor, want: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """Raise unless ``out``'s per-(request, kv head) sums match ``want`` within fp32 summation error (relative to
+    the sum of magnitudes of the elements, so a missed tile of near-zero-mean data still shows)."""
+    got = out.double().sum(dim=2)
+    scale = (k_cache.double().abs().sum() + v_cache.double().abs().sum()) / (k_cache.numel() + v_cache.numel())
+    count = max(1, k_cache.numel() // max(1, k_cache.shape[1]))  # elements a (request, kv head) may read, at most
+    tol = 1e-6 * scale * count + 1e-6  # fp32 error: ~1e-7 of it; a missed tile of unit data: its sum, ~sqrt(tile)
+    err = (got - want).abs().max().item()
+    if not err <= tol:
+        raise RuntimeError(f"stream_kv read other bytes than the plan's: sums differ by {err:.3g} (tolerance "
+                           f"{tol:.3g})")

@@ -1,0 +1,24 @@
+# Issue 16's batch-1 decode floor (<= 4.60 / 9.40 us at 4k, SmolLM2 / Llama-8B shapes; best 4.82 / 11.80 on the H200,
+# 2026-12-03d): how fast can this GPU read the decode's K / V bytes at all? bench.launch_floor's stream rows
+# (attnlab.bench.kv_stream: the decode's programs, split bounds, page gathers and tile, loads and a sum, no softmax) at
+# the decode's split count and at 8 / 16 / 64 / 128, beside the decode and the empty launches, in one process. If no
+# split grid reads the bytes fast enough for the floor, no kernel of this design meets it.
+#   1  carry [".gpu/fk"] (or any bundle that installs torch-side libs; none needed beyond the machine's torch and
+#      triton), ~120 s warm: the kv_stream GPU test, then bench.launch_floor --stream-splits 8,16,64,128
+# FB=<bundle> installs another bundle first (a sitting's GGUF part riding along: FB=.gpu/g1).
+# Output: $OUT/run1.log (the console) and results1.tgz (lf.md / lf.json, the test log).
+set -u -o pipefail
+PART=${1:?part 1}
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
+case $PART in
+1)
+  install_fb
+  step "kv_stream on the GPU: the read-only pass reads exactly the plan's bytes"
+  gpu_tests kvs 120 tests/unit/test_kv_stream.py tests/unit/test_launch_floor.py
+  step "bench.launch_floor with the stream rows: SmolLM2 and Llama-8B shapes, batch 1 x 4k"
+  timeout 300 $PY -m attnlab.bench.launch_floor --models smollm2,llama8b --contexts 4096 --stream-splits 8,16,64,128 \
+    --out "$OUT/lf" > $LOGS/lf.log 2>&1
+  echo "exit code $?"; grep -E "^\||Error" $LOGS/lf.log; cp $LOGS/lf.log "$OUT/"
+  ;;
+esac
+pack

@@ -1,0 +1,58 @@
+"""bench.kv_stream: the read-only pass over a decode's K / V reads exactly the plan's bytes (every split count,
+page sizes incl. 1 and 3, kv lengths incl. 1 and shorter than a split), under the Triton interpreter on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.backends.base import Mode
+from attnlab.backends.cases import random_paged_case
+from attnlab.bench import kv_stream
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _case(kv_lens, page_size, hkv=2, d=64, dtype=torch.bfloat16):
+    pool, meta, _ = random_paged_case(kv_lens=kv_lens, q_lens=[1] * len(kv_lens), page_size=page_size,
+                                      num_q_heads=hkv * 3, num_kv_heads=hkv, head_dim=d, dtype=dtype, device=DEVICE,
+                                      mode=Mode.DECODE, seed=3)
+    k, v = pool.slots_view(0)
+    lens = torch.tensor(kv_lens, dtype=torch.int32, device=DEVICE)
+    return pool, meta, k, v, lens
+
+
+@pytest.mark.parametrize("kv_lens,page_size,splits,block_n", [
+    ([1], 1, 1, 16), ([37], 3, 4, 16), ([40, 7], 16, 3, 16), ([5], 16, 8, 16), ([70, 1, 33], 4, 2, 32),
+])
+def test_reads_every_byte_once(kv_lens, page_size, splits, block_n):
+    pool, meta, k, v, lens = _case(kv_lens, page_size)
+    out = torch.full((len(kv_lens), pool.num_kv_heads, splits), float("nan"), device=DEVICE)
+    kv_stream.stream_kv(k, v, out, meta.layout.kv_indptr, meta.layout.kv_indices, lens, page_size=page_size, num_splits=splits,
+                        block_n=block_n)
+    assert torch.isfinite(out).all()  # every program stored, empty splits included (their sum is 0)
+    want = kv_stream.expected_sums(k, v, meta.layout.kv_indptr, meta.layout.kv_indices, lens, page_size)
+    torch.testing.assert_close(out.double().sum(dim=2), want, atol=1e-3, rtol=1e-5)
+    kv_stream.check_sums(out, want, k, v)
+
+
+def test_check_catches_a_missed_tile():
+    pool, meta, k, v, lens = _case([64], 16)
+    out = torch.zeros(1, pool.num_kv_heads, 2, device=DEVICE)
+    want = kv_stream.expected_sums(k, v, meta.layout.kv_indptr, meta.layout.kv_indices, lens, 16)
+    kv_stream.stream_kv(k, v, out, meta.layout.kv_indptr, meta.layout.kv_indices, lens - 16, page_size=16, num_splits=2,
+                        block_n=16)
+    with pytest.raises(RuntimeError, match="read other bytes"):
+        kv_stream.check_sums(out, want, k, v)
+
+
+def test_bad_input():
+    pool, meta, k, v, lens = _case([8], 4)
+    out = torch.zeros(1, pool.num_kv_heads, 2, device=DEVICE)
+    args = (k, v, out, meta.layout.kv_indptr, meta.layout.kv_indices, lens)
+    with pytest.raises(ValueError, match="powers of two"):
+        kv_stream.stream_kv(*args, page_size=4, num_splits=2, block_n=24)
+    with pytest.raises(ValueError, match="num_splits 0"):
+        kv_stream.stream_kv(*args, page_size=4, num_splits=0, block_n=16)
+    with pytest.raises(ValueError, match=r"fp32 \[1, 2, 3\]"):
+        kv_stream.stream_kv(*args, page_size=4, num_splits=3, block_n=16)
