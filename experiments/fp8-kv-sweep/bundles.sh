@@ -1,7 +1,7 @@
-# Makes .gpu/g0 .. .gpu/g2 (git-ignored, as .gpu/ is): the SmolLM2 GGUF (98.4 MB) cut to fill three calls, each beside
-# the tree (25.7 MB in disk blocks on 2026-12-05f: the limit counts blocks, not bytes) under the 64 MiB a call
-# carries: g0 20.0 MB (beside .gpu/fk, 20.1 MB), g1 40.0 MB, g2 the rest (38.4 MB) and an empty fourth part, so the
-# bundles' install.sh joins the file in the call that carries g2. About 1 MB is left for the tree to grow.
+# Makes .gpu/g0 .. .gpu/g3 (git-ignored, as .gpu/ is): the SmolLM2 GGUF (98.4 MB) cut to fill four calls, each beside
+# the tree under the 64 MiB a call carries, counted in disk blocks (28.3 MB of blocks for 24.9 MB of bytes on
+# 2026-12-06c; 25.7 MB on 2026-12-05f, when three parts fit): g0 18.0 MB (beside .gpu/fk, 20.1 MB), g1 and g2 38.0 MB,
+# g3 the rest (4.4 MB), so the bundles' install.sh joins the file in the call that carries the last of them.
 # (h200-2026-12-04h/bundles.sh's four equal parts took five calls with .gpu/fk.) Needs ../shared/gpu/prepare.sh's
 # .gpu/1 .. .gpu/3 first.
 set -euo pipefail
@@ -10,11 +10,11 @@ name=SmolLM2-135M-Instruct.Q4_1.gguf
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cat .gpu/[123]/$name.part0 .gpu/[123]/$name.part1 .gpu/[123]/$name.part2 .gpu/[123]/$name.part3 > "$tmp/$name"
 echo "$(sha256sum "$tmp/$name" | cut -c1-16)… joined here (want b179c9523d0e6a0f)"
-for n in 0 1 2; do rm -rf .gpu/g$n && mkdir -p .gpu/g$n && cp .gpu/1/install.sh .gpu/g$n/; done
+for n in 0 1 2 3; do rm -rf .gpu/g$n && mkdir -p .gpu/g$n && cp .gpu/1/install.sh .gpu/g$n/; done
 cut() { dd if="$tmp/$name" of="$1" bs=1M iflag=skip_bytes,count_bytes skip="$2" ${3:+count=$3} status=none; }
-cut .gpu/g0/$name.part0 0 20000000
-cut .gpu/g1/$name.part1 20000000 40000000
-cut .gpu/g2/$name.part2 60000000
-: > .gpu/g2/$name.part3
-cat .gpu/g0/$name.part0 .gpu/g1/$name.part1 .gpu/g2/$name.part2 | cmp - "$tmp/$name" && echo "the three parts join to it"
+cut .gpu/g0/$name.part0 0 18000000
+cut .gpu/g1/$name.part1 18000000 38000000
+cut .gpu/g2/$name.part2 56000000 38000000
+cut .gpu/g3/$name.part3 94000000
+cat .gpu/g?/$name.part? | cmp - "$tmp/$name" && echo "the four parts join to it"
 du -sb .gpu/g? | sed 's/^/bundle /'

@@ -3,14 +3,15 @@
 # first: it is what the fp8 rows' parity is read against), parity (tokens, logits, acceptance) and speed. The drafter is
 # the shipped EAGLE-3 head since 2026-12-05f (the self-draft's tau was 1.02-1.03; results/: that run, 8 of 12 jobs in
 # 470 s on an H100, so the 12 take two calls now: bf16 and fp8-kv, then fp8-draft).
-# The GGUF travels in three parts (bundles.sh: .gpu/g0..g2, after ../shared/gpu/prepare.sh) on one machine, back to
+# The GGUF travels in four parts (bundles.sh: .gpu/g0..g3, after ../shared/gpu/prepare.sh) on one machine, back to
 # back; calls 1 and 2 carry little, so other work of the sitting rides beside them:
 #   1  carry [".gpu/fk", ".gpu/g0"]:  bash experiments/fp8-kv-sweep/run.sh 1   (or xqa-verify/run.sh 3, which installs
 #                                     both and compiles this sweep's e4m3-KV FlashInfer modules untimed: jit_fp8)
 #   2  carry [".gpu/g1"]:             bash experiments/fp8-kv-sweep/run.sh 2   (or FB=.gpu/g1 hybrid-rounds/run.sh)
-#   3  carry [".gpu/g2"]:             bash experiments/fp8-kv-sweep/run.sh 3   (joins the GGUF; bf16 and fp8-kv: 8 jobs)
+#      carry [".gpu/g2"]:             FB=.gpu/g2 bash experiments/fp8-kv-sweep/run.sh 2
+#   3  carry [".gpu/g3"]:             bash experiments/fp8-kv-sweep/run.sh 3   (joins the GGUF; bf16 and fp8-kv: 8 jobs)
 #   4  no carry:                      bash experiments/fp8-kv-sweep/run.sh 4   (fp8-draft: 4 jobs; the reports)
-#   5  carry [".gpu/g2"] after 1, 2:  bash experiments/fp8-kv-sweep/run.sh 5   (job 4 alone, fp8-kv triton / triton,
+#   5  carry [".gpu/g3"] after 1, 2:  bash experiments/fp8-kv-sweep/run.sh 5   (job 4 alone, fp8-kv triton / triton,
 #                                     with parity.rounding: is its gap-0.5 divergence within the reference's rounding?)
 # (.gpu/fk: the core libraries and flashinfer of .gpu/1 without its GGUF part, datasets, dill and multiprocess.)
 # Output: $OUT/runN.log (the console) and resultsN.tgz (the report, fp8kv.md, and the run folders without weights).
@@ -34,9 +35,9 @@ reports() {
 }
 case $PART in
 1) FB=.gpu/fk install_fb; bash .gpu/g0/install.sh | tail -1; step "e4m3-KV JIT"; jit_fp8 jitfp8 240 ;;
-2) FB=.gpu/g1 install_fb ;;
+2) FB=${FB:-.gpu/g1} install_fb ;;
 3)
-  FB=.gpu/g2 install_fb
+  FB=.gpu/g3 install_fb
   test -s /opt/models/SmolLM2-135M-Instruct.Q4_1.gguf || { echo "the GGUF is not whole: parts 1 and 2 first"; exit 1; }
   sweep fp8kv bf16,fp8-kv "${SWEEP_SECS:-540}"
   reports fp8kv  # here too: a sitting short of device time may stop after this call
@@ -46,7 +47,7 @@ case $PART in
   reports fp8kv fp8draft
   ;;
 5)
-  FB=.gpu/g2 install_fb
+  FB=.gpu/g3 install_fb
   test -s /opt/models/SmolLM2-135M-Instruct.Q4_1.gguf || { echo "the GGUF is not whole: parts 1 and 2 first"; exit 1; }
   step "job 4 of the sweep alone (precision fp8-kv, backend triton, verify triton), parity.rounding on"
   timeout "${SWEEP_SECS:-300}" $PY -m attnlab experiment=fp8_kv device=cuda logger=jsonl precision=fp8-kv     backend=triton verify=triton hydra.run.dir=/tmp/sweep/job4/0 > $LOGS/job4.log 2>&1
