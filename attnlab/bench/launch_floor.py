@@ -138,6 +138,22 @@ def arms(model: str, context: int, page_size: int, reps: int, iters: int,
     return timers, splits
 
 
+def floor_line(model: str, ctx: int, med: dict[str, float], splits: int) -> str:
+    """The issue-16 floor row of one shape: the target, the best decode, its two empty launches, and the fastest read
+    of its K / V by a stream row (us, and TB/s: MB / us) from ``med`` ({"<row> | <column>": median us})."""
+    target = BEFORE_US[model] / 1.5
+    best = min(med[f"decode | {c}"] for c, *_ in SETTINGS)
+    floor2 = med.get("empty x2, decode + merge grids | PDL on", med["empty, decode grid | PDL on"])
+    _, hkv, d = HEADS[model]
+    mb = 2 * ctx * hkv * d * 2 / 1e6  # bf16 K and V of the request
+    reads = {k: v for k, v in med.items() if k.startswith("stream K / V") and "merge" not in k}
+    fast = min(reads, key=reads.get)
+    return (f"| {model} | {ctx} | issue 16 floor: <= {target:.2f} us (2026-12-01: {BEFORE_US[model]} us / 1.5); best "
+            f"decode {best:.2f} us ({splits} splits); its two empty launches alone {floor2:.2f} us; the fastest read of "
+            f"its {mb:.1f} MB of K / V {reads[fast]:.2f} us ({fast}: {mb / reads[fast]:.2f} TB/s) |"
+            + " |" * (2 * len(SETTINGS)))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m attnlab.bench.launch_floor",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -196,17 +212,7 @@ def main(argv=None) -> int:
                 lines.append(f"| {model} | {ctx} | {name} | {' | '.join(cells)} |")
                 print(lines[-1], flush=True)
             if ctx == 4096 and model in BEFORE_US:
-                target = BEFORE_US[model] / 1.5
-                best = min(med[f"decode | {c}"] for c, *_ in SETTINGS)
-                floor2 = med.get("empty x2, decode + merge grids | PDL on", med["empty, decode grid | PDL on"])
-                _, hkv, d = HEADS[model]
-                mb = 2 * ctx * hkv * d * 2 / 1e6  # bf16 K and V of the request
-                reads = {k: v for k, v in med.items() if k.startswith("stream K / V") and "merge" not in k}
-                fast = min(reads, key=reads.get)
-                lines.append(f"| {model} | {ctx} | issue 16 floor: <= {target:.2f} us (2026-12-01: {BEFORE_US[model]} us "
-                             f"/ 1.5); best decode {best:.2f} us ({splits} splits); its two empty launches alone "
-                             f"{floor2:.2f} us; the fastest read of its {mb:.1f} MB of K / V {reads[fast]:.2f} us "
-                             f"({fast}: {mb / reads[fast] * 1e-3:.2f} TB/s) |" + " |" * (2 * len(SETTINGS)))
+                lines.append(floor_line(model, ctx, med, splits))
                 print(lines[-1], flush=True)
     write_report(a.out, res, "\n".join(lines))
     return 0

@@ -5,10 +5,15 @@
 # split grid reads the bytes fast enough for the floor, no kernel of this design meets it.
 #   1  carry [".gpu/fk"] (or any bundle that installs torch-side libs; none needed beyond the machine's torch and
 #      triton), ~120 s warm: the kv_stream GPU test, then bench.launch_floor --stream-splits 8,16,64,128
+#   2  carry [".gpu/fk", ".old"], ~150 s warm: the floor's before and after on one card. The floor is "1.5x faster than
+#      2026-12-01", whose figures (6.9 / 14.1 us) were taken on an H200 by c101f91's bench.kernels --quick (5 runs a
+#      replay); only H100s come now. .old is that commit's attnlab (made here, untracked and git-excluded:
+#      mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old). Two rounds of: c101f91's bench.kernels and
+#      today's (triton, triton+pdl), batch 1 and 16 x 4k decode, at 5 runs a replay (the floor's method) and at 200.
 # FB=<bundle> installs another bundle first (a sitting's GGUF part riding along: FB=.gpu/g1).
 # Output: $OUT/run1.log (the console) and results1.tgz (lf.md / lf.json, the test log).
 set -u -o pipefail
-PART=${1:?part 1}
+PART=${1:?part 1 or 2}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 case $PART in
 1)
@@ -19,6 +24,22 @@ case $PART in
   timeout 300 $PY -m attnlab.bench.launch_floor --models smollm2,llama8b --contexts 4096 --stream-splits 8,16,64,128 \
     --out "$OUT/lf" > $LOGS/lf.log 2>&1
   echo "exit code $?"; grep -E "^\||Error" $LOGS/lf.log; cp $LOGS/lf.log "$OUT/"
+  ;;
+2)
+  FB=.gpu/fk install_fb
+  test -d .old/attnlab || { echo ".old/attnlab missing: carry .old (see the header)"; exit 1; }
+  for r in 1 2; do
+    for reps in 5 200; do
+      step "round $r, $reps runs a replay: c101f91 (2026-12-01's code and bench)"
+      (cd .old && PYTHONPATH=/opt/site:$PWD timeout 150 $PY -m attnlab.bench.kernels --backends triton --phases decode \
+        --quick --reps $reps --out "$OUT/old-r$r-$reps" > $LOGS/old-r$r-$reps.log 2>&1; echo "exit code $?")
+      grep -E "^decode" $LOGS/old-r$r-$reps.log
+      step "round $r, $reps runs a replay: today's triton, triton+pdl"
+      timeout 150 $PY -m attnlab.bench.kernels --backends triton,triton+pdl --phases decode --quick --reps $reps \
+        --repeats 3 --out "$OUT/new-r$r-$reps" > $LOGS/new-r$r-$reps.log 2>&1
+      echo "exit code $?"; grep -E "^decode" $LOGS/new-r$r-$reps.log
+    done
+  done
   ;;
 esac
 pack
