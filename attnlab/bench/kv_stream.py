@@ -4,10 +4,15 @@ stream rows time it to say how fast this GPU can read a batch-1 decode's KV byte
 with others: ``--stream-splits``), so the decode floor's distance from the memory system is measured, not guessed.
 
 Each program stores the fp32 sum of its K and V elements; ``expected_sums`` is the same from torch, so a bench can
-prove every byte was read (a compiler cannot drop loads whose values reach the output).
+prove every byte was read (a compiler cannot drop loads whose values reach the output). Unlike the decode it reads
+no ``qo_indptr``: every request is taken as decoding (no padded rows), as in ``bench.launch_floor``'s batch-1 cells.
+Split bounds are multiples of BLOCK_N, so a split count past ``kv_len / BLOCK_N`` adds empty programs, not a finer
+partition (``working_splits``).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -43,6 +48,15 @@ def _stream_kernel(K, V, OUT, KV_INDPTR, KV_INDICES, KV_LENS, num_splits, stride
     tl.store(OUT + (b * tl.num_programs(1) + kvh) * num_splits + split, tl.sum(acc))
 
 
+def working_splits(kv_len: int, num_splits: int, block_n: int) -> int:
+    """How many of ``num_splits`` splits hold tokens of a ``kv_len`` request (the decode's bounds: each split a
+    multiple of ``block_n``); the rest are empty programs."""
+    if kv_len <= 0:
+        return 0
+    chunk = math.ceil(math.ceil(kv_len / num_splits) / block_n) * block_n
+    return math.ceil(kv_len / chunk)
+
+
 def stream_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, kv_indptr: torch.Tensor,
               kv_indices: torch.Tensor, kv_lens: torch.Tensor, *, page_size: int, num_splits: int, block_n: int,
               num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
@@ -75,18 +89,23 @@ def expected_sums(k_cache: torch.Tensor, v_cache: torch.Tensor, kv_indptr: torch
         n = int(kv_lens[b])
         pages = kv_indices[int(kv_indptr[b]):int(kv_indptr[b + 1])].long()
         slots = (pages[:, None] * page_size + torch.arange(page_size, device=pages.device)).reshape(-1)[:n]
+        if slots.numel() != n:
+            raise ValueError(f"expected_sums: request {b} has {n} tokens but {pages.numel()} pages of {page_size}")
         sums.append((k_cache[slots].double() + v_cache[slots].double()).sum(dim=(0, 2)))
     return torch.stack(sums)
 
 
-def check_sums(out: torch.Tensor, want: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    """Raise unless ``out``'s per-(request, kv head) sums match ``want`` within fp32 summation error (relative to
-    the sum of magnitudes of the elements, so a missed tile of near-zero-mean data still shows)."""
+def check_sums(out: torch.Tensor, want: torch.Tensor, kv_lens: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor) -> None:
+    """Raise unless ``out``'s per-(request, kv head) sums match ``want`` within fp32 summation error. The bound is
+    1e-6 of the magnitude a request's sum may reach (its 2 x kv_len x head_dim elements at the pool's mean magnitude):
+    fp32 error is ~1e-7 of it, while a missed tile of unit-scale data moves the sum by ~sqrt(its elements)."""
     got = out.double().sum(dim=2)
-    scale = (k_cache.double().abs().sum() + v_cache.double().abs().sum()) / (k_cache.numel() + v_cache.numel())
-    count = max(1, k_cache.numel() // max(1, k_cache.shape[1]))  # elements a (request, kv head) may read, at most
-    tol = 1e-6 * scale * count + 1e-6  # fp32 error: ~1e-7 of it; a missed tile of unit data: its sum, ~sqrt(tile)
-    err = (got - want).abs().max().item()
-    if not err <= tol:
-        raise RuntimeError(f"stream_kv read other bytes than the plan's: sums differ by {err:.3g} (tolerance "
-                           f"{tol:.3g})")
+    scale = (k_cache.double().abs().mean() + v_cache.double().abs().mean()) / 2
+    count = 2 * kv_lens.double().to(got.device)[:, None] * k_cache.shape[2]
+    tol = 1e-6 * scale * count + 1e-6
+    err = (got - want).abs()
+    if not bool((err <= tol).all()):
+        worst = int((err - tol).argmax())
+        raise RuntimeError(f"stream_kv read other bytes than the plan's: sums differ by {err.max().item():.3g} "
+                           f"(tolerance {tol.reshape(-1)[worst].item():.3g})")

@@ -38,7 +38,7 @@ case $PART in
 2) FB=${FB:-.gpu/g1} install_fb ;;
 3)
   FB=.gpu/g3 install_fb
-  test -s /opt/models/SmolLM2-135M-Instruct.Q4_1.gguf || { echo "the GGUF is not whole: parts 1 and 2 first"; exit 1; }
+  test -s /opt/models/SmolLM2-135M-Instruct.Q4_1.gguf || { echo "the GGUF is not whole: run.sh 1, then run.sh 2 with g1 and with g2 first"; exit 1; }
   sweep fp8kv bf16,fp8-kv "${SWEEP_SECS:-540}"
   reports fp8kv  # here too: a sitting short of device time may stop after this call
   ;;
@@ -48,9 +48,10 @@ case $PART in
   ;;
 5)
   FB=.gpu/g3 install_fb
-  test -s /opt/models/SmolLM2-135M-Instruct.Q4_1.gguf || { echo "the GGUF is not whole: parts 1 and 2 first"; exit 1; }
+  test -s /opt/models/SmolLM2-135M-Instruct.Q4_1.gguf || { echo "the GGUF is not whole: run.sh 1, then run.sh 2 with g1 and with g2 first"; exit 1; }
   step "job 4 of the sweep alone (precision fp8-kv, backend triton, verify triton), parity.rounding on"
-  timeout "${SWEEP_SECS:-300}" $PY -m attnlab experiment=fp8_kv device=cuda logger=jsonl precision=fp8-kv     backend=triton verify=triton hydra.run.dir=/tmp/sweep/job4/0 > $LOGS/job4.log 2>&1
+  timeout "${SWEEP_SECS:-300}" $PY -m attnlab experiment=fp8_kv device=cuda logger=jsonl precision=fp8-kv \
+    backend=triton verify=triton hydra.run.dir=/tmp/sweep/job4/0 > $LOGS/job4.log 2>&1
   echo "exit code $?"; grep -E "tau|WARNING|ERROR|rounding" $LOGS/job4.log | cut -c1-400
   cp $LOGS/job4.log "$OUT/"
   reports job4

@@ -33,7 +33,7 @@ def test_reads_every_byte_once(kv_lens, page_size, splits, block_n):
     assert torch.isfinite(out).all()  # every program stored, empty splits included (their sum is 0)
     want = kv_stream.expected_sums(k, v, meta.layout.kv_indptr, meta.layout.kv_indices, lens, page_size)
     torch.testing.assert_close(out.double().sum(dim=2), want, atol=1e-3, rtol=1e-5)
-    kv_stream.check_sums(out, want, k, v)
+    kv_stream.check_sums(out, want, lens, k, v)
 
 
 def test_check_catches_a_missed_tile():
@@ -43,7 +43,7 @@ def test_check_catches_a_missed_tile():
     kv_stream.stream_kv(k, v, out, meta.layout.kv_indptr, meta.layout.kv_indices, lens - 16, page_size=16, num_splits=2,
                         block_n=16)
     with pytest.raises(RuntimeError, match="read other bytes"):
-        kv_stream.check_sums(out, want, k, v)
+        kv_stream.check_sums(out, want, lens, k, v)
 
 
 def test_bad_input():
@@ -56,3 +56,11 @@ def test_bad_input():
         kv_stream.stream_kv(*args, page_size=4, num_splits=0, block_n=16)
     with pytest.raises(ValueError, match=r"fp32 \[1, 2, 3\]"):
         kv_stream.stream_kv(*args, page_size=4, num_splits=3, block_n=16)
+
+
+@pytest.mark.parametrize("kv_len,splits,block_n,want", [
+    (4096, 32, 128, 32), (4096, 64, 128, 32), (4096, 128, 128, 32), (4096, 64, 64, 64), (4096, 128, 64, 64),
+    (4096, 8, 64, 8), (100, 3, 16, 3), (33, 8, 16, 3), (1, 4, 16, 1), (0, 4, 16, 0),
+])
+def test_working_splits(kv_len, splits, block_n, want):
+    assert kv_stream.working_splits(kv_len, splits, block_n) == want
