@@ -118,13 +118,15 @@ def layout_page_size(rule: str, default: int, context: int) -> int | None:
     return None
 
 
-def build(model: str, batch: int, context: int, q_len: int, page_size: int, dtype, seed: int = 0):
+def build(model: str, batch: int, context: int, q_len: int, page_size: int, dtype, seed: int = 0,
+          layers: int | None = None):
     """A pool (several layers to walk over) holding ``batch`` requests of ``context`` tokens, the last
-    ``q_len`` of which are this pass's new tokens; returns (pool, meta, q, num_layers)."""
+    ``q_len`` of which are this pass's new tokens; returns (pool, meta, q, num_layers). ``layers``: that many layers
+    in place of the default walk (enough for MIN_WALK_BYTES, at most 8: small layers are then partly L2 hits)."""
     hq, hkv, d = HEADS[model]
     elem = torch.tensor([], dtype=dtype).element_size()
     layer_bytes = 2 * batch * context * hkv * d * elem
-    num_layers = max(1, min(8, -(-MIN_WALK_BYTES // max(1, layer_bytes))))
+    num_layers = layers or max(1, min(8, -(-MIN_WALK_BYTES // max(1, layer_bytes))))
     mode = Mode.DECODE if q_len == 1 else Mode.PREFILL if q_len == context else Mode.VERIFY
     pool, meta, q = random_paged_case(kv_lens=[context] * batch, q_lens=[q_len] * batch, page_size=page_size,
                                       num_q_heads=hq, num_kv_heads=hkv, head_dim=d, dtype=dtype, device="cuda",

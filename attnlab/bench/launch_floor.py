@@ -124,12 +124,12 @@ SETTINGS = (("PDL off", False, decode.KV_PREFETCH_TILES), ("PDL on", True, decod
 
 
 def arms(model: str, context: int, page_size: int, reps: int, iters: int,
-         stream_splits: tuple[int, ...] = ()) -> tuple[dict[str, Timer], int]:
+         stream_splits: tuple[int, ...] = (), layers: int | None = None) -> tuple[dict[str, Timer], int]:
     """Every row's timer for one shape under every SETTINGS column: ({"<row> | <column>": Timer}, the decode's split
     count). The decode's output must be the same bits under each (PDL and the prefetch move no sum)."""
     from attnlab.backends.triton import TritonBackend
 
-    pool, meta, q, num_layers = build(model, 1, context, 1, page_size, torch.bfloat16)
+    pool, meta, q, num_layers = build(model, 1, context, 1, page_size, torch.bfloat16, layers=layers)
     _, hkv, _ = HEADS[model]
     timers, outs = {}, []
     for column, on, tiles in SETTINGS:
@@ -174,6 +174,9 @@ def main(argv=None) -> int:
     ap.add_argument("--stream-splits", default="",
                     help="more split counts for the stream row (comma list, e.g. 8,16,64): the decode's K / V read "
                          "with other partitions (a count giving a partition already timed is skipped)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="layers the runs walk (default: bench.kernels' walk, at most 8: at SmolLM2 shapes 25 MB, "
+                         "inside an H100's L2; 64 there walks 200 MB)")
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     a = ap.parse_args(argv)
     models = [m.strip() for m in a.models.split(",") if m.strip()]
@@ -182,6 +185,8 @@ def main(argv=None) -> int:
         ap.error(f"--models: unknown {bad} (choose from {', '.join(HEADS)})")
     if min(a.repeats, a.reps, a.iters) < 1:
         ap.error("--repeats, --reps and --iters must be >= 1")
+    if a.layers is not None and not 1 <= a.layers <= 256:
+        ap.error(f"--layers {a.layers}: 1..256")
     try:
         stream_splits = tuple(dict.fromkeys(int(n) for n in a.stream_splits.split(",") if n.strip()))
     except ValueError:
@@ -194,16 +199,16 @@ def main(argv=None) -> int:
         return 2
     contexts = [int(c) for c in a.contexts.split(",") if c.strip()]
     gpu = torch.cuda.get_device_name()
-    res = {"gpu": gpu, "versions": versions(), "repeats": a.repeats, "rows": []}
+    res = {"gpu": gpu, "versions": versions(), "repeats": a.repeats, "layers": a.layers, "rows": []}
     lines = [(f"{gpu}; {res['versions']}; batch 1, bf16, page {a.page_size}, CUDA-graph replay of back-to-back runs "
-              f"over the layers; median of {a.repeats} measurements (spread max - min); ratio: to the decode of the "
+              f"over {a.layers or 'the default walk of'} layers; median of {a.repeats} measurements (spread max - min); ratio: to the decode of the "
               f"same column"), "",
              "| model | context | row | " + " | ".join(f"{c}: us | ratio" for c, *_ in SETTINGS) + " |",
              "|---|---|---|" + "---|---|" * len(SETTINGS)]
     print(lines[0], flush=True)
     for model in models:
         for ctx in contexts:
-            timers, splits = arms(model, ctx, a.page_size, a.reps, a.iters, stream_splits)
+            timers, splits = arms(model, ctx, a.page_size, a.reps, a.iters, stream_splits, a.layers)
             samples = {k: [] for k in timers}
             for _ in range(a.repeats):  # interleaved: drift hits every row alike
                 for k, t in timers.items():

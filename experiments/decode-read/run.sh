@@ -10,6 +10,7 @@
 #      replay); only H100s come now. .old is that commit's attnlab (made here, untracked and git-excluded:
 #      mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old). Two rounds of: c101f91's bench.kernels and
 #      today's (triton, triton+pdl), batch 1 and 16 x 4k decode, at 5 runs a replay (the floor's method) and at 200.
+#      Then part 1's stream rows again with 64 layers walked (SmolLM2's 8 fit the L2).
 # FB=<bundle> installs another bundle first (a sitting's GGUF part riding along: FB=.gpu/g1).
 # Output: $OUT/run1.log (the console) and results1.tgz (lf.md / lf.json, the test log).
 set -u -o pipefail
@@ -40,6 +41,10 @@ case $PART in
       echo "exit code $?"; grep -E "^decode" $LOGS/new-r$r-$reps.log
     done
   done
+  step "bench.launch_floor, 64 layers walked (SmolLM2: 200 MB, 4x the H100's L2; part 1's 8 were 25 MB)"
+  timeout 200 $PY -m attnlab.bench.launch_floor --models smollm2,llama8b --contexts 4096 --stream-splits 8,16,64 \
+    --layers 64 --out "$OUT/lf64" > $LOGS/lf64.log 2>&1
+  echo "exit code $?"; grep -E "^\||Error|skipped" $LOGS/lf64.log
   ;;
 esac
 pack

@@ -38,3 +38,7 @@ def test_stream_splits_bad_input(capsys):
         with pytest.raises(SystemExit):
             launch_floor.main(["--stream-splits", bad])
         assert "--stream-splits" in capsys.readouterr().err
+    for bad in ("0", "300"):
+        with pytest.raises(SystemExit):
+            launch_floor.main(["--layers", bad])
+        assert "--layers" in capsys.readouterr().err
