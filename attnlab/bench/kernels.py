@@ -148,12 +148,12 @@ def make_backend(cls, pool, meta, q, model: str):
 
 class Timer:
     """One backend on one shape: warm, captured (if it can be), then timed on demand. ``kv``: per layer the new
-    tokens' K / V (prefill cells), handed to ``run_new`` as the engine's layers do; else ``run``. ``flush``: a buffer
-    written before each run (``--cold``: the L2 evicted, as the engine's GEMMs between two layers' attention may), the
-    writes' own time measured alone and subtracted."""
+    tokens' K / V (prefill cells), handed to ``run_new`` as the engine's layers do; else ``run``. ``between``: a
+    launch before each run (``--cold``: a buffer written, the L2 evicted; ``--between gemm``: a layer's MLP GEMMs, as
+    the engine runs between two layers' attention), its own time measured alone in the same sample and subtracted."""
 
     def __init__(self, be, q, num_layers: int, graphable: bool, reps: int, iters: int, kv: list | None = None,
-                 flush: torch.Tensor | None = None):
+                 between=None):
         self.be, self.q, self.num_layers = be, q, num_layers
         self.call = ((lambda layer: be.run(q, layer)) if kv is None
                      else (lambda layer: be.run_new(q, kv[layer][0], kv[layer][1], layer)))
@@ -172,21 +172,21 @@ class Timer:
 
         def runs():
             for r in range(self.reps):
-                if flush is not None:
-                    flush.zero_()
+                if between is not None:
+                    between()
                 self.call(r % num_layers)
 
         def flushes():
             for _ in range(self.reps):
-                flush.zero_()
-        self.runs, self.flushes = runs, (None if flush is None else flushes)
+                between()
+        self.runs, self.flushes = runs, (None if between is None else flushes)
         self.graph, self.flush_graph, self.graph_error = None, None, None
         if graphable:
             try:
                 from attnlab.engine.graphs import record_graph
 
                 graph, _ = record_graph(runs, warmups=1)
-                flush_graph = None if flush is None else record_graph(flushes, warmups=1)[0]
+                flush_graph = None if between is None else record_graph(flushes, warmups=1)[0]
                 graph.replay()
                 torch.cuda.synchronize()
                 self.graph, self.flush_graph = graph, flush_graph
@@ -195,7 +195,8 @@ class Timer:
                 torch.cuda.synchronize()
 
     def measure(self) -> float:
-        """Median ms per run over ``iters`` samples of ``reps`` runs (cold: each sample less its flushes' time)."""
+        """Median ms per run over ``iters`` samples of ``reps`` runs (with ``between``: each sample less the time of
+        its ``between`` launches alone)."""
         run = self.graph.replay if self.graph is not None else self.runs
         if self.flushes is None:
             return event_median_ms(run, self.iters) / self.reps
@@ -222,6 +223,29 @@ def paired_median_ms(run, base, iters: int) -> float:
     """Median over ``iters`` samples of ``run()``'s time less ``base()``'s, the two timed back to back in each
     sample (so drift between samples hits both), in ms."""
     return statistics.median(event_ms(run) - event_ms(base) for _ in range(iters))
+
+
+class MlpBetween:
+    """``--between gemm``: before each run, one layer's MLP as the engine runs it between two layers' attention, on
+    cuBLAS: ``tokens`` x hidden against a gate / up weight of hidden x 6 hidden, SiLU-mul, and back through a 3
+    hidden x hidden weight (hidden = the model's query heads x head dim). Random bf16 weights, buffers made once (the
+    launches capture into a graph)."""
+
+    def __init__(self, model: str, tokens: int, device="cuda"):
+        hq, _, d = HEADS[model]
+        h = hq * d
+        g = torch.Generator(device=device).manual_seed(0)
+        mk = lambda *shape: torch.randn(*shape, generator=g, device=device, dtype=torch.bfloat16) * shape[0] ** -0.5
+        self.x, self.w1, self.w2 = mk(tokens, h), mk(h, 6 * h), mk(3 * h, h)
+        self.y = torch.empty(tokens, 6 * h, device=device, dtype=torch.bfloat16)
+        self.z = torch.empty(tokens, 3 * h, device=device, dtype=torch.bfloat16)
+        self.out = torch.empty(tokens, h, device=device, dtype=torch.bfloat16)
+
+    def __call__(self) -> None:
+        torch.mm(self.x, self.w1, out=self.y)
+        gate, up = self.y.chunk(2, dim=-1)
+        torch.mul(torch.nn.functional.silu(gate), up, out=self.z)
+        torch.mm(self.z, self.w2, out=self.out)
 
 
 def flush_buffer(device="cuda") -> torch.Tensor:
@@ -328,14 +352,21 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
                 torch.cuda.synchronize()
                 tag(cell, be, meta)
                 continue
+            between = None
+            if getattr(args, "flush", None) is not None:
+                between = args.flush.zero_
+            elif getattr(args, "between", None) == "gemm":
+                between = MlpBetween(model, batch * q_len)
             with pdl.using(split_pdl(label)[1], "cuda"):  # graphs record how their kernels were launched
                 timers[label] = Timer(be, q, num_layers, meta.mode in cls.capabilities().cuda_graph,
-                                      args.reps or DEFAULT_REPS[phase], args.iters, kv, getattr(args, "flush", None))
+                                      args.reps or DEFAULT_REPS[phase], args.iters, kv, between)
             tag(cell, be, meta)  # after its runs: a backend may say which kernel ran only once it ran
             cell.extra.update(cuda_graph=timers[label].graph is not None, reps=timers[label].reps,
                               iters=timers[label].iters)
             if getattr(args, "flush", None) is not None:
                 cell.extra["cold"] = True  # verify_floor refuses to mix these with back-to-back cells
+            elif between is not None:
+                cell.extra["between"] = "gemm"  # and these
             if timers[label].graph_error:
                 cell.extra["graph_error"] = timers[label].graph_error
         except Exception as e:  # noqa: BLE001 - one failing shape is an error cell, not a crash
@@ -471,8 +502,13 @@ def main(argv=None) -> int:
                          "kernel's page table, workspace and code out of the L2, as between two layers of a model; "
                          "the default "
                          "times runs back to back, only the KV kept out of the L2")
+    ap.add_argument("--between", choices=["gemm"], default=None,
+                    help="launch one layer's MLP GEMMs (cuBLAS, the model's hidden size) before each run, timed alone "
+                         "and subtracted: the kernel runs after other kernels, as in the engine, not after itself")
     ap.add_argument("--out", help="write FILE.json and FILE.md")
     args = ap.parse_args(argv)
+    if args.cold and args.between:
+        ap.error("--cold and --between: one context a run at a time")
     if not torch.cuda.is_available():
         print("attnlab.bench.kernels needs a CUDA GPU (none found); nothing to measure", file=sys.stderr)
         return 2
@@ -494,6 +530,8 @@ def main(argv=None) -> int:
                          "repeats": args.repeats, "baseline": args.baseline}
     if args.flush is not None:
         info["cold"] = f"the L2 flushed before each run ({args.flush.numel() >> 20} MiB written, its time subtracted)"
+    if args.between:
+        info["between"] = "one layer's MLP GEMMs before each run (cuBLAS), their time subtracted"
     header = f"GPU: {info['gpu']} · " + " · ".join(f"{k} {v}" for k, v in info.items() if k != "gpu")
     print(header, flush=True)
     t0 = time.perf_counter()

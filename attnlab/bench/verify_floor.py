@@ -191,9 +191,11 @@ def read_cells(paths: list[str]) -> list[dict]:
         if why:
             raise ValueError(f"{path}: not a bench.kernels JSON ({why})")
         cells += data["cells"]
-    if len({bool((c.get("extra") or {}).get("cold")) for c in cells}) > 1:
-        raise ValueError("bench.kernels --cold cells (the L2 flushed before each run) mixed with back-to-back ones: "
-                         "their times are not comparable; pass files of one kind")
+    kinds = {"cold" if (c.get("extra") or {}).get("cold") else (c.get("extra") or {}).get("between") or "back to back"
+             for c in cells}
+    if len(kinds) > 1:
+        raise ValueError(f"bench.kernels cells of several contexts mixed ({', '.join(sorted(kinds))}: --cold, "
+                         f"--between and back-to-back runs): their times are not comparable; pass files of one kind")
     return cells
 
 

@@ -86,8 +86,8 @@ def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
         return pool, meta, q, 1
 
     class FakeTimer:
-        def __init__(self, be, q, num_layers, graphable, reps, iters, kv=None, flush=None):
-            assert flush is None  # no --cold
+        def __init__(self, be, q, num_layers, graphable, reps, iters, kv=None, between=None):
+            assert between is None  # no --cold, no --between
             self.out = be.run(q, 0) if kv is None else be.run_new(q, kv[0][0], kv[0][1], 0)
             assert torch.isfinite(self.out.float()).all()
             self.graph, self.graph_error, self.reps, self.iters = (object() if graphable else None), None, reps, iters
@@ -227,7 +227,7 @@ def test_cold_timer_flushes_before_each_run_and_subtracts_the_flushes(monkeypatc
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(kernels, "event_ms", timed)
-    t = kernels.Timer(Be(), torch.zeros(2), num_layers=3, graphable=False, reps=4, iters=5, flush=Flush())
+    t = kernels.Timer(Be(), torch.zeros(2), num_layers=3, graphable=False, reps=4, iters=5, between=Flush().zero_)
     assert t.reps == 4 and t.iters == 5
     log.clear()
     assert t.measure() == pytest.approx(2.0)  # (4 x 12 - 4 x 10) / 4
@@ -237,6 +237,28 @@ def test_cold_timer_flushes_before_each_run_and_subtracts_the_flushes(monkeypatc
     warm = kernels.Timer(Be(), torch.zeros(2), num_layers=3, graphable=False, reps=4, iters=5)
     log.clear()
     assert warm.measure() == pytest.approx(2.0) and ("flush",) not in log
+
+
+def test_mlp_between_runs_a_layers_mlp():
+    """--between gemm: one layer's MLP (gate / up, SiLU-mul, down) at the model's hidden size, into buffers made once."""
+    from attnlab.bench import kernels
+
+    mlp = kernels.MlpBetween("smollm2", tokens=5, device="cpu")
+    assert mlp.w1.shape == (576, 3456) and mlp.w2.shape == (1728, 576) and mlp.out.shape == (5, 576)
+    out = mlp.out
+    mlp()
+    gate, up = (mlp.x.float() @ mlp.w1.float()).chunk(2, dim=-1)
+    want = (torch.nn.functional.silu(gate) * up) @ mlp.w2.float()
+    assert mlp.out is out and torch.isfinite(out.float()).all() and out.float().abs().sum() > 0
+    torch.testing.assert_close(out.float(), want, atol=0.1, rtol=0.05)
+
+
+def test_cold_and_between_are_exclusive(capsys):
+    from attnlab.bench import kernels
+
+    with pytest.raises(SystemExit):
+        kernels.main(["--cold", "--between", "gemm"])
+    assert "--cold and --between" in capsys.readouterr().err
 
 
 def test_launch_shapes_from_a_chrome_trace():

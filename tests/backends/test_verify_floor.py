@@ -187,5 +187,12 @@ def test_cold_and_back_to_back_files_are_not_mixed(tmp_path):
     (tmp_path / "w.json").write_text(json.dumps({"cells": warm}))
     (tmp_path / "c.json").write_text(json.dumps({"cells": cold}))
     assert len(read_cells([str(tmp_path / "c.json")])) == len(cold)  # one kind: read
-    with pytest.raises(ValueError, match="--cold cells .* mixed"):
+    with pytest.raises(ValueError, match="back to back, cold: --cold"):
         read_cells([str(tmp_path / "w.json"), str(tmp_path / "c.json")])
+    mlp = cells()
+    for c in mlp:
+        c["extra"] = {"between": "gemm"}
+    (tmp_path / "g.json").write_text(json.dumps({"cells": mlp}))
+    assert len(read_cells([str(tmp_path / "g.json")])) == len(mlp)
+    with pytest.raises(ValueError, match="back to back, gemm"):
+        read_cells([str(tmp_path / "w.json"), str(tmp_path / "g.json")])
