@@ -50,6 +50,7 @@ import torch
 from attnlab.backends.base import Mode
 from attnlab.backends.cases import new_kv, random_paged_case
 from attnlab.backends.registry import require_available
+from attnlab.bench.between import BETWEEN, make_between
 from attnlab.bench.cells import parse_spec
 
 HEADS = {"smollm2": (9, 3, 64), "llama8b": (32, 8, 128)}  # (q heads, kv heads, head_dim)
@@ -225,29 +226,6 @@ def paired_median_ms(run, base, iters: int) -> float:
     return statistics.median(event_ms(run) - event_ms(base) for _ in range(iters))
 
 
-class MlpBetween:
-    """``--between gemm``: before each run, one layer's MLP as the engine runs it between two layers' attention, on
-    cuBLAS: ``tokens`` x hidden against a gate / up weight of hidden x 6 hidden, SiLU-mul, and back through a 3
-    hidden x hidden weight (hidden = the model's query heads x head dim). Random bf16 weights, buffers made once (the
-    launches capture into a graph)."""
-
-    def __init__(self, model: str, tokens: int, device="cuda"):
-        hq, _, d = HEADS[model]
-        h = hq * d
-        g = torch.Generator(device=device).manual_seed(0)
-        mk = lambda *shape: torch.randn(*shape, generator=g, device=device, dtype=torch.bfloat16) * shape[0] ** -0.5
-        self.x, self.w1, self.w2 = mk(tokens, h), mk(h, 6 * h), mk(3 * h, h)
-        self.y = torch.empty(tokens, 6 * h, device=device, dtype=torch.bfloat16)
-        self.z = torch.empty(tokens, 3 * h, device=device, dtype=torch.bfloat16)
-        self.out = torch.empty(tokens, h, device=device, dtype=torch.bfloat16)
-
-    def __call__(self) -> None:
-        torch.mm(self.x, self.w1, out=self.y)
-        gate, up = self.y.chunk(2, dim=-1)
-        torch.mul(torch.nn.functional.silu(gate), up, out=self.z)
-        torch.mm(self.z, self.w2, out=self.out)
-
-
 def flush_buffer(device="cuda") -> torch.Tensor:
     """A buffer whose write evicts the L2: twice the device's L2 (50 MiB on an H100 / H200), at least 64 MiB."""
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
@@ -355,8 +333,8 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
             between = None
             if getattr(args, "flush", None) is not None:
                 between = args.flush.zero_
-            elif getattr(args, "between", None) == "gemm":
-                between = MlpBetween(model, batch * q_len)
+            elif getattr(args, "between", None):
+                between = make_between(args.between, hq * d, batch * q_len)
             with pdl.using(split_pdl(label)[1], "cuda"):  # graphs record how their kernels were launched
                 timers[label] = Timer(be, q, num_layers, meta.mode in cls.capabilities().cuda_graph,
                                       args.reps or DEFAULT_REPS[phase], args.iters, kv, between)
@@ -366,7 +344,7 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
             if getattr(args, "flush", None) is not None:
                 cell.extra["cold"] = True  # verify_floor refuses to mix these with back-to-back cells
             elif between is not None:
-                cell.extra["between"] = "gemm"  # and these
+                cell.extra["between"] = between.label  # and these (each its own context)
             if timers[label].graph_error:
                 cell.extra["graph_error"] = timers[label].graph_error
         except Exception as e:  # noqa: BLE001 - one failing shape is an error cell, not a crash
@@ -502,9 +480,10 @@ def main(argv=None) -> int:
                          "kernel's page table, workspace and code out of the L2, as between two layers of a model; "
                          "the default "
                          "times runs back to back, only the KV kept out of the L2")
-    ap.add_argument("--between", choices=["gemm"], default=None,
-                    help="launch one layer's MLP GEMMs (cuBLAS, the model's hidden size) before each run, timed alone "
-                         "and subtracted: the kernel runs after other kernels, as in the engine, not after itself")
+    ap.add_argument("--between", choices=list(BETWEEN), default=None,
+                    help="a launch before each run, timed alone and subtracted, so the kernel runs after other "
+                         "kernels as in the engine, not after itself: " + "; ".join(f"{k}: {v}" for k, v in
+                                                                                      BETWEEN.items()))
     ap.add_argument("--out", help="write FILE.json and FILE.md")
     args = ap.parse_args(argv)
     if args.cold and args.between:
@@ -531,7 +510,7 @@ def main(argv=None) -> int:
     if args.flush is not None:
         info["cold"] = f"the L2 flushed before each run ({args.flush.numel() >> 20} MiB written, its time subtracted)"
     if args.between:
-        info["between"] = "one layer's MLP GEMMs before each run (cuBLAS), their time subtracted"
+        info["between"] = f"{BETWEEN[args.between]} before each run, its time subtracted"
     header = f"GPU: {info['gpu']} · " + " · ".join(f"{k} {v}" for k, v in info.items() if k != "gpu")
     print(header, flush=True)
     t0 = time.perf_counter()

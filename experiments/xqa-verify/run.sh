@@ -194,18 +194,24 @@ case $PART in
   KB=1 KS=200 XF="flashinfer/prefill_backend=fa2,flashinfer/verify_backend=xqa/prefill_backend=fa2" kp 48,96
   grep -A8 "attention kernels' launches" $LOGS/kp-48.log
   ;;
-9)
+9|10)
   # (carry [".gpu/fk"], fresh or warm, ~150 s) XQA after other kernels: the launch is the same in the engine and in
-  # bench.kernels (part 8), so is it what runs before it? bench.kernels back to back and with --between gemm (one
-  # layer's MLP GEMMs on cuBLAS before each run, timed alone and subtracted), fa2 and xqa, one process each.
+  # bench.kernels (part 8), so is it what runs before it? bench.kernels back to back and with --between (a launch
+  # before each run, timed alone and subtracted), fa2 and xqa, one process each. 9: --between gemm (one layer's MLP
+  # on cuBLAS). 10: also smem-low / smem-high (a Triton tile with 16 / 192 KB of shared memory: is it the SM's
+  # shared-memory carveout, which XQA's 153 KB needs at its largest?), with --launches (the kernels' shared memory).
   FB=.gpu/fk install_fb
-  for m in "" gemm; do
+  L=; M='"" gemm'
+  [ "$PART" = 10 ] && { L=--launches; M='"" smem-high smem-low gemm'; }
+  eval "set -- $M"
+  for m in "$@"; do
     n=xq-between${m:+-$m}
     step "bench.kernels verify q 5, fa2 and xqa, batch 1 / 8 x KV 176 / 1024${m:+, --between $m}"
     timeout 200 $PY -m attnlab.bench.kernels --phases verify --batches 1,8 --contexts 176,1024 --ks 4 --models smollm2 \
-      --backends "flashinfer,flashinfer/verify_backend=xqa" --baseline flashinfer --repeats 3 ${m:+--between $m} \
+      --backends "flashinfer,flashinfer/verify_backend=xqa" --baseline flashinfer --repeats 3 ${m:+--between $m} $L \
       --out "$OUT/$n" > $LOGS/$n.log 2>&1
-    echo "exit code $?"; grep -E "^\| verify" $LOGS/$n.log
+    echo "exit code $?"; grep -E "^\| verify|between" $LOGS/$n.log | cut -c1-220
+    [ -z "$L" ] || grep -E "^    launch" $LOGS/$n.log | sort | uniq -c | sort -rn | head -n 8 | cut -c1-200
   done
   ;;
 esac

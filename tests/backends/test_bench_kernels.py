@@ -241,9 +241,10 @@ def test_cold_timer_flushes_before_each_run_and_subtracts_the_flushes(monkeypatc
 
 def test_mlp_between_runs_a_layers_mlp():
     """--between gemm: one layer's MLP (gate / up, SiLU-mul, down) at the model's hidden size, into buffers made once."""
-    from attnlab.bench import kernels
+    from attnlab.bench.between import make_between
 
-    mlp = kernels.MlpBetween("smollm2", tokens=5, device="cpu")
+    mlp = make_between("gemm", hidden=576, tokens=5, device="cpu")
+    assert mlp.label == "gemm"
     assert mlp.w1.shape == (576, 3456) and mlp.w2.shape == (1728, 576) and mlp.out.shape == (5, 576)
     out = mlp.out
     mlp()
@@ -251,6 +252,21 @@ def test_mlp_between_runs_a_layers_mlp():
     want = (torch.nn.functional.silu(gate) * up) @ mlp.w2.float()
     assert mlp.out is out and torch.isfinite(out.float()).all() and out.float().abs().sum() > 0
     torch.testing.assert_close(out.float(), want, atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("name", ["smem-low", "smem-high"])
+def test_smem_between_computes_its_tile(name):
+    """--between smem-*: every program stores A @ B (the interpreter on CPU: its label says 0 KB there)."""
+    from attnlab.bench.between import make_between
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    t = make_between(name, hidden=576, tokens=5, device=dev)
+    assert t.label.startswith(name + " (") and "KB shared" in t.label
+    want = t.a.float() @ t.b.float()
+    for c in t.c:
+        torch.testing.assert_close(c, want, atol=0.5, rtol=0.02)
+    with pytest.raises(ValueError, match="one of gemm"):
+        make_between("nope", hidden=576, tokens=5, device=dev)
 
 
 def test_cold_and_between_are_exclusive(capsys):

@@ -1,0 +1,95 @@
+"""What ``bench.kernels --between`` launches before each run of a cell, so the kernel timed runs after other kernels
+(as between two layers' attention in the engine) and not after itself. Each is captured with the runs and timed alone
+in the same sample; ``bench.kernels.Timer`` subtracts it.
+
+- ``gemm``: one layer's MLP on cuBLAS (gate / up GEMM, SiLU-mul, down GEMM) at the model's hidden size;
+- ``smem-low`` / ``smem-high``: a Triton GEMM tile per SM whose shared memory is small (about 16 KB) or large (about
+  192 KB, past XQA's 153 KB): whether a kernel's time depends on the shared memory of the kernel before it (the SM's
+  L1 / shared-memory carveout is set per kernel, and a change means reconfiguring the SM). ``label`` records the
+  shared memory the compiled kernel took.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from attnlab.kernels.heuristics import fp32_dot
+
+BETWEEN = {
+    "gemm": "one layer's MLP GEMMs on cuBLAS (gate / up, SiLU-mul, down) at the model's hidden size",
+    "smem-low": "a Triton GEMM tile per SM with little shared memory (64 x 64 x 32, one stage)",
+    "smem-high": "a Triton GEMM tile per SM with most of the shared memory (128 x 128 x 64, six stages)",
+}
+_SMEM = {"smem-low": (64, 64, 32, 1), "smem-high": (128, 128, 64, 6)}  # BLOCK_M, BLOCK_N, BLOCK_K, stages
+
+
+class MlpBetween:
+    """``gemm``: ``tokens`` x hidden against a gate / up weight of hidden x 6 hidden, SiLU-mul, and back through a 3
+    hidden x hidden weight. Random bf16 weights, buffers made once (the launches capture into a graph)."""
+
+    label = "gemm"
+
+    def __init__(self, hidden: int, tokens: int, device="cuda"):
+        g = torch.Generator(device=device).manual_seed(0)
+        mk = lambda *shape: torch.randn(*shape, generator=g, device=device, dtype=torch.bfloat16) * shape[0] ** -0.5
+        self.x, self.w1, self.w2 = mk(tokens, hidden), mk(hidden, 6 * hidden), mk(3 * hidden, hidden)
+        self.y = torch.empty(tokens, 6 * hidden, device=device, dtype=torch.bfloat16)
+        self.z = torch.empty(tokens, 3 * hidden, device=device, dtype=torch.bfloat16)
+        self.out = torch.empty(tokens, hidden, device=device, dtype=torch.bfloat16)
+
+    def __call__(self) -> None:
+        torch.mm(self.x, self.w1, out=self.y)
+        gate, up = self.y.chunk(2, dim=-1)
+        torch.mul(torch.nn.functional.silu(gate), up, out=self.z)
+        torch.mm(self.z, self.w2, out=self.out)
+
+
+@triton.jit
+def _tile_kernel(A, B, C, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 FP32_DOT: tl.constexpr):
+    """One BLOCK_M x BLOCK_N tile of A @ B per program (every program the same tile: A and B stay in L2)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a = tl.load(A + offs_m[:, None] * K + (k + offs_k)[None, :])
+        b = tl.load(B + (k + offs_k)[:, None] * BLOCK_N + offs_n[None, :])
+        if FP32_DOT:  # the interpreter (its bf16 dot is wrong)
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    tl.store(C + tl.program_id(0) * BLOCK_M * BLOCK_N + offs_m[:, None] * BLOCK_N + offs_n[None, :], acc)
+
+
+class SmemBetween:
+    """``smem-low`` / ``smem-high``: ``_tile_kernel`` on one program per SM, with that setting's tile and stages."""
+
+    def __init__(self, name: str, device="cuda"):
+        bm, bn, bk, self.stages = _SMEM[name]
+        self.k = 8 * bk  # enough K steps for the stages to fill
+        self.a = torch.randn(bm, self.k, device=device, dtype=torch.bfloat16)
+        self.b = torch.randn(self.k, bn, device=device, dtype=torch.bfloat16)
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device != "cpu" else 1
+        self.c = torch.empty(sms, bm, bn, device=device, dtype=torch.float32)
+        self.blocks = (bm, bn, bk)
+        compiled = self()
+        shared = int(getattr(getattr(compiled, "metadata", None), "shared", 0) or 0)
+        self.label = f"{name} ({shared // 1024} KB shared)"
+
+    def __call__(self):
+        bm, bn, bk = self.blocks
+        return _tile_kernel[(self.c.shape[0],)](self.a, self.b, self.c, K=self.k, BLOCK_M=bm, BLOCK_N=bn,
+                                                BLOCK_K=bk, FP32_DOT=fp32_dot(self.a.dtype), num_warps=4,
+                                                num_stages=self.stages)
+
+
+def make_between(name: str, hidden: int, tokens: int, device="cuda"):
+    """The ``--between`` launch ``name`` for a cell of ``tokens`` query rows of a model of this hidden size."""
+    if name == "gemm":
+        return MlpBetween(hidden, tokens, device)
+    if name in _SMEM:
+        return SmemBetween(name, device)
+    raise ValueError(f"--between {name!r}: one of {', '.join(BETWEEN)}")
