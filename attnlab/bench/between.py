@@ -3,6 +3,7 @@
 in the same sample; ``bench.kernels.Timer`` subtracts it.
 
 - ``gemm``: one layer's MLP on cuBLAS (gate / up GEMM, SiLU-mul, down GEMM) at the model's hidden size;
+  ``gemm-mm`` / ``gemm-ew``: its two GEMMs alone / its elementwise SiLU-mul alone;
 - ``smem-low`` / ``smem-high``: a Triton GEMM tile per SM whose shared memory is small (about 16 KB) or large (about
   192 KB, past XQA's 153 KB): whether a kernel's time depends on the shared memory of the kernel before it (the SM's
   L1 / shared-memory carveout is set per kernel, and a change means reconfiguring the SM). ``label`` records the
@@ -19,6 +20,8 @@ from attnlab.kernels.heuristics import fp32_dot
 
 BETWEEN = {
     "gemm": "one layer's MLP GEMMs on cuBLAS (gate / up, SiLU-mul, down) at the model's hidden size",
+    "gemm-mm": "that MLP's two cuBLAS GEMMs alone",
+    "gemm-ew": "that MLP's elementwise SiLU-mul alone (torch)",
     "smem-low": "a Triton GEMM tile per SM with little shared memory (64 x 64 x 32, one stage)",
     "smem-high": "a Triton GEMM tile per SM with most of the shared memory (128 x 128 x 64, six stages)",
 }
@@ -29,21 +32,23 @@ class MlpBetween:
     """``gemm``: ``tokens`` x hidden against a gate / up weight of hidden x 6 hidden, SiLU-mul, and back through a 3
     hidden x hidden weight. Random bf16 weights, buffers made once (the launches capture into a graph)."""
 
-    label = "gemm"
-
-    def __init__(self, hidden: int, tokens: int, device="cuda"):
+    def __init__(self, hidden: int, tokens: int, device="cuda", parts: str = "gemm"):
+        self.label = parts  # gemm: all of it; gemm-mm: the two GEMMs; gemm-ew: the SiLU-mul
         g = torch.Generator(device=device).manual_seed(0)
         mk = lambda *shape: torch.randn(*shape, generator=g, device=device, dtype=torch.bfloat16) * shape[0] ** -0.5
         self.x, self.w1, self.w2 = mk(tokens, hidden), mk(hidden, 6 * hidden), mk(3 * hidden, hidden)
-        self.y = torch.empty(tokens, 6 * hidden, device=device, dtype=torch.bfloat16)
-        self.z = torch.empty(tokens, 3 * hidden, device=device, dtype=torch.bfloat16)
+        self.y = torch.zeros(tokens, 6 * hidden, device=device, dtype=torch.bfloat16)
+        self.z = torch.zeros(tokens, 3 * hidden, device=device, dtype=torch.bfloat16)
         self.out = torch.empty(tokens, hidden, device=device, dtype=torch.bfloat16)
 
     def __call__(self) -> None:
-        torch.mm(self.x, self.w1, out=self.y)
-        gate, up = self.y.chunk(2, dim=-1)
-        torch.mul(torch.nn.functional.silu(gate), up, out=self.z)
-        torch.mm(self.z, self.w2, out=self.out)
+        if self.label != "gemm-ew":
+            torch.mm(self.x, self.w1, out=self.y)
+        if self.label != "gemm-mm":
+            gate, up = self.y.chunk(2, dim=-1)
+            torch.mul(torch.nn.functional.silu(gate), up, out=self.z)
+        if self.label != "gemm-ew":
+            torch.mm(self.z, self.w2, out=self.out)
 
 
 @triton.jit
@@ -88,8 +93,8 @@ class SmemBetween:
 
 def make_between(name: str, hidden: int, tokens: int, device="cuda"):
     """The ``--between`` launch ``name`` for a cell of ``tokens`` query rows of a model of this hidden size."""
-    if name == "gemm":
-        return MlpBetween(hidden, tokens, device)
+    if name in ("gemm", "gemm-mm", "gemm-ew"):
+        return MlpBetween(hidden, tokens, device, name)
     if name in _SMEM:
         return SmemBetween(name, device)
     raise ValueError(f"--between {name!r}: one of {', '.join(BETWEEN)}")

@@ -194,15 +194,17 @@ case $PART in
   KB=1 KS=200 XF="flashinfer/prefill_backend=fa2,flashinfer/verify_backend=xqa/prefill_backend=fa2" kp 48,96
   grep -A8 "attention kernels' launches" $LOGS/kp-48.log
   ;;
-9|10)
+9|10|11)
   # (carry [".gpu/fk"], fresh or warm, ~150 s) XQA after other kernels: the launch is the same in the engine and in
   # bench.kernels (part 8), so is it what runs before it? bench.kernels back to back and with --between (a launch
   # before each run, timed alone and subtracted), fa2 and xqa, one process each. 9: --between gemm (one layer's MLP
   # on cuBLAS). 10: also smem-low / smem-high (a Triton tile with 16 / 192 KB of shared memory: is it the SM's
   # shared-memory carveout, which XQA's 153 KB needs at its largest?), with --launches (the kernels' shared memory).
+  # 11: the MLP whole, its GEMMs alone (gemm-mm) and its SiLU-mul alone (gemm-ew).
   FB=.gpu/fk install_fb
   L=; M='"" gemm'
   [ "$PART" = 10 ] && { L=--launches; M='"" smem-high smem-low gemm'; }
+  [ "$PART" = 11 ] && M='"" gemm gemm-mm gemm-ew'
   eval "set -- $M"
   for m in "$@"; do
     n=xq-between${m:+-$m}

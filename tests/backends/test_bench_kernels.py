@@ -252,6 +252,15 @@ def test_mlp_between_runs_a_layers_mlp():
     want = (torch.nn.functional.silu(gate) * up) @ mlp.w2.float()
     assert mlp.out is out and torch.isfinite(out.float()).all() and out.float().abs().sum() > 0
     torch.testing.assert_close(out.float(), want, atol=0.1, rtol=0.05)
+    mm, ew = make_between("gemm-mm", 576, 5, "cpu"), make_between("gemm-ew", 576, 5, "cpu")
+    mm()  # the GEMMs alone: the SiLU-mul's buffer untouched (zeros)
+    assert mm.label == "gemm-mm" and mm.y.abs().sum() > 0 and mm.z.abs().sum() == 0
+    ew.y.copy_(mm.y)
+    ew.out.zero_()
+    ew()  # the SiLU-mul alone: no GEMM writes
+    assert ew.label == "gemm-ew" and ew.out.abs().sum() == 0
+    gate, up = mm.y.chunk(2, dim=-1)
+    torch.testing.assert_close(ew.z, torch.nn.functional.silu(gate) * up)
 
 
 @pytest.mark.parametrize("name", ["smem-low", "smem-high"])
