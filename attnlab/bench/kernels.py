@@ -30,6 +30,10 @@ measured alone in the same sample: the kernel finds its page table, mask, worksp
 the KV (an SM's own instruction and constant caches are not flushed), as
 in a model whose other kernels run between two layers' attention (XQA's verify took 11 us a launch inside the
 engine's graphs and 7 us a run here back to back, H100 2026-12-06: experiments/xqa-verify).
+``--between gemm`` (``gemm-mm``, ``gemm-ew``, ``smem-low``, ``smem-high``: attnlab.bench.between) launches one layer's
+MLP on cuBLAS (or a part of it, or a Triton tile of little or much shared memory) before each run, captured with the
+runs, timed alone in the same sample and subtracted: the kernel follows other kernels, as in the engine (XQA: 3.6-4.4
+us more a run after the MLP, fa2 about the same; H100 2026-12-06c).
 ``--compile-only`` plans and runs every (backend, phase, model, context) once at batch 1 and times nothing:
 the warmup that JIT-compiles FlashInfer's and Triton's kernel variants (run several at once, split by
 ``--backends`` / ``--models`` / ``--phases``).
@@ -151,7 +155,8 @@ class Timer:
     """One backend on one shape: warm, captured (if it can be), then timed on demand. ``kv``: per layer the new
     tokens' K / V (prefill cells), handed to ``run_new`` as the engine's layers do; else ``run``. ``between``: a
     launch before each run (``--cold``: a buffer written, the L2 evicted; ``--between gemm``: a layer's MLP GEMMs, as
-    the engine runs between two layers' attention), its own time measured alone in the same sample and subtracted."""
+    the engine runs between two layers' attention), its own time measured alone in the same sample and subtracted:
+    the pair's cost over the between launch's alone (bench.between)."""
 
     def __init__(self, be, q, num_layers: int, graphable: bool, reps: int, iters: int, kv: list | None = None,
                  between=None):
@@ -177,20 +182,20 @@ class Timer:
                     between()
                 self.call(r % num_layers)
 
-        def flushes():
+        def betweens():
             for _ in range(self.reps):
                 between()
-        self.runs, self.flushes = runs, (None if between is None else flushes)
-        self.graph, self.flush_graph, self.graph_error = None, None, None
+        self.runs, self.betweens = runs, (None if between is None else betweens)
+        self.graph, self.between_graph, self.graph_error = None, None, None
         if graphable:
             try:
                 from attnlab.engine.graphs import record_graph
 
                 graph, _ = record_graph(runs, warmups=1)
-                flush_graph = None if between is None else record_graph(flushes, warmups=1)[0]
+                between_graph = None if between is None else record_graph(betweens, warmups=1)[0]
                 graph.replay()
                 torch.cuda.synchronize()
-                self.graph, self.flush_graph = graph, flush_graph
+                self.graph, self.between_graph = graph, between_graph
             except Exception as e:  # noqa: BLE001 - a backend that cannot be captured here is timed eagerly
                 self.graph_error = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
                 torch.cuda.synchronize()
@@ -199,10 +204,10 @@ class Timer:
         """Median ms per run over ``iters`` samples of ``reps`` runs (with ``between``: each sample less the time of
         its ``between`` launches alone)."""
         run = self.graph.replay if self.graph is not None else self.runs
-        if self.flushes is None:
+        if self.betweens is None:
             return event_median_ms(run, self.iters) / self.reps
-        flushes = self.flush_graph.replay if self.graph is not None else self.flushes
-        return paired_median_ms(run, flushes, self.iters) / self.reps
+        betweens = self.between_graph.replay if self.graph is not None else self.betweens
+        return paired_median_ms(run, betweens, self.iters) / self.reps
 
 
 def event_ms(run) -> float:

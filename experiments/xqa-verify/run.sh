@@ -207,7 +207,7 @@ case $PART in
   [ "$PART" = 11 ] && M='"" gemm gemm-mm gemm-ew'
   eval "set -- $M"
   for m in "$@"; do
-    n=xq-between${m:+-$m}
+    n=xq${PART/#9/}-between${m:+-$m}  # xq-between (9), xq10-between, xq11-between
     step "bench.kernels verify q 5, fa2 and xqa, batch 1 / 8 x KV 176 / 1024${m:+, --between $m}"
     timeout 200 $PY -m attnlab.bench.kernels --phases verify --batches 1,8 --contexts 176,1024 --ks 4 --models smollm2 \
       --backends "flashinfer,flashinfer/verify_backend=xqa" --baseline flashinfer --repeats 3 ${m:+--between $m} $L \

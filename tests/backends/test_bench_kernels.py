@@ -265,12 +265,13 @@ def test_mlp_between_runs_a_layers_mlp():
 
 @pytest.mark.parametrize("name", ["smem-low", "smem-high"])
 def test_smem_between_computes_its_tile(name):
-    """--between smem-*: every program stores A @ B (the interpreter on CPU: its label says 0 KB there)."""
+    """--between smem-*: every program stores A @ B (its label: the compiled kernel's shared memory, ? where the
+    interpreter compiles none)."""
     from attnlab.bench.between import make_between
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     t = make_between(name, hidden=576, tokens=5, device=dev)
-    assert t.label.startswith(name + " (") and "KB shared" in t.label
+    assert t.label.startswith(name + " (") and t.label.endswith(" B shared)")
     want = t.a.float() @ t.b.float()
     for c in t.c:
         torch.testing.assert_close(c, want, atol=0.5, rtol=0.02)
