@@ -10,7 +10,7 @@ to the kernel too.
 - ``smem-low`` / ``smem-high``: a Triton GEMM tile per SM whose shared memory is small (about 16 KB) or large (about
   192 KB, past XQA's 153 KB): whether a kernel's time depends on the shared memory of the kernel before it (the SM's
   L1 / shared-memory carveout is set per kernel, and a change means reconfiguring the SM). ``label`` records the
-  shared memory the compiled kernel took.
+  shared memory the compiled kernel took; ``smem-none``: a Triton elementwise kernel on every SM with none.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ BETWEEN = {
     "gemm-ew": "that MLP's elementwise SiLU-mul alone (torch)",
     "smem-low": "a Triton GEMM tile per SM with little shared memory (64 x 64 x 32, one stage)",
     "smem-high": "a Triton GEMM tile per SM with most of the shared memory (128 x 128 x 64, six stages)",
+    "smem-none": "a Triton elementwise kernel on every SM with no shared memory (an add over 4,096 floats a program)",
 }
 _SMEM = {"smem-low": (64, 64, 32, 1), "smem-high": (128, 128, 64, 6)}  # BLOCK_M, BLOCK_N, BLOCK_K, stages
 
@@ -96,10 +97,37 @@ class SmemBetween:
                                                 num_stages=self.stages)
 
 
+@triton.jit
+def _add_kernel(X, Y, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + offs, tl.load(X + offs) + 1.0)
+
+
+class NoSmemBetween:
+    """``smem-none``: ``_add_kernel`` on one program per SM (no shared memory): the Triton counterpart of torch's
+    elementwise SiLU-mul, whose launch before XQA costs it 3.3-4.2 us (experiments/xqa-verify)."""
+
+    BLOCK = 4096
+
+    def __init__(self, device="cuda"):
+        on_cuda = torch.device(device).type == "cuda"
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if on_cuda else 1
+        self.x = torch.zeros(sms * self.BLOCK, device=device)
+        self.y = torch.empty_like(self.x)
+        compiled = self()
+        shared = getattr(getattr(compiled, "metadata", None), "shared", None)
+        self.label = f"smem-none ({'?' if shared is None else int(shared)} B shared)"
+
+    def __call__(self):
+        return _add_kernel[(self.x.numel() // self.BLOCK,)](self.x, self.y, BLOCK=self.BLOCK, num_warps=4)
+
+
 def make_between(name: str, hidden: int, tokens: int, device="cuda"):
     """The ``--between`` launch ``name`` for a cell of ``tokens`` query rows of a model of this hidden size."""
     if name in ("gemm", "gemm-mm", "gemm-ew"):
         return MlpBetween(hidden, tokens, device, name)
     if name in _SMEM:
         return SmemBetween(name, device)
+    if name == "smem-none":
+        return NoSmemBetween(device)
     raise ValueError(f"--between {name!r}: one of {', '.join(BETWEEN)}")

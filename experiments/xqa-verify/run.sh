@@ -194,20 +194,22 @@ case $PART in
   KB=1 KS=200 XF="flashinfer/prefill_backend=fa2,flashinfer/verify_backend=xqa/prefill_backend=fa2" kp 48,96
   grep -A8 "attention kernels' launches" $LOGS/kp-48.log
   ;;
-9|10|11)
+9|10|11|12)
   # (carry [".gpu/fk"], fresh or warm, ~150 s) XQA after other kernels: the launch is the same in the engine and in
   # bench.kernels (part 8), so is it what runs before it? bench.kernels back to back and with --between (a launch
   # before each run, timed alone and subtracted), fa2 and xqa, one process each. 9: --between gemm (one layer's MLP
   # on cuBLAS). 10: also smem-low / smem-high (a Triton tile with 16 / 192 KB of shared memory: is it the SM's
   # shared-memory carveout, which XQA's 153 KB needs at its largest?), with --launches (the kernels' shared memory).
-  # 11: the MLP whole, its GEMMs alone (gemm-mm) and its SiLU-mul alone (gemm-ew).
+  # 11: the MLP whole, its GEMMs alone (gemm-mm) and its SiLU-mul alone (gemm-ew). 12: a Triton kernel with no
+  # shared memory on every SM (smem-none) beside the SiLU-mul: is the carveout what the SiLU-mul costs XQA?
   FB=.gpu/fk install_fb
   L=; M='"" gemm'
   [ "$PART" = 10 ] && { L=--launches; M='"" smem-high smem-low gemm'; }
   [ "$PART" = 11 ] && M='"" gemm gemm-mm gemm-ew'
+  [ "$PART" = 12 ] && M='"" smem-none gemm-ew'
   eval "set -- $M"
   for m in "$@"; do
-    n=xq${PART/#9/}-between${m:+-$m}  # xq-between (9), xq10-between, xq11-between
+    n=xq${PART/#9/}-between${m:+-$m}  # xq-between (9), xq10-between, ...
     step "bench.kernels verify q 5, fa2 and xqa, batch 1 / 8 x KV 176 / 1024${m:+, --between $m}"
     timeout 200 $PY -m attnlab.bench.kernels --phases verify --batches 1,8 --contexts 176,1024 --ks 4 --models smollm2 \
       --backends "flashinfer,flashinfer/verify_backend=xqa" --baseline flashinfer --repeats 3 ${m:+--between $m} $L \

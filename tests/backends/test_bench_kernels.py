@@ -263,6 +263,17 @@ def test_mlp_between_runs_a_layers_mlp():
     torch.testing.assert_close(ew.z, torch.nn.functional.silu(gate) * up)
 
 
+def test_no_smem_between_adds_one():
+    from attnlab.bench.between import make_between
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    t = make_between("smem-none", hidden=576, tokens=5, device=dev)
+    assert t.label.startswith("smem-none (") and t.label.endswith(" B shared)")
+    t.x.fill_(2.0)
+    t()
+    assert torch.equal(t.y, torch.full_like(t.x, 3.0))
+
+
 @pytest.mark.parametrize("name", ["smem-low", "smem-high"])
 def test_smem_between_computes_its_tile(name):
     """--between smem-*: every program stores A @ B (its label: the compiled kernel's shared memory, ? where the
