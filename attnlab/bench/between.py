@@ -4,6 +4,7 @@ in the same sample; ``bench.kernels.Timer`` subtracts it. What that measures is 
 the between launch itself runs slower after the kernel (or its data is L2-hot only when timed alone), that is charged
 to the kernel too.
 
+- ``cold`` (``--cold``, ``FlushBetween``): a write of twice the L2, evicting it;
 - ``gemm``: one layer's MLP on cuBLAS (gate / up GEMM, SiLU-mul, down GEMM) at the model's hidden size, its
   intermediate 3x hidden (SmolLM2's is 2.67x, Llama-8B's 3.5x); ``gemm-mm`` / ``gemm-ew``: its two GEMMs alone / its
   SiLU-mul alone (torch on strided halves: two generic elementwise launches, where the engine's fused ops run one);
@@ -19,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attnlab.kernels.heuristics import fp32_dot
+from attnlab.kernels.heuristics import fp32_dot, sm_count
 
 BETWEEN = {
     "gemm": "one layer's MLP GEMMs on cuBLAS (gate / up, SiLU-mul, down) at the model's hidden size",
@@ -32,13 +33,40 @@ BETWEEN = {
 _SMEM = {"smem-low": (64, 64, 32, 1), "smem-high": (128, 128, 64, 6)}  # BLOCK_M, BLOCK_N, BLOCK_K, stages
 
 
+class FlushBetween:
+    """``--cold``: a buffer of twice the device's L2 (at least 64 MiB) written before each run, evicting the L2."""
+
+    label = "cold"
+
+    def __init__(self, device="cuda"):
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+        self.buf = torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device=device)
+        self.nbytes = self.buf.numel()
+
+    def __call__(self) -> None:
+        self.buf.zero_()
+
+
+def _programs(device) -> int:
+    """One program per SM of ``device`` (1 off CUDA, where the tests run these kernels under the interpreter)."""
+    dev = torch.device(device)
+    return sm_count(dev.index or 0) if dev.type == "cuda" else 1
+
+
+def _label(name: str, compiled) -> str:
+    """``name`` and the shared memory its compiled kernel took (``?`` where none was compiled: the interpreter)."""
+    shared = getattr(getattr(compiled, "metadata", None), "shared", None)
+    return f"{name} ({'?' if shared is None else int(shared)} B shared)"
+
+
 class MlpBetween:
     """``gemm``: ``tokens`` x hidden against a gate / up weight of hidden x 6 hidden, SiLU-mul, and back through a 3
     hidden x hidden weight. Random bf16 weights and the outputs made once; the SiLU's temporary is allocated per call
     (from the graph's private pool once captured)."""
 
     def __init__(self, hidden: int, tokens: int, device="cuda", parts: str = "gemm"):
-        self.label = parts  # gemm: all of it; gemm-mm: the two GEMMs; gemm-ew: the SiLU-mul
+        self.label = parts
+        self.mm, self.ew = parts != "gemm-ew", parts != "gemm-mm"  # gemm: both; gemm-mm: the GEMMs; gemm-ew: SiLU-mul
         g = torch.Generator(device=device).manual_seed(0)
         mk = lambda *shape: torch.randn(*shape, generator=g, device=device, dtype=torch.bfloat16) * shape[0] ** -0.5
         self.x, self.w1, self.w2 = mk(tokens, hidden), mk(hidden, 6 * hidden), mk(3 * hidden, hidden)
@@ -47,12 +75,12 @@ class MlpBetween:
         self.out = torch.empty(tokens, hidden, device=device, dtype=torch.bfloat16)
 
     def __call__(self) -> None:
-        if self.label != "gemm-ew":
+        if self.mm:
             torch.mm(self.x, self.w1, out=self.y)
-        if self.label != "gemm-mm":
+        if self.ew:
             gate, up = self.y.chunk(2, dim=-1)
             torch.mul(torch.nn.functional.silu(gate), up, out=self.z)
-        if self.label != "gemm-ew":
+        if self.mm:
             torch.mm(self.z, self.w2, out=self.out)
 
 
@@ -82,13 +110,9 @@ class SmemBetween:
         self.k = 8 * bk  # enough K steps for the stages to fill
         self.a = torch.randn(bm, self.k, device=device, dtype=torch.bfloat16)
         self.b = torch.randn(self.k, bn, device=device, dtype=torch.bfloat16)
-        on_cuda = torch.device(device).type == "cuda"
-        sms = torch.cuda.get_device_properties(device).multi_processor_count if on_cuda else 1
-        self.c = torch.empty(sms, bm, bn, device=device, dtype=torch.float32)
+        self.c = torch.empty(_programs(device), bm, bn, device=device, dtype=torch.float32)
         self.blocks = (bm, bn, bk)
-        compiled = self()
-        shared = getattr(getattr(compiled, "metadata", None), "shared", None)  # none under the interpreter
-        self.label = f"{name} ({'?' if shared is None else int(shared)} B shared)"
+        self.label = _label(name, self())
 
     def __call__(self):
         bm, bn, bk = self.blocks
@@ -110,13 +134,9 @@ class NoSmemBetween:
     BLOCK = 4096
 
     def __init__(self, device="cuda"):
-        on_cuda = torch.device(device).type == "cuda"
-        sms = torch.cuda.get_device_properties(device).multi_processor_count if on_cuda else 1
-        self.x = torch.zeros(sms * self.BLOCK, device=device)
+        self.x = torch.zeros(_programs(device) * self.BLOCK, device=device)
         self.y = torch.empty_like(self.x)
-        compiled = self()
-        shared = getattr(getattr(compiled, "metadata", None), "shared", None)
-        self.label = f"smem-none ({'?' if shared is None else int(shared)} B shared)"
+        self.label = _label("smem-none", self())
 
     def __call__(self):
         return _add_kernel[(self.x.numel() // self.BLOCK,)](self.x, self.y, BLOCK=self.BLOCK, num_warps=4)

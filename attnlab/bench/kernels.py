@@ -54,7 +54,7 @@ import torch
 from attnlab.backends.base import Mode
 from attnlab.backends.cases import new_kv, random_paged_case
 from attnlab.backends.registry import require_available
-from attnlab.bench.between import BETWEEN, make_between
+from attnlab.bench.between import BETWEEN, FlushBetween, make_between
 from attnlab.bench.cells import parse_spec
 
 HEADS = {"smollm2": (9, 3, 64), "llama8b": (32, 8, 128)}  # (q heads, kv heads, head_dim)
@@ -231,12 +231,6 @@ def paired_median_ms(run, base, iters: int) -> float:
     return statistics.median(event_ms(run) - event_ms(base) for _ in range(iters))
 
 
-def flush_buffer(device="cuda") -> torch.Tensor:
-    """A buffer whose write evicts the L2: twice the device's L2 (50 MiB on an H100 / H200), at least 64 MiB."""
-    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
-    return torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device=device)
-
-
 def shapes(phases, models, batches, contexts, ks):
     for phase in phases:
         for k in (PHASES[phase] if phase != "verify" else ks):
@@ -335,10 +329,8 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
                 torch.cuda.synchronize()
                 tag(cell, be, meta)
                 continue
-            between = None
-            if getattr(args, "flush", None) is not None:
-                between = args.flush.zero_
-            elif getattr(args, "between", None):
+            between = getattr(args, "flush", None)  # --cold: one buffer for every cell
+            if between is None and getattr(args, "between", None):
                 between = make_between(args.between, hq * d, batch * q_len)
             with pdl.using(split_pdl(label)[1], "cuda"):  # graphs record how their kernels were launched
                 timers[label] = Timer(be, q, num_layers, meta.mode in cls.capabilities().cuda_graph,
@@ -346,10 +338,8 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
             tag(cell, be, meta)  # after its runs: a backend may say which kernel ran only once it ran
             cell.extra.update(cuda_graph=timers[label].graph is not None, reps=timers[label].reps,
                               iters=timers[label].iters)
-            if getattr(args, "flush", None) is not None:
-                cell.extra["cold"] = True  # verify_floor refuses to mix these with back-to-back cells
-            elif between is not None:
-                cell.extra["between"] = between.label  # and these (each its own context)
+            if between is not None:
+                cell.extra["between"] = between.label  # verify_floor refuses to mix contexts
             if timers[label].graph_error:
                 cell.extra["graph_error"] = timers[label].graph_error
         except Exception as e:  # noqa: BLE001 - one failing shape is an error cell, not a crash
@@ -435,7 +425,7 @@ def markdown(cells: list[Cell], labels: list[str], baseline: str, copy_gb_s: flo
                  f"replay) · spread (max - min) / median · ratio to {baseline} · decode/verify: (K+V+q+o) bytes "
                  f"/ time as a fraction of copy bandwidth ({copy_gb_s:.0f} GB/s), prefill: TFLOP/s · the kernel "
                  f"that ran (FlashInfer family, Triton split count, FlashAttention build)")
-    if any(c.extra.get("cold") for c in cells):
+    if any(c.extra.get("between") == "cold" for c in cells):
         lines.append("cold (--cold): the L2 flushed before each run, the flush's time subtracted; an eager cell (*) "
                      "there also hides the host's launch latency behind the flush, so compare graph cells")
     return "\n".join(lines)
@@ -509,11 +499,11 @@ def main(argv=None) -> int:
     ks = args.ks or (QUICK_K if args.quick else PHASES["verify"])
     classes = load_backends(specs)
     args.copy_gb_s = 1.0 if args.compile_only else copy_bandwidth_gb_s()
-    args.flush = flush_buffer() if args.cold and not args.compile_only else None
+    args.flush = FlushBetween() if args.cold and not args.compile_only else None
     info = versions() | {"copy_gb_s": args.copy_gb_s, "page_size": args.page_size, "dtype": "bf16",
                          "repeats": args.repeats, "baseline": args.baseline}
     if args.flush is not None:
-        info["cold"] = f"the L2 flushed before each run ({args.flush.numel() >> 20} MiB written, its time subtracted)"
+        info["cold"] = f"the L2 flushed before each run ({args.flush.nbytes >> 20} MiB written, its time subtracted)"
     if args.between:
         info["between"] = f"{BETWEEN[args.between]} before each run, its time subtracted"
     header = f"GPU: {info['gpu']} · " + " · ".join(f"{k} {v}" for k, v in info.items() if k != "gpu")

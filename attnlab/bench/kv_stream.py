@@ -20,6 +20,7 @@ import triton.language as tl
 
 from attnlab.kernels.paged import tile_slots
 from attnlab.kernels.pdl import launch_args, pdl_start
+from attnlab.kvcache.layout import pages_needed, slot_mapping
 
 
 @triton.jit
@@ -87,10 +88,10 @@ def expected_sums(k_cache: torch.Tensor, v_cache: torch.Tensor, kv_indptr: torch
     sums = []
     for b in range(kv_lens.shape[0]):
         n = int(kv_lens[b])
-        pages = kv_indices[int(kv_indptr[b]):int(kv_indptr[b + 1])].long()
-        slots = (pages[:, None] * page_size + torch.arange(page_size, device=pages.device)).reshape(-1)[:n]
-        if slots.numel() != n:
-            raise ValueError(f"expected_sums: request {b} has {n} tokens but {pages.numel()} pages of {page_size}")
+        pages = kv_indices[int(kv_indptr[b]):int(kv_indptr[b + 1])].tolist()
+        if pages_needed(n, page_size) > len(pages):
+            raise ValueError(f"expected_sums: request {b} has {n} tokens but {len(pages)} pages of {page_size}")
+        slots = torch.tensor(slot_mapping(pages, 0, n, page_size), dtype=torch.long, device=k_cache.device)
         sums.append((k_cache[slots].double() + v_cache[slots].double()).sum(dim=(0, 2)))
     return torch.stack(sums)
 

@@ -191,8 +191,8 @@ def read_cells(paths: list[str]) -> list[dict]:
         if why:
             raise ValueError(f"{path}: not a bench.kernels JSON ({why})")
         cells += data["cells"]
-    kinds = {"cold" if (c.get("extra") or {}).get("cold") else (c.get("extra") or {}).get("between") or "back to back"
-             for c in cells}
+    extras = [c.get("extra") or {} for c in cells]  # files before 2026-12-06c mark --cold cells "cold": true
+    kinds = {e.get("between") or ("cold" if e.get("cold") else "back to back") for e in extras}
     if len(kinds) > 1:
         raise ValueError(f"bench.kernels cells of several contexts mixed ({', '.join(sorted(kinds))}: --cold, "
                          f"--between and back-to-back runs): their times are not comparable; pass files of one kind")

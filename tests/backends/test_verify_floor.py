@@ -187,6 +187,11 @@ def test_cold_and_back_to_back_files_are_not_mixed(tmp_path):
     (tmp_path / "w.json").write_text(json.dumps({"cells": warm}))
     (tmp_path / "c.json").write_text(json.dumps({"cells": cold}))
     assert len(read_cells([str(tmp_path / "c.json")])) == len(cold)  # one kind: read
+    cold_now = cells()  # since 2026-12-06c a --cold cell says so as its between context
+    for c in cold_now:
+        c["extra"] = {"between": "cold"}
+    (tmp_path / "c2.json").write_text(json.dumps({"cells": cold_now}))
+    assert len(read_cells([str(tmp_path / "c.json"), str(tmp_path / "c2.json")])) == 2 * len(cold)
     with pytest.raises(ValueError, match="back to back, cold: --cold"):
         read_cells([str(tmp_path / "w.json"), str(tmp_path / "c.json")])
     mlp = cells()
