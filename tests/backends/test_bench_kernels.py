@@ -251,7 +251,8 @@ def test_mlp_between_runs_a_layers_mlp():
     gate, up = (mlp.x.float() @ mlp.w1.float()).chunk(2, dim=-1)
     want = (torch.nn.functional.silu(gate) * up) @ mlp.w2.float()
     assert mlp.out is out and torch.isfinite(out.float()).all() and out.float().abs().sum() > 0
-    torch.testing.assert_close(out.float(), want, atol=0.1, rtol=0.05)
+    # bf16 rounding of y, z and out (3 roundings of ~0.4% each) against an fp32 chain from bf16 y
+    torch.testing.assert_close(out.float(), want, atol=0.03, rtol=0.02)
     mm, ew = make_between("gemm-mm", 576, 5, "cpu"), make_between("gemm-ew", 576, 5, "cpu")
     mm()  # the GEMMs alone: the SiLU-mul's buffer untouched (zeros)
     assert mm.label == "gemm-mm" and mm.y.abs().sum() > 0 and mm.z.abs().sum() == 0
@@ -285,7 +286,7 @@ def test_smem_between_computes_its_tile(name):
     assert t.label.startswith(name + " (") and t.label.endswith(" B shared)")
     want = t.a.float() @ t.b.float()
     for c in t.c:
-        torch.testing.assert_close(c, want, atol=0.5, rtol=0.02)
+        torch.testing.assert_close(c, want, atol=1e-3, rtol=1e-4)  # bf16 inputs, fp32 sums: order only
     with pytest.raises(ValueError, match="one of gemm"):
         make_between("nope", hidden=576, tokens=5, device=dev)
 
