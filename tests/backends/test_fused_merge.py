@@ -9,6 +9,7 @@ import torch
 
 from attnlab.backends.registry import require_available
 from attnlab.errors import ConfigError
+from attnlab.kernels import pdl
 from tests.backends.cases import make_case
 
 CUDA = torch.cuda.is_available()
@@ -59,13 +60,27 @@ def test_unsplit_plans_take_no_counters_and_bad_values_are_refused():
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: the split programs race only there")
 @pytest.mark.parametrize("splits", [32, 11])
 @pytest.mark.parametrize("kind", ["decode", "verify"])
-def test_gpu_fused_merge_under_races_and_graph_replay(kind, splits):
-    """Many splits racing on an H200 (batch 16, 4k context, 32 splits, and 11: the merge's unrolled loops masked past
-    the split count), launched 50 times and replayed from a CUDA graph: every launch equals the separate merge's
-    result to bf16 rounding, and the counters end at 0."""
+@pytest.mark.parametrize("shape", ["llama8b-b16", "smollm2-b1", "pdl"])
+def test_gpu_fused_merge_under_races_and_graph_replay(kind, splits, shape):
+    """Many splits racing on the GPU (Llama-8B's heads at batch 16, or SmolLM2's at batch 1 with a padding request;
+    4k context, 32 splits, and 11: the merge's unrolled loops masked past the split count), launched 50 times and
+    replayed from a CUDA graph: every launch equals the separate merge's result to bf16 rounding, and the counters end
+    at 0. ``pdl``: Llama-8B's case launched with programmatic dependent launch (each program lets the next grid start
+    right after its wait, so that grid's programs run beside the merging one)."""
     q_len = 1 if kind == "decode" else 5
-    case = make_case(kv_lens=[4096 - 37 * i for i in range(16)], q_lens=[q_len] * 16, page_size=16,
-                     num_kv_heads=8, gqa=4, head_dim=128, dtype=torch.bfloat16, device="cuda", num_layers=1)
+    if shape == "smollm2-b1":
+        case = make_case(kv_lens=[4096, 0], q_lens=[q_len, 0], page_size=16, num_kv_heads=3, gqa=3, head_dim=64,
+                         dtype=torch.bfloat16, device="cuda", num_layers=1)
+    else:
+        case = make_case(kv_lens=[4096 - 37 * i for i in range(16)], q_lens=[q_len] * 16, page_size=16,
+                         num_kv_heads=8, gqa=4, head_dim=128, dtype=torch.bfloat16, device="cuda", num_layers=1)
+    if shape == "pdl" and pdl.unsupported("cuda"):
+        pytest.skip(f"engine.pdl: {pdl.unsupported('cuda')}")
+    with pdl.using(shape == "pdl", "cuda"):
+        _race(case, splits)
+
+
+def _race(case, splits: int) -> None:
     _, ref = run_layers(case, False, splits)
     be = case.backend(TritonBackend)
     be.num_splits, be.fused_merge = splits, True

@@ -1,0 +1,57 @@
+# Issue 16's batch-1 decode floor: the split merge inside the decode (fused_merge), its last program's loads sized to
+# the GQA group instead of the tile's 16 padded rows. On 2026-12-03 the fused merge was 1.10-1.15x slower than the
+# merge launch at batch 1; its unrolled loads held 16 x head_dim x splits values a thread could not keep in flight.
+#   1  carry [".gpu/fk", ".old", ".oldf"], ~6 min warm:
+#      - GPU tests: the fused merge racing (Llama-8B heads at batch 16, SmolLM2's at batch 1 with a padding request,
+#        with PDL), the decode's prefetch tests;
+#      - bench.kernels decode, merge launch against fused, batch 1 / 4 / 16 x 512 / 4k / 16k, both shapes, 200 runs
+#        a replay, PDL on (the engine's setting);
+#      - the same two arms from 14d6bb7 (.oldf: the fused merge before this change), batch 1 / 16 x 4k;
+#      - the floor's before and after: c101f91's bench.kernels (.old) and today's arms, --quick, 5 and 200 runs;
+#      - after one layer's MLP (--between gemm): merge launch against fused, batch 1 / 16 x 4k;
+#      - on an H200 only: decode-read part 1's stream rows (owed since 2026-12-06c).
+#      .old:  mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old
+#      .oldf: mkdir -p .oldf && git archive 14d6bb7 attnlab ':(exclude)attnlab/heads' | tar -x -C .oldf
+#      (both untracked; add /.oldf/ to .git/info/exclude as /.old/ is)
+# Output: $OUT/run1.log (the console) and results1.tgz (the tables as .md / .json, the test log).
+set -u -o pipefail
+PART=${1:?part 1}
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
+ARMS=triton+pdl,triton/fused_merge=true+pdl
+K="$PY -m attnlab.bench.kernels --phases decode"
+case $PART in
+1)
+  FB=.gpu/fk install_fb
+  for d in .old .oldf; do test -d $d/attnlab || { echo "$d/attnlab missing: carry it (see the header)"; exit 1; }; done
+  step "GPU tests: the fused merge racing (eager, graphs, PDL), the decode's prefetch"
+  gpu_tests fm 240 tests/backends/test_fused_merge.py tests/integration/test_gpu_decode_prefetch.py
+  step "merge launch against fused: batch 1 / 4 / 16 x 512 / 4k / 16k, SmolLM2 and Llama-8B shapes, 200 runs a replay"
+  timeout 240 $K --backends $ARMS --batches 1,4,16 --contexts 512,4096,16384 --models smollm2,llama8b --reps 200 \
+    --repeats 3 --out "$OUT/fm" > $LOGS/fm.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/fm.log
+  step "14d6bb7's fused merge (rows padded to BLOCK_M), the same arms, batch 1 / 16 x 4k"
+  (cd .oldf && PYTHONPATH=/opt/site:$PWD timeout 90 $K --backends $ARMS --batches 1,16 --contexts 4096 \
+    --models smollm2,llama8b --reps 200 --repeats 3 --out "$OUT/fm-old" > $LOGS/fm-old.log 2>&1; echo "exit code $?")
+  grep -E "^decode|Error" $LOGS/fm-old.log
+  for reps in 5 200; do
+    step "the floor, $reps runs a replay: c101f91, then today's arms"
+    (cd .old && PYTHONPATH=/opt/site:$PWD timeout 90 $K --backends triton --quick --reps $reps \
+      --out "$OUT/old-$reps" > $LOGS/old-$reps.log 2>&1; echo "exit code $?")
+    grep -E "^decode" $LOGS/old-$reps.log
+    timeout 90 $K --backends $ARMS --quick --reps $reps --repeats 3 --out "$OUT/new-$reps" > $LOGS/new-$reps.log 2>&1
+    echo "exit code $?"; grep -E "^decode" $LOGS/new-$reps.log
+  done
+  step "after one layer's MLP (--between gemm): merge launch against fused, batch 1 / 16 x 4k"
+  timeout 90 $K --backends $ARMS --batches 1,16 --contexts 4096 --models smollm2,llama8b --reps 200 --repeats 3 \
+    --between gemm --out "$OUT/fm-gemm" > $LOGS/fm-gemm.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/fm-gemm.log
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    step "an H200: decode-read part 1's stream rows"
+    timeout 120 $PY -m attnlab.bench.launch_floor --models smollm2,llama8b --contexts 4096 --stream-splits 8,16,64 \
+      --out "$OUT/lf-h200" > $LOGS/lf-h200.log 2>&1
+    echo "exit code $?"; grep -E "^\||Error|skipped" $LOGS/lf-h200.log
+  fi
+  ;;
+*) echo "part 1 only"; exit 2 ;;
+esac
+pack
