@@ -13,9 +13,12 @@
 #      .old:  mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old
 #      .oldf: mkdir -p .oldf && git archive 14d6bb7 attnlab ':(exclude)attnlab/heads' | tar -x -C .oldf
 #      (both untracked; add /.oldf/ to .git/info/exclude as /.old/ is)
-# Output: $OUT/run1.log (the console) and results1.tgz (the tables as .md / .json, the test log).
+#   2  carry [".gpu/fk"], ~6 min warm: the decode's launch (decode_tiles: BLOCK_N x warps x stages; 1 stage: no
+#      pipelining, which a split of one tile does not use), merge launch and fused, PDL on, 200 runs a replay, at
+#      batch 1 x 4k and 16k, one process a shape (its 7-8 launches x 2 arms interleaved)
+# Output: $OUT/runPART.log (the console) and results1.tgz (the tables as .md / .json, the test log).
 set -u -o pipefail
-PART=${1:?part 1}
+PART=${1:?part 1 or 2}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 ARMS=triton+pdl,triton/fused_merge=true+pdl
 K="$PY -m attnlab.bench.kernels --phases decode"
@@ -52,6 +55,19 @@ case $PART in
     echo "exit code $?"; grep -E "^\||Error|skipped" $LOGS/lf-h200.log
   fi
   ;;
-*) echo "part 1 only"; exit 2 ;;
+2)
+  FB=.gpu/fk install_fb
+  for m in smollm2 llama8b; do
+    if [ $m = smollm2 ]; then tiles="128x4x3 128x4x1 128x4x2 64x2x4 64x2x1 64x4x2 128x8x3 256x4x2"
+    else tiles="64x4x3 64x4x1 64x8x3 128x4x3 128x4x1 256x8x2 128x8x2"; fi
+    specs=""
+    for t in $tiles; do specs="$specs,triton/decode_tiles=$t+pdl,triton/fused_merge=true/decode_tiles=$t+pdl"; done
+    step "the decode's tile, warps and stages, merge launch and fused, $m shapes, batch 1 x 4k and 16k"
+    timeout 240 $K --backends "${specs#,}" --batches 1 --contexts 4096,16384 --models $m --reps 200 --repeats 3 \
+      --out "$OUT/tiles-$m" > $LOGS/tiles-$m.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/tiles-$m.log
+  done
+  ;;
+*) echo "part 1 or 2"; exit 2 ;;
 esac
 pack
