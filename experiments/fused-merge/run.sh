@@ -16,9 +16,11 @@
 #   2  carry [".gpu/fk"], ~6 min warm: the decode's launch (decode_tiles: BLOCK_N x warps x stages; 1 stage: no
 #      pipelining, which a split of one tile does not use), merge launch and fused, PDL on, 200 runs a replay, at
 #      batch 1 x 4k and 16k, one process a shape (its 7-8 launches x 2 arms interleaved)
+#   3  carry [".gpu/fk", ".old"], ~6 min warm: part 2's leads (the fused merge; 128-token tiles in 1 stage) over
+#      batch 1 / 4 / 16 x 512 / 4k / 16k against the default, then after one layer's MLP, then c101f91's decode
 # Output: $OUT/runPART.log (the console) and results1.tgz (the tables as .md / .json, the test log).
 set -u -o pipefail
-PART=${1:?part 1 or 2}
+PART=${1:?part 1, 2 or 3}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 ARMS=triton+pdl,triton/fused_merge=true+pdl
 K="$PY -m attnlab.bench.kernels --phases decode"
@@ -68,6 +70,25 @@ case $PART in
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/tiles-$m.log
   done
   ;;
-*) echo "part 1 or 2"; exit 2 ;;
+3)
+  FB=.gpu/fk install_fb
+  test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
+  A3=triton+pdl,triton/fused_merge=true+pdl,triton/decode_tiles=128x4x1+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
+  for m in smollm2 llama8b; do
+    step "part 2's leads over the grid, $m shapes: batch 1 / 4 / 16 x 512 / 4k / 16k, 200 runs a replay"
+    timeout 200 $K --backends $A3 --batches 1,4,16 --contexts 512,4096,16384 --models $m --reps 200 --repeats 3 \
+      --out "$OUT/grid-$m" > $LOGS/grid-$m.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/grid-$m.log
+  done
+  step "the same arms after one layer's MLP (--between gemm), batch 1 x 4k"
+  timeout 60 $K --backends $A3 --batches 1 --contexts 4096 --models smollm2,llama8b --reps 200 --repeats 3 \
+    --between gemm --out "$OUT/grid-gemm" > $LOGS/grid-gemm.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/grid-gemm.log
+  step "c101f91 on this machine, 200 runs a replay (the floor's before)"
+  (cd .old && PYTHONPATH=/opt/site:$PWD timeout 60 $K --backends triton --quick --reps 200 \
+    --out "$OUT/old-200" > $LOGS/old-200.log 2>&1; echo "exit code $?")
+  grep -E "^decode" $LOGS/old-200.log
+  ;;
+*) echo "part 1, 2 or 3"; exit 2 ;;
 esac
 pack
