@@ -18,9 +18,15 @@
 #      batch 1 x 4k and 16k, one process a shape (its 7-8 launches x 2 arms interleaved)
 #   3  carry [".gpu/fk", ".old"], ~6 min warm: part 2's leads (the fused merge; 128-token tiles in 1 stage) over
 #      batch 1 / 4 / 16 x 512 / 4k / 16k against the default, then after one layer's MLP, then c101f91's decode
+#   4  carry [".gpu/fk"], ~5 min warm: end to end (bench.spec, SmolLM2-135M on random weights, the gemm engine with
+#      PDL, CUDA graphs), triton against triton/fused_merge=true in the same rounds: prompts of 3,960 tokens (the
+#      plan's 32 splits, one tile each, as the 4k kernel cell) and of 380 (4 splits), batch 1 and 4, 128 new tokens
+#   5  carry [".gpu/fk"], ~5 min: end to end at Llama-8B's attention shape (Llama-3.1-8B on random weights, cuBLAS
+#      GEMMs, fused ops, PDL, CUDA graphs), triton against triton/fused_merge=true/decode_tiles=128x4x1 (part 3's
+#      0.80x kernel cell) in the same rounds, 4 prompts of 3,960 tokens, batch 1
 # Output: $OUT/runPART.log (the console) and results1.tgz (the tables as .md / .json, the test log).
 set -u -o pipefail
-PART=${1:?part 1, 2 or 3}
+PART=${1:?part 1 to 5}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 ARMS=triton+pdl,triton/fused_merge=true+pdl
 K="$PY -m attnlab.bench.kernels --phases decode"
@@ -89,6 +95,25 @@ case $PART in
     --out "$OUT/old-200" > $LOGS/old-200.log 2>&1; echo "exit code $?")
   grep -E "^decode" $LOGS/old-200.log
   ;;
-*) echo "part 1, 2 or 3"; exit 2 ;;
+4)
+  FB=.gpu/fk install_fb
+  for len in 3960 380; do
+    step "end to end, SmolLM2-135M (random weights), prompts of $len tokens: merge launch against fused, same rounds"
+    timeout 200 $S --gemm triton --pdl --weights random --backends triton,triton/fused_merge=true --drafters ngram \
+      --k 4 --batch 1,4 --prompt-lengths $len --new 128 --repeats 5 --same-rounds --ignore-eos \
+      --out "$OUT/e2e-$len" > $LOGS/e2e-$len.log 2>&1
+    echo "exit code $?"; grep -vE "^\s*$|it/s|%\|" $LOGS/e2e-$len.log | tail -n 25
+  done
+  ;;
+5)
+  FB=.gpu/fk install_fb
+  step "end to end, Llama-3.1-8B (random weights), prompts of 3960 tokens: merge launch against fused + 128x4x1"
+  timeout 400 $S --model llama-3.1-8b --pdl --weights random \
+    --backends triton,triton/fused_merge=true/decode_tiles=128x4x1 --drafters ngram --k 4 --batch 1 \
+    --prompt-lengths 3960 --num-prompts 4 --new 128 --repeats 5 --same-rounds --ignore-eos \
+    --out "$OUT/e2e8b-3960" > $LOGS/e2e8b-3960.log 2>&1
+  echo "exit code $?"; grep -vE "^\s*$|it/s|%\|" $LOGS/e2e8b-3960.log | tail -n 16
+  ;;
+*) echo "part 1 to 5"; exit 2 ;;
 esac
 pack

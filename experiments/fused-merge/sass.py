@@ -1,0 +1,79 @@
+"""Compile the triton decode with its fused merge for sm_90a on a machine without a GPU (attnlab.kernels.aot, PDL on)
+and read its SASS: registers a thread, and how many of the merge's loads (after the arrival atomic) issue before its
+first exp2, i.e. are in flight together. Batch 1, SmolLM2 and Llama-8B shapes, 4k and 16k, a few decode_tiles.
+
+    python experiments/fused-merge/sass.py [--out FILE]    (TRITON_INTERPRET unset; ptxas and nvdisasm from triton)
+
+The GPU machine's Triton (3.6) may schedule differently from this checkout's: a reading of the code, not a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+import subprocess
+import tempfile
+
+import torch
+import triton
+
+from attnlab.kernels import aot, pdl
+from attnlab.kernels.decode import paged_decode
+from attnlab.kernels.heuristics import decode_params
+from attnlab.kernels.merge import merge_counters
+
+BIN = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+SHAPES = {"smollm2": (9, 3, 64), "llama8b": (32, 8, 128)}
+CASES = [("smollm2", 4096, None), ("smollm2", 16384, None), ("smollm2", 4096, "128x4x1"),
+         ("llama8b", 4096, None), ("llama8b", 4096, "128x4x1"), ("llama8b", 4096, "128x4x3"),
+         ("llama8b", 4096, "128x8x2"), ("llama8b", 16384, None)]
+
+
+def ptxas() -> str:
+    """The newest ptxas triton ships (its PTX version may be past the older one's)."""
+    return str(BIN / "ptxas-blackwell") if (BIN / "ptxas-blackwell").exists() else str(BIN / "ptxas")
+
+
+def inspect(model: str, ctx: int, tiles: str | None, tmp: pathlib.Path) -> str:
+    hq, hkv, d = SHAPES[model]
+    ps = 16
+    p = decode_params(batch=1, num_kv_heads=hkv, group=hq // hkv, head_dim=d, max_kv_len=ctx, sms=132, tiles=tiles)
+    pages = ctx // ps
+    k = torch.zeros(pages * ps + ps, hkv, d, dtype=torch.bfloat16)
+    q = torch.zeros(1, hq, d, dtype=torch.bfloat16)
+    i32 = dict(dtype=torch.int32)
+    with aot.compile_only(90) as log, pdl.forced_for_compile():
+        paged_decode(q, k, torch.zeros_like(k), torch.zeros_like(q), torch.tensor([0, 1], **i32),
+                     torch.tensor([0, pages], **i32), torch.arange(pages, **i32), torch.tensor([ctx], **i32),
+                     page_size=ps, scale=d ** -0.5, params=p, o_part=torch.zeros(1, hq, p.num_splits, d),
+                     lse_part=torch.zeros(1, hq, p.num_splits), counters=merge_counters(1, hkv, "cpu"))
+    (tmp / "k.ptx").write_text(log.last["_decode_kernel"].asm["ptx"])
+    r = subprocess.run([ptxas(), "-v", "-arch=sm_90a", str(tmp / "k.ptx"), "-o", str(tmp / "k.cubin")],
+                       capture_output=True, text=True, check=True)
+    regs = re.search(r"Used (\d+) registers", r.stderr).group(1)
+    sass = subprocess.run([str(BIN / "nvdisasm"), "-c", str(tmp / "k.cubin")], capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+    start = next(i for i, line in enumerate(sass) if "ATOMG" in line)  # the arrival: the merge follows
+    tail = sass[start:]
+    first_exp = next((i for i, line in enumerate(tail) if "MUFU.EX2" in line), len(tail))
+    early, loads = sum("LDG" in x for x in tail[:first_exp]), sum("LDG" in x for x in tail)
+    return (f"{model} {ctx} tiles {tiles or 'heuristic'} ({p.block_n}x{p.num_warps}x{p.num_stages}), "
+            f"{p.num_splits} splits: {regs} registers; merge loads before its first exp2: {early} of {loads}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        lines = [f"triton {triton.__version__}, sm_90a, PDL, fused merge"]
+        lines += [inspect(m, c, t, pathlib.Path(d)) for m, c, t in CASES]
+    text = "\n".join(lines)
+    print(text)
+    if a.out:
+        pathlib.Path(a.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
