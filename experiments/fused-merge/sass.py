@@ -42,7 +42,7 @@ def inspect(model: str, ctx: int, tiles: str | None, tmp: pathlib.Path) -> str:
     pages = ctx // ps
     k = torch.zeros(pages * ps + ps, hkv, d, dtype=torch.bfloat16)
     q = torch.zeros(1, hq, d, dtype=torch.bfloat16)
-    i32 = dict(dtype=torch.int32)
+    i32 = {"dtype": torch.int32}
     with aot.compile_only(90) as log, pdl.forced_for_compile():
         paged_decode(q, k, torch.zeros_like(k), torch.zeros_like(q), torch.tensor([0, 1], **i32),
                      torch.tensor([0, pages], **i32), torch.arange(pages, **i32), torch.tensor([ctx], **i32),
