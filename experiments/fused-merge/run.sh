@@ -24,9 +24,12 @@
 #   5  carry [".gpu/fk"], ~5 min: end to end at Llama-8B's attention shape (Llama-3.1-8B on random weights, cuBLAS
 #      GEMMs, fused ops, PDL, CUDA graphs), triton against triton/fused_merge=true/decode_tiles=128x4x1 (part 3's
 #      0.80x kernel cell) in the same rounds, 4 prompts of 3,960 tokens, batch 1
+#   6  carry [".gpu/fk"], ~4 min: the same arms' decode kernels inside the engine's graphs (bench.spec --kernel-profile,
+#      PDL off so that a kernel's CUPTI time holds no wait for the one before), SmolLM2-135M (attnlab's GEMMs) and
+#      Llama-3.1-8B (cuBLAS), random weights, 2 prompts of 3,960 tokens, batch 1
 # Output: $OUT/runPART.log (the console) and results1.tgz (the tables as .md / .json, the test log).
 set -u -o pipefail
-PART=${1:?part 1 to 5}
+PART=${1:?part 1 to 6}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 ARMS=triton+pdl,triton/fused_merge=true+pdl
 K="$PY -m attnlab.bench.kernels --phases decode"
@@ -114,6 +117,18 @@ case $PART in
     --out "$OUT/e2e8b-3960" > $LOGS/e2e8b-3960.log 2>&1
   echo "exit code $?"; grep -vE "^\s*$|it/s|%\|" $LOGS/e2e8b-3960.log | tail -n 16
   ;;
-*) echo "part 1 to 5"; exit 2 ;;
+6)
+  FB=.gpu/fk install_fb
+  for m in smollm2-135m llama-3.1-8b; do
+    g=$([ $m = smollm2-135m ] && echo triton || echo cublas)
+    step "in the engine's graphs, PDL off (CUPTI's kernel times then do not include a wait): $m, gemm $g, kernel profile"
+    timeout 250 $S --model $m --gemm $g --weights random --drafters ngram --k 4 --batch 1 --prompt-lengths 3960 \
+      --backends triton,triton/fused_merge=true,triton/fused_merge=true/decode_tiles=128x4x1 --num-prompts 2 \
+      --new 128 --repeats 2 --same-rounds --ignore-eos --kernel-profile 6 --out "$OUT/kp-$m" > $LOGS/kp-$m.log 2>&1
+    echo "exit code $?"; grep -E "^\| (attention|split merge|role)|iterations \(|^### |Error" $LOGS/kp-$m.log
+    cp $LOGS/kp-$m.log "$OUT/"
+  done
+  ;;
+*) echo "part 1 to 6"; exit 2 ;;
 esac
 pack
