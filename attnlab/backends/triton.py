@@ -75,8 +75,8 @@ class TritonBackend(AttentionBackend):
                           "(kernels/prefill_contig.py, tensor descriptors: TMA on Hopper) instead of the pool's pages",
         "fused_merge": "true / false (default): merge split-KV partials inside the decode / extend kernel (the "
                        "last split to finish merges), not in a second launch per layer (H100, 2026-12-06d, in the "
-                       "engine: decode 0.95x / 1.01x the launch's time (SmolLM2 / Llama-8B shapes), verify 1.11x / 1.53x; "
-                       "experiments/fused-merge)",
+                       "engine: decode 0.95x / 1.01x the launch's time at SmolLM2 / Llama-8B shapes, verify "
+                       "1.11x / 1.53x; experiments/fused-merge)",
         "decode_tiles": "BLOCK_NxWARPSxSTAGES (e.g. 64x4x3): the decode kernel's KV tile, warps and stages, in place "
                         "of the heuristic (tuning: the batch-1 floor); the split count follows the tile (a forced "
                         "num_splits wins); a launch past the GPU's shared memory fails when it compiles; null = "

@@ -84,8 +84,8 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr,
-                   MERGE_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr = 1, PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
-                   USE_PDL: tl.constexpr = False):
+                   MERGE_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr = 1, PREFETCH: tl.constexpr = 0,
+                   LINE: tl.constexpr = 64, USE_PDL: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
