@@ -74,9 +74,10 @@ class TritonBackend(AttentionBackend):
                           "fitting the GPU's shared memory) reads its new K / V from the projection output "
                           "(kernels/prefill_contig.py, tensor descriptors: TMA on Hopper) instead of the pool's pages",
         "fused_merge": "true / false (default): merge split-KV partials inside the decode / extend kernel (the "
-                       "last split to finish merges), not in a second launch per layer (H100, 2026-12-06d, in the "
-                       "engine: decode 0.95x / 1.01x the launch's time at SmolLM2 / Llama-8B shapes, verify "
-                       "1.11x / 1.53x; experiments/fused-merge)",
+                       "last split to finish merges), not in a second launch per layer. Not advised (H100, "
+                       "2026-12-06d, experiments/fused-merge): no tok/s gain end to end; kernel time in the "
+                       "engine's graphs (PDL off) 0.95x / 1.01x the launch's in decode, 1.11x / 1.53x in verify at "
+                       "SmolLM2 / Llama-8B shapes",
         "decode_tiles": "BLOCK_NxWARPSxSTAGES (e.g. 64x4x3): the decode kernel's KV tile, warps and stages, in place "
                         "of the heuristic (tuning: the batch-1 floor); the split count follows the tile (a forced "
                         "num_splits wins); a launch past the GPU's shared memory fails when it compiles; null = "

@@ -84,7 +84,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr,
-                   MERGE_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr = 1, PREFETCH: tl.constexpr = 0,
+                   MERGE_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, PREFETCH: tl.constexpr = 0,
                    LINE: tl.constexpr = 64, USE_PDL: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -129,6 +129,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
     write_result(acc, m_i, l_i, O, O_PART, LSE_PART, rows, heads, split, offs_d, m_mask, d_mask, v_scale,
                  stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, SPLIT)
     if SPLIT and FUSE_MERGE:  # its rows are the group's real heads (BLOCK_G), not the tile's padded BLOCK_M
+        tl.static_assert(BLOCK_G >= GROUP, "BLOCK_G must hold the GQA group")
         offs_g = tl.arange(0, BLOCK_G)
         merge_arrived(O, O_PART, LSE_PART, COUNTERS, b * tl.num_programs(1) + kvh, num_splits, row + offs_g * 0,
                       kvh * GROUP + offs_g, offs_g < GROUP * q_len, offs_d, d_mask, stride_ot, stride_oh, stride_pt,

@@ -96,10 +96,10 @@ def merge_arrived(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads
     invariant kernel needs (its split count follows the context, up to 128 at 32k, and its warmup compiles three).
     Both give the same bits (the same operations in the same order).
 
-    Every thread holds rows x D / threads values a split, all splits' in flight at once: the decode passes its GQA
-    group's real heads as ``rows`` (padded to a power of two), not its tile's M rows padded to 16 for tl.dot, whose
-    16 x 64 x 32 values at SmolLM2's batch-1 4k issued a few splits at a time (H100, 2026-12-06d: 5.99 -> 4.68 us,
-    experiments/fused-merge)."""
+    Each thread holds rows x D / threads values a split; the fewer, the more splits' loads the compiler keeps in flight
+    at once. The decode passes its GQA group's real heads as ``rows`` (padded to a power of two), not its tile's M rows
+    padded to 16 for tl.dot: at SmolLM2's batch-1 4k that is 4 x 64 x 32 values, not 16 x 64 x 32 (H100, 2026-12-06d:
+    5.99 -> 4.68 us; how many loads issue together is the compiler's choice: experiments/fused-merge/sass.py)."""
     tl.debug_barrier()
     arrived = tl.atomic_add(COUNTERS + ticket, 1, sem="acq_rel")
     if arrived == num_splits - 1:

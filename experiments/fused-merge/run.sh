@@ -27,7 +27,7 @@
 #   6  carry [".gpu/fk"], ~4 min: the same arms' decode kernels inside the engine's graphs (bench.spec --kernel-profile,
 #      PDL off so that a kernel's CUPTI time holds no wait for the one before), SmolLM2-135M (attnlab's GEMMs) and
 #      Llama-3.1-8B (cuBLAS), random weights, 2 prompts of 3,960 tokens, batch 1
-# Output: $OUT/runPART.log (the console) and results1.tgz (the tables as .md / .json, the test log).
+# Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test log).
 set -u -o pipefail
 PART=${1:?part 1 to 6}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
@@ -59,7 +59,8 @@ case $PART in
   timeout 90 $K --backends $ARMS --batches 1,16 --contexts 4096 --models smollm2,llama8b --reps 200 --repeats 3 \
     --between gemm --out "$OUT/fm-gemm" > $LOGS/fm-gemm.log 2>&1
   echo "exit code $?"; grep -E "^decode|Error" $LOGS/fm-gemm.log
-  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader)
+  if [[ $gpu == *H200* ]]; then
     step "an H200: decode-read part 1's stream rows"
     timeout 120 $PY -m attnlab.bench.launch_floor --models smollm2,llama8b --contexts 4096 --stream-splits 8,16,64 \
       --out "$OUT/lf-h200" > $LOGS/lf-h200.log 2>&1
@@ -82,7 +83,8 @@ case $PART in
 3)
   FB=.gpu/fk install_fb
   test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
-  A3=triton+pdl,triton/fused_merge=true+pdl,triton/decode_tiles=128x4x1+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
+  T=decode_tiles=128x4x1
+  A3=triton+pdl,triton/fused_merge=true+pdl,triton/$T+pdl,triton/fused_merge=true/$T+pdl
   for m in smollm2 llama8b; do
     step "part 2's leads over the grid, $m shapes: batch 1 / 4 / 16 x 512 / 4k / 16k, 200 runs a replay"
     timeout 200 $K --backends $A3 --batches 1,4,16 --contexts 512,4096,16384 --models $m --reps 200 --repeats 3 \
@@ -121,7 +123,7 @@ case $PART in
   FB=.gpu/fk install_fb
   for m in smollm2-135m llama-3.1-8b; do
     g=$([ $m = smollm2-135m ] && echo triton || echo cublas)
-    step "in the engine's graphs, PDL off (CUPTI's kernel times then do not include a wait): $m, gemm $g, kernel profile"
+    step "in the engine's graphs, PDL off (CUPTI's kernel times then hold no wait): $m, gemm $g, kernel profile"
     timeout 250 $S --model $m --gemm $g --weights random --drafters ngram --k 4 --batch 1 --prompt-lengths 3960 \
       --backends triton,triton/fused_merge=true,triton/fused_merge=true/decode_tiles=128x4x1 --num-prompts 2 \
       --new 128 --repeats 2 --same-rounds --ignore-eos --kernel-profile 6 --out "$OUT/kp-$m" > $LOGS/kp-$m.log 2>&1

@@ -1,9 +1,13 @@
 """Compile the triton decode with its fused merge for sm_90a on a machine without a GPU (attnlab.kernels.aot, PDL on)
-and read its SASS: registers a thread, and how many of the merge's loads (after the arrival atomic) issue before its
-first exp2, i.e. are in flight together. Batch 1, SmolLM2 and Llama-8B shapes, 4k and 16k, a few decode_tiles.
+and read its SASS after the arrival atomic (the merge): registers a thread; how many of the partials' loads (vector
+LDGs) and of the LSE loads (scalar LDGs) issue before the merge's first exp2, i.e. are in flight together (the first
+exp2 needs every LSE: their max); CTA barriers. Batch 1, SmolLM2 and Llama-8B shapes, 4k and 16k, a few decode_tiles.
 
-    python experiments/fused-merge/sass.py [--out FILE]    (TRITON_INTERPRET unset; ptxas and nvdisasm from triton)
+    python experiments/fused-merge/sass.py [--out FILE]    (from the repository root, TRITON_INTERPRET unset; ptxas
+                                                            and nvdisasm come with triton)
 
+results/cpu-sass-14d6bb7.txt is this script run on 14d6bb7's attnlab (``git archive 14d6bb7 attnlab | tar -x -C
+.oldf``, then ``cd .oldf && PYTHONPATH=$PWD python ../experiments/fused-merge/sass.py``).
 The GPU machine's Triton (3.6) may schedule differently from this checkout's: a reading of the code, not a timing.
 """
 
@@ -35,7 +39,10 @@ def ptxas() -> str:
     return str(BIN / "ptxas-blackwell") if (BIN / "ptxas-blackwell").exists() else str(BIN / "ptxas")
 
 
-def inspect(model: str, ctx: int, tiles: str | None, tmp: pathlib.Path) -> str:
+LDG = re.compile(r"\bLDG\.E(\.(64|128))?\.")  # a global load; .64 / .128: vector (the partials), none: scalar
+
+
+def read_case(model: str, ctx: int, tiles: str | None, tmp: pathlib.Path) -> str:
     hq, hkv, d = SHAPES[model]
     ps = 16
     p = decode_params(batch=1, num_kv_heads=hkv, group=hq // hkv, head_dim=d, max_kv_len=ctx, sms=132, tiles=tiles)
@@ -54,12 +61,20 @@ def inspect(model: str, ctx: int, tiles: str | None, tmp: pathlib.Path) -> str:
     regs = re.search(r"Used (\d+) registers", r.stderr).group(1)
     sass = subprocess.run([str(BIN / "nvdisasm"), "-c", str(tmp / "k.cubin")], capture_output=True, text=True,
                           check=True).stdout.splitlines()
-    start = next(i for i, line in enumerate(sass) if "ATOMG" in line)  # the arrival: the merge follows
+    start = next((i for i, line in enumerate(sass) if "ATOMG" in line), None)  # the arrival: the merge follows
+    if start is None:
+        raise SystemExit(f"{model} {ctx} {tiles}: no arrival atomic in the SASS (an unsplit launch has no merge)")
     tail = sass[start:]
     first_exp = next((i for i, line in enumerate(tail) if "MUFU.EX2" in line), len(tail))
-    early, loads = sum("LDG" in x for x in tail[:first_exp]), sum("LDG" in x for x in tail)
+
+    def loads(lines: list[str], vector: bool) -> int:
+        return sum(1 for x in lines if (m := LDG.search(x)) and bool(m.group(1)) == vector)
+
+    bars = sum("BAR.SYNC" in x for x in tail)
     return (f"{model} {ctx} tiles {tiles or 'heuristic'} ({p.block_n}x{p.num_warps}x{p.num_stages}), "
-            f"{p.num_splits} splits: {regs} registers; merge loads before its first exp2: {early} of {loads}")
+            f"{p.num_splits} splits: {regs} registers; before the merge's first exp2: "
+            f"{loads(tail[:first_exp], True)} of {loads(tail, True)} partial loads, "
+            f"{loads(tail[:first_exp], False)} of {loads(tail, False)} LSE loads; {bars} barriers after the atomic")
 
 
 def main() -> None:
@@ -68,7 +83,7 @@ def main() -> None:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         lines = [f"triton {triton.__version__}, sm_90a, PDL, fused merge"]
-        lines += [inspect(m, c, t, pathlib.Path(d)) for m, c, t in CASES]
+        lines += [read_case(m, c, t, pathlib.Path(d)) for m, c, t in CASES]
     text = "\n".join(lines)
     print(text)
     if a.out:

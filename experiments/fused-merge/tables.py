@@ -1,8 +1,9 @@
 """The README's tables from bench.kernels' JSON: per cell, each arm's time in us and its ratio to the first arm.
 
-    python experiments/fused-merge/tables.py results/call3/grid-smollm2.json [more.json ...] [--arms A,B,...]
+    cd experiments/fused-merge && python tables.py results/call3/grid-smollm2.json [more.json ...] [--arms A,B,...]
 
-Arms default to every backend spec in the file, in the order of its first cell; a cell an arm lacks reads "-".
+Arms default to every backend spec in the file, in the order of its first cell; a cell an arm lacks reads "-"; an arm
+no cell of the file has is an error.
 """
 
 from __future__ import annotations
@@ -12,12 +13,17 @@ import json
 
 
 def cells(path: str) -> list[dict]:
-    return [c for c in json.load(open(path))["cells"] if c.get("status") == "ok"]
+    with open(path) as f:
+        return [c for c in json.load(f)["cells"] if c.get("status") == "ok"]
 
 
 def table(path: str, arms: list[str] | None) -> str:
     ok = cells(path)
-    arms = arms or list(dict.fromkeys(c["backend"] for c in ok))
+    have = list(dict.fromkeys(c["backend"] for c in ok))
+    missing = [a for a in arms or () if a not in have]
+    if missing:
+        raise SystemExit(f"{path}: no cell of {missing}; its arms: {have}")
+    arms = arms or have
     keys = list(dict.fromkeys((c["model"], c["batch"], c["context"]) for c in ok))
     short = [a.replace("triton/", "").replace("+pdl", "") or a for a in arms]
     lines = [f"{path}: us (ratio to {short[0]})", "| shape | batch | context | " + " | ".join(short) + " |",

@@ -65,8 +65,9 @@ def test_gpu_fused_merge_under_races_and_graph_replay(kind, splits, shape):
     """Many splits racing on the GPU (Llama-8B's heads at batch 16, or SmolLM2's at batch 1 with a padding request;
     4k context, 32 splits, and 11: the merge's unrolled loops masked past the split count), launched 50 times and
     replayed from a CUDA graph: every launch equals the separate merge's result to bf16 rounding, and the counters end
-    at 0. ``pdl``: Llama-8B's case launched with programmatic dependent launch (each program lets the next grid start
-    right after its wait, so that grid's programs run beside the merging one)."""
+    at 0. ``pdl``: Llama-8B's case with its kernels launched and captured as programmatic dependent launches (the PDL
+    variant compiled and run; each launch here is followed by torch ops or is a graph's only kernel, so two fused
+    grids do not overlap in this test)."""
     q_len = 1 if kind == "decode" else 5
     if shape == "smollm2-b1":
         case = make_case(kv_lens=[4096, 0], q_lens=[q_len, 0], page_size=16, num_kv_heads=3, gqa=3, head_dim=64,
