@@ -65,9 +65,9 @@ def test_gpu_fused_merge_under_races_and_graph_replay(kind, splits, shape):
     """Many splits racing on the GPU (Llama-8B's heads at batch 16, or SmolLM2's at batch 1 with a padding request;
     4k context, 32 splits, and 11: the merge's unrolled loops masked past the split count), launched 50 times and
     replayed from a CUDA graph: every launch equals the separate merge's result to bf16 rounding, and the counters end
-    at 0. ``pdl``: Llama-8B's case with its kernels launched and captured as programmatic dependent launches (the PDL
-    variant compiled and run; each launch here is followed by torch ops or is a graph's only kernel, so two fused
-    grids do not overlap in this test)."""
+    at 0. ``pdl``: Llama-8B's case with programmatic dependent launch, its graph four fused launches back to back, so
+    each launch's programs start while the one before still runs and merges (its wait holds them before they read
+    anything the other writes, the counters included)."""
     q_len = 1 if kind == "decode" else 5
     if shape == "smollm2-b1":
         case = make_case(kv_lens=[4096, 0], q_lens=[q_len, 0], page_size=16, num_kv_heads=3, gqa=3, head_dim=64,
@@ -78,10 +78,10 @@ def test_gpu_fused_merge_under_races_and_graph_replay(kind, splits, shape):
     if shape == "pdl" and pdl.unsupported("cuda"):
         pytest.skip(f"engine.pdl: {pdl.unsupported('cuda')}")
     with pdl.using(shape == "pdl", "cuda"):
-        _race(case, splits)
+        _race(case, splits, launches_per_graph=4 if shape == "pdl" else 1)
 
 
-def _race(case, splits: int) -> None:
+def _race(case, splits: int, launches_per_graph: int) -> None:
     _, ref = run_layers(case, False, splits)
     be = case.backend(TritonBackend)
     be.num_splits, be.fused_merge = splits, True
@@ -93,7 +93,8 @@ def _race(case, splits: int) -> None:
     with torch.cuda.stream(stream):
         be.run(case.q, 0)
         with torch.cuda.graph(g, stream=stream):
-            out = be.run(case.q, 0)
+            for _ in range(launches_per_graph):
+                out = be.run(case.q, 0)
     torch.cuda.current_stream().wait_stream(stream)
     for _ in range(50):
         g.replay()
