@@ -295,6 +295,7 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
     pools: dict[int, tuple] = {}
     kv_cache: dict[int, list] = {}  # page size -> per layer the prefill's new K / V
     cells, timers = [], {}
+    between = getattr(args, "cold_between", None)  # --cold: one buffer for every shape; --between: one a shape
     for label, cls in classes.items():
         cell = Cell(phase, model, batch, ctx, q_len, label)
         cells.append(cell)
@@ -329,8 +330,7 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
                 torch.cuda.synchronize()
                 tag(cell, be, meta)
                 continue
-            between = getattr(args, "flush", None)  # --cold: one buffer for every cell
-            if between is None and getattr(args, "between", None):
+            if between is None and getattr(args, "between", None):  # made once, for all of this shape's backends
                 between = make_between(args.between, hq * d, batch * q_len)
             with pdl.using(split_pdl(label)[1], "cuda"):  # graphs record how their kernels were launched
                 timers[label] = Timer(be, q, num_layers, meta.mode in cls.capabilities().cuda_graph,
@@ -499,11 +499,12 @@ def main(argv=None) -> int:
     ks = args.ks or (QUICK_K if args.quick else PHASES["verify"])
     classes = load_backends(specs)
     args.copy_gb_s = 1.0 if args.compile_only else copy_bandwidth_gb_s()
-    args.flush = FlushBetween() if args.cold and not args.compile_only else None
+    args.cold_between = FlushBetween() if args.cold and not args.compile_only else None
     info = versions() | {"copy_gb_s": args.copy_gb_s, "page_size": args.page_size, "dtype": "bf16",
                          "repeats": args.repeats, "baseline": args.baseline}
-    if args.flush is not None:
-        info["cold"] = f"the L2 flushed before each run ({args.flush.nbytes >> 20} MiB written, its time subtracted)"
+    if args.cold_between is not None:
+        info["cold"] = (f"the L2 flushed before each run ({args.cold_between.nbytes >> 20} MiB written, its time "
+                        "subtracted)")
     if args.between:
         info["between"] = f"{BETWEEN[args.between]} before each run, its time subtracted"
     header = f"GPU: {info['gpu']} · " + " · ".join(f"{k} {v}" for k, v in info.items() if k != "gpu")

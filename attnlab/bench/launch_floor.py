@@ -157,8 +157,8 @@ def floor_line(model: str, ctx: int, med: dict[str, float], splits: int) -> str:
     reads = {k: v for k, v in med.items() if k.startswith("stream K / V") and "merge" not in k}
     fast = min(reads, key=reads.get)
     return (f"| {model} | {ctx} | issue 16 floor: <= {target:.2f} us (2026-12-01: {BEFORE_US[model]} us / 1.5); best "
-            f"decode {best:.2f} us ({splits} splits); its two empty launches alone {floor2:.2f} us; the fastest read of "
-            f"its {mb:.1f} MB of K / V {reads[fast]:.2f} us ({fast}: {mb / reads[fast]:.2f} TB/s) |"
+            f"decode {best:.2f} us ({splits} splits); its two empty launches alone {floor2:.2f} us; the fastest read "
+            f"of its {mb:.1f} MB of K / V {reads[fast]:.2f} us ({fast}: {mb / reads[fast]:.2f} TB/s) |"
             + " |" * (2 * len(SETTINGS)))
 
 
@@ -201,8 +201,8 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name()
     res = {"gpu": gpu, "versions": versions(), "repeats": a.repeats, "layers": a.layers, "rows": []}
     lines = [(f"{gpu}; {res['versions']}; batch 1, bf16, page {a.page_size}, CUDA-graph replay of back-to-back runs "
-              f"over {a.layers or 'the default walk of'} layers; median of {a.repeats} measurements (spread max - min); ratio: to the decode of the "
-              f"same column"), "",
+              f"over {a.layers or 'the default walk of'} layers; median of {a.repeats} measurements (spread max - "
+              f"min); ratio: to the decode of the same column"), "",
              "| model | context | row | " + " | ".join(f"{c}: us | ratio" for c, *_ in SETTINGS) + " |",
              "|---|---|---|" + "---|---|" * len(SETTINGS)]
     print(lines[0], flush=True)
