@@ -8,6 +8,14 @@ prove every byte was read (a compiler cannot drop loads whose values reach the o
 no ``qo_indptr``: every request is taken as decoding (no padded rows), as in ``bench.launch_floor``'s batch-1 cells.
 Split bounds are multiples of BLOCK_N, so a split count past ``kv_len / BLOCK_N`` adds empty programs, not a finer
 partition (``working_splits``).
+
+Three ways to read the same bytes (``mode``), so a bench can tell what the read's speed owes to its access pattern:
+- ``gather``: the decode's own loads, a tile's rows through per-token pointers from the page table (``tile_slots``);
+- ``pages``: one tensor-descriptor box of ``[page_size, head_dim]`` per page (TMA on Hopper), the page id a scalar
+  load; the same bytes in page-sized blocks, no per-token addresses;
+- ``contig``: one box of ``[block_n, head_dim]`` per tile from consecutive slots, as if the request's pages were
+  consecutive from its first page id in ``kv_indptr`` order (``expected_sums(contiguous=True)``): what the read
+  costs with no page table at all, the bound a paged read can approach.
 """
 
 from __future__ import annotations
@@ -20,7 +28,10 @@ import triton.language as tl
 
 from attnlab.kernels.paged import tile_slots
 from attnlab.kernels.pdl import launch_args, pdl_start
+from attnlab.kernels.prefill_contig import descriptor_ready
 from attnlab.kvcache.layout import pages_needed, slot_mapping
+
+MODES = ("gather", "pages", "contig")
 
 
 @triton.jit
@@ -49,6 +60,37 @@ def _stream_kernel(K, V, OUT, KV_INDPTR, KV_INDICES, KV_LENS, num_splits, stride
     tl.store(OUT + (b * tl.num_programs(1) + kvh) * num_splits + split, tl.sum(acc))
 
 
+@triton.jit
+def _stream_boxes_kernel(Kd, Vd, OUT, KV_INDPTR, KV_INDICES, KV_LENS, num_splits,
+                         HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                         CONTIG: tl.constexpr, USE_PDL: tl.constexpr = False):
+    """``pages`` (ROWS = PAGE_SIZE, a box per page through the page table) and ``contig`` (ROWS = BLOCK_N, a box per
+    tile from consecutive slots): the same programs and split bounds as ``_stream_kernel``. Rows of a box past the
+    split's end are read (whole boxes) and left out of the sum."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    pdl_start(USE_PDL)
+    kv_len = tl.load(KV_LENS + b)
+    page_base = tl.load(KV_INDPTR + b)
+    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, kv_len)
+    offs_r = tl.arange(0, ROWS)
+    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+    col = kvh * HEAD_DIM
+    for start in range(lo, hi, ROWS):  # lo is a multiple of BLOCK_N, so of PAGE_SIZE (stream_kv checks)
+        if CONTIG:
+            row = page_base * PAGE_SIZE + start
+        else:
+            row = tl.load(KV_INDICES + page_base + start // PAGE_SIZE) * PAGE_SIZE
+        k = Kd.load([row, col])
+        v = Vd.load([row, col])
+        keep = (start + offs_r < hi)[:, None]
+        acc += tl.where(keep, k.to(tl.float32) + v.to(tl.float32), 0.0)
+    tl.store(OUT + (b * tl.num_programs(1) + kvh) * num_splits + split, tl.sum(acc))
+
+
 def working_splits(kv_len: int, num_splits: int, block_n: int) -> int:
     """How many of ``num_splits`` splits hold tokens of a ``kv_len`` request (the decode's bounds: each split a
     multiple of ``block_n``); the rest are empty programs."""
@@ -60,11 +102,12 @@ def working_splits(kv_len: int, num_splits: int, block_n: int) -> int:
 
 def stream_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, kv_indptr: torch.Tensor,
               kv_indices: torch.Tensor, kv_lens: torch.Tensor, *, page_size: int, num_splits: int, block_n: int,
-              num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+              num_warps: int = 4, num_stages: int = 2, mode: str = "gather") -> torch.Tensor:
     """Read every K / V element of each request's ``kv_lens`` tokens; ``out`` (fp32, ``[batch, kv_heads,
     num_splits]``) gets each program's sum. k/v_cache: ``[num_slots, kv_heads, head_dim]`` (slot = page * page_size
     + offset), a power-of-two head dim; kv_indptr ``[batch + 1]``, kv_indices, kv_lens ``[batch]``: int32, as the
-    decode's plan. PDL as the process is set (``attnlab.kernels.pdl``)."""
+    decode's plan. ``mode``: how the bytes are loaded (module docstring; ``contig`` reads other slots than the plan's
+    pages). PDL as the process is set (``attnlab.kernels.pdl``)."""
     batch, hkv, head_dim = kv_lens.shape[0], k_cache.shape[1], k_cache.shape[2]
     if head_dim & (head_dim - 1) or block_n & (block_n - 1):
         raise ValueError(f"stream_kv: head_dim {head_dim} and block_n {block_n} must be powers of two")
@@ -75,6 +118,11 @@ def stream_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, k
                          f"{list(out.shape)}")
     if k_cache.stride() != v_cache.stride() or k_cache.stride(2) != 1:
         raise ValueError("stream_kv: K and V caches must share strides, head dim contiguous")
+    if mode not in MODES:
+        raise ValueError(f"stream_kv: mode {mode!r}: one of {', '.join(MODES)}")
+    if mode != "gather":
+        return _stream_boxes(k_cache, v_cache, out, kv_indptr, kv_indices, kv_lens, page_size, num_splits, block_n,
+                             num_warps, num_stages, mode == "contig")
     _stream_kernel[(batch, hkv, num_splits)](
         k_cache, v_cache, out, kv_indptr, kv_indices, kv_lens, num_splits, k_cache.stride(0), k_cache.stride(1),
         HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
@@ -82,15 +130,38 @@ def stream_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, k
     return out
 
 
+def _stream_boxes(k_cache, v_cache, out, kv_indptr, kv_indices, kv_lens, page_size: int, num_splits: int,
+                  block_n: int, num_warps: int, num_stages: int, contig: bool) -> torch.Tensor:
+    """stream_kv's ``pages`` / ``contig`` modes: host tensor descriptors over ``[num_slots, kv_heads * head_dim]``."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    slots, hkv, d = k_cache.shape
+    rows = block_n if contig else page_size
+    if page_size & (page_size - 1) or block_n % page_size:
+        raise ValueError(f"stream_kv: mode pages / contig needs a power-of-two page size dividing block_n "
+                         f"(page {page_size}, block_n {block_n})")
+    if not (descriptor_ready(k_cache) and descriptor_ready(v_cache)):
+        raise ValueError("stream_kv: mode pages / contig needs each slot's heads x head_dim contiguous, 16-byte "
+                         "aligned rows and base")
+    descs = [TensorDescriptor(t, [slots, hkv * d], [t.stride(0), 1], [rows, d]) for t in (k_cache, v_cache)]
+    _stream_boxes_kernel[(kv_lens.shape[0], hkv, num_splits)](
+        *descs, out, kv_indptr, kv_indices, kv_lens, num_splits, HEAD_DIM=d, PAGE_SIZE=page_size, BLOCK_N=block_n,
+        ROWS=rows, CONTIG=contig, num_warps=num_warps, num_stages=num_stages, **launch_args(k_cache))
+    return out
+
+
 def expected_sums(k_cache: torch.Tensor, v_cache: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-                  kv_lens: torch.Tensor, page_size: int) -> torch.Tensor:
-    """Per request and kv head, the fp64 sum of its K and V elements (torch, for ``stream_kv``'s check)."""
+                  kv_lens: torch.Tensor, page_size: int, contiguous: bool = False) -> torch.Tensor:
+    """Per request and kv head, the fp64 sum of its K and V elements (torch, for ``stream_kv``'s check).
+    ``contiguous``: of the slots ``mode="contig"`` reads, the request's tokens laid out from page ``kv_indptr[b]``."""
     sums = []
     for b in range(kv_lens.shape[0]):
         n = int(kv_lens[b])
         pages = kv_indices[int(kv_indptr[b]):int(kv_indptr[b + 1])].tolist()
         if pages_needed(n, page_size) > len(pages):
             raise ValueError(f"expected_sums: request {b} has {n} tokens but {len(pages)} pages of {page_size}")
+        if contiguous:
+            pages = list(range(int(kv_indptr[b]), int(kv_indptr[b]) + len(pages)))
         slots = torch.tensor(slot_mapping(pages, 0, n, page_size), dtype=torch.long, device=k_cache.device)
         sums.append((k_cache[slots].double() + v_cache[slots].double()).sum(dim=(0, 2)))
     return torch.stack(sums)

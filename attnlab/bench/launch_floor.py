@@ -13,8 +13,12 @@ Rows per (model, context), batch 1, bf16, page 16, the triton backend's own plan
   decode's programs, split bounds, page gathers and tile (``attnlab.bench.kv_stream``: loads and a sum, checked
   against torch), so what reading these bytes alone costs at this grid is measured; ``stream K / V, N splits``: the
   same with other split counts (``--stream-splits``; counted by the partitions they make: splits are multiples of
-  the tile, so a count past context / BLOCK_N adds only empty programs and is skipped as a duplicate). The rows walk
-  the same layers as the decode (at SmolLM2 shapes 8 x 3.1 MB, inside an H100's 50 MB L2: partly L2 hits for both);
+  the tile, so a count past context / BLOCK_N adds only empty programs and is skipped as a duplicate);
+  ``stream K / V, decode grid, pages`` / ``contig`` (``--stream-modes``): the decode grid's read with a
+  tensor-descriptor box per page (TMA on Hopper) in place of per-token gathers, or as if the pages were consecutive
+  (the same byte count from other slots: a bound with no page table, left out of the floor line's fastest read).
+  The rows walk the same layers as the decode (at SmolLM2 shapes 8 x 3.1 MB, inside an H100's 50 MB L2: partly L2
+  hits for both);
 - ``decode``: the triton backend's decode as the engine runs it (the split kernel and its merge).
 Columns: PDL off; PDL on (the decode reads its plan and prefetches its first K / V tiles into L2 before its wait:
 attnlab.kernels.decode); PDL on with that prefetch off (the wait first). The decode's output is checked to be the same
@@ -60,7 +64,8 @@ class _Launches:
         return self.out
 
 
-def _rows(be, q, hkv: int, context: int, stream_splits: tuple[int, ...] = ()) -> tuple[dict, int]:
+def _rows(be, q, hkv: int, context: int, stream_splits: tuple[int, ...] = (),
+          stream_modes: tuple[str, ...] = ()) -> tuple[dict, int]:
     """The rows' stand-ins for one backend (planned, PDL as the caller set it): ({row: runner}, its split count)."""
     from attnlab.kernels.merge import merge_splits
 
@@ -94,27 +99,31 @@ def _rows(be, q, hkv: int, context: int, stream_splits: tuple[int, ...] = ()) ->
             continue
         seen.add(w)
         rows[f"stream K / V, {w} splits"] = _stream(be, w)
+    for mode in stream_modes:  # the same bytes and grid, loaded in page boxes or as if contiguous (kv_stream)
+        if mode != "gather":
+            rows[f"stream K / V, decode grid, {mode}"] = _stream(be, splits, mode=mode)
     rows["decode"] = be
     return rows, splits
 
 
-def _stream(be, splits: int, then=None) -> _Launches:
+def _stream(be, splits: int, then=None, mode: str = "gather") -> _Launches:
     """``kv_stream.stream_kv`` over the backend's pool and plan with ``splits`` splits (the plan's tile and warps),
-    its sums checked against torch once (layer 0); ``then``: a launch after it."""
+    its sums checked against torch once (layer 0); ``then``: a launch after it; ``mode``: kv_stream's load mode."""
     pool, plan, p = be.pool, be.active_plan, be.active_plan.params
     sums = torch.zeros(plan.kv_lens.shape[0], pool.num_kv_heads, splits, device=plan.kv_lens.device)
 
     def launch(layer):
         k, v = pool.slots_view(layer)
         kv_stream.stream_kv(k, v, sums, plan.kv_indptr, plan.kv_indices, plan.kv_lens, page_size=pool.page_size,
-                            num_splits=splits, block_n=p.block_n, num_warps=p.num_warps, num_stages=p.num_stages)
+                            num_splits=splits, block_n=p.block_n, num_warps=p.num_warps, num_stages=p.num_stages,
+                            mode=mode)
         if then is not None:
             then()
 
     launch(0)
     k, v = pool.slots_view(0)
     kv_stream.check_sums(sums, kv_stream.expected_sums(k, v, plan.kv_indptr, plan.kv_indices, plan.kv_lens,
-                                                       pool.page_size), plan.kv_lens, k, v)
+                                                       pool.page_size, contiguous=mode == "contig"), plan.kv_lens, k, v)
     return _Launches(launch, sums)
 
 
@@ -124,7 +133,8 @@ SETTINGS = (("PDL off", False, decode.KV_PREFETCH_TILES), ("PDL on", True, decod
 
 
 def arms(model: str, context: int, page_size: int, reps: int, iters: int,
-         stream_splits: tuple[int, ...] = (), layers: int | None = None) -> tuple[dict[str, Timer], int]:
+         stream_splits: tuple[int, ...] = (), layers: int | None = None,
+         stream_modes: tuple[str, ...] = ()) -> tuple[dict[str, Timer], int]:
     """Every row's timer for one shape under every SETTINGS column: ({"<row> | <column>": Timer}, the decode's split
     count). The decode's output must be the same bits under each (PDL and the prefetch move no sum)."""
     from attnlab.backends.triton import TritonBackend
@@ -135,7 +145,7 @@ def arms(model: str, context: int, page_size: int, reps: int, iters: int,
     for column, on, tiles in SETTINGS:
         with pdl.using(on, "cuda"), decode.kv_prefetching(tiles):  # graphs record how their kernels were launched
             be = make_backend(TritonBackend, pool, meta, q, model)
-            rows, splits = _rows(be, q, hkv, context, stream_splits)
+            rows, splits = _rows(be, q, hkv, context, stream_splits, stream_modes)
             for name, runner in rows.items():
                 t = timers[f"{name} | {column}"] = Timer(runner, q, num_layers, True, reps, iters)
                 if t.graph is None:  # eager timing would run outside this column's settings
@@ -154,7 +164,8 @@ def floor_line(model: str, ctx: int, med: dict[str, float], splits: int) -> str:
     floor2 = med.get("empty x2, decode + merge grids | PDL on", med["empty, decode grid | PDL on"])
     _, hkv, d = HEADS[model]
     mb = 2 * ctx * hkv * d * 2 / 1e6  # bf16 K and V of the request
-    reads = {k: v for k, v in med.items() if k.startswith("stream K / V") and "merge" not in k}
+    reads = {k: v for k, v in med.items()  # the plan's bytes: not the contig bound's other slots
+             if k.startswith("stream K / V") and "merge" not in k and "contig" not in k}
     fast = min(reads, key=reads.get)
     return (f"| {model} | {ctx} | issue 16 floor: <= {target:.2f} us (2026-12-01: {BEFORE_US[model]} us / 1.5); best "
             f"decode {best:.2f} us ({splits} splits); its two empty launches alone {floor2:.2f} us; the fastest read "
@@ -174,6 +185,10 @@ def main(argv=None) -> int:
     ap.add_argument("--stream-splits", default="",
                     help="more split counts for the stream row (comma list, e.g. 8,16,64): the decode's K / V read "
                          "with other partitions (a count giving a partition already timed is skipped)")
+    ap.add_argument("--stream-modes", default="",
+                    help="more load modes for the decode grid's stream row (comma list of pages, contig): the same "
+                         "bytes in one tensor-descriptor box per page (TMA on Hopper), or as if the request's pages "
+                         "were consecutive (a bound with no page table; attnlab.bench.kv_stream)")
     ap.add_argument("--layers", type=int, default=None,
                     help="layers the runs walk (default: bench.kernels' walk, at most 8: at SmolLM2 shapes 25 MB, "
                          "inside an H100's L2; 64 there walks 200 MB)")
@@ -193,6 +208,10 @@ def main(argv=None) -> int:
         ap.error(f"--stream-splits {a.stream_splits!r}: a comma list of ints")
     if any(not 1 <= n <= 1024 for n in stream_splits):
         ap.error(f"--stream-splits {a.stream_splits!r}: each in 1..1024")
+    stream_modes = tuple(dict.fromkeys(m.strip() for m in a.stream_modes.split(",") if m.strip()))
+    bad = [m for m in stream_modes if m not in kv_stream.MODES]
+    if bad:
+        ap.error(f"--stream-modes: unknown {bad} (choose from {', '.join(kv_stream.MODES)})")
     why = pdl.unsupported("cuda")
     if why:
         print(f"attnlab.bench.launch_floor: {why}")
@@ -208,7 +227,7 @@ def main(argv=None) -> int:
     print(lines[0], flush=True)
     for model in models:
         for ctx in contexts:
-            timers, splits = arms(model, ctx, a.page_size, a.reps, a.iters, stream_splits, a.layers)
+            timers, splits = arms(model, ctx, a.page_size, a.reps, a.iters, stream_splits, a.layers, stream_modes)
             samples = {k: [] for k in timers}
             for _ in range(a.repeats):  # interleaved: drift hits every row alike
                 for k, t in timers.items():

@@ -11,10 +11,15 @@
 #      mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old). Two rounds of: c101f91's bench.kernels and
 #      today's (triton, triton+pdl), batch 1 and 16 x 4k decode, at 5 runs a replay (the floor's method) and at 200.
 #      Then part 1's stream rows again with 64 layers walked (SmolLM2's 8 fit the L2).
+#   3  carry [".gpu/fk"], ~5 min warm: does the read's speed owe to its per-token page gathers? The GPU tests of
+#      kv_stream's three load modes and the fused merge's PDL race case (experiments/README lead 0), then
+#      bench.launch_floor --stream-modes pages,contig: the decode grid's read as one TMA box per page, and as if the
+#      pages were consecutive (a bound, other slots), beside the gathers; SmolLM2 walked from DRAM (64 layers) and
+#      Llama-8B (8 layers, 134 MB). Then bench.kernels --between gemm at one cell (its launch now shared, 12390ea).
 # FB=<bundle> installs another bundle first (a sitting's GGUF part riding along: FB=.gpu/g1).
 # Output: $OUT/run1.log (the console) and results1.tgz (lf.md / lf.json, the test log).
 set -u -o pipefail
-PART=${1:?part 1 or 2}
+PART=${1:?part 1, 2 or 3}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 case $PART in
 1)
@@ -45,6 +50,24 @@ case $PART in
   timeout 200 $PY -m attnlab.bench.launch_floor --models smollm2,llama8b --contexts 4096 --stream-splits 8,16,64 \
     --layers 64 --out "$OUT/lf64" > $LOGS/lf64.log 2>&1
   echo "exit code $?"; grep -E "^\||Error|skipped" $LOGS/lf64.log
+  ;;
+3)
+  FB=.gpu/fk install_fb
+  step "GPU tests: kv_stream's load modes (TMA boxes), the fused merge's PDL race (four launches a graph)"
+  gpu_tests kvs3 240 tests/unit/test_kv_stream.py tests/unit/test_launch_floor.py tests/backends/test_fused_merge.py \
+    -k "stream or floor or pdl"
+  for m in llama8b smollm2; do
+    layers=8; [ $m = smollm2 ] && layers=64
+    step "bench.launch_floor, $m, $layers layers: the decode grid's read as gathers, page boxes and contiguous"
+    timeout 200 $PY -m attnlab.bench.launch_floor --models $m --contexts 4096 --stream-modes pages,contig \
+      --stream-splits 16,64 --layers $layers --out "$OUT/lfm-$m" > $LOGS/lfm-$m.log 2>&1
+    echo "exit code $?"; grep -E "^\||Error|skipped" $LOGS/lfm-$m.log
+  done
+  step "bench.kernels --between gemm (its launch built once per shape since 12390ea): batch 1 x 4k, both shapes"
+  timeout 120 $PY -m attnlab.bench.kernels --phases decode --backends triton+pdl,triton/fused_merge=true+pdl \
+    --batches 1 --contexts 4096 --models smollm2,llama8b --reps 200 --repeats 3 --between gemm \
+    --out "$OUT/between" > $LOGS/between.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/between.log
   ;;
 esac
 pack

@@ -22,18 +22,52 @@ def _case(kv_lens, page_size, hkv=2, d=64, dtype=torch.bfloat16):
     return pool, meta, k, v, lens
 
 
-@pytest.mark.parametrize("kv_lens,page_size,splits,block_n", [
-    ([1], 1, 1, 16), ([37], 3, 4, 16), ([40, 7], 16, 3, 16), ([5], 16, 8, 16), ([70, 1, 33], 4, 2, 32),
-])
-def test_reads_every_byte_once(kv_lens, page_size, splits, block_n):
+CASES = [([1], 1, 1, 16), ([37], 3, 4, 16), ([40, 7], 16, 3, 16), ([5], 16, 8, 16), ([70, 1, 33], 4, 2, 32)]
+
+
+def _boxes_fit(page_size, block_n):  # the pages / contig modes: a power-of-two page dividing block_n
+    return page_size & (page_size - 1) == 0 and block_n % page_size == 0
+
+
+@pytest.mark.parametrize("kv_lens,page_size,splits,block_n,mode", [
+    (*c, m) for c in CASES for m in kv_stream.MODES if m == "gather" or _boxes_fit(c[1], c[3])])
+def test_reads_every_byte_once(kv_lens, page_size, splits, block_n, mode):
     pool, meta, k, v, lens = _case(kv_lens, page_size)
     out = torch.full((len(kv_lens), pool.num_kv_heads, splits), float("nan"), device=DEVICE)
-    kv_stream.stream_kv(k, v, out, meta.layout.kv_indptr, meta.layout.kv_indices, lens, page_size=page_size, num_splits=splits,
-                        block_n=block_n)
+    kv_stream.stream_kv(k, v, out, meta.layout.kv_indptr, meta.layout.kv_indices, lens, page_size=page_size,
+                        num_splits=splits, block_n=block_n, mode=mode)
     assert torch.isfinite(out).all()  # every program stored, empty splits included (their sum is 0)
-    want = kv_stream.expected_sums(k, v, meta.layout.kv_indptr, meta.layout.kv_indices, lens, page_size)
+    want = kv_stream.expected_sums(k, v, meta.layout.kv_indptr, meta.layout.kv_indices, lens, page_size,
+                                   contiguous=mode == "contig")
     torch.testing.assert_close(out.double().sum(dim=2), want, atol=1e-3, rtol=1e-5)  # fp32 sums against fp64
     kv_stream.check_sums(out, want, lens, k, v)
+
+
+def test_contig_reads_other_slots_than_the_pages():
+    """The pool's pages are shuffled (random_paged_case), so the contig read's sums are not the plan's: the check
+    tells them apart (the contig row is a bound, not the plan's bytes)."""
+    pool, meta, k, v, lens = _case([64], 16)
+    assert meta.layout.kv_indices.tolist() != list(range(4))
+    out = torch.zeros(1, pool.num_kv_heads, 2, device=DEVICE)
+    kv_stream.stream_kv(k, v, out, meta.layout.kv_indptr, meta.layout.kv_indices, lens, page_size=16, num_splits=2,
+                        block_n=16, mode="contig")
+    paged = kv_stream.expected_sums(k, v, meta.layout.kv_indptr, meta.layout.kv_indices, lens, 16)
+    with pytest.raises(RuntimeError, match="read other bytes"):
+        kv_stream.check_sums(out, paged, lens, k, v)
+
+
+def test_box_modes_refuse_other_pages():
+    pool, meta, k, v, lens = _case([37], 3)
+    out = torch.zeros(1, pool.num_kv_heads, 2, device=DEVICE)
+    args = (k, v, out, meta.layout.kv_indptr, meta.layout.kv_indices, lens)
+    with pytest.raises(ValueError, match="power-of-two page size dividing block_n"):
+        kv_stream.stream_kv(*args, page_size=3, num_splits=2, block_n=16, mode="pages")
+    pool, meta, k, v, lens = _case([37], 32)
+    args = (k, v, out, meta.layout.kv_indptr, meta.layout.kv_indices, lens)
+    with pytest.raises(ValueError, match="power-of-two page size dividing block_n"):
+        kv_stream.stream_kv(*args, page_size=32, num_splits=2, block_n=16, mode="contig")
+    with pytest.raises(ValueError, match="mode 'tma'"):
+        kv_stream.stream_kv(*args, page_size=32, num_splits=2, block_n=32, mode="tma")
 
 
 def test_check_catches_a_missed_tile():

@@ -25,8 +25,8 @@ def test_floor_line_reads_the_fastest_stream():
     med = {f"{row} | {c}": us for c, *_ in launch_floor.SETTINGS
            for row, us in (("decode", 12.7), ("empty, decode grid", 0.8), ("empty x2, decode + merge grids", 1.5),
                            ("stream K / V, decode grid", 8.4), ("stream K / V + empty merge grid", 9.0),
-                           ("stream K / V, 64 splits", 8.6))}
-    line = launch_floor.floor_line("llama8b", 4096, med, 32)
+                           ("stream K / V, 64 splits", 8.6), ("stream K / V, decode grid, contig", 6.0))}
+    line = launch_floor.floor_line("llama8b", 4096, med, 32)  # contig reads other slots: not the plan's read
     assert "<= 9.40 us" in line and "best decode 12.70 us (32 splits)" in line
     assert "alone 1.50 us" in line
     # 2 x 4096 tokens x 8 kv heads x 128 x 2 bytes = 16.8 MB, read in 8.4 us = 2.0 TB/s
@@ -42,3 +42,6 @@ def test_stream_splits_bad_input(capsys):
         with pytest.raises(SystemExit):
             launch_floor.main(["--layers", bad])
         assert "--layers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        launch_floor.main(["--stream-modes", "pages,tma"])
+    assert "--stream-modes: unknown ['tma']" in capsys.readouterr().err
