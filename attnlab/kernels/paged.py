@@ -40,6 +40,24 @@ def attend_tile(q, acc, m_i, l_i, K, V, slots, head_off, offs_d, d_mask, n_mask,
         k = tl.load(K + kv_off)
     else:
         k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
+    p, alpha, m_new, l_i = softmax_step(q, k, m_i, l_i, valid, qk_scale, FP32_DOT, MASKED)
+    if EVEN_D and not MASKED:  # V's load after the scores in program order (the compiler may hoist it)
+        v = tl.load(V + kv_off)
+    else:
+        v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+    return accumulate(acc, alpha, p, v, q, FP32_DOT), m_new, l_i
+
+
+@triton.jit
+def attend_loaded(q, acc, m_i, l_i, k, v, valid, qk_scale, FP32_DOT: tl.constexpr):
+    """``attend_tile`` (MASKED) over K / V tiles the caller loaded: the same operations in the same order."""
+    p, alpha, m_new, l_i = softmax_step(q, k, m_i, l_i, valid, qk_scale, FP32_DOT, True)
+    return accumulate(acc, alpha, p, v, q, FP32_DOT), m_new, l_i
+
+
+@triton.jit
+def softmax_step(q, k, m_i, l_i, valid, qk_scale, FP32_DOT: tl.constexpr, MASKED: tl.constexpr):
+    """The scores of a K tile and the online softmax's update: (p, alpha, m_new, l_i)."""
     if FP32_DOT:  # fp32 inputs, or the interpreter (its bf16 tl.dot is wrong in Triton 3.9)
         qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
@@ -52,16 +70,17 @@ def attend_tile(q, acc, m_i, l_i, K, V, slots, head_off, offs_d, d_mask, n_mask,
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m_i - m_safe)
     p = tl.math.exp2(qk - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if EVEN_D and not MASKED:
-        v = tl.load(V + kv_off)
-    else:
-        v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def accumulate(acc, alpha, p, v, q, FP32_DOT: tl.constexpr):
+    """acc rescaled by alpha plus p @ v (fp32; p and v in q's dtype unless FP32_DOT)."""
     if FP32_DOT:
         acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
     else:
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-    return acc, m_new, l_i
+    return acc
 
 
 @triton.jit

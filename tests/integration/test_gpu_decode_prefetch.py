@@ -5,9 +5,13 @@ tiles. The prefetch acts only with PDL on a Hopper GPU: nothing here runs elsewh
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from attnlab.backends.registry import require_available
 from attnlab.kernels import decode, pdl
+from attnlab.kernels.decode import paged_decode
+from attnlab.kernels.pdl import launch_args, pdl_start
 from tests.backends.cases import make_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(pdl.unsupported("cuda") is not None,
@@ -47,4 +51,76 @@ def test_prefetch_changes_no_bit(page_size, gqa, head_dim, num_splits, graph):
     for tiles in (decode.KV_PREFETCH_TILES, 1, 0):
         out = _outputs(case, True, tiles, num_splits, graph)
         assert torch.equal(out, ref), (tiles, (out.float() - ref.float()).abs().max().item())
+    torch.testing.assert_close(ref.float(), case.reference(), atol=2e-2, rtol=2e-2)
+
+
+@triton.jit
+def _late_writer(SRC, DST, n, spins, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    """Lets the next PDL kernel launch at once (pdl_start), spins, then copies SRC's n int32 to DST."""
+    pdl_start(USE_PDL)
+    x = tl.program_id(0).to(tl.float32) + 1.0
+    for _ in range(spins):
+        x = x * 1.0000001 + 1e-7
+    offs = tl.arange(0, BLOCK)
+    for start in range(0, n, BLOCK):
+        m = start + offs < n
+        tl.store(DST + start + offs, tl.load(SRC + start + offs, mask=m) + (x < 0).to(tl.int32), mask=m)
+
+
+@triton.jit
+def _early_probe(DST, OUT, USE_PDL: tl.constexpr):
+    """DST[0] read before and after the wait."""
+    early = tl.load(DST)
+    pdl_start(USE_PDL)
+    tl.store(OUT, early)
+    tl.store(OUT + 1, tl.load(DST))
+
+
+def _write_late(src: torch.Tensor, dst: torch.Tensor) -> None:
+    _late_writer[(1,)](src, dst, src.numel(), 20000, BLOCK=1024, **launch_args(src))
+
+
+@pytest.mark.parametrize("page_size,fused", [(16, False), (16, True), (1, False), (128, True)])
+def test_a_plan_written_just_before_is_read_after_the_wait(page_size, fused):
+    """The rule the early reads rest on (the launch before an attention kernel never writes its plan) broken on
+    purpose: the launch before the decode lets it start, spins, then writes its plan's page ids and lengths. The
+    decode's early reads see the old plan (the probe shows the race is real), and its output is still the new plan's,
+    the same bits as with no race: the early first tile is taken only when every value read after the wait equals its
+    early read."""
+    case = make_case(kv_lens=[700, 4096, 130], q_lens=[1, 1, 1], page_size=page_size, num_kv_heads=2, gqa=4,
+                     head_dim=128, dtype=torch.bfloat16, device="cuda", num_layers=1, seed=5)
+    with pdl.using(True, "cuda"):
+        be = case.backend(TritonBackend)
+        be.num_splits = 8
+        be.plan(case.meta)
+        plan = be.active_plan
+        if fused:
+            plan.counters = torch.zeros(64, dtype=torch.int32, device="cuda")
+        k, v = case.pool.slots_view(0)
+        new = torch.cat([plan.kv_lens, plan.kv_indices])
+        old = torch.cat([plan.kv_lens - 3, plan.kv_indices.roll(1)])  # other lengths, the pages in another order
+        both = torch.empty_like(new)  # plan.kv_lens and kv_indices as views of one buffer the writer fills
+        lens, idx = both[:plan.kv_lens.numel()], both[plan.kv_lens.numel():]
+
+        def decode_after(write: bool) -> torch.Tensor:
+            both.copy_(old if write else new)
+            torch.cuda.synchronize()
+            out = torch.zeros_like(case.q)
+            if write:
+                _write_late(new, both)
+            paged_decode(case.q, k, v, out, plan.qo_indptr, plan.kv_indptr, idx, lens, page_size=page_size,
+                         scale=case.scale, params=plan.params, o_part=plan.o_part, lse_part=plan.lse_part,
+                         counters=plan.counters)
+            torch.cuda.synchronize()
+            return out
+
+        ref = decode_after(False)
+        for _ in range(3):
+            assert torch.equal(decode_after(True), ref)
+        both.copy_(old)
+        probe = torch.zeros(2, dtype=torch.int32, device="cuda")
+        _write_late(new, both)
+        _early_probe[(1,)](both, probe, **launch_args(probe))
+        torch.cuda.synchronize()
+    assert probe.tolist() == [int(old[0]), int(new[0])], "the early read did not race the writer: the test is void"
     torch.testing.assert_close(ref.float(), case.reference(), atol=2e-2, rtol=2e-2)

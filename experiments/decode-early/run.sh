@@ -1,0 +1,45 @@
+# Issue 16's batch-1 decode floor: the decode's first tile from its early plan. With PDL the decode read its plan and
+# page ids before its wait only to aim an L2 prefetch, then read them again after the wait and only then issued its
+# K / V loads: two dependent round trips (plan -> page ids -> K / V) after the wait. Now q and the first tile's K / V
+# loads go out right after the wait at the early plan's addresses, with the plan's re-reads in the same round trip,
+# and the tile is used only if every re-read equals its early read (else the split runs from its first tile as
+# before). decode-read/ (2026-12-06e) showed the read itself owes nothing to the gathers: what is left is the chain.
+#   1  carry [".gpu/fk", ".old", ".prev"], ~7 min warm:
+#      - GPU tests: the decode's early reads bit for bit against PDL off (eager, graphs), a plan written by the launch
+#        just before the decode (the fallback), PDL, the fused merge's races, triton's gpu cases;
+#      - before / after on one card, two rounds interleaved, 200 runs a replay then 5 (the floor's method):
+#        c101f91 (.old, the floor's before), efbe5b5 (.prev, the chain before this change) and today, arms the merge
+#        launch, the fused merge, and the fused merge with 128x4x1 tiles (bench.kernels --quick: batch 1 / 16 x 4k).
+#      .old:  mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old
+#      .prev: mkdir -p .prev && git archive efbe5b5 attnlab ":(exclude)attnlab/heads" | tar -x -C .prev
+#      (both untracked, git-excluded)
+# Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
+set -u -o pipefail
+PART=${1:?part 1}
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
+K="$PY -m attnlab.bench.kernels --phases decode --quick"
+ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
+case $PART in
+1)
+  FB=.gpu/fk install_fb
+  for d in .old .prev; do test -d $d/attnlab || { echo "$d/attnlab missing: carry it (see the header)"; exit 1; }; done
+  step "GPU tests: early plan reads (bit for bit, the fallback), PDL, fused merge races, triton's gpu cases"
+  gpu_tests early 300 tests/integration/test_gpu_decode_prefetch.py tests/integration/test_gpu_pdl.py \
+    tests/backends/test_fused_merge.py tests/backends/test_triton.py -m gpu
+  for r in 1 2; do
+    for reps in 200 5; do
+      step "round $r, $reps runs a replay: c101f91, efbe5b5, today"
+      (cd .old && PYTHONPATH=/opt/site:$PWD timeout 60 $K --backends triton --reps $reps \
+        --out "$OUT/old-r$r-$reps" > $LOGS/old-r$r-$reps.log 2>&1; echo "c101f91 exit code $?")
+      grep -E "^decode" $LOGS/old-r$r-$reps.log
+      (cd .prev && PYTHONPATH=/opt/site:$PWD timeout 90 $K --backends $ARMS --reps $reps --repeats 3 \
+        --out "$OUT/prev-r$r-$reps" > $LOGS/prev-r$r-$reps.log 2>&1; echo "efbe5b5 exit code $?")
+      grep -E "^decode" $LOGS/prev-r$r-$reps.log
+      timeout 90 $K --backends $ARMS --reps $reps --repeats 3 --out "$OUT/new-r$r-$reps" > $LOGS/new-r$r-$reps.log 2>&1
+      echo "today exit code $?"; grep -E "^decode" $LOGS/new-r$r-$reps.log
+    done
+  done
+  ;;
+*) echo "part 1"; exit 2 ;;
+esac
+pack
