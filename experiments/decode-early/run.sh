@@ -13,9 +13,13 @@
 #      .old:  mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old
 #      .prev: mkdir -p .prev && git archive efbe5b5 attnlab ":(exclude)attnlab/heads" | tar -x -C .prev
 #      (both untracked, git-excluded)
+#   2  carry [".gpu/fk", ".prev"], ~5 min warm: part 1 found the early tile's gain or loss to follow the launch (1.03x
+#      slower to 0.84x, batch 1; 1.08-1.22x slower at batch 16 with 3 stages, even with 1). The decode's tile, warps
+#      and stages again (decode_tiles; 2026-12-06d's sweep ran without the early tile), merge launch and fused, batch
+#      1 x 4k, efbe5b5 and today interleaved, one process a shape and a code.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1}
+PART=${1:?part 1 or 2}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
@@ -40,6 +44,26 @@ case $PART in
     done
   done
   ;;
-*) echo "part 1"; exit 2 ;;
+2)
+  FB=.gpu/fk install_fb
+  test -d .prev/attnlab || { echo ".prev/attnlab missing: carry it (see the header)"; exit 1; }
+  for m in smollm2 llama8b; do
+    if [ $m = smollm2 ]; then tiles="128x4x3 128x4x1 64x4x1 64x2x1 128x2x1 128x8x1 256x4x1"
+    else tiles="64x4x3 128x4x1 64x4x1 128x8x1 256x8x1 128x4x2 64x2x1"; fi
+    specs=""
+    for t in $tiles; do specs="$specs,triton/decode_tiles=$t+pdl,triton/fused_merge=true/decode_tiles=$t+pdl"; done
+    for r in 1 2; do
+      for code in prev new; do
+        step "round $r, $code: the decode's launch, merge launch and fused, $m shapes, batch 1 x 4k"
+        dir=.; [ $code = prev ] && dir=.prev
+        (cd $dir && PYTHONPATH=/opt/site:$PWD timeout 120 $PY -m attnlab.bench.kernels --phases decode \
+          --backends "${specs#,}" --batches 1 --contexts 4096 --models $m --reps 200 --repeats 3 \
+          --out "$OUT/tiles-$m-$code-r$r" > $LOGS/tiles-$m-$code-r$r.log 2>&1; echo "exit code $?")
+        grep -E "^decode|Error" $LOGS/tiles-$m-$code-r$r.log
+      done
+    done
+  done
+  ;;
+*) echo "part 1 or 2"; exit 2 ;;
 esac
 pack
