@@ -13,7 +13,7 @@
 #      .old:  mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old
 #      .prev: mkdir -p .prev && git archive efbe5b5 attnlab ":(exclude)attnlab/heads" | tar -x -C .prev
 #      (both untracked, git-excluded)
-#   2  carry [".gpu/fk", ".prev"], ~5 min warm: part 1 found the early tile's gain or loss to follow the launch (1.03x
+#   2  carry [".gpu/fk", ".prev"], ~5 min warm: the fallback test again, then: part 1 found the early tile's gain or loss to follow the launch (1.03x
 #      slower to 0.84x, batch 1; 1.08-1.22x slower at batch 16 with 3 stages, even with 1). The decode's tile, warps
 #      and stages again (decode_tiles; 2026-12-06d's sweep ran without the early tile), merge launch and fused, batch
 #      1 x 4k, efbe5b5 and today interleaved, one process a shape and a code.
@@ -47,6 +47,8 @@ case $PART in
 2)
   FB=.gpu/fk install_fb
   test -d .prev/attnlab || { echo ".prev/attnlab missing: carry it (see the header)"; exit 1; }
+  step "GPU test: a plan written by the launch just before the decode (its reference check mended after part 1)"
+  gpu_tests fallback 120 tests/integration/test_gpu_decode_prefetch.py -k plan_written
   for m in smollm2 llama8b; do
     if [ $m = smollm2 ]; then tiles="128x4x3 128x4x1 64x4x1 64x2x1 128x2x1 128x8x1 256x4x1"
     else tiles="64x4x3 128x4x1 64x4x1 128x8x1 256x8x1 128x4x2 64x2x1"; fi
