@@ -17,6 +17,13 @@ a plan: plans are written by host copies, torch ops and step kernels that always
 a projection) between them and the attention. The current token's own K / V row, which the previous kernel may be
 storing, is safe to prefetch: L2 is the point of coherence, and the loads after the wait read its final bits.
 ``set_kv_prefetch(0)`` restores the wait-first order (a bench arm's ``+kvpf0``).
+
+On a launch of one stage (a split of one tile, the heuristic's choice then: heuristics.decode_params) the early reads
+also give the split's first tile (``EARLY_TILE``): right after the wait, q and that tile's K / V loads go out at the
+early plan's addresses together with the plan's and the tile's page ids' re-reads, one round trip where the wait-first
+chain took three (plan, page ids, K / V). The tile is used only if every re-read equals its early read, which the rule
+above makes always; otherwise the split runs from its first tile on the re-read plan. Either way the same tiles and
+operations in the same order: the same bits as PDL off (GPU tests, one of which breaks the rule on purpose).
 """
 
 from __future__ import annotations
@@ -85,7 +92,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr,
                    MERGE_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, PREFETCH: tl.constexpr = 0,
-                   LINE: tl.constexpr = 64, USE_PDL: tl.constexpr = False):
+                   LINE: tl.constexpr = 64, EARLY_TILE: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -105,8 +112,9 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
         hi_e = tl.minimum(lo_e + chunk_e, kv_len_e)
         _prefetch_kv(K, V, KV_INDICES, base_e, lo_e, hi_e, head_off, stride_slot, PAGE_SIZE, BLOCK_N, HEAD_DIM, LINE,
                      PREFETCH)
-        n_mask_e = lo_e + offs_n < hi_e
-        slots_e = tile_slots(KV_INDICES, base_e, lo_e, offs_n, n_mask_e, PAGE_SIZE, BLOCK_N)
+        if EARLY_TILE:
+            n_mask_e = lo_e + offs_n < hi_e
+            slots_e = tile_slots(KV_INDICES, base_e, lo_e, offs_n, n_mask_e, PAGE_SIZE, BLOCK_N)
     pdl_start(USE_PDL)
     row = tl.load(QO_INDPTR + b)
     q_len = tl.load(QO_INDPTR + b + 1) - row  # 0 (padding: produces nothing) or 1
@@ -122,7 +130,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    if USE_PDL and PREFETCH > 0:
+    if USE_PDL and PREFETCH > 0 and EARLY_TILE:
         # The first tile from the early plan: q and its K / V loads go out with the plan's reads after the wait, not
         # after them, and its page ids are read again at the early base in the same round trip. Taken only if every
         # value read after the wait equals its early read (always, by the docstring's rule); else the loop below
@@ -202,16 +210,18 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_M=params.block_m, BLOCK_N=params.block_n, BLOCK_D=params.block_d,
         SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse,
         MERGE_SPLITS=merge_bound(params.num_splits, fuse), BLOCK_G=triton.next_power_of_2(num_heads // num_kv_heads),
-        **_prefetch_args(q, k_cache, head_dim),
+        **_prefetch_args(q, k_cache, head_dim, params.num_stages),
         num_warps=params.num_warps, num_stages=params.num_stages, **launch_args(q))
     if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out
 
 
-def _prefetch_args(q: torch.Tensor, k_cache: torch.Tensor, head_dim: int) -> dict:
-    """The KV prefetch's constexprs where it acts (PDL on, a power-of-two head dim of whole L2 lines), else none."""
+def _prefetch_args(q: torch.Tensor, k_cache: torch.Tensor, head_dim: int, num_stages: int) -> dict:
+    """The KV prefetch's constexprs where it acts (PDL on, a power-of-two head dim of whole L2 lines), else none; with
+    it, the early first tile on launches of one stage (EARLY_TILE: at batch 16 a pipelined loop ran 1.08-1.22x slower
+    with it, H100 2026-12-06e, experiments/decode-early/)."""
     row_bytes = head_dim * k_cache.element_size()
     if not (launch_args(q) and _kv_prefetch and head_dim & (head_dim - 1) == 0 and row_bytes % L2_LINE == 0):
         return {}
-    return {"PREFETCH": _kv_prefetch, "LINE": L2_LINE // k_cache.element_size()}
+    return {"PREFETCH": _kv_prefetch, "LINE": L2_LINE // k_cache.element_size(), "EARLY_TILE": num_stages == 1}

@@ -329,6 +329,24 @@ def test_shrunk_splits_stay_correct(monkeypatch):
     assert be.active_plan.params.num_splits == -(-1100 // be.active_plan.params.block_n)
 
 
+@pytest.mark.parametrize("hkv,group,head_dim,batch,ctx,tiles,stages", [
+    (3, 3, 64, 1, 4096, None, 1),  # SmolLM2, batch 1 x 4k: 32 splits of one 128-token tile
+    (8, 4, 128, 1, 4096, None, 3),  # Llama-8B: 32 splits of two 64-token tiles
+    (3, 3, 64, 16, 4096, None, 3),  # batch 16: 11 splits of three tiles
+    (3, 3, 64, 1, 100, None, 1),  # one tile, unsplit
+    (3, 3, 64, 1, 4096, "128x4x3", 3),  # decode_tiles is taken as given
+])
+def test_decode_splits_of_one_tile_take_one_stage(hkv, group, head_dim, batch, ctx, tiles, stages):
+    """A split of one tile has no loop to pipeline: one stage (with PDL, the decode's early first tile)."""
+    from attnlab.kernels.heuristics import decode_params
+
+    p = decode_params(batch=batch, num_kv_heads=hkv, group=group, head_dim=head_dim, max_kv_len=ctx, sms=132,
+                      tiles=tiles)
+    assert p.num_stages == stages, p
+    if tiles is None:  # the rule: one stage exactly when a split holds one tile
+        assert (-(-ctx // p.num_splits) <= p.block_n) == (stages == 1), p
+
+
 def test_warmup_runs_every_variant():
     case = make_case(kv_lens=[9], q_lens=[1], page_size=16, num_kv_heads=1, gqa=2, head_dim=32,
                      dtype=torch.float32, device=DEVICE)

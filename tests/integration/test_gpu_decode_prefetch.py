@@ -41,7 +41,10 @@ def _outputs(case, on: bool, tiles: int, num_splits: int, graph: bool) -> torch.
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("page_size,gqa,head_dim,num_splits", [(1, 3, 64, 1), (16, 4, 128, 32), (16, 1, 64, 5),
-                                                                (128, 3, 128, 2), (3, 8, 64, 3)])
+                                                                (128, 3, 128, 2), (3, 8, 64, 3),
+                                                                # splits of one tile: one stage, the early first tile
+                                                                (16, 3, 64, 32), (16, 4, 128, 64), (1, 3, 64, 64),
+                                                                (128, 4, 128, 64)])
 def test_prefetch_changes_no_bit(page_size, gqa, head_dim, num_splits, graph):
     q_lens = [1, 0, 1, 1, 1]  # a padded row among them
     kv_lens = [1, 0, 700, 4096, 130]
@@ -77,7 +80,8 @@ def _early_probe(DST, OUT, USE_PDL: tl.constexpr):
 
 
 def _write_late(src: torch.Tensor, dst: torch.Tensor) -> None:
-    _late_writer[(1,)](src, dst, src.numel(), 20000, BLOCK=1024, **launch_args(src))
+    # ~5 ms of dependent FMAs: the next launch (the host's Python, tens of us) starts long before the copy
+    _late_writer[(1,)](src, dst, src.numel(), 2_000_000, BLOCK=1024, **launch_args(src))
 
 
 @pytest.mark.parametrize("page_size,fused", [(16, False), (16, True), (1, False), (128, True)])
@@ -91,11 +95,12 @@ def test_a_plan_written_just_before_is_read_after_the_wait(page_size, fused):
                      head_dim=128, dtype=torch.bfloat16, device="cuda", num_layers=1, seed=5)
     with pdl.using(True, "cuda"):
         be = case.backend(TritonBackend)
-        be.num_splits = 8
+        be.num_splits = 64  # 64 tokens a split: one tile (BLOCK_N 64 at head dim 128), so one stage, the early tile
         be.plan(case.meta)
         plan = be.active_plan
+        assert plan.params.num_stages == 1 and plan.params.block_n == 64, plan.params
         if fused:
-            plan.counters = torch.zeros(64, dtype=torch.int32, device="cuda")
+            plan.counters = torch.zeros(8, dtype=torch.int32, device="cuda")  # >= batch x kv heads
         k, v = case.pool.slots_view(0)
         new = torch.cat([plan.kv_lens, plan.kv_indices])
         old = torch.cat([plan.kv_lens - 3, plan.kv_indices.roll(1)])  # other lengths, the pages in another order
@@ -117,8 +122,10 @@ def test_a_plan_written_just_before_is_read_after_the_wait(page_size, fused):
         ref = decode_after(False)
         for _ in range(3):
             assert torch.equal(decode_after(True), ref)
-        both.copy_(old)
         probe = torch.zeros(2, dtype=torch.int32, device="cuda")
+        _early_probe[(1,)](both, probe, **launch_args(probe))  # compiled before the race
+        both.copy_(old)
+        torch.cuda.synchronize()
         _write_late(new, both)
         _early_probe[(1,)](both, probe, **launch_args(probe))
         torch.cuda.synchronize()
