@@ -17,15 +17,19 @@
 #      slower to 0.84x, batch 1; 1.08-1.22x slower at batch 16 with 3 stages, even with 1). The decode's tile, warps
 #      and stages again (decode_tiles; 2026-12-06d's sweep ran without the early tile), merge launch and fused, batch
 #      1 x 4k, efbe5b5 and today interleaved, one process a shape and a code.
+#   3  carry [".gpu/fk", ".old", ".prev"], ~7 min warm: the change as it lands (the early tile on one-stage launches
+#      only; the heuristic's one-tile splits take one stage): the GPU tests of part 1 (the fallback test now on one-tile
+#      splits), then part 1's floor rounds with the arms default, fused, fused + 128x4x1 and 64x4x1.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 or 2}
+PART=${1:?part 1, 2 or 3}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
 case $PART in
-1)
+1|3)
   FB=.gpu/fk install_fb
+  [ $PART = 3 ] && ARMS=$ARMS,triton/decode_tiles=64x4x1+pdl
   for d in .old .prev; do test -d $d/attnlab || { echo "$d/attnlab missing: carry it (see the header)"; exit 1; }; done
   step "GPU tests: early plan reads (bit for bit, the fallback), PDL, fused merge races, triton's gpu cases"
   gpu_tests early 300 tests/integration/test_gpu_decode_prefetch.py tests/integration/test_gpu_pdl.py \
@@ -66,6 +70,6 @@ case $PART in
     done
   done
   ;;
-*) echo "part 1 or 2"; exit 2 ;;
+*) echo "part 1, 2 or 3"; exit 2 ;;
 esac
 pack
