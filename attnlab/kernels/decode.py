@@ -96,11 +96,6 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    head_off = kvh * stride_kh
     if USE_PDL and PREFETCH > 0:  # the plan's metadata and page ids, and an L2 prefetch of the first K / V tiles,
         # before the wait (module docstring: the launch before an attention kernel never writes its plan)
         row_e = tl.load(QO_INDPTR + b)
@@ -108,13 +103,13 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
         kv_len_e = tl.load(KV_LENS + b) * q_len_e
         base_e = tl.load(KV_INDPTR + b)
         chunk_e = tl.cdiv(tl.cdiv(kv_len_e, num_splits), BLOCK_N) * BLOCK_N
-        lo_e = split * chunk_e
-        hi_e = tl.minimum(lo_e + chunk_e, kv_len_e)
-        _prefetch_kv(K, V, KV_INDICES, base_e, lo_e, hi_e, head_off, stride_slot, PAGE_SIZE, BLOCK_N, HEAD_DIM, LINE,
-                     PREFETCH)
-        if EARLY_TILE:
-            n_mask_e = lo_e + offs_n < hi_e
-            slots_e = tile_slots(KV_INDICES, base_e, lo_e, offs_n, n_mask_e, PAGE_SIZE, BLOCK_N)
+        _prefetch_kv(K, V, KV_INDICES, base_e, split * chunk_e, tl.minimum(split * chunk_e + chunk_e, kv_len_e),
+                     kvh * stride_kh, stride_slot, PAGE_SIZE, BLOCK_N, HEAD_DIM, LINE, PREFETCH)
+        if EARLY_TILE:  # the first tile's page ids too
+            lo_e = split * chunk_e
+            offs_e = tl.arange(0, BLOCK_N)
+            n_mask_e = lo_e + offs_e < tl.minimum(lo_e + chunk_e, kv_len_e)
+            slots_e = tile_slots(KV_INDICES, base_e, lo_e, offs_e, n_mask_e, PAGE_SIZE, BLOCK_N)
     pdl_start(USE_PDL)
     row = tl.load(QO_INDPTR + b)
     q_len = tl.load(QO_INDPTR + b + 1) - row  # 0 (padding: produces nothing) or 1
@@ -124,19 +119,30 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
     lo = split * chunk
     hi = tl.minimum(lo + chunk, kv_len)
 
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
     m_mask = offs_m < GROUP * q_len
+    d_mask = offs_d < HEAD_DIM
     heads = kvh * GROUP + offs_m
     rows = row + offs_m * 0
+    if USE_PDL and PREFETCH > 0 and EARLY_TILE:  # q at the early row: no wait for the plan's re-read
+        q = tl.load(Q + row_e.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=(offs_m < GROUP * q_len_e)[:, None] & d_mask[None, :], other=0.0)
+    else:
+        q = tl.load(Q + row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    head_off = kvh * stride_kh
+    first = lo
     if USE_PDL and PREFETCH > 0 and EARLY_TILE:
-        # The first tile from the early plan: q and its K / V loads go out with the plan's reads after the wait, not
+        # The first tile from the early plan: its K / V loads go out with the plan's re-reads after the wait, not
         # after them, and its page ids are read again at the early base in the same round trip. Taken only if every
         # value read after the wait equals its early read (always, by the docstring's rule); else the loop below
         # runs the split from its first tile: either way the same tiles and operations in the same order.
-        q = tl.load(Q + row_e.to(tl.int64) * stride_qt + (kvh * GROUP + offs_m)[:, None] * stride_qh + offs_d[None, :],
-                    mask=(offs_m < GROUP * q_len_e)[:, None] & d_mask[None, :], other=0.0)
         kv_off = slots_e[:, None] * stride_slot + head_off + offs_d[None, :]
         kv_mask = n_mask_e[:, None] & d_mask[None, :]
         k0 = tl.load(K + kv_off, mask=kv_mask, other=0.0)
@@ -153,10 +159,6 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
         m_i = tl.where(same, m0, m_i)
         l_i = tl.where(same, l0, l_i)
         first = tl.where(same, lo + BLOCK_N, lo)
-    else:
-        q = tl.load(Q + row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=m_mask[:, None] & d_mask[None, :], other=0.0)
-        first = lo
     for start in range(first, hi, BLOCK_N):
         n_mask = start + offs_n < hi
         slots = tile_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE, BLOCK_N)

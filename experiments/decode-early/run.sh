@@ -20,22 +20,26 @@
 #   3  carry [".gpu/fk", ".old", ".prev"], ~7 min warm: the change as it lands (the early tile on one-stage launches
 #      only; the heuristic's one-tile splits take one stage): the GPU tests of part 1 (the fallback test now on one-tile
 #      splits), then part 1's floor rounds with the arms default, fused, fused + 128x4x1 and 64x4x1.
+#   4  carry [".gpu/fk", ".old", ".prev"], ~6 min warm: part 3 with the kernel's non-early path restored to efbe5b5's
+#      order (part 3: the fused merge at Llama-8B's batch 16, 3 stages, no early tile, ran 1.13x slower; its sm_90a SASS
+#      now matches efbe5b5's but for register names): the same tests, one round at 200 runs a replay.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1, 2 or 3}
+PART=${1:?part 1 to 4}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
 case $PART in
-1|3)
+1|3|4)
   FB=.gpu/fk install_fb
-  [ $PART = 3 ] && ARMS=$ARMS,triton/decode_tiles=64x4x1+pdl
+  [ $PART != 1 ] && ARMS=$ARMS,triton/decode_tiles=64x4x1+pdl
+  ROUNDS="1 2"; REPS="200 5"; [ $PART = 4 ] && ROUNDS=1 && REPS=200
   for d in .old .prev; do test -d $d/attnlab || { echo "$d/attnlab missing: carry it (see the header)"; exit 1; }; done
   step "GPU tests: early plan reads (bit for bit, the fallback), PDL, fused merge races, triton's gpu cases"
   gpu_tests early 300 tests/integration/test_gpu_decode_prefetch.py tests/integration/test_gpu_pdl.py \
     tests/backends/test_fused_merge.py tests/backends/test_triton.py -m gpu
-  for r in 1 2; do
-    for reps in 200 5; do
+  for r in $ROUNDS; do
+    for reps in $REPS; do
       step "round $r, $reps runs a replay: c101f91, efbe5b5, today"
       (cd .old && PYTHONPATH=/opt/site:$PWD timeout 60 $K --backends triton --reps $reps \
         --out "$OUT/old-r$r-$reps" > $LOGS/old-r$r-$reps.log 2>&1; echo "c101f91 exit code $?")
@@ -70,6 +74,6 @@ case $PART in
     done
   done
   ;;
-*) echo "part 1, 2 or 3"; exit 2 ;;
+*) echo "part 1 to 4"; exit 2 ;;
 esac
 pack
