@@ -18,8 +18,8 @@ a projection) between them and the attention. The current token's own K / V row,
 storing, is safe to prefetch: L2 is the point of coherence, and the loads after the wait read its final bits.
 ``set_kv_prefetch(0)`` restores the wait-first order (a bench arm's ``+kvpf0``).
 
-On a launch of one stage (a split of one tile, the heuristic's choice then: heuristics.decode_params) the early reads
-also give the split's first tile (``EARLY_TILE``): right after the wait, q and that tile's K / V loads go out at the
+On a launch of one stage (a split of one tile, the heuristic's choice then: heuristics.decode_params) and a tile of at
+most ``EARLY_TILE_MAX_ELEMS`` the early reads also give the split's first tile (``EARLY_TILE``): right after the wait, q and that tile's K / V loads go out at the
 early plan's addresses together with the plan's and the tile's page ids' re-reads, one round trip where the wait-first
 chain took three (plan, page ids, K / V). The tile is used only if every re-read equals its early read, which the rule
 above makes always; otherwise the split runs from its first tile on the re-read plan. Either way the same tiles and
@@ -212,18 +212,26 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_M=params.block_m, BLOCK_N=params.block_n, BLOCK_D=params.block_d,
         SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse,
         MERGE_SPLITS=merge_bound(params.num_splits, fuse), BLOCK_G=triton.next_power_of_2(num_heads // num_kv_heads),
-        **_prefetch_args(q, k_cache, head_dim, params.num_stages),
+        **_prefetch_args(q, k_cache, params),
         num_warps=params.num_warps, num_stages=params.num_stages, **launch_args(q))
     if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out
 
 
-def _prefetch_args(q: torch.Tensor, k_cache: torch.Tensor, head_dim: int, num_stages: int) -> dict:
+# The early first tile's K / V sit in registers until the scores: on tiles of at most this many elements (128 x 64,
+# 64 x 128). At 128 x 128 (Llama-8B's decode_tiles=128x4x1) it ran 1.02-1.03x slower in three H100 calls (215
+# registers against 189), where 128 x 64 ran 0.92x (SmolLM2): experiments/decode-early/.
+EARLY_TILE_MAX_ELEMS = 128 * 64
+
+
+def _prefetch_args(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams) -> dict:
     """The KV prefetch's constexprs where it acts (PDL on, a power-of-two head dim of whole L2 lines), else none; with
-    it, the early first tile on launches of one stage (EARLY_TILE: at batch 16 a pipelined loop ran 1.08-1.22x slower
-    with it, H100 2026-12-06e, experiments/decode-early/)."""
+    it, the early first tile on launches of one stage and tiles up to EARLY_TILE_MAX_ELEMS (at batch 16 a pipelined
+    loop ran 1.08-1.22x slower with it: H100 2026-12-06e, experiments/decode-early/)."""
+    head_dim = k_cache.shape[2]
     row_bytes = head_dim * k_cache.element_size()
     if not (launch_args(q) and _kv_prefetch and head_dim & (head_dim - 1) == 0 and row_bytes % L2_LINE == 0):
         return {}
-    return {"PREFETCH": _kv_prefetch, "LINE": L2_LINE // k_cache.element_size(), "EARLY_TILE": num_stages == 1}
+    early = params.num_stages == 1 and params.block_n * params.block_d <= EARLY_TILE_MAX_ELEMS
+    return {"PREFETCH": _kv_prefetch, "LINE": L2_LINE // k_cache.element_size(), "EARLY_TILE": early}

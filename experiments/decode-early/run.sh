@@ -23,9 +23,12 @@
 #   4  carry [".gpu/fk", ".old", ".prev"], ~6 min warm: part 3 with the kernel's non-early path restored to efbe5b5's
 #      order (part 3: the fused merge at Llama-8B's batch 16, 3 stages, no early tile, ran 1.13x slower; its sm_90a SASS
 #      now matches efbe5b5's but for register names): the same tests, one round at 200 runs a replay.
+#   5  carry [".gpu/fk", ".prev"], ~2 min warm: part 4 found the early tile 1.02-1.03x slower at 128 x 128 tiles
+#      (Llama-8B's fused + 128x4x1, three calls); it is now off there (EARLY_TILE_MAX_ELEMS). Batch 1 x 4k, efbe5b5
+#      and today: the default and fused + 128x4x1, both shapes, 200 runs a replay.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 4}
+PART=${1:?part 1 to 5}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
@@ -74,6 +77,17 @@ case $PART in
     done
   done
   ;;
-*) echo "part 1 to 4"; exit 2 ;;
+5)
+  FB=.gpu/fk install_fb
+  for code in prev new prev new; do
+    dir=.; [ $code = prev ] && dir=.prev
+    step "$code: batch 1 x 4k, the default and fused + 128x4x1"
+    (cd $dir && PYTHONPATH=/opt/site:$PWD timeout 60 $PY -m attnlab.bench.kernels --phases decode --batches 1 \
+      --contexts 4096 --models smollm2,llama8b --backends triton+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl \
+      --reps 200 --repeats 3 --out "$OUT/gate-$code-$RANDOM" > $LOGS/gate.log 2>&1; echo "exit code $?")
+    grep -E "^decode|Error" $LOGS/gate.log
+  done
+  ;;
+*) echo "part 1 to 5"; exit 2 ;;
 esac
 pack

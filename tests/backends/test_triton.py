@@ -347,6 +347,23 @@ def test_decode_splits_of_one_tile_take_one_stage(hkv, group, head_dim, batch, c
         assert (-(-ctx // p.num_splits) <= p.block_n) == (stages == 1), p
 
 
+@pytest.mark.parametrize("tiles,head_dim,early", [("128x4x1", 64, True), ("64x4x1", 128, True),
+                                                  ("128x4x1", 128, False), ("128x4x3", 64, False)])
+def test_early_tile_takes_one_stage_and_small_tiles(tiles, head_dim, early):
+    """The decode's early first tile (with PDL): launches of one stage with tiles of at most 128 x 64 elements only
+    (a pipelined loop and 128 x 128 tiles measured slower with it: experiments/decode-early/)."""
+    from attnlab.kernels import decode, pdl
+    from attnlab.kernels.heuristics import decode_params
+
+    p = decode_params(batch=1, num_kv_heads=2, group=4, head_dim=head_dim, max_kv_len=4096, sms=132, tiles=tiles)
+    q = torch.zeros(1, 8, head_dim, dtype=torch.bfloat16)
+    k = torch.zeros(64, 2, head_dim, dtype=torch.bfloat16)
+    assert decode._prefetch_args(q, k, p) == {}  # no PDL: no early reads at all
+    with pdl.forced_for_compile():
+        args = decode._prefetch_args(q, k, p)
+    assert args["PREFETCH"] == decode.KV_PREFETCH_TILES and args["EARLY_TILE"] is early, args
+
+
 def test_warmup_runs_every_variant():
     case = make_case(kv_lens=[9], q_lens=[1], page_size=16, num_kv_heads=1, gqa=2, head_dim=32,
                      dtype=torch.float32, device=DEVICE)
