@@ -56,9 +56,10 @@ def _launched_kernels():
 
 PRE_WAIT_CALLS = {"tl.program_id", "tl.arange", "tl.minimum", "_columns", "_prefetch_weights"}
 # kernels that read their plan before the wait (no launch directly before an attention kernel writes one:
-# attnlab.kernels.decode's docstring): the tensors they may load there, and their prefetch helper
+# attnlab.kernels.decode's docstring): the tensors they may load there, and their helpers (the KV prefetch; the
+# early first tile's page ids, whose values are used only once re-read equal after the wait)
 PRE_WAIT_PLAN_READS = {"_decode_kernel": ({"QO_INDPTR", "KV_LENS", "KV_INDPTR"}, {"tl.load", "tl.cdiv",
-                                                                                  "_prefetch_kv"})}
+                                                                                  "_prefetch_kv", "tile_slots"})}
 
 
 def test_every_launched_kernel_waits_first_and_takes_launch_args():
