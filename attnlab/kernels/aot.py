@@ -322,8 +322,9 @@ def compile_prefill_contig(log: CompileLog, arch: int = 90) -> None:
 
 def compile_pdl(arch: int = 90, log: CompileLog | None = None) -> None:
     """One variant of every kernel with programmatic dependent launch on (attnlab.kernels.pdl): the fused ops, the
-    store, the GEMM (quick grid, without and with the weight prefetch), every attention launch of the backend and the invariant kernel with its ordered
-    merge, bf16, head dim 64, GQA 4."""
+    store, the GEMM (quick grid, without and with the weight prefetch), every attention launch of the backend (and a
+    decode of one tile, which takes the early first tile) and the invariant kernel with its ordered merge, bf16, head
+    dim 64, GQA 4."""
     from attnlab.kernels import gemm, pdl
     from attnlab.kernels.invariant import warmup_invariant
 
@@ -335,6 +336,10 @@ def compile_pdl(arch: int = 90, log: CompileLog | None = None) -> None:
             compile_gemm(True, arch)
         for shape in backend_shapes():
             compile_backend_case(*shape, dtype=torch.bfloat16, kv_dtype=torch.bfloat16, head_dim=64, gqa=4)
+        from attnlab.backends.base import Mode
+        for fused in (False, True):  # a decode of one tile: one stage, the early first tile (decode.EARLY_TILE)
+            compile_backend_case([100, 17], [1, 1], Mode.DECODE, False, dtype=torch.bfloat16,
+                                 kv_dtype=torch.bfloat16, head_dim=64, gqa=4, fused_merge=fused)
         if log is not None:
             compile_prefill_contig(log, arch)
 

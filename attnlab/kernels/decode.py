@@ -9,21 +9,24 @@ split), so a plan's grid stays valid while lengths change (CUDA-graph replay).
 With programmatic dependent launch (engine.pdl) each program reads its plan's metadata (qo / kv indptr, KV lengths,
 page ids) and issues ``prefetch.global.L2`` for the K / V rows of its split's first ``KV_PREFETCH_TILES`` tiles
 *before* its ``griddepcontrol.wait``, while the previous kernel (the layer's qkv projection or KV store) still runs:
-the chain metadata -> page ids -> K / V is then mostly behind it, and only q (that kernel's output) and the tiles'
-loads follow the wait. The outputs never depend on those early reads: the program reads its plan again after the
-wait and computes only from that; the early values only aim the prefetch (a hint). That they are the right values,
-so the prefetch stays inside this request's pages, rests on this: no launch directly before an attention kernel writes
-a plan: plans are written by host copies, torch ops and step kernels that always have another launch (the embedding,
-a projection) between them and the attention. The current token's own K / V row, which the previous kernel may be
-storing, is safe to prefetch: L2 is the point of coherence, and the loads after the wait read its final bits.
-``set_kv_prefetch(0)`` restores the wait-first order (a bench arm's ``+kvpf0``).
+the chain metadata -> page ids -> K / V is then mostly behind it. The outputs never depend on those early reads: the
+program reads its plan again after the wait and computes only from values equal to that. That the early values are
+the right ones, so the prefetch stays inside this request's pages, rests on this: no launch directly before an
+attention kernel writes a plan: plans are written by host copies, torch ops and step kernels that always have another
+launch (the embedding, a projection) between them and the attention. The current token's own K / V row, which the
+previous kernel may be storing, is safe to prefetch: L2 is the point of coherence, and the loads after the wait read
+its final bits. ``set_kv_prefetch(0)`` restores the wait-first order (a bench arm's ``+kvpf0``) and turns the early
+tile below off with it.
 
-On a launch of one stage (a split of one tile, the heuristic's choice then: heuristics.decode_params) and a tile of at
-most ``EARLY_TILE_MAX_ELEMS`` the early reads also give the split's first tile (``EARLY_TILE``): right after the wait, q and that tile's K / V loads go out at the
-early plan's addresses together with the plan's and the tile's page ids' re-reads, one round trip where the wait-first
-chain took three (plan, page ids, K / V). The tile is used only if every re-read equals its early read, which the rule
-above makes always; otherwise the split runs from its first tile on the re-read plan. Either way the same tiles and
-operations in the same order: the same bits as PDL off (GPU tests, one of which breaks the rule on purpose).
+On a launch of one stage (the heuristic's choice for a split of one tile: heuristics.decode_params; or a
+``decode_tiles`` override) and a tile of at most ``EARLY_TILE_MAX_ELEMS`` elements, the early reads also give the
+split's first tile (``EARLY_TILE``). Right after the wait, q and that tile's K / V loads go out at the early plan's
+addresses, together with the plan's and the tile's page ids' re-reads: one round trip where the wait-first chain took
+three (plan, page ids, K / V). The tile is used only if every re-read equals its early read, which the rule above
+makes always; otherwise the split runs from its first tile on the re-read plan. Either way the same tiles and
+operations in the same order: the same bits as PDL off (GPU tests, one of which breaks the rule on purpose). Those
+early loads are real loads, issued before the check: should the rule ever break, the fallback is exact as long as the
+early values are a plan the buffers held (in-bounds rows and page ids), which every plan write keeps.
 """
 
 from __future__ import annotations
@@ -45,11 +48,17 @@ LOG2E = 1.0 / math.log(2.0)
 # its split's first KV_PREFETCH_TILES tiles (module docstring). 0 = the wait first, as every other kernel.
 KV_PREFETCH_TILES = 4
 _kv_prefetch = KV_PREFETCH_TILES
+# The early first tile (EARLY_TILE) on one-stage launches of at most this many tile elements: the defaults' 128 x 64
+# (SmolLM2) and 64 x 128. Conservative: only the fused merge at 128 x 128 (Llama-8B's decode_tiles=128x4x1, its best
+# batch-1 arm) was measured slower with it (1.01-1.03x in four H100 calls), while call 2's 256-token tiles gained
+# (0.88-0.97x); those are decode_tiles overrides, given up here (experiments/decode-early/).
+EARLY_TILE_MAX_ELEMS = 128 * 64
 
 
 def set_kv_prefetch(tiles: int) -> None:
     """How many KV tiles of its split each decode program prefetches before its PDL wait (process-wide, like
-    engine.gemm_prefetch; 0 = none, the metadata read after the wait too). Nothing without PDL."""
+    engine.gemm_prefetch; 0 = none, the metadata read after the wait too, and no early first tile). Nothing without
+    PDL."""
     global _kv_prefetch
     if isinstance(tiles, bool) or not isinstance(tiles, int) or not 0 <= tiles <= 8:
         raise ValueError(f"decode KV prefetch {tiles!r}: an int of KV tiles in 0..8")
@@ -84,6 +93,23 @@ def _prefetch_kv(K, V, KV_INDICES, page_base, lo, hi, head_off, stride_slot, PAG
 
 
 @triton.jit
+def _early_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE: tl.constexpr):
+    """Pool slots of positions start + offs_n, each lane's page id loaded under its mask (tile_slots' fast path loads
+    one page id unmasked, past the table's end for an empty split or a padding request at the batch's end: the loop
+    never calls it there, the early tile would)."""
+    pos = start + offs_n
+    page = tl.load(KV_INDICES + page_base + pos // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+    return page * PAGE_SIZE + pos % PAGE_SIZE
+
+
+@triton.jit
+def _load_q(Q, row, row_mask, heads, offs_d, d_mask, stride_qt, stride_qh):
+    """A program's q rows: [BLOCK_M, BLOCK_D], rows past the group (or all, for a padding request) zero."""
+    return tl.load(Q + row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                   mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+
+
+@triton.jit
 def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR, KV_INDICES, KV_LENS,
                    qk_scale, v_scale, num_splits,
                    stride_qt, stride_qh, stride_slot, stride_kh, stride_ot, stride_oh,
@@ -96,20 +122,21 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    if USE_PDL and PREFETCH > 0:  # the plan's metadata and page ids, and an L2 prefetch of the first K / V tiles,
-        # before the wait (module docstring: the launch before an attention kernel never writes its plan)
+    if PREFETCH > 0:  # the plan's metadata and page ids, and (PDL) an L2 prefetch of the first K / V tiles, before the
+        # wait (module docstring: the launch before an attention kernel never writes its plan)
         row_e = tl.load(QO_INDPTR + b)
         q_len_e = tl.load(QO_INDPTR + b + 1) - row_e
         kv_len_e = tl.load(KV_LENS + b) * q_len_e
         base_e = tl.load(KV_INDPTR + b)
         chunk_e = tl.cdiv(tl.cdiv(kv_len_e, num_splits), BLOCK_N) * BLOCK_N
-        _prefetch_kv(K, V, KV_INDICES, base_e, split * chunk_e, tl.minimum(split * chunk_e + chunk_e, kv_len_e),
-                     kvh * stride_kh, stride_slot, PAGE_SIZE, BLOCK_N, HEAD_DIM, LINE, PREFETCH)
+        if USE_PDL:
+            _prefetch_kv(K, V, KV_INDICES, base_e, split * chunk_e, tl.minimum(split * chunk_e + chunk_e, kv_len_e),
+                         kvh * stride_kh, stride_slot, PAGE_SIZE, BLOCK_N, HEAD_DIM, LINE, PREFETCH)
         if EARLY_TILE:  # the first tile's page ids too
             lo_e = split * chunk_e
             offs_e = tl.arange(0, BLOCK_N)
             n_mask_e = lo_e + offs_e < tl.minimum(lo_e + chunk_e, kv_len_e)
-            slots_e = tile_slots(KV_INDICES, base_e, lo_e, offs_e, n_mask_e, PAGE_SIZE, BLOCK_N)
+            slots_e = _early_slots(KV_INDICES, base_e, lo_e, offs_e, n_mask_e, PAGE_SIZE)
     pdl_start(USE_PDL)
     row = tl.load(QO_INDPTR + b)
     q_len = tl.load(QO_INDPTR + b + 1) - row  # 0 (padding: produces nothing) or 1
@@ -126,19 +153,17 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
     d_mask = offs_d < HEAD_DIM
     heads = kvh * GROUP + offs_m
     rows = row + offs_m * 0
-    if USE_PDL and PREFETCH > 0 and EARLY_TILE:  # q at the early row: no wait for the plan's re-read
-        q = tl.load(Q + row_e.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=(offs_m < GROUP * q_len_e)[:, None] & d_mask[None, :], other=0.0)
+    if PREFETCH > 0 and EARLY_TILE:  # q at the early row: no wait for the plan's re-read
+        q = _load_q(Q, row_e, offs_m < GROUP * q_len_e, heads, offs_d, d_mask, stride_qt, stride_qh)
     else:
-        q = tl.load(Q + row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+        q = _load_q(Q, row, m_mask, heads, offs_d, d_mask, stride_qt, stride_qh)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     head_off = kvh * stride_kh
     first = lo
-    if USE_PDL and PREFETCH > 0 and EARLY_TILE:
+    if PREFETCH > 0 and EARLY_TILE:
         # The first tile from the early plan: its K / V loads go out with the plan's re-reads after the wait, not
         # after them, and its page ids are read again at the early base in the same round trip. Taken only if every
         # value read after the wait equals its early read (always, by the docstring's rule); else the loop below
@@ -147,12 +172,11 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
         kv_mask = n_mask_e[:, None] & d_mask[None, :]
         k0 = tl.load(K + kv_off, mask=kv_mask, other=0.0)
         v0 = tl.load(V + kv_off, mask=kv_mask, other=0.0)
-        slots_f = tile_slots(KV_INDICES, base_e, lo_e, offs_n, n_mask_e, PAGE_SIZE, BLOCK_N)
-        moved = tl.sum(tl.where(n_mask_e & (slots_f != slots_e), 1, 0), 0)
+        slots_again = _early_slots(KV_INDICES, base_e, lo_e, offs_e, n_mask_e, PAGE_SIZE)
+        moved = tl.sum(tl.where(n_mask_e & (slots_again != slots_e), 1, 0), 0)
         same = (row == row_e) & (q_len == q_len_e) & (kv_len == kv_len_e) & (page_base == base_e) & (moved == 0)
         if not same:  # never, by the rule: q from the plan read after the wait
-            q = tl.load(Q + row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                        mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+            q = _load_q(Q, row, m_mask, heads, offs_d, d_mask, stride_qt, stride_qh)
         valid = (offs_m[:, None] >= 0) & n_mask_e[None, :]
         acc0, m0, l0 = attend_loaded(q, acc, m_i, l_i, k0, v0, valid, qk_scale, FP32_DOT)
         acc = tl.where(same, acc0, acc)
@@ -212,23 +236,18 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_M=params.block_m, BLOCK_N=params.block_n, BLOCK_D=params.block_d,
         SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse,
         MERGE_SPLITS=merge_bound(params.num_splits, fuse), BLOCK_G=triton.next_power_of_2(num_heads // num_kv_heads),
-        **_prefetch_args(q, k_cache, params),
+        **_early_args(q, k_cache, params),
         num_warps=params.num_warps, num_stages=params.num_stages, **launch_args(q))
     if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out
 
 
-# The early first tile's K / V sit in registers until the scores: on tiles of at most this many elements (128 x 64,
-# 64 x 128). At 128 x 128 (Llama-8B's decode_tiles=128x4x1) it ran 1.02-1.03x slower in three H100 calls (215
-# registers against 189), where 128 x 64 ran 0.92x (SmolLM2): experiments/decode-early/.
-EARLY_TILE_MAX_ELEMS = 128 * 64
 
-
-def _prefetch_args(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams) -> dict:
-    """The KV prefetch's constexprs where it acts (PDL on, a power-of-two head dim of whole L2 lines), else none; with
-    it, the early first tile on launches of one stage and tiles up to EARLY_TILE_MAX_ELEMS (at batch 16 a pipelined
-    loop ran 1.08-1.22x slower with it: H100 2026-12-06e, experiments/decode-early/)."""
+def _early_args(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams) -> dict:
+    """The early reads' constexprs where they act (PDL on, a power-of-two head dim of whole L2 lines), else none: the
+    KV prefetch, and the early first tile on launches of one stage and tiles up to EARLY_TILE_MAX_ELEMS (with a
+    pipelined loop it ran 1.08-1.22x slower at batch 16: H100 2026-12-06e, experiments/decode-early/)."""
     head_dim = k_cache.shape[2]
     row_bytes = head_dim * k_cache.element_size()
     if not (launch_args(q) and _kv_prefetch and head_dim & (head_dim - 1) == 0 and row_bytes % L2_LINE == 0):

@@ -358,9 +358,9 @@ def test_early_tile_takes_one_stage_and_small_tiles(tiles, head_dim, early):
     p = decode_params(batch=1, num_kv_heads=2, group=4, head_dim=head_dim, max_kv_len=4096, sms=132, tiles=tiles)
     q = torch.zeros(1, 8, head_dim, dtype=torch.bfloat16)
     k = torch.zeros(64, 2, head_dim, dtype=torch.bfloat16)
-    assert decode._prefetch_args(q, k, p) == {}  # no PDL: no early reads at all
+    assert decode._early_args(q, k, p) == {}  # no PDL: no early reads at all
     with pdl.forced_for_compile():
-        args = decode._prefetch_args(q, k, p)
+        args = decode._early_args(q, k, p)
     assert args["PREFETCH"] == decode.KV_PREFETCH_TILES and args["EARLY_TILE"] is early, args
 
 

@@ -1,7 +1,9 @@
-"""The decode kernel's early plan reads and K / V prefetch (attnlab.kernels.decode, with PDL): the same bits as the
-wait-first launch and as PDL off, eagerly and under graph replay, across page sizes (per-token page gathers and
-whole-tile pages), GQA ratios, head dims, split counts, padded rows and KV lengths from 1 to past the prefetched
-tiles. The prefetch acts only with PDL on a Hopper GPU: nothing here runs elsewhere."""
+"""The decode kernel's early plan reads, K / V prefetch and early first tile (attnlab.kernels.decode, with PDL): the
+same bits as the wait-first launch and as PDL off, eagerly and under graph replay, across page sizes (per-token page
+gathers and whole-tile pages), GQA ratios, head dims, split counts (some of one tile: the early first tile), padded
+rows and KV lengths from 1 to past the prefetched tiles; and with a plan written late by the launch just before the
+decode (the rule the early reads rest on, broken on purpose). These act only with PDL on a Hopper GPU: nothing here
+runs elsewhere (tests/backends/test_decode_early.py forces the early tile's path without PDL)."""
 
 import pytest
 import torch
@@ -46,8 +48,8 @@ def _outputs(case, on: bool, tiles: int, num_splits: int, graph: bool) -> torch.
                                                                 (16, 3, 64, 32), (16, 4, 128, 64), (1, 3, 64, 64),
                                                                 (128, 4, 128, 64)])
 def test_prefetch_changes_no_bit(page_size, gqa, head_dim, num_splits, graph):
-    q_lens = [1, 0, 1, 1, 1]  # a padded row among them
-    kv_lens = [1, 0, 700, 4096, 130]
+    q_lens = [1, 0, 1, 1, 1, 0]  # padded rows among them and at the end (its page range ends the table)
+    kv_lens = [1, 0, 700, 4096, 130, 0]
     case = make_case(kv_lens=kv_lens, q_lens=q_lens, page_size=page_size, num_kv_heads=2, gqa=gqa, head_dim=head_dim,
                      dtype=torch.bfloat16, device="cuda", num_layers=2, seed=page_size + gqa)
     ref = _outputs(case, False, decode.KV_PREFETCH_TILES, num_splits, graph)
@@ -72,7 +74,7 @@ def _late_writer(SRC, DST, n, spins, BLOCK: tl.constexpr, USE_PDL: tl.constexpr)
 
 @triton.jit
 def _early_probe(DST, OUT, USE_PDL: tl.constexpr):
-    """DST[0] read before and after the wait."""
+    """DST[0] read before and after the wait, into OUT[0] and OUT[1]."""
     early = tl.load(DST)
     pdl_start(USE_PDL)
     tl.store(OUT, early)
@@ -84,13 +86,15 @@ def _write_late(src: torch.Tensor, dst: torch.Tensor) -> None:
     _late_writer[(1,)](src, dst, src.numel(), 2_000_000, BLOCK=1024, **launch_args(src))
 
 
+@pytest.mark.parametrize("change", ["lengths", "pages"])
 @pytest.mark.parametrize("page_size,fused", [(16, False), (16, True), (1, False), (128, True)])
-def test_a_plan_written_just_before_is_read_after_the_wait(page_size, fused):
+def test_a_plan_written_just_before_is_read_after_the_wait(page_size, fused, change):
     """The rule the early reads rest on (the launch before an attention kernel never writes its plan) broken on
-    purpose: the launch before the decode lets it start, spins, then writes its plan's page ids and lengths. The
-    decode's early reads see the old plan (the probe shows the race is real), and its output is still the new plan's,
-    the same bits as with no race: the early first tile is taken only when every value read after the wait equals its
-    early read."""
+    purpose: the launch before the decode lets it start, spins, then writes its plan's page ids and lengths (``pages``:
+    the page ids only, so the re-read page ids alone must catch it). The output is still the new plan's, the same bits
+    as with no race: the early first tile is taken only when every value read after the wait equals its early read. A
+    probe launched the same way checks that an early read does see the old plan (the race is real; the decode's own
+    early reads cannot be observed)."""
     case = make_case(kv_lens=[700, 4096, 130], q_lens=[1, 1, 1], page_size=page_size, num_kv_heads=2, gqa=4,
                      head_dim=128, dtype=torch.bfloat16, device="cuda", num_layers=1, seed=5)
     with pdl.using(True, "cuda"):
@@ -103,7 +107,8 @@ def test_a_plan_written_just_before_is_read_after_the_wait(page_size, fused):
             plan.counters = torch.zeros(8, dtype=torch.int32, device="cuda")  # >= batch x kv heads
         k, v = case.pool.slots_view(0)
         new = torch.cat([plan.kv_lens, plan.kv_indices])
-        old = torch.cat([plan.kv_lens - 3, plan.kv_indices.roll(1)])  # other lengths, the pages in another order
+        lens_old = plan.kv_lens - 3 if change == "lengths" else plan.kv_lens
+        old = torch.cat([lens_old, plan.kv_indices.roll(1)])  # the pages in another order
         both = torch.empty_like(new)  # plan.kv_lens and kv_indices as views of one buffer the writer fills
         lens, idx = both[:plan.kv_lens.numel()], both[plan.kv_lens.numel():]
 
@@ -123,11 +128,12 @@ def test_a_plan_written_just_before_is_read_after_the_wait(page_size, fused):
         for _ in range(3):
             assert torch.equal(decode_after(True), ref)
         probe = torch.zeros(2, dtype=torch.int32, device="cuda")
-        _early_probe[(1,)](both, probe, **launch_args(probe))  # compiled before the race
+        _early_probe[(1,)](idx, probe, **launch_args(probe))  # compiled before the race
         both.copy_(old)
         torch.cuda.synchronize()
         _write_late(new, both)
-        _early_probe[(1,)](both, probe, **launch_args(probe))
+        _early_probe[(1,)](idx, probe, **launch_args(probe))  # the first page id, before and after the wait
         torch.cuda.synchronize()
-    assert probe.tolist() == [int(old[0]), int(new[0])], "the early read did not race the writer: the test is void"
+    first = plan.kv_lens.numel()
+    assert probe.tolist() == [int(old[first]), int(new[first])], "the early read did not race the writer: void test"
     torch.testing.assert_close(ref.float(), case.reference()[0], atol=2e-2, rtol=2e-2)  # [layers, T, H, D]

@@ -1,0 +1,48 @@
+"""The decode's early first tile (attnlab.kernels.decode, EARLY_TILE) on any machine: its reads before the PDL wait
+and its first tile's K / V from them act only with PDL on a Hopper GPU, so here they are forced on a launch without
+PDL (no wait, no L2 prefetch; the Triton interpreter without a GPU). The kernel then runs the same path after the
+"wait" as on the GPU, with every early value equal to its re-read: the output must be the same bits as without the
+early tile, over empty splits, padding requests (one at the batch's end, whose page range ends the page table), page
+sizes 1 / 3 / 16 / 128 (per-token gathers and whole-tile pages), GQA 1 / 3 / 4, head dims 64 / 128, the merge launch
+and the fused merge. The race that makes a re-read differ is a GPU test (test_gpu_decode_prefetch.py)."""
+
+import pytest
+import torch
+
+from attnlab.backends.registry import require_available
+from attnlab.kernels import decode
+from tests.backends.cases import make_case
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TritonBackend = require_available("triton")
+
+
+def _outputs(case, early: bool, fused: bool, monkeypatch) -> torch.Tensor:
+    be = TritonBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale, case.q.dtype,
+                       decode_tiles="16x4x1", fused_merge=fused)
+    be.num_splits = 8  # 16-token splits of one 16-token tile at these lengths, several of them empty
+    be.plan(case.meta)
+    assert be.active_plan.params.num_stages == 1 and be.active_plan.params.block_n == 16
+    forced = []
+
+    def early_args(q, k, params):
+        forced.append(params)
+        return {"PREFETCH": 4, "LINE": 32, "EARLY_TILE": True}
+
+    with monkeypatch.context() as m:
+        if early:
+            m.setattr(decode, "_early_args", early_args)
+        out = torch.stack([be.run(case.q, layer) for layer in range(case.pool.num_layers)])
+    assert len(forced) == (case.pool.num_layers if early else 0)  # the early launch ran, once a layer
+    return out
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["merge-launch", "fused"])
+@pytest.mark.parametrize("page_size,gqa,head_dim", [(1, 3, 64), (3, 4, 64), (16, 1, 128), (128, 3, 64)])
+def test_early_first_tile_changes_no_bit(page_size, gqa, head_dim, fused, monkeypatch):
+    case = make_case(kv_lens=[70, 0, 33, 1, 0], q_lens=[1, 0, 1, 1, 0], page_size=page_size, num_kv_heads=2, gqa=gqa,
+                     head_dim=head_dim, dtype=torch.float32, device=DEVICE, seed=page_size + gqa, spare_pages=0)
+    ref = _outputs(case, False, fused, monkeypatch)
+    out = _outputs(case, True, fused, monkeypatch)
+    assert torch.equal(out, ref), (out - ref).abs().max().item()
+    torch.testing.assert_close(ref, case.reference(), atol=2e-4, rtol=2e-4)
