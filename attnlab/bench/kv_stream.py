@@ -13,9 +13,10 @@ Three ways to read the same bytes (``mode``), so a bench can tell what the read'
 - ``gather``: the decode's own loads, a tile's rows through per-token pointers from the page table (``tile_slots``);
 - ``pages``: one tensor-descriptor box of ``[page_size, head_dim]`` per page (TMA on Hopper), the page id a scalar
   load; the same bytes in page-sized blocks, no per-token addresses;
-- ``contig``: one box of ``[block_n, head_dim]`` per tile from consecutive slots, as if the request's pages were
-  consecutive from its first page id in ``kv_indptr`` order (``expected_sums(contiguous=True)``): what the read
-  costs with no page table at all, the bound a paged read can approach.
+- ``contig``: one box of ``[block_n, head_dim]`` per tile from consecutive slots, as if request b's pages were the
+  pool's pages ``kv_indptr[b]``, ``kv_indptr[b] + 1``, ... (its positions in the page table; checked by
+  ``expected_sums(contiguous=True)``): the same byte count read with no page table at all. A reference, not a proven
+  lower bound: its loads take another path (TMA boxes) than the gathers'.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _stream_boxes_kernel(Kd, Vd, OUT, KV_INDPTR, KV_INDICES, KV_LENS, num_splits
     offs_r = tl.arange(0, ROWS)
     acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
     col = kvh * HEAD_DIM
-    for start in range(lo, hi, ROWS):  # lo is a multiple of BLOCK_N, so of PAGE_SIZE (stream_kv checks)
+    for start in range(lo, hi, ROWS):  # pages: lo is a multiple of BLOCK_N, so of PAGE_SIZE (stream_kv checks)
         if CONTIG:
             row = page_base * PAGE_SIZE + start
         else:
@@ -137,8 +138,8 @@ def _stream_boxes(k_cache, v_cache, out, kv_indptr, kv_indices, kv_lens, page_si
 
     slots, hkv, d = k_cache.shape
     rows = block_n if contig else page_size
-    if page_size & (page_size - 1) or block_n % page_size:
-        raise ValueError(f"stream_kv: mode pages / contig needs a power-of-two page size dividing block_n "
+    if not contig and (page_size & (page_size - 1) or block_n % page_size):
+        raise ValueError(f"stream_kv: mode pages needs a power-of-two page size dividing block_n "
                          f"(page {page_size}, block_n {block_n})")
     if not (descriptor_ready(k_cache) and descriptor_ready(v_cache)):
         raise ValueError("stream_kv: mode pages / contig needs each slot's heads x head_dim contiguous, 16-byte "

@@ -116,7 +116,8 @@ def decode_params(*, batch: int, num_kv_heads: int, group: int, head_dim: int, m
                                              DECODE_PROGRAMS_PER_SM, DECODE_MIN_PROGRAMS_PER_SM)
     if not tiles and cdiv(max_kv_len, splits) <= block_n:
         # A split of one tile has no loop to pipeline: one stage, which with PDL takes the decode's early first tile
-        # (decode.py). H100, 2026-12-06e (experiments/decode-early/): SmolLM2's batch-1 4k decode 4.85 -> 4.51 us.
+        # (decode.py). H100, 2026-12-06e (experiments/decode-early/): SmolLM2's batch-1 4k decode 4.96-5.01 ->
+        # 4.60-4.63 us against efbe5b5 (3 stages, no early tile), batch 16 unchanged.
         num_stages = 1
     return LaunchParams("decode", block_m, block_n, block_d, 1, splits, num_warps=num_warps, num_stages=num_stages)
 

@@ -1,6 +1,6 @@
 # Issue 16's batch-1 decode floor: the decode's first tile from its early plan. With PDL the decode read its plan and
 # page ids before its wait only to aim an L2 prefetch, then read them again after the wait and only then issued its
-# K / V loads: two dependent round trips (plan -> page ids -> K / V) after the wait. Now q and the first tile's K / V
+# K / V loads: three dependent round trips (plan, page ids, K / V) after the wait. Now q and the first tile's K / V
 # loads go out right after the wait at the early plan's addresses, with the plan's re-reads in the same round trip,
 # and the tile is used only if every re-read equals its early read (else the split runs from its first tile as
 # before). decode-read/ (2026-12-06e) showed the read itself owes nothing to the gathers: what is left is the chain.
@@ -13,10 +13,10 @@
 #      .old:  mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old
 #      .prev: mkdir -p .prev && git archive efbe5b5 attnlab ":(exclude)attnlab/heads" | tar -x -C .prev
 #      (both untracked, git-excluded)
-#   2  carry [".gpu/fk", ".prev"], ~5 min warm: the fallback test again, then: part 1 found the early tile's gain or loss to follow the launch (1.03x
-#      slower to 0.84x, batch 1; 1.08-1.22x slower at batch 16 with 3 stages, even with 1). The decode's tile, warps
-#      and stages again (decode_tiles; 2026-12-06d's sweep ran without the early tile), merge launch and fused, batch
-#      1 x 4k, efbe5b5 and today interleaved, one process a shape and a code.
+#   2  carry [".gpu/fk", ".prev"], ~5 min warm: the fallback test again, then: part 1 found the early tile's gain or
+#      loss to follow the launch (1.03x slower to 0.84x at batch 1; 1.08-1.22x slower at batch 16 with 3 stages,
+#      1.00x with 1). The decode's tile, warps and stages again (decode_tiles; 2026-12-06d's sweep ran without the
+#      early tile), merge launch and fused, batch 1 x 4k, efbe5b5 and today interleaved, one process a shape and a code.
 #   3  carry [".gpu/fk", ".old", ".prev"], ~7 min warm: the change as it lands (the early tile on one-stage launches
 #      only; the heuristic's one-tile splits take one stage): the GPU tests of part 1 (the fallback test now on one-tile
 #      splits), then part 1's floor rounds with the arms default, fused, fused + 128x4x1 and 64x4x1.
@@ -26,6 +26,7 @@
 #   5  carry [".gpu/fk", ".prev"], ~2 min warm: part 4 found the early tile 1.02-1.03x slower at 128 x 128 tiles
 #      (Llama-8B's fused + 128x4x1, three calls); it is now off there (EARLY_TILE_MAX_ELEMS). Batch 1 x 4k, efbe5b5
 #      and today: the default and fused + 128x4x1, both shapes, 200 runs a replay.
+# (part 5 as it ran on 2026-12-06e named its files gate-<code>-<random>: their order is in run5.log)
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
 PART=${1:?part 1 to 5}
@@ -79,13 +80,14 @@ case $PART in
   ;;
 5)
   FB=.gpu/fk install_fb
+  n=0
   for code in prev new prev new; do
-    dir=.; [ $code = prev ] && dir=.prev
+    n=$((n + 1)); dir=.; [ $code = prev ] && dir=.prev
     step "$code: batch 1 x 4k, the default and fused + 128x4x1"
     (cd $dir && PYTHONPATH=/opt/site:$PWD timeout 60 $PY -m attnlab.bench.kernels --phases decode --batches 1 \
       --contexts 4096 --models smollm2,llama8b --backends triton+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl \
-      --reps 200 --repeats 3 --out "$OUT/gate-$code-$RANDOM" > $LOGS/gate.log 2>&1; echo "exit code $?")
-    grep -E "^decode|Error" $LOGS/gate.log
+      --reps 200 --repeats 3 --out "$OUT/gate-$n-$code" > $LOGS/gate-$n.log 2>&1; echo "exit code $?")
+    grep -E "^decode|Error" $LOGS/gate-$n.log
   done
   ;;
 *) echo "part 1 to 5"; exit 2 ;;

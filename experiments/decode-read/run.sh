@@ -11,7 +11,7 @@
 #      mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old). Two rounds of: c101f91's bench.kernels and
 #      today's (triton, triton+pdl), batch 1 and 16 x 4k decode, at 5 runs a replay (the floor's method) and at 200.
 #      Then part 1's stream rows again with 64 layers walked (SmolLM2's 8 fit the L2).
-#   3  carry [".gpu/fk"], ~5 min warm: does the read's speed owe to its per-token page gathers? The GPU tests of
+#   3  carry [".gpu/fk"], ~100 s warm: does the read's speed owe to its per-token page gathers? The GPU tests of
 #      kv_stream's three load modes and the fused merge's PDL race case (experiments/README lead 0), then
 #      bench.launch_floor --stream-modes pages,contig: the decode grid's read as one TMA box per page, and as if the
 #      pages were consecutive (a bound, other slots), beside the gathers; SmolLM2 walked from DRAM (64 layers) and
