@@ -36,6 +36,15 @@ MODES = ("gather", "pages", "contig")
 
 
 @triton.jit
+def _split_bounds(KV_INDPTR, KV_LENS, b, split, num_splits, BLOCK_N: tl.constexpr):
+    """Request b's first page-table position and its split's [lo, hi) tokens, as the decode splits them."""
+    kv_len = tl.load(KV_LENS + b)
+    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    return tl.load(KV_INDPTR + b), lo, tl.minimum(lo + chunk, kv_len)
+
+
+@triton.jit
 def _stream_kernel(K, V, OUT, KV_INDPTR, KV_INDICES, KV_LENS, num_splits, stride_slot, stride_kh,
                    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    USE_PDL: tl.constexpr = False):
@@ -43,11 +52,7 @@ def _stream_kernel(K, V, OUT, KV_INDPTR, KV_INDICES, KV_LENS, num_splits, stride
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     pdl_start(USE_PDL)
-    kv_len = tl.load(KV_LENS + b)
-    page_base = tl.load(KV_INDPTR + b)
-    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N  # the decode's split bounds
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, kv_len)
+    page_base, lo, hi = _split_bounds(KV_INDPTR, KV_LENS, b, split, num_splits, BLOCK_N)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     acc = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
@@ -72,11 +77,7 @@ def _stream_boxes_kernel(Kd, Vd, OUT, KV_INDPTR, KV_INDICES, KV_LENS, num_splits
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     pdl_start(USE_PDL)
-    kv_len = tl.load(KV_LENS + b)
-    page_base = tl.load(KV_INDPTR + b)
-    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, kv_len)
+    page_base, lo, hi = _split_bounds(KV_INDPTR, KV_LENS, b, split, num_splits, BLOCK_N)
     offs_r = tl.arange(0, ROWS)
     acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
     col = kvh * HEAD_DIM
