@@ -16,9 +16,9 @@ Rows per (model, context), batch 1, bf16, page 16, the triton backend's own plan
   the tile, so a count past context / BLOCK_N adds only empty programs and is skipped as a duplicate);
   ``stream K / V, decode grid, pages`` / ``contig`` (``--stream-modes``): the decode grid's read with a
   tensor-descriptor box per page (TMA on Hopper) in place of per-token gathers, or as if the pages were consecutive
-  (the same byte count from other slots: a bound with no page table, left out of the floor line's fastest read).
-  The rows walk the same layers as the decode (at SmolLM2 shapes 8 x 3.1 MB, inside an H100's 50 MB L2: partly L2
-  hits for both);
+  (the same byte count from other slots: a reference with no page table, left out of the floor line's fastest
+  read). The rows walk the same layers as the decode (at SmolLM2 shapes 8 x 3.1 MB, inside an H100's 50 MB L2:
+  partly L2 hits for both);
 - ``decode``: the triton backend's decode as the engine runs it (the split kernel and its merge).
 Columns: PDL off; PDL on (the decode reads its plan and prefetches its first K / V tiles into L2 before its wait, and
 on one-stage launches takes its first tile from those reads: attnlab.kernels.decode); PDL on with that prefetch off
@@ -166,7 +166,7 @@ def floor_line(model: str, ctx: int, med: dict[str, float], splits: int) -> str:
     floor2 = med.get("empty x2, decode + merge grids | PDL on", med["empty, decode grid | PDL on"])
     _, hkv, d = HEADS[model]
     mb = 2 * ctx * hkv * d * 2 / 1e6  # bf16 K and V of the request
-    reads = {k: v for k, v in med.items()  # the plan's bytes: not the contig bound's other slots
+    reads = {k: v for k, v in med.items()  # the plan's bytes: not the contig reference's other slots
              if k.startswith("stream K / V") and "merge" not in k and "contig" not in k}
     fast = min(reads, key=reads.get)
     return (f"| {model} | {ctx} | issue 16 floor: <= {target:.2f} us (2026-12-01: {BEFORE_US[model]} us / 1.5); best "
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stream-modes", default="",
                     help="more load modes for the decode grid's stream row (comma list of pages, contig): the same "
                          "bytes in one tensor-descriptor box per page (TMA on Hopper), or as if the request's pages "
-                         "were consecutive (a bound with no page table; attnlab.bench.kv_stream)")
+                         "were consecutive (a reference with no page table; attnlab.bench.kv_stream)")
     ap.add_argument("--layers", type=int, default=None,
                     help="layers the runs walk (default: bench.kernels' walk, at most 8: at SmolLM2 shapes 25 MB, "
                          "inside an H100's L2; 64 there walks 200 MB)")

@@ -93,16 +93,6 @@ def _prefetch_kv(K, V, KV_INDICES, page_base, lo, hi, head_off, stride_slot, PAG
 
 
 @triton.jit
-def _early_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE: tl.constexpr):
-    """Pool slots of positions start + offs_n, each lane's page id loaded under its mask (tile_slots' fast path loads
-    one page id unmasked, past the table's end for an empty split or a padding request at the batch's end: the loop
-    never calls it there, the early tile would)."""
-    pos = start + offs_n
-    page = tl.load(KV_INDICES + page_base + pos // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
-    return page * PAGE_SIZE + pos % PAGE_SIZE
-
-
-@triton.jit
 def _load_q(Q, row, row_mask, heads, offs_d, d_mask, stride_qt, stride_qh):
     """A program's q rows: [BLOCK_M, BLOCK_D], rows past the group (or all, for a padding request) zero."""
     return tl.load(Q + row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
@@ -136,7 +126,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
             lo_e = split * chunk_e
             offs_e = tl.arange(0, BLOCK_N)
             n_mask_e = lo_e + offs_e < tl.minimum(lo_e + chunk_e, kv_len_e)
-            slots_e = _early_slots(KV_INDICES, base_e, lo_e, offs_e, n_mask_e, PAGE_SIZE)
+            slots_e = tile_slots(KV_INDICES, base_e, lo_e, offs_e, n_mask_e, PAGE_SIZE, BLOCK_N, True)
     pdl_start(USE_PDL)
     row = tl.load(QO_INDPTR + b)
     q_len = tl.load(QO_INDPTR + b + 1) - row  # 0 (padding: produces nothing) or 1
@@ -172,7 +162,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
         kv_mask = n_mask_e[:, None] & d_mask[None, :]
         k0 = tl.load(K + kv_off, mask=kv_mask, other=0.0)
         v0 = tl.load(V + kv_off, mask=kv_mask, other=0.0)
-        slots_again = _early_slots(KV_INDICES, base_e, lo_e, offs_e, n_mask_e, PAGE_SIZE)
+        slots_again = tile_slots(KV_INDICES, base_e, lo_e, offs_e, n_mask_e, PAGE_SIZE, BLOCK_N, True)
         moved = tl.sum(tl.where(n_mask_e & (slots_again != slots_e), 1, 0), 0)
         same = (row == row_e) & (q_len == q_len_e) & (kv_len == kv_len_e) & (page_base == base_e) & (moved == 0)
         if not same:  # never, by the rule: q from the plan read after the wait
@@ -241,7 +231,6 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out
-
 
 
 def _early_args(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams) -> dict:

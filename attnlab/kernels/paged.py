@@ -13,9 +13,14 @@ import triton.language as tl
 
 
 @triton.jit
-def tile_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Pool slots (int64) of KV positions start + offs_n of a request whose pages start at page_base."""
-    if PAGE_SIZE % BLOCK_N == 0:
+def tile_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+               MASKED: tl.constexpr = False):
+    """Pool slots (int64) of KV positions start + offs_n of a request whose pages start at page_base.
+
+    Where a tile fits a page, its one page id is loaded unmasked: callers pass only tiles that start inside the
+    request (start < its length). ``MASKED``: every lane's page id under ``n_mask`` instead, for a tile that may lie
+    wholly past the request (the decode's early first tile of an empty split: its page id would lie past the table)."""
+    if PAGE_SIZE % BLOCK_N == 0 and not MASKED:
         # A tile never crosses a page (tiles start at multiples of BLOCK_N): one page id, contiguous slots.
         page = tl.load(KV_INDICES + page_base + start // PAGE_SIZE).to(tl.int64)
         slots = page * PAGE_SIZE + (start % PAGE_SIZE) + offs_n

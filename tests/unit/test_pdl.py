@@ -59,7 +59,7 @@ PRE_WAIT_CALLS = {"tl.program_id", "tl.arange", "tl.minimum", "_columns", "_pref
 # attnlab.kernels.decode's docstring): the tensors they may load there, and their helpers (the KV prefetch; the
 # early first tile's page ids, which aim real K / V loads after the wait, kept only if re-read equal)
 PRE_WAIT_PLAN_READS = {"_decode_kernel": ({"QO_INDPTR", "KV_LENS", "KV_INDPTR"}, {"tl.load", "tl.cdiv",
-                                                                                  "_prefetch_kv", "_early_slots"})}
+                                                                                  "_prefetch_kv", "tile_slots"})}
 
 
 def test_every_launched_kernel_waits_first_and_takes_launch_args():
@@ -93,16 +93,15 @@ def test_every_launched_kernel_waits_first_and_takes_launch_args():
 
 
 def test_the_decode_prefetch_helpers_only_read_page_ids_and_prefetch():
-    """The helpers the decode calls before its wait (``_prefetch_kv``, ``tile_slots`` inside it, and the early first
-    tile's ``_early_slots``) load nothing but the page ids (KV_INDICES) and store nothing: the rest of their memory
-    traffic is prefetch_l2 (a hint)."""
+    """The helpers the decode calls before its wait (``_prefetch_kv``, and ``tile_slots`` inside it and for the early
+    first tile) load nothing but the page ids (KV_INDICES) and store nothing: the rest of their memory traffic is
+    prefetch_l2 (a hint)."""
     import ast
     import inspect
 
     from attnlab.kernels import decode, paged
 
-    for fn, loads in ((decode._prefetch_kv, {"KV_INDICES"}), (paged.tile_slots, {"KV_INDICES"}),
-                      (decode._early_slots, {"KV_INDICES"})):
+    for fn, loads in ((decode._prefetch_kv, {"KV_INDICES"}), (paged.tile_slots, {"KV_INDICES"})):
         tree = ast.parse(inspect.getsource(fn.fn))
         for c in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
             name = ast.unparse(c.func)
