@@ -17,6 +17,11 @@ Three ways to read the same bytes (``mode``), so a bench can tell what the read'
   pool's pages ``kv_indptr[b]``, ``kv_indptr[b] + 1``, ... (its positions in the page table; checked by
   ``expected_sums(contiguous=True)``): the same byte count read with no page table at all. A reference, not a proven
   lower bound: its loads take another path (TMA boxes) than the gathers'.
+- ``rows``: the plan's bytes through the same per-token gathers, but each program reads *every* kv head of its tokens
+  (whole slot rows, ``kv_heads x head_dim`` contiguous elements) instead of one head's ``head_dim``: the head axis
+  folded into the row, the grid ``(request, 1, num_splits)``. ``out`` keeps its per-head shape. Whether the decode's
+  one-head-a-program walk costs the read anything (its programs read 2 of every 16 bytes a slot holds at Llama-8B
+  shapes, the other heads' programs the rest) is then a row beside it.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from attnlab.kernels.pdl import launch_args, pdl_start
 from attnlab.kernels.prefill_contig import descriptor_ready
 from attnlab.kvcache.layout import pages_needed, slot_mapping
 
-MODES = ("gather", "pages", "contig")
+MODES = ("gather", "pages", "contig", "rows")
 
 
 @triton.jit
@@ -64,6 +69,33 @@ def _stream_kernel(K, V, OUT, KV_INDPTR, KV_INDICES, KV_LENS, num_splits, stride
         v = tl.load(V + off, mask=n_mask[:, None], other=0.0)
         acc += k.to(tl.float32) + v.to(tl.float32)
     tl.store(OUT + (b * tl.num_programs(1) + kvh) * num_splits + split, tl.sum(acc))
+
+
+@triton.jit
+def _stream_rows_kernel(K, V, OUT, KV_INDPTR, KV_INDICES, KV_LENS, num_splits, stride_slot,
+                        HKV: tl.constexpr, HEAD_DIM: tl.constexpr, COLS: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                        BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False):
+    """``rows``: program (request, split) reads its tokens' whole slot rows (HKV x HEAD_DIM elements, COLS its power
+    of two) and stores each head's sum at ``OUT[b, head, split]``."""
+    b = tl.program_id(0)
+    split = tl.program_id(2)
+    pdl_start(USE_PDL)
+    page_base, lo, hi = _split_bounds(KV_INDPTR, KV_LENS, b, split, num_splits, BLOCK_N)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_c = tl.arange(0, COLS)
+    c_mask = offs_c < HKV * HEAD_DIM
+    acc = tl.zeros([BLOCK_N, COLS], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        n_mask = start + offs_n < hi
+        slots = tile_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE, BLOCK_N)
+        off = slots[:, None] * stride_slot + offs_c[None, :]
+        mask = n_mask[:, None] & c_mask[None, :]
+        k = tl.load(K + off, mask=mask, other=0.0)
+        v = tl.load(V + off, mask=mask, other=0.0)
+        acc += k.to(tl.float32) + v.to(tl.float32)
+    heads = tl.sum(tl.reshape(tl.sum(acc, 0), [COLS // HEAD_DIM, HEAD_DIM]), 1)
+    offs_h = tl.arange(0, COLS // HEAD_DIM)
+    tl.store(OUT + (b * HKV + offs_h) * num_splits + split, heads, mask=offs_h < HKV)
 
 
 @triton.jit
@@ -109,7 +141,7 @@ def stream_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, k
     num_splits]``) gets each program's sum. k/v_cache: ``[num_slots, kv_heads, head_dim]`` (slot = page * page_size
     + offset), a power-of-two head dim; kv_indptr ``[batch + 1]``, kv_indices, kv_lens ``[batch]``: int32, as the
     decode's plan. ``mode``: how the bytes are loaded (module docstring; ``contig`` reads other slots than the plan's
-    pages). PDL as the process is set (``attnlab.kernels.pdl``)."""
+    pages; ``rows`` runs ``num_splits`` programs a request, each over every head). PDL as the process is set (``attnlab.kernels.pdl``)."""
     batch, hkv, head_dim = kv_lens.shape[0], k_cache.shape[1], k_cache.shape[2]
     if head_dim & (head_dim - 1) or block_n & (block_n - 1):
         raise ValueError(f"stream_kv: head_dim {head_dim} and block_n {block_n} must be powers of two")
@@ -122,6 +154,14 @@ def stream_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, k
         raise ValueError("stream_kv: K and V caches must share strides, head dim contiguous")
     if mode not in MODES:
         raise ValueError(f"stream_kv: mode {mode!r}: one of {', '.join(MODES)}")
+    if mode == "rows":
+        if k_cache.stride(1) != head_dim:
+            raise ValueError("stream_kv: mode rows needs each slot's kv heads x head_dim contiguous")
+        _stream_rows_kernel[(batch, 1, num_splits)](
+            k_cache, v_cache, out, kv_indptr, kv_indices, kv_lens, num_splits, k_cache.stride(0), HKV=hkv,
+            HEAD_DIM=head_dim, COLS=triton.next_power_of_2(hkv * head_dim), PAGE_SIZE=page_size, BLOCK_N=block_n,
+            num_warps=num_warps, num_stages=num_stages, **launch_args(k_cache))
+        return out
     if mode != "gather":
         return _stream_boxes(k_cache, v_cache, out, kv_indptr, kv_indices, kv_lens, page_size, num_splits, block_n,
                              num_warps, num_stages, mode == "contig")

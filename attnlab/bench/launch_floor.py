@@ -17,7 +17,8 @@ Rows per (model, context), batch 1, bf16, page 16, the triton backend's own plan
   ``stream K / V, decode grid, pages`` / ``contig`` (``--stream-modes``): the decode grid's read with a
   tensor-descriptor box per page (TMA on Hopper) in place of per-token gathers, or as if the pages were consecutive
   (the same byte count from other slots: a reference with no page table, left out of the floor line's fastest
-  read). The rows walk the same layers as the decode (at SmolLM2 shapes 8 x 3.1 MB, inside an H100's 50 MB L2:
+  read); ``stream K / V, rows of every head, N programs`` (``--stream-modes rows``): the plan's bytes with the head
+  axis folded into each program's rows (every kv head of its tokens; the decode grid's program count and 4x that). The rows walk the same layers as the decode (at SmolLM2 shapes 8 x 3.1 MB, inside an H100's 50 MB L2:
   partly L2 hits for both);
 - ``decode``: the triton backend's decode as the engine runs it (the split kernel and its merge).
 Columns: PDL off; PDL on (the decode reads its plan and prefetches its first K / V tiles into L2 before its wait, and
@@ -102,22 +103,31 @@ def _rows(be, q, hkv: int, context: int, stream_splits: tuple[int, ...] = (),
         seen.add(w)
         rows[f"stream K / V, {w} splits"] = _stream(be, w)
     for mode in stream_modes:  # the same bytes and grid, loaded in page boxes or as if contiguous (kv_stream)
-        if mode != "gather":
+        if mode not in ("gather", "rows"):
             rows[f"stream K / V, decode grid, {mode}"] = _stream(be, splits, mode=mode)
+    if "rows" in stream_modes:  # every head of a token in one program: the decode grid's program count, then 4x
+        tile = max(1, block_n // triton.next_power_of_2(hkv))
+        for n in (splits * hkv, 4 * splits * hkv):
+            w = kv_stream.working_splits(context, n, tile)
+            name = f"stream K / V, rows of every head, {w} programs"
+            if name not in rows:
+                rows[name] = _stream(be, w, mode="rows", block_n=tile)
     rows["decode"] = be
     return rows, splits
 
 
-def _stream(be, splits: int, then=None, mode: str = "gather") -> _Launches:
+def _stream(be, splits: int, then=None, mode: str = "gather", block_n: int | None = None) -> _Launches:
     """``kv_stream.stream_kv`` over the backend's pool and plan with ``splits`` splits (the plan's tile and warps),
-    its sums checked against torch once (layer 0); ``then``: a launch after it; ``mode``: kv_stream's load mode."""
+    its sums checked against torch once (layer 0); ``then``: a launch after it; ``mode``: kv_stream's load mode;
+    ``block_n``: another tile's tokens (``rows``: the decode's tile elements spread over every head)."""
     pool, plan, p = be.pool, be.active_plan, be.active_plan.params
+    block_n = block_n or p.block_n
     sums = torch.zeros(plan.kv_lens.shape[0], pool.num_kv_heads, splits, device=plan.kv_lens.device)
 
     def launch(layer):
         k, v = pool.slots_view(layer)
         kv_stream.stream_kv(k, v, sums, plan.kv_indptr, plan.kv_indices, plan.kv_lens, page_size=pool.page_size,
-                            num_splits=splits, block_n=p.block_n, num_warps=p.num_warps, num_stages=p.num_stages,
+                            num_splits=splits, block_n=block_n, num_warps=p.num_warps, num_stages=p.num_stages,
                             mode=mode)
         if then is not None:
             then()
@@ -188,9 +198,10 @@ def main(argv=None) -> int:
                     help="more split counts for the stream row (comma list, e.g. 8,16,64): the decode's K / V read "
                          "with other partitions (a count giving a partition already timed is skipped)")
     ap.add_argument("--stream-modes", default="",
-                    help="more load modes for the decode grid's stream row (comma list of pages, contig): the same "
+                    help="more load modes for the stream rows (comma list of pages, contig, rows): the decode grid's "
                          "bytes in one tensor-descriptor box per page (TMA on Hopper), or as if the request's pages "
-                         "were consecutive (a reference with no page table; attnlab.bench.kv_stream)")
+                         "were consecutive (a reference with no page table), or every kv head of a token in one "
+                         "program (attnlab.bench.kv_stream)")
     ap.add_argument("--layers", type=int, default=None,
                     help="layers the runs walk (default: bench.kernels' walk, at most 8: at SmolLM2 shapes 25 MB, "
                          "inside an H100's L2; 64 there walks 200 MB)")

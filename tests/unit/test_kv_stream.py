@@ -43,6 +43,20 @@ def test_reads_every_byte_once(kv_lens, page_size, splits, block_n, mode):
     kv_stream.check_sums(out, want, lens, k, v)
 
 
+@pytest.mark.parametrize("hkv,d", [(3, 64), (1, 128), (8, 16)])
+def test_rows_mode_sums_each_head(hkv, d):
+    """``rows``: a program reads every head of its tokens (a row of hkv x d, padded to a power of two when hkv is 3)
+    and still stores each head's own sum."""
+    _, meta, k, v, lens = _case([37, 1, 16], 4, hkv=hkv, d=d)
+    lens[1] = 0  # a request with no tokens to read
+    out = torch.full((3, hkv, 5), float("nan"), device=DEVICE)
+    kv_stream.stream_kv(k, v, out, meta.layout.kv_indptr, meta.layout.kv_indices, lens, page_size=4, num_splits=5,
+                        block_n=4, mode="rows")
+    want = kv_stream.expected_sums(k, v, meta.layout.kv_indptr, meta.layout.kv_indices, lens, 4)
+    torch.testing.assert_close(out.double().sum(dim=2), want, atol=1e-3, rtol=1e-5)
+    assert (out[1] == 0).all()  # an empty request: every split stored 0
+
+
 def test_contig_reads_other_slots_than_the_pages():
     """The pool's pages are shuffled (random_paged_case), so the contig read's sums are not the plan's: the check
     tells them apart (the contig row is a bound, not the plan's bytes)."""
@@ -90,6 +104,9 @@ def test_bad_input():
         kv_stream.stream_kv(*args, page_size=4, num_splits=0, block_n=16)
     with pytest.raises(ValueError, match=r"fp32 \[1, 2, 3\]"):
         kv_stream.stream_kv(*args, page_size=4, num_splits=3, block_n=16)
+    half = k[..., :32], v[..., :32]  # each head's first half: a slot's heads are 64 elements apart, not 32
+    with pytest.raises(ValueError, match="mode rows needs each slot's kv heads x head_dim contiguous"):
+        kv_stream.stream_kv(*half, *args[2:], page_size=4, num_splits=2, block_n=16, mode="rows")
 
 
 @pytest.mark.parametrize("kv_len,splits,block_n,want", [

@@ -20,7 +20,6 @@ def test_bad_input_and_no_gpu(capsys):
         assert "attnlab.bench.launch_floor:" in capsys.readouterr().out
 
 
-
 def test_floor_line_reads_the_fastest_stream():
     med = {f"{row} | {c}": us for c, *_ in launch_floor.SETTINGS
            for row, us in (("decode", 12.7), ("empty, decode grid", 0.8), ("empty x2, decode + merge grids", 1.5),
@@ -31,6 +30,9 @@ def test_floor_line_reads_the_fastest_stream():
     assert "alone 1.50 us" in line
     # 2 x 4096 tokens x 8 kv heads x 128 x 2 bytes = 16.8 MB, read in 8.4 us = 2.0 TB/s
     assert "16.8 MB of K / V 8.40 us (stream K / V, decode grid | PDL off: 2.00 TB/s)" in line
+    med.update({f"stream K / V, rows of every head, 256 programs | {c}": 7.0 for c, *_ in launch_floor.SETTINGS})
+    line = launch_floor.floor_line("llama8b", 4096, med, 32)  # rows reads the plan's bytes: it counts
+    assert "7.00 us (stream K / V, rows of every head, 256 programs | PDL off: 2.40 TB/s)" in line
 
 
 def test_stream_splits_bad_input(capsys):
