@@ -26,9 +26,9 @@
 #   5  carry [".gpu/fk", ".prev"], ~2 min warm: part 4 found the early tile 1.02-1.03x slower at 128 x 128 tiles
 #      (Llama-8B's fused + 128x4x1, three calls); it is now off there (EARLY_TILE_MAX_ELEMS). Batch 1 x 4k, efbe5b5
 #      and today: the default and fused + 128x4x1, both shapes, 200 runs a replay.
-#   6  carry [".gpu/fk", ".old", ".prev"], ~7 min warm (2026-12-06f): the review's mends of 2026-12-06e on a GPU
+#   6  carry [".gpu/fk", ".old", ".prev"], ~6 min warm (2026-12-06f): the review's mends of 2026-12-06e on a GPU
 #      (experiments/README lead 0: the early tile's masked page ids, the fallback test's pages-only case, a trailing
-#      padding request; test_decode_early.py compiled), with the PDL tests; then part 3's floor rounds (c101f91,
+#      padding request; test_decode_early.py compiled); then one of part 3's floor rounds (c101f91,
 #      efbe5b5, today; default, fused, fused + 128x4x1) on whatever card comes (an H200 is the card the floor's
 #      figures came from); then the stream rows with kv_stream's new rows mode (every kv head of a token in one
 #      program) beside the gathers and contig, both shapes.
@@ -43,12 +43,11 @@ case $PART in
 1|3|4|6)
   FB=.gpu/fk install_fb
   [ $PART != 1 ] && [ $PART != 6 ] && ARMS=$ARMS,triton/decode_tiles=64x4x1+pdl
-  ROUNDS="1 2"; REPS="200 5"; [ $PART = 4 ] && ROUNDS=1 && REPS=200
+  ROUNDS="1 2"; REPS="200 5"; [ $PART = 4 ] && ROUNDS=1 && REPS=200; [ $PART = 6 ] && ROUNDS=1
   for d in .old .prev; do test -d $d/attnlab || { echo "$d/attnlab missing: carry it (see the header)"; exit 1; }; done
   if [ $PART = 6 ]; then
     step "GPU tests: the early tile's mends (bit for bit compiled, the fallback's pages-only case), PDL"
-    gpu_tests lead0 300 tests/integration/test_gpu_decode_prefetch.py tests/backends/test_decode_early.py \
-      tests/integration/test_gpu_pdl.py
+    gpu_tests lead0 240 tests/integration/test_gpu_decode_prefetch.py tests/backends/test_decode_early.py
   else
     step "GPU tests: early plan reads (bit for bit, the fallback), PDL, fused merge races, triton's gpu cases"
     gpu_tests early 300 tests/integration/test_gpu_decode_prefetch.py tests/integration/test_gpu_pdl.py \
