@@ -17,6 +17,10 @@ Three ways to read the same bytes (``mode``), so a bench can tell what the read'
   pool's pages ``kv_indptr[b]``, ``kv_indptr[b] + 1``, ... (its positions in the page table; checked by
   ``expected_sums(contiguous=True)``): the same byte count read with no page table at all. A reference, not a proven
   lower bound: its loads take another path (TMA boxes) than the gathers'.
+- ``hnd``: the decode's own grid and gathers over the same values laid out head-major within a page (``[num_pages,
+  kv_heads, page_size, head_dim]``, FlashInfer's HND; ``to_hnd`` makes the copy): a page's tokens of one head are
+  ``page_size x head_dim`` contiguous elements, where attnlab's slot-major pool (NHD) spaces each token's
+  ``head_dim`` by ``kv_heads x head_dim``. Whether a head-major pool would read faster is then a row beside it.
 - ``rows``: the plan's bytes through the same per-token gathers, but each program reads *every* kv head of its tokens
   (whole slot rows, ``kv_heads x head_dim`` contiguous elements) instead of one head's ``head_dim``: the head axis
   folded into the row, the grid ``(request, 1, num_splits)``. ``out`` keeps its per-head shape. Whether the decode's
@@ -37,7 +41,7 @@ from attnlab.kernels.pdl import launch_args, pdl_start
 from attnlab.kernels.prefill_contig import descriptor_ready
 from attnlab.kvcache.layout import pages_needed, slot_mapping
 
-MODES = ("gather", "pages", "contig", "rows")
+MODES = ("gather", "pages", "contig", "rows", "hnd")
 
 
 @triton.jit
@@ -50,9 +54,11 @@ def _split_bounds(KV_INDPTR, KV_LENS, b, split, num_splits, BLOCK_N: tl.constexp
 
 
 @triton.jit
-def _stream_kernel(K, V, OUT, KV_INDPTR, KV_INDICES, KV_LENS, num_splits, stride_slot, stride_kh,
-                   HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+def _stream_kernel(K, V, OUT, KV_INDPTR, KV_INDICES, KV_LENS, num_splits, stride_slot, stride_kh, stride_page,
+                   HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HND: tl.constexpr = False,
                    USE_PDL: tl.constexpr = False):
+    """``gather`` (slot-major K / V: a slot's row at ``slot * stride_slot``) and ``hnd`` (head-major pages: a token at
+    ``page * stride_page + kvh * stride_kh + offset * stride_slot``)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -64,7 +70,11 @@ def _stream_kernel(K, V, OUT, KV_INDPTR, KV_INDICES, KV_LENS, num_splits, stride
     for start in range(lo, hi, BLOCK_N):
         n_mask = start + offs_n < hi
         slots = tile_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE, BLOCK_N)
-        off = slots[:, None] * stride_slot + kvh * stride_kh + offs_d[None, :]
+        if HND:
+            tok = (slots // PAGE_SIZE) * stride_page + (slots % PAGE_SIZE) * stride_slot
+        else:
+            tok = slots * stride_slot
+        off = tok[:, None] + kvh * stride_kh + offs_d[None, :]
         k = tl.load(K + off, mask=n_mask[:, None], other=0.0)
         v = tl.load(V + off, mask=n_mask[:, None], other=0.0)
         acc += k.to(tl.float32) + v.to(tl.float32)
@@ -139,10 +149,16 @@ def stream_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, k
               num_warps: int = 4, num_stages: int = 2, mode: str = "gather") -> torch.Tensor:
     """Read every K / V element of each request's ``kv_lens`` tokens; ``out`` (fp32, ``[batch, kv_heads,
     num_splits]``) gets each program's sum. k/v_cache: ``[num_slots, kv_heads, head_dim]`` (slot = page * page_size
-    + offset), a power-of-two head dim; kv_indptr ``[batch + 1]``, kv_indices, kv_lens ``[batch]``: int32, as the
-    decode's plan. ``mode``: how the bytes are loaded (module docstring; ``contig`` reads other slots than the plan's
-    pages; ``rows`` runs ``num_splits`` programs a request, each over every head). PDL as the process is set (``attnlab.kernels.pdl``)."""
-    batch, hkv, head_dim = kv_lens.shape[0], k_cache.shape[1], k_cache.shape[2]
+    + offset; ``hnd``: ``[num_pages, kv_heads, page_size, head_dim]``, ``to_hnd``), a power-of-two head dim;
+    kv_indptr ``[batch + 1]``, kv_indices, kv_lens ``[batch]``: int32, as the decode's plan. ``mode``: how the bytes
+    are loaded (module docstring; ``contig`` reads other slots than the plan's pages; ``rows`` runs ``num_splits``
+    programs a request, each over every head). PDL as the process is set (``attnlab.kernels.pdl``)."""
+    want = "[pages, kv_heads, page_size, head_dim]" if mode == "hnd" else "[slots, kv_heads, head_dim]"
+    if k_cache.dim() != want.count(",") + 1:
+        raise ValueError(f"stream_kv: mode {mode!r} takes {want} caches, got {list(k_cache.shape)}")
+    if mode == "hnd" and k_cache.shape[2] != page_size:
+        raise ValueError(f"stream_kv: hnd caches hold pages of {k_cache.shape[2]} tokens, not page_size {page_size}")
+    batch, hkv, head_dim = kv_lens.shape[0], k_cache.shape[1], k_cache.shape[-1]
     if head_dim & (head_dim - 1) or block_n & (block_n - 1):
         raise ValueError(f"stream_kv: head_dim {head_dim} and block_n {block_n} must be powers of two")
     if num_splits < 1:
@@ -150,7 +166,7 @@ def stream_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, k
     if out.dtype != torch.float32 or tuple(out.shape) != (batch, hkv, num_splits):
         raise ValueError(f"stream_kv: out must be fp32 [{batch}, {hkv}, {num_splits}], got {out.dtype} "
                          f"{list(out.shape)}")
-    if k_cache.stride() != v_cache.stride() or k_cache.stride(2) != 1:
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
         raise ValueError("stream_kv: K and V caches must share strides, head dim contiguous")
     if mode not in MODES:
         raise ValueError(f"stream_kv: mode {mode!r}: one of {', '.join(MODES)}")
@@ -162,13 +178,14 @@ def stream_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, k
             HEAD_DIM=head_dim, COLS=triton.next_power_of_2(hkv * head_dim), PAGE_SIZE=page_size, BLOCK_N=block_n,
             num_warps=num_warps, num_stages=num_stages, **launch_args(k_cache))
         return out
-    if mode != "gather":
+    if mode in ("pages", "contig"):
         return _stream_boxes(k_cache, v_cache, out, kv_indptr, kv_indices, kv_lens, page_size, num_splits, block_n,
                              num_warps, num_stages, mode == "contig")
+    hnd = mode == "hnd"  # a token's row: slot * stride(0) (NHD), or page * stride(0) + offset * stride(2)
     _stream_kernel[(batch, hkv, num_splits)](
-        k_cache, v_cache, out, kv_indptr, kv_indices, kv_lens, num_splits, k_cache.stride(0), k_cache.stride(1),
-        HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
-        **launch_args(k_cache))
+        k_cache, v_cache, out, kv_indptr, kv_indices, kv_lens, num_splits, k_cache.stride(2 if hnd else 0),
+        k_cache.stride(1), k_cache.stride(0) if hnd else 0, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n,
+        HND=hnd, num_warps=num_warps, num_stages=num_stages, **launch_args(k_cache))
     return out
 
 
@@ -190,6 +207,15 @@ def _stream_boxes(k_cache, v_cache, out, kv_indptr, kv_indices, kv_lens, page_si
         *descs, out, kv_indptr, kv_indices, kv_lens, num_splits, HEAD_DIM=d, PAGE_SIZE=page_size, BLOCK_N=block_n,
         ROWS=rows, CONTIG=contig, num_warps=num_warps, num_stages=num_stages, **launch_args(k_cache))
     return out
+
+
+def to_hnd(cache: torch.Tensor, page_size: int) -> torch.Tensor:
+    """A slot-major ``[num_slots, kv_heads, head_dim]`` cache (slot = page * page_size + offset) copied head-major
+    within each page: ``[num_pages, kv_heads, page_size, head_dim]``, contiguous (``stream_kv``'s ``hnd`` mode)."""
+    slots, hkv, d = cache.shape
+    if slots % page_size:
+        raise ValueError(f"to_hnd: {slots} slots are not whole pages of {page_size}")
+    return cache.view(slots // page_size, page_size, hkv, d).transpose(1, 2).contiguous()
 
 
 def expected_sums(k_cache: torch.Tensor, v_cache: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,

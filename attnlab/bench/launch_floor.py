@@ -18,8 +18,10 @@ Rows per (model, context), batch 1, bf16, page 16, the triton backend's own plan
   tensor-descriptor box per page (TMA on Hopper) in place of per-token gathers, or as if the pages were consecutive
   (the same byte count from other slots: a reference with no page table, left out of the floor line's fastest
   read); ``stream K / V, rows of every head, N programs`` (``--stream-modes rows``): the plan's bytes with the head
-  axis folded into each program's rows (every kv head of its tokens; the decode grid's program count and 4x that). The rows walk the same layers as the decode (at SmolLM2 shapes 8 x 3.1 MB, inside an H100's 50 MB L2:
-  partly L2 hits for both);
+  axis folded into each program's rows (every kv head of its tokens; the decode grid's program count and 4x that);
+  ``stream K / V, ..., hnd`` (``--stream-modes hnd``): the decode grid and the stream-splits partitions over a copy of
+  the pool laid out head-major within each page (FlashInfer's HND). The rows walk the same layers as the decode (at
+  SmolLM2 shapes 8 x 3.1 MB, inside an H100's 50 MB L2: partly L2 hits for both);
 - ``decode``: the triton backend's decode as the engine runs it (the split kernel and its merge).
 Columns: PDL off; PDL on (the decode reads its plan and prefetches its first K / V tiles into L2 before its wait, and
 on one-stage launches takes its first tile from those reads: attnlab.kernels.decode); PDL on with that prefetch off
@@ -94,6 +96,7 @@ def _rows(be, q, hkv: int, context: int, stream_splits: tuple[int, ...] = (),
         rows["stream K / V + empty merge grid"] = _stream(be, splits, lambda: _empty_kernel[merge_grid](
             dummy, **launch_args(dummy)))
     block_n, seen = plan.params.block_n, {kv_stream.working_splits(context, splits, plan.params.block_n)}
+    parts = []  # the other partitions timed
     for n in stream_splits:  # by the partitions they make: a count past context / BLOCK_N adds only empty programs
         w = kv_stream.working_splits(context, n, block_n)
         if w in seen:
@@ -102,9 +105,13 @@ def _rows(be, q, hkv: int, context: int, stream_splits: tuple[int, ...] = (),
             continue
         seen.add(w)
         rows[f"stream K / V, {w} splits"] = _stream(be, w)
+        parts.append(w)
     for mode in stream_modes:  # the same bytes and grid, loaded in page boxes or as if contiguous (kv_stream)
         if mode not in ("gather", "rows"):
             rows[f"stream K / V, decode grid, {mode}"] = _stream(be, splits, mode=mode)
+    if "hnd" in stream_modes:  # head-major pages: the other partitions too
+        for w in parts:
+            rows[f"stream K / V, {w} splits, hnd"] = _stream(be, w, mode="hnd")
     if "rows" in stream_modes:  # every head of a token in one program: the decode grid's program count, then 4x
         tile = max(1, block_n // triton.next_power_of_2(hkv))
         for n in (splits * hkv, 4 * splits * hkv):
@@ -123,9 +130,12 @@ def _stream(be, splits: int, then=None, mode: str = "gather", block_n: int | Non
     pool, plan, p = be.pool, be.active_plan, be.active_plan.params
     block_n = block_n or p.block_n
     sums = torch.zeros(plan.kv_lens.shape[0], pool.num_kv_heads, splits, device=plan.kv_lens.device)
+    # hnd: each layer's K / V copied head-major within a page, made once, outside the timing
+    hnd = {i: [kv_stream.to_hnd(t, pool.page_size) for t in pool.slots_view(i)] for i in range(pool.num_layers)} \
+        if mode == "hnd" else {}
 
     def launch(layer):
-        k, v = pool.slots_view(layer)
+        k, v = hnd[layer] if hnd else pool.slots_view(layer)
         kv_stream.stream_kv(k, v, sums, plan.kv_indptr, plan.kv_indices, plan.kv_lens, page_size=pool.page_size,
                             num_splits=splits, block_n=block_n, num_warps=p.num_warps, num_stages=p.num_stages,
                             mode=mode)
@@ -133,7 +143,7 @@ def _stream(be, splits: int, then=None, mode: str = "gather", block_n: int | Non
             then()
 
     launch(0)
-    k, v = pool.slots_view(0)
+    k, v = pool.slots_view(0)  # hnd: the same values as the pool's
     kv_stream.check_sums(sums, kv_stream.expected_sums(k, v, plan.kv_indptr, plan.kv_indices, plan.kv_lens,
                                                        pool.page_size, contiguous=mode == "contig"), plan.kv_lens, k, v)
     return _Launches(launch, sums)
@@ -198,10 +208,10 @@ def main(argv=None) -> int:
                     help="more split counts for the stream row (comma list, e.g. 8,16,64): the decode's K / V read "
                          "with other partitions (a count giving a partition already timed is skipped)")
     ap.add_argument("--stream-modes", default="",
-                    help="more load modes for the stream rows (comma list of pages, contig, rows): the decode grid's "
-                         "bytes in one tensor-descriptor box per page (TMA on Hopper), or as if the request's pages "
-                         "were consecutive (a reference with no page table), or every kv head of a token in one "
-                         "program (attnlab.bench.kv_stream)")
+                    help="more load modes for the stream rows (comma list of pages, contig, rows, hnd): the decode "
+                         "grid's bytes in one tensor-descriptor box per page (TMA on Hopper), or as if the request's "
+                         "pages were consecutive (a reference with no page table), or every kv head of a token in "
+                         "one program, or from a head-major copy of the pool (attnlab.bench.kv_stream)")
     ap.add_argument("--layers", type=int, default=None,
                     help="layers the runs walk (default: bench.kernels' walk, at most 8: at SmolLM2 shapes 25 MB, "
                          "inside an H100's L2; 64 there walks 200 MB)")

@@ -32,10 +32,14 @@
 #      efbe5b5, today; default, fused, fused + 128x4x1) on whatever card comes (an H200 is the card the floor's
 #      figures came from); then the stream rows with kv_stream's new rows mode (every kv head of a token in one
 #      program) beside the gathers and contig, both shapes.
+#   7  carry [".gpu/fk"], ~2 min warm: the one-stage rule where it was not measured (decode-early/README "Not
+#      measured"): PDL off and on, the rule's launch (one stage) against the same tile with 3 stages (decode_tiles), at
+#      the cells where the heuristic gives a split of one tile (SmolLM2 batch 1 / 16 / 64 x 128 / 512 and batch 1 x
+#      4k; Llama-8B batch 1 / 4 x 512), one process a model.
 # (part 5 as it ran on 2026-12-06e named its files gate-<code>-<random>: their order is in run5.log)
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 6}
+PART=${1:?part 1 to 7}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
@@ -110,6 +114,18 @@ case $PART in
     grep -E "^decode|Error" $LOGS/gate-$n.log
   done
   ;;
-*) echo "part 1 to 5"; exit 2 ;;
+7)
+  FB=.gpu/fk install_fb
+  for m in smollm2 llama8b; do
+    if [ $m = smollm2 ]; then t=128x4x3; cells="--batches 1,16,64 --contexts 128,512,4096"
+    else t=64x4x3; cells="--batches 1,4 --contexts 512"; fi
+    step "$m: the one-stage rule against 3 stages ($t), PDL off and on"
+    timeout 200 $PY -m attnlab.bench.kernels --phases decode --models $m $cells \
+      --backends triton,triton/decode_tiles=$t,triton+pdl,triton/decode_tiles=$t+pdl --reps 200 --repeats 3 \
+      --out "$OUT/stages-$m" > $LOGS/stages-$m.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/stages-$m.log
+  done
+  ;;
+*) echo "part 1 to 7"; exit 2 ;;
 esac
 pack

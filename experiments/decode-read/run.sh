@@ -16,10 +16,16 @@
 #      bench.launch_floor --stream-modes pages,contig: the decode grid's read as one TMA box per page, and as if the
 #      pages were consecutive (a bound, other slots), beside the gathers; SmolLM2 walked from DRAM (64 layers) and
 #      Llama-8B (8 layers, 134 MB). Then bench.kernels --between gemm at one cell (its launch now shared, 12390ea).
+#   4  carry [".gpu/fk"], ~90 s warm (2026-12-06f): does the decode's one-head-a-program walk cost the read? On
+#      2026-12-06f (decode-early/run.sh 6) kv_stream's rows mode (every kv head of a token in one program) read
+#      Llama-8B's 16.8 MB in 7.32 us with 512 programs, against 8.51-8.67 for the decode grid's gathers. The kv_stream
+#      GPU tests (rows, hnd), then bench.launch_floor --stream-modes rows,hnd: the decode's own grid and gathers over a
+#      head-major copy of the pool (FlashInfer's HND: a page's tokens of one head contiguous), beside the slot-major
+#      gathers and rows, both shapes (SmolLM2 64 layers, Llama-8B 8).
 # FB=<bundle> installs another bundle first (a sitting's GGUF part riding along: FB=.gpu/g1).
 # Output: $OUT/run1.log (the console) and results1.tgz (lf.md / lf.json, the test log).
 set -u -o pipefail
-PART=${1:?part 1, 2 or 3}
+PART=${1:?part 1 to 4}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 case $PART in
 1)
@@ -68,6 +74,18 @@ case $PART in
     --batches 1 --contexts 4096 --models smollm2,llama8b --reps 200 --repeats 3 --between gemm \
     --out "$OUT/between" > $LOGS/between.log 2>&1
   echo "exit code $?"; grep -E "^decode|Error" $LOGS/between.log
+  ;;
+4)
+  FB=.gpu/fk install_fb
+  step "GPU tests: kv_stream's load modes (rows, hnd among them) read exactly the plan's bytes"
+  gpu_tests kvs4 180 tests/unit/test_kv_stream.py tests/unit/test_launch_floor.py
+  for m in llama8b smollm2; do
+    layers=8; splits=64; [ $m = smollm2 ] && layers=64 && splits=16
+    step "bench.launch_floor, $m, $layers layers: gathers over slot-major and head-major pages, rows of every head"
+    timeout 200 $PY -m attnlab.bench.launch_floor --models $m --contexts 4096 --stream-modes rows,hnd \
+      --stream-splits $splits --layers $layers --out "$OUT/lfh-$m" > $LOGS/lfh-$m.log 2>&1
+    echo "exit code $?"; grep -E "^\||Error|skipped" $LOGS/lfh-$m.log
+  done
   ;;
 esac
 pack

@@ -34,13 +34,23 @@ def _boxes_fit(page_size, block_n):  # the pages mode: a power-of-two page divid
 def test_reads_every_byte_once(kv_lens, page_size, splits, block_n, mode):
     pool, meta, k, v, lens = _case(kv_lens, page_size)
     out = torch.full((len(kv_lens), pool.num_kv_heads, splits), float("nan"), device=DEVICE)
-    kv_stream.stream_kv(k, v, out, meta.layout.kv_indptr, meta.layout.kv_indices, lens, page_size=page_size,
+    pair = (kv_stream.to_hnd(k, page_size), kv_stream.to_hnd(v, page_size)) if mode == "hnd" else (k, v)
+    kv_stream.stream_kv(*pair, out, meta.layout.kv_indptr, meta.layout.kv_indices, lens, page_size=page_size,
                         num_splits=splits, block_n=block_n, mode=mode)
     assert torch.isfinite(out).all()  # every program stored, empty splits included (their sum is 0)
     want = kv_stream.expected_sums(k, v, meta.layout.kv_indptr, meta.layout.kv_indices, lens, page_size,
                                    contiguous=mode == "contig")
     torch.testing.assert_close(out.double().sum(dim=2), want, atol=1e-3, rtol=1e-5)  # fp32 sums against fp64
     kv_stream.check_sums(out, want, lens, k, v)
+
+
+def test_to_hnd_puts_a_page_s_head_rows_together():
+    _, _, k, _, _ = _case([37], 4, hkv=3)
+    hnd = kv_stream.to_hnd(k, 4)
+    assert hnd.shape == (k.shape[0] // 4, 3, 4, 64) and hnd.is_contiguous()
+    for slot in (0, 5, 38):
+        for h in range(3):
+            assert torch.equal(hnd[slot // 4, h, slot % 4], k[slot, h])
 
 
 @pytest.mark.parametrize("hkv,d", [(3, 64), (1, 128), (8, 16)])
@@ -104,6 +114,15 @@ def test_bad_input():
         kv_stream.stream_kv(*args, page_size=4, num_splits=0, block_n=16)
     with pytest.raises(ValueError, match=r"fp32 \[1, 2, 3\]"):
         kv_stream.stream_kv(*args, page_size=4, num_splits=3, block_n=16)
+    with pytest.raises(ValueError, match=r"mode 'hnd' takes \[pages, kv_heads, page_size, head_dim\] caches"):
+        kv_stream.stream_kv(*args, page_size=4, num_splits=2, block_n=16, mode="hnd")
+    hnd = kv_stream.to_hnd(k, 4), kv_stream.to_hnd(v, 4)
+    with pytest.raises(ValueError, match="pages of 4 tokens, not page_size 8"):
+        kv_stream.stream_kv(*hnd, *args[2:], page_size=8, num_splits=2, block_n=16, mode="hnd")
+    with pytest.raises(ValueError, match=r"mode 'gather' takes \[slots, kv_heads, head_dim\]"):
+        kv_stream.stream_kv(*hnd, *args[2:], page_size=4, num_splits=2, block_n=16)
+    with pytest.raises(ValueError, match="not whole pages of 3"):
+        kv_stream.to_hnd(k[:10], 3)
     half = k[..., :32], v[..., :32]  # each head's first half: a slot's heads are 64 elements apart, not 32
     with pytest.raises(ValueError, match="mode rows needs each slot's kv heads x head_dim contiguous"):
         kv_stream.stream_kv(*half, *args[2:], page_size=4, num_splits=2, block_n=16, mode="rows")
