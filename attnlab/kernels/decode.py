@@ -18,15 +18,16 @@ previous kernel may be storing, is safe to prefetch: L2 is the point of coherenc
 its final bits. ``set_kv_prefetch(0)`` restores the wait-first order (a bench arm's ``+kvpf0``) and turns the early
 tile below off with it.
 
-On a launch of one stage (the heuristic's choice for a split of one tile: heuristics.decode_params; or a
-``decode_tiles`` override) and a tile of at most ``EARLY_TILE_MAX_ELEMS`` elements, the early reads also give the
-split's first tile (``EARLY_TILE``). Right after the wait, q and that tile's K / V loads go out at the early plan's
-addresses, together with the plan's and the tile's page ids' re-reads: one round trip where the wait-first chain took
-three (plan, page ids, K / V). The tile is used only if every re-read equals its early read, which the rule above
-makes always; otherwise the split runs from its first tile on the re-read plan. Either way the same tiles and
-operations in the same order: the same bits as PDL off (GPU tests, one of which breaks the rule on purpose). Those
-early loads are real loads, issued before the check: should the rule ever break, the fallback is exact as long as the
-early values are a plan the buffers held (in-bounds rows and page ids), which every plan write keeps.
+On a launch of one stage (the heuristic's choice for a split of one tile where this early tile applies:
+heuristics.decode_params, early_tile_possible; or a ``decode_tiles`` override) and a tile of at most
+``EARLY_TILE_MAX_ELEMS`` elements, the early reads also give the split's first tile (``EARLY_TILE``). Right after
+the wait, q and that tile's K / V loads go out at the early plan's addresses, together with the plan's and the tile's
+page ids' re-reads: one round trip where the wait-first chain took three (plan, page ids, K / V). The tile is used
+only if every re-read equals its early read, which the rule above makes always; otherwise the split runs from its
+first tile on the re-read plan. Either way the same tiles and operations in the same order: the same bits as PDL off
+(GPU tests, one of which breaks the rule on purpose). Those early loads are real loads, issued before the check:
+should the rule ever break, the fallback is exact as long as the early values are a plan the buffers held (in-bounds
+rows and page ids), which every plan write keeps.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from attnlab.kernels import pdl
 from attnlab.kernels.heuristics import LaunchParams, fp32_dot
 from attnlab.kernels.merge import merge_arrived, merge_bound, merge_splits
 from attnlab.kernels.paged import attend_loaded, attend_tile, tile_slots, write_result
@@ -231,6 +233,12 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out
+
+
+def early_tile_possible(block_n: int, block_d: int) -> bool:
+    """Whether a one-stage launch of this tile would take the early first tile as the process is set (PDL on, the KV
+    prefetch on, at most EARLY_TILE_MAX_ELEMS): the heuristic gives a split of one tile one stage only then."""
+    return pdl.enabled() and _kv_prefetch > 0 and block_n * block_d <= EARLY_TILE_MAX_ELEMS
 
 
 def _early_args(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams) -> dict:

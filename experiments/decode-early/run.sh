@@ -36,10 +36,13 @@
 #      measured"): PDL off and on, the rule's launch (one stage) against the same tile with 3 stages (decode_tiles), at
 #      the cells where the heuristic gives a split of one tile (SmolLM2 batch 1 / 16 / 64 x 128 / 512 and batch 1 x
 #      4k; Llama-8B batch 1 / 4 x 512), one process a model.
+#   8  carry [".gpu/fk"], ~3 min warm: part 7 found one stage 2-8% slower without the early tile (PDL off, engine.pdl's
+#      default) at SmolLM2 shapes; the rule now applies only where the early tile does (decode.early_tile_possible).
+#      The early-read GPU tests (PDL off's reference now has 3 stages at one-tile splits, PDL on 1), then part 7 again.
 # (part 5 as it ran on 2026-12-06e named its files gate-<code>-<random>: their order is in run5.log)
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 7}
+PART=${1:?part 1 to 8}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
@@ -114,8 +117,12 @@ case $PART in
     grep -E "^decode|Error" $LOGS/gate-$n.log
   done
   ;;
-7)
+7|8)
   FB=.gpu/fk install_fb
+  if [ $PART = 8 ]; then
+    step "GPU tests: the early reads bit for bit (PDL off's reference of 3 stages at one-tile splits), the fallback"
+    gpu_tests early8 240 tests/integration/test_gpu_decode_prefetch.py tests/backends/test_decode_early.py
+  fi
   for m in smollm2 llama8b; do
     if [ $m = smollm2 ]; then t=128x4x3; cells="--batches 1,16,64 --contexts 128,512,4096"
     else t=64x4x3; cells="--batches 1,4 --contexts 512"; fi
@@ -126,6 +133,6 @@ case $PART in
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/stages-$m.log
   done
   ;;
-*) echo "part 1 to 7"; exit 2 ;;
+*) echo "part 1 to 8"; exit 2 ;;
 esac
 pack

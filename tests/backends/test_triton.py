@@ -337,14 +337,40 @@ def test_shrunk_splits_stay_correct(monkeypatch):
     (3, 3, 64, 1, 4096, "128x4x3", 3),  # decode_tiles is taken as given
 ])
 def test_decode_splits_of_one_tile_take_one_stage(hkv, group, head_dim, batch, ctx, tiles, stages):
-    """A split of one tile has no loop to pipeline: one stage (with PDL, the decode's early first tile)."""
+    """A split of one tile has no loop to pipeline: one stage where the decode takes its early first tile (PDL);
+    without it the heuristic's stages (one stage lost 2-8% at SmolLM2 shapes with PDL off: decode-early/ call 7)."""
     from attnlab.kernels.heuristics import decode_params
 
-    p = decode_params(batch=batch, num_kv_heads=hkv, group=group, head_dim=head_dim, max_kv_len=ctx, sms=132,
-                      tiles=tiles)
+    def params(early):
+        return decode_params(batch=batch, num_kv_heads=hkv, group=group, head_dim=head_dim, max_kv_len=ctx, sms=132,
+                             tiles=tiles, early_tile=early)
+
+    p = params(True)
     assert p.num_stages == stages, p
     if tiles is None:  # the rule: one stage exactly when a split holds one tile
         assert (-(-ctx // p.num_splits) <= p.block_n) == (stages == 1), p
+    q = params(False)  # no early tile: the same launch but for the stages
+    assert q.num_stages == (3 if tiles is None else stages) and (q.block_n, q.num_splits) == (p.block_n, p.num_splits)
+
+
+def test_one_stage_follows_the_process_settings():
+    """early_tile None: as the process is set. PDL off (this machine's default, engine.pdl's too): 3 stages; PDL on
+    with the KV prefetch: one; with the prefetch off (no early reads at all): 3; at 128 x 128 tiles (the early tile's
+    size gate): 3."""
+    from attnlab.kernels import decode, pdl
+    from attnlab.kernels.heuristics import decode_params
+
+    def stages(head_dim=64):
+        return decode_params(batch=1, num_kv_heads=3, group=3, head_dim=head_dim, max_kv_len=4096, sms=132,
+                             tiles="128x4x1" if head_dim == 128 else None).num_stages, \
+            decode.early_tile_possible(128, head_dim)
+
+    assert stages() == (3, False)
+    with pdl.forced_for_compile():
+        assert stages() == (1, True)
+        assert stages(128) == (1, False)  # decode_tiles as given; the tile alone would not take the early reads
+        with decode.kv_prefetching(0):
+            assert stages() == (3, False)
 
 
 @pytest.mark.parametrize("tiles,head_dim,early", [("128x4x1", 64, True), ("64x4x1", 128, True),
