@@ -26,8 +26,8 @@ Rows per (model, context), batch 1, bf16, page 16, the triton backend's own plan
 Columns: PDL off; PDL on (the decode reads its plan and prefetches its first K / V tiles into L2 before its wait, and
 on one-stage launches takes its first tile from those reads: attnlab.kernels.decode); PDL on with that prefetch off
 (the wait first). The decode's output is checked to be the same bits in every column. The stream rows take the plan's
-stages: since 2026-12-06e a split of one tile (SmolLM2's batch-1 4k) runs one, so those rows are not comparable with
-earlier runs' three.
+stages: a split of one tile (SmolLM2's batch-1 4k) runs one where the early tile applies (the PDL on column, since
+2026-12-06f only there; 2026-12-06e: every column), so those rows are not comparable with earlier runs' three.
 An issue-16 floor ("batch-1 decode 1.5x faster than on 2026-12-01") is judged against the ``empty x2`` row: the part
 of the decode above it is what a kernel change can still take away. Cells: the median over ``--repeats``
 measurements (arms interleaved), its spread (max - min, % of the median), and the ratio to the decode of the same PDL
