@@ -180,7 +180,7 @@ class TritonBackend(AttentionBackend):
         split = f"split_tokens={p.split_tokens} " if p.kind == "invariant" else ""
         merge = " merge=fused" if plan.counters is not None else ""
         self._kernels[label] = (f"{p.kind} BLOCK_M={p.block_m} BLOCK_N={p.block_n} {split}splits={p.num_splits}{merge} "
-                                f"warps={p.num_warps} stages={p.num_stages}")
+                                f"warps={p.num_warps} {p.stages_text()}")
         plan.contig = self._contig(meta)  # per pass (a graph bucket's static plan may also serve a prefill)
         plan.paged_label = self._kernels[label]
         return plan
@@ -226,7 +226,7 @@ class TritonBackend(AttentionBackend):
             plans.append(plan)
         self._kernels["decode_steps"] = (f"decode BLOCK_M={params.block_m} BLOCK_N={params.block_n} "
                                          f"splits={params.num_splits} warps={params.num_warps} "
-                                         f"stages={params.num_stages} (device-planned)")
+                                         f"{params.stages_text()} (device-planned)")
         return plans
 
     def supports_device_trees(self) -> bool:
@@ -260,7 +260,7 @@ class TritonBackend(AttentionBackend):
             plans.append(plan)
         self._kernels["tree_steps"] = (f"{params.kind} BLOCK_M={params.block_m} BLOCK_N={params.block_n} "
                                        f"splits={params.num_splits} warps={params.num_warps} "
-                                       f"stages={params.num_stages} (device-planned)")
+                                       f"{params.stages_text()} (device-planned)")
         return plans
 
     def _sms(self) -> int:

@@ -153,9 +153,12 @@ def stream_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, k
     kv_indptr ``[batch + 1]``, kv_indices, kv_lens ``[batch]``: int32, as the decode's plan. ``mode``: how the bytes
     are loaded (module docstring; ``contig`` reads other slots than the plan's pages; ``rows`` runs ``num_splits``
     programs a request, each over every head). PDL as the process is set (``attnlab.kernels.pdl``)."""
-    want = "[pages, kv_heads, page_size, head_dim]" if mode == "hnd" else "[slots, kv_heads, head_dim]"
-    if k_cache.dim() != want.count(",") + 1:
-        raise ValueError(f"stream_kv: mode {mode!r} takes {want} caches, got {list(k_cache.shape)}")
+    if mode not in MODES:
+        raise ValueError(f"stream_kv: mode {mode!r}: one of {', '.join(MODES)}")
+    dims, want = (4, "[pages, kv_heads, page_size, head_dim]") if mode == "hnd" else (3, "[slots, kv_heads, head_dim]")
+    if k_cache.dim() != dims or k_cache.shape != v_cache.shape:
+        raise ValueError(f"stream_kv: mode {mode!r} takes K and V caches of one shape {want}, got "
+                         f"{list(k_cache.shape)} and {list(v_cache.shape)}")
     if mode == "hnd" and k_cache.shape[2] != page_size:
         raise ValueError(f"stream_kv: hnd caches hold pages of {k_cache.shape[2]} tokens, not page_size {page_size}")
     batch, hkv, head_dim = kv_lens.shape[0], k_cache.shape[1], k_cache.shape[-1]
@@ -168,8 +171,6 @@ def stream_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, k
                          f"{list(out.shape)}")
     if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
         raise ValueError("stream_kv: K and V caches must share strides, head dim contiguous")
-    if mode not in MODES:
-        raise ValueError(f"stream_kv: mode {mode!r}: one of {', '.join(MODES)}")
     if mode == "rows":
         if k_cache.stride(1) != head_dim:
             raise ValueError("stream_kv: mode rows needs each slot's kv heads x head_dim contiguous")

@@ -18,7 +18,8 @@ Rows per (model, context), batch 1, bf16, page 16, the triton backend's own plan
   tensor-descriptor box per page (TMA on Hopper) in place of per-token gathers, or as if the pages were consecutive
   (the same byte count from other slots: a reference with no page table, left out of the floor line's fastest
   read); ``stream K / V, rows of every head, N programs`` (``--stream-modes rows``): the plan's bytes with the head
-  axis folded into each program's rows (every kv head of its tokens; the decode grid's program count and 4x that);
+  axis folded into each program's rows (every kv head of its tokens; asked for the decode grid's program count and 4x
+  that, N the programs the tile-multiple split bounds give);
   ``stream K / V, ..., hnd`` (``--stream-modes hnd``): the decode grid and the stream-splits partitions over a copy of
   the pool laid out head-major within each page (FlashInfer's HND). The rows walk the same layers as the decode (at
   SmolLM2 shapes 8 x 3.1 MB, inside an H100's 50 MB L2: partly L2 hits for both);
@@ -26,8 +27,9 @@ Rows per (model, context), batch 1, bf16, page 16, the triton backend's own plan
 Columns: PDL off; PDL on (the decode reads its plan and prefetches its first K / V tiles into L2 before its wait, and
 on one-stage launches takes its first tile from those reads: attnlab.kernels.decode); PDL on with that prefetch off
 (the wait first). The decode's output is checked to be the same bits in every column. The stream rows take the plan's
-stages: a split of one tile (SmolLM2's batch-1 4k) runs one where the early tile applies (the PDL on column, since
-2026-12-06f only there; 2026-12-06e: every column), so those rows are not comparable with earlier runs' three.
+stages: a split of one tile (SmolLM2's batch-1 4k) runs one (2026-12-06e and f's runs: in every column; since
+decode.launch_stages only where the decode takes its early tile, the PDL on column), so those rows are not
+comparable with earlier runs' three.
 An issue-16 floor ("batch-1 decode 1.5x faster than on 2026-12-01") is judged against the ``empty x2`` row: the part
 of the decode above it is what a kernel change can still take away. Cells: the median over ``--repeats``
 measurements (arms interleaved), its spread (max - min, % of the median), and the ratio to the decode of the same PDL
@@ -186,8 +188,9 @@ def floor_line(model: str, ctx: int, med: dict[str, float], splits: int) -> str:
     floor2 = med.get("empty x2, decode + merge grids | PDL on", med["empty, decode grid | PDL on"])
     _, hkv, d = HEADS[model]
     mb = 2 * ctx * hkv * d * 2 / 1e6  # bf16 K and V of the request
-    reads = {k: v for k, v in med.items()  # the plan's bytes: not the contig reference's other slots
-             if k.startswith("stream K / V") and "merge" not in k and "contig" not in k}
+    # the plan's bytes in the pool's layout: not contig's other slots, not hnd's head-major copy
+    reads = {k: v for k, v in med.items()
+             if k.startswith("stream K / V") and "merge" not in k and "contig" not in k and "hnd" not in k}
     fast = min(reads, key=reads.get)
     return (f"| {model} | {ctx} | issue 16 floor: <= {target:.2f} us (2026-12-01: {BEFORE_US[model]} us / 1.5); best "
             f"decode {best:.2f} us ({splits} splits); its two empty launches alone {floor2:.2f} us; the fastest read "

@@ -18,16 +18,15 @@ previous kernel may be storing, is safe to prefetch: L2 is the point of coherenc
 its final bits. ``set_kv_prefetch(0)`` restores the wait-first order (a bench arm's ``+kvpf0``) and turns the early
 tile below off with it.
 
-On a launch of one stage (the heuristic's choice for a split of one tile where this early tile applies:
-heuristics.decode_params, early_tile_possible; or a ``decode_tiles`` override) and a tile of at most
-``EARLY_TILE_MAX_ELEMS`` elements, the early reads also give the split's first tile (``EARLY_TILE``). Right after
-the wait, q and that tile's K / V loads go out at the early plan's addresses, together with the plan's and the tile's
-page ids' re-reads: one round trip where the wait-first chain took three (plan, page ids, K / V). The tile is used
-only if every re-read equals its early read, which the rule above makes always; otherwise the split runs from its
-first tile on the re-read plan. Either way the same tiles and operations in the same order: the same bits as PDL off
-(GPU tests, one of which breaks the rule on purpose). Those early loads are real loads, issued before the check:
-should the rule ever break, the fallback is exact as long as the early values are a plan the buffers held (in-bounds
-rows and page ids), which every plan write keeps.
+On a launch of one stage (a split of one tile where this early tile applies: ``launch_stages``, decided per launch; or
+a ``decode_tiles`` override) and a tile of at most ``EARLY_TILE_MAX_ELEMS`` elements, the early reads also give the
+split's first tile (``EARLY_TILE``). Right after the wait, q and that tile's K / V loads go out at the early plan's
+addresses, together with the plan's and the tile's page ids' re-reads: one round trip where the wait-first chain took
+three (plan, page ids, K / V). The tile is used only if every re-read equals its early read, which the rule above
+makes always; otherwise the split runs from its first tile on the re-read plan. Either way the same tiles and
+operations in the same order: the same bits as PDL off (GPU tests, one of which breaks the rule on purpose). Those
+early loads are real loads, issued before the check: should the rule ever break, the fallback is exact as long as the
+early values are a plan the buffers held (in-bounds rows and page ids), which every plan write keeps.
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ import torch
 import triton
 import triton.language as tl
 
-from attnlab.kernels import pdl
 from attnlab.kernels.heuristics import LaunchParams, fp32_dot
 from attnlab.kernels.merge import merge_arrived, merge_bound, merge_splits
 from attnlab.kernels.paged import attend_loaded, attend_tile, tile_slots, write_result
@@ -219,6 +217,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     part = o_part if split else out
     lse = lse_part if split else out
     fuse = split and counters is not None
+    stages = launch_stages(q, k_cache, params)
     _decode_kernel[(batch, num_kv_heads, params.num_splits)](
         q, k_cache, v_cache, out, part, lse, counters if fuse else qo_indptr, qo_indptr, kv_indptr, kv_indices, kv_lens,
         scale * k_scale * LOG2E, v_scale, params.num_splits,
@@ -228,26 +227,39 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_M=params.block_m, BLOCK_N=params.block_n, BLOCK_D=params.block_d,
         SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse,
         MERGE_SPLITS=merge_bound(params.num_splits, fuse), BLOCK_G=triton.next_power_of_2(num_heads // num_kv_heads),
-        **_early_args(q, k_cache, params),
-        num_warps=params.num_warps, num_stages=params.num_stages, **launch_args(q))
+        **_early_args(q, k_cache, params, stages),
+        num_warps=params.num_warps, num_stages=stages, **launch_args(q))
     if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out
 
 
-def early_tile_possible(block_n: int, block_d: int) -> bool:
-    """Whether a one-stage launch of this tile would take the early first tile as the process is set (PDL on, the KV
-    prefetch on, at most EARLY_TILE_MAX_ELEMS): the heuristic gives a split of one tile one stage only then."""
-    return pdl.enabled() and _kv_prefetch > 0 and block_n * block_d <= EARLY_TILE_MAX_ELEMS
-
-
-def _early_args(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams) -> dict:
-    """The early reads' constexprs where they act (PDL on, a power-of-two head dim of whole L2 lines), else none: the
-    KV prefetch, and the early first tile on launches of one stage and tiles up to EARLY_TILE_MAX_ELEMS (with a
-    pipelined loop it ran 1.08-1.22x slower at batch 16: H100 2026-12-06e, experiments/decode-early/)."""
+def _early_reads(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether this launch reads its plan before the PDL wait: PDL on, the KV prefetch on, a power-of-two head dim of
+    whole L2 lines."""
     head_dim = k_cache.shape[2]
     row_bytes = head_dim * k_cache.element_size()
-    if not (launch_args(q) and _kv_prefetch and head_dim & (head_dim - 1) == 0 and row_bytes % L2_LINE == 0):
+    return bool(launch_args(q)) and _kv_prefetch > 0 and head_dim & (head_dim - 1) == 0 and row_bytes % L2_LINE == 0
+
+
+def _early_fits(params: LaunchParams) -> bool:
+    return params.block_n * params.block_d <= EARLY_TILE_MAX_ELEMS
+
+
+def launch_stages(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams) -> int:
+    """The stages this launch runs: one for a split of one tile (``params.one_tile``, the heuristic's) where the early
+    first tile applies now (``_early_reads`` and the size gate), else the plan's. Decided per launch, so a plan made
+    under other PDL / prefetch settings (a graph bucket's, a bench's sides shared by arms) launches as these are."""
+    if params.one_tile and _early_fits(params) and _early_reads(q, k_cache):
+        return 1
+    return params.num_stages
+
+
+def _early_args(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams, stages: int) -> dict:
+    """The early reads' constexprs where they act (``_early_reads``), else none: the KV prefetch, and the early first
+    tile on launches of one stage (``stages``) and tiles up to EARLY_TILE_MAX_ELEMS (with a pipelined loop it ran
+    1.08-1.22x slower at batch 16: H100 2026-12-06e, experiments/decode-early/)."""
+    if not _early_reads(q, k_cache):
         return {}
-    early = params.num_stages == 1 and params.block_n * params.block_d <= EARLY_TILE_MAX_ELEMS
+    early = stages == 1 and _early_fits(params)
     return {"PREFETCH": _kv_prefetch, "LINE": L2_LINE // k_cache.element_size(), "EARLY_TILE": early}

@@ -51,6 +51,13 @@ class LaunchParams:
     num_warps: int
     num_stages: int
     split_tokens: int = 0
+    # decode: every split holds at most one tile of the heuristic's own (no decode_tiles override): such a launch runs
+    # one stage where the decode's early first tile applies as the launch is made (decode.launch_stages), else these
+    one_tile: bool = False
+
+    def stages_text(self) -> str:
+        """``stages=N`` for kernel tags, with the one-stage launch a one-tile decode takes with its early tile."""
+        return f"stages={self.num_stages}" + (" (1 with the early tile)" if self.one_tile else "")
 
 
 def next_pow2(x: int) -> int:
@@ -100,13 +107,10 @@ def choose_num_splits(base_programs: int, max_kv_len: int, sms: int, block_n: in
 
 
 def decode_params(*, batch: int, num_kv_heads: int, group: int, head_dim: int, max_kv_len: int, sms: int,
-                  num_splits: int | None = None, tiles: str | None = None,
-                  early_tile: bool | None = None) -> LaunchParams:
+                  num_splits: int | None = None, tiles: str | None = None) -> LaunchParams:
     """q_len = 1 per request: one program per (request, kv head, split), the whole GQA group as M rows.
     ``tiles`` ("BLOCK_NxWARPSxSTAGES", the triton backend's ``decode_tiles``): the KV tile, warps and stages in place
-    of the heuristic's (tuning sweeps); the split count then follows that tile. ``early_tile``: whether a one-stage
-    launch of this tile would take the decode's early first tile (None: as the process is set, PDL and the KV
-    prefetch: ``decode.early_tile_possible``); only then does a split of one tile take one stage."""
+    of the heuristic's (tuning sweeps); the split count then follows that tile."""
     block_d = max(16, next_pow2(head_dim))
     block_m = max(16, next_pow2(group))
     # ~16 KiB per K tile (128 x D64, 64 x D128, 32 x D256 in bf16). Pages that are a multiple of block_n
@@ -117,19 +121,15 @@ def decode_params(*, batch: int, num_kv_heads: int, group: int, head_dim: int, m
         block_n, num_warps, num_stages = parse_decode_tiles(tiles)
     splits = num_splits or choose_num_splits(batch * num_kv_heads, max_kv_len, sms, block_n,
                                              DECODE_PROGRAMS_PER_SM, DECODE_MIN_PROGRAMS_PER_SM)
-    if not tiles and cdiv(max_kv_len, splits) <= block_n:
-        # A split of one tile has no loop to pipeline: one stage, where it takes the decode's early first tile (PDL;
-        # decode.py). H100, 2026-12-06e (experiments/decode-early/): SmolLM2's batch-1 4k decode 4.96-5.01 ->
-        # 4.60-4.63 us against efbe5b5 (3 stages, no early tile), batch 16 unchanged. Without the early tile one
-        # stage lost 2-8% at SmolLM2 shapes (batch 1 / 16 / 64 x 128 / 512; Llama-8B's 512 gained 3-4%: H100,
-        # 2026-12-06f, decode-early/ call 7), so then the stages stay the heuristic's.
-        if early_tile is None:
-            from attnlab.kernels.decode import early_tile_possible  # decode imports this module
-
-            early_tile = early_tile_possible(block_n, block_d)
-        if early_tile:
-            num_stages = 1
-    return LaunchParams("decode", block_m, block_n, block_d, 1, splits, num_warps=num_warps, num_stages=num_stages)
+    # A split of one tile has no loop to pipeline: its launch runs one stage where it takes the decode's early first
+    # tile (decode.launch_stages, decided as each launch is made: PDL and the KV prefetch are process settings a plan
+    # may outlive). H100, 2026-12-06e (experiments/decode-early/): SmolLM2's batch-1 4k decode 4.96-5.01 -> 4.60-4.63
+    # us against efbe5b5 (3 stages, no early tile), batch 16 unchanged. Without the early tile one stage lost 2-8% at
+    # SmolLM2's short contexts (batch 1 / 16 / 64 x 128, batch 1 / 16 x 512) and gained 2.6% / 4.3% at Llama-8B's
+    # batch 1 / 4 x 512 (H100, 2026-12-06f, decode-early/ call 7): then the heuristic's stages.
+    one_tile = not tiles and cdiv(max_kv_len, splits) <= block_n
+    return LaunchParams("decode", block_m, block_n, block_d, 1, splits, num_warps=num_warps, num_stages=num_stages,
+                        one_tile=one_tile)
 
 
 def parse_decode_tiles(spec: str) -> tuple[int, int, int]:

@@ -25,7 +25,7 @@ def _outputs(case, early: bool, fused: bool, monkeypatch) -> torch.Tensor:
     assert be.active_plan.params.num_stages == 1 and be.active_plan.params.block_n == 16
     forced = []
 
-    def early_args(q, k, params):
+    def early_args(q, k, params, stages):
         forced.append(params)
         return {"PREFETCH": 4, "LINE": 32, "EARLY_TILE": True}
 

@@ -329,48 +329,51 @@ def test_shrunk_splits_stay_correct(monkeypatch):
     assert be.active_plan.params.num_splits == -(-1100 // be.active_plan.params.block_n)
 
 
-@pytest.mark.parametrize("hkv,group,head_dim,batch,ctx,tiles,stages", [
-    (3, 3, 64, 1, 4096, None, 1),  # SmolLM2, batch 1 x 4k: 32 splits of one 128-token tile
-    (8, 4, 128, 1, 4096, None, 3),  # Llama-8B: 32 splits of two 64-token tiles
-    (3, 3, 64, 16, 4096, None, 3),  # batch 16: 11 splits of three tiles
-    (3, 3, 64, 1, 100, None, 1),  # one tile, unsplit
-    (3, 3, 64, 1, 4096, "128x4x3", 3),  # decode_tiles is taken as given
+@pytest.mark.parametrize("hkv,group,head_dim,batch,ctx,tiles,one_tile", [
+    (3, 3, 64, 1, 4096, None, True),  # SmolLM2, batch 1 x 4k: 32 splits of one 128-token tile
+    (8, 4, 128, 1, 4096, None, False),  # Llama-8B: 32 splits of two 64-token tiles
+    (3, 3, 64, 16, 4096, None, False),  # batch 16: 11 splits of three tiles
+    (3, 3, 64, 1, 100, None, True),  # one tile, unsplit
+    (3, 3, 64, 1, 4096, "128x4x3", False),  # decode_tiles is taken as given
 ])
-def test_decode_splits_of_one_tile_take_one_stage(hkv, group, head_dim, batch, ctx, tiles, stages):
-    """A split of one tile has no loop to pipeline: one stage where the decode takes its early first tile (PDL);
-    without it the heuristic's stages (one stage lost 2-8% at SmolLM2 shapes with PDL off: decode-early/ call 7)."""
+def test_decode_splits_of_one_tile(hkv, group, head_dim, batch, ctx, tiles, one_tile):
+    """The heuristic marks a launch whose splits hold one tile each (``one_tile``); its stages stay the heuristic's
+    (one is taken per launch, where the early tile applies: decode.launch_stages)."""
     from attnlab.kernels.heuristics import decode_params
 
-    def params(early):
-        return decode_params(batch=batch, num_kv_heads=hkv, group=group, head_dim=head_dim, max_kv_len=ctx, sms=132,
-                             tiles=tiles, early_tile=early)
-
-    p = params(True)
-    assert p.num_stages == stages, p
-    if tiles is None:  # the rule: one stage exactly when a split holds one tile
-        assert (-(-ctx // p.num_splits) <= p.block_n) == (stages == 1), p
-    q = params(False)  # no early tile: the same launch but for the stages
-    assert q.num_stages == (3 if tiles is None else stages) and (q.block_n, q.num_splits) == (p.block_n, p.num_splits)
+    p = decode_params(batch=batch, num_kv_heads=hkv, group=group, head_dim=head_dim, max_kv_len=ctx, sms=132,
+                      tiles=tiles)
+    assert p.one_tile is one_tile, p
+    assert p.num_stages == 3, p
+    if tiles is None:
+        assert (-(-ctx // p.num_splits) <= p.block_n) == one_tile, p
+    assert p.stages_text() == "stages=3" + (" (1 with the early tile)" if one_tile else "")
 
 
-def test_one_stage_follows_the_process_settings():
-    """early_tile None: as the process is set. PDL off (this machine's default, engine.pdl's too): 3 stages; PDL on
-    with the KV prefetch: one; with the prefetch off (no early reads at all): 3; at 128 x 128 tiles (the early tile's
-    size gate): 3."""
+@pytest.mark.parametrize("head_dim,kv_dtype,pdl_on,prefetch,stages", [
+    (64, torch.bfloat16, False, 4, 3),  # PDL off (engine.pdl's default): one stage measured 2-8% slower (call 7)
+    (64, torch.bfloat16, True, 4, 1),  # PDL on: one stage and the early first tile
+    (64, torch.bfloat16, True, 0, 3),  # the KV prefetch off: no early reads at all
+    (64, torch.float8_e4m3fn, True, 4, 3),  # 64-byte rows: not whole L2 lines, no early reads
+    (512, torch.bfloat16, True, 4, 2),  # 32 x 512 tiles: past the early tile's size gate (the heuristic's 2)
+])
+def test_launch_stages_follow_the_early_tile(head_dim, kv_dtype, pdl_on, prefetch, stages):
+    """A one-tile decode runs one stage exactly where its early first tile applies at the launch (PDL and the KV
+    prefetch as set then, whole L2 lines, the size gate), so a plan made under other settings launches as these are."""
+    import contextlib
+
     from attnlab.kernels import decode, pdl
     from attnlab.kernels.heuristics import decode_params
 
-    def stages(head_dim=64):
-        return decode_params(batch=1, num_kv_heads=3, group=3, head_dim=head_dim, max_kv_len=4096, sms=132,
-                             tiles="128x4x1" if head_dim == 128 else None).num_stages, \
-            decode.early_tile_possible(128, head_dim)
-
-    assert stages() == (3, False)
-    with pdl.forced_for_compile():
-        assert stages() == (1, True)
-        assert stages(128) == (1, False)  # decode_tiles as given; the tile alone would not take the early reads
-        with decode.kv_prefetching(0):
-            assert stages() == (3, False)
+    p = decode_params(batch=1, num_kv_heads=3, group=3, head_dim=head_dim, max_kv_len=30, sms=132)
+    assert p.one_tile
+    q = torch.zeros(1, 9, head_dim, dtype=torch.bfloat16)
+    k = torch.zeros(64, 3, head_dim, dtype=kv_dtype)
+    with pdl.forced_for_compile() if pdl_on else contextlib.nullcontext(), decode.kv_prefetching(prefetch):
+        got = decode.launch_stages(q, k, p)
+        args = decode._early_args(q, k, p, got)
+    assert got == stages
+    assert args.get("EARLY_TILE", False) is (stages == 1)
 
 
 @pytest.mark.parametrize("tiles,head_dim,early", [("128x4x1", 64, True), ("64x4x1", 128, True),
@@ -384,9 +387,9 @@ def test_early_tile_takes_one_stage_and_small_tiles(tiles, head_dim, early):
     p = decode_params(batch=1, num_kv_heads=2, group=4, head_dim=head_dim, max_kv_len=4096, sms=132, tiles=tiles)
     q = torch.zeros(1, 8, head_dim, dtype=torch.bfloat16)
     k = torch.zeros(64, 2, head_dim, dtype=torch.bfloat16)
-    assert decode._early_args(q, k, p) == {}  # no PDL: no early reads at all
+    assert decode._early_args(q, k, p, p.num_stages) == {}  # no PDL: no early reads at all
     with pdl.forced_for_compile():
-        args = decode._early_args(q, k, p)
+        args = decode._early_args(q, k, p, p.num_stages)
     assert args["PREFETCH"] == decode.KV_PREFETCH_TILES and args["EARLY_TILE"] is early, args
 
 

@@ -114,13 +114,15 @@ def test_bad_input():
         kv_stream.stream_kv(*args, page_size=4, num_splits=0, block_n=16)
     with pytest.raises(ValueError, match=r"fp32 \[1, 2, 3\]"):
         kv_stream.stream_kv(*args, page_size=4, num_splits=3, block_n=16)
-    with pytest.raises(ValueError, match=r"mode 'hnd' takes \[pages, kv_heads, page_size, head_dim\] caches"):
+    with pytest.raises(ValueError, match=r"mode 'hnd' takes K and V caches of one shape \[pages, kv_heads, page_size"):
         kv_stream.stream_kv(*args, page_size=4, num_splits=2, block_n=16, mode="hnd")
     hnd = kv_stream.to_hnd(k, 4), kv_stream.to_hnd(v, 4)
     with pytest.raises(ValueError, match="pages of 4 tokens, not page_size 8"):
         kv_stream.stream_kv(*hnd, *args[2:], page_size=8, num_splits=2, block_n=16, mode="hnd")
-    with pytest.raises(ValueError, match=r"mode 'gather' takes \[slots, kv_heads, head_dim\]"):
+    with pytest.raises(ValueError, match=r"mode 'gather' takes K and V caches of one shape \[slots"):
         kv_stream.stream_kv(*hnd, *args[2:], page_size=4, num_splits=2, block_n=16)
+    with pytest.raises(ValueError, match="of one shape"):  # a V shorter than K
+        kv_stream.stream_kv(k, v[:-4], *args[2:], page_size=4, num_splits=2, block_n=16)
     with pytest.raises(ValueError, match="not whole pages of 3"):
         kv_stream.to_hnd(k[:10], 3)
     half = k[..., :32], v[..., :32]  # each head's first half: a slot's heads are 64 elements apart, not 32

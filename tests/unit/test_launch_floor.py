@@ -31,7 +31,8 @@ def test_floor_line_reads_the_fastest_stream():
     # 2 x 4096 tokens x 8 kv heads x 128 x 2 bytes = 16.8 MB, read in 8.4 us = 2.0 TB/s
     assert "16.8 MB of K / V 8.40 us (stream K / V, decode grid | PDL off: 2.00 TB/s)" in line
     med.update({f"stream K / V, rows of every head, 256 programs | {c}": 7.0 for c, *_ in launch_floor.SETTINGS})
-    line = launch_floor.floor_line("llama8b", 4096, med, 32)  # rows reads the plan's bytes: it counts
+    med.update({f"stream K / V, decode grid, hnd | {c}": 5.0 for c, *_ in launch_floor.SETTINGS})
+    line = launch_floor.floor_line("llama8b", 4096, med, 32)  # rows reads the plan's bytes: it counts; hnd a copy
     assert "7.00 us (stream K / V, rows of every head, 256 programs | PDL off: 2.40 TB/s)" in line
 
 
