@@ -34,10 +34,12 @@
 #      program) beside the gathers and contig, both shapes.
 #   7  carry [".gpu/fk"], ~2 min warm: the one-stage rule where it was not measured (decode-early/README "Not
 #      measured"): PDL off and on, the rule's launch (one stage) against the same tile with 3 stages (decode_tiles), at
-#      the cells where the heuristic gives a split of one tile (SmolLM2 batch 1 / 16 / 64 x 128 / 512 and batch 1 x
-#      4k; Llama-8B batch 1 / 4 x 512), one process a model.
+#      the cells where the heuristic gives a split of one tile (SmolLM2 batch 1 / 16 / 64 x 128, batch 1 / 16 x 512,
+#      batch 1 x 4k; Llama-8B batch 1 / 4 x 512) and three controls of 3 stages in both arms (SmolLM2 batch 16 x 4k,
+#      batch 64 x 512 / 4k), one process a model.
 #   8  carry [".gpu/fk"], ~3 min warm: part 7 found one stage 2-8% slower without the early tile (PDL off, engine.pdl's
-#      default) at SmolLM2 shapes; the rule now applies only where the early tile does (decode.early_tile_possible).
+#      default) at SmolLM2 shapes; the rule now applies only where the early tile does (c257429, at plan time; since
+#      f62d1f5 per launch: decode.launch_stages).
 #      The early-read GPU tests (PDL off's reference now has 3 stages at one-tile splits, PDL on 1), then part 7 again.
 # (part 5 as it ran on 2026-12-06e named its files gate-<code>-<random>: their order is in run5.log)
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
