@@ -102,7 +102,8 @@ def test_a_plan_written_just_before_is_read_after_the_wait(page_size, fused, cha
         be.num_splits = 64  # 64 tokens a split: one tile (BLOCK_N 64 at head dim 128), so one stage, the early tile
         be.plan(case.meta)
         plan = be.active_plan
-        assert plan.params.num_stages == 1 and plan.params.block_n == 64, plan.params
+        assert plan.params.one_tile and plan.params.block_n == 64, plan.params
+        assert decode.launch_stages(case.q, case.pool.slots_view(0)[0], plan.params) == 1  # decided per launch
         if fused:
             plan.counters = torch.zeros(8, dtype=torch.int32, device="cuda")  # >= batch x kv heads
         k, v = case.pool.slots_view(0)
