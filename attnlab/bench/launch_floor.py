@@ -28,7 +28,7 @@ Columns: PDL off; PDL on (the decode reads its plan and prefetches its first K /
 on one-stage launches takes its first tile from those reads: attnlab.kernels.decode); PDL on with that prefetch off
 (the wait first). The decode's output is checked to be the same bits in every column. The stream rows take the plan's
 stages: a split of one tile (SmolLM2's batch-1 4k) runs one (2026-12-06e and f's runs: in every column; since
-decode.launch_stages only where the decode takes its early tile, the PDL on column), so those rows are not
+decode.early_launch only where the decode takes its early tile, the PDL on column), so those rows are not
 comparable with earlier runs' three.
 An issue-16 floor ("batch-1 decode 1.5x faster than on 2026-12-01") is judged against the ``empty x2`` row: the part
 of the decode above it is what a kernel change can still take away. Cells: the median over ``--repeats``

@@ -18,7 +18,7 @@ previous kernel may be storing, is safe to prefetch: L2 is the point of coherenc
 its final bits. ``set_kv_prefetch(0)`` restores the wait-first order (a bench arm's ``+kvpf0``) and turns the early
 tile below off with it.
 
-On a launch of one stage (a split of one tile where this early tile applies: ``launch_stages``, decided per launch; or
+On a launch of one stage (a split of one tile where this early tile applies: ``early_launch``, decided per launch; or
 a ``decode_tiles`` override) and a tile of at most ``EARLY_TILE_MAX_ELEMS`` elements, the early reads also give the
 split's first tile (``EARLY_TILE``). Right after the wait, q and that tile's K / V loads go out at the early plan's
 addresses, together with the plan's and the tile's page ids' re-reads: one round trip where the wait-first chain took
@@ -217,7 +217,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     part = o_part if split else out
     lse = lse_part if split else out
     fuse = split and counters is not None
-    stages = launch_stages(q, k_cache, params)
+    stages, early = early_launch(q, k_cache, params)
     _decode_kernel[(batch, num_kv_heads, params.num_splits)](
         q, k_cache, v_cache, out, part, lse, counters if fuse else qo_indptr, qo_indptr, kv_indptr, kv_indices, kv_lens,
         scale * k_scale * LOG2E, v_scale, params.num_splits,
@@ -227,39 +227,25 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_M=params.block_m, BLOCK_N=params.block_n, BLOCK_D=params.block_d,
         SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse,
         MERGE_SPLITS=merge_bound(params.num_splits, fuse), BLOCK_G=triton.next_power_of_2(num_heads // num_kv_heads),
-        **_early_args(q, k_cache, params, stages),
-        num_warps=params.num_warps, num_stages=stages, **launch_args(q))
+        **early, num_warps=params.num_warps, num_stages=stages, **launch_args(q))
     if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out
 
 
-def _early_reads(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether this launch reads its plan before the PDL wait: PDL on, the KV prefetch on, a power-of-two head dim of
-    whole L2 lines."""
+def early_launch(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams) -> tuple[int, dict]:
+    """This launch's stages and its early reads' constexprs, as PDL and the KV prefetch are set when it is made (a plan
+    may outlive them: a graph bucket's, a bench's sides shared by arms). The early reads act with PDL on, the KV
+    prefetch on and a power-of-two head dim of whole L2 lines; then a split of one tile (``params.one_tile``, the
+    heuristic's) of at most EARLY_TILE_MAX_ELEMS runs one stage and takes the early first tile, which any one-stage
+    launch of that size does (a ``decode_tiles`` override too). A pipelined loop with it ran 1.08-1.22x slower at batch
+    16 (H100 2026-12-06e), and one stage without it 2-8% slower at SmolLM2's short contexts (2026-12-06f:
+    experiments/decode-early/)."""
     head_dim = k_cache.shape[2]
     row_bytes = head_dim * k_cache.element_size()
-    return bool(launch_args(q)) and _kv_prefetch > 0 and head_dim & (head_dim - 1) == 0 and row_bytes % L2_LINE == 0
-
-
-def _early_fits(params: LaunchParams) -> bool:
-    return params.block_n * params.block_d <= EARLY_TILE_MAX_ELEMS
-
-
-def launch_stages(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams) -> int:
-    """The stages this launch runs: one for a split of one tile (``params.one_tile``, the heuristic's) where the early
-    first tile applies now (``_early_reads`` and the size gate), else the plan's. Decided per launch, so a plan made
-    under other PDL / prefetch settings (a graph bucket's, a bench's sides shared by arms) launches as these are."""
-    if params.one_tile and _early_fits(params) and _early_reads(q, k_cache):
-        return 1
-    return params.num_stages
-
-
-def _early_args(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams, stages: int) -> dict:
-    """The early reads' constexprs where they act (``_early_reads``), else none: the KV prefetch, and the early first
-    tile on launches of one stage (``stages``) and tiles up to EARLY_TILE_MAX_ELEMS (with a pipelined loop it ran
-    1.08-1.22x slower at batch 16: H100 2026-12-06e, experiments/decode-early/)."""
-    if not _early_reads(q, k_cache):
-        return {}
-    early = stages == 1 and _early_fits(params)
-    return {"PREFETCH": _kv_prefetch, "LINE": L2_LINE // k_cache.element_size(), "EARLY_TILE": early}
+    if not (launch_args(q) and _kv_prefetch and head_dim & (head_dim - 1) == 0 and row_bytes % L2_LINE == 0):
+        return params.num_stages, {}
+    fits = params.block_n * params.block_d <= EARLY_TILE_MAX_ELEMS
+    stages = 1 if params.one_tile and fits else params.num_stages
+    return stages, {"PREFETCH": _kv_prefetch, "LINE": L2_LINE // k_cache.element_size(),
+                    "EARLY_TILE": stages == 1 and fits}

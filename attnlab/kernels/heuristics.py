@@ -52,7 +52,7 @@ class LaunchParams:
     num_stages: int
     split_tokens: int = 0
     # decode: every split holds at most one tile of the heuristic's own (no decode_tiles override): such a launch runs
-    # one stage where the decode's early first tile applies as the launch is made (decode.launch_stages), else these
+    # one stage where the decode's early first tile applies as the launch is made (decode.early_launch), else these
     one_tile: bool = False
 
     def stages_text(self) -> str:
@@ -122,7 +122,7 @@ def decode_params(*, batch: int, num_kv_heads: int, group: int, head_dim: int, m
     splits = num_splits or choose_num_splits(batch * num_kv_heads, max_kv_len, sms, block_n,
                                              DECODE_PROGRAMS_PER_SM, DECODE_MIN_PROGRAMS_PER_SM)
     # A split of one tile has no loop to pipeline: its launch runs one stage where it takes the decode's early first
-    # tile (decode.launch_stages, decided as each launch is made: PDL and the KV prefetch are process settings a plan
+    # tile (decode.early_launch, decided as each launch is made: PDL and the KV prefetch are process settings a plan
     # may outlive). H100, 2026-12-06e (experiments/decode-early/): SmolLM2's batch-1 4k decode 4.96-5.01 -> 4.60-4.63
     # us against efbe5b5 (3 stages, no early tile), batch 16 unchanged. Without the early tile one stage lost 2-8% at
     # SmolLM2's short contexts (batch 1 / 16 / 64 x 128, batch 1 / 16 x 512) and gained 2.6% / 4.3% at Llama-8B's

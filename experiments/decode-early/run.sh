@@ -39,7 +39,7 @@
 #      batch 64 x 512 / 4k), one process a model.
 #   8  carry [".gpu/fk"], ~3 min warm: part 7 found one stage 2-8% slower without the early tile (PDL off, engine.pdl's
 #      default) at SmolLM2 shapes; the rule now applies only where the early tile does (c257429, at plan time; since
-#      f62d1f5 per launch: decode.launch_stages).
+#      f62d1f5 per launch: decode.early_launch).
 #      The early-read GPU tests (PDL off's reference now has 3 stages at one-tile splits, PDL on 1), then part 7 again.
 # (part 5 as it ran on 2026-12-06e named its files gate-<code>-<random>: their order is in run5.log)
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).

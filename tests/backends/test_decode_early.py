@@ -25,13 +25,13 @@ def _outputs(case, early: bool, fused: bool, monkeypatch) -> torch.Tensor:
     assert be.active_plan.params.num_stages == 1 and be.active_plan.params.block_n == 16
     forced = []
 
-    def early_args(q, k, params, stages):
+    def early_launch(q, k, params):
         forced.append(params)
-        return {"PREFETCH": 4, "LINE": 32, "EARLY_TILE": True}
+        return params.num_stages, {"PREFETCH": 4, "LINE": 32, "EARLY_TILE": True}
 
     with monkeypatch.context() as m:
         if early:
-            m.setattr(decode, "_early_args", early_args)
+            m.setattr(decode, "early_launch", early_launch)
         out = torch.stack([be.run(case.q, layer) for layer in range(case.pool.num_layers)])
     assert len(forced) == (case.pool.num_layers if early else 0)  # the early launch ran, once a layer
     return out

@@ -338,7 +338,7 @@ def test_shrunk_splits_stay_correct(monkeypatch):
 ])
 def test_decode_splits_of_one_tile(hkv, group, head_dim, batch, ctx, tiles, one_tile):
     """The heuristic marks a launch whose splits hold one tile each (``one_tile``); its stages stay the heuristic's
-    (one is taken per launch, where the early tile applies: decode.launch_stages)."""
+    (one is taken per launch, where the early tile applies: decode.early_launch)."""
     from attnlab.kernels.heuristics import decode_params
 
     p = decode_params(batch=batch, num_kv_heads=hkv, group=group, head_dim=head_dim, max_kv_len=ctx, sms=132,
@@ -357,7 +357,7 @@ def test_decode_splits_of_one_tile(hkv, group, head_dim, batch, ctx, tiles, one_
     (64, torch.float8_e4m3fn, True, 4, 3),  # 64-byte rows: not whole L2 lines, no early reads
     (512, torch.bfloat16, True, 4, 2),  # 32 x 512 tiles: past the early tile's size gate (the heuristic's 2)
 ])
-def test_launch_stages_follow_the_early_tile(head_dim, kv_dtype, pdl_on, prefetch, stages):
+def test_one_tile_launches_take_one_stage_with_the_early_tile(head_dim, kv_dtype, pdl_on, prefetch, stages):
     """A one-tile decode runs one stage exactly where its early first tile applies at the launch (PDL and the KV
     prefetch as set then, whole L2 lines, the size gate), so a plan made under other settings launches as these are."""
     import contextlib
@@ -370,8 +370,7 @@ def test_launch_stages_follow_the_early_tile(head_dim, kv_dtype, pdl_on, prefetc
     q = torch.zeros(1, 9, head_dim, dtype=torch.bfloat16)
     k = torch.zeros(64, 3, head_dim, dtype=kv_dtype)
     with pdl.forced_for_compile() if pdl_on else contextlib.nullcontext(), decode.kv_prefetching(prefetch):
-        got = decode.launch_stages(q, k, p)
-        args = decode._early_args(q, k, p, got)
+        got, args = decode.early_launch(q, k, p)
     assert got == stages
     assert args.get("EARLY_TILE", False) is (stages == 1)
 
@@ -387,9 +386,9 @@ def test_early_tile_takes_one_stage_and_small_tiles(tiles, head_dim, early):
     p = decode_params(batch=1, num_kv_heads=2, group=4, head_dim=head_dim, max_kv_len=4096, sms=132, tiles=tiles)
     q = torch.zeros(1, 8, head_dim, dtype=torch.bfloat16)
     k = torch.zeros(64, 2, head_dim, dtype=torch.bfloat16)
-    assert decode._early_args(q, k, p, p.num_stages) == {}  # no PDL: no early reads at all
+    assert decode.early_launch(q, k, p) == (p.num_stages, {})  # no PDL: no early reads at all
     with pdl.forced_for_compile():
-        args = decode._early_args(q, k, p, p.num_stages)
+        _, args = decode.early_launch(q, k, p)
     assert args["PREFETCH"] == decode.KV_PREFETCH_TILES and args["EARLY_TILE"] is early, args
 
 

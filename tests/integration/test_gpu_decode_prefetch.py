@@ -103,7 +103,7 @@ def test_a_plan_written_just_before_is_read_after_the_wait(page_size, fused, cha
         be.plan(case.meta)
         plan = be.active_plan
         assert plan.params.one_tile and plan.params.block_n == 64, plan.params
-        assert decode.launch_stages(case.q, case.pool.slots_view(0)[0], plan.params) == 1  # decided per launch
+        assert decode.early_launch(case.q, case.pool.slots_view(0)[0], plan.params)[0] == 1  # decided per launch
         if fused:
             plan.counters = torch.zeros(8, dtype=torch.int32, device="cuda")  # >= batch x kv heads
         k, v = case.pool.slots_view(0)
