@@ -139,20 +139,16 @@ def build(model: str, batch: int, context: int, q_len: int, page_size: int, dtyp
     return pool, meta, q, num_layers
 
 
-def make_backend(cls, pool, meta, q, model: str, pdl_on: bool = False):
-    """The backend as the engine builds it: graph mode (bucket = this batch) where it has one for the mode, planned
-    under the arm's PDL setting as the engine plans under ``engine.pdl`` (the triton decode's launch depends on it:
-    heuristics.decode_params' one-stage rule)."""
-    from attnlab.kernels import pdl
-
+def make_backend(cls, pool, meta, q, model: str):
+    """The backend as the engine builds it: graph mode (bucket = this batch) where it has one for the mode. Its plan
+    does not depend on PDL (the triton decode's stages are chosen per launch: decode.early_launch)."""
     hq, hkv, d = HEADS[model]
     kw = {}
     if meta.mode in cls.capabilities().cuda_graph:
         kw = {"cuda_graph": True, "max_batch_size": meta.batch_size, "max_q_len": max(meta.max_q_len, 1),
               "max_context": meta.max_kv_len}
-    with pdl.using(pdl_on, "cuda" if pdl_on else None):
-        be = cls(pool, hq, hkv, d, d ** -0.5, q.dtype, **kw)
-        be.plan(meta)
+    be = cls(pool, hq, hkv, d, d ** -0.5, q.dtype, **kw)
+    be.plan(meta)
     return be
 
 
@@ -319,7 +315,7 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
             if ps not in pools:
                 pools[ps] = build(model, batch, ctx, q_len, ps, dtype)
             pool, meta, q, num_layers = pools[ps]
-            be = make_backend(cls, pool, meta, q, model, split_pdl(label)[1])
+            be = make_backend(cls, pool, meta, q, model)
             kv = None
             if meta.mode == Mode.PREFILL:  # the engine's layers hand a prefill's new K / V to run_new
                 if ps not in kv_cache:

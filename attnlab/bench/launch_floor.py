@@ -168,7 +168,7 @@ def arms(model: str, context: int, page_size: int, reps: int, iters: int,
     timers, outs = {}, []
     for column, on, tiles in SETTINGS:
         with pdl.using(on, "cuda"), decode.kv_prefetching(tiles):  # graphs record how their kernels were launched
-            be = make_backend(TritonBackend, pool, meta, q, model, on)
+            be = make_backend(TritonBackend, pool, meta, q, model)
             rows, splits = _rows(be, q, hkv, context, stream_splits, stream_modes)
             for name, runner in rows.items():
                 t = timers[f"{name} | {column}"] = Timer(runner, q, num_layers, True, reps, iters)

@@ -314,32 +314,3 @@ def test_launch_shapes_from_a_chrome_trace():
     lines = launch_lines(got, ["kernel_mha", "absent"])
     assert lines[2] == "| kernel_mha | [3, 1, 1] | [128, 1, 1] | 1024 | 2 |" and len(lines) == 4
     assert launch_lines(got, ["absent"]) == []
-
-
-def test_backends_plan_under_their_arms_pdl(monkeypatch):
-    """A ``+pdl`` arm's backend plans with PDL on, as the engine's sides do under ``engine.pdl`` (the triton decode's
-    stages follow it: heuristics.decode_params); a plain arm's with it off; the process's setting is restored."""
-    from types import SimpleNamespace
-
-    from attnlab.backends.base import Mode
-    from attnlab.bench.kernels import make_backend
-    from attnlab.kernels import pdl
-
-    monkeypatch.setattr(pdl, "unsupported", lambda device=None: None)  # PDL's device check: a CPU machine here
-
-    class Planner:
-        @staticmethod
-        def capabilities():
-            return SimpleNamespace(cuda_graph=())
-
-        def __init__(self, *args, **kw):
-            self.pdl_at_plan = None
-
-        def plan(self, meta):
-            self.pdl_at_plan = pdl.enabled()
-
-    meta = SimpleNamespace(mode=Mode.DECODE)
-    q = torch.zeros(1, 9, 64)
-    assert make_backend(Planner, None, meta, q, "smollm2", True).pdl_at_plan is True
-    assert make_backend(Planner, None, meta, q, "smollm2").pdl_at_plan is False
-    assert pdl.enabled() is False
