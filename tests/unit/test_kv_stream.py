@@ -69,7 +69,7 @@ def test_rows_mode_sums_each_head(hkv, d):
 
 def test_contig_reads_other_slots_than_the_pages():
     """The pool's pages are shuffled (random_paged_case), so the contig read's sums are not the plan's: the check
-    tells them apart (the contig row is a bound, not the plan's bytes)."""
+    tells them apart (the contig row is a reference, not the plan's bytes)."""
     pool, meta, k, v, lens = _case([64], 16)
     assert sorted(meta.layout.kv_indices.tolist()) != list(range(4))  # other pages, not only another order
     out = torch.zeros(1, pool.num_kv_heads, 2, device=DEVICE)
