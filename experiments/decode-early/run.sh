@@ -41,20 +41,26 @@
 #      default) at SmolLM2 shapes; the rule now applies only where the early tile does (c257429, at plan time; since
 #      f62d1f5 per launch: decode.early_launch).
 #      The early-read GPU tests (PDL off's reference now has 3 stages at one-tile splits, PDL on 1), then part 7 again.
+#   9  carry [".gpu/fk", ".old", ".prev"], ~5 min warm (2026-12-06g): part 8 (its +pdl arms planned outside PDL ran 3
+#      stages; since f62d1f5 the launch decides), then one of part 6's floor rounds (c101f91, efbe5b5, today) and the
+#      stream rows (gathers, contig, rows at 1x / 4x the programs) on whatever card comes (the floor was set on an H200).
 # (part 5 as it ran on 2026-12-06e named its files gate-<code>-<random>: their order is in run5.log)
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 8}
+PART=${1:?part 1 to 9}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
 case $PART in
-1|3|4|6)
-  FB=.gpu/fk install_fb
-  [ $PART != 1 ] && [ $PART != 6 ] && ARMS=$ARMS,triton/decode_tiles=64x4x1+pdl
-  ROUNDS="1 2"; REPS="200 5"; [ $PART = 4 ] && ROUNDS=1 && REPS=200; [ $PART = 6 ] && ROUNDS=1
+1|3|4|6|9)
+  [ $PART = 9 ] && OUT=$OUT/p8 bash experiments/decode-early/run.sh 8 && echo "=== part 8 done: the floor round next"
+  [ $PART = 9 ] || FB=.gpu/fk install_fb
+  case $PART in 3|4) ARMS=$ARMS,triton/decode_tiles=64x4x1+pdl ;; esac
+  ROUNDS="1 2"; REPS="200 5"; [ $PART = 4 ] && ROUNDS=1 && REPS=200; [ $PART -ge 6 ] && ROUNDS=1
   for d in .old .prev; do test -d $d/attnlab || { echo "$d/attnlab missing: carry it (see the header)"; exit 1; }; done
-  if [ $PART = 6 ]; then
+  if [ $PART = 9 ]; then
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  elif [ $PART = 6 ]; then
     step "GPU tests: the early tile's mends (bit for bit compiled, the fallback's pages-only case), PDL"
     gpu_tests lead0 240 tests/integration/test_gpu_decode_prefetch.py tests/backends/test_decode_early.py
   else
@@ -75,7 +81,7 @@ case $PART in
       echo "today exit code $?"; grep -E "^decode" $LOGS/new-r$r-$reps.log
     done
   done
-  if [ $PART = 6 ]; then
+  if [ $PART -ge 6 ]; then
     for m in llama8b smollm2; do
       layers=8; [ $m = smollm2 ] && layers=64
       step "bench.launch_floor, $m, $layers layers: the decode grid's read as gathers, contiguous, every head a program"
@@ -135,6 +141,6 @@ case $PART in
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/stages-$m.log
   done
   ;;
-*) echo "part 1 to 8"; exit 2 ;;
+*) echo "part 1 to 9"; exit 2 ;;
 esac
 pack
