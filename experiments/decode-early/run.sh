@@ -53,11 +53,11 @@ K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
 case $PART in
 1|3|4|6|9)
+  for d in .old .prev; do test -d $d/attnlab || { echo "$d/attnlab missing: carry it (see the header)"; exit 1; }; done
   [ $PART = 9 ] && OUT=$OUT/p8 bash experiments/decode-early/run.sh 8 && echo "=== part 8 done: the floor round next"
   [ $PART = 9 ] || FB=.gpu/fk install_fb
   case $PART in 3|4) ARMS=$ARMS,triton/decode_tiles=64x4x1+pdl ;; esac
   ROUNDS="1 2"; REPS="200 5"; [ $PART = 4 ] && ROUNDS=1 && REPS=200; [ $PART -ge 6 ] && ROUNDS=1
-  for d in .old .prev; do test -d $d/attnlab || { echo "$d/attnlab missing: carry it (see the header)"; exit 1; }; done
   if [ $PART = 9 ]; then
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   elif [ $PART = 6 ]; then
