@@ -44,10 +44,14 @@
 #   9  carry [".gpu/fk", ".old", ".prev"], ~5 min warm (2026-12-06g): part 8 (its +pdl arms planned outside PDL ran 3
 #      stages; since f62d1f5 the launch decides), then one of part 6's floor rounds (c101f91, efbe5b5, today) and the
 #      stream rows (gathers, contig, rows at 1x / 4x the programs) on whatever card comes (the floor was set on an H200).
+#  10  carry [".gpu/fk"], ~2 min warm (2026-12-06g): the heuristic's decode tile at head dim 128 over the grid. At
+#      Llama-8B's batch 1 x 4k 128-token tiles of 8 warps in one stage (merge launch) took 0.92-0.93x the heuristic's
+#      64x4x3 (h100-2026-12-05 dtiles2, decode-early call 2); never measured elsewhere. Llama-8B shapes, batch 1 / 4 /
+#      16 x 512 / 4k / 16k, PDL off (engine.pdl's default) and on: the heuristic, 128x8x1, 128x8x2, 128x4x1.
 # (part 5 as it ran on 2026-12-06e named its files gate-<code>-<random>: their order is in run5.log)
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 9}
+PART=${1:?part 1 to 10}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
@@ -141,6 +145,18 @@ case $PART in
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/stages-$m.log
   done
   ;;
-*) echo "part 1 to 9"; exit 2 ;;
+10)
+  FB=.gpu/fk install_fb
+  for pdl in "" "+pdl"; do
+    specs=triton$pdl
+    for t in 128x8x1 128x8x2 128x4x1; do specs="$specs,triton/decode_tiles=$t$pdl"; done
+    step "llama8b, PDL $([ -n "$pdl" ] && echo on || echo off): the heuristic's tile against 128-token tiles over the grid"
+    timeout 200 $PY -m attnlab.bench.kernels --phases decode --models llama8b --batches 1,4,16 \
+      --contexts 512,4096,16384 --backends "$specs" --reps 200 --repeats 3 --out "$OUT/grid128${pdl:+-pdl}" \
+      > $LOGS/grid128$pdl.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/grid128$pdl.log
+  done
+  ;;
+*) echo "part 1 to 10"; exit 2 ;;
 esac
 pack
