@@ -48,10 +48,14 @@
 #      Llama-8B's batch 1 x 4k 128-token tiles of 8 warps in one stage (merge launch) took 0.92-0.93x the heuristic's
 #      64x4x3 (h100-2026-12-05 dtiles2, decode-early call 2); never measured elsewhere. Llama-8B shapes, batch 1 / 4 /
 #      16 x 512 / 4k / 16k, PDL off (engine.pdl's default) and on: the heuristic, 128x8x1, 128x8x2, 128x4x1.
+#  11  carry [".gpu/fk", ".old"], ~3 min warm: part 10's one winning shape as the heuristic's (a split of two 64-token
+#      tiles at head dim 128 runs one 128-token tile of 8 warps in one stage): the early-read GPU tests and triton's
+#      decode GPU cases (one of them takes it), the rule against the old tile (decode_tiles=64x4x3) where it fires
+#      (batch 1 x 4k, batch 2 x 2k) and a control (batch 1 x 2k), PDL off and on; then c101f91 against today.
 # (part 5 as it ran on 2026-12-06e named its files gate-<code>-<random>: their order is in run5.log)
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 10}
+PART=${1:?part 1 to 11}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
@@ -157,6 +161,23 @@ case $PART in
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/grid128$pdl.log
   done
   ;;
-*) echo "part 1 to 10"; exit 2 ;;
+11)
+  FB=.gpu/fk install_fb
+  test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
+  step "GPU tests: the early reads bit for bit (a 32-split head-dim-128 case takes the rule), triton's decode cases"
+  gpu_tests rule11 200 tests/integration/test_gpu_decode_prefetch.py tests/backends/test_triton.py -m gpu -k decode
+  step "llama8b: the rule (128x8x1 where a split held two 64-token tiles) against 64x4x3, PDL off and on"
+  timeout 120 $PY -m attnlab.bench.kernels --phases decode --models llama8b --batches 1,2 --contexts 2048,4096 \
+    --backends triton,triton/decode_tiles=64x4x3,triton+pdl,triton/decode_tiles=64x4x3+pdl --reps 200 --repeats 3 \
+    --out "$OUT/rule" > $LOGS/rule.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/rule.log
+  step "c101f91 against today, 200 runs a replay"
+  (cd .old && PYTHONPATH=/opt/site:$PWD timeout 60 $K --backends triton --reps 200 --out "$OUT/old11" \
+    > $LOGS/old11.log 2>&1; echo "c101f91 exit code $?")
+  grep -E "^decode" $LOGS/old11.log
+  timeout 90 $K --backends $ARMS --reps 200 --repeats 3 --out "$OUT/new11" > $LOGS/new11.log 2>&1
+  echo "today exit code $?"; grep -E "^decode" $LOGS/new11.log
+  ;;
+*) echo "part 1 to 11"; exit 2 ;;
 esac
 pack

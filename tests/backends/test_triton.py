@@ -331,10 +331,12 @@ def test_shrunk_splits_stay_correct(monkeypatch):
 
 @pytest.mark.parametrize("hkv,group,head_dim,batch,ctx,tiles,one_tile", [
     (3, 3, 64, 1, 4096, None, True),  # SmolLM2, batch 1 x 4k: 32 splits of one 128-token tile
-    (8, 4, 128, 1, 4096, None, False),  # Llama-8B: 32 splits of two 64-token tiles
+    (8, 4, 128, 1, 16384, None, False),  # Llama-8B x 16k: 64 splits of four 64-token tiles
+    (8, 4, 128, 4, 512, None, True),  # batch 4 x 512: 8 splits of one 64-token tile
     (3, 3, 64, 16, 4096, None, False),  # batch 16: 11 splits of three tiles
     (3, 3, 64, 1, 100, None, True),  # one tile, unsplit
     (3, 3, 64, 1, 4096, "128x4x3", False),  # decode_tiles is taken as given
+    (8, 4, 128, 1, 4096, "64x4x3", False),  # the same at head dim 128: two 64-token tiles a split, as asked
 ])
 def test_decode_splits_of_one_tile(hkv, group, head_dim, batch, ctx, tiles, one_tile):
     """The heuristic marks a launch whose splits hold one tile each (``one_tile``); its stages stay the heuristic's
@@ -348,6 +350,22 @@ def test_decode_splits_of_one_tile(hkv, group, head_dim, batch, ctx, tiles, one_
     if tiles is None:
         assert (-(-ctx // p.num_splits) <= p.block_n) == one_tile, p
     assert p.stages_text() == "stages=3" + (" (1 with the early tile)" if one_tile else "")
+
+
+@pytest.mark.parametrize("batch,ctx,splits", [(1, 4096, 32), (1, 3000, 24), (2, 2048, 16)])
+def test_decode_two_tile_splits_at_head_dim_128_take_one_128_token_tile(batch, ctx, splits):
+    """Where the heuristic's splits at head dim 128 hold two 64-token tiles, the launch is one 128-token tile of 8
+    warps in one stage over the same splits (decode-early/ call 9); other shapes keep 64-token tiles."""
+    from attnlab.kernels.heuristics import decode_params
+
+    p = decode_params(batch=batch, num_kv_heads=8, group=4, head_dim=128, max_kv_len=ctx, sms=132)
+    assert (p.block_n, p.num_warps, p.num_stages, p.num_splits) == (128, 8, 1, splits), p
+    assert p.one_tile and p.stages_text() == "stages=1", p
+    for other in (512, 16384):  # one 64-token tile a split; four
+        q = decode_params(batch=batch, num_kv_heads=8, group=4, head_dim=128, max_kv_len=other, sms=132)
+        assert (q.block_n, q.num_warps) == (64, 4), q
+    gqa3 = decode_params(batch=batch, num_kv_heads=3, group=3, head_dim=64, max_kv_len=ctx, sms=132)
+    assert (gqa3.block_n, gqa3.num_warps) == (128, 4), gqa3  # head dim 64: the heuristic's own 128-token tile
 
 
 @pytest.mark.parametrize("head_dim,kv_dtype,pdl_on,prefetch,stages", [
