@@ -52,10 +52,13 @@
 #      tiles at head dim 128 runs one 128-token tile of 8 warps in one stage): the early-read GPU tests and triton's
 #      decode GPU cases (one of them takes it), the rule against the old tile (decode_tiles=64x4x3) where it fires
 #      (batch 1 x 4k, batch 2 x 2k) and a control (batch 1 x 2k), PDL off and on; then c101f91 against today.
+#  12  carry [".gpu/fk"], ~1 min warm: the rule's other cells (any batch at 65-128 tokens, unsplit; batch 4 at
+#      577-1,152 tokens, 8 at 321-640, 16 at 257-384) beside controls: Llama-8B shapes, batch 1 / 4 / 8 / 16 x 128 /
+#      320 / 512 / 1,024, the rule against 64x4x3, PDL off and on.
 # (part 5 as it ran on 2026-12-06e named its files gate-<code>-<random>: their order is in run5.log)
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 11}
+PART=${1:?part 1 to 12}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
@@ -178,6 +181,14 @@ case $PART in
   timeout 90 $K --backends $ARMS --reps 200 --repeats 3 --out "$OUT/new11" > $LOGS/new11.log 2>&1
   echo "today exit code $?"; grep -E "^decode" $LOGS/new11.log
   ;;
-*) echo "part 1 to 11"; exit 2 ;;
+12)
+  FB=.gpu/fk install_fb
+  step "llama8b: the rule against 64x4x3 at its other cells and controls, PDL off and on"
+  timeout 200 $PY -m attnlab.bench.kernels --phases decode --models llama8b --batches 1,4,8,16 \
+    --contexts 128,320,512,1024 --backends triton,triton/decode_tiles=64x4x3,triton+pdl,triton/decode_tiles=64x4x3+pdl \
+    --reps 200 --repeats 3 --out "$OUT/rule12" > $LOGS/rule12.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/rule12.log
+  ;;
+*) echo "part 1 to 12"; exit 2 ;;
 esac
 pack
