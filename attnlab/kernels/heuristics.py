@@ -121,12 +121,15 @@ def decode_params(*, batch: int, num_kv_heads: int, group: int, head_dim: int, m
         block_n, num_warps, num_stages = parse_decode_tiles(tiles)
     splits = num_splits or choose_num_splits(batch * num_kv_heads, max_kv_len, sms, block_n,
                                              DECODE_PROGRAMS_PER_SM, DECODE_MIN_PROGRAMS_PER_SM)
-    if not tiles and block_d == 128 and cdiv(cdiv(max_kv_len, splits), block_n) == 2:
+    programs = batch * num_kv_heads * splits
+    if (not tiles and block_d == 128 and cdiv(cdiv(max_kv_len, splits), block_n) == 2
+            and programs <= DECODE_MIN_PROGRAMS_PER_SM * sms):
         # A split of two 64-token tiles at head dim 128 (Llama-8B's batch-1 decode at 2-4k: 32 splits of 128 tokens)
-        # runs as one 128-token tile of 8 warps in one stage, the same splits: 0.88x / 0.91x the time with PDL off / on
-        # at batch 1 x 4k (H100, 2026-12-06g, experiments/decode-early/ call 9; 0.92x in call 2 and 2026-12-05's
-        # sweep). 128-token tiles lost where they change the split count or the tiles a split (batch 1 x 512 1.15x,
-        # 16k 1.03-1.11x, batch 16 x 4k 1.03-1.11x), so only this shape takes them.
+        # runs as one 128-token tile of 8 warps in one stage, the same splits, where the programs fill at most
+        # DECODE_MIN_PROGRAMS_PER_SM a SM. H100, 2026-12-06g (experiments/decode-early/ calls 9-11): 0.88x / 0.91x
+        # the time with PDL off / on at batch 1 x 4k, 0.87-0.92x at batch 1-16 x 128, 0.87-1.01x at batch 4 x 1k and
+        # 8 x 512; with more programs it lost (batch 16 x 320, 384 programs: 1.10x). 128-token tiles also lost where
+        # they change the split count or loop over several (batch 1 x 512 1.15x, 16k 1.03-1.11x), not taken there.
         block_n, num_warps, num_stages = 128, 8, 1
     # A split of one tile has no loop to pipeline: its launch runs one stage where it takes the decode's early first
     # tile (decode.early_launch, decided as each launch is made: PDL and the KV prefetch are process settings a plan

@@ -294,10 +294,11 @@ def test_heuristic_splits_for_bandwidth():
     assert prefill.num_splits == 1 and prefill.block_m >= 64
 
 
-@pytest.mark.parametrize("hkv,group,d,block_n", [(3, 3, 64, 128), (8, 4, 128, 64)], ids=["smollm2", "llama8b"])
+@pytest.mark.parametrize("hkv,group,d,block_n", [(3, 3, 64, 128), (8, 4, 128, 128)], ids=["smollm2", "llama8b"])
 def test_small_batch_decode_splits_fill_two_programs_per_sm(hkv, group, d, block_n):
     """Batch 1 x 4k on 132 SMs: the 256-token split floor gave 16 splits (48 / 128 programs); the split now
-    shrinks (down to one BLOCK_N tile) while batch x kv_heads x splits < 2 x SMs."""
+    shrinks (down to one BLOCK_N tile) while batch x kv_heads x splits < 2 x SMs. (Llama-8B's splits, chosen over
+    64-token tiles, hold two of them: they run as one 128-token tile.)"""
     kw = {"num_kv_heads": hkv, "group": group, "head_dim": d, "has_mask": False, "sms": 132}
     p = plan_params(q_lens=[1], kv_lens=[4096], **kw)
     assert p.block_n == block_n
@@ -352,20 +353,31 @@ def test_decode_splits_of_one_tile(hkv, group, head_dim, batch, ctx, tiles, one_
     assert p.stages_text() == "stages=3" + (" (1 with the early tile)" if one_tile else "")
 
 
-@pytest.mark.parametrize("batch,ctx,splits", [(1, 4096, 32), (1, 3000, 24), (2, 2048, 16)])
+@pytest.mark.parametrize("batch,ctx,splits", [(1, 4096, 32), (1, 3000, 24), (2, 2048, 16), (16, 128, 1),
+                                              (8, 512, 4)])
 def test_decode_two_tile_splits_at_head_dim_128_take_one_128_token_tile(batch, ctx, splits):
-    """Where the heuristic's splits at head dim 128 hold two 64-token tiles, the launch is one 128-token tile of 8
-    warps in one stage over the same splits (decode-early/ call 9); other shapes keep 64-token tiles."""
+    """Where the heuristic's splits at head dim 128 hold two 64-token tiles and its programs fill at most two a SM,
+    the launch is one 128-token tile of 8 warps in one stage over the same splits (decode-early/ calls 9-11); other
+    shapes keep 64-token tiles."""
     from attnlab.kernels.heuristics import decode_params
 
     p = decode_params(batch=batch, num_kv_heads=8, group=4, head_dim=128, max_kv_len=ctx, sms=132)
     assert (p.block_n, p.num_warps, p.num_stages, p.num_splits) == (128, 8, 1, splits), p
     assert p.one_tile and p.stages_text() == "stages=1", p
-    for other in (512, 16384):  # one 64-token tile a split; four
+    for other in (4 * ctx, 16384):  # four 64-token tiles a split or more splits; 16k: four or more
         q = decode_params(batch=batch, num_kv_heads=8, group=4, head_dim=128, max_kv_len=other, sms=132)
         assert (q.block_n, q.num_warps) == (64, 4), q
     gqa3 = decode_params(batch=batch, num_kv_heads=3, group=3, head_dim=64, max_kv_len=ctx, sms=132)
     assert (gqa3.block_n, gqa3.num_warps) == (128, 4), gqa3  # head dim 64: the heuristic's own 128-token tile
+
+
+def test_decode_two_tile_splits_over_two_programs_a_sm_keep_64_token_tiles():
+    """Batch 16 x 320 at Llama-8B shapes: 3 splits of two 64-token tiles, 384 programs on 132 SMs; one 128-token tile
+    of 8 warps ran 1.10x slower there (decode-early/ call 11), so the heuristic's tiles stay."""
+    from attnlab.kernels.heuristics import decode_params
+
+    p = decode_params(batch=16, num_kv_heads=8, group=4, head_dim=128, max_kv_len=320, sms=132)
+    assert (p.block_n, p.num_warps, p.num_stages, p.num_splits) == (64, 4, 3, 3), p
 
 
 @pytest.mark.parametrize("head_dim,kv_dtype,pdl_on,prefetch,stages", [

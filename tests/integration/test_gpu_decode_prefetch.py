@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(pdl.unsupported("cuda") is not
 TritonBackend = require_available("triton")
 
 
-def _outputs(case, on: bool, tiles: int, num_splits: int, graph: bool) -> torch.Tensor:
+def _outputs(case, on: bool, tiles: int, num_splits: int | None, graph: bool) -> torch.Tensor:
     with pdl.using(on, "cuda"), decode.kv_prefetching(tiles):
         be = case.backend(TritonBackend)
         be.num_splits = num_splits
@@ -56,6 +56,23 @@ def test_prefetch_changes_no_bit(page_size, gqa, head_dim, num_splits, graph):
     for tiles in (decode.KV_PREFETCH_TILES, 1, 0):
         out = _outputs(case, True, tiles, num_splits, graph)
         assert torch.equal(out, ref), (tiles, (out.float() - ref.float()).abs().max().item())
+    torch.testing.assert_close(ref.float(), case.reference(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_the_heuristics_128_token_tile_changes_no_bit(graph):
+    """Splits of two 64-token tiles at head dim 128 with few programs run as one 128-token tile of 8 warps in one
+    stage (heuristics.decode_params): 4 requests of up to 4,096 tokens x 2 kv heads, 32 splits. PDL on equals off, bit
+    for bit, and both the reference."""
+    case = make_case(kv_lens=[4096, 3000, 1, 130], q_lens=[1, 1, 1, 1], page_size=16, num_kv_heads=2, gqa=4, head_dim=128,
+                     dtype=torch.bfloat16, device="cuda", num_layers=2, seed=11)
+    be = case.backend(TritonBackend)
+    be.plan(case.meta)
+    params = be.active_plan.params
+    assert (params.block_n, params.num_warps, params.num_stages, params.num_splits) == (128, 8, 1, 32), params
+    ref = _outputs(case, False, decode.KV_PREFETCH_TILES, None, graph)
+    out = _outputs(case, True, decode.KV_PREFETCH_TILES, None, graph)
+    assert torch.equal(out, ref), (out.float() - ref.float()).abs().max().item()
     torch.testing.assert_close(ref.float(), case.reference(), atol=2e-2, rtol=2e-2)
 
 
