@@ -122,14 +122,17 @@ def decode_params(*, batch: int, num_kv_heads: int, group: int, head_dim: int, m
     splits = num_splits or choose_num_splits(batch * num_kv_heads, max_kv_len, sms, block_n,
                                              DECODE_PROGRAMS_PER_SM, DECODE_MIN_PROGRAMS_PER_SM)
     programs = batch * num_kv_heads * splits
-    if (not tiles and block_d == 128 and cdiv(cdiv(max_kv_len, splits), block_n) == 2
+    if (not tiles and not num_splits and head_dim == 128 and cdiv(cdiv(max_kv_len, splits), block_n) == 2
             and programs <= DECODE_MIN_PROGRAMS_PER_SM * sms):
         # A split of two 64-token tiles at head dim 128 (Llama-8B's batch-1 decode at 2-4k: 32 splits of 128 tokens)
         # runs as one 128-token tile of 8 warps in one stage, the same splits, where the programs fill at most
-        # DECODE_MIN_PROGRAMS_PER_SM a SM. H100, 2026-12-06g (experiments/decode-early/ calls 9-11): 0.88x / 0.91x
-        # the time with PDL off / on at batch 1 x 4k, 0.87-0.92x at batch 1-16 x 128, 0.87-1.01x at batch 4 x 1k and
-        # 8 x 512; with more programs it lost (batch 16 x 320, 384 programs: 1.10x). 128-token tiles also lost where
-        # they change the split count or loop over several (batch 1 x 512 1.15x, 16k 1.03-1.11x), not taken there.
+        # DECODE_MIN_PROGRAMS_PER_SM a SM. H100, 2026-12-06g (experiments/decode-early/ calls 9-11, page 16, bf16):
+        # 0.88x / 0.91x the time with PDL off / on at batch 1 x 4k, 0.86-0.92x at batch 1-16 x 128, 0.87-1.01x at batch
+        # 4 x 1k and 8 x 512. It lost 1.10x at batch 16 x 320 (384 programs, and a last split of 64 tokens: the bound
+        # rests on that one cell). 128-token tiles also lost at batch 1 x 512 (half the splits, 1.15-1.31x) and where
+        # a split loops over several (16k, batch 16 x 4k: 1.03-1.11x), not taken there. A forced split count (tuning
+        # sweeps) keeps the heuristic's tile. Not measured: page 64, whose 64-token tiles read one page id a tile and
+        # 128-token ones a page id a token (at page 16 both gather per token).
         block_n, num_warps, num_stages = 128, 8, 1
     # A split of one tile has no loop to pipeline: its launch runs one stage where it takes the decode's early first
     # tile (decode.early_launch, decided as each launch is made: PDL and the KV prefetch are process settings a plan

@@ -55,10 +55,14 @@
 #  12  carry [".gpu/fk"], ~1 min warm: the rule's other cells (any batch at 65-128 tokens, unsplit; batch 4 at
 #      577-1,152 tokens, 8 at 321-640, 16 at 257-384) beside controls: Llama-8B shapes, batch 1 / 4 / 8 / 16 x 128 /
 #      320 / 512 / 1,024, the rule against 64x4x3, PDL off and on.
+#  13  carry [".gpu/fk"], ~2 min warm: the review's mends of the rule (no forced split count, head dim 128 only) on a
+#      GPU: its GPU test (132 SMs set, the fused merge too) and CPU cases; then what the program bound rests on: batch
+#      16 x 384 (384 programs, full splits) and batch 1 x 2,200 (144 programs, a last split of 24 tokens), the
+#      heuristic against 64x4x3 and 128x8x1, PDL off and on; and page 64 at batch 1 x 4k (per-token page ids at 128).
 # (part 5 as it ran on 2026-12-06e named its files gate-<code>-<random>: their order is in run5.log)
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 12}
+PART=${1:?part 1 to 13}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
@@ -189,6 +193,22 @@ case $PART in
     --reps 200 --repeats 3 --out "$OUT/rule12" > $LOGS/rule12.log 2>&1
   echo "exit code $?"; grep -E "^decode|Error" $LOGS/rule12.log
   ;;
-*) echo "part 1 to 12"; exit 2 ;;
+13)
+  FB=.gpu/fk install_fb
+  step "GPU tests: the heuristic's 128-token tile bit for bit (merge launch and fused), the rule's CPU cases"
+  gpu_tests rule13 200 tests/integration/test_gpu_decode_prefetch.py tests/backends/test_triton.py \
+    -k "128_token_tile or two_tile"
+  a=triton,triton/decode_tiles=64x4x3,triton/decode_tiles=128x8x1
+  step "llama8b: batch 16 x 384 and batch 1 x 2,200, the heuristic against 64x4x3 and 128x8x1, PDL off and on"
+  timeout 150 $PY -m attnlab.bench.kernels --phases decode --models llama8b --batches 1,16 --contexts 384,2200 \
+    --backends "$a,${a//,/+pdl,}+pdl" --reps 200 --repeats 3 --out "$OUT/bound13" > $LOGS/bound13.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/bound13.log
+  step "llama8b, page 64: batch 1 x 4k, the rule against 64x4x3, PDL off and on"
+  timeout 120 $PY -m attnlab.bench.kernels --phases decode --models llama8b --batches 1 --contexts 4096 --page-size 64 \
+    --backends triton,triton/decode_tiles=64x4x3,triton+pdl,triton/decode_tiles=64x4x3+pdl --reps 200 --repeats 3 \
+    --out "$OUT/page64" > $LOGS/page64.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/page64.log
+  ;;
+*) echo "part 1 to 13"; exit 2 ;;
 esac
 pack

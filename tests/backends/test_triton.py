@@ -354,11 +354,13 @@ def test_decode_splits_of_one_tile(hkv, group, head_dim, batch, ctx, tiles, one_
 
 
 @pytest.mark.parametrize("batch,ctx,splits", [(1, 4096, 32), (1, 3000, 24), (2, 2048, 16), (16, 128, 1),
-                                              (8, 512, 4)])
+                                              (8, 512, 4), (33, 128, 1)])
 def test_decode_two_tile_splits_at_head_dim_128_take_one_128_token_tile(batch, ctx, splits):
-    """Where the heuristic's splits at head dim 128 hold two 64-token tiles and its programs fill at most two a SM,
-    the launch is one 128-token tile of 8 warps in one stage over the same splits (decode-early/ calls 9-11); other
-    shapes keep 64-token tiles."""
+    """Where the heuristic's splits at head dim 128 hold two 64-token tiles and its programs fill at most two a SM
+    (batch 33 x 128: 264 programs on 132 SMs), the launch is one 128-token tile of 8 warps in one stage over the same
+    splits (decode-early/ calls 9-11); longer contexts keep 64-token tiles. With PDL it takes no early tile (128 x 128
+    is past the early tile's size gate): one stage either way."""
+    from attnlab.kernels import decode, pdl
     from attnlab.kernels.heuristics import decode_params
 
     p = decode_params(batch=batch, num_kv_heads=8, group=4, head_dim=128, max_kv_len=ctx, sms=132)
@@ -367,17 +369,25 @@ def test_decode_two_tile_splits_at_head_dim_128_take_one_128_token_tile(batch, c
     for other in (4 * ctx, 16384):  # four 64-token tiles a split or more splits; 16k: four or more
         q = decode_params(batch=batch, num_kv_heads=8, group=4, head_dim=128, max_kv_len=other, sms=132)
         assert (q.block_n, q.num_warps) == (64, 4), q
-    gqa3 = decode_params(batch=batch, num_kv_heads=3, group=3, head_dim=64, max_kv_len=ctx, sms=132)
-    assert (gqa3.block_n, gqa3.num_warps) == (128, 4), gqa3  # head dim 64: the heuristic's own 128-token tile
+    q, k = torch.zeros(batch, 32, 128, dtype=torch.bfloat16), torch.zeros(64, 8, 128, dtype=torch.bfloat16)
+    with pdl.forced_for_compile():
+        stages, args = decode.early_launch(q, k, p)
+    assert stages == 1 and args["EARLY_TILE"] is False, args
 
 
-def test_decode_two_tile_splits_over_two_programs_a_sm_keep_64_token_tiles():
-    """Batch 16 x 320 at Llama-8B shapes: 3 splits of two 64-token tiles, 384 programs on 132 SMs; one 128-token tile
-    of 8 warps ran 1.10x slower there (decode-early/ call 11), so the heuristic's tiles stay."""
+@pytest.mark.parametrize("batch,ctx,head_dim,num_splits,why", [
+    (16, 320, 128, None, "3 splits x 16 x 8 = 384 programs on 132 SMs: 1.10x slower with it (call 11)"),
+    (34, 128, 128, None, "unsplit, 272 programs: past two a SM"),
+    (1, 4096, 128, 32, "a forced split count (tuning sweeps) keeps the heuristic's tile"),
+    (1, 4096, 96, None, "head dim 96 (BLOCK_D 128): measured at 128 only"),
+])
+def test_decode_two_tile_rule_not_taken(batch, ctx, head_dim, num_splits, why):
+    """The shapes the two-tile rule leaves to the heuristic's 64-token tiles, 4 warps, 3 stages."""
     from attnlab.kernels.heuristics import decode_params
 
-    p = decode_params(batch=16, num_kv_heads=8, group=4, head_dim=128, max_kv_len=320, sms=132)
-    assert (p.block_n, p.num_warps, p.num_stages, p.num_splits) == (64, 4, 3, 3), p
+    p = decode_params(batch=batch, num_kv_heads=8, group=4, head_dim=head_dim, max_kv_len=ctx, sms=132,
+                      num_splits=num_splits)
+    assert (p.block_n, p.num_warps, p.num_stages) == (64, 4, 3), (why, p)
 
 
 @pytest.mark.parametrize("head_dim,kv_dtype,pdl_on,prefetch,stages", [

@@ -21,10 +21,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(pdl.unsupported("cuda") is not
 TritonBackend = require_available("triton")
 
 
-def _outputs(case, on: bool, tiles: int, num_splits: int | None, graph: bool) -> torch.Tensor:
+def _outputs(case, on: bool, tiles: int, num_splits: int | None, graph: bool, fused: bool = False) -> torch.Tensor:
     with pdl.using(on, "cuda"), decode.kv_prefetching(tiles):
         be = case.backend(TritonBackend)
-        be.num_splits = num_splits
+        be.num_splits, be.fused_merge = num_splits, fused
         be.plan(case.meta)
         layers = range(case.pool.num_layers)
         if not graph:
@@ -59,19 +59,25 @@ def test_prefetch_changes_no_bit(page_size, gqa, head_dim, num_splits, graph):
     torch.testing.assert_close(ref.float(), case.reference(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["merge-launch", "fused-merge"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_the_heuristics_128_token_tile_changes_no_bit(graph):
+def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, monkeypatch):
     """Splits of two 64-token tiles at head dim 128 with few programs run as one 128-token tile of 8 warps in one
-    stage (heuristics.decode_params): 4 requests of up to 4,096 tokens x 2 kv heads, 32 splits. PDL on equals off, bit
-    for bit, and both the reference."""
-    case = make_case(kv_lens=[4096, 3000, 1, 130], q_lens=[1, 1, 1, 1], page_size=16, num_kv_heads=2, gqa=4, head_dim=128,
-                     dtype=torch.bfloat16, device="cuda", num_layers=2, seed=11)
+    stage (heuristics.decode_params): 4 requests of up to 4,096 tokens x 2 kv heads, 32 splits on 132 SMs (an
+    H100 SXM's count, set here so the plan is the same on any card). PDL on equals off, bit for bit, with the merge
+    launch and the fused merge, and both the reference."""
+    from attnlab.kernels import heuristics
+
+    monkeypatch.setattr(heuristics, "sm_count", lambda device_index=0: 132)
+    case = make_case(kv_lens=[4096, 3000, 1, 130], q_lens=[1, 1, 1, 1], page_size=16, num_kv_heads=2, gqa=4,
+                     head_dim=128, dtype=torch.bfloat16, device="cuda", num_layers=2, seed=11)
     be = case.backend(TritonBackend)
+    be.fused_merge = fused
     be.plan(case.meta)
     params = be.active_plan.params
     assert (params.block_n, params.num_warps, params.num_stages, params.num_splits) == (128, 8, 1, 32), params
-    ref = _outputs(case, False, decode.KV_PREFETCH_TILES, None, graph)
-    out = _outputs(case, True, decode.KV_PREFETCH_TILES, None, graph)
+    ref = _outputs(case, False, decode.KV_PREFETCH_TILES, None, graph, fused)
+    out = _outputs(case, True, decode.KV_PREFETCH_TILES, None, graph, fused)
     assert torch.equal(out, ref), (out.float() - ref.float()).abs().max().item()
     torch.testing.assert_close(ref.float(), case.reference(), atol=2e-2, rtol=2e-2)
 
