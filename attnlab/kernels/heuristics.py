@@ -56,8 +56,10 @@ class LaunchParams:
     one_tile: bool = False
 
     def stages_text(self) -> str:
-        """``stages=N`` for kernel tags, with the one-stage launch a one-tile decode takes with its early tile."""
-        return f"stages={self.num_stages}" + (" (1 with the early tile)" if self.one_tile and self.num_stages > 1 else "")
+        """``stages=N`` for kernel tags; a one-tile decode of more adds that it takes one where its early tile applies
+        (decided per launch by decode.early_launch, which may refuse the tile: fp8 rows, a tile past its size gate)."""
+        extra = " (1 where the early tile applies)" if self.one_tile and self.num_stages > 1 else ""
+        return f"stages={self.num_stages}{extra}"
 
 
 def next_pow2(x: int) -> int:

@@ -350,7 +350,7 @@ def test_decode_splits_of_one_tile(hkv, group, head_dim, batch, ctx, tiles, one_
     assert p.num_stages == 3, p
     if tiles is None:
         assert (-(-ctx // p.num_splits) <= p.block_n) == one_tile, p
-    assert p.stages_text() == "stages=3" + (" (1 with the early tile)" if one_tile else "")
+    assert p.stages_text() == "stages=3" + (" (1 where the early tile applies)" if one_tile else "")
 
 
 @pytest.mark.parametrize("batch,ctx,splits", [(1, 4096, 32), (1, 3000, 24), (2, 2048, 16), (16, 128, 1),
