@@ -59,21 +59,25 @@
 #      GPU: its GPU test (132 SMs set, the fused merge too) and CPU cases; then what the program bound rests on: batch
 #      16 x 384 (384 programs, full splits) and batch 1 x 2,200 (144 programs, a last split of 24 tokens), the
 #      heuristic against 64x4x3 and 128x8x1, PDL off and on; and page 64 at batch 1 x 4k (per-token page ids at 128).
+#  14  carry [".gpu/fk", ".old", ".prev"], ~4 min warm (2026-12-06h), for an H200 (the card the floor's figures came
+#      from; none came in sessions 18-25): part 6 without its GPU tests (they passed on H100s, calls 6-10): one floor
+#      round (c101f91, efbe5b5, today; default, fused, fused + 128x4x1) and the stream rows, both shapes. Run after 13
+#      in the same call:  bash experiments/decode-early/run.sh 13; OUT=$OUT/f bash experiments/decode-early/run.sh 14
 # (part 5 as it ran on 2026-12-06e named its files gate-<code>-<random>: their order is in run5.log)
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 13}
+PART=${1:?part 1 to 14}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
 case $PART in
-1|3|4|6|9)
+1|3|4|6|9|14)
   for d in .old .prev; do test -d $d/attnlab || { echo "$d/attnlab missing: carry it (see the header)"; exit 1; }; done
   [ $PART = 9 ] && OUT=$OUT/p8 bash experiments/decode-early/run.sh 8 && echo "=== part 8 done: the floor round next"
   [ $PART = 9 ] || FB=.gpu/fk install_fb
   case $PART in 3|4) ARMS=$ARMS,triton/decode_tiles=64x4x1+pdl ;; esac
   ROUNDS="1 2"; REPS="200 5"; [ $PART = 4 ] && ROUNDS=1 && REPS=200; [ $PART -ge 6 ] && ROUNDS=1
-  if [ $PART = 9 ]; then
+  if [ $PART = 9 ] || [ $PART = 14 ]; then
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   elif [ $PART = 6 ]; then
     step "GPU tests: the early tile's mends (bit for bit compiled, the fallback's pages-only case), PDL"
@@ -209,6 +213,6 @@ case $PART in
     --out "$OUT/page64" > $LOGS/page64.log 2>&1
   echo "exit code $?"; grep -E "^decode|Error" $LOGS/page64.log
   ;;
-*) echo "part 1 to 13"; exit 2 ;;
+*) echo "part 1 to 14"; exit 2 ;;
 esac
 pack
