@@ -42,6 +42,7 @@ the warmup that JIT-compiles FlashInfer's and Triton's kernel variants (run seve
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import statistics
@@ -244,21 +245,51 @@ def shapes(phases, models, batches, contexts, ks):
                         yield phase, model, batch, ctx, q_len
 
 
+def split_arm(spec: str) -> tuple[str, bool, int | None]:
+    """A spec's arm switches, in any order after the backend spec: ``+pdl`` and ``+early<elems>`` (the triton decode's
+    early-tile gate in tile elements, decode.set_early_tile_max; ``+early0``: none) -> (spec, pdl, gate or None).
+    ValueError for a repeated or malformed switch."""
+    base, *parts = spec.split("+")
+    on, early = False, None
+    for part in parts:
+        if part == "pdl" and not on:
+            on = True
+        elif part.startswith("early") and part[5:].isdigit() and early is None:
+            early = int(part[5:])
+        else:
+            raise ValueError(f"{spec!r}: +{part} is not an arm switch (+pdl, +early<tile elements>), or repeats one")
+    return base, on, early
+
+
 def split_pdl(spec: str) -> tuple[str, bool]:
-    """``spec+pdl`` -> (spec, True); anything else -> (spec, False)."""
-    return (spec[:-4], True) if spec.endswith("+pdl") else (spec, False)
+    """``spec[+early<n>]+pdl`` -> (spec, True); without ``+pdl`` -> (spec, False)."""
+    base, on, _ = split_arm(spec)
+    return base, on
+
+
+@contextlib.contextmanager
+def arm_switches(label: str):
+    """The process-wide switches of a spec's arm for a block: PDL (graphs record how their kernels were launched) and
+    the decode's early-tile gate, restored after."""
+    from attnlab.kernels import decode, pdl
+
+    _, on, early = split_arm(label)
+    with pdl.using(on, "cuda"), decode.early_tile_limit(decode.early_tile_max() if early is None else early):
+        yield
 
 
 def load_backends(specs: list[str]) -> dict:
     """spec label -> bound backend class; an unavailable or mis-specified backend is skipped with its reason."""
-    from attnlab.kernels import pdl
+    from attnlab.kernels import decode, pdl
 
     classes = {}
     for spec in specs:
         try:
-            base, on = split_pdl(spec)
+            base, on, early = split_arm(spec)
             if on and pdl.unsupported("cuda"):
                 raise ValueError(f"+pdl: {pdl.unsupported('cuda')}")
+            if early is not None:
+                decode.check_early_tile_max(early)
             name, options = parse_spec(base)
             classes[spec] = require_available(name, options, f"--backends {spec}")
         except Exception as e:  # noqa: BLE001 - any import/availability/option problem: skip with its reason
@@ -290,8 +321,6 @@ def kernel_tag(info: dict, label: str) -> str:
 def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_only: bool = False) -> list[Cell]:
     """Every backend on one shape: build (one pool per page size), check capabilities, warm, capture, then
     ``args.repeats`` interleaved measurements."""
-    from attnlab.kernels import pdl
-
     hq, hkv, d = HEADS[model]
     pools: dict[int, tuple] = {}
     kv_cache: dict[int, list] = {}  # page size -> per layer the prefill's new K / V
@@ -322,7 +351,7 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
                     kv_cache[ps] = [new_kv(pool, meta, layer) for layer in range(num_layers)]
                 kv = kv_cache[ps]
             if compile_only:
-                with pdl.using(split_pdl(label)[1], "cuda"):  # a +pdl spec compiles the PDL variants
+                with arm_switches(label):  # a +pdl spec compiles the PDL variants
                     for layer in range(num_layers):
                         if kv is None:
                             be.run(q, layer)
@@ -333,7 +362,7 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
                 continue
             if between is None and getattr(args, "between", None):  # made once, for all of this shape's backends
                 between = make_between(args.between, hq * d, batch * q_len)
-            with pdl.using(split_pdl(label)[1], "cuda"):  # graphs record how their kernels were launched
+            with arm_switches(label):  # graphs record how their kernels were launched
                 timers[label] = Timer(be, q, num_layers, meta.mode in cls.capabilities().cuda_graph,
                                       args.reps or DEFAULT_REPS[phase], args.iters, kv, between)
             tag(cell, be, meta)  # after its runs: a backend may say which kernel ran only once it ran
@@ -351,7 +380,7 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
     for _ in range(0 if compile_only else args.repeats):
         for label, t in timers.items():
             try:
-                with pdl.using(split_pdl(label)[1], "cuda"):  # eager cells launch as they measure
+                with arm_switches(label):  # eager cells launch as they measure
                     by_label[label].samples_ms.append(t.measure())
             except Exception as e:  # noqa: BLE001
                 by_label[label].status = f"error: {type(e).__name__}: {str(e)[:160]}"

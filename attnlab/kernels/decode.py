@@ -19,7 +19,7 @@ its final bits. ``set_kv_prefetch(0)`` restores the wait-first order (a bench ar
 tile below off with it.
 
 On a launch of one stage (a split of one tile where this early tile applies: ``early_launch``, decided per launch; or
-a ``decode_tiles`` override) and a tile of at most ``EARLY_TILE_MAX_ELEMS`` elements, the early reads also give the
+a ``decode_tiles`` override) and a tile of at most ``early_tile_max()`` elements, the early reads also give the
 split's first tile (``EARLY_TILE``). Right after the wait, q and that tile's K / V loads go out at the early plan's
 addresses, together with the plan's and the tile's page ids' re-reads: one round trip where the wait-first chain took
 three (plan, page ids, K / V). The tile is used only if every re-read equals its early read, which the rule above
@@ -53,6 +53,7 @@ _kv_prefetch = KV_PREFETCH_TILES
 # batch-1 arm) was measured slower with it (1.01-1.03x in four H100 calls), while call 2's 256-token tiles gained
 # (0.88-0.97x); those are decode_tiles overrides, given up here (experiments/decode-early/).
 EARLY_TILE_MAX_ELEMS = 128 * 64
+_early_max_elems = EARLY_TILE_MAX_ELEMS
 
 
 def set_kv_prefetch(tiles: int) -> None:
@@ -72,6 +73,30 @@ def kv_prefetch() -> int:
 def kv_prefetching(tiles: int):
     """``set_kv_prefetch(tiles)`` for a block (bench arms), restored after."""
     return scoped(kv_prefetch, set_kv_prefetch, tiles)
+
+
+def set_early_tile_max(elems: int) -> None:
+    """The early first tile's size gate in tile elements (BLOCK_N x BLOCK_D; process-wide, like the KV prefetch):
+    EARLY_TILE_MAX_ELEMS by default, 0 = no early tile (a one-tile split then keeps the heuristic's stages), 128 x 128
+    admits Llama-8B's one-tile splits of 128 tokens (a bench arm's ``+early16384``)."""
+    global _early_max_elems
+    _early_max_elems = check_early_tile_max(elems)
+
+
+def check_early_tile_max(elems: int) -> int:
+    """``elems`` if it is a valid early-tile gate, else ValueError naming the rule."""
+    if isinstance(elems, bool) or not isinstance(elems, int) or not 0 <= elems <= 256 * 128:
+        raise ValueError(f"decode early tile gate {elems!r}: an int of tile elements in 0..32768")
+    return elems
+
+
+def early_tile_max() -> int:
+    return _early_max_elems
+
+
+def early_tile_limit(elems: int):
+    """``set_early_tile_max(elems)`` for a block (bench arms), restored after."""
+    return scoped(early_tile_max, set_early_tile_max, elems)
 
 
 @triton.jit
@@ -237,15 +262,15 @@ def early_launch(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams) -
     """This launch's stages and its early reads' constexprs, as PDL and the KV prefetch are set when it is made (a plan
     may outlive them: a graph bucket's, a bench's sides shared by arms). The early reads act with PDL on, the KV
     prefetch on and a power-of-two head dim of whole L2 lines; then a split of one tile (``params.one_tile``, the
-    heuristic's) of at most EARLY_TILE_MAX_ELEMS runs one stage and takes the early first tile, which any one-stage
-    launch of that size does (a ``decode_tiles`` override too). A pipelined loop with it ran 1.08-1.22x slower at batch
-    16 (H100 2026-12-06e), and one stage without it 2-8% slower at SmolLM2's short contexts (2026-12-06f:
-    experiments/decode-early/)."""
+    heuristic's) of at most ``early_tile_max()`` elements (EARLY_TILE_MAX_ELEMS unless set) runs one stage and takes
+    the early first tile, which any one-stage launch of that size does (a ``decode_tiles`` override too). A pipelined
+    loop with it ran 1.08-1.22x slower at batch 16 (H100 2026-12-06e), and one stage without it 2-8% slower at
+    SmolLM2's short contexts (2026-12-06f: experiments/decode-early/)."""
     head_dim = k_cache.shape[2]
     row_bytes = head_dim * k_cache.element_size()
     if not (launch_args(q) and _kv_prefetch and head_dim & (head_dim - 1) == 0 and row_bytes % L2_LINE == 0):
         return params.num_stages, {}
-    fits = params.block_n * params.block_d <= EARLY_TILE_MAX_ELEMS
+    fits = params.block_n * params.block_d <= _early_max_elems
     stages = 1 if params.one_tile and fits else params.num_stages
     return stages, {"PREFETCH": _kv_prefetch, "LINE": L2_LINE // k_cache.element_size(),
                     "EARLY_TILE": stages == 1 and fits}

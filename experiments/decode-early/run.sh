@@ -63,10 +63,17 @@
 #      from; none came in sessions 18-25): part 6 without its GPU tests (they passed on H100s, calls 6-10): one floor
 #      round (c101f91, efbe5b5, today; default, fused, fused + 128x4x1) and the stream rows, both shapes. Run after 13
 #      in the same call:  bash experiments/decode-early/run.sh 13; OUT=$OUT/f bash experiments/decode-early/run.sh 14
+#  15  carry [".gpu/fk", ".old"], ~3 min warm (2026-12-06h): the early first tile at the two-tile rule's 128 x 128 tile
+#      of 8 warps (bench arm +early16384, decode.early_tile_limit). The size gate (128 x 64) came from 128x4x1, 4 warps:
+#      1.01-1.03x slower with it, 128 elements of K and of V a thread; 8 warps hold 64, as the gate's own tiles do. The
+#      GPU tests (the rule's tile bit for bit with and without it), then Llama-8B batch 1 / 2 / 4 / 8 / 16 x 128 / 512
+#      / 1k / 2k / 4k with PDL: the default, +early16384, fused, fused +early16384, fused + 128x4x1; then c101f91
+#      against today's default and the gate's arms at batch 1 x 4k (bench.kernels --quick).
+#      After 13 in one call:  bash experiments/decode-early/run.sh 13; OUT=$OUT/g bash experiments/decode-early/run.sh 15
 # (part 5 as it ran on 2026-12-06e named its files gate-<code>-<random>: their order is in run5.log)
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 14}
+PART=${1:?part 1 to 15}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
@@ -213,6 +220,25 @@ case $PART in
     --out "$OUT/page64" > $LOGS/page64.log 2>&1
   echo "exit code $?"; grep -E "^decode|Error" $LOGS/page64.log
   ;;
-*) echo "part 1 to 14"; exit 2 ;;
+15)
+  test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
+  FB=.gpu/fk install_fb
+  step "GPU tests: the rule's 128 x 128 tile bit for bit, the early-tile gate at its default and at 128 x 128"
+  gpu_tests gate15 240 tests/integration/test_gpu_decode_prefetch.py tests/backends/test_triton.py \
+    -k "128_token_tile or two_tile or gate"
+  a=triton+pdl,triton+pdl+early16384,triton/fused_merge=true+pdl,triton/fused_merge=true+pdl+early16384
+  step "llama8b: the early tile at the rule's 128 x 128 tile (+early16384) against none, merge launch and fused, PDL on"
+  timeout 240 $PY -m attnlab.bench.kernels --phases decode --models llama8b --batches 1,2,4,8,16 \
+    --contexts 128,512,1024,2048,4096 --backends "$a,triton/fused_merge=true/decode_tiles=128x4x1+pdl" --reps 200 \
+    --repeats 3 --out "$OUT/gate15" > $LOGS/gate15.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/gate15.log
+  step "floor round, 200 runs a replay: c101f91, then today's default and the gate's arms"
+  (cd .old && PYTHONPATH=/opt/site:$PWD timeout 60 $K --backends triton --reps 200 --out "$OUT/old15" \
+    > $LOGS/old15.log 2>&1; echo "c101f91 exit code $?")
+  grep -E "^decode" $LOGS/old15.log
+  timeout 120 $K --backends "$a" --reps 200 --repeats 3 --out "$OUT/new15" > $LOGS/new15.log 2>&1
+  echo "today exit code $?"; grep -E "^decode" $LOGS/new15.log
+  ;;
+*) echo "part 1 to 15"; exit 2 ;;
 esac
 pack

@@ -205,6 +205,46 @@ def test_pdl_specs(capsys):
     assert "skipping backend triton+pdl: +pdl:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("spec,want", [
+    ("triton", ("triton", False, None)),
+    ("triton/fused_merge=true+pdl+early16384", ("triton/fused_merge=true", True, 16384)),
+    ("triton+early0+pdl", ("triton", True, 0)),
+    ("triton+early8192", ("triton", False, 8192)),
+])
+def test_arm_switches_parse_in_any_order(spec, want):
+    from attnlab.bench.kernels import split_arm, split_pdl
+
+    assert split_arm(spec) == want
+    assert split_pdl(spec) == want[:2]
+
+
+@pytest.mark.parametrize("spec", ["triton+pdl+pdl", "triton+early", "triton+early-1", "triton+early1+early2",
+                                  "triton+fast", "triton+"])
+def test_arm_switches_refuse_unknown_or_repeated(spec):
+    from attnlab.bench.kernels import split_arm
+
+    with pytest.raises(ValueError, match="arm switch"):
+        split_arm(spec)
+
+
+def test_early_arm_sets_the_decode_gate_for_its_block_and_refuses_a_bad_one(capsys):
+    """``+early<elems>``: the triton decode's early-tile gate inside the arm's block (capture, timing), the process
+    value restored after; a gate out of range skips the spec with its reason."""
+    from attnlab.bench.kernels import arm_switches, load_backends
+    from attnlab.kernels import decode
+
+    before = decode.early_tile_max()
+    with arm_switches("triton+early16384"):
+        assert decode.early_tile_max() == 16384
+    with arm_switches("triton+early0"):
+        assert decode.early_tile_max() == 0
+    with arm_switches("triton"):
+        assert decode.early_tile_max() == before
+    assert decode.early_tile_max() == before == decode.EARLY_TILE_MAX_ELEMS
+    assert load_backends(["triton+early99999"]) == {}
+    assert "skipping backend triton+early99999: decode early tile gate 99999" in capsys.readouterr().err
+
+
 def test_cold_timer_flushes_before_each_run_and_subtracts_the_flushes(monkeypatch):
     """--cold: a flush before every run, the flushes' own time (timed alone in the same sample) subtracted."""
     from attnlab.bench import kernels

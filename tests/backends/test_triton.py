@@ -432,6 +432,32 @@ def test_early_tile_takes_one_stage_and_small_tiles(tiles, head_dim, early):
     assert args["PREFETCH"] == decode.KV_PREFETCH_TILES and args["EARLY_TILE"] is early, args
 
 
+@pytest.mark.parametrize("gate,head_dim,tiles,early,stages", [
+    (16384, 128, None, True, 1),  # the two-tile rule's 128 x 128 tile of 8 warps: the early tile (bench +early16384)
+    (16384, 128, "128x4x1", True, 1),  # a decode_tiles override of that size too
+    (0, 64, None, False, 3),  # no early tile: a one-tile split keeps the heuristic's 3 stages
+    (0, 128, "64x4x1", False, 1),  # an override keeps its own stages, without the early tile
+])
+def test_early_tile_gate_is_a_process_switch(gate, head_dim, tiles, early, stages):
+    """decode.early_tile_limit (a bench arm's ``+early<elems>``): the early first tile's size gate for a block, so an
+    A/B of the gate runs in one process; the default gate restored after."""
+    from attnlab.kernels import decode, pdl
+    from attnlab.kernels.heuristics import decode_params
+
+    ctx = 4096 if head_dim == 128 else 30
+    p = decode_params(batch=1, num_kv_heads=8, group=4, head_dim=head_dim, max_kv_len=ctx, sms=132, tiles=tiles)
+    q, k = torch.zeros(1, 32, head_dim, dtype=torch.bfloat16), torch.zeros(64, 8, head_dim, dtype=torch.bfloat16)
+    with pdl.forced_for_compile(), decode.early_tile_limit(gate):
+        got, args = decode.early_launch(q, k, p)
+    assert (got, args["EARLY_TILE"]) == (stages, early), (p, args)
+    assert decode.early_tile_max() == decode.EARLY_TILE_MAX_ELEMS
+    with pdl.forced_for_compile():
+        assert decode.early_launch(q, k, p)[1]["EARLY_TILE"] is (head_dim == 64 or tiles == "64x4x1")  # the default
+    for bad in (-1, 32769, True, 1.5):
+        with pytest.raises(ValueError, match="early tile gate"):
+            decode.set_early_tile_max(bad)
+
+
 def test_warmup_runs_every_variant():
     case = make_case(kv_lens=[9], q_lens=[1], page_size=16, num_kv_heads=1, gqa=2, head_dim=32,
                      dtype=torch.float32, device=DEVICE)

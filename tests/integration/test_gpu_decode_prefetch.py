@@ -59,13 +59,15 @@ def test_prefetch_changes_no_bit(page_size, gqa, head_dim, num_splits, graph):
     torch.testing.assert_close(ref.float(), case.reference(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("gate", [decode.EARLY_TILE_MAX_ELEMS, 128 * 128], ids=["gate-default", "gate-128x128"])
 @pytest.mark.parametrize("fused", [False, True], ids=["merge-launch", "fused-merge"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, monkeypatch):
+def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, monkeypatch):
     """Splits of two 64-token tiles at head dim 128 with few programs run as one 128-token tile of 8 warps in one
     stage (heuristics.decode_params): 4 requests of up to 4,096 tokens x 2 kv heads, 32 splits on 132 SMs (an
     H100 SXM's count, set here so the plan is the same on any card). PDL on equals off, bit for bit, with the merge
-    launch and the fused merge, and both the reference."""
+    launch and the fused merge, and both the reference; with the early-tile gate at 128 x 128 (``gate``) PDL on takes
+    the early first tile at that tile."""
     from attnlab.kernels import heuristics
 
     monkeypatch.setattr(heuristics, "sm_count", lambda device_index=0: 132)
@@ -76,8 +78,11 @@ def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, monkeypatch)
     be.plan(case.meta)
     params = be.active_plan.params
     assert (params.block_n, params.num_warps, params.num_stages, params.num_splits) == (128, 8, 1, 32), params
-    ref = _outputs(case, False, decode.KV_PREFETCH_TILES, None, graph, fused)
-    out = _outputs(case, True, decode.KV_PREFETCH_TILES, None, graph, fused)
+    with decode.early_tile_limit(gate):
+        with pdl.using(True, "cuda"):
+            assert decode.early_launch(case.q, case.pool.slots_view(0)[0], params)[1]["EARLY_TILE"] is (gate > 8192)
+        ref = _outputs(case, False, decode.KV_PREFETCH_TILES, None, graph, fused)
+        out = _outputs(case, True, decode.KV_PREFETCH_TILES, None, graph, fused)
     assert torch.equal(out, ref), (out.float() - ref.float()).abs().max().item()
     torch.testing.assert_close(ref.float(), case.reference(), atol=2e-2, rtol=2e-2)
 
