@@ -23,6 +23,8 @@ cell is skipped with its reason; a failing one is an error cell; the bench goes 
 A spec ending in ``+pdl`` (``triton+pdl``, ``triton/num_splits=64+pdl``) runs that backend's attnlab kernels with
 programmatic dependent launch (attnlab.kernels.pdl, as ``engine.pdl=true`` does): captured with it, so a cell's
 back-to-back runs (and a split decode's merge) overlap their launches; the same spec without it is the A/B.
+``+early<elems>`` and ``+kvpf<tiles>`` (any order with ``+pdl``) set the triton decode's early-tile gate and KV
+prefetch for that arm (``ARM_SWITCHES``): A/Bs of the decode's PDL-side choices in one process.
 ``--launches`` profiles one measurement per backend after each shape is timed and records every kernel's launch
 shapes (grid, block, shared memory) in the cell (JSON, console), to compare with ``bench.spec --kernel-profile``'s.
 ``--cold`` writes a buffer of twice the L2 before each run (captured with the runs) and subtracts the writes' time,
@@ -245,51 +247,69 @@ def shapes(phases, models, batches, contexts, ks):
                         yield phase, model, batch, ctx, q_len
 
 
-def split_arm(spec: str) -> tuple[str, bool, int | None]:
-    """A spec's arm switches, in any order after the backend spec: ``+pdl`` and ``+early<elems>`` (the triton decode's
-    early-tile gate in tile elements, decode.set_early_tile_max; ``+early0``: none) -> (spec, pdl, gate or None).
-    ValueError for a repeated or malformed switch."""
+# A spec's arm switches after its backend spec, each once, in any order: the triton decode's process-wide settings
+# (attnlab.kernels.decode) for that arm's capture and timing, restored after.
+ARM_SWITCHES = {"early": "the decode's early-tile gate in tile elements (decode.set_early_tile_max; +early0: none)",
+                "kvpf": "KV tiles each decode program prefetches before its PDL wait (decode.set_kv_prefetch, 0..8)"}
+
+
+def split_arm(spec: str) -> tuple[str, bool, dict[str, int]]:
+    """``spec[+pdl][+early<elems>][+kvpf<tiles>]`` -> (spec, pdl, {switch: value}); ValueError for a repeated,
+    unknown or malformed switch (the values' ranges are checked where they are set: ``check_arm``)."""
     base, *parts = spec.split("+")
-    on, early = False, None
+    on, switches = False, {}
     for part in parts:
+        name = part.rstrip("0123456789")
         if part == "pdl" and not on:
             on = True
-        elif part.startswith("early") and part[5:].isdigit() and early is None:
-            early = int(part[5:])
+        elif name in ARM_SWITCHES and part != name and name not in switches:
+            switches[name] = int(part[len(name):])
         else:
-            raise ValueError(f"{spec!r}: +{part} is not an arm switch (+pdl, +early<tile elements>), or repeats one")
-    return base, on, early
+            raise ValueError(f"{spec!r}: +{part} is not an arm switch (+pdl, "
+                             + ", ".join(f"+{k}<n>: {v}" for k, v in ARM_SWITCHES.items()) + "), or repeats one")
+    return base, on, switches
+
+
+def check_arm(switches: dict[str, int]) -> None:
+    """ValueError naming the rule for a switch value out of range."""
+    from attnlab.kernels import decode
+
+    if "early" in switches:
+        decode.check_early_tile_max(switches["early"])
+    if "kvpf" in switches:
+        with decode.kv_prefetching(switches["kvpf"]):  # set_kv_prefetch checks, the old value restored
+            pass
 
 
 def split_pdl(spec: str) -> tuple[str, bool]:
-    """``spec[+early<n>]+pdl`` -> (spec, True); without ``+pdl`` -> (spec, False)."""
+    """``spec[+switches]+pdl`` -> (spec, True); without ``+pdl`` -> (spec, False)."""
     base, on, _ = split_arm(spec)
     return base, on
 
 
 @contextlib.contextmanager
 def arm_switches(label: str):
-    """The process-wide switches of a spec's arm for a block: PDL (graphs record how their kernels were launched) and
-    the decode's early-tile gate, restored after."""
+    """The process-wide settings of a spec's arm for a block: PDL (graphs record how their kernels were launched),
+    the decode's early-tile gate and KV prefetch, restored after."""
     from attnlab.kernels import decode, pdl
 
-    _, on, early = split_arm(label)
-    with pdl.using(on, "cuda"), decode.early_tile_limit(decode.early_tile_max() if early is None else early):
+    _, on, sw = split_arm(label)
+    with pdl.using(on, "cuda"), decode.early_tile_limit(sw.get("early", decode.early_tile_max())), \
+            decode.kv_prefetching(sw.get("kvpf", decode.kv_prefetch())):
         yield
 
 
 def load_backends(specs: list[str]) -> dict:
     """spec label -> bound backend class; an unavailable or mis-specified backend is skipped with its reason."""
-    from attnlab.kernels import decode, pdl
+    from attnlab.kernels import pdl
 
     classes = {}
     for spec in specs:
         try:
-            base, on, early = split_arm(spec)
+            base, on, switches = split_arm(spec)
             if on and pdl.unsupported("cuda"):
                 raise ValueError(f"+pdl: {pdl.unsupported('cuda')}")
-            if early is not None:
-                decode.check_early_tile_max(early)
+            check_arm(switches)
             name, options = parse_spec(base)
             classes[spec] = require_available(name, options, f"--backends {spec}")
         except Exception as e:  # noqa: BLE001 - any import/availability/option problem: skip with its reason

@@ -70,10 +70,15 @@
 #      / 1k / 2k / 4k with PDL: the default, +early16384, fused, fused +early16384, fused + 128x4x1; then c101f91
 #      against today's default and the gate's arms at batch 1 x 4k (bench.kernels --quick).
 #      After 13 in one call:  bash experiments/decode-early/run.sh 13; OUT=$OUT/g bash experiments/decode-early/run.sh 15
+#  16  carry [".gpu/fk", ".old"], ~3 min warm (2026-12-06h): with PDL on the default decode has been 2-9% slower than
+#      c101f91 at batch 16 x 4k since the KV prefetch came (SmolLM2 26.2 against 24.3 us, call 15). Is it the prefetch
+#      before the wait (4 tiles a program, a split's whole KV at batch 16)? Both models, batch 1 / 16 / 64 x 512 / 4k:
+#      PDL off, PDL on, and PDL on with 0 / 1 / 2 prefetched tiles (bench arms +kvpf<tiles>); c101f91's --quick cells
+#      (batch 1 / 16 x 4k) in the same call.
 # (part 5 as it ran on 2026-12-06e named its files gate-<code>-<random>: their order is in run5.log)
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 15}
+PART=${1:?part 1 to 16}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
@@ -239,6 +244,21 @@ case $PART in
   timeout 120 $K --backends "$a" --reps 200 --repeats 3 --out "$OUT/new15" > $LOGS/new15.log 2>&1
   echo "today exit code $?"; grep -E "^decode" $LOGS/new15.log
   ;;
-*) echo "part 1 to 15"; exit 2 ;;
+16)
+  test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
+  FB=.gpu/fk install_fb
+  a=triton,triton+pdl,triton+pdl+kvpf0,triton+pdl+kvpf1,triton+pdl+kvpf2
+  for m in smollm2 llama8b; do
+    step "$m: the decode's KV prefetch with PDL, batch 1 / 16 / 64 x 512 / 4k"
+    timeout 200 $PY -m attnlab.bench.kernels --phases decode --models $m --batches 1,16,64 --contexts 512,4096 \
+      --backends "$a" --reps 200 --repeats 3 --out "$OUT/kvpf16-$m" > $LOGS/kvpf16-$m.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/kvpf16-$m.log
+  done
+  step "c101f91, 200 runs a replay (batch 1 / 16 x 4k)"
+  (cd .old && PYTHONPATH=/opt/site:$PWD timeout 60 $K --backends triton --reps 200 --out "$OUT/old16" \
+    > $LOGS/old16.log 2>&1; echo "c101f91 exit code $?")
+  grep -E "^decode" $LOGS/old16.log
+  ;;
+*) echo "part 1 to 16"; exit 2 ;;
 esac
 pack

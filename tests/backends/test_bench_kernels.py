@@ -206,10 +206,11 @@ def test_pdl_specs(capsys):
 
 
 @pytest.mark.parametrize("spec,want", [
-    ("triton", ("triton", False, None)),
-    ("triton/fused_merge=true+pdl+early16384", ("triton/fused_merge=true", True, 16384)),
-    ("triton+early0+pdl", ("triton", True, 0)),
-    ("triton+early8192", ("triton", False, 8192)),
+    ("triton", ("triton", False, {})),
+    ("triton/fused_merge=true+pdl+early16384", ("triton/fused_merge=true", True, {"early": 16384})),
+    ("triton+early0+pdl", ("triton", True, {"early": 0})),
+    ("triton+kvpf1+early8192", ("triton", False, {"early": 8192, "kvpf": 1})),
+    ("triton+pdl+kvpf0", ("triton", True, {"kvpf": 0})),
 ])
 def test_arm_switches_parse_in_any_order(spec, want):
     from attnlab.bench.kernels import split_arm, split_pdl
@@ -219,7 +220,7 @@ def test_arm_switches_parse_in_any_order(spec, want):
 
 
 @pytest.mark.parametrize("spec", ["triton+pdl+pdl", "triton+early", "triton+early-1", "triton+early1+early2",
-                                  "triton+fast", "triton+"])
+                                  "triton+fast", "triton+", "triton+kvpf", "triton+kvpf0+kvpf1", "triton+pdl1"])
 def test_arm_switches_refuse_unknown_or_repeated(spec):
     from attnlab.bench.kernels import split_arm
 
@@ -227,22 +228,25 @@ def test_arm_switches_refuse_unknown_or_repeated(spec):
         split_arm(spec)
 
 
-def test_early_arm_sets_the_decode_gate_for_its_block_and_refuses_a_bad_one(capsys):
-    """``+early<elems>``: the triton decode's early-tile gate inside the arm's block (capture, timing), the process
-    value restored after; a gate out of range skips the spec with its reason."""
+def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsys):
+    """``+early<elems>`` / ``+kvpf<tiles>``: the triton decode's early-tile gate and KV prefetch inside the arm's block
+    (capture, timing), the process values restored after; a value out of range skips the spec with its reason."""
     from attnlab.bench.kernels import arm_switches, load_backends
     from attnlab.kernels import decode
 
-    before = decode.early_tile_max()
+    before = decode.early_tile_max(), decode.kv_prefetch()
     with arm_switches("triton+early16384"):
-        assert decode.early_tile_max() == 16384
-    with arm_switches("triton+early0"):
-        assert decode.early_tile_max() == 0
+        assert (decode.early_tile_max(), decode.kv_prefetch()) == (16384, before[1])
+    with arm_switches("triton+kvpf0+early0"):
+        assert (decode.early_tile_max(), decode.kv_prefetch()) == (0, 0)
     with arm_switches("triton"):
-        assert decode.early_tile_max() == before
-    assert decode.early_tile_max() == before == decode.EARLY_TILE_MAX_ELEMS
-    assert load_backends(["triton+early99999"]) == {}
-    assert "skipping backend triton+early99999: decode early tile gate 99999" in capsys.readouterr().err
+        assert (decode.early_tile_max(), decode.kv_prefetch()) == before
+    assert before == (decode.EARLY_TILE_MAX_ELEMS, decode.KV_PREFETCH_TILES)
+    assert (decode.early_tile_max(), decode.kv_prefetch()) == before
+    assert load_backends(["triton+early99999", "triton+kvpf9"]) == {}
+    err = capsys.readouterr().err
+    assert "skipping backend triton+early99999: decode early tile gate 99999" in err
+    assert "skipping backend triton+kvpf9: decode KV prefetch 9" in err
 
 
 def test_cold_timer_flushes_before_each_run_and_subtracts_the_flushes(monkeypatch):
