@@ -45,8 +45,11 @@ from attnlab.kernels.switches import scoped
 
 LOG2E = 1.0 / math.log(2.0)
 # With PDL: before its wait, each program reads its plan metadata and page ids and prefetches into L2 the K / V rows of
-# its split's first KV_PREFETCH_TILES tiles (module docstring). 0 = the wait first, as every other kernel.
-KV_PREFETCH_TILES = 4
+# its split's first KV_PREFETCH_TILES tiles (module docstring). 0 = the wait first, as every other kernel. 1, not the
+# first version's 4 (H200 2026-12-03d, batch 1): on an H100 (2026-12-06h, experiments/decode-early/ call 16, bench arms
+# +kvpf<tiles>) 1 tile took 0.99-1.00x 4 tiles' time at batch 1 and 0.90x / 0.92x at SmolLM2's batch 16 x 4k /
+# Llama-8B's 64 x 512, where 4 tiles a program prefetch most of the KV and made PDL on slower than c101f91's decode.
+KV_PREFETCH_TILES = 1
 _kv_prefetch = KV_PREFETCH_TILES
 # The early first tile (EARLY_TILE) on one-stage launches of at most this many tile elements: the defaults' 128 x 64
 # (SmolLM2) and 64 x 128. Conservative: only the fused merge at 128 x 128 (Llama-8B's decode_tiles=128x4x1, its best

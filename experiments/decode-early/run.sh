@@ -75,10 +75,15 @@
 #      before the wait (4 tiles a program, a split's whole KV at batch 16)? Both models, batch 1 / 16 / 64 x 512 / 4k:
 #      PDL off, PDL on, and PDL on with 0 / 1 / 2 prefetched tiles (bench arms +kvpf<tiles>); c101f91's --quick cells
 #      (batch 1 / 16 x 4k) in the same call.
+#  17  carry [".gpu/fk"], ~3 min warm (2026-12-06h): part 16 found 1 prefetched tile as fast as 4 at batch 1 and up to
+#      1.12x faster at batch 16 / 64, so KV_PREFETCH_TILES is now 1. The early-read GPU tests (4 / 1 / 0 tiles bit for
+#      bit, the early tile's fallback, the rule's tile), then part 16's grid again, plain and after one layer's MLP
+#      (--between gemm: the engine's kernel before the attention is a projection): PDL off, on (1 tile), +kvpf4,
+#      +kvpf2.
 # (part 5 as it ran on 2026-12-06e named its files gate-<code>-<random>: their order is in run5.log)
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 16}
+PART=${1:?part 1 to 17}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
@@ -259,6 +264,21 @@ case $PART in
     > $LOGS/old16.log 2>&1; echo "c101f91 exit code $?")
   grep -E "^decode" $LOGS/old16.log
   ;;
-*) echo "part 1 to 16"; exit 2 ;;
+17)
+  FB=.gpu/fk install_fb
+  step "GPU tests: the early reads bit for bit at 4 / 1 / 0 tiles, the fallback, the rule's tile"
+  gpu_tests kvpf17 240 tests/integration/test_gpu_decode_prefetch.py tests/backends/test_decode_early.py
+  a=triton,triton+pdl,triton+pdl+kvpf4,triton+pdl+kvpf2
+  for between in none gemm; do
+    for m in smollm2 llama8b; do
+      b=(); [ $between = gemm ] && b=(--between gemm)
+      step "$m, between: $between: KV_PREFETCH_TILES 1 against 4 and 2, batch 1 / 16 / 64 x 512 / 4k"
+      timeout 200 $PY -m attnlab.bench.kernels --phases decode --models $m --batches 1,16,64 --contexts 512,4096 \
+        --backends "$a" --reps 200 --repeats 3 "${b[@]}" --out "$OUT/kvpf17-$m-$between" > $LOGS/kvpf17-$m-$between.log 2>&1
+      echo "exit code $?"; grep -E "^decode|Error" $LOGS/kvpf17-$m-$between.log
+    done
+  done
+  ;;
+*) echo "part 1 to 17"; exit 2 ;;
 esac
 pack

@@ -53,7 +53,7 @@ def test_prefetch_changes_no_bit(page_size, gqa, head_dim, num_splits, graph):
     case = make_case(kv_lens=kv_lens, q_lens=q_lens, page_size=page_size, num_kv_heads=2, gqa=gqa, head_dim=head_dim,
                      dtype=torch.bfloat16, device="cuda", num_layers=2, seed=page_size + gqa)
     ref = _outputs(case, False, decode.KV_PREFETCH_TILES, num_splits, graph)
-    for tiles in (decode.KV_PREFETCH_TILES, 1, 0):
+    for tiles in (4, 1, 0):  # the default (1), the first version's 4, none
         out = _outputs(case, True, tiles, num_splits, graph)
         assert torch.equal(out, ref), (tiles, (out.float() - ref.float()).abs().max().item())
     torch.testing.assert_close(ref.float(), case.reference(), atol=2e-2, rtol=2e-2)
