@@ -46,9 +46,12 @@ from attnlab.kernels.switches import scoped
 LOG2E = 1.0 / math.log(2.0)
 # With PDL: before its wait, each program reads its plan metadata and page ids and prefetches into L2 the K / V rows of
 # its split's first KV_PREFETCH_TILES tiles (module docstring). 0 = the wait first, as every other kernel. 1, not the
-# first version's 4 (H200 2026-12-03d, batch 1): on an H100 (2026-12-06h, experiments/decode-early/ call 16, bench arms
-# +kvpf<tiles>) 1 tile took 0.99-1.00x 4 tiles' time at batch 1 and 0.90x / 0.92x at SmolLM2's batch 16 x 4k /
-# Llama-8B's 64 x 512, where 4 tiles a program prefetch most of the KV and made PDL on slower than c101f91's decode.
+# first version's 4 (H200 2026-12-03d, batch 1): on an H100 (2026-12-06h, experiments/decode-early/ calls 14-15, bench
+# arms +kvpf<tiles>, three runs: alone twice and after one layer's MLP) 1 tile took 0.89-1.00x 4 tiles' time at batch
+# 16 / 64 x 512 / 4k (SmolLM2's 16 x 4k 0.89-0.90x, Llama-8B's 64 x 512 0.92-0.93x), but for Llama-8B's 16 x 512
+# (0.95-1.04x), where 4 tiles a program prefetch most of the KV and had made PDL on slower than c101f91's decode. At
+# batch 1 x 512 / 4k every split is one tile, so 1 and 4 prefetch the same: 0.97-1.03x, the arms' noise. 2 tiles: as
+# 1 but for Llama-8B's 16 x 512 (0.91-1.00x of 1) and SmolLM2's 64 x 512 (1.01-1.04x of 1).
 KV_PREFETCH_TILES = 1
 _kv_prefetch = KV_PREFETCH_TILES
 # The early first tile (EARLY_TILE) on one-stage launches of at most this many tile elements: the defaults' 128 x 64

@@ -130,11 +130,12 @@ def decode_params(*, batch: int, num_kv_heads: int, group: int, head_dim: int, m
         # runs as one 128-token tile of 8 warps in one stage, the same splits, where the programs fill at most
         # DECODE_MIN_PROGRAMS_PER_SM a SM. H100, 2026-12-06g (experiments/decode-early/ calls 9-11, page 16, bf16):
         # 0.88x / 0.91x the time with PDL off / on at batch 1 x 4k, 0.86-0.92x at batch 1-16 x 128, 0.87-1.01x at batch
-        # 4 x 1k and 8 x 512. It lost 1.10x at batch 16 x 320 (384 programs, and a last split of 64 tokens: the bound
-        # rests on that one cell). 128-token tiles also lost at batch 1 x 512 (half the splits, 1.15-1.31x) and where
-        # a split loops over several (16k, batch 16 x 4k: 1.03-1.11x), not taken there. A forced split count (tuning
-        # sweeps) keeps the heuristic's tile. Not measured: page 64, whose 64-token tiles read one page id a tile and
-        # 128-token ones a page id a token (at page 16 both gather per token).
+        # 4 x 1k and 8 x 512. Past the bound it lost: batch 16 x 320 1.10x, 16 x 384 1.02x / 1.04x (384 programs, full
+        # splits), while batch 1 x 2,200 (144 programs, a last split of 24 tokens) gained 0.96x: the program count, not
+        # a partial split (2026-12-06h, call 13). Page 64 (one page id a 64-token tile, a page id a token at 128)
+        # gained too, less: 0.96x at batch 1 x 4k. 128-token tiles also lost at batch 1 x 512 (half the splits,
+        # 1.15-1.31x) and where a split loops over several (16k, batch 16 x 4k: 1.03-1.11x), not taken there. A forced
+        # split count (tuning sweeps) keeps the heuristic's tile.
         block_n, num_warps, num_stages = 128, 8, 1
     # A split of one tile has no loop to pipeline: its launch runs one stage where it takes the decode's early first
     # tile (decode.early_launch, decided as each launch is made: PDL and the KV prefetch are process settings a plan
