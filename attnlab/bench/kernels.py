@@ -23,8 +23,9 @@ cell is skipped with its reason; a failing one is an error cell; the bench goes 
 A spec ending in ``+pdl`` (``triton+pdl``, ``triton/num_splits=64+pdl``) runs that backend's attnlab kernels with
 programmatic dependent launch (attnlab.kernels.pdl, as ``engine.pdl=true`` does): captured with it, so a cell's
 back-to-back runs (and a split decode's merge) overlap their launches; the same spec without it is the A/B.
-``+early<elems>`` and ``+kvpf<tiles>`` (any order with ``+pdl``) set the triton decode's early-tile gate and KV
-prefetch for that arm (``ARM_SWITCHES``): A/Bs of the decode's PDL-side choices in one process.
+``+early<elems>`` and ``+kvpf<tiles>`` (any order with ``+pdl``, which they need; triton or a hybrid only) set the
+triton decode's early-tile gate and KV prefetch for that arm (``ARM_SWITCHES``): A/Bs of the decode's PDL-side choices
+in one process.
 ``--launches`` profiles one measurement per backend after each shape is timed and records every kernel's launch
 shapes (grid, block, shared memory) in the cell (JSON, console), to compare with ``bench.spec --kernel-profile``'s.
 ``--cold`` writes a buffer of twice the L2 before each run (captured with the runs) and subtracts the writes' time,
@@ -255,7 +256,8 @@ ARM_SWITCHES = {"early": "the decode's early-tile gate in tile elements (decode.
 
 def split_arm(spec: str) -> tuple[str, bool, dict[str, int]]:
     """``spec[+pdl][+early<elems>][+kvpf<tiles>]`` -> (spec, pdl, {switch: value}); ValueError for a repeated,
-    unknown or malformed switch (the values' ranges are checked where they are set: ``check_arm``)."""
+    unknown or malformed switch (the values' ranges and what they need are checked by ``check_arm``). Every ``+``
+    starts a switch, so no backend option value may hold one (none does)."""
     base, *parts = spec.split("+")
     on, switches = False, {}
     for part in parts:
@@ -270,15 +272,20 @@ def split_arm(spec: str) -> tuple[str, bool, dict[str, int]]:
     return base, on, switches
 
 
-def check_arm(switches: dict[str, int]) -> None:
-    """ValueError naming the rule for a switch value out of range."""
+def check_arm(name: str, on: bool, switches: dict[str, int]) -> None:
+    """ValueError naming the rule for a switch that cannot act: a value out of range, or the decode's switches on a
+    backend without attnlab's decode (``name``: triton, or a hybrid whose sides may run it) or without ``+pdl`` (its
+    early reads and prefetch happen before the PDL wait: without it the arm would time the plain launch)."""
     from attnlab.kernels import decode
 
+    if switches and name not in ("triton", "hybrid"):
+        raise ValueError(f"+{' +'.join(switches)}: the triton decode's switches, not {name}'s")
+    if switches and not on:
+        raise ValueError(f"+{' +'.join(switches)} act only with +pdl (the decode's reads before its PDL wait)")
     if "early" in switches:
         decode.check_early_tile_max(switches["early"])
     if "kvpf" in switches:
-        with decode.kv_prefetching(switches["kvpf"]):  # set_kv_prefetch checks, the old value restored
-            pass
+        decode.check_kv_prefetch(switches["kvpf"])
 
 
 def split_pdl(spec: str) -> tuple[str, bool]:
@@ -307,10 +314,10 @@ def load_backends(specs: list[str]) -> dict:
     for spec in specs:
         try:
             base, on, switches = split_arm(spec)
+            name, options = parse_spec(base)
+            check_arm(name, on, switches)
             if on and pdl.unsupported("cuda"):
                 raise ValueError(f"+pdl: {pdl.unsupported('cuda')}")
-            check_arm(switches)
-            name, options = parse_spec(base)
             classes[spec] = require_available(name, options, f"--backends {spec}")
         except Exception as e:  # noqa: BLE001 - any import/availability/option problem: skip with its reason
             print(f"skipping backend {spec}: {e}", file=sys.stderr)
@@ -406,7 +413,7 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
                 by_label[label].status = f"error: {type(e).__name__}: {str(e)[:160]}"
     if getattr(args, "launches", False):  # after this shape's timing: the profiler slows what runs after it
         for label, t in timers.items():
-            by_label[label].extra["launches"] = profiled_launches(t, split_pdl(label)[1])
+            by_label[label].extra["launches"] = profiled_launches(t, label)
     for c in cells:
         if c.samples_ms and c.status == "ok":
             finish(c, pools[c.page_size][2], hkv, d, args.copy_gb_s)
@@ -415,16 +422,16 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
     return cells
 
 
-def profiled_launches(timer: Timer, pdl_on: bool) -> dict[str, list[dict]]:
-    """--launches: one measurement of ``timer`` under the torch profiler -> its kernels' launch shapes (grid, block,
-    shared memory; bench.kernel_profile.launch_shapes), to compare with the same kernel's launch in the engine
-    (``bench.spec --kernel-profile``)."""
+def profiled_launches(timer: Timer, label: str) -> dict[str, list[dict]]:
+    """--launches: one measurement of ``timer`` under the torch profiler, with its arm's switches (``label``: an eager
+    cell launches as it measures) -> its kernels' launch shapes (grid, block, shared memory;
+    bench.kernel_profile.launch_shapes), to compare with the same kernel's launch in the engine (``bench.spec
+    --kernel-profile``)."""
     from torch.profiler import ProfilerActivity, profile
 
     from attnlab.bench.kernel_profile import launch_shapes
-    from attnlab.kernels import pdl
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof, pdl.using(pdl_on, "cuda"):
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, arm_switches(label):
         timer.measure()
         torch.cuda.synchronize()
     return launch_shapes(prof)

@@ -49,15 +49,19 @@ LOG2E = 1.0 / math.log(2.0)
 # first version's 4 (H200 2026-12-03d, batch 1): on an H100 (2026-12-06h, experiments/decode-early/ calls 14-15, bench
 # arms +kvpf<tiles>, three runs: alone twice and after one layer's MLP) 1 tile took 0.89-1.00x 4 tiles' time at batch
 # 16 / 64 x 512 / 4k (SmolLM2's 16 x 4k 0.89-0.90x, Llama-8B's 64 x 512 0.92-0.93x), but for Llama-8B's 16 x 512
-# (0.95-1.04x), where 4 tiles a program prefetch most of the KV and had made PDL on slower than c101f91's decode. At
-# batch 1 x 512 / 4k every split is one tile, so 1 and 4 prefetch the same: 0.97-1.03x, the arms' noise. 2 tiles: as
-# 1 but for Llama-8B's 16 x 512 (0.91-1.00x of 1) and SmolLM2's 64 x 512 (1.01-1.04x of 1).
+# (0.95-1.04x). With 4 tiles PDL on had been slower than c101f91's decode at SmolLM2's batch 16 x 4k (26.1 against
+# 24.3 us; 1 tile 23.4). Why more prefetched tiles cost there is not measured. At batch 1 x 512 / 4k every split is one
+# tile, so 1 and 4 prefetch the same bytes: 0.97-1.03x. 2 tiles: as 1 but for Llama-8B's 16 x 512 (0.91-1.00x of 1),
+# SmolLM2's 64 x 512 (1.01-1.04x) and Llama-8B's 1 x 512 (1.04-1.07x, though the same bytes: the constexpr's code).
+# 0 tiles (no early tile either) were faster still at SmolLM2's batch 16 / 64 in one run, and slower at batch 1.
 KV_PREFETCH_TILES = 1
 _kv_prefetch = KV_PREFETCH_TILES
 # The early first tile (EARLY_TILE) on one-stage launches of at most this many tile elements: the defaults' 128 x 64
-# (SmolLM2) and 64 x 128. Conservative: only the fused merge at 128 x 128 (Llama-8B's decode_tiles=128x4x1, its best
-# batch-1 arm) was measured slower with it (1.01-1.03x in four H100 calls), while call 2's 256-token tiles gained
-# (0.88-0.97x); those are decode_tiles overrides, given up here (experiments/decode-early/).
+# (SmolLM2) and 64 x 128. At 128 x 128 it was measured both ways (experiments/decode-early/): slower with the fused
+# merge at 4 warps (decode_tiles=128x4x1, 1.01-1.03x in four H100 calls); at the two-tile rule's 8 warps (2026-12-06h,
+# call 13, bench arm +early16384) 0.85-0.87x at unsplit batch 1-8 x 128 and 0.98x at batch 1 x 4k, but 1.06x at batch
+# 16 x 128 and, with the merge launch, 1.12x / 1.23x at batch 8 x 512 / 4 x 1k (the fused merge there 0.97x / 1.01x).
+# Call 2's 256-token tiles gained (0.88-0.97x); those are decode_tiles overrides, given up here.
 EARLY_TILE_MAX_ELEMS = 128 * 64
 _early_max_elems = EARLY_TILE_MAX_ELEMS
 
@@ -67,9 +71,14 @@ def set_kv_prefetch(tiles: int) -> None:
     engine.gemm_prefetch; 0 = none, the metadata read after the wait too, and no early first tile). Nothing without
     PDL."""
     global _kv_prefetch
+    _kv_prefetch = check_kv_prefetch(tiles)
+
+
+def check_kv_prefetch(tiles: int) -> int:
+    """``tiles`` if it is a valid KV prefetch, else ValueError naming the rule."""
     if isinstance(tiles, bool) or not isinstance(tiles, int) or not 0 <= tiles <= 8:
         raise ValueError(f"decode KV prefetch {tiles!r}: an int of KV tiles in 0..8")
-    _kv_prefetch = tiles
+    return tiles
 
 
 def kv_prefetch() -> int:

@@ -131,9 +131,10 @@ def decode_params(*, batch: int, num_kv_heads: int, group: int, head_dim: int, m
         # DECODE_MIN_PROGRAMS_PER_SM a SM. H100, 2026-12-06g (experiments/decode-early/ calls 9-11, page 16, bf16):
         # 0.88x / 0.91x the time with PDL off / on at batch 1 x 4k, 0.86-0.92x at batch 1-16 x 128, 0.87-1.01x at batch
         # 4 x 1k and 8 x 512. Past the bound it lost: batch 16 x 320 1.10x, 16 x 384 1.02x / 1.04x (384 programs, full
-        # splits), while batch 1 x 2,200 (144 programs, a last split of 24 tokens) gained 0.96x: the program count, not
-        # a partial split (2026-12-06h, call 13). Page 64 (one page id a 64-token tile, a page id a token at 128)
-        # gained too, less: 0.96x at batch 1 x 4k. 128-token tiles also lost at batch 1 x 512 (half the splits,
+        # splits), while batch 1 x 2,200 (144 programs, a last split of 24 tokens) gained 0.96x: by these two cells
+        # (which differ in batch too) the program count, not a partial split (2026-12-06h, call 13). Page 64 (one page
+        # id a 64-token tile, a page id a token at 128) gained too, less: 0.96x at batch 1 x 4k, its one cell measured.
+        # 128-token tiles also lost at batch 1 x 512 (half the splits,
         # 1.15-1.31x) and where a split loops over several (16k, batch 16 x 4k: 1.03-1.11x), not taken there. A forced
         # split count (tuning sweeps) keeps the heuristic's tile.
         block_n, num_warps, num_stages = 128, 8, 1

@@ -121,7 +121,7 @@ def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
     assert all("launches" not in c.extra for c in cells)  # no --launches
     # --launches: each timed backend's launch shapes, profiled after the shape's timing
     seen = []
-    monkeypatch.setattr(kernels, "profiled_launches", lambda t, on: seen.append(t) or {"k": [{"grid": [1, 1, 1]}]})
+    monkeypatch.setattr(kernels, "profiled_launches", lambda t, label: seen.append(t) or {"k": [{"grid": [1, 1, 1]}]})
     args.launches = True
     cells = run_shape({"triton": classes["triton"]}, "verify", "smollm2", 2, 40, 5, args, torch.bfloat16)
     assert len(seen) == 1 and cells[0].extra["launches"] == {"k": [{"grid": [1, 1, 1]}]}
@@ -243,10 +243,58 @@ def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsy
         assert (decode.early_tile_max(), decode.kv_prefetch()) == before
     assert before == (decode.EARLY_TILE_MAX_ELEMS, decode.KV_PREFETCH_TILES)
     assert (decode.early_tile_max(), decode.kv_prefetch()) == before
-    assert load_backends(["triton+early99999", "triton+kvpf9"]) == {}
+    bad = ["triton+pdl+early99999", "triton+kvpf9+pdl", "triton+early16384", "flashinfer+pdl+kvpf1"]
+    assert load_backends(bad) == {}
     err = capsys.readouterr().err
-    assert "skipping backend triton+early99999: decode early tile gate 99999" in err
-    assert "skipping backend triton+kvpf9: decode KV prefetch 9" in err
+    assert "skipping backend triton+pdl+early99999: decode early tile gate 99999" in err
+    assert "skipping backend triton+kvpf9+pdl: decode KV prefetch 9" in err
+    assert "skipping backend triton+early16384: +early act only with +pdl" in err  # it would time the plain launch
+    assert "skipping backend flashinfer+pdl+kvpf1: +kvpf: the triton decode's switches, not flashinfer's" in err
+
+
+def test_run_shape_captures_and_times_each_arm_under_its_switches(monkeypatch):
+    """run_shape enters an arm's switches (the decode's early-tile gate and KV prefetch) around its capture and each
+    measurement, and the process values are back between arms (``+pdl`` itself needs a Hopper GPU: not here)."""
+    import argparse
+
+    import torch
+
+    from attnlab.backends.base import Mode
+    from attnlab.backends.cases import random_paged_case
+    from attnlab.backends.registry import get_backend_class
+    from attnlab.bench import kernels
+    from attnlab.kernels import decode
+
+    def cpu_build(model, batch, context, q_len, page_size, dtype, seed=0):
+        hq, hkv, d = kernels.HEADS[model]
+        pool, meta, q = random_paged_case(kv_lens=[context] * batch, q_lens=[q_len] * batch, page_size=page_size,
+                                          num_q_heads=hq, num_kv_heads=hkv, head_dim=d, dtype=dtype, spare_pages=0,
+                                          mode=Mode.DECODE)
+        return pool, meta, q, 1
+
+    seen = []
+
+    class FakeTimer:
+        def __init__(self, be, q, num_layers, graphable, reps, iters, kv=None, between=None):
+            seen.append(("capture", be.num_splits, decode.early_tile_max(), decode.kv_prefetch()))
+            self.graph, self.graph_error, self.reps, self.iters, self.splits = object(), None, reps, iters, be.num_splits
+
+        def measure(self):
+            seen.append(("measure", self.splits, decode.early_tile_max(), decode.kv_prefetch()))
+            return 0.5
+
+    monkeypatch.setattr(kernels, "build", cpu_build)
+    monkeypatch.setattr(kernels, "Timer", FakeTimer)
+    labels = {"triton/num_splits=2+early16384+kvpf3": get_backend_class("triton", {"num_splits": 2}),
+              "triton/num_splits=3": get_backend_class("triton", {"num_splits": 3})}  # told apart by num_splits
+    args = argparse.Namespace(page_size=16, reps=5, iters=10, repeats=2, copy_gb_s=1000.0)
+    cells = kernels.run_shape(labels, "decode", "smollm2", 1, 64, 1, args, torch.float32)
+    assert all(c.status == "ok" for c in cells), [(c.backend, c.status) for c in cells]
+    default = (decode.EARLY_TILE_MAX_ELEMS, decode.KV_PREFETCH_TILES)
+    for what, splits, gate, tiles in seen:
+        assert (gate, tiles) == ((16384, 3) if splits == 2 else default), (what, splits, gate, tiles)
+    assert {splits for _, splits, *_ in seen} == {2, 3} and [w for w, *_ in seen].count("measure") == 4
+    assert (decode.early_tile_max(), decode.kv_prefetch()) == default
 
 
 def test_cold_timer_flushes_before_each_run_and_subtracts_the_flushes(monkeypatch):
