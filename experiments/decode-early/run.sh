@@ -80,10 +80,13 @@
 #      bit, the early tile's fallback, the rule's tile), then part 16's grid again, plain and after one layer's MLP
 #      (--between gemm: the engine's kernel before the attention is a projection): PDL off, on (1 tile), +kvpf4,
 #      +kvpf2.
+#  18  carry [".gpu/fk"], ~1.5 min warm (2026-12-06h): the session's last commit on a GPU: the rule's tile and the
+#      prefetch bit-for-bit tests, and bench.kernels' arm switches with --launches at Llama-8B's batch 1 x 4k (+early,
+#      +kvpf, and +early without +pdl, which must be refused).
 # (part 5 as it ran on 2026-12-06e named its files gate-<code>-<random>: their order is in run5.log)
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 17}
+PART=${1:?part 1 to 18}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
@@ -279,6 +282,16 @@ case $PART in
     done
   done
   ;;
-*) echo "part 1 to 17"; exit 2 ;;
+18)
+  FB=.gpu/fk install_fb
+  step "GPU tests: the rule's tile and the prefetch, bit for bit"
+  gpu_tests smoke18 200 tests/integration/test_gpu_decode_prefetch.py -k "128_token_tile or prefetch_changes_no_bit"
+  step "llama8b b1 x 4k: arm switches with --launches (+early16384 without +pdl must be skipped)"
+  timeout 150 $PY -m attnlab.bench.kernels --phases decode --models llama8b --batches 1 --contexts 4096 \
+    --backends triton+pdl,triton+pdl+early16384,triton+pdl+kvpf4,triton+early16384 --reps 200 --repeats 3 \
+    --launches --out "$OUT/smoke18" > $LOGS/smoke18.log 2>&1
+  echo "exit code $?"; grep -E "^decode|skipping|Error" $LOGS/smoke18.log
+  ;;
+*) echo "part 1 to 18"; exit 2 ;;
 esac
 pack
