@@ -76,9 +76,13 @@ def set_kv_prefetch(tiles: int) -> None:
 
 def check_kv_prefetch(tiles: int) -> int:
     """``tiles`` if it is a valid KV prefetch, else ValueError naming the rule."""
-    if isinstance(tiles, bool) or not isinstance(tiles, int) or not 0 <= tiles <= 8:
-        raise ValueError(f"decode KV prefetch {tiles!r}: an int of KV tiles in 0..8")
-    return tiles
+    return _int_in(tiles, 8, "decode KV prefetch", "KV tiles")
+
+
+def _int_in(value, most: int, what: str, unit: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+        raise ValueError(f"{what} {value!r}: an int of {unit} in 0..{most}")
+    return value
 
 
 def kv_prefetch() -> int:
@@ -100,9 +104,7 @@ def set_early_tile_max(elems: int) -> None:
 
 def check_early_tile_max(elems: int) -> int:
     """``elems`` if it is a valid early-tile gate, else ValueError naming the rule."""
-    if isinstance(elems, bool) or not isinstance(elems, int) or not 0 <= elems <= 256 * 128:
-        raise ValueError(f"decode early tile gate {elems!r}: an int of tile elements in 0..32768")
-    return elems
+    return _int_in(elems, 256 * 128, "decode early tile gate", "tile elements")
 
 
 def early_tile_max() -> int:
