@@ -288,12 +288,6 @@ def check_arm(name: str, on: bool, switches: dict[str, int]) -> None:
         decode.check_kv_prefetch(switches["kvpf"])
 
 
-def split_pdl(spec: str) -> tuple[str, bool]:
-    """``spec[+switches]+pdl`` -> (spec, True); without ``+pdl`` -> (spec, False)."""
-    base, on, _ = split_arm(spec)
-    return base, on
-
-
 @contextlib.contextmanager
 def arm_switches(label: str):
     """The process-wide settings of a spec's arm for a block: PDL (graphs record how their kernels were launched),

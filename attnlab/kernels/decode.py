@@ -46,14 +46,10 @@ from attnlab.kernels.switches import scoped
 LOG2E = 1.0 / math.log(2.0)
 # With PDL: before its wait, each program reads its plan metadata and page ids and prefetches into L2 the K / V rows of
 # its split's first KV_PREFETCH_TILES tiles (module docstring). 0 = the wait first, as every other kernel. 1, not the
-# first version's 4 (H200 2026-12-03d, batch 1): on an H100 (2026-12-06h, experiments/decode-early/ calls 14-15, bench
-# arms +kvpf<tiles>, three runs: alone twice and after one layer's MLP) 1 tile took 0.89-1.00x 4 tiles' time at batch
-# 16 / 64 x 512 / 4k (SmolLM2's 16 x 4k 0.89-0.90x, Llama-8B's 64 x 512 0.92-0.93x), but for Llama-8B's 16 x 512
-# (0.95-1.04x). With 4 tiles PDL on had been slower than c101f91's decode at SmolLM2's batch 16 x 4k (26.1 against
-# 24.3 us; 1 tile 23.4). Why more prefetched tiles cost there is not measured. At batch 1 x 512 / 4k every split is one
-# tile, so 1 and 4 prefetch the same bytes: 0.97-1.03x. 2 tiles: as 1 but for Llama-8B's 16 x 512 (0.91-1.00x of 1),
-# SmolLM2's 64 x 512 (1.01-1.04x) and Llama-8B's 1 x 512 (1.04-1.07x, though the same bytes: the constexpr's code).
-# 0 tiles (no early tile either) were faster still at SmolLM2's batch 16 / 64 in one run, and slower at batch 1.
+# first version's 4 (H200 2026-12-03d, batch 1): on an H100, 2026-12-06h, 1 tile took 0.89-1.00x 4 tiles' time at batch
+# 16 / 64 (but Llama-8B's 16 x 512, 0.95-1.04x), where 4 had made PDL on slower than c101f91 (SmolLM2's 16 x 4k: 26.1
+# against 24.3 us; 1 tile 23.4), and at batch 1 each split is one tile, so both prefetch the same bytes. The arms, 2 and
+# 0 tiles and what is not understood: experiments/decode-early/ calls 14-15.
 KV_PREFETCH_TILES = 1
 _kv_prefetch = KV_PREFETCH_TILES
 # The early first tile (EARLY_TILE) on one-stage launches of at most this many tile elements: the defaults' 128 x 64

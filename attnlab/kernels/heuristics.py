@@ -134,9 +134,8 @@ def decode_params(*, batch: int, num_kv_heads: int, group: int, head_dim: int, m
         # splits), while batch 1 x 2,200 (144 programs, a last split of 24 tokens) gained 0.96x: by these two cells
         # (which differ in batch too) the program count, not a partial split (2026-12-06h, call 13). Page 64 (one page
         # id a 64-token tile, a page id a token at 128) gained too, less: 0.96x at batch 1 x 4k, its one cell measured.
-        # 128-token tiles also lost at batch 1 x 512 (half the splits,
-        # 1.15-1.31x) and where a split loops over several (16k, batch 16 x 4k: 1.03-1.11x), not taken there. A forced
-        # split count (tuning sweeps) keeps the heuristic's tile.
+        # 128-token tiles also lost at batch 1 x 512 (half the splits, 1.15-1.31x) and where a split loops over several
+        # (16k, batch 16 x 4k: 1.03-1.11x), not taken there. A forced split count (tuning sweeps) keeps the tile.
         block_n, num_warps, num_stages = 128, 8, 1
     # A split of one tile has no loop to pipeline: its launch runs one stage where it takes the decode's early first
     # tile (decode.early_launch, decided as each launch is made: PDL and the KV prefetch are process settings a plan

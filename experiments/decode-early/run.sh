@@ -89,6 +89,13 @@ set -u -o pipefail
 PART=${1:?part 1 to 18}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
+# c101 NAME REPS: c101f91's triton (.old, the floor's before) at batch 1 / 16 x 4k, its rows on the console, NAME.md /
+# NAME.json in $OUT
+c101() {
+  (cd .old && PYTHONPATH=/opt/site:$PWD timeout 60 $K --backends triton --reps "$2" --out "$OUT/$1" \
+    > $LOGS/$1.log 2>&1; echo "c101f91 exit code $?")
+  grep -E "^decode" $LOGS/$1.log
+}
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
 case $PART in
 1|3|4|6|9|14)
@@ -110,9 +117,7 @@ case $PART in
   for r in $ROUNDS; do
     for reps in $REPS; do
       step "round $r, $reps runs a replay: c101f91, efbe5b5, today"
-      (cd .old && PYTHONPATH=/opt/site:$PWD timeout 60 $K --backends triton --reps $reps \
-        --out "$OUT/old-r$r-$reps" > $LOGS/old-r$r-$reps.log 2>&1; echo "c101f91 exit code $?")
-      grep -E "^decode" $LOGS/old-r$r-$reps.log
+      c101 old-r$r-$reps $reps
       (cd .prev && PYTHONPATH=/opt/site:$PWD timeout 90 $K --backends $ARMS --reps $reps --repeats 3 \
         --out "$OUT/prev-r$r-$reps" > $LOGS/prev-r$r-$reps.log 2>&1; echo "efbe5b5 exit code $?")
       grep -E "^decode" $LOGS/prev-r$r-$reps.log
@@ -203,9 +208,7 @@ case $PART in
     --out "$OUT/rule" > $LOGS/rule.log 2>&1
   echo "exit code $?"; grep -E "^decode|Error" $LOGS/rule.log
   step "c101f91 against today, 200 runs a replay"
-  (cd .old && PYTHONPATH=/opt/site:$PWD timeout 60 $K --backends triton --reps 200 --out "$OUT/old11" \
-    > $LOGS/old11.log 2>&1; echo "c101f91 exit code $?")
-  grep -E "^decode" $LOGS/old11.log
+  c101 old11 200
   timeout 90 $K --backends $ARMS --reps 200 --repeats 3 --out "$OUT/new11" > $LOGS/new11.log 2>&1
   echo "today exit code $?"; grep -E "^decode" $LOGS/new11.log
   ;;
@@ -246,9 +249,7 @@ case $PART in
     --repeats 3 --out "$OUT/gate15" > $LOGS/gate15.log 2>&1
   echo "exit code $?"; grep -E "^decode|Error" $LOGS/gate15.log
   step "floor round, 200 runs a replay: c101f91, then today's default and the gate's arms"
-  (cd .old && PYTHONPATH=/opt/site:$PWD timeout 60 $K --backends triton --reps 200 --out "$OUT/old15" \
-    > $LOGS/old15.log 2>&1; echo "c101f91 exit code $?")
-  grep -E "^decode" $LOGS/old15.log
+  c101 old15 200
   timeout 120 $K --backends "$a" --reps 200 --repeats 3 --out "$OUT/new15" > $LOGS/new15.log 2>&1
   echo "today exit code $?"; grep -E "^decode" $LOGS/new15.log
   ;;
@@ -263,9 +264,7 @@ case $PART in
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/kvpf16-$m.log
   done
   step "c101f91, 200 runs a replay (batch 1 / 16 x 4k)"
-  (cd .old && PYTHONPATH=/opt/site:$PWD timeout 60 $K --backends triton --reps 200 --out "$OUT/old16" \
-    > $LOGS/old16.log 2>&1; echo "c101f91 exit code $?")
-  grep -E "^decode" $LOGS/old16.log
+  c101 old16 200
   ;;
 17)
   FB=.gpu/fk install_fb

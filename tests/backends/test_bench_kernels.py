@@ -196,11 +196,11 @@ def test_floors_script_on_fake_results(tmp_path):
 def test_pdl_specs(capsys):
     """``spec+pdl``: the same backend with PDL launches (an A/B in one process); refused with the reason where
     PDL cannot run (here: no sm_90 GPU), like any unavailable backend."""
-    from attnlab.bench.kernels import load_backends, split_pdl
+    from attnlab.bench.kernels import load_backends, split_arm
 
-    assert split_pdl("triton+pdl") == ("triton", True)
-    assert split_pdl("triton/num_splits=64+pdl") == ("triton/num_splits=64", True)
-    assert split_pdl("triton/num_splits=64") == ("triton/num_splits=64", False)
+    assert split_arm("triton+pdl") == ("triton", True, {})
+    assert split_arm("triton/num_splits=64+pdl") == ("triton/num_splits=64", True, {})
+    assert split_arm("triton/num_splits=64") == ("triton/num_splits=64", False, {})
     assert load_backends(["triton+pdl"]) == {}
     assert "skipping backend triton+pdl: +pdl:" in capsys.readouterr().err
 
@@ -213,10 +213,9 @@ def test_pdl_specs(capsys):
     ("triton+pdl+kvpf0", ("triton", True, {"kvpf": 0})),
 ])
 def test_arm_switches_parse_in_any_order(spec, want):
-    from attnlab.bench.kernels import split_arm, split_pdl
+    from attnlab.bench.kernels import split_arm
 
     assert split_arm(spec) == want
-    assert split_pdl(spec) == want[:2]
 
 
 @pytest.mark.parametrize("spec", ["triton+pdl+pdl", "triton+early", "triton+early-1", "triton+early1+early2",
