@@ -61,7 +61,8 @@
 #      heuristic against 64x4x3 and 128x8x1, PDL off and on; and page 64 at batch 1 x 4k (per-token page ids at 128).
 #  14  carry [".gpu/fk", ".old", ".prev"], ~4 min warm (2026-12-06h), for an H200 (the card the floor's figures came
 #      from; none came in sessions 18-25): part 6 without its GPU tests (they passed on H100s, calls 6-10): one floor
-#      round (c101f91, efbe5b5, today; default, fused, fused + 128x4x1) and the stream rows, both shapes. Run after 13
+#      round (c101f91, efbe5b5, today; default, fused, fused + 128x4x1; today's +early16384 arms) and the stream rows,
+#      both shapes. Run after 13
 #      in the same call:  bash experiments/decode-early/run.sh 13; OUT=$OUT/f bash experiments/decode-early/run.sh 14
 #  15  carry [".gpu/fk", ".old"], ~3 min warm (2026-12-06h): the early first tile at the two-tile rule's 128 x 128 tile
 #      of 8 warps (bench arm +early16384, decode.early_tile_limit). The size gate (128 x 64) came from 128x4x1, 4 warps:
@@ -125,6 +126,12 @@ case $PART in
       echo "today exit code $?"; grep -E "^decode" $LOGS/new-r$r-$reps.log
     done
   done
+  if [ $PART = 14 ]; then
+    step "today's early tile at the two-tile rule's 128 x 128 tile (+early16384), merge launch and fused"
+    timeout 90 $K --backends triton+pdl+early16384,triton/fused_merge=true+pdl+early16384 --reps 200 --repeats 3 \
+      --out "$OUT/early14" > $LOGS/early14.log 2>&1
+    echo "today exit code $?"; grep -E "^decode" $LOGS/early14.log
+  fi
   if [ $PART -ge 6 ]; then
     for m in llama8b smollm2; do
       layers=8; [ $m = smollm2 ] && layers=64
