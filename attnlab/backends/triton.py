@@ -60,6 +60,10 @@ def _mask_offsets(meta: AttnMeta) -> list[int]:
     return offs
 
 
+# The fused_merge option's default (OPTIONS): the split merge inside the decode where each split is one KV tile.
+FUSED_MERGE = "auto"
+
+
 class TritonBackend(AttentionBackend):
     name = "triton"
     OPTIONS: ClassVar[dict[str, str]] = {
@@ -73,11 +77,12 @@ class TritonBackend(AttentionBackend):
                           "cached prefix (head dim 64 or 128, fp16 / bf16, a KV pool of the same dtype, the launch "
                           "fitting the GPU's shared memory) reads its new K / V from the projection output "
                           "(kernels/prefill_contig.py, tensor descriptors: TMA on Hopper) instead of the pool's pages",
-        "fused_merge": "true / false (default): merge split-KV partials inside the decode / extend kernel (the "
-                       "last split to finish merges), not in a second launch per layer. Not advised (H100, "
-                       "2026-12-06d, experiments/fused-merge): no tok/s gain end to end; kernel time in the "
-                       "engine's graphs (PDL off) 0.95x / 1.01x the launch's in decode, 1.11x / 1.53x in verify at "
-                       "SmolLM2 / Llama-8B shapes",
+        "fused_merge": "auto (default) / true / false: merge split-KV partials inside the kernel (the last split to "
+                       "finish merges), not in a second launch per layer. auto: the decode's launches whose every "
+                       "split holds one KV tile (batch-1 / small-batch decode; experiments/fused-merge-auto); true: "
+                       "every split launch, the extend kernel's (verify) too, which took 1.11x / 1.53x its kernel time "
+                       "in the engine's graphs at SmolLM2 / Llama-8B shapes (H100, 2026-12-06d, "
+                       "experiments/fused-merge); false: always the merge launch",
         "decode_tiles": "BLOCK_NxWARPSxSTAGES (e.g. 64x4x3): the decode kernel's KV tile, warps and stages, in place "
                         "of the heuristic (tuning: the batch-1 floor); the split count follows the tile (a forced "
                         "num_splits wins); a launch past the GPU's shared memory fails when it compiles; null = "
@@ -87,13 +92,16 @@ class TritonBackend(AttentionBackend):
     @classmethod
     def check_options(cls, options: dict, field: str) -> None:
         from attnlab.kernels.heuristics import parse_decode_tiles, parse_tiles
+        from attnlab.kernels.merge import check_fused_merge
 
         for key, what in (("num_splits", "heuristic"), ("split_tokens", "256")):
             n = options.get(key)
             if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
                 raise ConfigError(f"{field}.{key}={n!r}: must be an int >= 1 or null ({what})")
-        if not isinstance(options.get("fused_merge", False), bool):
-            raise ConfigError(f"{field}.fused_merge={options['fused_merge']!r}: must be true or false")
+        try:
+            check_fused_merge(options.get("fused_merge", FUSED_MERGE))
+        except ValueError as e:
+            raise ConfigError(f"{field}.{e}") from None
         if options.get("prefill_contig") not in (None, True, False):
             raise ConfigError(f"{field}.prefill_contig={options['prefill_contig']!r}: must be true, false or null")
         for key, parse in (("prefill_tiles", parse_tiles), ("decode_tiles", parse_decode_tiles)):
@@ -106,7 +114,7 @@ class TritonBackend(AttentionBackend):
     def __init__(self, *args, num_splits: int | None = None, cuda_graph: bool = False,
                  max_batch_size: int | None = None, max_q_len: int = 16, max_context: int | None = None,
                  invariant: bool = False, split_tokens: int | None = None, prefill_tiles: str | None = None,
-                 fused_merge: bool = False, prefill_contig: bool | None = None, decode_tiles: str | None = None,
+                 fused_merge: bool | str = FUSED_MERGE, prefill_contig: bool | None = None, decode_tiles: str | None = None,
                  **kwargs):
         """num_splits: force the split-KV count (tests, tuning); None = heuristic.
 
@@ -129,6 +137,7 @@ class TritonBackend(AttentionBackend):
             raise ConfigError("triton: decode_tiles does not apply with engine.invariant=true (its kernel's tiles are "
                               "fixed; attnlab.kernels.invariant)")
         self.decode_tiles = decode_tiles
+        self.check_options({"fused_merge": fused_merge}, "triton")
         self.fused_merge = fused_merge
         # a prefill_tiles sweep times the paged kernel's launches: it keeps them unless prefill_contig says otherwise
         self.prefill_contig = prefill_tiles is None if prefill_contig is None else prefill_contig
@@ -352,11 +361,12 @@ class TritonBackend(AttentionBackend):
             plan.counters = self._merge_counters(params, blocks)
 
     def _merge_counters(self, params, blocks: int) -> torch.Tensor | None:
-        """fused_merge's arrival counters of a split plan: one per (request or query block, kv head), zeros."""
-        if not self.fused_merge or not (params.kind == "invariant" or params.num_splits > 1):
-            return None  # the invariant kernel always merges (one split too); the others only when split
-        from attnlab.kernels.merge import merge_counters
+        """fused_merge's arrival counters of a plan that merges inside its kernel (``fuses_merge``): one per (request
+        or query block, kv head), zeros."""
+        from attnlab.kernels.merge import fuses_merge, merge_counters
 
+        if not fuses_merge(self.fused_merge, params):
+            return None
         return merge_counters(blocks, self.num_kv_heads, self.device)
 
     def write_mask(self, plan: TritonPlan, custom_mask: torch.Tensor) -> None:
@@ -417,7 +427,8 @@ class TritonBackend(AttentionBackend):
             from attnlab.kernels.invariant import warmup_invariant
 
             return warmup_invariant(self.num_q_heads, self.num_kv_heads, self.head_dim, self.pool.page_size,
-                                    self.dtype, self.pool.dtype, self.device, self.split_tokens, self.fused_merge)
+                                    self.dtype, self.pool.dtype, self.device, self.split_tokens,
+                                    self.fused_merge is True)
 
         shape = WarmupShape(self.num_q_heads, self.num_kv_heads, self.head_dim, self.pool.page_size,
                             self.dtype, self.pool.dtype, tuple(batch_sizes), tuple(q_lens), tuple(kv_lens),

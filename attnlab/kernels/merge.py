@@ -59,6 +59,23 @@ def merge_bound(num_splits: int, fused: bool, unroll: bool = True) -> int:
     return next_pow2(num_splits) if unroll else 0
 
 
+def check_fused_merge(option) -> bool | str:
+    """``option`` if it is a value of the triton backend's ``fused_merge`` (a bool or "auto"), else ValueError."""
+    if not isinstance(option, bool) and option != "auto":
+        raise ValueError(f"fused_merge={option!r}: must be true, false or auto")
+    return option
+
+
+def fuses_merge(option: bool | str, params) -> bool:
+    """Whether a launch of ``params`` (a LaunchParams) merges its splits inside the kernel (``merge_arrived``) under
+    the triton backend's ``fused_merge``: true, every split launch (decode, extend, and the invariant kernel, which
+    merges one split too); "auto", a split decode whose every split holds one KV tile (``params.one_tile``, the
+    heuristic's), the extend and invariant kernels keeping their merge launch; false, none."""
+    if option == "auto":
+        return params.kind == "decode" and params.num_splits > 1 and params.one_tile
+    return option is True and (params.kind == "invariant" or params.num_splits > 1)
+
+
 def merge_counters(programs: int, num_kv_heads: int, device) -> torch.Tensor:
     """The zeroed arrival counters ``merge_arrived`` needs: one per (request or query block, kv head) of a grid
     of ``programs`` x ``num_kv_heads`` x splits."""

@@ -16,7 +16,7 @@ import torch
 from attnlab.kernels.decode import paged_decode
 from attnlab.kernels.extend import paged_extend, query_blocks
 from attnlab.kernels.heuristics import PREFILL_MIN_Q_LEN, LaunchParams, plan_params, sm_count
-from attnlab.kernels.merge import merge_counters
+from attnlab.kernels.merge import fuses_merge, merge_counters
 from attnlab.kernels.store_kv import store_kv
 from attnlab.kvcache.layout import build_layout, pages_needed
 from attnlab.kvcache.pool import KVPool
@@ -39,7 +39,8 @@ class WarmupShape:
     custom_mask: bool = False
     num_splits: int | None = None
     prefill_tiles: str | None = None  # the triton backend's option: the prefill launch it overrides
-    fused_merge: bool = False  # the triton backend's option: split-KV partials merged inside the kernel
+    fused_merge: bool | str = False  # the triton backend's option (merge.fuses_merge): split-KV partials merged inside
+    # the kernel
     prefill_contig: bool = False  # the triton backend's option: prefills without a prefix on the contiguous kernel
     decode_tiles: str | None = None  # the triton backend's option: the decode launch it overrides
 
@@ -92,7 +93,7 @@ def warmup(shapes: list[WarmupShape], device: torch.device | str = "cuda") -> li
                                        dtype=torch.float32, device=device),
                     "lse_part": torch.empty(q_len, shape.num_q_heads, params.num_splits, dtype=torch.float32,
                                          device=device)}
-                if shape.fused_merge and params.kind in ("decode", "extend"):
+                if fuses_merge(shape.fused_merge, params):
                     blocks = 1 if params.kind == "decode" else len(query_blocks([q_len], params.tokens_per_block)[0])
                     scratch["counters"] = merge_counters(blocks, shape.num_kv_heads, device)
             args = (q, k_cache, v_cache, out, qo, layout.kv_indptr, layout.kv_indices, layout.kv_lens)

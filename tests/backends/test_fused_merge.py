@@ -19,7 +19,7 @@ TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 1e-
 REF_TOL = {torch.float32: {"atol": 2e-4, "rtol": 2e-4}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}  # test_triton's
 
 
-def run_layers(case, fused: bool, num_splits: int, repeat: int = 1):
+def run_layers(case, fused: bool | str, num_splits: int, repeat: int = 1):
     be = case.backend(TritonBackend)
     be.num_splits, be.fused_merge = num_splits, fused
     be.plan(case.meta)
@@ -56,6 +56,53 @@ def test_unsplit_plans_take_no_counters_and_bad_values_are_refused():
         TritonBackend.check_options({"fused_merge": "yes"}, "verify.options")
 
 
+@pytest.mark.parametrize("bad", ["yes", 1, 0, None, "Auto"])
+def test_fused_merge_values_other_than_true_false_auto_are_refused(bad):
+    with pytest.raises(ConfigError, match="must be true, false or auto"):
+        TritonBackend.check_options({"fused_merge": bad}, "backend.options")
+    case = make_case(kv_lens=[5], q_lens=[1], page_size=16, num_kv_heads=2, gqa=2, head_dim=64, dtype=torch.float32,
+                     device=DEVICE)
+    with pytest.raises(ConfigError, match="triton.fused_merge"):
+        TritonBackend(case.pool, 4, 2, 64, 0.125, torch.float32, fused_merge=bad)
+
+
+def test_fuses_merge_decides_per_launch():
+    """The option's rule on each kind of launch: auto fuses a split decode of one-tile splits only."""
+    from attnlab.kernels.heuristics import LaunchParams
+    from attnlab.kernels.merge import fuses_merge
+
+    def params(kind, splits, one_tile=False):
+        return LaunchParams(kind, 16, 64, 64, 1, splits, num_warps=4, num_stages=1, one_tile=one_tile)
+
+    cases = {("decode", 4, True): (True, True, False), ("decode", 4, False): (True, False, False),
+             ("decode", 1, True): (False, False, False), ("extend", 4, True): (True, False, False),
+             ("invariant", 1, False): (True, False, False)}
+    for (kind, splits, one), want in cases.items():
+        got = tuple(fuses_merge(opt, params(kind, splits, one)) for opt in (True, "auto", False))
+        assert got == want, (kind, splits, one)
+
+
+@pytest.mark.parametrize("kind,num_splits,fused", [("decode", 3, True), ("decode", 2, False), ("verify", 3, False)],
+                         ids=["decode-one-tile", "decode-two-tiles", "verify"])
+def test_auto_fuses_only_the_decode_of_one_tile_splits(kind, num_splits, fused):
+    """fused_merge=auto (the default): a decode whose 300-token context splits into 3 splits of one 128-token tile
+    (head dim 64) merges inside the kernel, counters back at 0; 2 splits (two tiles each) and a verify keep the merge
+    launch. Outputs as the merge launch's either way."""
+    q_lens = [1, 1, 0, 1] if kind == "decode" else [3, 3, 3, 3]
+    case = make_case(kv_lens=[c + q for c, q in zip([300, 0, 17, 1], q_lens)], q_lens=q_lens, page_size=16,
+                     num_kv_heads=2, gqa=3, head_dim=64, dtype=torch.float32, device=DEVICE, seed=5)
+    assert case.backend(TritonBackend).fused_merge == "auto"
+    _, ref = run_layers(case, False, num_splits)
+    be, out = run_layers(case, "auto", num_splits, repeat=2)
+    plan = be.active_plan
+    assert plan.params.num_splits == num_splits and (plan.counters is not None) == fused
+    assert ("merge=fused" in next(iter(be.kernel_info().values()))) == fused
+    if fused:
+        assert plan.counters.eq(0).all()
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[torch.float32])
+    torch.testing.assert_close(out.float(), case.reference(), **REF_TOL[torch.float32])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: the split programs race only there")
 @pytest.mark.parametrize("splits", [32, 11])
@@ -81,11 +128,29 @@ def test_gpu_fused_merge_under_races_and_graph_replay(kind, splits, shape):
         _race(case, splits, launches_per_graph=4 if shape == "pdl" else 1)
 
 
-def _race(case, splits: int, launches_per_graph: int) -> None:
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: the split programs race only there")
+@pytest.mark.parametrize("use_pdl", [False, True], ids=["pdl-off", "pdl-on"])
+@pytest.mark.parametrize("model", ["smollm2", "llama8b"])
+def test_gpu_auto_fuses_the_batch1_decode_under_races_and_graph_replay(model, use_pdl):
+    """The default (fused_merge=auto, the heuristic's splits) at the decode floor's cell, batch 1 x 4k: its splits
+    are one tile each, so the decode merges inside the kernel; raced and replayed as above against the merge launch."""
+    heads = {"smollm2": (3, 3, 64), "llama8b": (8, 4, 128)}[model]
+    case = make_case(kv_lens=[4096], q_lens=[1], page_size=16, num_kv_heads=heads[0], gqa=heads[1],
+                     head_dim=heads[2], dtype=torch.bfloat16, device="cuda", num_layers=1)
+    if use_pdl and pdl.unsupported("cuda"):
+        pytest.skip(f"engine.pdl: {pdl.unsupported('cuda')}")
+    with pdl.using(use_pdl, "cuda"):
+        be = _race(case, None, launches_per_graph=4 if use_pdl else 1, option="auto")
+    assert be.active_plan.params.one_tile and be.active_plan.params.num_splits > 1
+
+
+def _race(case, splits: int | None, launches_per_graph: int, option: bool | str = True):
     _, ref = run_layers(case, False, splits)
     be = case.backend(TritonBackend)
-    be.num_splits, be.fused_merge = splits, True
+    be.num_splits, be.fused_merge = splits, option
     be.plan(case.meta)
+    assert be.active_plan.counters is not None
     for _ in range(50):
         torch.testing.assert_close(be.run(case.q, 0).float(), ref[0].float(), **TOL[torch.bfloat16])
     g, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
@@ -100,6 +165,7 @@ def _race(case, splits: int, launches_per_graph: int) -> None:
         g.replay()
         torch.testing.assert_close(out.float(), ref[0].float(), **TOL[torch.bfloat16])
     assert be.active_plan.counters.eq(0).all()
+    return be
 
 
 def test_warmup_compiles_the_fused_variants():
@@ -111,6 +177,17 @@ def test_warmup_compiles_the_fused_variants():
     records = be.warmup(batch_sizes=(1,), q_lens=(1, 4), kv_lens=(600,))
     assert {r["params"].kind for r in records} == {"decode", "extend"}
     assert all(r["params"].num_splits == 3 and r["fused_merge"] for r in records)
+
+
+def test_warmup_under_auto_compiles_the_decode_fused_and_the_extend_not():
+    case = make_case(kv_lens=[5], q_lens=[1], page_size=16, num_kv_heads=2, gqa=2, head_dim=64, dtype=torch.float32,
+                     device=DEVICE)
+    be = case.backend(TritonBackend)
+    be.num_splits, be.fused_merge = 3, "auto"
+    records = be.warmup(batch_sizes=(1,), q_lens=(1, 4), kv_lens=(300,))
+    assert {(r["params"].kind, r["fused_merge"]) for r in records} == {("decode", True), ("extend", False)}
+    be.invariant = True
+    assert not be.warmup()[0]["fused_merge"]  # the invariant kernel keeps its merge launch under auto
 
 
 @pytest.mark.parametrize("q_lens", [[1, 1, 0, 1], [3, 3, 3, 3]], ids=["decode", "verify"])
