@@ -12,7 +12,7 @@
 #        PDL on;
 #      - the floor round: c101f91 (.old, the floor's before) and today's default and fused_merge=false (--quick);
 #      - after one layer's MLP (--between gemm), false against auto, PDL off and on, batch 1 / 4 / 16 x 512 / 4k;
-#      - if the call has the time (t < 400 s): inside the engine's CUDA graphs (bench.spec --kernel-profile, random
+#      - if the call has the time (t < 330 s): inside the engine's CUDA graphs (bench.spec --kernel-profile, random
 #        weights, PDL off so CUPTI's kernel times hold no wait), SmolLM2-135M (triton GEMMs), batch 1, prompts of 3,960
 #        tokens: the target-only rows' decode and the n-gram rows' verify (a control: auto does not touch it).
 #      .old: mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old   (untracked, git-excluded)
@@ -65,7 +65,7 @@ case $PART in
     --out "$OUT/new" > $LOGS/new.log 2>&1
   echo "today exit code $?"; grep -E "^decode" $LOGS/new.log
   between
-  [ $(( $(date +%s) - T0 )) -lt 400 ] && profile smollm2-135m triton || echo "=== no time left for the kernel profile (SMOL=1 part 2)"
+  [ $(( $(date +%s) - T0 )) -lt 330 ] && profile smollm2-135m triton || echo "=== no time left for the kernel profile (SMOL=1 part 2)"
   ;;
 2)
   FB=.gpu/fk install_fb
