@@ -7,8 +7,10 @@ back-to-back runs over the layers). CUDA, compute capability >= 9.0 for the PDL 
 Rows per (model, context), batch 1, bf16, page 16, the triton backend's own plan (its split count):
 - ``empty x1``: one empty kernel (one program) per run: the graph's launch-to-launch floor;
 - ``empty, decode grid`` and ``empty x2, decode + merge grids``: empty kernels of the decode's grid (request x kv
-  head x split) and of its merge's (token x query head): what launching the real kernels costs with no work in them;
-- ``merge only``: the split merge of the plan's partials (``merge_splits``);
+  head x split) and of its merge's (token x query head): what launching the real kernels costs with no work in them
+  (the second only where the decode has a merge launch: under the triton backend's default ``fused_merge=auto`` a
+  batch-1 decode's splits are one tile each and the kernel merges them itself);
+- ``merge only``: the split merge of the plan's partials as its own launch (``merge_splits``);
 - ``stream K / V, decode grid`` (and ``+ empty merge grid``): a read-only pass over the same K / V bytes with the
   decode's programs, split bounds, page gathers and tile (``attnlab.bench.kv_stream``: loads and a sum, checked
   against torch), so what reading these bytes alone costs at this grid is measured; ``stream K / V, N splits``: the
@@ -23,15 +25,17 @@ Rows per (model, context), batch 1, bf16, page 16, the triton backend's own plan
   ``stream K / V, ..., hnd`` (``--stream-modes hnd``): the decode grid and the stream-splits partitions over a copy of
   the pool laid out head-major within each page (FlashInfer's HND). The rows walk the same layers as the decode (at
   SmolLM2 shapes 8 x 3.1 MB, inside an H100's 50 MB L2: partly L2 hits for both);
-- ``decode``: the triton backend's decode as the engine runs it (the split kernel and its merge).
+- ``decode``: the triton backend's decode as the engine runs it (the split kernel and its merge, inside it or
+  launched after it).
 Columns: PDL off; PDL on (the decode reads its plan and prefetches its first K / V tiles into L2 before its wait, and
 on one-stage launches takes its first tile from those reads: attnlab.kernels.decode); PDL on with that prefetch off
 (the wait first). The decode's output is checked to be the same bits in every column. The stream rows take the plan's
 stages: a split of one tile (SmolLM2's batch-1 4k) runs one (2026-12-06e and f's runs: in every column; since
 decode.early_launch only where the decode takes its early tile, the PDL on column), so those rows are not
 comparable with earlier runs' three.
-An issue-16 floor ("batch-1 decode 1.5x faster than on 2026-12-01") is judged against the ``empty x2`` row: the part
-of the decode above it is what a kernel change can still take away. Cells: the median over ``--repeats``
+An issue-16 floor ("batch-1 decode 1.5x faster than on 2026-12-01") is judged against the decode's empty launches
+(``empty x2`` with a merge launch, else ``empty, decode grid``): the part of the decode above them is what a kernel
+change can still take away. Cells: the median over ``--repeats``
 measurements (arms interleaved), its spread (max - min, % of the median), and the ratio to the decode of the same PDL
 setting.
 """
@@ -89,12 +93,14 @@ def _rows(be, q, hkv: int, context: int, stream_splits: tuple[int, ...] = (),
                 _empty_kernel[grid](dummy, **launch_args(dummy))
         return _Launches(launch, out)
 
+    second = splits > 1 and plan.counters is None  # a split decode's merge launch (none where the kernel merges)
     rows = {"empty x1": empty((1,)), "empty, decode grid": empty(decode_grid)}
-    if splits > 1:  # a split decode's second launch
+    if second:
         rows["empty x2, decode + merge grids"] = empty(decode_grid, merge_grid)
+    if splits > 1:
         rows["merge only"] = _Launches(lambda layer: merge_splits(out, plan.o_part, plan.lse_part), out)
     rows["stream K / V, decode grid"] = _stream(be, splits)
-    if splits > 1:
+    if second:
         rows["stream K / V + empty merge grid"] = _stream(be, splits, lambda: _empty_kernel[merge_grid](
             dummy, **launch_args(dummy)))
     block_n, seen = plan.params.block_n, {kv_stream.working_splits(context, splits, plan.params.block_n)}
@@ -181,7 +187,7 @@ def arms(model: str, context: int, page_size: int, reps: int, iters: int,
 
 
 def floor_line(model: str, ctx: int, med: dict[str, float], splits: int) -> str:
-    """The issue-16 floor row of one shape: the target, the best decode, its two empty launches, and the fastest read
+    """The issue-16 floor row of one shape: the target, the best decode, its empty launches, and the fastest read
     of its K / V by a stream row (us, and TB/s: MB / us) from ``med`` ({"<row> | <column>": median us})."""
     target = BEFORE_US[model] / 1.5
     best = min(med[f"decode | {c}"] for c, *_ in SETTINGS)
@@ -193,7 +199,7 @@ def floor_line(model: str, ctx: int, med: dict[str, float], splits: int) -> str:
              if k.startswith("stream K / V") and "merge" not in k and "contig" not in k and "hnd" not in k}
     fast = min(reads, key=reads.get)
     return (f"| {model} | {ctx} | issue 16 floor: <= {target:.2f} us (2026-12-01: {BEFORE_US[model]} us / 1.5); best "
-            f"decode {best:.2f} us ({splits} splits); its two empty launches alone {floor2:.2f} us; the fastest read "
+            f"decode {best:.2f} us ({splits} splits); its empty launches alone {floor2:.2f} us; the fastest read "
             f"of its {mb:.1f} MB of K / V {reads[fast]:.2f} us ({fast}: {mb / reads[fast]:.2f} TB/s) |"
             + " |" * (2 * len(SETTINGS)))
 

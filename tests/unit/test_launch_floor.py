@@ -34,6 +34,9 @@ def test_floor_line_reads_the_fastest_stream():
     med.update({f"stream K / V, decode grid, hnd | {c}": 5.0 for c, *_ in launch_floor.SETTINGS})
     line = launch_floor.floor_line("llama8b", 4096, med, 32)  # rows reads the plan's bytes: it counts; hnd a copy
     assert "7.00 us (stream K / V, rows of every head, 256 programs | PDL off: 2.40 TB/s)" in line
+    for c, *_ in launch_floor.SETTINGS:  # a decode that merges inside its kernel has no second launch: one empty one
+        del med[f"empty x2, decode + merge grids | {c}"]
+    assert "its empty launches alone 0.80 us" in launch_floor.floor_line("llama8b", 4096, med, 32)
 
 
 def test_stream_splits_bad_input(capsys):
