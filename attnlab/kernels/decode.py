@@ -2,7 +2,9 @@
 
 One program per (request, kv head, split). Its M rows are the GQA group of query heads that share the kv
 head (padded to >= 16 rows for tl.dot), so each K/V tile is read once for the whole group. With
-num_splits > 1 each program writes a partial output + log-sum-exp and ``merge_splits`` combines them.
+num_splits > 1 each program writes a partial output + log-sum-exp and ``merge_splits`` combines them, or, given
+``counters`` (the triton backend's fused_merge; by default where each split is one tile), the split that finishes last
+does (``merge_arrived``).
 Split boundaries are computed in the kernel from the request's own kv_len (a multiple of BLOCK_N per
 split), so a plan's grid stays valid while lengths change (CUDA-graph replay).
 
