@@ -18,9 +18,11 @@
 #      .old: mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old   (untracked, git-excluded)
 #   2  carry [".gpu/fk"], ~3 min warm: part 1's kernel profile at Llama-3.1-8B (cuBLAS GEMMs); with SMOL=1 SmolLM2's
 #      too (when part 1 had no time for it).
+#   3  carry [".gpu/fk", ".old"], ~2.5 min warm: part 1 at its least, for a call with little device time left: auto's
+#      GPU tests; false against auto, PDL off and on, batch 1 / 2 / 4 / 8 x 512 / 4k, both shapes; the floor round.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 or 2}
+PART=${1:?part 1 to 3}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY, S
 B="$PY -m attnlab.bench.kernels --phases decode --reps 200 --repeats 3"
 # between: false against auto after one layer's MLP, PDL off and on, both shapes
@@ -71,6 +73,25 @@ case $PART in
   profile llama-3.1-8b cublas
   [ "${SMOL:-0}" = 1 ] && profile smollm2-135m triton
   ;;
-*) echo "part 1 or 2"; exit 2 ;;
+3)
+  test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
+  FB=.gpu/fk install_fb
+  step "GPU tests: auto at batch 1 x 4k racing, PDL off / on"
+  gpu_tests auto3 70 tests/backends/test_fused_merge.py -m gpu -k auto
+  a=triton/fused_merge=false,triton,triton/fused_merge=false+pdl,triton+pdl
+  for m in smollm2 llama8b; do
+    step "$m: fused_merge false / auto, PDL off and on, batch 1 / 2 / 4 / 8 x 512 / 4k"
+    timeout 50 $B --models $m --batches 1,2,4,8 --contexts 512,4096 --backends "$a" --out "$OUT/small-$m" \
+      > $LOGS/small-$m.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/small-$m.log
+  done
+  step "floor round, 200 runs a replay: c101f91, then today's default (auto) and fused_merge=false, PDL on"
+  (cd .old && PYTHONPATH=/opt/site:$PWD timeout 40 $PY -m attnlab.bench.kernels --phases decode --quick \
+    --backends triton --reps 200 --out "$OUT/old" > $LOGS/old.log 2>&1; echo "c101f91 exit code $?")
+  grep -E "^decode" $LOGS/old.log
+  timeout 45 $B --quick --backends triton+pdl,triton/fused_merge=false+pdl --out "$OUT/new" > $LOGS/new.log 2>&1
+  echo "today exit code $?"; grep -E "^decode" $LOGS/new.log
+  ;;
+*) echo "part 1 to 3"; exit 2 ;;
 esac
 pack
