@@ -114,8 +114,8 @@ class TritonBackend(AttentionBackend):
     def __init__(self, *args, num_splits: int | None = None, cuda_graph: bool = False,
                  max_batch_size: int | None = None, max_q_len: int = 16, max_context: int | None = None,
                  invariant: bool = False, split_tokens: int | None = None, prefill_tiles: str | None = None,
-                 fused_merge: bool | str = FUSED_MERGE, prefill_contig: bool | None = None, decode_tiles: str | None = None,
-                 **kwargs):
+                 fused_merge: bool | str = FUSED_MERGE, prefill_contig: bool | None = None,
+                 decode_tiles: str | None = None, **kwargs):
         """num_splits: force the split-KV count (tests, tuning); None = heuristic.
 
         invariant (engine.invariant): every pass, prefill, decode and verify, runs attnlab.kernels.invariant

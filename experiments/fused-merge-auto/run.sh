@@ -25,15 +25,25 @@ set -u -o pipefail
 PART=${1:?part 1 to 3}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY, S
 B="$PY -m attnlab.bench.kernels --phases decode --reps 200 --repeats 3"
-# between: false against auto after one layer's MLP, PDL off and on, both shapes
-between() {
-  local a=triton/fused_merge=false,triton,triton/fused_merge=false+pdl,triton+pdl m
+# grid NAME SECS BATCHES CONTEXTS ARMS [BENCH-FLAGS...]: bench.kernels' decode over both shapes, one process a shape,
+# NAME-<shape> in $OUT
+grid() {
+  local name=$1 secs=$2 batches=$3 contexts=$4 arms=$5 m; shift 5
   for m in smollm2 llama8b; do
-    step "$m after one layer's MLP (--between gemm): fused_merge false / auto, PDL off and on"
-    timeout 60 $B --models $m --batches 1,4,16 --contexts 512,4096 --backends "$a" --between gemm \
-      --out "$OUT/gemm-$m" > $LOGS/gemm-$m.log 2>&1
-    echo "exit code $?"; grep -E "^decode|Error" $LOGS/gemm-$m.log
+    step "$m: $arms, batch $batches x $contexts $*"
+    timeout "$secs" $B --models $m --batches "$batches" --contexts "$contexts" --backends "$arms" "$@" \
+      --out "$OUT/$name-$m" > $LOGS/$name-$m.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/$name-$m.log
   done
+}
+# floor_round ARMS: c101f91's decode (.old, the floor's before) then today's ARMS, --quick, 200 runs a replay
+floor_round() {
+  step "floor round, 200 runs a replay: c101f91, then today's $1"
+  (cd .old && PYTHONPATH=/opt/site:$PWD timeout 40 $PY -m attnlab.bench.kernels --phases decode --quick \
+    --backends triton --reps 200 --out "$OUT/old" > $LOGS/old.log 2>&1; echo "c101f91 exit code $?")
+  grep -E "^decode" $LOGS/old.log
+  timeout 60 $B --quick --backends "$1" --out "$OUT/new" > $LOGS/new.log 2>&1
+  echo "today exit code $?"; grep -E "^decode" $LOGS/new.log
 }
 # profile MODEL GEMM: the kernel profile inside the engine's graphs, PDL off, false against auto (the rows' attention
 # and split-merge kernels on the console, the log as kp-MODEL.log in $OUT)
@@ -49,24 +59,15 @@ case $PART in
 1)
   test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
   FB=.gpu/fk install_fb
-  step "GPU tests: the fused merge racing (auto at batch 1 x 4k, PDL off / on), the decode's early reads bit for bit"
+  step "GPU tests: the fused merge racing (auto at batch 1 x 4k, PDL off / on; the PDL cases)"
   gpu_tests auto1 120 tests/backends/test_fused_merge.py -m gpu -k "auto or pdl"
-  a=triton/fused_merge=false,triton,triton/fused_merge=false+pdl,triton+pdl,triton/fused_merge=true+pdl
-  for m in smollm2 llama8b; do
-    step "$m: fused_merge false / auto (PDL off and on) / true (PDL on), batch 1-16 x 512-4k"
-    timeout 100 $B --models $m --batches 1,2,4,8,16 --contexts 512,1024,2048,4096 --backends "$a" \
-      --out "$OUT/grid-$m" > $LOGS/grid-$m.log 2>&1
-    echo "exit code $?"; grep -E "^decode|Error" $LOGS/grid-$m.log
-  done
-  step "floor round, 200 runs a replay: c101f91, then today's default (auto) and fused_merge=false, PDL on and off"
-  (cd .old && PYTHONPATH=/opt/site:$PWD timeout 45 $PY -m attnlab.bench.kernels --phases decode --quick \
-    --backends triton --reps 200 --out "$OUT/old" > $LOGS/old.log 2>&1; echo "c101f91 exit code $?")
-  grep -E "^decode" $LOGS/old.log
-  timeout 60 $B --quick --backends triton+pdl,triton/fused_merge=false+pdl,triton,triton/fused_merge=false \
-    --out "$OUT/new" > $LOGS/new.log 2>&1
-  echo "today exit code $?"; grep -E "^decode" $LOGS/new.log
-  between
-  [ $(( $(date +%s) - T0 )) -lt 330 ] && profile smollm2-135m triton || echo "=== no time left for the kernel profile (SMOL=1 part 2)"
+  grid grid 100 1,2,4,8,16 512,1024,2048,4096 \
+    triton/fused_merge=false,triton,triton/fused_merge=false+pdl,triton+pdl,triton/fused_merge=true+pdl
+  floor_round triton+pdl,triton/fused_merge=false+pdl,triton,triton/fused_merge=false
+  step "after one layer's MLP (--between gemm): fused_merge false / auto, PDL off and on"
+  grid gemm 60 1,4,16 512,4096 triton/fused_merge=false,triton,triton/fused_merge=false+pdl,triton+pdl --between gemm
+  if [ $(( $(date +%s) - T0 )) -lt 330 ]; then profile smollm2-135m triton
+  else echo "=== no time left for the kernel profile (SMOL=1 part 2)"; fi
   ;;
 2)
   FB=.gpu/fk install_fb
@@ -78,19 +79,8 @@ case $PART in
   FB=.gpu/fk install_fb
   step "GPU tests: auto at batch 1 x 4k racing, PDL off / on"
   gpu_tests auto3 70 tests/backends/test_fused_merge.py -m gpu -k auto
-  a=triton/fused_merge=false,triton,triton/fused_merge=false+pdl,triton+pdl
-  for m in smollm2 llama8b; do
-    step "$m: fused_merge false / auto, PDL off and on, batch 1 / 2 / 4 / 8 x 512 / 4k"
-    timeout 50 $B --models $m --batches 1,2,4,8 --contexts 512,4096 --backends "$a" --out "$OUT/small-$m" \
-      > $LOGS/small-$m.log 2>&1
-    echo "exit code $?"; grep -E "^decode|Error" $LOGS/small-$m.log
-  done
-  step "floor round, 200 runs a replay: c101f91, then today's default (auto) and fused_merge=false, PDL on"
-  (cd .old && PYTHONPATH=/opt/site:$PWD timeout 40 $PY -m attnlab.bench.kernels --phases decode --quick \
-    --backends triton --reps 200 --out "$OUT/old" > $LOGS/old.log 2>&1; echo "c101f91 exit code $?")
-  grep -E "^decode" $LOGS/old.log
-  timeout 45 $B --quick --backends triton+pdl,triton/fused_merge=false+pdl --out "$OUT/new" > $LOGS/new.log 2>&1
-  echo "today exit code $?"; grep -E "^decode" $LOGS/new.log
+  grid small 50 1,2,4,8 512,4096 triton/fused_merge=false,triton,triton/fused_merge=false+pdl,triton+pdl
+  floor_round triton+pdl,triton/fused_merge=false+pdl
   ;;
 *) echo "part 1 to 3"; exit 2 ;;
 esac
