@@ -11,11 +11,12 @@ Rows per (model, context), batch 1, bf16, page 16, the triton backend's own plan
   (the second only where the decode has a merge launch: under the triton backend's default ``fused_merge=auto`` a
   batch-1 decode's splits are one tile each and the kernel merges them itself);
 - ``merge only``: the split merge of the plan's partials as its own launch (``merge_splits``);
-- ``stream K / V, decode grid`` (and ``+ empty merge grid``): a read-only pass over the same K / V bytes with the
-  decode's programs, split bounds, page gathers and tile (``attnlab.bench.kv_stream``: loads and a sum, checked
-  against torch), so what reading these bytes alone costs at this grid is measured; ``stream K / V, N splits``: the
-  same with other split counts (``--stream-splits``; counted by the partitions they make: splits are multiples of
-  the tile, so a count past context / BLOCK_N adds only empty programs and is skipped as a duplicate);
+- ``stream K / V, decode grid`` (and ``+ empty merge grid``, where the decode has a merge launch): a read-only pass
+  over the same K / V bytes with the decode's programs, split bounds, page gathers and tile
+  (``attnlab.bench.kv_stream``: loads and a sum, checked against torch), so what reading these bytes alone costs at
+  this grid is measured; ``stream K / V, N splits``: the same with other split counts (``--stream-splits``; counted
+  by the partitions they make: splits are multiples of the tile, so a count past context / BLOCK_N adds only empty
+  programs and is skipped as a duplicate);
   ``stream K / V, decode grid, pages`` / ``contig`` (``--stream-modes``): the decode grid's read with a
   tensor-descriptor box per page (TMA on Hopper) in place of per-token gathers, or as if the pages were consecutive
   (the same byte count from other slots: a reference with no page table, left out of the floor line's fastest
