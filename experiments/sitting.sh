@@ -82,3 +82,10 @@ settle() {
   pkill -f -x "ninja.*|.*nvcc .*|.*cicc .*|.*ptxas .*" 2>/dev/null; sleep 2
   echo "host load: $(cut -d' ' -f1-3 /proc/loadavg)"
 }
+# c101 NAME REPS: c101f91's triton decode (.old, issue 16's floor's before; carried) at batch 1 / 16 x 4k
+# (bench.kernels --quick), its rows on the console, NAME.md / NAME.json in $OUT
+c101() {
+  (cd .old && PYTHONPATH=/opt/site:$PWD timeout 60 $PY -m attnlab.bench.kernels --phases decode --quick \
+    --backends triton --reps "$2" --out "$OUT/$1" > $LOGS/$1.log 2>&1; echo "c101f91 exit code $?")
+  grep -E "^decode" $LOGS/$1.log
+}

@@ -39,8 +39,7 @@ class WarmupShape:
     custom_mask: bool = False
     num_splits: int | None = None
     prefill_tiles: str | None = None  # the triton backend's option: the prefill launch it overrides
-    fused_merge: bool | str = False  # the triton backend's option (merge.fuses_merge): split-KV partials merged inside
-    # the kernel
+    fused_merge: bool | str = False  # the triton backend's option (merge.fuses_merge), which always passes it
     prefill_contig: bool = False  # the triton backend's option: prefills without a prefix on the contiguous kernel
     decode_tiles: str | None = None  # the triton backend's option: the decode launch it overrides
 

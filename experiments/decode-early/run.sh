@@ -88,15 +88,8 @@
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
 PART=${1:?part 1 to 18}
-. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, c101, pack, the environment, the call's log, PY
 K="$PY -m attnlab.bench.kernels --phases decode --quick"
-# c101 NAME REPS: c101f91's triton (.old, the floor's before) at batch 1 / 16 x 4k, its rows on the console, NAME.md /
-# NAME.json in $OUT
-c101() {
-  (cd .old && PYTHONPATH=/opt/site:$PWD timeout 60 $K --backends triton --reps "$2" --out "$OUT/$1" \
-    > $LOGS/$1.log 2>&1; echo "c101f91 exit code $?")
-  grep -E "^decode" $LOGS/$1.log
-}
 ARMS=triton+pdl,triton/fused_merge=true+pdl,triton/fused_merge=true/decode_tiles=128x4x1+pdl
 case $PART in
 1|3|4|6|9|14)

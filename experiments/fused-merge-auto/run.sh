@@ -23,7 +23,7 @@
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
 PART=${1:?part 1 to 3}
-. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY, S
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, c101, pack, the environment, the call's log, PY, S
 B="$PY -m attnlab.bench.kernels --phases decode --reps 200 --repeats 3"
 # grid NAME SECS BATCHES CONTEXTS ARMS [BENCH-FLAGS...]: bench.kernels' decode over both shapes, one process a shape,
 # NAME-<shape> in $OUT
@@ -39,9 +39,7 @@ grid() {
 # floor_round ARMS: c101f91's decode (.old, the floor's before) then today's ARMS, --quick, 200 runs a replay
 floor_round() {
   step "floor round, 200 runs a replay: c101f91, then today's $1"
-  (cd .old && PYTHONPATH=/opt/site:$PWD timeout 40 $PY -m attnlab.bench.kernels --phases decode --quick \
-    --backends triton --reps 200 --out "$OUT/old" > $LOGS/old.log 2>&1; echo "c101f91 exit code $?")
-  grep -E "^decode" $LOGS/old.log
+  c101 old 200
   timeout 60 $B --quick --backends "$1" --out "$OUT/new" > $LOGS/new.log 2>&1
   echo "today exit code $?"; grep -E "^decode" $LOGS/new.log
 }

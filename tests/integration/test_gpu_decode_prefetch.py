@@ -80,7 +80,8 @@ def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, monkey
     assert (params.block_n, params.num_warps, params.num_stages, params.num_splits) == (128, 8, 1, 32), params
     with decode.early_tile_limit(gate):
         with pdl.using(True, "cuda"):
-            assert decode.early_launch(case.q, case.pool.slots_view(0)[0], params)[1]["EARLY_TILE"] is (gate > decode.EARLY_TILE_MAX_ELEMS)
+            early = decode.early_launch(case.q, case.pool.slots_view(0)[0], params)[1]["EARLY_TILE"]
+            assert early is (gate > decode.EARLY_TILE_MAX_ELEMS)
         ref = _outputs(case, False, decode.KV_PREFETCH_TILES, None, graph, fused)
         out = _outputs(case, True, decode.KV_PREFETCH_TILES, None, graph, fused)
     assert torch.equal(out, ref), (out.float() - ref.float()).abs().max().item()
