@@ -20,9 +20,13 @@
 #      too (when part 1 had no time for it).
 #   3  carry [".gpu/fk", ".old"], ~2.5 min warm: part 1 at its least, for a call with little device time left: auto's
 #      GPU tests; false against auto, PDL off and on, batch 1 / 2 / 4 / 8 x 512 / 4k, both shapes; the floor round.
+#   4  carry [".gpu/fk"], ~5 min warm (2026-12-07, after part 1 found auto 1.06-1.15x slower than the merge launch at
+#      one-tile cells after the MLP with PDL on): part 2, then end to end with PDL on (timed, not profiled: CUPTI's
+#      kernel times would hold the PDL wait), SmolLM2-135M on random weights, prompts of 3,960 tokens, batch 1,
+#      target-only and n-gram rows, false against auto in the same rounds.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 3}
+PART=${1:?part 1 to 4}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, c101, pack, the environment, the call's log, PY, S
 B="$PY -m attnlab.bench.kernels --phases decode --reps 200 --repeats 3"
 # grid NAME SECS BATCHES CONTEXTS ARMS [BENCH-FLAGS...]: bench.kernels' decode over both shapes, one process a shape,
@@ -80,6 +84,15 @@ case $PART in
   grid small 50 1,2,4,8 512,4096 triton/fused_merge=false,triton,triton/fused_merge=false+pdl,triton+pdl
   floor_round triton+pdl,triton/fused_merge=false+pdl
   ;;
-*) echo "part 1 to 3"; exit 2 ;;
+4)
+  FB=.gpu/fk install_fb
+  profile llama-3.1-8b cublas
+  step "end to end, PDL on, timed: SmolLM2-135M (random weights), 3,960-token prompts, fused_merge false / auto"
+  timeout 200 $S --gemm triton --pdl --weights random --backends triton/fused_merge=false,triton --drafters ngram \
+    --k 4 --batch 1 --prompt-lengths 3960 --num-prompts 2 --new 128 --repeats 5 --same-rounds --ignore-eos \
+    --out "$OUT/e2e-pdl" > $LOGS/e2e-pdl.log 2>&1
+  echo "exit code $?"; grep -vE "^\s*$|it/s|%\|" $LOGS/e2e-pdl.log | tail -n 20
+  ;;
+*) echo "part 1 to 4"; exit 2 ;;
 esac
 pack
