@@ -24,9 +24,14 @@
 #      one-tile cells after the MLP with PDL on): part 2, then end to end with PDL on (timed, not profiled: CUPTI's
 #      kernel times would hold the PDL wait), SmolLM2-135M on random weights, prompts of 3,960 tokens, batch 1,
 #      target-only and n-gram rows, false against auto in the same rounds.
+#   5  carry [".gpu/fk"], ~4 min warm (2026-12-07): splits of several tiles, where auto keeps the merge launch. Call 1
+#      had fused_merge=true (PDL on) at 0.85-0.96x auto's time at Llama-8B's cells of 512 programs and 0.90x at
+#      SmolLM2's one of 528, 0.96-1.21x at every cell of at most 384; call 13 (a 4-tile KV prefetch) differed. So:
+#      auto against true, PDL off and on, batch 2-64 x 1k / 4k / 16k, both shapes, then batch 4 / 16 / 64 x 4k after
+#      one layer's MLP.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 4}
+PART=${1:?part 1 to 5}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, c101, pack, the environment, the call's log, PY, S
 B="$PY -m attnlab.bench.kernels --phases decode --reps 200 --repeats 3"
 # grid NAME SECS BATCHES CONTEXTS ARMS [BENCH-FLAGS...]: bench.kernels' decode over both shapes, one process a shape,
@@ -93,6 +98,12 @@ case $PART in
     --out "$OUT/e2e-pdl" > $LOGS/e2e-pdl.log 2>&1
   echo "exit code $?"; grep -vE "^\s*$|it/s|%\|" $LOGS/e2e-pdl.log | tail -n 20
   ;;
-*) echo "part 1 to 4"; exit 2 ;;
+5)
+  FB=.gpu/fk install_fb
+  A=triton,triton/fused_merge=true,triton+pdl,triton/fused_merge=true+pdl
+  grid multi 150 2,4,8,16,32,64 1024,4096,16384 $A
+  grid multigemm 90 4,16,64 4096 $A --between gemm
+  ;;
+*) echo "part 1 to 5"; exit 2 ;;
 esac
 pack
