@@ -28,7 +28,7 @@
 #      had fused_merge=true (PDL on) at 0.85-0.96x auto's time at Llama-8B's cells of 512 programs and 0.90x at
 #      SmolLM2's one of 528, 0.96-1.21x at every cell of at most 384; call 13 (a 4-tile KV prefetch) differed. So:
 #      auto against true, PDL off and on, batch 2-64 x 1k / 4k / 16k, both shapes, then batch 4 / 16 / 64 x 4k after
-#      one layer's MLP.
+#      one layer's MLP; with .old carried, a floor round of the default (PDL on and off) too.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
 PART=${1:?part 1 to 5}
@@ -103,6 +103,7 @@ case $PART in
   A=triton,triton/fused_merge=true,triton+pdl,triton/fused_merge=true+pdl
   grid multi 150 2,4,8,16,32,64 1024,4096,16384 $A
   grid multigemm 90 4,16,64 4096 $A --between gemm
+  if [ -d .old/attnlab ]; then floor_round triton+pdl,triton; else echo "=== no .old: no floor round"; fi
   ;;
 *) echo "part 1 to 5"; exit 2 ;;
 esac
