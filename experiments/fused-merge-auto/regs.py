@@ -3,7 +3,10 @@ for sm_90a on a machine without a GPU (attnlab.kernels.aot; ptxas from the insta
 ``fused_merge=true`` 1.04-1.14x slower than the merge launch at Llama-8B's 512-program grids with PDL off and
 0.85-1.02x with it on; this says why (the fused variant without PDL holds 155 registers, 3 programs a SM, not 4).
 
-    python experiments/fused-merge-auto/regs.py [--cells llama8b:16:4096,smollm2:1:4096] [--out FILE]
+    python experiments/fused-merge-auto/regs.py [--cells llama8b:16:4096,smollm2:1:4096] [--maxnreg N] [--out FILE]
+
+``--maxnreg N`` compiles every variant with that register cap (triton's ``maxnreg``; not something attnlab launches
+with): results/cpu-regs-maxnreg128-triton3.6.txt is the cap tried and not kept.
 
 (from the repository root, TRITON_INTERPRET unset). results/cpu-regs-triton3.6.txt is this script under triton 3.6,
 the GPU machine's (``pip install --target /tmp/t36 triton==3.6.0``, then ``PYTHONPATH=/tmp/t36:$PWD``); another
@@ -22,7 +25,7 @@ import tempfile
 import torch
 import triton
 
-from attnlab.kernels import aot, pdl
+from attnlab.kernels import aot, decode, pdl
 from attnlab.kernels.decode import paged_decode
 from attnlab.kernels.heuristics import decode_params
 from attnlab.kernels.merge import merge_counters
@@ -31,6 +34,28 @@ BIN = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 SHAPES = {"smollm2": (9, 3, 64), "llama8b": (32, 8, 128)}  # q heads, kv heads, head dim
 CELLS = "llama8b:1:4096,llama8b:8:512,llama8b:16:4096,llama8b:32:16384,smollm2:1:4096,smollm2:16:512,smollm2:64:4096"
 REGS_PER_SM, SMEM_PER_SM, SMS, PAGE = 65536, 228 * 1024, 132, 16
+
+
+class _Capped:
+    """The decode kernel launched with ``maxnreg`` added (``--maxnreg``), for as long as it is installed."""
+
+    def __init__(self, kernel, maxnreg: int):
+        self.kernel, self.maxnreg = kernel, maxnreg
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+        return lambda *args, **kwargs: launch(*args, maxnreg=self.maxnreg, **kwargs)
+
+
+@contextlib.contextmanager
+def capped(maxnreg: int | None):
+    before = decode._decode_kernel
+    if maxnreg:
+        decode._decode_kernel = _Capped(before, maxnreg)
+    try:
+        yield
+    finally:
+        decode._decode_kernel = before
 
 
 def compiled(model: str, batch: int, ctx: int, fused: bool, use_pdl: bool):
@@ -78,8 +103,11 @@ def row(model: str, batch: int, ctx: int, fused: bool, use_pdl: bool) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cells", default=CELLS, help="model:batch:context,... (models: " + ", ".join(SHAPES) + ")")
+    ap.add_argument("--maxnreg", type=int, help="compile with this register cap (8-255, a multiple of 8)")
     ap.add_argument("--out", help="also write the table here")
     a = ap.parse_args()
+    if a.maxnreg is not None and not (8 <= a.maxnreg <= 255 and a.maxnreg % 8 == 0):
+        ap.error(f"--maxnreg {a.maxnreg}: want a multiple of 8 in 8-255")
     cells = []
     for c in a.cells.split(","):
         model, _, rest = c.partition(":")
@@ -90,15 +118,16 @@ def main() -> None:
         cells.append((model, int(batch), int(ctx)))
     lines = [(f"triton {triton.__version__}, sm_90a, page {PAGE}, bf16, {SMS} SMs; tile: the plan's (a one-tile launch "
              "with PDL runs one stage: its shared memory); programs a SM: the smaller of the registers' and the shared "
-             "memory's bound"),
+             "memory's bound" + (f"; maxnreg {a.maxnreg}" if a.maxnreg else "")),
              "| shape | cell | tile | splits | programs | merge | PDL | registers | spill bytes | shared B | programs a SM |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
-    for model, batch, ctx in cells:
-        for use_pdl in (False, True):
-            for fused in (False, True):
-                lines.append(row(model, batch, ctx, fused, use_pdl))
-                print(lines[-1], flush=True)
+    with capped(a.maxnreg):
+        for model, batch, ctx in cells:
+            for use_pdl in (False, True):
+                for fused in (False, True):
+                    lines.append(row(model, batch, ctx, fused, use_pdl))
+                    print(lines[-1], flush=True)
     if a.out:
         pathlib.Path(a.out).write_text("\n".join(lines) + "\n")
 
