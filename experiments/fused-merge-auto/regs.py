@@ -24,8 +24,9 @@ import tempfile
 
 import torch
 import triton
+from capped import capped
 
-from attnlab.kernels import aot, decode, pdl
+from attnlab.kernels import aot, pdl
 from attnlab.kernels.decode import paged_decode
 from attnlab.kernels.heuristics import decode_params
 from attnlab.kernels.merge import merge_counters
@@ -34,28 +35,6 @@ BIN = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 SHAPES = {"smollm2": (9, 3, 64), "llama8b": (32, 8, 128)}  # q heads, kv heads, head dim
 CELLS = "llama8b:1:4096,llama8b:8:512,llama8b:16:4096,llama8b:32:16384,smollm2:1:4096,smollm2:16:512,smollm2:64:4096"
 REGS_PER_SM, SMEM_PER_SM, SMS, PAGE = 65536, 228 * 1024, 132, 16
-
-
-class _Capped:
-    """The decode kernel launched with ``maxnreg`` added (``--maxnreg``), for as long as it is installed."""
-
-    def __init__(self, kernel, maxnreg: int):
-        self.kernel, self.maxnreg = kernel, maxnreg
-
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-        return lambda *args, **kwargs: launch(*args, maxnreg=self.maxnreg, **kwargs)
-
-
-@contextlib.contextmanager
-def capped(maxnreg: int | None):
-    before = decode._decode_kernel
-    if maxnreg:
-        decode._decode_kernel = _Capped(before, maxnreg)
-    try:
-        yield
-    finally:
-        decode._decode_kernel = before
 
 
 def compiled(model: str, batch: int, ctx: int, fused: bool, use_pdl: bool):
@@ -106,8 +85,6 @@ def main() -> None:
     ap.add_argument("--maxnreg", type=int, help="compile with this register cap (8-255, a multiple of 8)")
     ap.add_argument("--out", help="also write the table here")
     a = ap.parse_args()
-    if a.maxnreg is not None and not (8 <= a.maxnreg <= 255 and a.maxnreg % 8 == 0):
-        ap.error(f"--maxnreg {a.maxnreg}: want a multiple of 8 in 8-255")
     cells = []
     for c in a.cells.split(","):
         model, _, rest = c.partition(":")

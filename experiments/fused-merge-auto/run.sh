@@ -29,9 +29,13 @@
 #      SmolLM2's one of 528, 0.96-1.21x at every cell of at most 384; call 13 (a 4-tile KV prefetch) differed. So:
 #      auto against true, PDL off and on, batch 2-64 x 1k / 4k / 16k, both shapes, then batch 4 / 16 / 64 x 4k after
 #      one layer's MLP; with .old carried, a floor round of the default (PDL on and off) too.
+#   6  carry [".gpu/fk"], ~2.5 min warm (2026-12-07): is it the registers? Call 3's fused Llama-8B tile without PDL
+#      holds 155 registers (3 programs a SM; regs.py). The merge launch against fused_merge=true, PDL off and on,
+#      batch 4-32 x 4k / 16k, as bench.kernels runs them and with the fused launches capped at 128 registers
+#      (capped.py, the same arms in another process); SmolLM2's cells capped too (the cap spills there without PDL).
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 5}
+PART=${1:?part 1 to 6}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, c101, pack, the environment, the call's log, PY, S
 B="$PY -m attnlab.bench.kernels --phases decode --reps 200 --repeats 3"
 # grid NAME SECS BATCHES CONTEXTS ARMS [BENCH-FLAGS...]: bench.kernels' decode over both shapes, one process a shape,
@@ -105,6 +109,18 @@ case $PART in
   grid multigemm 90 4,16,64 4096 $A --between gemm
   if [ -d .old/attnlab ]; then floor_round triton+pdl,triton; else echo "=== no .old: no floor round"; fi
   ;;
-*) echo "part 1 to 5"; exit 2 ;;
+6)
+  FB=.gpu/fk install_fb
+  A=triton/fused_merge=false,triton/fused_merge=true,triton/fused_merge=false+pdl,triton/fused_merge=true+pdl
+  C="--phases decode --reps 200 --repeats 3 --batches 4,8,16,32 --contexts 4096,16384 --backends $A"
+  for run in "llama8b uncapped" "llama8b capped" "smollm2 capped"; do
+    set -- $run
+    step "$1, fused launches $2"
+    if [ $2 = capped ]; then X="experiments/fused-merge-auto/capped.py --maxnreg 128"; else X="-m attnlab.bench.kernels"; fi
+    timeout 100 $PY $X $C --models $1 --out "$OUT/$2-$1" > $LOGS/$2-$1.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/$2-$1.log
+  done
+  ;;
+*) echo "part 1 to 6"; exit 2 ;;
 esac
 pack
