@@ -1,7 +1,8 @@
 """Registers, spills and programs a SM of the triton decode, merge launch against fused merge, PDL off and on, compiled
-for sm_90a on a machine without a GPU (attnlab.kernels.aot; ptxas from the installed triton). Call 3 found
-``fused_merge=true`` 1.04-1.14x slower than the merge launch at Llama-8B's 512-program grids with PDL off and
-0.85-1.02x with it on; this says why (the fused variant without PDL holds 155 registers, 3 programs a SM, not 4).
+for sm_90a on a machine without a GPU (fused-merge/sass.py's build: attnlab.kernels.aot, the newest ptxas triton
+ships). Call 3 found ``fused_merge=true`` 1.04-1.14x slower than the merge launch at Llama-8B's 512-program grids
+with PDL off and 0.85-1.02x with it on; this says why (the fused variant without PDL holds 155 registers, 3 programs a
+SM, not 4).
 
     python experiments/fused-merge-auto/regs.py [--cells llama8b:16:4096,smollm2:1:4096] [--maxnreg N] [--out FILE]
 
@@ -16,58 +17,31 @@ triton may allocate differently: a reading of the compiled code, not a timing.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import pathlib
 import re
-import subprocess
+import sys
 import tempfile
 
-import torch
 import triton
 from capped import capped
 
-from attnlab.kernels import aot, pdl
-from attnlab.kernels.decode import paged_decode
-from attnlab.kernels.heuristics import decode_params
-from attnlab.kernels.merge import merge_counters
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "fused-merge"))
+from sass import SHAPES, compile_case, ptxas_v  # fused-merge/'s decode build and ptxas step
 
-BIN = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-SHAPES = {"smollm2": (9, 3, 64), "llama8b": (32, 8, 128)}  # q heads, kv heads, head dim
 CELLS = "llama8b:1:4096,llama8b:8:512,llama8b:16:4096,llama8b:32:16384,smollm2:1:4096,smollm2:16:512,smollm2:64:4096"
-REGS_PER_SM, SMEM_PER_SM, SMS, PAGE = 65536, 228 * 1024, 132, 16
-
-
-def compiled(model: str, batch: int, ctx: int, fused: bool, use_pdl: bool):
-    """The decode's params and its compiled kernel for one cell (compiled only: nothing runs)."""
-    hq, hkv, d = SHAPES[model]
-    p = decode_params(batch=batch, num_kv_heads=hkv, group=hq // hkv, head_dim=d, max_kv_len=ctx, sms=SMS)
-    pages = ctx // PAGE
-    k = torch.zeros(batch * pages * PAGE + PAGE, hkv, d, dtype=torch.bfloat16)
-    q = torch.zeros(batch, hq, d, dtype=torch.bfloat16)
-    i32 = {"dtype": torch.int32}
-    with aot.compile_only(90) as log, (pdl.forced_for_compile() if use_pdl else contextlib.nullcontext()):
-        paged_decode(q, k, torch.zeros_like(k), torch.zeros_like(q), torch.arange(batch + 1, **i32),
-                     torch.arange(0, (batch + 1) * pages, pages, **i32), torch.arange(batch * pages, **i32),
-                     torch.full((batch,), ctx, **i32), page_size=PAGE, scale=d ** -0.5, params=p,
-                     o_part=torch.zeros(batch, hq, p.num_splits, d), lse_part=torch.zeros(batch, hq, p.num_splits),
-                     counters=merge_counters(batch, hkv, "cpu") if fused else None)
-    return p, log.last["_decode_kernel"]
+REGS_PER_SM, SMEM_PER_SM, PAGE = 65536, 228 * 1024, 16
 
 
 def ptxas_report(ptx: str) -> tuple[int, int]:
     """(registers a thread, spill-store bytes) from ptxas -v on the kernel's PTX."""
     with tempfile.TemporaryDirectory() as t:
-        src = pathlib.Path(t) / "k.ptx"
-        src.write_text(ptx)
-        r = subprocess.run([str(BIN / "ptxas"), "-v", "-arch=sm_90a", str(src), "-o", str(src.with_suffix(".cubin"))],
-                           capture_output=True, text=True, check=True)
-    regs = int(re.search(r"Used (\d+) registers", r.stderr).group(1))
-    spill = re.search(r"(\d+) bytes spill stores", r.stderr)
-    return regs, int(spill.group(1)) if spill else 0
+        report = ptxas_v(ptx, pathlib.Path(t) / "k.cubin")
+    spill = re.search(r"(\d+) bytes spill stores", report)
+    return int(re.search(r"Used (\d+) registers", report).group(1)), int(spill.group(1)) if spill else 0
 
 
 def row(model: str, batch: int, ctx: int, fused: bool, use_pdl: bool) -> str:
-    p, kernel = compiled(model, batch, ctx, fused, use_pdl)
+    p, kernel = compile_case(model, ctx, batch=batch, fused=fused, use_pdl=use_pdl)
     regs, spill = ptxas_report(kernel.asm["ptx"])
     threads = p.num_warps * 32
     by_regs = REGS_PER_SM // ((regs + 7) // 8 * 8 * threads)
@@ -93,7 +67,7 @@ def main() -> None:
             ap.error(f"--cells {c!r}: want model:batch:context, model one of {', '.join(SHAPES)}, batch >= 1, "
                      f"context >= {PAGE}")
         cells.append((model, int(batch), int(ctx)))
-    lines = [(f"triton {triton.__version__}, sm_90a, page {PAGE}, bf16, {SMS} SMs; tile: the plan's (a one-tile launch "
+    lines = [(f"triton {triton.__version__}, sm_90a, page {PAGE}, bf16, 132 SMs; tile: the plan's (a one-tile launch "
              "with PDL runs one stage: its shared memory); programs a SM: the smaller of the registers' and the shared "
              "memory's bound" + (f"; maxnreg {a.maxnreg}" if a.maxnreg else "")),
              "| shape | cell | tile | splits | programs | merge | PDL | registers | spill bytes | shared B | programs a SM |",

@@ -14,6 +14,7 @@ The GPU machine's Triton (3.6) may schedule differently from this checkout's: a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import pathlib
 import re
 import subprocess
@@ -42,23 +43,39 @@ def ptxas() -> str:
 LDG = re.compile(r"\bLDG\.E(\.(64|128))?\.")  # a global load; .64 / .128: vector (the partials), none: scalar
 
 
-def read_case(model: str, ctx: int, tiles: str | None, tmp: pathlib.Path) -> str:
+def compile_case(model: str, ctx: int, tiles: str | None = None, *, batch: int = 1, fused: bool = True,
+                 use_pdl: bool = True):
+    """The decode's params and its kernel compiled for sm_90a (nothing runs): ``batch`` requests of ``ctx`` tokens,
+    page 16, bf16; ``fused``: the split merge inside the kernel; ``use_pdl``: the PDL variant (and its early reads).
+    Also used by experiments/fused-merge-auto/regs.py."""
     hq, hkv, d = SHAPES[model]
     ps = 16
-    p = decode_params(batch=1, num_kv_heads=hkv, group=hq // hkv, head_dim=d, max_kv_len=ctx, sms=132, tiles=tiles)
+    p = decode_params(batch=batch, num_kv_heads=hkv, group=hq // hkv, head_dim=d, max_kv_len=ctx, sms=132, tiles=tiles)
     pages = ctx // ps
-    k = torch.zeros(pages * ps + ps, hkv, d, dtype=torch.bfloat16)
-    q = torch.zeros(1, hq, d, dtype=torch.bfloat16)
+    k = torch.zeros(batch * pages * ps + ps, hkv, d, dtype=torch.bfloat16)
+    q = torch.zeros(batch, hq, d, dtype=torch.bfloat16)
     i32 = {"dtype": torch.int32}
-    with aot.compile_only(90) as log, pdl.forced_for_compile():
-        paged_decode(q, k, torch.zeros_like(k), torch.zeros_like(q), torch.tensor([0, 1], **i32),
-                     torch.tensor([0, pages], **i32), torch.arange(pages, **i32), torch.tensor([ctx], **i32),
-                     page_size=ps, scale=d ** -0.5, params=p, o_part=torch.zeros(1, hq, p.num_splits, d),
-                     lse_part=torch.zeros(1, hq, p.num_splits), counters=merge_counters(1, hkv, "cpu"))
-    (tmp / "k.ptx").write_text(log.last["_decode_kernel"].asm["ptx"])
-    r = subprocess.run([ptxas(), "-v", "-arch=sm_90a", str(tmp / "k.ptx"), "-o", str(tmp / "k.cubin")],
-                       capture_output=True, text=True, check=True)
-    regs = re.search(r"Used (\d+) registers", r.stderr).group(1)
+    with aot.compile_only(90) as log, (pdl.forced_for_compile() if use_pdl else contextlib.nullcontext()):
+        paged_decode(q, k, torch.zeros_like(k), torch.zeros_like(q), torch.arange(batch + 1, **i32),
+                     torch.arange(0, (batch + 1) * pages, pages, **i32), torch.arange(batch * pages, **i32),
+                     torch.full((batch,), ctx, **i32), page_size=ps, scale=d ** -0.5, params=p,
+                     o_part=torch.zeros(batch, hq, p.num_splits, d), lse_part=torch.zeros(batch, hq, p.num_splits),
+                     counters=merge_counters(batch, hkv, "cpu") if fused else None)
+    return p, log.last["_decode_kernel"]
+
+
+def ptxas_v(ptx: str, cubin: pathlib.Path) -> str:
+    """ptxas -v's report (stderr) on ``ptx``, assembled for sm_90a into ``cubin``."""
+    src = cubin.with_suffix(".ptx")
+    src.write_text(ptx)
+    return subprocess.run([ptxas(), "-v", "-arch=sm_90a", str(src), "-o", str(cubin)], capture_output=True, text=True,
+                          check=True).stderr
+
+
+def read_case(model: str, ctx: int, tiles: str | None, tmp: pathlib.Path) -> str:
+    p, kernel = compile_case(model, ctx, tiles)
+    report = ptxas_v(kernel.asm["ptx"], tmp / "k.cubin")
+    regs = re.search(r"Used (\d+) registers", report).group(1)
     sass = subprocess.run([str(BIN / "nvdisasm"), "-c", str(tmp / "k.cubin")], capture_output=True, text=True,
                           check=True).stdout.splitlines()
     start = next((i for i, line in enumerate(sass) if "ATOMG" in line), None)  # the arrival: the merge follows
