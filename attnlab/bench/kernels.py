@@ -25,7 +25,8 @@ programmatic dependent launch (attnlab.kernels.pdl, as ``engine.pdl=true`` does)
 back-to-back runs (and a split decode's merge) overlap their launches; the same spec without it is the A/B.
 ``+early<elems>`` and ``+kvpf<tiles>`` (any order with ``+pdl``, which they need; triton or a hybrid only) set the
 triton decode's early-tile gate and KV prefetch for that arm (``ARM_SWITCHES``): A/Bs of the decode's PDL-side choices
-in one process.
+in one process. ``+vfirst0`` (with or without ``+pdl``) loads K before V in one-stage decode launches, the order before
+2026-12-07.
 ``--launches`` profiles one measurement per backend after each shape is timed and records every kernel's launch
 shapes (grid, block, shared memory) in the cell (JSON, console), to compare with ``bench.spec --kernel-profile``'s.
 ``--cold`` writes a buffer of twice the L2 before each run (captured with the runs) and subtracts the writes' time,
@@ -251,11 +252,14 @@ def shapes(phases, models, batches, contexts, ks):
 # A spec's arm switches after its backend spec, each once, in any order: the triton decode's process-wide settings
 # (attnlab.kernels.decode) for that arm's capture and timing, restored after.
 ARM_SWITCHES = {"early": "the decode's early-tile gate in tile elements (decode.set_early_tile_max; +early0: none)",
-                "kvpf": "KV tiles each decode program prefetches before its PDL wait (decode.set_kv_prefetch, 0..8)"}
+                "kvpf": "KV tiles each decode program prefetches before its PDL wait (decode.set_kv_prefetch, 0..8)",
+                "vfirst": "one-stage decode launches load V before K (decode.set_v_first; +vfirst0: K first, the old order)"}
+# The switches that act on the decode's reads before its PDL wait: nothing without +pdl.
+PDL_SWITCHES = ("early", "kvpf")
 
 
 def split_arm(spec: str) -> tuple[str, bool, dict[str, int]]:
-    """``spec[+pdl][+early<elems>][+kvpf<tiles>]`` -> (spec, pdl, {switch: value}); ValueError for a repeated,
+    """``spec[+pdl][+early<elems>][+kvpf<tiles>][+vfirst<0|1>]`` -> (spec, pdl, {switch: value}); ValueError for a repeated,
     unknown or malformed switch (the values' ranges and what they need are checked by ``check_arm``). Every ``+``
     starts a switch, so no backend option value may hold one (none does)."""
     base, *parts = spec.split("+")
@@ -280,23 +284,27 @@ def check_arm(name: str, on: bool, switches: dict[str, int]) -> None:
 
     if switches and name not in ("triton", "hybrid"):
         raise ValueError(f"+{' +'.join(switches)}: the triton decode's switches, not {name}'s")
-    if switches and not on:
-        raise ValueError(f"+{' +'.join(switches)} act only with +pdl (the decode's reads before its PDL wait)")
+    before_wait = [k for k in switches if k in PDL_SWITCHES]
+    if before_wait and not on:
+        raise ValueError(f"+{' +'.join(before_wait)} act only with +pdl (the decode's reads before its PDL wait)")
     if "early" in switches:
         decode.check_early_tile_max(switches["early"])
     if "kvpf" in switches:
         decode.check_kv_prefetch(switches["kvpf"])
+    if "vfirst" in switches:
+        decode.check_v_first(switches["vfirst"])
 
 
 @contextlib.contextmanager
 def arm_switches(label: str):
     """The process-wide settings of a spec's arm for a block: PDL (graphs record how their kernels were launched),
-    the decode's early-tile gate and KV prefetch, restored after."""
+    the decode's early-tile gate, KV prefetch and load order, restored after."""
     from attnlab.kernels import decode, pdl
 
     _, on, sw = split_arm(label)
     with pdl.using(on, "cuda"), decode.early_tile_limit(sw.get("early", decode.early_tile_max())), \
-            decode.kv_prefetching(sw.get("kvpf", decode.kv_prefetch())):
+            decode.kv_prefetching(sw.get("kvpf", decode.kv_prefetch())), \
+            decode.v_first_order(sw.get("vfirst", decode.v_first())):
         yield
 
 

@@ -62,6 +62,9 @@ _kv_prefetch = KV_PREFETCH_TILES
 # Call 2's 256-token tiles gained (0.88-0.97x); those are decode_tiles overrides, given up here.
 EARLY_TILE_MAX_ELEMS = 128 * 64
 _early_max_elems = EARLY_TILE_MAX_ELEMS
+# One-stage launches load a tile's V before its K (paged.attend_tile's V_FIRST): with K first, Triton 3.6 issues V's
+# loads only after K's data arrived (K's layout conversion sits between them). set_v_first(0) restores that order.
+_v_first = 1
 
 
 def set_kv_prefetch(tiles: int) -> None:
@@ -90,6 +93,30 @@ def kv_prefetch() -> int:
 def kv_prefetching(tiles: int):
     """``set_kv_prefetch(tiles)`` for a block (bench arms), restored after."""
     return scoped(kv_prefetch, set_kv_prefetch, tiles)
+
+
+def set_v_first(on: int) -> None:
+    """Whether one-stage decode launches load each tile's V before its K (process-wide; 1 by default, V_FIRST): 0
+    restores K first, whose conversion to the dot's layout then waits for K before V's load is issued (a bench arm's
+    ``+vfirst0``). The same bits either way."""
+    global _v_first
+    _v_first = check_v_first(on)
+
+
+def check_v_first(on) -> int:
+    """``on`` if it is a valid V-first switch (0 or 1), else ValueError naming the rule."""
+    if isinstance(on, bool) or not isinstance(on, int) or on not in (0, 1):
+        raise ValueError(f"decode V-first order {on!r}: 0 (K's load first) or 1 (V's)")
+    return on
+
+
+def v_first() -> int:
+    return _v_first
+
+
+def v_first_order(on: int):
+    """``set_v_first(on)`` for a block (bench arms), restored after."""
+    return scoped(v_first, set_v_first, on)
 
 
 def set_early_tile_max(elems: int) -> None:
@@ -148,7 +175,8 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr,
                    MERGE_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, PREFETCH: tl.constexpr = 0,
-                   LINE: tl.constexpr = 64, EARLY_TILE: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                   LINE: tl.constexpr = 64, EARLY_TILE: tl.constexpr = False, USE_PDL: tl.constexpr = False,
+                   V_FIRST: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -200,8 +228,12 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
         # runs the split from its first tile: either way the same tiles and operations in the same order.
         kv_off = slots_e[:, None] * stride_slot + head_off + offs_d[None, :]
         kv_mask = n_mask_e[:, None] & d_mask[None, :]
-        k0 = tl.load(K + kv_off, mask=kv_mask, other=0.0)
-        v0 = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+        if V_FIRST:  # both tiles in flight together (paged.attend_tile)
+            v0 = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+            k0 = tl.load(K + kv_off, mask=kv_mask, other=0.0)
+        else:
+            k0 = tl.load(K + kv_off, mask=kv_mask, other=0.0)
+            v0 = tl.load(V + kv_off, mask=kv_mask, other=0.0)
         slots_again = tile_slots(KV_INDICES, base_e, lo_e, offs_e, n_mask_e, PAGE_SIZE, BLOCK_N, True)
         moved = tl.sum(tl.where(n_mask_e & (slots_again != slots_e), 1, 0), 0)
         same = (row == row_e) & (q_len == q_len_e) & (kv_len == kv_len_e) & (page_base == base_e) & (moved == 0)
@@ -218,7 +250,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
         slots = tile_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE, BLOCK_N)
         valid = (offs_m[:, None] >= 0) & n_mask[None, :]
         acc, m_i, l_i = attend_tile(q, acc, m_i, l_i, K, V, slots, head_off, offs_d, d_mask, n_mask, valid,
-                                    qk_scale, stride_slot, FP32_DOT, True, False)
+                                    qk_scale, stride_slot, FP32_DOT, True, False, V_FIRST)
     write_result(acc, m_i, l_i, O, O_PART, LSE_PART, rows, heads, split, offs_d, m_mask, d_mask, v_scale,
                  stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, SPLIT)
     if SPLIT and FUSE_MERGE:  # its rows are the group's real heads (BLOCK_G), not the tile's padded BLOCK_M
@@ -267,7 +299,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_M=params.block_m, BLOCK_N=params.block_n, BLOCK_D=params.block_d,
         SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse,
         MERGE_SPLITS=merge_bound(params.num_splits, fuse), BLOCK_G=triton.next_power_of_2(num_heads // num_kv_heads),
-        **early, num_warps=params.num_warps, num_stages=stages, **launch_args(q))
+        V_FIRST=stages == 1 and _v_first, **early, num_warps=params.num_warps, num_stages=stages, **launch_args(q))
     if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out

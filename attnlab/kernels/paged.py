@@ -33,14 +33,24 @@ def tile_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE: tl.const
 
 @triton.jit
 def attend_tile(q, acc, m_i, l_i, K, V, slots, head_off, offs_d, d_mask, n_mask, valid, qk_scale,
-                stride_slot, FP32_DOT: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+                stride_slot, FP32_DOT: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+                V_FIRST: tl.constexpr = False):
     """One online-softmax step. q: [M, D]; acc: [M, D] fp32; m_i, l_i: [M] fp32 (log2 domain);
     valid: [M, N] bool (False = masked). Rows with nothing valid so far keep m_i = -inf, acc = 0.
 
     MASKED False: a tile wholly inside every row's window and the KV bounds (the extend kernel's tiles below the
-    causal band): no ``valid`` select and no load mask but the head-dim one (none when EVEN_D, BLOCK_D == D)."""
+    causal band): no ``valid`` select and no load mask but the head-dim one (none when EVEN_D, BLOCK_D == D).
+
+    ``V_FIRST`` (MASKED only): V's load before K's in program order, for loops of one stage (nothing pipelines their
+    loads). Triton 3.6 places K's conversion to the dot's layout (shared-memory stores, which wait for K's data) right
+    after K's load, and V's load after that: K then V, two DRAM round trips one after the other. V first puts both in
+    flight together (its conversion waits for V, K's load already issued). The same values and operations: the same
+    bits."""
     kv_off = slots[:, None] * stride_slot + head_off + offs_d[None, :]
     kv_mask = (n_mask[:, None] & d_mask[None, :]) if MASKED else d_mask[None, :]
+    if V_FIRST:
+        tl.static_assert(MASKED, "V_FIRST is for masked tiles")
+        v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
     if EVEN_D and not MASKED:
         k = tl.load(K + kv_off)
     else:
@@ -48,7 +58,7 @@ def attend_tile(q, acc, m_i, l_i, K, V, slots, head_off, offs_d, d_mask, n_mask,
     p, alpha, m_new, l_i = softmax_step(q, k, m_i, l_i, valid, qk_scale, FP32_DOT, MASKED)
     if EVEN_D and not MASKED:  # V's load after the scores in program order (the compiler may hoist it)
         v = tl.load(V + kv_off)
-    else:
+    elif not V_FIRST:
         v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
     return accumulate(acc, alpha, p, v, q, FP32_DOT), m_new, l_i
 

@@ -211,6 +211,8 @@ def test_pdl_specs(capsys):
     ("triton+early0+pdl", ("triton", True, {"early": 0})),
     ("triton+kvpf1+early8192", ("triton", False, {"early": 8192, "kvpf": 1})),
     ("triton+pdl+kvpf0", ("triton", True, {"kvpf": 0})),
+    ("triton+vfirst0", ("triton", False, {"vfirst": 0})),
+    ("triton+vfirst1+pdl+early16384", ("triton", True, {"vfirst": 1, "early": 16384})),
 ])
 def test_arm_switches_parse_in_any_order(spec, want):
     from attnlab.bench.kernels import split_arm
@@ -219,7 +221,8 @@ def test_arm_switches_parse_in_any_order(spec, want):
 
 
 @pytest.mark.parametrize("spec", ["triton+pdl+pdl", "triton+early", "triton+early-1", "triton+early1+early2",
-                                  "triton+fast", "triton+", "triton+kvpf", "triton+kvpf0+kvpf1", "triton+pdl1"])
+                                  "triton+fast", "triton+", "triton+kvpf", "triton+kvpf0+kvpf1", "triton+pdl1",
+                                  "triton+vfirst", "triton+vfirst0+vfirst1"])
 def test_arm_switches_refuse_unknown_or_repeated(spec):
     from attnlab.bench.kernels import split_arm
 
@@ -242,9 +245,17 @@ def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsy
         assert (decode.early_tile_max(), decode.kv_prefetch()) == before
     assert before == (decode.EARLY_TILE_MAX_ELEMS, decode.KV_PREFETCH_TILES)
     assert (decode.early_tile_max(), decode.kv_prefetch()) == before
-    bad = ["triton+pdl+early99999", "triton+kvpf9+pdl", "triton+early16384", "flashinfer+pdl+kvpf1"]
+    assert decode.v_first() == 1
+    with arm_switches("triton+vfirst0"):  # no +pdl needed: the load order acts on every one-stage launch
+        assert (decode.v_first(), decode.early_tile_max(), decode.kv_prefetch()) == (0, *before)
+    assert decode.v_first() == 1
+    bad = ["triton+pdl+early99999", "triton+kvpf9+pdl", "triton+early16384", "flashinfer+pdl+kvpf1", "triton+vfirst2",
+           "flashinfer+vfirst0"]
     assert load_backends(bad) == {}
+    assert set(load_backends(["triton+vfirst0", "triton+vfirst1"])) == {"triton+vfirst0", "triton+vfirst1"}
     err = capsys.readouterr().err
+    assert "skipping backend triton+vfirst2: decode V-first order 2: 0 (K's load first) or 1 (V's)" in err
+    assert "skipping backend flashinfer+vfirst0: +vfirst: the triton decode's switches, not flashinfer's" in err
     assert "skipping backend triton+pdl+early99999: decode early tile gate 99999" in err
     assert "skipping backend triton+kvpf9+pdl: decode KV prefetch 9" in err
     assert "skipping backend triton+early16384: +early act only with +pdl" in err  # it would time the plain launch

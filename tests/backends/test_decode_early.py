@@ -17,10 +17,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TritonBackend = require_available("triton")
 
 
-def _outputs(case, early: bool, fused: bool, monkeypatch) -> torch.Tensor:
+def _outputs(case, early: bool, fused: bool, monkeypatch, num_splits: int = 8) -> torch.Tensor:
     be = TritonBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale, case.q.dtype,
                        decode_tiles="16x4x1", fused_merge=fused)
-    be.num_splits = 8  # 16-token splits of one 16-token tile at these lengths, several of them empty
+    be.num_splits = num_splits  # 8: 16-token splits of one 16-token tile at these lengths, several of them empty
     be.plan(case.meta)
     assert be.active_plan.params.num_stages == 1 and be.active_plan.params.block_n == 16
     forced = []
@@ -46,3 +46,28 @@ def test_early_first_tile_changes_no_bit(page_size, gqa, head_dim, fused, monkey
     out = _outputs(case, True, fused, monkeypatch)
     assert torch.equal(out, ref), (out - ref).abs().max().item()
     torch.testing.assert_close(ref, case.reference(), atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("early", [False, True], ids=["loop", "early-tile"])
+@pytest.mark.parametrize("page_size,gqa,head_dim", [(1, 3, 64), (16, 4, 128)])
+def test_v_first_changes_no_bit(page_size, gqa, head_dim, early, monkeypatch):
+    """One-stage launches load each tile's V before its K (decode.set_v_first, 1 by default): in the split loop
+    (paged.attend_tile's V_FIRST, several tiles a split here) and in the early first tile. Only the order the loads
+    are issued in changes: the same bits as K first (``set_v_first(0)``), which the bench's ``+vfirst0`` times."""
+    case = make_case(kv_lens=[70, 0, 33, 1], q_lens=[1, 0, 1, 1], page_size=page_size, num_kv_heads=2, gqa=gqa,
+                     head_dim=head_dim, dtype=torch.float32, device=DEVICE, seed=page_size + gqa, spare_pages=0)
+    outs = []
+    for on in (0, 1):
+        with decode.v_first_order(on):
+            # one 16-token tile in each of 8 splits (the early tile forced), or a loop over up to three in each of 2
+            outs.append(_outputs(case, early, True, monkeypatch, num_splits=8 if early else 2))
+    assert decode.v_first() == 1
+    assert torch.equal(outs[0], outs[1]), (outs[0] - outs[1]).abs().max().item()
+    torch.testing.assert_close(outs[1], case.reference(), atol=2e-4, rtol=2e-4)
+
+
+def test_v_first_switch_refuses_what_is_not_0_or_1():
+    for bad in (2, -1, True, 1.0, "1"):
+        with pytest.raises(ValueError, match="V-first order"):
+            decode.set_v_first(bad)
+    assert decode.v_first() == 1

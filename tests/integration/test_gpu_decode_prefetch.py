@@ -88,6 +88,39 @@ def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, monkey
     torch.testing.assert_close(ref.float(), case.reference(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("on", [False, True], ids=["pdl-off", "pdl-on"])
+@pytest.mark.parametrize("head_dim,gqa,tiles", [(128, 4, None), (64, 3, None), (128, 4, "32x4x1"), (64, 3, "64x4x1")])
+def test_v_first_changes_no_bit(head_dim, gqa, tiles, on, monkeypatch):
+    """One-stage launches load V before K (decode.set_v_first, 1 by default; 0 the old order): the same bits, compiled,
+    under graph replay, at the heuristic's one-tile launches on 132 SMs (head dim 128: the two-tile rule's 128-token
+    tile of 8 warps; 64: 128-token tiles that take the early tile with PDL on) and at ``decode_tiles`` overrides of one
+    stage whose splits loop over several tiles; with the fused merge, the default there."""
+    from attnlab.kernels import heuristics
+
+    monkeypatch.setattr(heuristics, "sm_count", lambda device_index=0: 132)
+    case = make_case(kv_lens=[4096, 3000, 1, 130], q_lens=[1, 1, 1, 1], page_size=16, num_kv_heads=2, gqa=gqa,
+                     head_dim=head_dim, dtype=torch.bfloat16, device="cuda", num_layers=2, seed=head_dim + gqa)
+    outs = []
+    for first in (0, 1):
+        with decode.v_first_order(first), pdl.using(on, "cuda"):
+            be = TritonBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale,
+                               case.q.dtype, decode_tiles=tiles, fused_merge="auto" if tiles is None else True)
+            be.plan(case.meta)
+            assert be.active_plan.params.num_stages == 1 or be.active_plan.params.one_tile, be.active_plan.params
+            layers = range(case.pool.num_layers)
+            for layer in layers:  # compile, then capture
+                be.run(case.q, layer)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = torch.stack([be.run(case.q, layer) for layer in layers])
+            g.replay()
+            torch.cuda.synchronize()
+            outs.append(out)
+    assert torch.equal(outs[0], outs[1]), (outs[0].float() - outs[1].float()).abs().max().item()
+    torch.testing.assert_close(outs[1].float(), case.reference(), atol=2e-2, rtol=2e-2)
+
+
 @triton.jit
 def _late_writer(SRC, DST, n, spins, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     """Lets the next PDL kernel launch at once (pdl_start), spins, then copies SRC's n int32 to DST."""
