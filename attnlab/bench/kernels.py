@@ -25,8 +25,8 @@ programmatic dependent launch (attnlab.kernels.pdl, as ``engine.pdl=true`` does)
 back-to-back runs (and a split decode's merge) overlap their launches; the same spec without it is the A/B.
 ``+early<elems>`` and ``+kvpf<tiles>`` (any order with ``+pdl``, which they need; triton or a hybrid only) set the
 triton decode's early-tile gate and KV prefetch for that arm (``ARM_SWITCHES``): A/Bs of the decode's PDL-side choices
-in one process. ``+vfirst0`` (with or without ``+pdl``) loads K before V in one-stage decode launches, the order before
-2026-12-07.
+in one process. ``+vfirst1`` (with or without ``+pdl``) loads V before K in one-stage decode launches
+(decode.set_v_first; measured slower, experiments/decode-vfirst/).
 ``--launches`` profiles one measurement per backend after each shape is timed and records every kernel's launch
 shapes (grid, block, shared memory) in the cell (JSON, console), to compare with ``bench.spec --kernel-profile``'s.
 ``--cold`` writes a buffer of twice the L2 before each run (captured with the runs) and subtracts the writes' time,
@@ -253,7 +253,7 @@ def shapes(phases, models, batches, contexts, ks):
 # (attnlab.kernels.decode) for that arm's capture and timing, restored after.
 ARM_SWITCHES = {"early": "the decode's early-tile gate in tile elements (decode.set_early_tile_max; +early0: none)",
                 "kvpf": "KV tiles each decode program prefetches before its PDL wait (decode.set_kv_prefetch, 0..8)",
-                "vfirst": "one-stage decode launches load V before K (decode.set_v_first; +vfirst0: K first, the old order)"}
+                "vfirst": "one-stage decode launches load V before K (decode.set_v_first; +vfirst0: K first, the default)"}
 # The switches that act on the decode's reads before its PDL wait: nothing without +pdl.
 PDL_SWITCHES = ("early", "kvpf")
 

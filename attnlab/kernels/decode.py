@@ -62,9 +62,11 @@ _kv_prefetch = KV_PREFETCH_TILES
 # Call 2's 256-token tiles gained (0.88-0.97x); those are decode_tiles overrides, given up here.
 EARLY_TILE_MAX_ELEMS = 128 * 64
 _early_max_elems = EARLY_TILE_MAX_ELEMS
-# One-stage launches load a tile's V before its K (paged.attend_tile's V_FIRST): with K first, Triton 3.6 issues V's
-# loads only after K's data arrived (K's layout conversion sits between them). set_v_first(0) restores that order.
-_v_first = 1
+# One-stage launches load a tile's K, then its V: Triton 3.6 issues V's loads only after K's data arrived (K's conversion
+# to the dot's layout sits between them). V first (paged.attend_tile's V_FIRST, set_v_first(1), the bench arm +vfirst1)
+# puts both in flight and was slower (H100, 2026-12-07, experiments/decode-vfirst/): Llama-8B's batch-1 4k decode
+# 1.11-1.15x the time with PDL and 1.06-1.07x without, SmolLM2's 0.99-1.02x, every other cell within 2%.
+_v_first = 0
 
 
 def set_kv_prefetch(tiles: int) -> None:
@@ -96,9 +98,9 @@ def kv_prefetching(tiles: int):
 
 
 def set_v_first(on: int) -> None:
-    """Whether one-stage decode launches load each tile's V before its K (process-wide; 1 by default, V_FIRST): 0
-    restores K first, whose conversion to the dot's layout then waits for K before V's load is issued (a bench arm's
-    ``+vfirst0``). The same bits either way."""
+    """Whether one-stage decode launches load each tile's V before its K (process-wide, V_FIRST; a bench arm's
+    ``+vfirst1``): 0 by default, K first, whose conversion to the dot's layout waits for K before V's load is issued;
+    1 puts both in flight, measured slower (``_v_first``'s note). The same bits either way."""
     global _v_first
     _v_first = check_v_first(on)
 

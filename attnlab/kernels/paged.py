@@ -42,10 +42,10 @@ def attend_tile(q, acc, m_i, l_i, K, V, slots, head_off, offs_d, d_mask, n_mask,
     causal band): no ``valid`` select and no load mask but the head-dim one (none when EVEN_D, BLOCK_D == D).
 
     ``V_FIRST`` (MASKED only): V's load before K's in program order, for loops of one stage (nothing pipelines their
-    loads). Triton 3.6 places K's conversion to the dot's layout (shared-memory stores, which wait for K's data) right
-    after K's load, and V's load after that: K then V, two DRAM round trips one after the other. V first puts both in
-    flight together (its conversion waits for V, K's load already issued). The same values and operations: the same
-    bits."""
+    loads; decode.set_v_first, off by default). Triton 3.6 places K's conversion to the dot's layout (shared-memory
+    stores, which wait for K's data) right after K's load, and V's load after that: K then V, one round trip after the
+    other. V first puts both in flight together, and measured slower (experiments/decode-vfirst/). The same values and
+    operations: the same bits."""
     kv_off = slots[:, None] * stride_slot + head_off + offs_d[None, :]
     kv_mask = (n_mask[:, None] & d_mask[None, :]) if MASKED else d_mask[None, :]
     if V_FIRST:

@@ -245,10 +245,10 @@ def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsy
         assert (decode.early_tile_max(), decode.kv_prefetch()) == before
     assert before == (decode.EARLY_TILE_MAX_ELEMS, decode.KV_PREFETCH_TILES)
     assert (decode.early_tile_max(), decode.kv_prefetch()) == before
-    assert decode.v_first() == 1
-    with arm_switches("triton+vfirst0"):  # no +pdl needed: the load order acts on every one-stage launch
-        assert (decode.v_first(), decode.early_tile_max(), decode.kv_prefetch()) == (0, *before)
-    assert decode.v_first() == 1
+    assert decode.v_first() == 0
+    with arm_switches("triton+vfirst1"):  # no +pdl needed: the load order acts on every one-stage launch
+        assert (decode.v_first(), decode.early_tile_max(), decode.kv_prefetch()) == (1, *before)
+    assert decode.v_first() == 0
     bad = ["triton+pdl+early99999", "triton+kvpf9+pdl", "triton+early16384", "flashinfer+pdl+kvpf1", "triton+vfirst2",
            "flashinfer+vfirst0"]
     assert load_backends(bad) == {}

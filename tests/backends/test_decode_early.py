@@ -51,9 +51,9 @@ def test_early_first_tile_changes_no_bit(page_size, gqa, head_dim, fused, monkey
 @pytest.mark.parametrize("early", [False, True], ids=["loop", "early-tile"])
 @pytest.mark.parametrize("page_size,gqa,head_dim", [(1, 3, 64), (16, 4, 128)])
 def test_v_first_changes_no_bit(page_size, gqa, head_dim, early, monkeypatch):
-    """One-stage launches load each tile's V before its K (decode.set_v_first, 1 by default): in the split loop
-    (paged.attend_tile's V_FIRST, several tiles a split here) and in the early first tile. Only the order the loads
-    are issued in changes: the same bits as K first (``set_v_first(0)``), which the bench's ``+vfirst0`` times."""
+    """One-stage launches with V's load before K's (decode.set_v_first(1), the bench arm ``+vfirst1``; K first by
+    default): in the split loop (paged.attend_tile's V_FIRST, several tiles a split here) and in the early first tile.
+    Only the order the loads are issued in changes: the same bits as K first."""
     case = make_case(kv_lens=[70, 0, 33, 1], q_lens=[1, 0, 1, 1], page_size=page_size, num_kv_heads=2, gqa=gqa,
                      head_dim=head_dim, dtype=torch.float32, device=DEVICE, seed=page_size + gqa, spare_pages=0)
     outs = []
@@ -61,7 +61,7 @@ def test_v_first_changes_no_bit(page_size, gqa, head_dim, early, monkeypatch):
         with decode.v_first_order(on):
             # one 16-token tile in each of 8 splits (the early tile forced), or a loop over up to three in each of 2
             outs.append(_outputs(case, early, True, monkeypatch, num_splits=8 if early else 2))
-    assert decode.v_first() == 1
+    assert decode.v_first() == 0
     assert torch.equal(outs[0], outs[1]), (outs[0] - outs[1]).abs().max().item()
     torch.testing.assert_close(outs[1], case.reference(), atol=2e-4, rtol=2e-4)
 
@@ -70,4 +70,4 @@ def test_v_first_switch_refuses_what_is_not_0_or_1():
     for bad in (2, -1, True, 1.0, "1"):
         with pytest.raises(ValueError, match="V-first order"):
             decode.set_v_first(bad)
-    assert decode.v_first() == 1
+    assert decode.v_first() == 0

@@ -91,7 +91,7 @@ def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, monkey
 @pytest.mark.parametrize("on", [False, True], ids=["pdl-off", "pdl-on"])
 @pytest.mark.parametrize("head_dim,gqa,tiles", [(128, 4, None), (64, 3, None), (128, 4, "32x4x1"), (64, 3, "64x4x1")])
 def test_v_first_changes_no_bit(head_dim, gqa, tiles, on, monkeypatch):
-    """One-stage launches load V before K (decode.set_v_first, 1 by default; 0 the old order): the same bits, compiled,
+    """One-stage launches with V's load before K's (decode.set_v_first(1); K first by default): the same bits, compiled,
     under graph replay, at the heuristic's one-tile launches on 132 SMs (head dim 128: the two-tile rule's 128-token
     tile of 8 warps; 64: 128-token tiles that take the early tile with PDL on) and at ``decode_tiles`` overrides of one
     stage whose splits loop over several tiles; with the fused merge, the default there."""
