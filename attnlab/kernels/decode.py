@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from attnlab.kernels.heuristics import LaunchParams, fp32_dot
-from attnlab.kernels.merge import merge_arrived, merge_bound, merge_splits
+from attnlab.kernels.merge import fused_launch_args, merge_arrived, merge_bound, merge_splits
 from attnlab.kernels.paged import attend_loaded, attend_tile, tile_slots, write_result
 from attnlab.kernels.pdl import L2_LINE, launch_args, pdl_start, prefetch_l2
 from attnlab.kernels.switches import scoped
@@ -301,7 +301,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_M=params.block_m, BLOCK_N=params.block_n, BLOCK_D=params.block_d,
         SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse,
         MERGE_SPLITS=merge_bound(params.num_splits, fuse), BLOCK_G=triton.next_power_of_2(num_heads // num_kv_heads),
-        V_FIRST=stages == 1 and _v_first, **early, num_warps=params.num_warps, num_stages=stages, **launch_args(q))
+        V_FIRST=stages == 1 and _v_first, **early, num_warps=params.num_warps, num_stages=stages, **launch_args(q),
+        **fused_launch_args(params, fuse))
     if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out

@@ -66,13 +66,41 @@ def check_fused_merge(option) -> bool | str:
     return option
 
 
+# The decode launch (BLOCK_D, BLOCK_N, warps, stages) whose fused splits of several tiles run under a register cap: the
+# heuristic's 64-token tile of 4 warps and 3 stages at head dim 128 (Llama-8B's splits of several tiles). Fused, without PDL, ptxas gave it 155 registers
+# a thread (3 programs a SM, not the heuristic's 4; 106 with the merge launch; 120 both with PDL): 1.10-1.14x the merge
+# launch's time. Capped at 128 (no spills) it took 0.978-0.998x without PDL and 0.917-1.001x with (H100, 2026-12-07,
+# experiments/fused-merge-auto/ calls 3-4, batch 4-32 x 4k / 16k). At SmolLM2's tile the same cap made ptxas take all
+# 128 registers (96 uncapped) and spill: not capped there, and auto keeps its merge launch. Auto fuses these loops
+# only up to CAPPED_MAX_SPLITS splits: the cells measured held 2-16, and past 16 the merge's unrolled loads spill under
+# the cap (ptxas, triton 3.6, Llama-8B shapes: 4 bytes at 32 splits without PDL, 8-24 at 64).
+CAPPED_TILE = (128, 64, 4, 3)
+FUSED_MAXNREG = 128
+CAPPED_MAX_SPLITS = 16
+
+
+def capped_fused_tile(params) -> bool:
+    """Whether ``params`` is a decode of CAPPED_TILE whose splits loop over several tiles (not ``one_tile``: those
+    were measured uncapped, and with PDL run one stage): fused, it runs with ``maxnreg`` FUSED_MAXNREG."""
+    tile = (params.block_d, params.block_n, params.num_warps, params.num_stages)
+    return params.kind == "decode" and not params.one_tile and tile == CAPPED_TILE
+
+
+def fused_launch_args(params, fused: bool) -> dict:
+    """The launch options a decode of ``params`` adds when it merges inside the kernel: the register cap at
+    CAPPED_TILE, nothing elsewhere."""
+    return {"maxnreg": FUSED_MAXNREG} if fused and capped_fused_tile(params) else {}
+
+
 def fuses_merge(option: bool | str, params) -> bool:
     """Whether a launch of ``params`` (a LaunchParams) merges its splits inside the kernel (``merge_arrived``) under
     the triton backend's ``fused_merge``: true, every split launch (decode, extend, and the invariant kernel, which
     merges one split too); "auto", a split decode whose every split holds one KV tile (``params.one_tile``, the
-    heuristic's), the extend and invariant kernels keeping their merge launch; false, none."""
+    heuristic's) or that loops over CAPPED_TILE's tiles in at most CAPPED_MAX_SPLITS splits (launched under the
+    register cap), the extend and invariant kernels keeping their merge launch; false, none."""
     if option == "auto":
-        return params.kind == "decode" and params.num_splits > 1 and params.one_tile
+        capped = capped_fused_tile(params) and params.num_splits <= CAPPED_MAX_SPLITS
+        return params.kind == "decode" and params.num_splits > 1 and (params.one_tile or capped)
     return option is True and (params.kind == "invariant" or params.num_splits > 1)
 
 

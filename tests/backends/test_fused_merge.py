@@ -82,15 +82,44 @@ def test_fuses_merge_decides_per_launch():
         assert got == want, (kind, splits, one)
 
 
-@pytest.mark.parametrize("kind,num_splits,fused", [("decode", 3, True), ("decode", 2, False), ("verify", 3, False)],
-                         ids=["decode-one-tile", "decode-two-tiles", "verify"])
-def test_auto_fuses_only_the_decode_of_one_tile_splits(kind, num_splits, fused):
+def test_auto_fuses_loops_of_the_capped_tile_up_to_16_splits_under_the_register_cap():
+    """Splits of several tiles fuse under auto only at CAPPED_TILE (head dim 128's 64-token tile of 4 warps and 3
+    stages: Llama-8B's) and at most CAPPED_MAX_SPLITS splits, and those fused launches, auto's or true's, carry the
+    128-register cap; nothing else does (the merge launch, one-tile splits, other tiles, an override's stages)."""
+    from attnlab.kernels.heuristics import LaunchParams, decode_params
+    from attnlab.kernels.merge import CAPPED_MAX_SPLITS, fused_launch_args, fuses_merge
+
+    def params(splits, block_d=128, warps=4, stages=3, one_tile=False, kind="decode"):
+        return LaunchParams(kind, 16, 64, block_d, 1, splits, num_warps=warps, num_stages=stages, one_tile=one_tile)
+
+    assert CAPPED_MAX_SPLITS == 16
+    for p, auto, cap in [(params(2), True, True), (params(16), True, True), (params(32), False, True),
+                         (params(1), False, False), (params(4, block_d=64), False, False),
+                         (params(4, stages=1), False, False), (params(4, warps=8), False, False),
+                         (params(4, one_tile=True), True, False), (params(4, kind="extend"), False, False)]:
+        assert fuses_merge("auto", p) is auto, p
+        assert fused_launch_args(p, fuses_merge(True, p)) == ({"maxnreg": 128} if cap else {}), p
+        assert fused_launch_args(p, False) == {}, p
+    llama = {"num_kv_heads": 8, "group": 4, "head_dim": 128, "sms": 132}  # the heuristic's own launches
+    for batch, ctx, auto in [(4, 4096, True), (16, 4096, True), (32, 16384, True), (1, 16384, False), (2, 16384, False),
+                             (64, 4096, False)]:
+        p = decode_params(batch=batch, max_kv_len=ctx, **llama)
+        assert fuses_merge("auto", p) is auto and not p.one_tile, (batch, ctx, p)
+    smollm2 = decode_params(batch=4, num_kv_heads=3, group=3, head_dim=64, max_kv_len=4096, sms=132)
+    assert smollm2.num_splits > 1 and not smollm2.one_tile and not fuses_merge("auto", smollm2)
+
+
+@pytest.mark.parametrize("kind,num_splits,head_dim,fused", [("decode", 3, 64, True), ("decode", 2, 64, False),
+                                                             ("verify", 3, 64, False), ("decode", 2, 128, True)],
+                         ids=["decode-one-tile", "decode-two-tiles", "verify", "decode-capped-tile-loop"])
+def test_auto_fuses_only_the_decode_of_one_tile_splits(kind, num_splits, head_dim, fused):
     """fused_merge=auto (the default): a decode whose 300-token context splits into 3 splits of one 128-token tile
     (head dim 64) merges inside the kernel, counters back at 0; 2 splits (two tiles each) and a verify keep the merge
-    launch. Outputs as the merge launch's either way."""
+    launch; at head dim 128 two splits of three 64-token tiles (CAPPED_TILE's loop) merge inside it too, launched
+    under the register cap. Outputs as the merge launch's either way."""
     q_lens = [1, 1, 0, 1] if kind == "decode" else [3, 3, 3, 3]
     case = make_case(kv_lens=[c + q for c, q in zip([300, 0, 17, 1], q_lens)], q_lens=q_lens, page_size=16,
-                     num_kv_heads=2, gqa=3, head_dim=64, dtype=torch.float32, device=DEVICE, seed=5)
+                     num_kv_heads=2, gqa=3, head_dim=head_dim, dtype=torch.float32, device=DEVICE, seed=5)
     assert case.backend(TritonBackend).fused_merge == "auto"
     _, ref = run_layers(case, False, num_splits)
     be, out = run_layers(case, "auto", num_splits, repeat=2)
@@ -143,6 +172,26 @@ def test_gpu_auto_fuses_the_batch1_decode_under_races_and_graph_replay(model, us
     with pdl.using(use_pdl, "cuda"):
         be = _race(case, None, launches_per_graph=4 if use_pdl else 1, option="auto")
     assert be.active_plan.params.one_tile and be.active_plan.params.num_splits > 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: the split programs race only there")
+@pytest.mark.parametrize("use_pdl", [False, True], ids=["pdl-off", "pdl-on"])
+@pytest.mark.parametrize("batch,ctx", [(4, 4096), (16, 16384)])
+def test_gpu_auto_fuses_the_capped_tiles_loop_under_races_and_graph_replay(batch, ctx, use_pdl, monkeypatch):
+    """Llama-8B's splits of several 64-token tiles (CAPPED_TILE; 132 SMs set, an H100's, so the plan is the same on
+    any card): auto fuses them under the 128-register cap; raced and replayed against the merge launch."""
+    from attnlab.kernels import heuristics
+
+    monkeypatch.setattr(heuristics, "sm_count", lambda device_index=0: 132)
+    if use_pdl and pdl.unsupported("cuda"):
+        pytest.skip(f"engine.pdl: {pdl.unsupported('cuda')}")
+    case = make_case(kv_lens=[ctx - 7 * i for i in range(batch)], q_lens=[1] * batch, page_size=16, num_kv_heads=8,
+                     gqa=4, head_dim=128, dtype=torch.bfloat16, device="cuda", num_layers=1)
+    with pdl.using(use_pdl, "cuda"):
+        be = _race(case, None, launches_per_graph=4 if use_pdl else 1, option="auto")
+    params = be.active_plan.params
+    assert not params.one_tile and 1 < params.num_splits <= 16 and params.block_n == 64, params
 
 
 def _race(case, splits: int | None, launches_per_graph: int, option: bool | str = True):
