@@ -80,7 +80,8 @@ class TritonBackend(AttentionBackend):
         "fused_merge": "auto (default) / true / false: merge split-KV partials inside the kernel (the last split to "
                        "finish merges), not in a second launch per layer. auto: the decode's launches whose every "
                        "split holds one KV tile by the heuristic (batch-1 / small-batch decode; a decode_tiles "
-                       "override keeps the launch: set true to fuse it; experiments/fused-merge-auto); true: "
+                       "override keeps the launch: set true to fuse it), and head dim 128's split loops of at most "
+                       "16 splits under a 128-register cap (experiments/fused-merge-auto); true: "
                        "every split launch, the extend kernel's (verify) too, which took 1.11x / 1.53x its kernel time "
                        "in the engine's graphs at SmolLM2 / Llama-8B shapes (H100, 2026-12-06d, "
                        "experiments/fused-merge); false: always the merge launch",
