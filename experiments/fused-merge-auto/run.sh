@@ -37,7 +37,7 @@
 #      merge launch in both PDL modes): auto now fuses that tile's loops (at most 16 splits) under the cap. Its GPU
 #      tests (raced and replayed at batch 4 x 4k and 16 x 16k, PDL off / on), then auto against fused_merge=false,
 #      Llama-8B, batch 1 / 2 / 4 / 8 / 16 / 32 x 1k / 4k / 16k, PDL off and on (cells past 16 splits or of one tile
-#      are controls: their launch did not change); with ARMS2 set, one more grid of those arms at batch 1 x 4k / 16k.
+#      are controls: their launch did not change); with ARMS2 set, those arms at both shapes' batch 1 / 2 x 4k / 16k.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
 PART=${1:?part 1 to 7}
@@ -136,9 +136,9 @@ case $PART in
     > $LOGS/rule-llama8b.log 2>&1
   echo "exit code $?"; grep -E "^decode|Error" $LOGS/rule-llama8b.log
   if [ -n "${ARMS2:-}" ]; then
-    step "llama8b, batch 1 x 4k / 16k: $ARMS2"
-    timeout 90 $B --models llama8b --batches 1 --contexts 4096,16384 --backends "$ARMS2" --out "$OUT/arms2" \
-      > $LOGS/arms2.log 2>&1
+    step "both shapes, batch 1 / 2 x 4k / 16k: $ARMS2"
+    timeout 120 $B --models llama8b,smollm2 --batches 1,2 --contexts 4096,16384 --backends "$ARMS2" \
+      --out "$OUT/arms2" > $LOGS/arms2.log 2>&1
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/arms2.log
   fi
   ;;
