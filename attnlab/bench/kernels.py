@@ -253,15 +253,15 @@ def shapes(phases, models, batches, contexts, ks):
 # (attnlab.kernels.decode) for that arm's capture and timing, restored after.
 ARM_SWITCHES = {"early": "the decode's early-tile gate in tile elements (decode.set_early_tile_max; +early0: none)",
                 "kvpf": "KV tiles each decode program prefetches before its PDL wait (decode.set_kv_prefetch, 0..8)",
-                "vfirst": "one-stage decode launches load V before K (decode.set_v_first; +vfirst0: K first, the default)"}
+                "vfirst": "one-stage decode launches load V before K (decode.set_v_first; 0: K first, the default)"}
 # The switches that act on the decode's reads before its PDL wait: nothing without +pdl.
 PDL_SWITCHES = ("early", "kvpf")
 
 
 def split_arm(spec: str) -> tuple[str, bool, dict[str, int]]:
-    """``spec[+pdl][+early<elems>][+kvpf<tiles>][+vfirst<0|1>]`` -> (spec, pdl, {switch: value}); ValueError for a repeated,
-    unknown or malformed switch (the values' ranges and what they need are checked by ``check_arm``). Every ``+``
-    starts a switch, so no backend option value may hold one (none does)."""
+    """``spec[+pdl][+early<elems>][+kvpf<tiles>][+vfirst<0|1>]`` -> (spec, pdl, {switch: value}); ValueError for a
+    repeated, unknown or malformed switch (the values' ranges and what they need are checked by ``check_arm``). Every
+    ``+`` starts a switch, so no backend option value may hold one (none does)."""
     base, *parts = spec.split("+")
     on, switches = False, {}
     for part in parts:

@@ -62,10 +62,10 @@ _kv_prefetch = KV_PREFETCH_TILES
 # Call 2's 256-token tiles gained (0.88-0.97x); those are decode_tiles overrides, given up here.
 EARLY_TILE_MAX_ELEMS = 128 * 64
 _early_max_elems = EARLY_TILE_MAX_ELEMS
-# One-stage launches load a tile's K, then its V: Triton 3.6 issues V's loads only after K's data arrived (K's conversion
-# to the dot's layout sits between them). V first (paged.attend_tile's V_FIRST, set_v_first(1), the bench arm +vfirst1)
-# puts both in flight and was slower (H100, 2026-12-07, experiments/decode-vfirst/): Llama-8B's batch-1 4k decode
-# 1.11-1.15x the time with PDL and 1.06-1.07x without, SmolLM2's 0.99-1.02x, every other cell within 2%.
+# One-stage launches load a tile's K, then its V: Triton 3.6 issues V's loads only after K's data arrived (K's
+# conversion to the dot's layout sits between them). V first (paged.attend_tile's V_FIRST, set_v_first(1), the bench arm
+# +vfirst1) puts both in flight and was slower (H100, 2026-12-07, experiments/decode-vfirst/): Llama-8B's batch-1 4k
+# decode 1.11-1.15x the time with PDL and 1.06-1.07x without, SmolLM2's 0.99-1.02x, every other cell within 2%.
 _v_first = 0
 
 
@@ -301,7 +301,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_M=params.block_m, BLOCK_N=params.block_n, BLOCK_D=params.block_d,
         SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse,
         MERGE_SPLITS=merge_bound(params.num_splits, fuse), BLOCK_G=triton.next_power_of_2(num_heads // num_kv_heads),
-        V_FIRST=stages == 1 and _v_first, **early, num_warps=params.num_warps, num_stages=stages, **launch_args(q),
+        V_FIRST=stages == 1 and _v_first == 1, **early, num_warps=params.num_warps, num_stages=stages, **launch_args(q),
         **fused_launch_args(params, fuse))
     if split and not fuse:
         merge_splits(out, o_part, lse_part)

@@ -67,13 +67,14 @@ def check_fused_merge(option) -> bool | str:
 
 
 # The decode launch (BLOCK_D, BLOCK_N, warps, stages) whose fused splits of several tiles run under a register cap: the
-# heuristic's 64-token tile of 4 warps and 3 stages at head dim 128 (Llama-8B's splits of several tiles). Fused, without PDL, ptxas gave it 155 registers
-# a thread (3 programs a SM, not the heuristic's 4; 106 with the merge launch; 120 both with PDL): 1.10-1.14x the merge
-# launch's time. Capped at 128 (no spills) it took 0.978-0.998x without PDL and 0.917-1.001x with (H100, 2026-12-07,
-# experiments/fused-merge-auto/ calls 3-4, batch 4-32 x 4k / 16k). At SmolLM2's tile the same cap made ptxas take all
-# 128 registers (96 uncapped) and spill: not capped there, and auto keeps its merge launch. Auto fuses these loops
-# only up to CAPPED_MAX_SPLITS splits: the cells measured held 2-16, and past 16 the merge's unrolled loads spill under
-# the cap (ptxas, triton 3.6, Llama-8B shapes: 4 bytes at 32 splits without PDL, 8-24 at 64).
+# heuristic's 64-token tile of 4 warps and 3 stages at head dim 128 (Llama-8B's splits of several tiles). Fused, without
+# PDL, ptxas gave it 155 registers a thread (3 programs a SM, not the heuristic's 4; 106 with the merge launch; 120 both
+# with PDL): 1.10-1.14x the merge launch's time. Capped at 128 (no spills) it took 0.978-0.998x without PDL and
+# 0.917-1.001x with (H100, 2026-12-07, experiments/fused-merge-auto/ calls 3-4, batch 4-32 x 4k / 16k). At SmolLM2's
+# tile the same cap made ptxas take all 128 registers (96 uncapped) and spill: not capped there, and auto keeps its
+# merge launch. Auto fuses these loops only up to CAPPED_MAX_SPLITS splits: the cells measured held 2-16, and past 16
+# the merge's unrolled loads spill under the cap (ptxas, triton 3.6, Llama-8B shapes: 4 bytes at 32 splits without PDL,
+# 8-24 at 64).
 CAPPED_TILE = (128, 64, 4, 3)
 FUSED_MAXNREG = 128
 CAPPED_MAX_SPLITS = 16
