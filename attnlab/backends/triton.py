@@ -369,7 +369,7 @@ class TritonBackend(AttentionBackend):
 
         if not fuses_merge(self.fused_merge, params):
             return None
-        return merge_counters(blocks, self.num_kv_heads, self.device)
+        return merge_counters(blocks, self.num_kv_heads, self.device, num_splits=params.num_splits)
 
     def write_mask(self, plan: TritonPlan, custom_mask: torch.Tensor) -> None:
         """In place into the plan's uint8 mask buffer (bool -> uint8 in the copy): graph-safe."""
