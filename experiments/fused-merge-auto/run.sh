@@ -128,8 +128,8 @@ case $PART in
   ;;
 7)
   FB=.gpu/fk install_fb
-  step "GPU tests: auto's fused loops under the register cap, raced and replayed; auto's batch-1 cells"
-  gpu_tests capped 200 tests/backends/test_fused_merge.py -m gpu -k "auto"
+  step "GPU tests: auto's fused loops under the register cap, raced and replayed; auto's batch-1 cells; two levels"
+  gpu_tests capped 200 tests/backends/test_fused_merge.py -m gpu -k "auto or two_level"
   step "llama8b: auto (the cap's rule) against the merge launch, PDL off and on"
   timeout 150 $B --models llama8b --batches 1,2,4,8,16,32 --contexts 1024,4096,16384 \
     --backends triton/fused_merge=false,triton,triton/fused_merge=false+pdl,triton+pdl --out "$OUT/rule-llama8b" \
