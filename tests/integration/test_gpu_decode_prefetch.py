@@ -26,19 +26,24 @@ def _outputs(case, on: bool, tiles: int, num_splits: int | None, graph: bool, fu
         be = case.backend(TritonBackend)
         be.num_splits, be.fused_merge = num_splits, fused
         be.plan(case.meta)
-        layers = range(case.pool.num_layers)
         if not graph:
-            return torch.stack([be.run(case.q, layer) for layer in layers])
-        for layer in layers:  # compile, then capture
-            be.run(case.q, layer)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = torch.stack([be.run(case.q, layer) for layer in layers])
-        g.replay()
-        g.replay()
-        torch.cuda.synchronize()
-        return out
+            return torch.stack([be.run(case.q, layer) for layer in range(case.pool.num_layers)])
+        return _replayed(be, case)
+
+
+def _replayed(be, case) -> torch.Tensor:
+    """Every layer's output of a planned backend, compiled eagerly, then captured in a CUDA graph and replayed twice."""
+    layers = range(case.pool.num_layers)
+    for layer in layers:  # compile, then capture
+        be.run(case.q, layer)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = torch.stack([be.run(case.q, layer) for layer in layers])
+    g.replay()
+    g.replay()
+    torch.cuda.synchronize()
+    return out
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
@@ -107,16 +112,7 @@ def test_v_first_changes_no_bit(head_dim, gqa, tiles, on, monkeypatch):
                                case.q.dtype, decode_tiles=tiles, fused_merge="auto" if tiles is None else True)
             be.plan(case.meta)
             assert be.active_plan.params.num_stages == 1 or be.active_plan.params.one_tile, be.active_plan.params
-            layers = range(case.pool.num_layers)
-            for layer in layers:  # compile, then capture
-                be.run(case.q, layer)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                out = torch.stack([be.run(case.q, layer) for layer in layers])
-            g.replay()
-            torch.cuda.synchronize()
-            outs.append(out)
+            outs.append(_replayed(be, case))
     assert torch.equal(outs[0], outs[1]), (outs[0].float() - outs[1].float()).abs().max().item()
     torch.testing.assert_close(outs[1].float(), case.reference(), atol=2e-2, rtol=2e-2)
 
