@@ -32,7 +32,7 @@ class TritonPlan:
     mask_indptr: torch.Tensor | None = None  # extend: [batch] int64
     o_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits, D] fp32
     lse_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits] fp32
-    counters: torch.Tensor | None = None  # fused_merge: int32 [programs over (block, kv head)], 0 between launches
+    counters: torch.Tensor | None = None  # fused_merge: int32, merge.merge_counter_count's, 0 between launches
     mask_len: int = 0  # entries of the custom mask this pass was planned with (``mask`` may be a larger buffer)
     # a prefill with no cached prefix: (tile_req, tile_q0, (BLOCK_M, BLOCK_N, warps, stages), kernel_info label) of
     # the contiguous kernel, which run_new launches on the new K / V (run, without them, keeps the paged kernel)
@@ -80,8 +80,9 @@ class TritonBackend(AttentionBackend):
         "fused_merge": "auto (default) / true / false: merge split-KV partials inside the kernel (the last split to "
                        "finish merges), not in a second launch per layer. auto: the decode's launches whose every "
                        "split holds one KV tile by the heuristic (batch-1 / small-batch decode; a decode_tiles "
-                       "override keeps the launch: set true to fuse it), and head dim 128's split loops of at most "
-                       "16 splits under a 128-register cap (experiments/fused-merge-auto); true: "
+                       "override keeps the launch: set true to fuse it), and split loops of head dim 128's 64-token "
+                       "tile (BLOCK_D 128: head dims 65-128, measured at 128; an override of that tile too) of at "
+                       "most 16 splits, under a 128-register cap (experiments/fused-merge-auto); true: "
                        "every split launch, the extend kernel's (verify) too, which took 1.11x / 1.53x its kernel time "
                        "in the engine's graphs at SmolLM2 / Llama-8B shapes (H100, 2026-12-06d, "
                        "experiments/fused-merge); false: always the merge launch",
@@ -364,7 +365,7 @@ class TritonBackend(AttentionBackend):
 
     def _merge_counters(self, params, blocks: int) -> torch.Tensor | None:
         """fused_merge's arrival counters of a plan that merges inside its kernel (``fuses_merge``): one per (request
-        or query block, kv head), zeros."""
+        or query block, kv head) and room for the two-level merge's group counters (merge.merge_counters), zeros."""
         from attnlab.kernels.merge import fuses_merge, merge_counters
 
         if not fuses_merge(self.fused_merge, params):

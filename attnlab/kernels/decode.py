@@ -3,7 +3,8 @@
 One program per (request, kv head, split). Its M rows are the GQA group of query heads that share the kv
 head (padded to >= 16 rows for tl.dot), so each K/V tile is read once for the whole group. With
 num_splits > 1 each program writes a partial output + log-sum-exp and ``merge_splits`` combines them, or, given
-``counters`` (the triton backend's fused_merge; by default where each split is one tile), the split that finishes last
+``counters`` (the triton backend's fused_merge; by default where each split is one tile, and merge.CAPPED_TILE's
+loops), the split that finishes last
 does (``merge_arrived``; in two levels, groups of splits first, under ``merge.set_merge_group``).
 Split boundaries are computed in the kernel from the request's own kv_len (a multiple of BLOCK_N per
 split), so a plan's grid stays valid while lengths change (CUDA-graph replay).
@@ -65,7 +66,7 @@ _early_max_elems = EARLY_TILE_MAX_ELEMS
 # One-stage launches load a tile's K, then its V: Triton 3.6 issues V's loads only after K's data arrived (K's
 # conversion to the dot's layout sits between them). V first (paged.attend_tile's V_FIRST, set_v_first(1), the bench arm
 # +vfirst1) puts both in flight and was slower (H100, 2026-12-07, experiments/decode-vfirst/): Llama-8B's batch-1 4k
-# decode 1.11-1.15x the time with PDL and 1.06-1.07x without, SmolLM2's 0.99-1.02x, every other cell within 2%.
+# decode 1.11-1.14x the time with PDL and 1.06-1.07x without, SmolLM2's 1.00-1.02x, every other cell 0.98-1.04x.
 _v_first = 0
 
 

@@ -80,11 +80,11 @@ def check_fused_merge(option) -> bool | str:
 # heuristic's 64-token tile of 4 warps and 3 stages at head dim 128 (Llama-8B's splits of several tiles). Fused, without
 # PDL, ptxas gave it 155 registers a thread (3 programs a SM, not the heuristic's 4; 106 with the merge launch; 120 both
 # with PDL): 1.10-1.14x the merge launch's time. Capped at 128 (no spills) it took 0.978-0.998x without PDL and
-# 0.917-1.001x with (H100, 2026-12-07, experiments/fused-merge-auto/ calls 3-4, batch 4-32 x 4k / 16k). At SmolLM2's
+# 0.917-1.001x with (H100, 2026-12-07, experiments/fused-merge-auto/ call 4, batch 4-32 x 4k / 16k). At SmolLM2's
 # tile the same cap made ptxas take all 128 registers (96 uncapped) and spill: not capped there, and auto keeps its
 # merge launch. Auto fuses these loops only up to CAPPED_MAX_SPLITS splits: the cells measured held 2-16, and past 16
 # the merge's unrolled loads spill under the cap (ptxas, triton 3.6, Llama-8B shapes: 4 bytes at 32 splits without PDL,
-# 8-24 at 64).
+# 8-24 at 64; none at 2-16: fused-merge-auto/results/cpu-regs-{capped-rule,maxnreg128-past16}-triton3.6.txt).
 CAPPED_TILE = (128, 64, 4, 3)
 FUSED_MAXNREG = 128
 CAPPED_MAX_SPLITS = 16
@@ -92,15 +92,19 @@ CAPPED_MAX_SPLITS = 16
 
 def capped_fused_tile(params) -> bool:
     """Whether ``params`` is a decode of CAPPED_TILE whose splits loop over several tiles (not ``one_tile``: those
-    were measured uncapped, and with PDL run one stage): fused, it runs with ``maxnreg`` FUSED_MAXNREG."""
+    were measured uncapped, and with PDL run one stage): fused, up to CAPPED_MAX_SPLITS splits, it runs with
+    ``maxnreg`` FUSED_MAXNREG. BLOCK_D 128 holds head dims 65-128 (measured at 128 only); a ``decode_tiles`` override
+    of the same tile (64x4x3) matches too."""
     tile = (params.block_d, params.block_n, params.num_warps, params.num_stages)
     return params.kind == "decode" and not params.one_tile and tile == CAPPED_TILE
 
 
 def fused_launch_args(params, fused: bool) -> dict:
     """The launch options a decode of ``params`` adds when it merges inside the kernel: the register cap at
-    CAPPED_TILE, nothing elsewhere."""
-    return {"maxnreg": FUSED_MAXNREG} if fused and capped_fused_tile(params) else {}
+    CAPPED_TILE up to CAPPED_MAX_SPLITS splits (what was measured), nothing elsewhere (fused_merge=true past it runs
+    uncapped, as before)."""
+    capped = fused and capped_fused_tile(params) and params.num_splits <= CAPPED_MAX_SPLITS
+    return {"maxnreg": FUSED_MAXNREG} if capped else {}
 
 
 def fuses_merge(option: bool | str, params) -> bool:
@@ -125,8 +129,8 @@ def merge_counters(programs: int, num_kv_heads: int, device, num_splits: int = 1
 
 def merge_counter_count(tickets: int, num_splits: int) -> int:
     """Counters for ``tickets`` (request or query block, kv head) pairs: ``tickets`` top counters at [0, tickets),
-    then, with several splits, each ticket's group counters at tickets + ticket * num_splits + group (a group of one
-    split at most: any group size fits)."""
+    then, with several splits, each ticket's group counters at tickets + ticket * num_splits + group (room for groups
+    as small as one split, so any group size fits)."""
     return tickets * (1 + num_splits) if num_splits > 1 else tickets
 
 

@@ -1,6 +1,6 @@
 """The order a compiled decode issues its K / V tile loads in, read from its SASS (sm_90a, compiled on a CPU:
-experiments/fused-merge/sass.py's compile_case and ptxas_v), with V first (decode.set_v_first(1), the default) and K
-first (0, the order before 2026-12-07).
+experiments/fused-merge/sass.py's compile_case and ptxas_v), with K first (decode.set_v_first(0), the default) and V
+first (1, the bench arm +vfirst1; measured slower).
 
 Each launch prints one line of symbols from its PDL wait (ACQBULK; the start without PDL) to the merge's arrival
 atomic: L a 16-byte global load (LDG.E.128: q, K, V rows; the fused merge's partials come after the atomic), S a

@@ -7,7 +7,9 @@ SM, not 4).
     python experiments/fused-merge-auto/regs.py [--cells llama8b:16:4096,smollm2:1:4096] [--maxnreg N] [--out FILE]
 
 ``--maxnreg N`` compiles every variant with that register cap (triton's ``maxnreg``; not something attnlab launches
-with): results/cpu-regs-maxnreg128-triton3.6.txt is the cap tried and not kept.
+with): results/cpu-regs-maxnreg128-triton3.6.txt is the cap as first tried, cpu-regs-maxnreg128-past16-triton3.6.txt
+the cap past auto's 16 splits. Since call 4 attnlab caps the fused launches of merge.CAPPED_TILE itself (up to 16
+splits): cpu-regs-capped-rule-triton3.6.txt is this script without --maxnreg at those cells.
 
 (from the repository root, TRITON_INTERPRET unset). results/cpu-regs-triton3.6.txt is this script under triton 3.6,
 the GPU machine's (``pip install --target /tmp/t36 triton==3.6.0``, then ``PYTHONPATH=/tmp/t36:$PWD``); another

@@ -69,7 +69,8 @@ def test_fused_merge_values_other_than_true_false_auto_are_refused(bad):
 
 
 def test_fuses_merge_decides_per_launch():
-    """The option's rule on each kind of launch: auto fuses a split decode of one-tile splits only."""
+    """The option's rule on each kind of launch: auto fuses a split decode of one-tile splits (and CAPPED_TILE's
+    loops: the next test), nothing else."""
     from attnlab.kernels.heuristics import LaunchParams
     from attnlab.kernels.merge import fuses_merge
 
@@ -87,7 +88,8 @@ def test_fuses_merge_decides_per_launch():
 def test_auto_fuses_loops_of_the_capped_tile_up_to_16_splits_under_the_register_cap():
     """Splits of several tiles fuse under auto only at CAPPED_TILE (head dim 128's 64-token tile of 4 warps and 3
     stages: Llama-8B's) and at most CAPPED_MAX_SPLITS splits, and those fused launches, auto's or true's, carry the
-    128-register cap; nothing else does (the merge launch, one-tile splits, other tiles, an override's stages)."""
+    128-register cap; nothing else does (the merge launch, one-tile splits, other tiles, an override's stages, true
+    past 16 splits, where the merge spills under the cap)."""
     from attnlab.kernels.heuristics import LaunchParams, decode_params
     from attnlab.kernels.merge import CAPPED_MAX_SPLITS, fused_launch_args, fuses_merge
 
@@ -95,7 +97,7 @@ def test_auto_fuses_loops_of_the_capped_tile_up_to_16_splits_under_the_register_
         return LaunchParams(kind, 16, 64, block_d, 1, splits, num_warps=warps, num_stages=stages, one_tile=one_tile)
 
     assert CAPPED_MAX_SPLITS == 16
-    for p, auto, cap in [(params(2), True, True), (params(16), True, True), (params(32), False, True),
+    for p, auto, cap in [(params(2), True, True), (params(16), True, True), (params(32), False, False),
                          (params(1), False, False), (params(4, block_d=64), False, False),
                          (params(4, stages=1), False, False), (params(4, warps=8), False, False),
                          (params(4, one_tile=True), True, False), (params(4, kind="extend"), False, False)]:
@@ -114,7 +116,7 @@ def test_auto_fuses_loops_of_the_capped_tile_up_to_16_splits_under_the_register_
 @pytest.mark.parametrize("kind,num_splits,head_dim,fused", [("decode", 3, 64, True), ("decode", 2, 64, False),
                                                              ("verify", 3, 64, False), ("decode", 2, 128, True)],
                          ids=["decode-one-tile", "decode-two-tiles", "verify", "decode-capped-tile-loop"])
-def test_auto_fuses_only_the_decode_of_one_tile_splits(kind, num_splits, head_dim, fused):
+def test_auto_fuses_the_decodes_of_one_tile_splits_and_capped_loops(kind, num_splits, head_dim, fused):
     """fused_merge=auto (the default): a decode whose 300-token context splits into 3 splits of one 128-token tile
     (head dim 64) merges inside the kernel, counters back at 0; 2 splits (two tiles each) and a verify keep the merge
     launch; at head dim 128 two splits of three 64-token tiles (CAPPED_TILE's loop) merge inside it too, launched
@@ -128,6 +130,10 @@ def test_auto_fuses_only_the_decode_of_one_tile_splits(kind, num_splits, head_di
     plan = be.active_plan
     assert plan.params.num_splits == num_splits and (plan.counters is not None) == fused
     assert ("merge=fused" in next(iter(be.kernel_info().values()))) == fused
+    from attnlab.kernels.merge import fused_launch_args
+
+    capped = {"maxnreg": 128} if head_dim == 128 else {}  # what paged_decode adds to this plan's launch
+    assert fused_launch_args(plan.params, plan.counters is not None) == capped, plan.params
     if fused:
         assert plan.counters.eq(0).all()
     torch.testing.assert_close(out.float(), ref.float(), **TOL[torch.float32])
