@@ -366,11 +366,11 @@ class TritonBackend(AttentionBackend):
     def _merge_counters(self, params, blocks: int) -> torch.Tensor | None:
         """fused_merge's arrival counters of a plan that merges inside its kernel (``fuses_merge``): one per (request
         or query block, kv head) and room for the two-level merge's group counters (merge.merge_counters), zeros."""
-        from attnlab.kernels.merge import fuses_merge, merge_counters
+        from attnlab.kernels.merge import fuses_merge, plan_counters
 
         if not fuses_merge(self.fused_merge, params):
             return None
-        return merge_counters(blocks, self.num_kv_heads, self.device, num_splits=params.num_splits)
+        return plan_counters(params, blocks, self.num_kv_heads, self.device)
 
     def write_mask(self, plan: TritonPlan, custom_mask: torch.Tensor) -> None:
         """In place into the plan's uint8 mask buffer (bool -> uint8 in the copy): graph-safe."""

@@ -127,6 +127,12 @@ def merge_counters(programs: int, num_kv_heads: int, device, num_splits: int = 1
     return torch.zeros(merge_counter_count(tickets, num_splits), dtype=torch.int32, device=device)
 
 
+def plan_counters(params, programs: int, num_kv_heads: int, device) -> torch.Tensor:
+    """A fused plan's counters (``merge_counters``): room for the two-level merge's group counters only where it can
+    run, a decode of several splits; the extend and invariant kernels merge in one level."""
+    return merge_counters(programs, num_kv_heads, device, params.num_splits if params.kind == "decode" else 1)
+
+
 def merge_counter_count(tickets: int, num_splits: int) -> int:
     """Counters for ``tickets`` (request or query block, kv head) pairs: ``tickets`` top counters at [0, tickets),
     then, with several splits, each ticket's group counters at tickets + ticket * num_splits + group (room for groups

@@ -75,10 +75,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for case in CASES:
             lines += [order(case, first, pathlib.Path(d)) for first in (0, 1)]
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        pathlib.Path(a.out).write_text(text + "\n")
+    sass.emit(lines, a.out)
 
 
 if __name__ == "__main__":

@@ -101,10 +101,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         lines = [f"triton {triton.__version__}, sm_90a, PDL, fused merge"]
         lines += [read_case(m, c, t, pathlib.Path(d)) for m, c, t in CASES]
+    emit(lines, a.out)
+
+
+def emit(lines: list[str], out: str | None) -> None:
+    """Print a report's lines, and write them to ``out`` too when given (also order.py's)."""
     text = "\n".join(lines)
     print(text)
-    if a.out:
-        pathlib.Path(a.out).write_text(text + "\n")
+    if out:
+        pathlib.Path(out).write_text(text + "\n")
 
 
 if __name__ == "__main__":
