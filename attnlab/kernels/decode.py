@@ -22,7 +22,8 @@ its final bits. ``set_kv_prefetch(0)`` restores the wait-first order (a bench ar
 tile below off with it.
 
 On a launch of one stage (a split of one tile where this early tile applies: ``early_launch``, decided per launch; or
-a ``decode_tiles`` override) and a tile of at most ``early_tile_max()`` elements, the early reads also give the
+a ``decode_tiles`` override) and a tile of at most ``early_tile_max()`` elements and EARLY_TILE_THREAD_ELEMS a thread,
+the early reads also give the
 split's first tile (``EARLY_TILE``). Right after the wait, q and that tile's K / V loads go out at the early plan's
 addresses, together with the plan's and the tile's page ids' re-reads: one round trip where the wait-first chain took
 three (plan, page ids, K / V). The tile is used only if every re-read equals its early read, which the rule above
@@ -55,13 +56,18 @@ LOG2E = 1.0 / math.log(2.0)
 # 0 tiles and what is not understood: experiments/decode-early/ calls 14-15.
 KV_PREFETCH_TILES = 1
 _kv_prefetch = KV_PREFETCH_TILES
-# The early first tile (EARLY_TILE) on one-stage launches of at most this many tile elements: the defaults' 128 x 64
-# (SmolLM2) and 64 x 128. At 128 x 128 it was measured both ways (experiments/decode-early/): slower with the fused
-# merge at 4 warps (decode_tiles=128x4x1, 1.01-1.03x in four H100 calls); at the two-tile rule's 8 warps (2026-12-06h,
-# call 13, bench arm +early16384) 0.85-0.87x at unsplit batch 1-8 x 128 and 0.98x at batch 1 x 4k, but 1.06x at batch
-# 16 x 128 and, with the merge launch, 1.12x / 1.23x at batch 8 x 512 / 4 x 1k (the fused merge there 0.97x / 1.01x).
-# Call 2's 256-token tiles gained (0.88-0.97x); those are decode_tiles overrides, given up here.
-EARLY_TILE_MAX_ELEMS = 128 * 64
+# The early first tile (EARLY_TILE) on one-stage launches of at most this many tile elements (BLOCK_N x BLOCK_D) and
+# at most EARLY_TILE_THREAD_ELEMS of them a thread: the defaults' 128 x 64 and 64 x 128 tiles of 4 warps and the two-tile
+# rule's 128 x 128 of 8 warps, 64 elements of K (and of V) a thread each. At 128 x 128 of 4 warps (decode_tiles=128x4x1,
+# 128 a thread) it was slower with the fused merge (1.01-1.03x in four H100 calls). The gate was 128 x 64 until
+# 2026-12-07; the rule's tile at 8 warps (bench arm +early16384, experiments/decode-early/) measured, with PDL on:
+# Llama-8B's batch 1 x 4k 0.971-0.990x the time in three H200 rounds (fused-merge-auto/ calls 6-7, decode-early/ call
+# 17) and 0.978-0.995x in five H100 rounds (decode-early/ calls 13 and 16; decode-vfirst/, with V first), unsplit
+# batch 1-8 x 128 0.85-0.87x, but unsplit batch 16 x 128 (128 programs) 1.06x, and with fused_merge=false 1.12x / 1.23x
+# at batch 8 x 512 / 4 x 1k (the default fuses those splits: 0.97x / 1.01x; decode-early/ call 13). +early8192 is the
+# old gate.
+EARLY_TILE_MAX_ELEMS = 128 * 128
+EARLY_TILE_THREAD_ELEMS = 64
 _early_max_elems = EARLY_TILE_MAX_ELEMS
 # One-stage launches load a tile's K, then its V: Triton 3.6 issues V's loads only after K's data arrived (K's
 # conversion to the dot's layout sits between them). V first (paged.attend_tile's V_FIRST, set_v_first(1), the bench arm
@@ -124,8 +130,9 @@ def v_first_order(on: int):
 
 def set_early_tile_max(elems: int) -> None:
     """The early first tile's size gate in tile elements (BLOCK_N x BLOCK_D; process-wide, like the KV prefetch):
-    EARLY_TILE_MAX_ELEMS by default, 0 = no early tile (a one-tile split then keeps the heuristic's stages), 128 x 128
-    admits Llama-8B's one-tile splits of 128 tokens (a bench arm's ``+early16384``)."""
+    EARLY_TILE_MAX_ELEMS (128 x 128) by default, 0 = no early tile (a one-tile split then keeps the heuristic's
+    stages), 128 x 64 the gate before 2026-12-07, which left out Llama-8B's one-tile splits of 128 tokens (a bench arm's
+    ``+early8192``). Tiles of more than EARLY_TILE_THREAD_ELEMS a thread never take it."""
     global _early_max_elems
     _early_max_elems = check_early_tile_max(elems)
 
@@ -316,15 +323,17 @@ def early_launch(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams) -
     """This launch's stages and its early reads' constexprs, as PDL and the KV prefetch are set when it is made (a plan
     may outlive them: a graph bucket's, a bench's sides shared by arms). The early reads act with PDL on, the KV
     prefetch on and a power-of-two head dim of whole L2 lines; then a split of one tile (``params.one_tile``, the
-    heuristic's) of at most ``early_tile_max()`` elements (EARLY_TILE_MAX_ELEMS unless set) runs one stage and takes
-    the early first tile, which any one-stage launch of that size does (a ``decode_tiles`` override too). A pipelined
+    heuristic's) of at most ``early_tile_max()`` elements (EARLY_TILE_MAX_ELEMS unless set) and EARLY_TILE_THREAD_ELEMS
+    a thread runs one stage and takes the early first tile, which any one-stage launch of that size does (a
+    ``decode_tiles`` override too). A pipelined
     loop with it ran 1.08-1.22x slower at batch 16 (H100 2026-12-06e), and one stage without it 2-8% slower at
     SmolLM2's short contexts (2026-12-06f: experiments/decode-early/)."""
     head_dim = k_cache.shape[2]
     row_bytes = head_dim * k_cache.element_size()
     if not (launch_args(q) and _kv_prefetch and head_dim & (head_dim - 1) == 0 and row_bytes % L2_LINE == 0):
         return params.num_stages, {}
-    fits = params.block_n * params.block_d <= _early_max_elems
+    elems = params.block_n * params.block_d
+    fits = elems <= _early_max_elems and elems <= EARLY_TILE_THREAD_ELEMS * 32 * params.num_warps
     stages = 1 if params.one_tile and fits else params.num_stages
     return stages, {"PREFETCH": _kv_prefetch, "LINE": L2_LINE // k_cache.element_size(),
                     "EARLY_TILE": stages == 1 and fits}

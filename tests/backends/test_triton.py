@@ -358,8 +358,9 @@ def test_decode_splits_of_one_tile(hkv, group, head_dim, batch, ctx, tiles, one_
 def test_decode_two_tile_splits_at_head_dim_128_take_one_128_token_tile(batch, ctx, splits):
     """Where the heuristic's splits at head dim 128 hold two 64-token tiles and its programs fill at most two a SM
     (batch 33 x 128: 264 programs on 132 SMs), the launch is one 128-token tile of 8 warps in one stage over the same
-    splits (decode-early/ calls 9-11); longer contexts keep 64-token tiles. With PDL it takes no early tile (128 x 128
-    is past the early tile's size gate): one stage either way."""
+    splits (decode-early/ calls 9-11); longer contexts keep 64-token tiles. With PDL it takes the early tile (128 x 128
+    of 8 warps is inside the early tile's gates since 2026-12-07; not under the gate before, +early8192): one stage
+    either way."""
     from attnlab.kernels import decode, pdl
     from attnlab.kernels.heuristics import decode_params
 
@@ -372,6 +373,9 @@ def test_decode_two_tile_splits_at_head_dim_128_take_one_128_token_tile(batch, c
     q, k = torch.zeros(batch, 32, 128, dtype=torch.bfloat16), torch.zeros(64, 8, 128, dtype=torch.bfloat16)
     with pdl.forced_for_compile():
         stages, args = decode.early_launch(q, k, p)
+        assert stages == 1 and args["EARLY_TILE"] is True, args
+        with decode.early_tile_limit(128 * 64):
+            stages, args = decode.early_launch(q, k, p)
     assert stages == 1 and args["EARLY_TILE"] is False, args
 
 
@@ -416,10 +420,11 @@ def test_one_tile_launches_take_one_stage_with_the_early_tile(head_dim, kv_dtype
 
 
 @pytest.mark.parametrize("tiles,head_dim,early", [("128x4x1", 64, True), ("64x4x1", 128, True),
-                                                  ("128x4x1", 128, False), ("128x4x3", 64, False)])
+                                                  ("128x8x1", 128, True), ("128x4x1", 128, False),
+                                                  ("128x4x3", 64, False)])
 def test_early_tile_takes_one_stage_and_small_tiles(tiles, head_dim, early):
-    """The decode's early first tile (with PDL): launches of one stage with tiles of at most 128 x 64 elements only
-    (a pipelined loop and 128 x 128 tiles measured slower with it: experiments/decode-early/)."""
+    """The decode's early first tile (with PDL): launches of one stage with tiles of at most 128 x 128 elements and 64
+    a thread only (a pipelined loop and 128 x 128 tiles of 4 warps measured slower with it: experiments/decode-early/)."""
     from attnlab.kernels import decode, pdl
     from attnlab.kernels.heuristics import decode_params
 
@@ -433,8 +438,11 @@ def test_early_tile_takes_one_stage_and_small_tiles(tiles, head_dim, early):
 
 
 @pytest.mark.parametrize("gate,head_dim,tiles,early,stages", [
-    (16384, 128, None, True, 1),  # the two-tile rule's 128 x 128 tile of 8 warps: the early tile (bench +early16384)
-    (16384, 128, "128x4x1", True, 1),  # a decode_tiles override of that size too
+    (16384, 128, None, True, 1),  # the two-tile rule's 128 x 128 tile of 8 warps: the early tile (the default gate)
+    (8192, 128, None, False, 1),  # the gate before 2026-12-07 (bench +early8192): one stage, no early tile
+    (16384, 128, "128x8x1", True, 1),  # a decode_tiles override of that size and warps too
+    (16384, 128, "128x4x1", False, 1),  # at 4 warps: 128 elements a thread, never early (measured slower)
+    (32768, 128, "128x4x1", False, 1),  # whatever the gate
     (0, 64, None, False, 3),  # no early tile: a one-tile split keeps the heuristic's 3 stages
     (0, 128, "64x4x1", False, 1),  # an override keeps its own stages, without the early tile
 ])
@@ -452,7 +460,7 @@ def test_early_tile_gate_is_a_process_switch(gate, head_dim, tiles, early, stage
     assert (got, args["EARLY_TILE"]) == (stages, early), (p, args)
     assert decode.early_tile_max() == decode.EARLY_TILE_MAX_ELEMS
     with pdl.forced_for_compile():
-        assert decode.early_launch(q, k, p)[1]["EARLY_TILE"] is (head_dim == 64 or tiles == "64x4x1")  # the default
+        assert decode.early_launch(q, k, p)[1]["EARLY_TILE"] is (tiles != "128x4x1")  # the default gate
     for bad in (-1, 32769, True, 1.5):
         with pytest.raises(ValueError, match="early tile gate"):
             decode.set_early_tile_max(bad)

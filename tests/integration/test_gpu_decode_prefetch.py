@@ -64,15 +64,15 @@ def test_prefetch_changes_no_bit(page_size, gqa, head_dim, num_splits, graph):
     torch.testing.assert_close(ref.float(), case.reference(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("gate", [decode.EARLY_TILE_MAX_ELEMS, 128 * 128], ids=["gate-default", "gate-128x128"])
+@pytest.mark.parametrize("gate", [128 * 64, decode.EARLY_TILE_MAX_ELEMS], ids=["gate-128x64", "gate-default"])
 @pytest.mark.parametrize("fused", [False, True], ids=["merge-launch", "fused-merge"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, monkeypatch):
     """Splits of two 64-token tiles at head dim 128 with few programs run as one 128-token tile of 8 warps in one
     stage (heuristics.decode_params): 4 requests of up to 4,096 tokens x 2 kv heads, 32 splits on 132 SMs (an
     H100 SXM's count, set here so the plan is the same on any card). PDL on equals off, bit for bit, with the merge
-    launch and the fused merge, and both the reference; with the early-tile gate at 128 x 128 (``gate``) PDL on takes
-    the early first tile at that tile."""
+    launch and the fused merge, and both the reference; with the early-tile gate at 128 x 128 (``gate``, the default
+    since 2026-12-07) PDL on takes the early first tile at that tile, at the earlier 128 x 64 it does not."""
     from attnlab.kernels import heuristics
 
     monkeypatch.setattr(heuristics, "sm_count", lambda device_index=0: 132)
@@ -86,7 +86,7 @@ def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, monkey
     with decode.early_tile_limit(gate):
         with pdl.using(True, "cuda"):
             early = decode.early_launch(case.q, case.pool.slots_view(0)[0], params)[1]["EARLY_TILE"]
-            assert early is (gate > decode.EARLY_TILE_MAX_ELEMS)
+            assert early is (gate >= 128 * 128)
         ref = _outputs(case, False, decode.KV_PREFETCH_TILES, None, graph, fused)
         out = _outputs(case, True, decode.KV_PREFETCH_TILES, None, graph, fused)
     assert torch.equal(out, ref), (out.float() - ref.float()).abs().max().item()
