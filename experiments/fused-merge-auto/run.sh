@@ -39,9 +39,12 @@
 #      set, those arms at both shapes' batch 1 x 4k / 16k; then auto against fused_merge=false, Llama-8B, batch 1 / 2 /
 #      4 / 8 / 16 x 4k / 16k, PDL off and on (cells past 16 splits or of one tile are controls: their launch did not
 #      change). Ordered for a call that may be cut: the device budget left for it was under 300 s.
+#   8  carry [".gpu/fk", ".old"], ~2 min warm (after part 7 on the same machine): the floor round of ARMS against
+#      c101f91, 200 runs a replay. By default the two-level merge's arms with PDL on, with the early tile at 128 x 128,
+#      and at 64 splits of one 64-token tile (where the early tile applies at head dim 128), then the default PDL off.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 7}
+PART=${1:?part 1 to 8}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, c101, pack, the environment, the call's log, PY, S
 B="$PY -m attnlab.bench.kernels --phases decode --reps 200 --repeats 3"
 # grid NAME SECS BATCHES CONTEXTS ARMS [BENCH-FLAGS...]: bench.kernels' decode over both shapes, one process a shape,
@@ -59,7 +62,7 @@ grid() {
 floor_round() {
   step "floor round, 200 runs a replay: c101f91, then today's $1"
   c101 old 200
-  timeout 60 $B --quick --backends "$1" --out "$OUT/new" > $LOGS/new.log 2>&1
+  timeout "${FLOOR_SECS:-60}" $B --quick --backends "$1" --out "$OUT/new" > $LOGS/new.log 2>&1
   echo "today exit code $?"; grep -E "^decode" $LOGS/new.log
 }
 # profile MODEL GEMM: the kernel profile inside the engine's graphs, PDL off, false against auto (the rows' attention
@@ -143,6 +146,12 @@ case $PART in
     > $LOGS/rule-llama8b.log 2>&1
   echo "exit code $?"; grep -E "^decode|Error" $LOGS/rule-llama8b.log
   ;;
-*) echo "part 1 to 7"; exit 2 ;;
+8)
+  test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
+  FB=.gpu/fk install_fb
+  T64=triton/num_splits=64/decode_tiles=64x4x1/fused_merge=true FLOOR_SECS=150
+  floor_round "${ARMS:-triton+pdl,triton+pdl+mgroup4,triton+pdl+mgroup8,triton+pdl+early16384+mgroup8,$T64+pdl,$T64+pdl+mgroup8,triton}"
+  ;;
+*) echo "part 1 to 8"; exit 2 ;;
 esac
 pack
