@@ -22,9 +22,8 @@ its final bits. ``set_kv_prefetch(0)`` restores the wait-first order (a bench ar
 tile below off with it.
 
 On a launch of one stage (a split of one tile where this early tile applies: ``early_launch``, decided per launch; or
-a ``decode_tiles`` override) and a tile of at most ``early_tile_max()`` elements and EARLY_TILE_THREAD_ELEMS a thread,
-the early reads also give the
-split's first tile (``EARLY_TILE``). Right after the wait, q and that tile's K / V loads go out at the early plan's
+a ``decode_tiles`` override) and a tile inside ``early_launch``'s gates, the early reads also give the split's first
+tile (``EARLY_TILE``). Right after the wait, q and that tile's K / V loads go out at the early plan's
 addresses, together with the plan's and the tile's page ids' re-reads: one round trip where the wait-first chain took
 three (plan, page ids, K / V). The tile is used only if every re-read equals its early read, which the rule above
 makes always; otherwise the split runs from its first tile on the re-read plan. Either way the same tiles and
@@ -56,17 +55,18 @@ LOG2E = 1.0 / math.log(2.0)
 # 0 tiles and what is not understood: experiments/decode-early/ calls 14-15.
 KV_PREFETCH_TILES = 1
 _kv_prefetch = KV_PREFETCH_TILES
-# The early first tile (EARLY_TILE) on one-stage launches of at most this many tile elements (BLOCK_N x BLOCK_D) and
-# at most EARLY_TILE_THREAD_ELEMS of them a thread: the defaults' 128 x 64 and 64 x 128 tiles of 4 warps and the two-tile
-# rule's 128 x 128 of 8 warps, 64 elements of K (and of V) a thread each. At 128 x 128 of 4 warps (decode_tiles=128x4x1,
-# 128 a thread) it was slower with the fused merge (1.01-1.03x in four H100 calls). The gate was 128 x 64 until
-# 2026-12-07; the rule's tile at 8 warps (bench arm +early16384, experiments/decode-early/) measured, with PDL on:
-# Llama-8B's batch 1 x 4k 0.971-0.990x the time in three H200 rounds (fused-merge-auto/ calls 6-7, decode-early/ call
-# 17) and 0.978-0.995x in five H100 rounds (decode-early/ calls 13 and 16; decode-vfirst/, with V first), unsplit
-# batch 1-8 x 128 0.85-0.87x, but unsplit batch 16 x 128 (128 programs) 1.06x, and with fused_merge=false 1.12x / 1.23x
-# at batch 8 x 512 / 4 x 1k (the default fuses those splits: 0.97x / 1.01x; decode-early/ call 13). +early8192 is the
-# old gate.
+# The early first tile (EARLY_TILE) on one-stage launches of at most this many tile elements (BLOCK_N x BLOCK_D); past
+# EARLY_TILE_SMALL_ELEMS (128 x 64, the whole gate until 2026-12-07, at any warps) only at EARLY_TILE_THREAD_ELEMS
+# elements of K a thread or fewer: the two-tile rule's 128 x 128 tile of 8 warps, not 128 x 128 of 4 warps
+# (decode_tiles=128x4x1, 128 a thread: 1.01-1.03x slower with the fused merge in four H100 calls). The rule's tile
+# measured with it (bench arm +early16384, experiments/decode-early/, PDL on): Llama-8B's batch 1 x 4k 0.971-0.990x the
+# time in three H200 rounds (fused-merge-auto/ calls 6-7, decode-early/ call 17) and 0.978-0.995x in five H100 rounds
+# (decode-early/ calls 13 and 16; decode-vfirst/, with V first); unsplit batch 1-8 x 128 0.85-0.87x; unsplit batch 16
+# x 128 (128 programs) 1.06x; with fused_merge=false 1.12x / 1.23x at batch 8 x 512 / 4 x 1k (the default fuses those
+# splits: 0.97x / 1.01x; call 13). Against it: call 2 had 128x8x1 fused 1.01x slower with it, an A/B across two code
+# trees (efbe5b5's and the early tile's). Not timed: fp8 KV at that tile. +early8192 is the old gate, launch for launch.
 EARLY_TILE_MAX_ELEMS = 128 * 128
+EARLY_TILE_SMALL_ELEMS = 128 * 64
 EARLY_TILE_THREAD_ELEMS = 64
 _early_max_elems = EARLY_TILE_MAX_ELEMS
 # One-stage launches load a tile's K, then its V: Triton 3.6 issues V's loads only after K's data arrived (K's
@@ -132,7 +132,8 @@ def set_early_tile_max(elems: int) -> None:
     """The early first tile's size gate in tile elements (BLOCK_N x BLOCK_D; process-wide, like the KV prefetch):
     EARLY_TILE_MAX_ELEMS (128 x 128) by default, 0 = no early tile (a one-tile split then keeps the heuristic's
     stages), 128 x 64 the gate before 2026-12-07, which left out Llama-8B's one-tile splits of 128 tokens (a bench arm's
-    ``+early8192``). Tiles of more than EARLY_TILE_THREAD_ELEMS a thread never take it."""
+    ``+early8192``). Past EARLY_TILE_SMALL_ELEMS a tile also needs at most EARLY_TILE_THREAD_ELEMS a thread; with at
+    most 8 warps (decode_tiles' bound) no tile past 128 x 128 passes that."""
     global _early_max_elems
     _early_max_elems = check_early_tile_max(elems)
 
@@ -323,9 +324,9 @@ def early_launch(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams) -
     """This launch's stages and its early reads' constexprs, as PDL and the KV prefetch are set when it is made (a plan
     may outlive them: a graph bucket's, a bench's sides shared by arms). The early reads act with PDL on, the KV
     prefetch on and a power-of-two head dim of whole L2 lines; then a split of one tile (``params.one_tile``, the
-    heuristic's) of at most ``early_tile_max()`` elements (EARLY_TILE_MAX_ELEMS unless set) and EARLY_TILE_THREAD_ELEMS
-    a thread runs one stage and takes the early first tile, which any one-stage launch of that size does (a
-    ``decode_tiles`` override too). A pipelined
+    heuristic's) of at most ``early_tile_max()`` elements (EARLY_TILE_MAX_ELEMS unless set; past EARLY_TILE_SMALL_ELEMS
+    only at EARLY_TILE_THREAD_ELEMS a thread or fewer) runs one stage and takes the early first tile, which any
+    one-stage launch of that size does (a ``decode_tiles`` override too). A pipelined
     loop with it ran 1.08-1.22x slower at batch 16 (H100 2026-12-06e), and one stage without it 2-8% slower at
     SmolLM2's short contexts (2026-12-06f: experiments/decode-early/)."""
     head_dim = k_cache.shape[2]
@@ -333,7 +334,8 @@ def early_launch(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams) -
     if not (launch_args(q) and _kv_prefetch and head_dim & (head_dim - 1) == 0 and row_bytes % L2_LINE == 0):
         return params.num_stages, {}
     elems = params.block_n * params.block_d
-    fits = elems <= _early_max_elems and elems <= EARLY_TILE_THREAD_ELEMS * 32 * params.num_warps
+    thin = elems <= EARLY_TILE_SMALL_ELEMS or elems <= EARLY_TILE_THREAD_ELEMS * 32 * params.num_warps
+    fits = elems <= _early_max_elems and thin
     stages = 1 if params.one_tile and fits else params.num_stages
     return stages, {"PREFETCH": _kv_prefetch, "LINE": L2_LINE // k_cache.element_size(),
                     "EARLY_TILE": stages == 1 and fits}

@@ -57,7 +57,7 @@ class LaunchParams:
 
     def stages_text(self) -> str:
         """``stages=N`` for kernel tags; a one-tile decode of more adds that it takes one where its early tile applies
-        (decided per launch by decode.early_launch, which may refuse the tile: fp8 rows, a tile past its size gate)."""
+        (decided per launch by decode.early_launch, which may refuse the tile: fp8 rows, a tile past its size gates)."""
         extra = " (1 where the early tile applies)" if self.one_tile and self.num_stages > 1 else ""
         return f"stages={self.num_stages}{extra}"
 

@@ -9,9 +9,9 @@ counter to 0 (so the next launch, or graph replay, finds it there). One launch l
 splits merges the group, and the last group merger merges the groups. The single-level merger reads every split's
 partial through one SM after its atomic (Llama-8B's batch-1 4k decode: 32 splits x 4 heads x 128 x 4 B = 64 KB),
 a tail the other SMs wait on; two levels trade it for g partials, a store and a second atomic, then n / g partials.
-Measured, it is slower (bench arm ``+mgroup<g>``, attnlab.bench.kernels; H200, 2026-12-07, experiments/fused-merge-auto/ call 5):
-groups of 4 / 8 took 1.08-1.18x one level's time at both shapes' batch-1 4k decode (32 one-tile splits), PDL off and
-on, and 1.00x at 16k (64 splits). It stays an off switch, to reproduce that.
+Measured, it is slower (bench arm ``+mgroup<g>``, attnlab.bench.kernels; H200, 2026-12-07,
+experiments/fused-merge-auto/ call 5): groups of 4 / 8 took 1.08-1.18x one level's time at both shapes' batch-1 4k
+decode (32 one-tile splits), PDL off and on, and 1.00x at 16k (64 splits). It stays an off switch, to reproduce that.
 """
 
 from __future__ import annotations

@@ -39,9 +39,10 @@
 #      set, those arms at both shapes' batch 1 x 4k / 16k; then auto against fused_merge=false, Llama-8B, batch 1 / 2 /
 #      4 / 8 / 16 x 4k / 16k, PDL off and on (cells past 16 splits or of one tile are controls: their launch did not
 #      change). Ordered for a call that may be cut: the device budget left for it was under 300 s.
-#   8  carry [".gpu/fk", ".old"], ~2 min warm (after part 7 on the same machine): the floor round of ARMS against
-#      c101f91, 200 runs a replay. By default the two-level merge's arms with PDL on, with the early tile at 128 x 128,
-#      and at 64 splits of one 64-token tile (where the early tile applies at head dim 128), then the default PDL off.
+#   8  carry [".gpu/fk", ".old"], ~1.5-2 min warm: a floor round of ARMS against c101f91, 200 runs a replay (FLOOR_SECS
+#      for today's arms, 150 unless set). By default today's decode with PDL on, with the early tile's old gate
+#      (+early8192), and with PDL off. Calls 6-7 (2026-12-07, H200) set ARMS: call 6 the two-level merge's arms with PDL
+#      on, +early16384 (the default gate since), and 64 splits of one 64-token tile (T64 below).
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
 PART=${1:?part 1 to 8}
@@ -149,8 +150,9 @@ case $PART in
 8)
   test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
   FB=.gpu/fk install_fb
-  T64=triton/num_splits=64/decode_tiles=64x4x1/fused_merge=true FLOOR_SECS=150
-  floor_round "${ARMS:-triton+pdl,triton+pdl+mgroup4,triton+pdl+mgroup8,triton+pdl+early16384+mgroup8,$T64+pdl,$T64+pdl+mgroup8,triton}"
+  T64=triton/num_splits=64/decode_tiles=64x4x1/fused_merge=true  # call 6: ARMS=...,$T64+pdl,$T64+pdl+mgroup8
+  : "${FLOOR_SECS:=150}"
+  floor_round "${ARMS:-triton+pdl,triton+pdl+early8192,triton}"
   ;;
 *) echo "part 1 to 8"; exit 2 ;;
 esac

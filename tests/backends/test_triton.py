@@ -399,11 +399,11 @@ def test_decode_two_tile_rule_not_taken(batch, ctx, head_dim, num_splits, why):
     (64, torch.bfloat16, True, 4, 1),  # PDL on: one stage and the early first tile
     (64, torch.bfloat16, True, 0, 3),  # the KV prefetch off: no early reads at all
     (64, torch.float8_e4m3fn, True, 4, 3),  # 64-byte rows: not whole L2 lines, no early reads
-    (512, torch.bfloat16, True, 4, 2),  # 32 x 512 tiles: past the early tile's size gate (the heuristic's 2)
+    (512, torch.bfloat16, True, 4, 2),  # 32 x 512 tiles of 4 warps: 128 elements a thread (the heuristic's 2)
 ])
 def test_one_tile_launches_take_one_stage_with_the_early_tile(head_dim, kv_dtype, pdl_on, prefetch, stages):
     """A one-tile decode runs one stage exactly where its early first tile applies at the launch (PDL and the KV
-    prefetch as set then, whole L2 lines, the size gate), so a plan made under other settings launches as these are."""
+    prefetch as set then, whole L2 lines, the size gates), so a plan made under other settings launches as these are."""
     import contextlib
 
     from attnlab.kernels import decode, pdl
@@ -420,11 +420,13 @@ def test_one_tile_launches_take_one_stage_with_the_early_tile(head_dim, kv_dtype
 
 
 @pytest.mark.parametrize("tiles,head_dim,early", [("128x4x1", 64, True), ("64x4x1", 128, True),
+                                                  ("128x2x1", 64, True), ("64x2x1", 128, True),
                                                   ("128x8x1", 128, True), ("128x4x1", 128, False),
                                                   ("128x4x3", 64, False)])
 def test_early_tile_takes_one_stage_and_small_tiles(tiles, head_dim, early):
-    """The decode's early first tile (with PDL): launches of one stage with tiles of at most 128 x 128 elements and 64
-    a thread only (a pipelined loop and 128 x 128 tiles of 4 warps measured slower with it: experiments/decode-early/)."""
+    """The decode's early first tile (with PDL): launches of one stage with tiles of at most 128 x 64 elements (at any
+    warps, 2 too, as before 2026-12-07), or of at most 128 x 128 at 64 elements a thread (8 warps); a pipelined loop
+    and 128 x 128 tiles of 4 warps measured slower with it (experiments/decode-early/)."""
     from attnlab.kernels import decode, pdl
     from attnlab.kernels.heuristics import decode_params
 
