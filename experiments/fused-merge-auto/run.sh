@@ -43,9 +43,12 @@
 #      for today's arms, 150 unless set). By default today's decode with PDL on, with the early tile's old gate
 #      (+early8192), and with PDL off. Calls 6-7 (2026-12-07, H200) set ARMS: call 6 the two-level merge's arms with PDL
 #      on, +early16384 (the default gate since), and 64 splits of one 64-token tile (T64 below).
+#   9  carry [".gpu/fk", ".old"], ~4 min on a fresh machine (lead 0 of experiments/README.md, after 2026-12-07's gate):
+#      the early tile's gate at 128 x 128 as the default on a GPU: its GPU tests (test_gpu_decode_prefetch.py's
+#      128-token-tile cases at gate-128x64 / gate-default, triton's decode cases), then part 8's floor round.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 8}
+PART=${1:?part 1 to 9}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, c101, pack, the environment, the call's log, PY, S
 B="$PY -m attnlab.bench.kernels --phases decode --reps 200 --repeats 3"
 # grid NAME SECS BATCHES CONTEXTS ARMS [BENCH-FLAGS...]: bench.kernels' decode over both shapes, one process a shape,
@@ -154,6 +157,15 @@ case $PART in
   : "${FLOOR_SECS:=150}"
   floor_round "${ARMS:-triton+pdl,triton+pdl+early8192,triton}"
   ;;
-*) echo "part 1 to 8"; exit 2 ;;
+9)
+  test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
+  FB=.gpu/fk install_fb
+  step "GPU tests: the early tile's gate (the rule's 128 x 128 tile bit for bit), triton's decode cases"
+  gpu_tests gate 240 -m gpu tests/integration/test_gpu_decode_prefetch.py tests/backends/test_triton.py \
+    -k "decode or early or tile"
+  : "${FLOOR_SECS:=120}"
+  floor_round "${ARMS:-triton+pdl,triton+pdl+early8192,triton}"
+  ;;
+*) echo "part 1 to 9"; exit 2 ;;
 esac
 pack
