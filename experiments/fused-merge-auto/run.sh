@@ -45,7 +45,10 @@
 #      on, +early16384 (the default gate since), and 64 splits of one 64-token tile (T64 below).
 #   9  carry [".gpu/fk", ".old"], ~4 min on a fresh machine (lead 0 of experiments/README.md, after 2026-12-07's gate):
 #      the early tile's gate at 128 x 128 as the default on a GPU: its GPU tests (test_gpu_decode_prefetch.py's
-#      128-token-tile cases at gate-128x64 / gate-default, triton's decode cases), then part 8's floor round.
+#      128-token-tile cases at gate-128x64 / gate-default, triton's decode cases), then part 8's floor round, with two
+#      arms of 16 splits (decode-early/ call 17's stream rows: on the H200 Llama-8B's K / V read over 16 splits took
+#      6.73 us against 7.47 on the decode's 32): the heuristic's 64-token tiles (auto fuses them under the register
+#      cap) and 128 x 128 tiles of 8 warps, 2 stages, fused.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
 PART=${1:?part 1 to 9}
@@ -164,7 +167,8 @@ case $PART in
   gpu_tests gate 240 -m gpu tests/integration/test_gpu_decode_prefetch.py tests/backends/test_triton.py \
     -k "decode or early or tile"
   : "${FLOOR_SECS:=120}"
-  floor_round "${ARMS:-triton+pdl,triton+pdl+early8192,triton}"
+  S16=triton/num_splits=16  # 128 programs of 256 tokens at Llama-8B's batch 1 x 4k: the fastest read on the H200
+  floor_round "${ARMS:-triton+pdl,triton+pdl+early8192,triton,$S16+pdl,$S16/decode_tiles=128x8x2/fused_merge=true+pdl}"
   ;;
 *) echo "part 1 to 9"; exit 2 ;;
 esac
