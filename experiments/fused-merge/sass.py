@@ -44,13 +44,14 @@ LDG = re.compile(r"\bLDG\.E(\.(64|128))?\.")  # a global load; .64 / .128: vecto
 
 
 def compile_case(model: str, ctx: int, tiles: str | None = None, *, batch: int = 1, fused: bool = True,
-                 use_pdl: bool = True):
+                 use_pdl: bool = True, num_splits: int | None = None):
     """The decode's params and its kernel compiled for sm_90a (nothing runs): ``batch`` requests of ``ctx`` tokens,
-    page 16, bf16; ``fused``: the split merge inside the kernel; ``use_pdl``: the PDL variant (and its early reads).
-    Also used by experiments/fused-merge-auto/regs.py."""
+    page 16, bf16; ``fused``: the split merge inside the kernel; ``use_pdl``: the PDL variant (and its early reads);
+    ``num_splits``: a forced split count (the triton backend's option). Also used by experiments/fused-merge-auto/."""
     hq, hkv, d = SHAPES[model]
     ps = 16
-    p = decode_params(batch=batch, num_kv_heads=hkv, group=hq // hkv, head_dim=d, max_kv_len=ctx, sms=132, tiles=tiles)
+    p = decode_params(batch=batch, num_kv_heads=hkv, group=hq // hkv, head_dim=d, max_kv_len=ctx, sms=132, tiles=tiles,
+                      num_splits=num_splits)
     pages = ctx // ps
     k = torch.zeros(batch * pages * ps + ps, hkv, d, dtype=torch.bfloat16)
     q = torch.zeros(batch, hq, d, dtype=torch.bfloat16)
