@@ -48,6 +48,21 @@ def test_early_first_tile_changes_no_bit(page_size, gqa, head_dim, fused, monkey
     torch.testing.assert_close(ref, case.reference(), atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["merge-launch", "fused"])
+@pytest.mark.parametrize("page_size,gqa,head_dim", [(3, 3, 64), (16, 4, 128)])
+def test_early_first_tile_changes_no_bit_with_an_fp8_kv(page_size, gqa, head_dim, fused, monkeypatch):
+    """The same with an e4m3 KV pool (bf16 q): the early tile's loads dequantize as the loop's do. At head dim 128 its
+    rows are whole L2 lines, where the early tile applies on a GPU (Llama-8B's two-tile rule's tile since the gate
+    went to 128 x 128, 2026-12-07)."""
+    case = make_case(kv_lens=[70, 0, 33, 1, 0], q_lens=[1, 0, 1, 1, 0], page_size=page_size, num_kv_heads=2, gqa=gqa,
+                     head_dim=head_dim, dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, device=DEVICE,
+                     seed=page_size + gqa, spare_pages=0)
+    ref = _outputs(case, False, fused, monkeypatch)
+    out = _outputs(case, True, fused, monkeypatch)
+    assert torch.equal(out, ref), (out.float() - ref.float()).abs().max().item()
+    torch.testing.assert_close(ref.float(), case.reference().float(), atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("early", [False, True], ids=["loop", "early-tile"])
 @pytest.mark.parametrize("page_size,gqa,head_dim", [(1, 3, 64), (16, 4, 128)])
 def test_v_first_changes_no_bit(page_size, gqa, head_dim, early, monkeypatch):

@@ -64,20 +64,23 @@ def test_prefetch_changes_no_bit(page_size, gqa, head_dim, num_splits, graph):
     torch.testing.assert_close(ref.float(), case.reference(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("gate", [128 * 64, decode.EARLY_TILE_MAX_ELEMS], ids=["gate-128x64", "gate-default"])
+@pytest.mark.parametrize("gate,kv_dtype", [(128 * 64, None), (decode.EARLY_TILE_MAX_ELEMS, None),
+                                           (decode.EARLY_TILE_MAX_ELEMS, torch.float8_e4m3fn)],
+                         ids=["gate-128x64", "gate-default", "gate-default-fp8-kv"])
 @pytest.mark.parametrize("fused", [False, True], ids=["merge-launch", "fused-merge"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, monkeypatch):
+def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, kv_dtype, monkeypatch):
     """Splits of two 64-token tiles at head dim 128 with few programs run as one 128-token tile of 8 warps in one
     stage (heuristics.decode_params): 4 requests of up to 4,096 tokens x 2 kv heads, 32 splits on 132 SMs (an
     H100 SXM's count, set here so the plan is the same on any card). PDL on equals off, bit for bit, with the merge
     launch and the fused merge, and both the reference; with the early-tile gate at 128 x 128 (``gate``, the default
-    since 2026-12-07) PDL on takes the early first tile at that tile, at the earlier 128 x 64 it does not."""
+    since 2026-12-07) PDL on takes the early first tile at that tile, at the earlier 128 x 64 it does not; an e4m3 KV
+    (128-byte rows, whole L2 lines) takes it too."""
     from attnlab.kernels import heuristics
 
     monkeypatch.setattr(heuristics, "sm_count", lambda device_index=0: 132)
     case = make_case(kv_lens=[4096, 3000, 1, 130], q_lens=[1, 1, 1, 1], page_size=16, num_kv_heads=2, gqa=4,
-                     head_dim=128, dtype=torch.bfloat16, device="cuda", num_layers=2, seed=11)
+                     head_dim=128, dtype=torch.bfloat16, kv_dtype=kv_dtype, device="cuda", num_layers=2, seed=11)
     be = case.backend(TritonBackend)
     be.fused_merge = fused
     be.plan(case.meta)
@@ -90,7 +93,7 @@ def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, monkey
         ref = _outputs(case, False, decode.KV_PREFETCH_TILES, None, graph, fused)
         out = _outputs(case, True, decode.KV_PREFETCH_TILES, None, graph, fused)
     assert torch.equal(out, ref), (out.float() - ref.float()).abs().max().item()
-    torch.testing.assert_close(ref.float(), case.reference(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(ref.float(), case.reference().float(), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("head_dim,gqa,tiles,on", [(128, 4, None, False), (128, 4, None, True), (64, 3, None, True),
