@@ -30,14 +30,9 @@ SMOLLM2 = "smollm2-135m"
 @pytest.fixture(autouse=True)
 def _pdl_off_after_each_test():
     """engine.pdl, engine.gemm_split and engine.gemm_prefetch are process-wide switches (attnlab.kernels.pdl, attnlab.kernels.gemm): no
-    test leaves them changed for the next one; nor the fused merge's group (attnlab.kernels.merge), which would
-    change every later fused decode's sums."""
+    test leaves them changed for the next one."""
     yield
     import sys
-
-    mod = sys.modules.get("attnlab.kernels.merge")
-    if mod is not None:
-        mod.set_merge_group(0)
 
     mod = sys.modules.get("attnlab.kernels.pdl")
     if mod is not None:

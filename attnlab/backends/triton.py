@@ -32,7 +32,7 @@ class TritonPlan:
     mask_indptr: torch.Tensor | None = None  # extend: [batch] int64
     o_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits, D] fp32
     lse_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits] fp32
-    counters: torch.Tensor | None = None  # fused_merge: int32, merge.merge_counter_count's, 0 between launches
+    counters: torch.Tensor | None = None  # fused_merge: int32 [programs over (block, kv head)], 0 between launches
     mask_len: int = 0  # entries of the custom mask this pass was planned with (``mask`` may be a larger buffer)
     # a prefill with no cached prefix: (tile_req, tile_q0, (BLOCK_M, BLOCK_N, warps, stages), kernel_info label) of
     # the contiguous kernel, which run_new launches on the new K / V (run, without them, keeps the paged kernel)
@@ -365,12 +365,12 @@ class TritonBackend(AttentionBackend):
 
     def _merge_counters(self, params, blocks: int) -> torch.Tensor | None:
         """fused_merge's arrival counters of a plan that merges inside its kernel (``fuses_merge``): one per (request
-        or query block, kv head) and room for the two-level merge's group counters (merge.merge_counters), zeros."""
-        from attnlab.kernels.merge import fuses_merge, plan_counters
+        or query block, kv head), zeros."""
+        from attnlab.kernels.merge import fuses_merge, merge_counters
 
         if not fuses_merge(self.fused_merge, params):
             return None
-        return plan_counters(params, blocks, self.num_kv_heads, self.device)
+        return merge_counters(blocks, self.num_kv_heads, self.device)
 
     def write_mask(self, plan: TritonPlan, custom_mask: torch.Tensor) -> None:
         """In place into the plan's uint8 mask buffer (bool -> uint8 in the copy): graph-safe."""

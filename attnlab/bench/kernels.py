@@ -26,9 +26,7 @@ back-to-back runs (and a split decode's merge) overlap their launches; the same 
 ``+early<elems>`` and ``+kvpf<tiles>`` (any order with ``+pdl``, which they need; triton or a hybrid only) set the
 triton decode's early-tile gate and KV prefetch for that arm (``ARM_SWITCHES``): A/Bs of the decode's PDL-side choices
 in one process. ``+vfirst1`` (with or without ``+pdl``) loads V before K in one-stage decode launches
-(decode.set_v_first; measured slower, experiments/decode-vfirst/). ``+mgroup<g>`` (with or without ``+pdl``) merges
-a fused-merge decode's splits in two levels, groups of g splits first (attnlab.kernels.merge.set_merge_group;
-+mgroup0: one level, the default).
+(decode.set_v_first; measured slower, experiments/decode-vfirst/).
 ``--launches`` profiles one measurement per backend after each shape is timed and records every kernel's launch
 shapes (grid, block, shared memory) in the cell (JSON, console), to compare with ``bench.spec --kernel-profile``'s.
 ``--cold`` writes a buffer of twice the L2 before each run (captured with the runs) and subtracts the writes' time,
@@ -252,21 +250,18 @@ def shapes(phases, models, batches, contexts, ks):
 
 
 # A spec's arm switches after its backend spec, each once, in any order: the triton decode's process-wide settings
-# (attnlab.kernels.decode, and the fused merge's group: attnlab.kernels.merge) for that arm's capture and timing,
-# restored after.
+# (attnlab.kernels.decode) for that arm's capture and timing, restored after.
 ARM_SWITCHES = {"early": "the decode's early-tile gate in tile elements (decode.set_early_tile_max; +early0: none)",
                 "kvpf": "KV tiles each decode program prefetches before its PDL wait (decode.set_kv_prefetch, 0..8)",
-                "vfirst": "one-stage decode launches load V before K (decode.set_v_first; 0: K first, the default)",
-                "mgroup": "splits per group of the decode's two-level fused merge (merge.set_merge_group: 0, one level, "
-                          "or a power of two in 2..32)"}
+                "vfirst": "one-stage decode launches load V before K (decode.set_v_first; 0: K first, the default)"}
 # The switches that act on the decode's reads before its PDL wait: nothing without +pdl.
 PDL_SWITCHES = ("early", "kvpf")
 
 
 def split_arm(spec: str) -> tuple[str, bool, dict[str, int]]:
-    """``spec[+pdl][+early<elems>][+kvpf<tiles>][+vfirst<0|1>][+mgroup<g>]`` -> (spec, pdl, {switch: value});
-    ValueError for a repeated, unknown or malformed switch (the values' ranges and what they need are checked by
-    ``check_arm``). Every ``+`` starts a switch, so no backend option value may hold one (none does)."""
+    """``spec[+pdl][+early<elems>][+kvpf<tiles>][+vfirst<0|1>]`` -> (spec, pdl, {switch: value}); ValueError for a
+    repeated, unknown or malformed switch (the values' ranges and what they need are checked by ``check_arm``). Every
+    ``+`` starts a switch, so no backend option value may hold one (none does)."""
     base, *parts = spec.split("+")
     on, switches = False, {}
     for part in parts:
@@ -285,7 +280,7 @@ def check_arm(name: str, on: bool, switches: dict[str, int]) -> None:
     """ValueError naming the rule for a switch that cannot act: a value out of range, or the decode's switches on a
     backend without attnlab's decode (``name``: triton, or a hybrid whose sides may run it) or without ``+pdl`` (its
     early reads and prefetch happen before the PDL wait: without it the arm would time the plain launch)."""
-    from attnlab.kernels import decode, merge
+    from attnlab.kernels import decode
 
     if switches and name not in ("triton", "hybrid"):
         raise ValueError(f"+{' +'.join(switches)}: the triton decode's switches, not {name}'s")
@@ -298,22 +293,18 @@ def check_arm(name: str, on: bool, switches: dict[str, int]) -> None:
         decode.check_kv_prefetch(switches["kvpf"])
     if "vfirst" in switches:
         decode.check_v_first(switches["vfirst"])
-    if "mgroup" in switches:
-        merge.check_merge_group(switches["mgroup"])
 
 
 @contextlib.contextmanager
 def arm_switches(label: str):
     """The process-wide settings of a spec's arm for a block: PDL (graphs record how their kernels were launched),
-    the decode's early-tile gate, KV prefetch, load order and merge group, restored after. A plan built outside the
-    block serves it: its counters have room for any merge group (merge.merge_counters)."""
-    from attnlab.kernels import decode, merge, pdl
+    the decode's early-tile gate, KV prefetch and load order, restored after."""
+    from attnlab.kernels import decode, pdl
 
     _, on, sw = split_arm(label)
     with pdl.using(on, "cuda"), decode.early_tile_limit(sw.get("early", decode.early_tile_max())), \
             decode.kv_prefetching(sw.get("kvpf", decode.kv_prefetch())), \
-            decode.v_first_order(sw.get("vfirst", decode.v_first())), \
-            merge.merge_grouping(sw.get("mgroup", merge.merge_group())):
+            decode.v_first_order(sw.get("vfirst", decode.v_first())):
         yield
 
 

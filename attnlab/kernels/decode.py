@@ -4,8 +4,7 @@ One program per (request, kv head, split). Its M rows are the GQA group of query
 head (padded to >= 16 rows for tl.dot), so each K/V tile is read once for the whole group. With
 num_splits > 1 each program writes a partial output + log-sum-exp and ``merge_splits`` combines them, or, given
 ``counters`` (the triton backend's fused_merge; by default where each split is one tile, and merge.CAPPED_TILE's
-loops), the split that finishes last
-does (``merge_arrived``; in two levels, groups of splits first, under ``merge.set_merge_group``).
+loops), the split that finishes last does (``merge_arrived``).
 Split boundaries are computed in the kernel from the request's own kv_len (a multiple of BLOCK_N per
 split), so a plan's grid stays valid while lengths change (CUDA-graph replay).
 
@@ -41,7 +40,7 @@ import triton
 import triton.language as tl
 
 from attnlab.kernels.heuristics import LaunchParams, fp32_dot
-from attnlab.kernels.merge import fused_launch_args, merge_arrived, merge_bound, merge_group_for, merge_splits
+from attnlab.kernels.merge import fused_launch_args, merge_arrived, merge_bound, merge_splits
 from attnlab.kernels.paged import attend_loaded, attend_tile, tile_slots, write_result
 from attnlab.kernels.pdl import L2_LINE, launch_args, pdl_start, prefetch_l2
 from attnlab.kernels.switches import scoped
@@ -187,7 +186,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
                    SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr,
                    MERGE_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, PREFETCH: tl.constexpr = 0,
                    LINE: tl.constexpr = 64, EARLY_TILE: tl.constexpr = False, V_FIRST: tl.constexpr = False,
-                   MERGE_GROUP: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
+                   USE_PDL: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -267,9 +266,9 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
     if SPLIT and FUSE_MERGE:  # its rows are the group's real heads (BLOCK_G), not the tile's padded BLOCK_M
         tl.static_assert(BLOCK_G >= GROUP, "BLOCK_G must hold the GQA group")
         offs_g = tl.arange(0, BLOCK_G)
-        merge_arrived(O, O_PART, LSE_PART, COUNTERS, b * tl.num_programs(1) + kvh, num_splits, split,
-                      row + offs_g * 0, kvh * GROUP + offs_g, offs_g < GROUP * q_len, offs_d, d_mask, stride_ot,
-                      stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MERGE_SPLITS, MERGE_GROUP)
+        merge_arrived(O, O_PART, LSE_PART, COUNTERS, b * tl.num_programs(1) + kvh, num_splits, row + offs_g * 0,
+                      kvh * GROUP + offs_g, offs_g < GROUP * q_len, offs_d, d_mask, stride_ot, stride_oh, stride_pt,
+                      stride_ph, stride_ps, stride_lt, stride_lh, MERGE_SPLITS)
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
@@ -287,9 +286,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     o_part:      [num_tokens, Hq, num_splits, D] fp32 and lse_part [num_tokens, Hq, num_splits] fp32
                  scratch, required when params.num_splits > 1
     counters:    int32 [>= batch * Hkv], all 0: split-KV partials merged inside the kernel by the last split of
-                 each (request, kv head) (merge.merge_arrived), which leaves them 0 again; None: merge_splits after.
-                 Under merge.set_merge_group(g) a launch of more than g splits merges in two levels and needs
-                 [>= batch * Hkv * (1 + num_splits)] (merge.merge_counters(..., num_splits) allocates that always)
+                 each (request, kv head) (merge.merge_arrived), which leaves them 0 again; None: merge_splits after
     """
     batch = qo_indptr.shape[0] - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -302,7 +299,6 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     part = o_part if split else out
     lse = lse_part if split else out
     fuse = split and counters is not None
-    merge_group = merge_group_for(params.num_splits, counters if fuse else None, batch * num_kv_heads)
     stages, early = early_launch(q, k_cache, params)
     _decode_kernel[(batch, num_kv_heads, params.num_splits)](
         q, k_cache, v_cache, out, part, lse, counters if fuse else qo_indptr, qo_indptr, kv_indptr, kv_indices, kv_lens,
@@ -313,8 +309,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_M=params.block_m, BLOCK_N=params.block_n, BLOCK_D=params.block_d,
         SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse,
         MERGE_SPLITS=merge_bound(params.num_splits, fuse), BLOCK_G=triton.next_power_of_2(num_heads // num_kv_heads),
-        V_FIRST=stages == 1 and _v_first == 1, MERGE_GROUP=merge_group, **early, num_warps=params.num_warps,
-        num_stages=stages, **launch_args(q), **fused_launch_args(params, fuse))
+        V_FIRST=stages == 1 and _v_first == 1, **early, num_warps=params.num_warps, num_stages=stages, **launch_args(q),
+        **fused_launch_args(params, fuse))
     if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out

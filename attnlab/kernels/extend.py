@@ -97,7 +97,7 @@ def _extend_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
     write_result(acc, m_i, l_i, O, O_PART, LSE_PART, rows, heads, split, offs_d, m_mask, d_mask, v_scale,
                  stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, SPLIT)
     if SPLIT and FUSE_MERGE:
-        merge_arrived(O, O_PART, LSE_PART, COUNTERS, pid * tl.num_programs(1) + kvh, num_splits, split, rows, heads,
+        merge_arrived(O, O_PART, LSE_PART, COUNTERS, pid * tl.num_programs(1) + kvh, num_splits, rows, heads,
                       m_mask, offs_d, d_mask, stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt,
                       stride_lh, MERGE_SPLITS)
 

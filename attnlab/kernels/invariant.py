@@ -144,11 +144,10 @@ def _invariant_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDP
                                      qk_scale, stride_slot, FP32_DOT, ROWWISE_DOT)
     write_result(acc, m_i, l_i, O_PART, O_PART, LSE_PART, rows, heads, split, offs_d, m_mask, d_mask, v_scale,
                  0, 0, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, True)
-    if FUSE_MERGE:  # the ordered merge, by the last split to arrive: merge_ordered's bits, one launch less (so one
-        # level, GROUP 0, whatever merge.merge_group says: two levels group the sums)
-        merge_arrived(O, O_PART, LSE_PART, COUNTERS, pid * tl.num_programs(1) + kvh, num_splits, split, rows, heads,
-                      m_mask, offs_d, d_mask, stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt,
-                      stride_lh, MERGE_SPLITS, 0)
+    if FUSE_MERGE:  # the ordered merge, by the last split to arrive: merge_ordered's bits, one launch less
+        merge_arrived(O, O_PART, LSE_PART, COUNTERS, pid * tl.num_programs(1) + kvh, num_splits, rows, heads, m_mask,
+                      offs_d, d_mask, stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
+                      MERGE_SPLITS)
 
 
 @triton.jit

@@ -5,13 +5,11 @@ attention kernel (``fused_merge``): each program counts itself in on an int32 co
 after writing its partial, and the program that arrives last merges every split of those rows and resets the
 counter to 0 (so the next launch, or graph replay, finds it there). One launch less per layer and pass.
 
-``set_merge_group(g)`` (off, 0, by default) makes the decode's fused merge two-level: the last of each group of ``g``
-splits merges the group, and the last group merger merges the groups. The single-level merger reads every split's
-partial through one SM after its atomic (Llama-8B's batch-1 4k decode: 32 splits x 4 heads x 128 x 4 B = 64 KB),
-a tail the other SMs wait on; two levels trade it for g partials, a store and a second atomic, then n / g partials.
-Measured, it is slower (bench arm ``+mgroup<g>``, attnlab.bench.kernels; H200, 2026-12-07,
-experiments/fused-merge-auto/ call 5): groups of 4 / 8 took 1.08-1.18x one level's time at both shapes' batch-1 4k
-decode (32 one-tile splits), PDL off and on, and 1.00x at 16k (64 splits). It stays an off switch, to reproduce that.
+A two-level merge (the last of each group of splits merges the group, the last group merger the groups), to shorten
+the tail in which one SM reads every split's partial after its atomic (Llama-8B's batch-1 4k decode: 64 KB), was
+built and measured slower (H200, 2026-12-07, experiments/fused-merge-auto/ call 5: groups of 4 / 8 took 1.08-1.18x
+one level's time at both shapes' batch-1 4k decode, PDL off and on; 1.00x at 16k), and removed: commit 79ca901 has
+it (merge.set_merge_group, bench arm +mgroup<g>).
 """
 
 from __future__ import annotations
@@ -22,10 +20,6 @@ import triton.language as tl
 
 from attnlab.kernels.heuristics import next_pow2
 from attnlab.kernels.pdl import launch_args, pdl_start
-from attnlab.kernels.switches import scoped
-
-MERGE_GROUP_MAX = 32  # splits per group, at most: past it a group merger's own tail is the one-level one
-_merge_group = 0
 
 
 @triton.jit
@@ -121,142 +115,34 @@ def fuses_merge(option: bool | str, params) -> bool:
     return option is True and (params.kind == "invariant" or params.num_splits > 1)
 
 
-def merge_counters(programs: int, num_kv_heads: int, device, num_splits: int = 1) -> torch.Tensor:
-    """The zeroed arrival counters ``merge_arrived`` needs for a grid of ``programs`` x ``num_kv_heads`` x
-    ``num_splits``: one per (request or query block, kv head), and with several splits room for the two-level merge's
-    group counters after them (``merge_counter_count``), so a plan's counters serve any ``merge_group``."""
-    tickets = max(1, programs) * num_kv_heads
-    return torch.zeros(merge_counter_count(tickets, num_splits), dtype=torch.int32, device=device)
-
-
-def plan_counters(params, programs: int, num_kv_heads: int, device) -> torch.Tensor:
-    """A fused plan's counters (``merge_counters``): room for the two-level merge's group counters only where it can
-    run, a decode of several splits; the extend and invariant kernels merge in one level."""
-    return merge_counters(programs, num_kv_heads, device, params.num_splits if params.kind == "decode" else 1)
-
-
-def merge_counter_count(tickets: int, num_splits: int) -> int:
-    """Counters for ``tickets`` (request or query block, kv head) pairs: ``tickets`` top counters at [0, tickets),
-    then, with several splits, each ticket's group counters at tickets + ticket * num_splits + group (room for groups
-    as small as one split, so any group size fits)."""
-    return tickets * (1 + num_splits) if num_splits > 1 else tickets
-
-
-def set_merge_group(g: int) -> None:
-    """Splits per group of the decode's two-level fused merge (process-wide, like decode.set_kv_prefetch): 0, one
-    level (the default); a power of two in 2..MERGE_GROUP_MAX. Read when a launch is made (``merge_group_for``)."""
-    global _merge_group
-    _merge_group = check_merge_group(g)
-
-
-def check_merge_group(g) -> int:
-    """``g`` if it is a valid merge group, else ValueError naming the rule."""
-    if isinstance(g, bool) or not isinstance(g, int) or not (g == 0 or 2 <= g <= MERGE_GROUP_MAX and g & (g - 1) == 0):
-        raise ValueError(f"fused merge group {g!r}: 0 (one level) or a power of two in 2..{MERGE_GROUP_MAX} "
-                         "(splits per group)")
-    return g
-
-
-def merge_group() -> int:
-    return _merge_group
-
-
-def merge_grouping(g: int):
-    """``set_merge_group(g)`` for a block (bench arms), restored after."""
-    return scoped(merge_group, set_merge_group, g)
-
-
-def merge_group_for(num_splits: int, counters: torch.Tensor | None, tickets: int) -> int:
-    """``merge_arrived``'s GROUP for a launch of ``num_splits`` over ``tickets`` (query block, kv head) pairs under
-    ``merge_group()``: 0 (one level) unless the launch fuses its merge (``counters`` given) and has more splits than
-    a group; ValueError where the counters are too few for the group counters (a host-side size, no sync)."""
-    g = _merge_group
-    if counters is None or not num_splits > g > 0:
-        return 0
-    need = merge_counter_count(tickets, num_splits)
-    if counters.numel() < need:
-        raise ValueError(f"fused merge group {g}: {num_splits} splits over {tickets} (query block, kv head) pairs need "
-                         f"{need} counters (merge.merge_counters(..., num_splits=...)), got {counters.numel()}")
-    return g
+def merge_counters(programs: int, num_kv_heads: int, device) -> torch.Tensor:
+    """The zeroed arrival counters ``merge_arrived`` needs: one per (request or query block, kv head) of a grid
+    of ``programs`` x ``num_kv_heads`` x splits."""
+    return torch.zeros(max(1, programs) * num_kv_heads, dtype=torch.int32, device=device)
 
 
 @triton.jit
-def _merge_one(lse_rows, part, s, stride_ps, row_mask, mask, m, acc, denom, total):
-    """Split ``s``'s partial into the ordered merge's sums; a split a row does not reach (lse -inf) leaves them.
-    ``total``: denom's value as a row vector (each column of denom holds it), for a group's LSE."""
+def _merge_one(lse_rows, part, s, stride_ps, row_mask, mask, m, acc, denom):
+    """Split ``s``'s partial into the ordered merge's sums; a split a row does not reach (lse -inf) leaves them."""
     lse = tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg")
     w = tl.math.exp2(lse - m)[:, None]
     o = tl.load(part + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
     seen = (lse > float("-inf"))[:, None]
-    # total beside, not from w: the sums' operations stay as they were, and where total is unused it is compiled away
-    total = tl.where(lse > float("-inf"), total + tl.math.exp2(lse - m), total)
-    return tl.where(seen, acc + o * w, acc), tl.where(seen, denom + w, denom), total
+    return tl.where(seen, acc + o * w, acc), tl.where(seen, denom + w, denom)
 
 
 @triton.jit
-def merge_slots(lse_rows, part, first, count, stride_ps, row_mask, mask, zero, STRIDE: tl.constexpr,
-                BOUND: tl.constexpr):
-    """The ordered merge of ``count`` partials at slots first, first + STRIDE, ... (a slot s: LSE at lse_rows + s,
-    partial at part + s * stride_ps) -> (m, acc, denom, total): the largest LSE (0 where none is finite), the
-    weighted sums [R, D] and the weights' sum [R], a column of denom summed in the rows' own layout (tl.max of denom
-    over D compiled, for Llama-8B's decode under Triton 3.6, to shared-memory round trips, five barriers and every
-    LSE loaded four times); summed only where unrolled (0 with BOUND 0), the only form a group's merge takes. Slots
-    in index order, one at a time, a slot a row does not reach (lse -inf) skipped: per element ``merge_ordered``'s
-    operations. ``BOUND`` > 0 (a power of two >= count) unrolls both loops, slots past count
-    masked off, so no load waits for another; 0 loops to the runtime count. ``zero``: 0 as a row tensor."""
-    m = tl.full([row_mask.shape[0]], float("-inf"), tl.float32)
-    if BOUND == 0:
-        for i in range(count):
-            s = first + i * STRIDE
-            m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg"))
-    else:
-        for i in tl.static_range(BOUND):
-            s = first + i * STRIDE
-            m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask & (zero + i < count), other=float("-inf"),
-                                      cache_modifier=".cg"))
-    m = tl.where(m == float("-inf"), 0.0, m)
-    acc = tl.zeros([row_mask.shape[0], mask.shape[1]], tl.float32)
-    denom = tl.zeros([row_mask.shape[0], mask.shape[1]], tl.float32)
-    total = tl.zeros([row_mask.shape[0]], tl.float32)  # unused by the one level: compiled away where unrolled
-    if BOUND == 0:  # no total: a loop-carried value stays in the loop's code even unused
-        for i in range(count):
-            acc, denom, _ = _merge_one(lse_rows, part, first + i * STRIDE, stride_ps, row_mask, mask, m, acc, denom,
-                                       total)
-    else:
-        for i in tl.static_range(BOUND):
-            live = row_mask & (zero + i < count)
-            acc, denom, total = _merge_one(lse_rows, part, first + i * STRIDE, stride_ps, live, mask & live[:, None],
-                                           m, acc, denom, total)
-    return m, acc, denom, total
-
-
-@triton.jit
-def _slot_zero(O_PART, LSE_PART, rows, heads, offs_d, stride_pt, stride_ph, stride_lt, stride_lh):
-    """Slot 0 of these rows' LSEs [R] and partials [R, D] (slot s: + s and + s * stride_ps)."""
-    lse_rows = LSE_PART + rows.to(tl.int64) * stride_lt + heads * stride_lh
-    part = O_PART + (rows.to(tl.int64) * stride_pt + heads * stride_ph)[:, None] + offs_d[None, :]
-    return lse_rows, part
-
-
-@triton.jit
-def _store_merged(O, acc, denom, rows, heads, offs_d, mask, stride_ot, stride_oh):
-    out = acc / tl.where(denom > 0, denom, 1.0)
-    dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
-    tl.store(dst, out.to(O.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def merge_arrived(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, split, rows, heads, row_mask, offs_d, d_mask,
+def merge_arrived(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_mask,
                   stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
-                  MAX_SPLITS: tl.constexpr, GROUP: tl.constexpr = 0):
-    """Called by every split program (``split``) of one (query block, kv head) after ``write_result`` (SPLIT) wrote
-    its partial; the last to arrive on ``COUNTERS[ticket]`` merges rows x heads of O from all ``num_splits`` partials.
+                  MAX_SPLITS: tl.constexpr):
+    """Called by every split program of one (query block, kv head) after ``write_result`` (SPLIT) wrote its partial;
+    the last to arrive on ``COUNTERS[ticket]`` merges rows x heads of O from all ``num_splits`` partials.
 
     The CTA barrier orders every thread's partial stores before the arrival, the acq_rel atomic publishes them
     (release) and, in the last program, makes the others' visible (acquire); its loads bypass L1 (.cg). The merge
-    is the ordered one of attnlab.kernels.invariant (``merge_slots``: splits one at a time in index order, a split a
-    row does not reach skipped): per element the same operations in the same order, so the same bits as
-    ``merge_ordered`` and an invariant kernel stays invariant with it.
+    is the ordered one of attnlab.kernels.invariant (splits one at a time in index order, a split a row does not
+    reach skipped): per element the same operations in the same order, so the same bits as ``merge_ordered`` and
+    an invariant kernel stays invariant with it.
 
     ``MAX_SPLITS`` (a power of two >= num_splits, ``merge_bound``) unrolls both loops, splits past num_splits masked
     off: no load depends on the sums, so the compiler issues them together. A loop bounded by the runtime split
@@ -269,50 +155,34 @@ def merge_arrived(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, split, rows
     Each thread holds rows x D / threads values a split; the fewer, the more splits' loads the compiler keeps in flight
     at once. The decode passes its GQA group's real heads as ``rows`` (padded to a power of two), not its tile's M rows
     padded to 16 for tl.dot: at SmolLM2's batch-1 4k that is 4 x 64 x 32 values, not 16 x 64 x 32 (H100, 2026-12-06d:
-    5.99 -> 4.68 us; how many loads issue together is the compiler's choice: experiments/fused-merge/sass.py).
-
-    ``GROUP`` > 0 (the decode's ``merge_group_for``; 0 is the one level above, its code and bits unchanged): two
-    levels. A program arrives on its group's counter (group split // GROUP, at COUNTERS[T + ticket * num_splits +
-    group], T the grid's (query block, kv head) count: ``merge_counter_count``); the group's last merges its GROUP
-    splits (unrolled to GROUP) into a normalized partial and its LSE and writes them over the group's first slot
-    (only this program reads the group's slots, and it has: the barrier first, as a value may be held by several
-    threads, all of whose loads must have been performed), resets the group counter, then arrives on
-    COUNTERS[ticket] as above; the last merges the groups' partials (slots 0, GROUP, ...; unrolled to MAX_SPLITS //
-    GROUP). Not merge_ordered's bits: the sums are grouped."""
+    5.99 -> 4.68 us; how many loads issue together is the compiler's choice: experiments/fused-merge/sass.py)."""
     tl.debug_barrier()
-    if GROUP == 0:
-        arrived = tl.atomic_add(COUNTERS + ticket, 1, sem="acq_rel")
-        if arrived == num_splits - 1:
-            lse_rows, part = _slot_zero(O_PART, LSE_PART, rows, heads, offs_d, stride_pt, stride_ph, stride_lt,
-                                        stride_lh)
-            mask = row_mask[:, None] & d_mask[None, :]
-            _, acc, denom, _ = merge_slots(lse_rows, part, 0, num_splits, stride_ps, row_mask, mask, rows * 0, 1,
-                                           MAX_SPLITS)
-            _store_merged(O, acc, denom, rows, heads, offs_d, mask, stride_ot, stride_oh)
-            tl.store(COUNTERS + ticket, 0)
-    else:
-        first = split // GROUP * GROUP
-        count = tl.minimum(num_splits - first, GROUP)
-        gate = COUNTERS + tl.num_programs(0) * tl.num_programs(1) + ticket * num_splits + split // GROUP
-        arrived = tl.atomic_add(gate, 1, sem="acq_rel")
-        if arrived == count - 1:
-            lse_rows, part = _slot_zero(O_PART, LSE_PART, rows, heads, offs_d, stride_pt, stride_ph, stride_lt,
-                                        stride_lh)
-            mask = row_mask[:, None] & d_mask[None, :]
+    arrived = tl.atomic_add(COUNTERS + ticket, 1, sem="acq_rel")
+    if arrived == num_splits - 1:
+        lse_rows = LSE_PART + rows.to(tl.int64) * stride_lt + heads * stride_lh
+        part = O_PART + (rows.to(tl.int64) * stride_pt + heads * stride_ph)[:, None] + offs_d[None, :]
+        mask = row_mask[:, None] & d_mask[None, :]
+        m = tl.full([row_mask.shape[0]], float("-inf"), tl.float32)
+        if MAX_SPLITS == 0:
+            for s in range(num_splits):
+                m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg"))
+        else:
+            zero = rows * 0  # a split index as a row tensor: num_splits may be a runtime value or a constant
+            for s in tl.static_range(MAX_SPLITS):
+                m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask & (zero + s < num_splits), other=float("-inf"),
+                                          cache_modifier=".cg"))
+        m = tl.where(m == float("-inf"), 0.0, m)
+        acc = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
+        denom = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
+        if MAX_SPLITS == 0:
+            for s in range(num_splits):
+                acc, denom = _merge_one(lse_rows, part, s, stride_ps, row_mask, mask, m, acc, denom)
+        else:
             zero = rows * 0
-            m, acc, denom, total = merge_slots(lse_rows, part, first, count, stride_ps, row_mask, mask, zero, 1, GROUP)
-            has = total > 0
-            lse = tl.where(has, m + tl.math.log2(tl.where(has, total, 1.0)), float("-inf"))  # write_result's form
-            o = acc / tl.where(denom > 0, denom, 1.0)
-            tl.debug_barrier()  # every thread's loads of the first slot performed before it is written over
-            tl.store(part + first * stride_ps, o, mask=mask)
-            tl.store(lse_rows + first, lse, mask=row_mask)
-            tl.store(gate, 0)
-            tl.debug_barrier()
-            groups = tl.cdiv(num_splits, GROUP)
-            arrived = tl.atomic_add(COUNTERS + ticket, 1, sem="acq_rel")
-            if arrived == groups - 1:
-                _, acc, denom, _ = merge_slots(lse_rows, part, 0, groups, stride_ps, row_mask, mask, zero, GROUP,
-                                               MAX_SPLITS // GROUP)
-                _store_merged(O, acc, denom, rows, heads, offs_d, mask, stride_ot, stride_oh)
-                tl.store(COUNTERS + ticket, 0)
+            for s in tl.static_range(MAX_SPLITS):
+                live = row_mask & (zero + s < num_splits)
+                acc, denom = _merge_one(lse_rows, part, s, stride_ps, live, mask & live[:, None], m, acc, denom)
+        out = acc / tl.where(denom > 0, denom, 1.0)
+        dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
+        tl.store(dst, out.to(O.dtype.element_ty), mask=mask)
+        tl.store(COUNTERS + ticket, 0)

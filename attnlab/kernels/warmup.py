@@ -16,7 +16,7 @@ import torch
 from attnlab.kernels.decode import paged_decode
 from attnlab.kernels.extend import paged_extend, query_blocks
 from attnlab.kernels.heuristics import PREFILL_MIN_Q_LEN, LaunchParams, plan_params, sm_count
-from attnlab.kernels.merge import fuses_merge, plan_counters
+from attnlab.kernels.merge import fuses_merge, merge_counters
 from attnlab.kernels.store_kv import store_kv
 from attnlab.kvcache.layout import build_layout, pages_needed
 from attnlab.kvcache.pool import KVPool
@@ -94,7 +94,7 @@ def warmup(shapes: list[WarmupShape], device: torch.device | str = "cuda") -> li
                                          device=device)}
                 if fuses_merge(shape.fused_merge, params):
                     blocks = 1 if params.kind == "decode" else len(query_blocks([q_len], params.tokens_per_block)[0])
-                    scratch["counters"] = plan_counters(params, blocks, shape.num_kv_heads, device)
+                    scratch["counters"] = merge_counters(blocks, shape.num_kv_heads, device)
             args = (q, k_cache, v_cache, out, qo, layout.kv_indptr, layout.kv_indices, layout.kv_lens)
             kw = dict(page_size=ps, scale=shape.head_dim ** -0.5, params=params, k_scale=pool.k_scale,
                       v_scale=pool.v_scale, **scratch)

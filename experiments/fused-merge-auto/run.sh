@@ -35,13 +35,14 @@
 #      (capped.py, the same arms in another process); SmolLM2's cells capped too (the cap spills there without PDL).
 #   7  carry [".gpu/fk"], ~4 min warm (2026-12-07, after call 4 found the capped fused Llama-8B tile faster than the
 #      merge launch in both PDL modes): auto now fuses that tile's loops (at most 16 splits) under the cap. Its GPU
-#      tests (raced and replayed at batch 4 x 4k and 16 x 16k, PDL off / on; and the two-level merge's); with ARMS2
+#      tests (raced and replayed at batch 4 x 4k and 16 x 16k, PDL off / on; and, at commit 79ca901, the two-level
+#      merge's, removed since with its +mgroup arms: run at that commit to reproduce call 5); with ARMS2
 #      set, those arms at both shapes' batch 1 x 4k / 16k; then auto against fused_merge=false, Llama-8B, batch 1 / 2 /
 #      4 / 8 / 16 x 4k / 16k, PDL off and on (cells past 16 splits or of one tile are controls: their launch did not
 #      change). Ordered for a call that may be cut: the device budget left for it was under 300 s.
 #   8  carry [".gpu/fk", ".old"], ~1.5-2 min warm: a floor round of ARMS against c101f91, 200 runs a replay (FLOOR_SECS
 #      for today's arms, 150 unless set). By default today's decode with PDL on, with the early tile's old gate
-#      (+early8192), and with PDL off. Calls 6-7 (2026-12-07, H200) set ARMS: call 6 the two-level merge's arms with PDL
+#      (+early8192), and with PDL off. Calls 6-7 (2026-12-07, H200) set ARMS: call 6 the two-level merge's arms (commit 79ca901) with PDL
 #      on, +early16384 (the default gate since), and 64 splits of one 64-token tile (T64 below).
 #   9  carry [".gpu/fk", ".old"], ~4 min on a fresh machine (lead 0 of experiments/README.md, after 2026-12-07's gate):
 #      the early tile's gate at 128 x 128 as the default on a GPU: its GPU tests (test_gpu_decode_prefetch.py's
@@ -139,8 +140,8 @@ case $PART in
   ;;
 7)
   FB=.gpu/fk install_fb
-  step "GPU tests: auto's fused loops under the register cap, raced and replayed; the two-level merge's"
-  gpu_tests capped 150 tests/backends/test_fused_merge.py -m gpu -k "capped or two_level"
+  step "GPU tests: auto's fused loops under the register cap, raced and replayed"
+  gpu_tests capped 150 tests/backends/test_fused_merge.py -m gpu -k capped
   if [ -n "${ARMS2:-}" ]; then
     step "both shapes, batch 1 x 4k / 16k: $ARMS2"
     timeout 90 $B --models llama8b,smollm2 --batches 1 --contexts 4096,16384 --backends "$ARMS2" \

@@ -61,7 +61,7 @@ def compile_case(model: str, ctx: int, tiles: str | None = None, *, batch: int =
                      torch.arange(0, (batch + 1) * pages, pages, **i32), torch.arange(batch * pages, **i32),
                      torch.full((batch,), ctx, **i32), page_size=ps, scale=d ** -0.5, params=p,
                      o_part=torch.zeros(batch, hq, p.num_splits, d), lse_part=torch.zeros(batch, hq, p.num_splits),
-                     counters=merge_counters(batch, hkv, "cpu", p.num_splits) if fused else None)
+                     counters=merge_counters(batch, hkv, "cpu") if fused else None)
     return p, log.last["_decode_kernel"]
 
 

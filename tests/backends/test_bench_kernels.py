@@ -213,8 +213,6 @@ def test_pdl_specs(capsys):
     ("triton+pdl+kvpf0", ("triton", True, {"kvpf": 0})),
     ("triton+vfirst0", ("triton", False, {"vfirst": 0})),
     ("triton+vfirst1+pdl+early16384", ("triton", True, {"vfirst": 1, "early": 16384})),
-    ("triton+mgroup4", ("triton", False, {"mgroup": 4})),
-    ("triton/fused_merge=true+pdl+mgroup0+vfirst0", ("triton/fused_merge=true", True, {"mgroup": 0, "vfirst": 0})),
 ])
 def test_arm_switches_parse_in_any_order(spec, want):
     from attnlab.bench.kernels import split_arm
@@ -224,8 +222,7 @@ def test_arm_switches_parse_in_any_order(spec, want):
 
 @pytest.mark.parametrize("spec", ["triton+pdl+pdl", "triton+early", "triton+early-1", "triton+early1+early2",
                                   "triton+fast", "triton+", "triton+kvpf", "triton+kvpf0+kvpf1", "triton+pdl1",
-                                  "triton+vfirst", "triton+vfirst0+vfirst1", "triton+mgroup", "triton+mgroup2+mgroup4",
-                                  "triton+mgroup-2"])
+                                  "triton+vfirst", "triton+vfirst0+vfirst1"])
 def test_arm_switches_refuse_unknown_or_repeated(spec):
     from attnlab.bench.kernels import split_arm
 
@@ -234,11 +231,11 @@ def test_arm_switches_refuse_unknown_or_repeated(spec):
 
 
 def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsys):
-    """``+early<elems>`` / ``+kvpf<tiles>`` / ``+vfirst<0|1>`` / ``+mgroup<g>``: the triton decode's early-tile gate,
-    KV prefetch, load order and the fused merge's grouping inside the arm's block (capture, timing), the process values
-    restored after; a value out of range skips the spec with its reason."""
+    """``+early<elems>`` / ``+kvpf<tiles>`` / ``+vfirst<0|1>``: the triton decode's early-tile gate, KV prefetch and
+    load order inside the arm's block (capture, timing), the process values restored after; a value out of range
+    skips the spec with its reason."""
     from attnlab.bench.kernels import arm_switches, load_backends
-    from attnlab.kernels import decode, merge
+    from attnlab.kernels import decode
 
     before = decode.early_tile_max(), decode.kv_prefetch()
     with arm_switches("triton+early16384"):
@@ -253,20 +250,11 @@ def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsy
     with arm_switches("triton+vfirst1"):  # no +pdl needed: the load order acts on every one-stage launch
         assert (decode.v_first(), decode.early_tile_max(), decode.kv_prefetch()) == (1, *before)
     assert decode.v_first() == 0
-    assert merge.merge_group() == 0
-    with arm_switches("triton+mgroup4"):  # no +pdl needed either: the merge's grouping acts on any fused launch
-        assert (merge.merge_group(), decode.v_first(), decode.early_tile_max(), decode.kv_prefetch()) == (4, 0, *before)
-    assert merge.merge_group() == 0
     bad = ["triton+pdl+early99999", "triton+kvpf9+pdl", "triton+early16384", "flashinfer+pdl+kvpf1", "triton+vfirst2",
-           "flashinfer+vfirst0", "triton+mgroup3", "triton+mgroup64+pdl", "fa+mgroup4"]
+           "flashinfer+vfirst0"]
     assert load_backends(bad) == {}
     assert set(load_backends(["triton+vfirst0", "triton+vfirst1"])) == {"triton+vfirst0", "triton+vfirst1"}
-    hybrid = "hybrid/short=torch/long=triton/threshold=1024+mgroup32"
-    assert set(load_backends(["triton+mgroup4", hybrid])) == {"triton+mgroup4", hybrid}
     err = capsys.readouterr().err
-    assert "skipping backend triton+mgroup3: fused merge group 3: 0 (one level) or a power of two in 2..32" in err
-    assert "skipping backend triton+mgroup64+pdl: fused merge group 64" in err
-    assert "skipping backend fa+mgroup4: +mgroup: the triton decode's switches, not fa's" in err
     assert "skipping backend triton+vfirst2: decode V-first order 2: 0 (K's load first) or 1 (V's)" in err
     assert "skipping backend flashinfer+vfirst0: +vfirst: the triton decode's switches, not flashinfer's" in err
     assert "skipping backend triton+pdl+early99999: decode early tile gate 99999" in err
@@ -276,9 +264,8 @@ def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsy
 
 
 def test_run_shape_captures_and_times_each_arm_under_its_switches(monkeypatch):
-    """run_shape enters an arm's switches (the decode's early-tile gate, KV prefetch and merge group) around its
-    capture and each measurement, and the process values are back between arms (``+pdl`` itself needs a Hopper GPU:
-    not here)."""
+    """run_shape enters an arm's switches (the decode's early-tile gate and KV prefetch) around its capture and each
+    measurement, and the process values are back between arms (``+pdl`` itself needs a Hopper GPU: not here)."""
     import argparse
 
     import torch
@@ -287,7 +274,7 @@ def test_run_shape_captures_and_times_each_arm_under_its_switches(monkeypatch):
     from attnlab.backends.cases import random_paged_case
     from attnlab.backends.registry import get_backend_class
     from attnlab.bench import kernels
-    from attnlab.kernels import decode, merge
+    from attnlab.kernels import decode
 
     def cpu_build(model, batch, context, q_len, page_size, dtype, seed=0):
         hq, hkv, d = kernels.HEADS[model]
@@ -300,25 +287,25 @@ def test_run_shape_captures_and_times_each_arm_under_its_switches(monkeypatch):
 
     class FakeTimer:
         def __init__(self, be, q, num_layers, graphable, reps, iters, kv=None, between=None):
-            seen.append(("capture", be.num_splits, decode.early_tile_max(), decode.kv_prefetch(), merge.merge_group()))
+            seen.append(("capture", be.num_splits, decode.early_tile_max(), decode.kv_prefetch()))
             self.graph, self.graph_error, self.reps, self.iters, self.splits = object(), None, reps, iters, be.num_splits
 
         def measure(self):
-            seen.append(("measure", self.splits, decode.early_tile_max(), decode.kv_prefetch(), merge.merge_group()))
+            seen.append(("measure", self.splits, decode.early_tile_max(), decode.kv_prefetch()))
             return 0.5
 
     monkeypatch.setattr(kernels, "build", cpu_build)
     monkeypatch.setattr(kernels, "Timer", FakeTimer)
-    labels = {"triton/num_splits=2+early16384+kvpf3+mgroup2": get_backend_class("triton", {"num_splits": 2}),
+    labels = {"triton/num_splits=2+early16384+kvpf3": get_backend_class("triton", {"num_splits": 2}),
               "triton/num_splits=3": get_backend_class("triton", {"num_splits": 3})}  # told apart by num_splits
     args = argparse.Namespace(page_size=16, reps=5, iters=10, repeats=2, copy_gb_s=1000.0)
     cells = kernels.run_shape(labels, "decode", "smollm2", 1, 64, 1, args, torch.float32)
     assert all(c.status == "ok" for c in cells), [(c.backend, c.status) for c in cells]
-    default = (decode.EARLY_TILE_MAX_ELEMS, decode.KV_PREFETCH_TILES, 0)
-    for what, splits, gate, tiles, group in seen:
-        assert (gate, tiles, group) == ((16384, 3, 2) if splits == 2 else default), (what, splits, gate, tiles, group)
+    default = (decode.EARLY_TILE_MAX_ELEMS, decode.KV_PREFETCH_TILES)
+    for what, splits, gate, tiles in seen:
+        assert (gate, tiles) == ((16384, 3) if splits == 2 else default), (what, splits, gate, tiles)
     assert {splits for _, splits, *_ in seen} == {2, 3} and [w for w, *_ in seen].count("measure") == 4
-    assert (decode.early_tile_max(), decode.kv_prefetch(), merge.merge_group()) == default
+    assert (decode.early_tile_max(), decode.kv_prefetch()) == default
 
 
 def test_cold_timer_flushes_before_each_run_and_subtracts_the_flushes(monkeypatch):

@@ -4,14 +4,12 @@ after every launch (so a graph replays on them), for decode, causal verify, tree
 a CUDA GPU the kernels run under Triton's interpreter, which runs the programs one after another; the GPU cases
 (`gpu` mark) race them for real."""
 
-import math
-
 import pytest
 import torch
 
 from attnlab.backends.registry import require_available
 from attnlab.errors import ConfigError
-from attnlab.kernels import merge, pdl
+from attnlab.kernels import pdl
 from tests.backends.cases import make_case
 
 CUDA = torch.cuda.is_available()
@@ -202,17 +200,14 @@ def test_gpu_auto_fuses_the_capped_tiles_loop_under_races_and_graph_replay(batch
     assert not params.one_tile and 1 < params.num_splits <= 16 and params.block_n == 64, params
 
 
-def _race(case, splits: int | None, launches_per_graph: int, option: bool | str = True, ref=None, tol=None):
-    """``ref``: the outputs each launch must equal within ``tol`` (the merge launch's to bf16 rounding by default)."""
-    if ref is None:
-        _, ref = run_layers(case, False, splits)
-    tol = tol or TOL[torch.bfloat16]
+def _race(case, splits: int | None, launches_per_graph: int, option: bool | str = True):
+    _, ref = run_layers(case, False, splits)
     be = case.backend(TritonBackend)
     be.num_splits, be.fused_merge = splits, option
     be.plan(case.meta)
     assert be.active_plan.counters is not None
     for _ in range(50):
-        torch.testing.assert_close(be.run(case.q, 0).float(), ref[0].float(), **tol)
+        torch.testing.assert_close(be.run(case.q, 0).float(), ref[0].float(), **TOL[torch.bfloat16])
     g, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -223,7 +218,7 @@ def _race(case, splits: int | None, launches_per_graph: int, option: bool | str 
     torch.cuda.current_stream().wait_stream(stream)
     for _ in range(50):
         g.replay()
-        torch.testing.assert_close(out.float(), ref[0].float(), **tol)
+        torch.testing.assert_close(out.float(), ref[0].float(), **TOL[torch.bfloat16])
     assert be.active_plan.counters.eq(0).all()
     return be
 
@@ -314,141 +309,3 @@ def test_fused_merge_in_graph_mode_plans_and_device_planned_steps():
         if fused:
             assert plan.counters.eq(0).all() and steps[0].counters.eq(0).all()
     torch.testing.assert_close(outs[1], outs[0], **TOL[torch.float32])
-
-
-# merge.set_merge_group (two levels): (group, num_splits, page_size, gqa, head_dim, dtype), every value of each axis
-# at least once; split counts a multiple of the group and not (a last group short of splits)
-GROUP_GRID = [(2, 5, 16, 1, 64, torch.float32), (2, 7, 1, 3, 64, torch.float32), (2, 8, 16, 4, 128, torch.float32),
-              (4, 5, 1, 4, 64, torch.float32), (4, 7, 16, 3, 128, torch.bfloat16), (4, 8, 16, 1, 128, torch.float32),
-              (4, 8, 1, 3, 64, torch.float32)]
-
-
-@pytest.mark.parametrize("group,num_splits,page_size,gqa,head_dim,dtype", GROUP_GRID)
-def test_two_level_merge_matches_the_reference(group, num_splits, page_size, gqa, head_dim, dtype):
-    """The fused decode merged in two levels: the reference's output and the one level's (to fp32 rounding: the sums
-    are grouped), counters back at 0 after every launch. One context reaches every split (num_splits tiles of 128
-    tokens, the last short); 300 tokens and 1 leave later splits and whole groups empty; a padding request (q_len 0)
-    has no rows. Each group's first slot holds the group's merged LSE and partial, the other slots the splits' own,
-    as the one level leaves them."""
-    q_lens = [1, 1, 1, 0, 1]
-    contexts = [300, 0, num_splits * 128 - 5, 40, 17]
-    case = make_case(kv_lens=[c + q for c, q in zip(contexts, q_lens)], q_lens=q_lens, page_size=page_size,
-                     num_kv_heads=2, gqa=gqa, head_dim=head_dim, dtype=dtype, device=DEVICE, seed=group + gqa)
-    one, ref = run_layers(case, True, num_splits)
-    lse, part = one.active_plan.lse_part.clone(), one.active_plan.o_part.clone()
-    with merge.merge_grouping(group):
-        be, out = run_layers(case, True, num_splits, repeat=2)
-    plan = be.active_plan
-    assert plan.params.num_splits == num_splits and plan.counters.numel() == 5 * 2 * (1 + num_splits)
-    assert plan.counters.eq(0).all()
-    torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype])
-    torch.testing.assert_close(out.float(), case.reference(), **REF_TOL[dtype])
-    want_lse, want_part = _group_partials(lse, part, group)
-    assert want_lse.isinf().any() and lse.isfinite().all(2).any()  # an empty group; a row that reaches every split
-    torch.testing.assert_close(plan.lse_part[:, :, ::group], want_lse, **TOL[torch.float32])
-    torch.testing.assert_close(plan.o_part[:, :, ::group], want_part, **TOL[torch.float32])
-    rest = [s for s in range(num_splits) if s % group]
-    assert torch.equal(plan.lse_part[:, :, rest], lse[:, :, rest]) and torch.equal(plan.o_part[:, :, rest],
-                                                                                   part[:, :, rest])
-
-
-def _group_partials(lse: torch.Tensor, part: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch: the groups' merged LSEs [T, H, n] (log2, -inf for a group of empty splits) and normalized partials
-    [T, H, n, D] (0 there) from the splits' lse [T, H, S] and partials [T, H, S, D]."""
-    lses, parts = [], []
-    for first in range(0, lse.shape[2], group):
-        lg, pg = lse[:, :, first:first + group], part[:, :, first:first + group]
-        m = lg.amax(2, keepdim=True)
-        m = torch.where(m == -math.inf, 0.0, m)
-        w = torch.exp2(lg - m)
-        total = w.sum(2)
-        lses.append(torch.where(total > 0, m[:, :, 0] + torch.log2(total), -math.inf))
-        parts.append((pg * w[..., None]).sum(2) / torch.where(total > 0, total, 1.0)[..., None])
-    return torch.stack(lses, 2), torch.stack(parts, 2)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_one_level_keeps_merge_ordered_bits(dtype):
-    """Group 0 (the default) and a group of as many splits as the launch has (one level then too): the fused decode's
-    output is merge_ordered's over the launch's own partials, bit for bit (the ordered merge as before the groups)."""
-    from attnlab.kernels.invariant import merge_ordered
-
-    q_lens = [1, 1, 0, 1]
-    case = make_case(kv_lens=[c + q for c, q in zip([300, 0, 17, 1], q_lens)], q_lens=q_lens, page_size=16,
-                     num_kv_heads=2, gqa=3, head_dim=64, dtype=dtype, device=DEVICE, seed=7)
-    be, out = run_layers(case, True, 5)
-    want = torch.empty_like(out[0])
-    merge_ordered(want, be.active_plan.o_part, be.active_plan.lse_part)
-    assert torch.equal(out[0], want)
-    with merge.merge_grouping(8):
-        _, same = run_layers(case, True, 5)
-    assert torch.equal(same, out)
-
-
-@pytest.mark.parametrize("bad", [1, 3, 6, 64, -2, True, 2.0, "4", None])
-def test_merge_group_switch_refuses_what_is_not_0_or_a_power_of_two_to_32(bad):
-    assert merge.merge_group() == 0
-    with pytest.raises(ValueError, match=rf"fused merge group {bad!r}: 0 \(one level\) or a power of two in 2\.\.32"):
-        merge.set_merge_group(bad)
-    assert merge.merge_group() == 0
-
-
-def test_merge_grouping_restores_and_counters_fit_any_group():
-    with merge.merge_grouping(4):
-        assert merge.merge_group() == 4
-        with merge.merge_grouping(32):
-            assert merge.merge_group() == 32
-        assert merge.merge_group() == 4
-        # one top counter per (request, kv head), then room for each one's groups: merge_arrived's layout
-        counters = merge.merge_counters(2, 4, "cpu", num_splits=32)
-        assert counters.shape == (2 * 4 * 33,) and counters.eq(0).all()
-        assert merge.merge_counters(2, 4, "cpu").shape == (8,)
-        assert merge.merge_group_for(32, counters, 8) == 4
-        assert merge.merge_group_for(32, None, 8) == 0  # the merge launch
-        assert merge.merge_group_for(4, counters[:8], 8) == 0  # not more splits than a group: one level
-        with pytest.raises(ValueError, match=r"fused merge group 4: 32 splits over 8 .* need 264 counters.*got 8"):
-            merge.merge_group_for(32, counters[:8], 8)
-    assert merge.merge_group() == 0
-
-
-def test_decode_refuses_counters_too_few_for_its_group():
-    """A plan whose counters were sized for one level (one per request and kv head) still runs the one level, and
-    under a group the decode refuses it before the launch, naming the size (merge.merge_counters sizes them)."""
-    case = make_case(kv_lens=[301], q_lens=[1], page_size=16, num_kv_heads=2, gqa=2, head_dim=64,
-                     dtype=torch.float32, device=DEVICE)
-    be = case.backend(TritonBackend)
-    be.num_splits, be.fused_merge = 5, True
-    be.plan(case.meta)
-    be.active_plan.counters = be.active_plan.counters[:2].clone()
-    torch.testing.assert_close(be.run(case.q, 0).float(), case.reference()[0], **REF_TOL[torch.float32])
-    with merge.merge_grouping(2), pytest.raises(ValueError, match="fused merge group 2: 5 splits over 2 .* need 12"):
-        be.run(case.q, 0)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: the split programs race only there")
-@pytest.mark.parametrize("use_pdl", [False, True], ids=["pdl-off", "pdl-on"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_gpu_two_level_merge_under_races_and_graph_replay(dtype, use_pdl, monkeypatch):
-    """Llama-8B's batch-1 decode at 4k (8 kv heads x 4 query heads, head dim 128), 32 one-tile splits on 132 SMs (an
-    H100 SXM's count, set so the plan is the same on any card), merged in groups of 4: 50 launches and 50 replays of a
-    graph (four launches back to back under PDL) all equal the one level's output to within one rounding of the
-    output dtype (the sums are grouped), and the counters end at 0. Each group's first slot then holds its merged
-    LSE, above the first split's own: the two levels ran."""
-    from attnlab.kernels import heuristics
-
-    monkeypatch.setattr(heuristics, "sm_count", lambda device_index=0: 132)
-    if use_pdl and pdl.unsupported("cuda"):
-        pytest.skip(f"engine.pdl: {pdl.unsupported('cuda')}")
-    case = make_case(kv_lens=[4096], q_lens=[1], page_size=16, num_kv_heads=8, gqa=4, head_dim=128, dtype=dtype,
-                     device="cuda", num_layers=1)
-    tol = {"atol": 1e-4, "rtol": 2 ** -7} if dtype == torch.bfloat16 else {"atol": 1e-6, "rtol": 1e-5}
-    with pdl.using(use_pdl, "cuda"):
-        one, ref = run_layers(case, "auto", None)
-        lse = one.active_plan.lse_part.clone()
-        with merge.merge_grouping(4):
-            be = _race(case, None, launches_per_graph=4 if use_pdl else 1, option="auto", ref=ref, tol=tol)
-    plan = be.active_plan
-    assert plan.params.num_splits == 32 and plan.params.one_tile
-    assert (plan.lse_part[:, :, ::4] > lse[:, :, ::4]).all()
-    torch.testing.assert_close(ref[0].float(), case.reference()[0], **REF_TOL[dtype])
