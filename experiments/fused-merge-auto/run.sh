@@ -42,13 +42,13 @@
 #      change). Ordered for a call that may be cut: the device budget left for it was under 300 s.
 #   8  carry [".gpu/fk", ".old"], ~1.5-2 min warm: a floor round of ARMS against c101f91, 200 runs a replay (FLOOR_SECS
 #      for today's arms, 150 unless set). By default today's decode with PDL on, with the early tile's old gate
-#      (+early8192), and with PDL off. Calls 6-7 (2026-12-07, H200) set ARMS: call 6 the two-level merge's arms (commit 79ca901) with PDL
-#      on, +early16384 (the default gate since), and 64 splits of one 64-token tile (T64 below).
+#      (+early8192), and with PDL off. Calls 6-7 (2026-12-07, H200) set ARMS: call 6 the two-level merge's arms (commit
+#      79ca901) with PDL on, +early16384 (the default gate since), and 64 splits of one 64-token tile (T64 below).
 #   9  carry [".gpu/fk", ".old"], ~5 min on a fresh machine (lead 0 of experiments/README.md, after 2026-12-07's gate):
 #      the early tile's gate at 128 x 128 as the default on a GPU: its GPU tests (test_gpu_decode_prefetch.py's
 #      128-token-tile cases at gate-128x64 / gate-default, triton's decode cases, and test_fused_merge.py: the merge's
-#      one-level code since the two-level merge's removal, same registers, not yet run), then part 8's floor round, with two
-#      arms of 16 splits (decode-early/ call 17's stream rows: on the H200 Llama-8B's K / V read over 16 splits took
+#      one-level code since the two-level merge's removal, same registers, not yet run), then part 8's floor round,
+#      with two arms of 16 splits (decode-early/ call 17's stream rows: on the H200 Llama-8B's K / V read over 16 splits took
 #      6.73 us against 7.47 on the decode's 32): the heuristic's 64-token tiles (auto fuses them under the register
 #      cap) and 128 x 128 tiles of 8 warps, 2 stages, fused.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
@@ -165,7 +165,7 @@ case $PART in
 9)
   test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
   FB=.gpu/fk install_fb
-  step "GPU tests: the early tile's gate (the rule's 128 x 128 tile bit for bit), triton's decode cases, the fused merge"
+  step "GPU tests: the early tile's gate (its 128 x 128 tile bit for bit), triton's decode cases, the fused merge"
   gpu_tests gate 360 -m gpu tests/integration/test_gpu_decode_prefetch.py tests/backends/test_fused_merge.py \
     tests/backends/test_triton.py -k "decode or early or tile or merge or fused or capped or auto or pdl"
   : "${FLOOR_SECS:=120}"
