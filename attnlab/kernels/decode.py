@@ -29,6 +29,13 @@ makes always; otherwise the split runs from its first tile on the re-read plan. 
 operations in the same order: the same bits as PDL off (GPU tests, one of which breaks the rule on purpose). Those
 early loads are real loads, issued before the check: should the rule ever break, the fallback is exact as long as the
 early values are a plan the buffers held (in-bounds rows and page ids), which every plan write keeps.
+
+That tile's K and V rows (its K only on tiles past 128 x 64: PRELOAD, ``set_early_preload``) are loaded into
+registers before the wait, not prefetched into L2 and loaded after it: all but the current token's own row (position
+kv_len - 1), which the launch before may be storing. That one row is loaded after the wait, over the early ones. Every
+other row of the request was stored by an earlier pass, whose launches completed before the one directly before this
+kernel began (every kernel waits before it lets the next launch). Used under the same check as the early tile: the
+same bits (CPU and GPU tests, one of which stores the current token's row late on purpose).
 """
 
 from __future__ import annotations
@@ -73,6 +80,15 @@ _early_max_elems = EARLY_TILE_MAX_ELEMS
 # +vfirst1) puts both in flight and was slower (H100, 2026-12-07, experiments/decode-vfirst/): Llama-8B's batch-1 4k
 # decode 1.11-1.14x the time with PDL and 1.06-1.07x without, SmolLM2's 1.00-1.02x, every other cell 0.98-1.04x.
 _v_first = 0
+# How much of the early first tile is loaded into registers before the PDL wait, all rows but the current token's
+# (module docstring): 2 its K and V on tiles of at most EARLY_TILE_SMALL_ELEMS (128 x 64), its K only past them (Llama-8B's
+# 128 x 128 tile of 8 warps: K and V there hold 128 registers with 16 spill bytes under triton 3.6, K only none). Measured
+# (H100, 2026-12-07, experiments/decode-preload/, PDL on, against no preload): SmolLM2's batch-1 4k 0.91-0.92x the time
+# (3.93-3.96 us, 1.600-1.607x c101f91's speed in three floor rounds), its other early-tile cells 0.85-0.96x; Llama-8B's
+# 128-token unsplit cells with K only 0.72-0.98x (K and V: 0.81-0.91x, but 1.07x at batch 32); its batch-1 4k 1.00x.
+# set_early_preload(0 / 1) and the bench arms +preload0 / +preload1 cap it (none; K only everywhere).
+EARLY_PRELOAD = 2
+_preload = EARLY_PRELOAD
 
 
 def set_kv_prefetch(tiles: int) -> None:
@@ -106,7 +122,8 @@ def kv_prefetching(tiles: int):
 def set_v_first(on: int) -> None:
     """Whether one-stage decode launches load each tile's V before its K (process-wide, V_FIRST; a bench arm's
     ``+vfirst1``): 0 by default, K first, whose conversion to the dot's layout waits for K before V's load is issued;
-    1 puts both in flight, measured slower (``_v_first``'s note). The same bits either way."""
+    1 puts both in flight, measured slower (``_v_first``'s note). The same bits either way. An early tile loaded before
+    the PDL wait (``set_early_preload``) keeps its own order."""
     global _v_first
     _v_first = check_v_first(on)
 
@@ -125,6 +142,31 @@ def v_first() -> int:
 def v_first_order(on: int):
     """``set_v_first(on)`` for a block (bench arms), restored after."""
     return scoped(v_first, set_v_first, on)
+
+
+def set_early_preload(level: int) -> None:
+    """How much of the early first tile is loaded into registers before the PDL wait (process-wide, PRELOAD; a bench
+    arm's ``+preload<level>``): 0 none (prefetched into L2, loaded after the wait), 1 its K rows, 2 (EARLY_PRELOAD, the
+    default) its K and V rows on tiles of at most EARLY_TILE_SMALL_ELEMS, its K past them (``_preload``'s note). The
+    current token's row, which the launch before may be storing, is loaded after the wait either way: the same bits."""
+    global _preload
+    _preload = check_early_preload(level)
+
+
+def check_early_preload(level) -> int:
+    """``level`` if it is a valid preload level (0, 1 or 2), else ValueError naming the rule."""
+    if isinstance(level, bool) or not isinstance(level, int) or level not in (0, 1, 2):
+        raise ValueError(f"decode early-tile preload {level!r}: 0 (none before the PDL wait), 1 (K) or 2 (K and V)")
+    return level
+
+
+def early_preload() -> int:
+    return _preload
+
+
+def early_preloading(level: int):
+    """``set_early_preload(level)`` for a block (bench arms), restored after."""
+    return scoped(early_preload, set_early_preload, level)
 
 
 def set_early_tile_max(elems: int) -> None:
@@ -185,8 +227,8 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr,
                    MERGE_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, PREFETCH: tl.constexpr = 0,
-                   LINE: tl.constexpr = 64, EARLY_TILE: tl.constexpr = False, V_FIRST: tl.constexpr = False,
-                   USE_PDL: tl.constexpr = False):
+                   LINE: tl.constexpr = 64, EARLY_TILE: tl.constexpr = False, PRELOAD: tl.constexpr = 0,
+                   V_FIRST: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -197,7 +239,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
         kv_len_e = tl.load(KV_LENS + b) * q_len_e
         base_e = tl.load(KV_INDPTR + b)
         chunk_e = tl.cdiv(tl.cdiv(kv_len_e, num_splits), BLOCK_N) * BLOCK_N
-        if USE_PDL:
+        if USE_PDL and PRELOAD < 2:  # (a split preloaded whole is its one early tile: its loads fetch the lines)
             _prefetch_kv(K, V, KV_INDICES, base_e, split * chunk_e, tl.minimum(split * chunk_e + chunk_e, kv_len_e),
                          kvh * stride_kh, stride_slot, PAGE_SIZE, BLOCK_N, HEAD_DIM, LINE, PREFETCH)
         if EARLY_TILE:  # the first tile's page ids too
@@ -205,6 +247,14 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
             offs_e = tl.arange(0, BLOCK_N)
             n_mask_e = lo_e + offs_e < tl.minimum(lo_e + chunk_e, kv_len_e)
             slots_e = tile_slots(KV_INDICES, base_e, lo_e, offs_e, n_mask_e, PAGE_SIZE, BLOCK_N, True)
+            if PRELOAD > 0:  # and its K (PRELOAD 2: and V) rows into registers, all but the current token's (module
+                # docstring)
+                offs_d_e = tl.arange(0, BLOCK_D)
+                kv_off_e = slots_e[:, None] * stride_slot + kvh * stride_kh + offs_d_e[None, :]
+                settled = (n_mask_e & (lo_e + offs_e < kv_len_e - 1))[:, None] & (offs_d_e < HEAD_DIM)[None, :]
+                k0 = tl.load(K + kv_off_e, mask=settled, other=0.0)
+                if PRELOAD == 2:
+                    v0 = tl.load(V + kv_off_e, mask=settled, other=0.0)
     pdl_start(USE_PDL)
     row = tl.load(QO_INDPTR + b)
     q_len = tl.load(QO_INDPTR + b + 1) - row  # 0 (padding: produces nothing) or 1
@@ -238,7 +288,14 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
         # runs the split from its first tile: either way the same tiles and operations in the same order.
         kv_off = slots_e[:, None] * stride_slot + head_off + offs_d[None, :]
         kv_mask = n_mask_e[:, None] & d_mask[None, :]
-        if V_FIRST:  # both tiles in flight together (paged.attend_tile)
+        if PRELOAD > 0:  # the current token's row, which the previous kernel may have been storing, over the early rows
+            now = kv_mask & (lo_e + offs_e == kv_len_e - 1)[:, None]
+            k0 = tl.load(K + kv_off, mask=now, other=k0)
+            if PRELOAD == 2:
+                v0 = tl.load(V + kv_off, mask=now, other=v0)
+            else:
+                v0 = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+        elif V_FIRST:  # both tiles in flight together (paged.attend_tile)
             v0 = tl.load(V + kv_off, mask=kv_mask, other=0.0)
             k0 = tl.load(K + kv_off, mask=kv_mask, other=0.0)
         else:
@@ -324,7 +381,8 @@ def early_launch(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams) -
     only at EARLY_TILE_THREAD_ELEMS a thread or fewer) runs one stage and takes the early first tile, which any
     one-stage launch of that size does (a ``decode_tiles`` override too). A pipelined
     loop with it ran 1.08-1.22x slower at batch 16 (H100 2026-12-06e), and one stage without it 2-8% slower at
-    SmolLM2's short contexts (2026-12-06f: experiments/decode-early/)."""
+    SmolLM2's short contexts (2026-12-06f: experiments/decode-early/). That tile is preloaded (PRELOAD: its K and V
+    before the wait on tiles of at most EARLY_TILE_SMALL_ELEMS, its K past them, as ``early_preload()`` allows)."""
     head_dim = k_cache.shape[2]
     row_bytes = head_dim * k_cache.element_size()
     if not (launch_args(q) and _kv_prefetch and head_dim & (head_dim - 1) == 0 and row_bytes % L2_LINE == 0):
@@ -333,5 +391,7 @@ def early_launch(q: torch.Tensor, k_cache: torch.Tensor, params: LaunchParams) -
     thin = elems <= EARLY_TILE_SMALL_ELEMS or elems <= EARLY_TILE_THREAD_ELEMS * 32 * params.num_warps
     fits = elems <= _early_max_elems and thin
     stages = 1 if params.one_tile and fits else params.num_stages
+    early = stages == 1 and fits
+    preload = min(_preload, 2 if elems <= EARLY_TILE_SMALL_ELEMS else 1) if early else 0
     return stages, {"PREFETCH": _kv_prefetch, "LINE": L2_LINE // k_cache.element_size(),
-                    "EARLY_TILE": stages == 1 and fits}
+                    "EARLY_TILE": early, "PRELOAD": preload}

@@ -213,6 +213,7 @@ def test_pdl_specs(capsys):
     ("triton+pdl+kvpf0", ("triton", True, {"kvpf": 0})),
     ("triton+vfirst0", ("triton", False, {"vfirst": 0})),
     ("triton+vfirst1+pdl+early16384", ("triton", True, {"vfirst": 1, "early": 16384})),
+    ("triton+preload2+pdl", ("triton", True, {"preload": 2})),
 ])
 def test_arm_switches_parse_in_any_order(spec, want):
     from attnlab.bench.kernels import split_arm
@@ -222,7 +223,8 @@ def test_arm_switches_parse_in_any_order(spec, want):
 
 @pytest.mark.parametrize("spec", ["triton+pdl+pdl", "triton+early", "triton+early-1", "triton+early1+early2",
                                   "triton+fast", "triton+", "triton+kvpf", "triton+kvpf0+kvpf1", "triton+pdl1",
-                                  "triton+vfirst", "triton+vfirst0+vfirst1"])
+                                  "triton+vfirst", "triton+vfirst0+vfirst1", "triton+preload",
+                                  "triton+preload1+preload0"])
 def test_arm_switches_refuse_unknown_or_repeated(spec):
     from attnlab.bench.kernels import split_arm
 
@@ -231,8 +233,8 @@ def test_arm_switches_refuse_unknown_or_repeated(spec):
 
 
 def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsys):
-    """``+early<elems>`` / ``+kvpf<tiles>`` / ``+vfirst<0|1>``: the triton decode's early-tile gate, KV prefetch and
-    load order inside the arm's block (capture, timing), the process values restored after; a value out of range
+    """``+early<elems>`` / ``+kvpf<tiles>`` / ``+vfirst<0|1>`` / ``+preload<0|1>``: the triton decode's early-tile gate,
+    KV prefetch, load order and early tile's preload inside the arm's block (capture, timing), the process values restored after; a value out of range
     skips the spec with its reason."""
     from attnlab.bench.kernels import arm_switches, load_backends
     from attnlab.kernels import decode
@@ -250,8 +252,12 @@ def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsy
     with arm_switches("triton+vfirst1"):  # no +pdl needed: the load order acts on every one-stage launch
         assert (decode.v_first(), decode.early_tile_max(), decode.kv_prefetch()) == (1, *before)
     assert decode.v_first() == 0
+    assert decode.early_preload() == decode.EARLY_PRELOAD == 2
+    with arm_switches("triton+preload0"):  # set here; load_backends refuses it without +pdl (below)
+        assert (decode.early_preload(), decode.v_first(), decode.early_tile_max()) == (0, 0, before[0])
+    assert decode.early_preload() == 2
     bad = ["triton+pdl+early99999", "triton+kvpf9+pdl", "triton+early16384", "flashinfer+pdl+kvpf1", "triton+vfirst2",
-           "flashinfer+vfirst0"]
+           "flashinfer+vfirst0", "triton+preload0", "triton+pdl+preload3"]
     assert load_backends(bad) == {}
     assert set(load_backends(["triton+vfirst0", "triton+vfirst1"])) == {"triton+vfirst0", "triton+vfirst1"}
     err = capsys.readouterr().err
@@ -261,6 +267,8 @@ def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsy
     assert "skipping backend triton+kvpf9+pdl: decode KV prefetch 9" in err
     assert "skipping backend triton+early16384: +early act only with +pdl" in err  # it would time the plain launch
     assert "skipping backend flashinfer+pdl+kvpf1: +kvpf: the triton decode's switches, not flashinfer's" in err
+    assert "skipping backend triton+preload0: +preload act only with +pdl" in err
+    assert "skipping backend triton+pdl+preload3: decode early-tile preload 3: 0 (none before the PDL wait)" in err
 
 
 def test_run_shape_captures_and_times_each_arm_under_its_switches(monkeypatch):

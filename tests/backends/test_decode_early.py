@@ -17,7 +17,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TritonBackend = require_available("triton")
 
 
-def _outputs(case, early: bool, fused: bool, monkeypatch, num_splits: int = 8) -> torch.Tensor:
+def _outputs(case, early: bool, fused: bool, monkeypatch, num_splits: int = 8, preload: int = 0) -> torch.Tensor:
     be = TritonBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale, case.q.dtype,
                        decode_tiles="16x4x1", fused_merge=fused)
     be.num_splits = num_splits  # 8: 16-token splits of one 16-token tile at these lengths, several of them empty
@@ -27,7 +27,7 @@ def _outputs(case, early: bool, fused: bool, monkeypatch, num_splits: int = 8) -
 
     def early_launch(q, k, params):
         forced.append(params)
-        return params.num_stages, {"PREFETCH": 4, "LINE": 32, "EARLY_TILE": True}
+        return params.num_stages, {"PREFETCH": 4, "LINE": 32, "EARLY_TILE": True, "PRELOAD": preload}
 
     with monkeypatch.context() as m:
         if early:
@@ -37,20 +37,25 @@ def _outputs(case, early: bool, fused: bool, monkeypatch, num_splits: int = 8) -
     return out
 
 
+@pytest.mark.parametrize("preload", [0, 1, 2], ids=["after-wait", "preload-k", "preload-kv"])
 @pytest.mark.parametrize("fused", [False, True], ids=["merge-launch", "fused"])
 @pytest.mark.parametrize("page_size,gqa,head_dim", [(1, 3, 64), (3, 4, 64), (16, 1, 128), (128, 3, 64)])
-def test_early_first_tile_changes_no_bit(page_size, gqa, head_dim, fused, monkeypatch):
+def test_early_first_tile_changes_no_bit(page_size, gqa, head_dim, fused, preload, monkeypatch):
+    """``preload``: the tile's K / V rows before the "wait" but the current token's, that row after it (PRELOAD). Its
+    row at 70 tokens is the fifth split's first, at 33 the third split's second, at 1 the first's only: each tile the
+    first of its split, as every early tile is."""
     case = make_case(kv_lens=[70, 0, 33, 1, 0], q_lens=[1, 0, 1, 1, 0], page_size=page_size, num_kv_heads=2, gqa=gqa,
                      head_dim=head_dim, dtype=torch.float32, device=DEVICE, seed=page_size + gqa, spare_pages=0)
     ref = _outputs(case, False, fused, monkeypatch)
-    out = _outputs(case, True, fused, monkeypatch)
+    out = _outputs(case, True, fused, monkeypatch, preload=preload)
     assert torch.equal(out, ref), (out - ref).abs().max().item()
     torch.testing.assert_close(ref, case.reference(), atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.parametrize("preload", [0, 1, 2], ids=["after-wait", "preload-k", "preload-kv"])
 @pytest.mark.parametrize("fused", [False, True], ids=["merge-launch", "fused"])
 @pytest.mark.parametrize("page_size,gqa,head_dim", [(3, 3, 64), (16, 4, 128)])
-def test_early_first_tile_changes_no_bit_with_an_fp8_kv(page_size, gqa, head_dim, fused, monkeypatch):
+def test_early_first_tile_changes_no_bit_with_an_fp8_kv(page_size, gqa, head_dim, fused, preload, monkeypatch):
     """The same with an e4m3 KV pool (bf16 q): the early tile's loads dequantize as the loop's do. At head dim 128 its
     rows are whole L2 lines, where the early tile applies on a GPU (Llama-8B's two-tile rule's tile since the gate
     went to 128 x 128, 2026-12-07)."""
@@ -58,7 +63,7 @@ def test_early_first_tile_changes_no_bit_with_an_fp8_kv(page_size, gqa, head_dim
                      head_dim=head_dim, dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, device=DEVICE,
                      seed=page_size + gqa, spare_pages=0)
     ref = _outputs(case, False, fused, monkeypatch)
-    out = _outputs(case, True, fused, monkeypatch)
+    out = _outputs(case, True, fused, monkeypatch, preload=preload)
     assert torch.equal(out, ref), (out.float() - ref.float()).abs().max().item()
     torch.testing.assert_close(ref.float(), case.reference().float(), atol=2e-2, rtol=2e-2)
 

@@ -21,8 +21,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(pdl.unsupported("cuda") is not
 TritonBackend = require_available("triton")
 
 
-def _outputs(case, on: bool, tiles: int, num_splits: int | None, graph: bool, fused: bool = False) -> torch.Tensor:
-    with pdl.using(on, "cuda"), decode.kv_prefetching(tiles):
+def _outputs(case, on: bool, tiles: int, num_splits: int | None, graph: bool, fused: bool = False,
+             preload: int = 0) -> torch.Tensor:
+    with pdl.using(on, "cuda"), decode.kv_prefetching(tiles), decode.early_preloading(preload):
         be = case.backend(TritonBackend)
         be.num_splits, be.fused_merge = num_splits, fused
         be.plan(case.meta)
@@ -58,24 +59,29 @@ def test_prefetch_changes_no_bit(page_size, gqa, head_dim, num_splits, graph):
     case = make_case(kv_lens=kv_lens, q_lens=q_lens, page_size=page_size, num_kv_heads=2, gqa=gqa, head_dim=head_dim,
                      dtype=torch.bfloat16, device="cuda", num_layers=2, seed=page_size + gqa)
     ref = _outputs(case, False, decode.KV_PREFETCH_TILES, num_splits, graph)
-    for tiles in (4, 1, 0):  # the default (1), the first version's 4, none
-        out = _outputs(case, True, tiles, num_splits, graph)
-        assert torch.equal(out, ref), (tiles, (out.float() - ref.float()).abs().max().item())
+    for tiles, preload in ((4, 0), (1, 0), (1, 1), (1, 2), (0, 0)):  # 4 (the first version), 1 with each preload (2:
+        # the default), none
+        out = _outputs(case, True, tiles, num_splits, graph, preload=preload)
+        assert torch.equal(out, ref), (tiles, preload, (out.float() - ref.float()).abs().max().item())
     torch.testing.assert_close(ref.float(), case.reference(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("gate,kv_dtype", [(128 * 64, None), (decode.EARLY_TILE_MAX_ELEMS, None),
-                                           (decode.EARLY_TILE_MAX_ELEMS, torch.float8_e4m3fn)],
-                         ids=["gate-128x64", "gate-default", "gate-default-fp8-kv"])
+@pytest.mark.parametrize("gate,kv_dtype,preload", [(128 * 64, None, 0), (decode.EARLY_TILE_MAX_ELEMS, None, 0),
+                                                   (decode.EARLY_TILE_MAX_ELEMS, torch.float8_e4m3fn, 0),
+                                                   (decode.EARLY_TILE_MAX_ELEMS, None, 1),
+                                                   (decode.EARLY_TILE_MAX_ELEMS, None, 2),
+                                                   (decode.EARLY_TILE_MAX_ELEMS, torch.float8_e4m3fn, 2)],
+                         ids=["gate-128x64", "gate-default", "gate-default-fp8-kv", "preload-k", "preload-kv",
+                              "preload-kv-fp8-kv"])
 @pytest.mark.parametrize("fused", [False, True], ids=["merge-launch", "fused-merge"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, kv_dtype, monkeypatch):
+def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, kv_dtype, preload, monkeypatch):
     """Splits of two 64-token tiles at head dim 128 with few programs run as one 128-token tile of 8 warps in one
     stage (heuristics.decode_params): 4 requests of up to 4,096 tokens x 2 kv heads, 32 splits on 132 SMs (an
     H100 SXM's count, set here so the plan is the same on any card). PDL on equals off, bit for bit, with the merge
     launch and the fused merge, and both the reference; with the early-tile gate at 128 x 128 (``gate``, the default
     since 2026-12-07) PDL on takes the early first tile at that tile, at the earlier 128 x 64 it does not; an e4m3 KV
-    (128-byte rows, whole L2 lines) takes it too."""
+    (128-byte rows, whole L2 lines) takes it too; and with the tile's rows loaded before the wait (``preload``)."""
     from attnlab.kernels import heuristics
 
     monkeypatch.setattr(heuristics, "sm_count", lambda device_index=0: 132)
@@ -91,7 +97,7 @@ def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, kv_dty
             early = decode.early_launch(case.q, case.pool.slots_view(0)[0], params)[1]["EARLY_TILE"]
             assert early is (gate >= 128 * 128)
         ref = _outputs(case, False, decode.KV_PREFETCH_TILES, None, graph, fused)
-        out = _outputs(case, True, decode.KV_PREFETCH_TILES, None, graph, fused)
+        out = _outputs(case, True, decode.KV_PREFETCH_TILES, None, graph, fused, preload)
     assert torch.equal(out, ref), (out.float() - ref.float()).abs().max().item()
     torch.testing.assert_close(ref.float(), case.reference().float(), atol=2e-2, rtol=2e-2)
 
@@ -112,7 +118,8 @@ def test_v_first_changes_no_bit(head_dim, gqa, tiles, on, monkeypatch):
                      head_dim=head_dim, dtype=torch.bfloat16, device="cuda", num_layers=2, seed=head_dim + gqa)
     outs = []
     for first in (0, 1):
-        with decode.v_first_order(first), pdl.using(on, "cuda"):
+        with decode.v_first_order(first), pdl.using(on, "cuda"), decode.early_preloading(0):  # (a preloaded tile's
+            # order is its own)
             be = TritonBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale,
                                case.q.dtype, decode_tiles=tiles, fused_merge="auto" if tiles is None else True)
             be.plan(case.meta)
@@ -151,23 +158,26 @@ def _write_late(src: torch.Tensor, dst: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("change", ["lengths", "pages"])
-@pytest.mark.parametrize("page_size,fused", [(16, False), (16, True), (1, False), (128, True)])
-def test_a_plan_written_just_before_is_read_after_the_wait(page_size, fused, change):
+@pytest.mark.parametrize("page_size,fused,preload", [(16, False, 0), (16, True, 0), (1, False, 0), (128, True, 0),
+                                                     (16, False, 2), (128, True, 1)])
+def test_a_plan_written_just_before_is_read_after_the_wait(page_size, fused, preload, change):
     """The rule the early reads rest on (the launch before an attention kernel never writes its plan) broken on
     purpose: the launch before the decode lets it start, spins, then writes its plan's page ids and lengths (``pages``:
     the page ids only, so the re-read page ids alone must catch it). The output is still the new plan's, the same bits
     as with no race: the early first tile is taken only when every value read after the wait equals its early read. A
     probe launched the same way checks that an early read does see the old plan (the race is real; the decode's own
-    early reads cannot be observed)."""
+    early reads cannot be observed). ``preload``: the early tile's K / V rows loaded before the wait, from the old
+    plan's pages."""
     case = make_case(kv_lens=[700, 4096, 130], q_lens=[1, 1, 1], page_size=page_size, num_kv_heads=2, gqa=4,
                      head_dim=128, dtype=torch.bfloat16, device="cuda", num_layers=1, seed=5)
-    with pdl.using(True, "cuda"):
+    with pdl.using(True, "cuda"), decode.early_preloading(preload):
         be = case.backend(TritonBackend)
         be.num_splits = 64  # 64 tokens a split: one tile (BLOCK_N 64 at head dim 128), so one stage, the early tile
         be.plan(case.meta)
         plan = be.active_plan
         assert plan.params.one_tile and plan.params.block_n == 64, plan.params
-        assert decode.early_launch(case.q, case.pool.slots_view(0)[0], plan.params)[0] == 1  # decided per launch
+        stages, early = decode.early_launch(case.q, case.pool.slots_view(0)[0], plan.params)  # decided per launch
+        assert stages == 1 and early["PRELOAD"] == preload, early
         if fused:
             plan.counters = torch.zeros(8, dtype=torch.int32, device="cuda")  # >= batch x kv heads
         k, v = case.pool.slots_view(0)
@@ -202,3 +212,76 @@ def test_a_plan_written_just_before_is_read_after_the_wait(page_size, fused, cha
     first = plan.kv_lens.numel()
     assert probe.tolist() == [int(old[first]), int(new[first])], "the early read did not race the writer: void test"
     torch.testing.assert_close(ref.float(), case.reference()[0], atol=2e-2, rtol=2e-2)  # [layers, T, H, D]
+
+
+@triton.jit
+def _late_rows(SRC_K, SRC_V, K, V, SLOTS, n, row, spins, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    """Lets the next PDL kernel launch at once (pdl_start), spins, then copies n rows of ``row`` elements from
+    SRC_K / SRC_V into K / V at pool slots SLOTS (a KV store, late)."""
+    pdl_start(USE_PDL)
+    x = tl.program_id(0).to(tl.float32) + 1.0
+    for _ in range(spins):
+        x = x * 1.0000001 + 1e-7
+    offs = tl.arange(0, BLOCK)
+    m = offs < row
+    for r in range(n):
+        slot = tl.load(SLOTS + r).to(tl.int64)
+        keep = m & (x >= 0)  # always: keeps the spin
+        tl.store(K + slot * row + offs, tl.load(SRC_K + r * row + offs, mask=m), mask=keep)
+        tl.store(V + slot * row + offs, tl.load(SRC_V + r * row + offs, mask=m), mask=keep)
+
+
+@pytest.mark.parametrize("preload", [0, 1, 2], ids=["after-wait", "preload-k", "preload-kv"])
+@pytest.mark.parametrize("head_dim,gqa,fused", [(128, 4, False), (128, 4, True), (64, 3, True)])
+def test_the_current_tokens_kv_stored_just_before_is_read_after_the_wait(head_dim, gqa, fused, preload, monkeypatch):
+    """What the early tile's preload rests on: of a request's K / V only the current token's row (position
+    kv_len - 1) may be stored by the launch before the decode. Here that launch lets the decode start, spins, then
+    stores every request's current row (old values before it): the output is still the new rows', the same bits as
+    with no race, with the early tile's rows loaded after the wait and before it (``preload``). A probe launched the
+    same way checks that an early read does see the old row (the race is real)."""
+    from attnlab.kernels import heuristics
+
+    monkeypatch.setattr(heuristics, "sm_count", lambda device_index=0: 132)
+    case = make_case(kv_lens=[4096, 3000, 1, 130], q_lens=[1, 1, 1, 1], page_size=16, num_kv_heads=2, gqa=gqa,
+                     head_dim=head_dim, dtype=torch.bfloat16, device="cuda", num_layers=1, seed=head_dim + gqa)
+    with pdl.using(True, "cuda"), decode.early_preloading(preload):
+        be = case.backend(TritonBackend)
+        be.fused_merge = fused
+        be.plan(case.meta)
+        plan = be.active_plan
+        early = decode.early_launch(case.q, case.pool.slots_view(0)[0], plan.params)[1]
+        small = plan.params.block_n * plan.params.block_d <= decode.EARLY_TILE_SMALL_ELEMS  # K and V, else K at most
+        assert early["EARLY_TILE"] and early["PRELOAD"] == min(preload, 2 if small else 1), (plan.params, early)
+        k, v = case.pool.slots_view(0)
+        assert k.is_contiguous() and v.is_contiguous()
+        lens, starts = plan.kv_lens.long(), plan.kv_indptr[:-1].long()
+        last = lens - 1
+        slots = (plan.kv_indices.long()[starts + last // 16] * 16 + last % 16).to(torch.int32)
+        new_k, new_v = k[slots.long()].clone(), v[slots.long()].clone()
+        old_k, old_v = new_k + 1.0, new_v + 1.0
+
+        def decode_after(write: bool) -> torch.Tensor:
+            k[slots.long()], v[slots.long()] = (old_k, old_v) if write else (new_k, new_v)
+            torch.cuda.synchronize()
+            if write:
+                _late_rows[(1,)](new_k, new_v, k, v, slots, slots.numel(), k[0].numel(), 2_000_000,
+                                 BLOCK=triton.next_power_of_2(k[0].numel()), **launch_args(k))
+            out = be.run(case.q, 0)  # the decode directly after the writer (run allocates with torch.empty)
+            torch.cuda.synchronize()
+            return out
+
+        ref = decode_after(False)
+        for _ in range(3):
+            assert torch.equal(decode_after(True), ref)
+        probe = torch.zeros(2, dtype=torch.int32, device="cuda")
+        row0 = k[slots[0].long()].view(-1)[:2].view(torch.int32)  # the first request's current K row, first 4 bytes
+        _early_probe[(1,)](row0, probe, **launch_args(probe))  # compiled before the race
+        k[slots.long()] = old_k
+        torch.cuda.synchronize()
+        _late_rows[(1,)](new_k, new_v, k, v, slots, slots.numel(), k[0].numel(), 2_000_000,
+                         BLOCK=triton.next_power_of_2(k[0].numel()), **launch_args(k))
+        _early_probe[(1,)](row0, probe, **launch_args(probe))  # before and after the wait
+        torch.cuda.synchronize()
+    bits = [int(t.view(-1)[:2].view(torch.int32)) for t in (old_k[0], new_k[0])]
+    assert probe.tolist() == bits, "the early read did not race the store: void test"
+    torch.testing.assert_close(ref.float(), case.reference()[0], atol=2e-2, rtol=2e-2)
