@@ -13,8 +13,11 @@
 #      .old: mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old   (untracked, git-excluded)
 #   2  carry [".gpu/fk", ".old"], ~7 min on a fresh machine (after part 1: the preload is the default, K and V on tiles
 #      of at most 128 x 64, K past them): three floor rounds of the default against +preload0 (part 1's default) and
-#      PDL off, c101f91 in the same call; then the GPU tests of the decode with PDL (part 1's, the fused merge's, and
-#      triton's decode cases).
+#      PDL off, c101f91 in the same call, with two arms for Llama-8B's cell, whose 256 programs of 128 registers fill
+#      the register file so that the next decode cannot start early (README): 16 splits of two 128 x 128 tiles in one
+#      stage (128 programs, one a SM; the first tile preloaded, both prefetched: +kvpf2) and 64 splits of one 64-token
+#      tile (K and V preloaded); then the GPU tests of the decode with PDL (part 1's, the fused merge's, and triton's
+#      decode cases).
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
 PART=${1:?part 1 or 2}
@@ -42,7 +45,9 @@ case $PART in
   gpu_tests preload 330 tests/integration/test_gpu_decode_prefetch.py tests/backends/test_decode_early.py
   ;;
 2)
-  rounds triton+pdl,triton+pdl+preload0,triton
+  S16=triton/num_splits=16/decode_tiles=128x8x1/fused_merge=true
+  T64=triton/num_splits=64/decode_tiles=64x4x1/fused_merge=true
+  rounds triton+pdl,triton+pdl+preload0,triton,$S16+pdl+kvpf2,$T64+pdl
   step "GPU tests: the decode's early reads, the preloads, the fused merge, triton's decode cases"
   gpu_tests default 330 -m gpu tests/integration/test_gpu_decode_prefetch.py \
     tests/backends/test_fused_merge.py tests/backends/test_triton.py -k "decode or early or tile or merge or fused or \
