@@ -157,6 +157,23 @@ def _write_late(src: torch.Tensor, dst: torch.Tensor) -> None:
     _late_writer[(1,)](src, dst, src.numel(), 2_000_000, BLOCK=1024, **launch_args(src))
 
 
+def _raced(decode_after, probed: torch.Tensor, reset, write_late) -> tuple[torch.Tensor, list[int]]:
+    """The race tests' frame: ``decode_after(True)`` (the launch before the decode writes late) equals
+    ``decode_after(False)`` three times; then ``reset()``, ``write_late()`` and a probe launched after it the same way:
+    ``probed``'s first int32 read before and after the probe's wait. Returns the decode's output and those two reads."""
+    ref = decode_after(False)
+    for _ in range(3):
+        assert torch.equal(decode_after(True), ref)
+    probe = torch.zeros(2, dtype=torch.int32, device="cuda")
+    _early_probe[(1,)](probed, probe, **launch_args(probe))  # compiled before the race
+    reset()
+    torch.cuda.synchronize()
+    write_late()
+    _early_probe[(1,)](probed, probe, **launch_args(probe))
+    torch.cuda.synchronize()
+    return ref, probe.tolist()
+
+
 @pytest.mark.parametrize("change", ["lengths", "pages"])
 @pytest.mark.parametrize("page_size,fused,preload", [(16, False, 0), (16, True, 0), (1, False, 0), (128, True, 0),
                                                      (16, False, 2), (128, True, 1)])
@@ -199,18 +216,9 @@ def test_a_plan_written_just_before_is_read_after_the_wait(page_size, fused, pre
             torch.cuda.synchronize()
             return out
 
-        ref = decode_after(False)
-        for _ in range(3):
-            assert torch.equal(decode_after(True), ref)
-        probe = torch.zeros(2, dtype=torch.int32, device="cuda")
-        _early_probe[(1,)](idx, probe, **launch_args(probe))  # compiled before the race
-        both.copy_(old)
-        torch.cuda.synchronize()
-        _write_late(new, both)
-        _early_probe[(1,)](idx, probe, **launch_args(probe))  # the first page id, before and after the wait
-        torch.cuda.synchronize()
+        ref, probe = _raced(decode_after, idx, lambda: both.copy_(old), lambda: _write_late(new, both))  # page ids
     first = plan.kv_lens.numel()
-    assert probe.tolist() == [int(old[first]), int(new[first])], "the early read did not race the writer: void test"
+    assert probe == [int(old[first]), int(new[first])], "the early read did not race the writer: void test"
     torch.testing.assert_close(ref.float(), case.reference()[0], atol=2e-2, rtol=2e-2)  # [layers, T, H, D]
 
 
@@ -260,28 +268,21 @@ def test_the_current_tokens_kv_stored_just_before_is_read_after_the_wait(head_di
         new_k, new_v = k[slots.long()].clone(), v[slots.long()].clone()
         old_k, old_v = new_k + 1.0, new_v + 1.0
 
+        def store_late() -> None:  # ~5 ms of FMAs first, as _write_late
+            _late_rows[(1,)](new_k, new_v, k, v, slots, slots.numel(), k[0].numel(), 2_000_000,
+                             BLOCK=triton.next_power_of_2(k[0].numel()), **launch_args(k))
+
         def decode_after(write: bool) -> torch.Tensor:
             k[slots.long()], v[slots.long()] = (old_k, old_v) if write else (new_k, new_v)
             torch.cuda.synchronize()
             if write:
-                _late_rows[(1,)](new_k, new_v, k, v, slots, slots.numel(), k[0].numel(), 2_000_000,
-                                 BLOCK=triton.next_power_of_2(k[0].numel()), **launch_args(k))
+                store_late()
             out = be.run(case.q, 0)  # the decode directly after the writer (run allocates with torch.empty)
             torch.cuda.synchronize()
             return out
 
-        ref = decode_after(False)
-        for _ in range(3):
-            assert torch.equal(decode_after(True), ref)
-        probe = torch.zeros(2, dtype=torch.int32, device="cuda")
         row0 = k[slots[0].long()].view(-1)[:2].view(torch.int32)  # the first request's current K row, first 4 bytes
-        _early_probe[(1,)](row0, probe, **launch_args(probe))  # compiled before the race
-        k[slots.long()] = old_k
-        torch.cuda.synchronize()
-        _late_rows[(1,)](new_k, new_v, k, v, slots, slots.numel(), k[0].numel(), 2_000_000,
-                         BLOCK=triton.next_power_of_2(k[0].numel()), **launch_args(k))
-        _early_probe[(1,)](row0, probe, **launch_args(probe))  # before and after the wait
-        torch.cuda.synchronize()
+        ref, probe = _raced(decode_after, row0, lambda: k.index_put_((slots.long(),), old_k), store_late)
     bits = [int(t.view(-1)[:2].view(torch.int32)) for t in (old_k[0], new_k[0])]
-    assert probe.tolist() == bits, "the early read did not race the store: void test"
+    assert probe == bits, "the early read did not race the store: void test"
     torch.testing.assert_close(ref.float(), case.reference()[0], atol=2e-2, rtol=2e-2)
