@@ -34,8 +34,10 @@ That tile's K and V rows (its K only on tiles past 128 x 64: PRELOAD, ``set_earl
 registers before the wait, not prefetched into L2 and loaded after it: all but the current token's own row (position
 kv_len - 1), which the launch before may be storing. That one row is loaded after the wait, over the early ones. Every
 other row of the request was stored by an earlier pass, whose launches completed before the one directly before this
-kernel began (every kernel waits before it lets the next launch). Used under the same check as the early tile: the
-same bits (CPU and GPU tests, one of which stores the current token's row late on purpose).
+kernel began (every kernel waits before it lets the next launch). The early tile needs rows of whole L2 lines
+(``early_launch``), so no line the early loads bring into L1 holds a byte of the current token's row: its load after
+the wait misses L1 and reads L2, the point of coherence. Used under the same check as the early tile: the same bits
+(CPU and GPU tests, one of which stores the current token's row late on purpose).
 """
 
 from __future__ import annotations

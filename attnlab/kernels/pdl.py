@@ -124,5 +124,7 @@ def prefetch_l2(ptrs):
     """``prefetch.global.L2`` of the line at each pointer: a hint, no result, no fault semantics to rely on (the
     callers point masked lanes at a valid address). The one memory access a kernel may issue before its wait on data
     the previous grid may be writing: L2 is the GPU's point of coherence, so a line prefetched early is the line that
-    grid's stores update, and the loads after the wait read its final bits (nothing fills this SM's L1 early)."""
+    grid's stores update, and the loads after the wait read its final bits (no early load fills L1 with a line that
+    grid writes: the decode's preloaded tile, its one early load of K / V, leaves out the rows it may write, and those
+    rows are whole lines: attnlab.kernels.decode)."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
