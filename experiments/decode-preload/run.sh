@@ -11,7 +11,7 @@
 #        case, a plan and the current token's K / V written late by the launch before, on purpose), the forced early
 #        tile compiled without PDL (test_decode_early.py).
 #      .old: mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old   (untracked, git-excluded)
-#   2  carry [".gpu/fk", ".old"], ~7 min on a fresh machine (after part 1: the preload is the default, K and V on tiles
+#   2  carry [".gpu/fk", ".old"], ~8 min on a fresh machine (after part 1: the preload is the default, K and V on tiles
 #      of at most 128 x 64, K past them): three floor rounds of the default against +preload0 (part 1's default) and
 #      PDL off, c101f91 in the same call, with two arms for Llama-8B's cell, whose 256 programs of 128 registers fill
 #      the register file so that the next decode cannot start early (README): 16 splits of two 128 x 128 tiles in one
