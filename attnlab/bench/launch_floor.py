@@ -29,7 +29,8 @@ Rows per (model, context), batch 1, bf16, page 16, the triton backend's own plan
 - ``decode``: the triton backend's decode as the engine runs it (the split kernel and its merge, inside it or
   launched after it).
 Columns: PDL off; PDL on (the decode reads its plan and prefetches its first K / V tiles into L2 before its wait, and
-on one-stage launches takes its first tile from those reads: attnlab.kernels.decode); PDL on with that prefetch off
+on one-stage launches takes its first tile from those reads, since 2026-12-07 loaded before the wait:
+attnlab.kernels.decode); PDL on with that prefetch off
 (the wait first). The decode's output is checked to be the same bits in every column. The stream rows take the plan's
 stages: a split of one tile (SmolLM2's batch-1 4k) runs one (2026-12-06e and f's runs: in every column; since
 decode.early_launch only where the decode takes its early tile, the PDL on column), so those rows are not

@@ -11,8 +11,9 @@ split), so a plan's grid stays valid while lengths change (CUDA-graph replay).
 With programmatic dependent launch (engine.pdl) each program reads its plan's metadata (qo / kv indptr, KV lengths,
 page ids) and issues ``prefetch.global.L2`` for the K / V rows of its split's first ``KV_PREFETCH_TILES`` tiles
 *before* its ``griddepcontrol.wait``, while the previous kernel (the layer's qkv projection or KV store) still runs:
-the chain metadata -> page ids -> K / V is then mostly behind it. The outputs never depend on those early reads: the
-program reads its plan again after the wait and computes only from values equal to that. That the early values are
+the chain metadata -> page ids -> K / V is then mostly behind it. The outputs never depend on the early plan reads:
+the program reads its plan again after the wait and computes only from values equal to that (the early tile's K / V,
+below, are used only then). That the early values are
 the right ones, so the prefetch stays inside this request's pages, rests on this: no launch directly before an
 attention kernel writes a plan: plans are written by host copies, torch ops and step kernels that always have another
 launch (the embedding, a projection) between them and the attention. The current token's own K / V row, which the
@@ -28,7 +29,8 @@ three (plan, page ids, K / V). The tile is used only if every re-read equals its
 makes always; otherwise the split runs from its first tile on the re-read plan. Either way the same tiles and
 operations in the same order: the same bits as PDL off (GPU tests, one of which breaks the rule on purpose). Those
 early loads are real loads, issued before the check: should the rule ever break, the fallback is exact as long as the
-early values are a plan the buffers held (in-bounds rows and page ids), which every plan write keeps.
+early values are a plan the buffers held (in-bounds rows and page ids), which every plan write keeps, and (with the
+preload below) the stale plan's rows are none the launch before writes.
 
 That tile's K and V rows (its K only on tiles past 128 x 64: PRELOAD, ``set_early_preload``) are loaded into
 registers before the wait, not prefetched into L2 and loaded after it: all but the current token's own row (position
@@ -56,11 +58,12 @@ from attnlab.kernels.switches import scoped
 
 LOG2E = 1.0 / math.log(2.0)
 # With PDL: before its wait, each program reads its plan metadata and page ids and prefetches into L2 the K / V rows of
-# its split's first KV_PREFETCH_TILES tiles (module docstring). 0 = the wait first, as every other kernel. 1, not the
-# first version's 4 (H200 2026-12-03d, batch 1): on an H100, 2026-12-06h, 1 tile took 0.89-1.00x 4 tiles' time at batch
-# 16 / 64 (but Llama-8B's 16 x 512, 0.95-1.04x), where 4 had made PDL on slower than c101f91 (SmolLM2's 16 x 4k: 26.1
-# against 24.3 us; 1 tile 23.4), and at batch 1 each split is one tile, so both prefetch the same bytes. The arms, 2 and
-# 0 tiles and what is not understood: experiments/decode-early/ calls 14-15.
+# its split's first KV_PREFETCH_TILES tiles (module docstring; not where that one tile is preloaded whole, PRELOAD 2). 0
+# = the wait first, as every other kernel. 1, not the first version's 4 (H200 2026-12-03d, batch 1): on an H100,
+# 2026-12-06h, 1 tile took 0.89-1.00x 4 tiles' time at batch 16 / 64 (but Llama-8B's 16 x 512, 0.95-1.04x), where 4 had
+# made PDL on slower than c101f91 (SmolLM2's 16 x 4k: 26.1 against 24.3 us; 1 tile 23.4), and at batch 1 each split is
+# one tile, so both prefetch the same bytes. The arms, 2 and 0 tiles and what is not understood:
+# experiments/decode-early/ calls 14-15.
 KV_PREFETCH_TILES = 1
 _kv_prefetch = KV_PREFETCH_TILES
 # The early first tile (EARLY_TILE) on one-stage launches of at most this many tile elements (BLOCK_N x BLOCK_D); past
@@ -83,12 +86,13 @@ _early_max_elems = EARLY_TILE_MAX_ELEMS
 # decode 1.11-1.14x the time with PDL and 1.06-1.07x without, SmolLM2's 1.00-1.02x, every other cell 0.98-1.04x.
 _v_first = 0
 # How much of the early first tile is loaded into registers before the PDL wait, all rows but the current token's
-# (module docstring): 2 its K and V on tiles of at most EARLY_TILE_SMALL_ELEMS (128 x 64), its K only past them (Llama-8B's
-# 128 x 128 tile of 8 warps: K and V there hold 128 registers with 16 spill bytes under triton 3.6, K only none). Measured
-# (H100, 2026-12-07, experiments/decode-preload/, PDL on, against no preload): SmolLM2's batch-1 4k 0.91-0.92x the time
-# (3.93-3.96 us, 1.600-1.607x c101f91's speed in three floor rounds), its other early-tile cells 0.85-0.96x; Llama-8B's
-# 128-token unsplit cells with K only 0.72-0.98x (K and V: 0.81-0.91x, but 1.07x at batch 32); its batch-1 4k 1.00x.
-# set_early_preload(0 / 1) and the bench arms +preload0 / +preload1 cap it (none; K only everywhere).
+# (module docstring): 2 its K and V on tiles of at most EARLY_TILE_SMALL_ELEMS (128 x 64), its K only past them
+# (Llama-8B's 128 x 128 tile of 8 warps: K and V there held 128 registers with 16 spill bytes under triton 3.6, K only
+# none). Measured (H100, 2026-12-07, experiments/decode-preload/, PDL on, against no preload): SmolLM2's batch-1 4k
+# 0.91-0.92x the time (3.93-3.96 us, 1.600-1.607x c101f91's speed in three floor rounds), its other early-tile cells
+# 0.85-0.96x; Llama-8B's 128-token unsplit cells with K only 0.72-0.99x (K and V, before the cap: 0.81-0.91x, but
+# 1.07x at batch 32); its batch-1 4k 1.00x. set_early_preload(0 / 1) and the bench arms +preload0 / +preload1 cap it
+# (none; K only everywhere).
 EARLY_PRELOAD = 2
 _preload = EARLY_PRELOAD
 
@@ -241,7 +245,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
         kv_len_e = tl.load(KV_LENS + b) * q_len_e
         base_e = tl.load(KV_INDPTR + b)
         chunk_e = tl.cdiv(tl.cdiv(kv_len_e, num_splits), BLOCK_N) * BLOCK_N
-        if USE_PDL and PRELOAD < 2:  # (a split preloaded whole is its one early tile: its loads fetch the lines)
+        if USE_PDL and not (PRELOAD == 2 and PREFETCH == 1):  # (then the one tile prefetched is the one preloaded)
             _prefetch_kv(K, V, KV_INDICES, base_e, split * chunk_e, tl.minimum(split * chunk_e + chunk_e, kv_len_e),
                          kvh * stride_kh, stride_slot, PAGE_SIZE, BLOCK_N, HEAD_DIM, LINE, PREFETCH)
         if EARLY_TILE:  # the first tile's page ids too

@@ -7,13 +7,15 @@ set-up, after the previous grid has drained) is a real share of the step. With P
 before it in the stream still runs. Each of attnlab's kernels then starts with
 
     griddepcontrol.wait              (tl.extra.cuda.gdc_wait: returns once the previous grid has completed and
-                                      its memory is visible; nothing global is read or written before it)
+                                      its memory is visible; nothing global is read or written before it, but
+                                      the weights' and the decode's plan and early K / V reads, which no previous
+                                      grid writes: attnlab.kernels.gemm / decode)
     griddepcontrol.launch_dependents (tl.extra.cuda.gdc_launch_dependents: the next PDL kernel may launch now)
 
-so what overlaps is launch latency and set-up, never data: outputs are bit-identical with PDL on and off (GPU
-test), and the math of every kernel is unchanged. A kernel that is not PDL-launched (cuBLAS, a torch op) waits
-for its predecessor as always; a PDL kernel after it gains nothing from the edge but loses nothing. CUDA graphs
-keep the programmatic edges of a captured stream (CUDA >= 12.3).
+so what overlaps is launch latency, set-up and reads of what the previous grid does not write: outputs are
+bit-identical with PDL on and off (GPU test), and the math of every kernel is unchanged. A kernel that is not
+PDL-launched (cuBLAS, a torch op) waits for its predecessor as always; a PDL kernel after it gains nothing from the
+edge but loses nothing. CUDA graphs keep the programmatic edges of a captured stream (CUDA >= 12.3).
 
 The switch is process-wide, like ``torch.backends.cuda.matmul.allow_tf32``: the job sets it from
 ``engine.pdl`` before building its sides; graphs record the kernels as they were launched at capture. Off by
@@ -125,6 +127,6 @@ def prefetch_l2(ptrs):
     callers point masked lanes at a valid address). The one memory access a kernel may issue before its wait on data
     the previous grid may be writing: L2 is the GPU's point of coherence, so a line prefetched early is the line that
     grid's stores update, and the loads after the wait read its final bits (no early load fills L1 with a line that
-    grid writes: the decode's preloaded tile, its one early load of K / V, leaves out the rows it may write, and those
-    rows are whole lines: attnlab.kernels.decode)."""
+    grid writes: the decode's preloaded tile, its only early loads of K / V, leaves out the rows it may write, and
+    those rows are whole lines: attnlab.kernels.decode)."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)

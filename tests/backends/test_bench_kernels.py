@@ -233,9 +233,9 @@ def test_arm_switches_refuse_unknown_or_repeated(spec):
 
 
 def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsys):
-    """``+early<elems>`` / ``+kvpf<tiles>`` / ``+vfirst<0|1>`` / ``+preload<0|1>``: the triton decode's early-tile gate,
-    KV prefetch, load order and early tile's preload inside the arm's block (capture, timing), the process values restored after; a value out of range
-    skips the spec with its reason."""
+    """``+early<elems>`` / ``+kvpf<tiles>`` / ``+vfirst<0|1>`` / ``+preload<0-2>``: the triton decode's early-tile gate,
+    KV prefetch, load order and early tile's preload inside the arm's block (capture, timing), the process values
+    restored after; a value out of range skips the spec with its reason."""
     from attnlab.bench.kernels import arm_switches, load_backends
     from attnlab.kernels import decode
 

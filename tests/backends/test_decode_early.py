@@ -41,9 +41,9 @@ def _outputs(case, early: bool, fused: bool, monkeypatch, num_splits: int = 8, p
 @pytest.mark.parametrize("fused", [False, True], ids=["merge-launch", "fused"])
 @pytest.mark.parametrize("page_size,gqa,head_dim", [(1, 3, 64), (3, 4, 64), (16, 1, 128), (128, 3, 64)])
 def test_early_first_tile_changes_no_bit(page_size, gqa, head_dim, fused, preload, monkeypatch):
-    """``preload``: the tile's K / V rows before the "wait" but the current token's, that row after it (PRELOAD). Its
-    row at 70 tokens is the fifth split's first, at 33 the third split's second, at 1 the first's only: each tile the
-    first of its split, as every early tile is."""
+    """``preload``: the tile's K (1) or K and V (2) rows before the "wait" but the current token's, that row after it
+    (PRELOAD). With 16-token splits that row is the fifth split's sixth at 70 tokens, the third split's first at 33
+    and the first split's only at 1: each in its split's first tile, as every early tile is."""
     case = make_case(kv_lens=[70, 0, 33, 1, 0], q_lens=[1, 0, 1, 1, 0], page_size=page_size, num_kv_heads=2, gqa=gqa,
                      head_dim=head_dim, dtype=torch.float32, device=DEVICE, seed=page_size + gqa, spare_pages=0)
     ref = _outputs(case, False, fused, monkeypatch)
@@ -91,3 +91,27 @@ def test_v_first_switch_refuses_what_is_not_0_or_1():
         with pytest.raises(ValueError, match="V-first order"):
             decode.set_v_first(bad)
     assert decode.v_first() == 0
+
+
+@pytest.mark.parametrize("level,small,large", [(2, 2, 1), (1, 1, 1), (0, 0, 0)])
+def test_the_preload_is_k_and_v_on_small_tiles_and_k_past_them(level, small, large):
+    """``early_launch``'s cap, compiled for a GPU on any machine (pdl.forced_for_compile): the default (2) preloads K
+    and V on early tiles of at most 128 x 64 elements (SmolLM2's 128-token tile at head dim 64, 4 warps), K only past
+    that (Llama-8B's 128 x 128 tile of 8 warps, where K and V spilled); 1 caps both at K, 0 preloads nothing; a launch
+    without the early tile preloads nothing."""
+    from attnlab.kernels import pdl
+    from attnlab.kernels.heuristics import decode_params
+
+    def preload(head_dim: int, group: int, kv_heads: int, splits: int | None = None) -> tuple[bool, int]:
+        params = decode_params(batch=1, num_kv_heads=kv_heads, group=group, head_dim=head_dim, max_kv_len=4096,
+                               sms=132, num_splits=splits)
+        q = torch.zeros(1, group * kv_heads, head_dim, dtype=torch.bfloat16)
+        k = torch.zeros(16, kv_heads, head_dim, dtype=torch.bfloat16)
+        with pdl.forced_for_compile(), decode.early_preloading(level):
+            early = decode.early_launch(q, k, params)[1]
+        return (params.block_n * params.block_d, early["EARLY_TILE"]), early["PRELOAD"]
+
+    assert decode.early_preload() == decode.EARLY_PRELOAD == 2
+    assert preload(64, 3, 3) == ((128 * 64, True), small)  # SmolLM2's batch 1 x 4k
+    assert preload(128, 4, 8) == ((128 * 128, True), large)  # Llama-8B's
+    assert preload(128, 4, 8, splits=4) == ((64 * 128, False), 0)  # splits of several tiles: no early tile

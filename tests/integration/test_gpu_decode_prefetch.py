@@ -48,31 +48,29 @@ def _replayed(be, case) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("page_size,gqa,head_dim,num_splits", [(1, 3, 64, 1), (16, 4, 128, 32), (16, 1, 64, 5),
-                                                                (128, 3, 128, 2), (3, 8, 64, 3),
-                                                                # splits of one tile: one stage, the early first tile
-                                                                (16, 3, 64, 32), (16, 4, 128, 64), (1, 3, 64, 64),
-                                                                (128, 4, 128, 64)])
-def test_prefetch_changes_no_bit(page_size, gqa, head_dim, num_splits, graph):
+@pytest.mark.parametrize("page_size,gqa,head_dim,num_splits,kv_dtype", [
+    (1, 3, 64, 1, None), (16, 4, 128, 32, None), (16, 1, 64, 5, None), (128, 3, 128, 2, None), (3, 8, 64, 3, None),
+    # splits of one tile: one stage, the early first tile (the last: 64 x 128 of e4m3, K and V preloaded)
+    (16, 3, 64, 32, None), (16, 4, 128, 64, None), (1, 3, 64, 64, None), (128, 4, 128, 64, None),
+    (16, 4, 128, 64, torch.float8_e4m3fn)])
+def test_prefetch_changes_no_bit(page_size, gqa, head_dim, num_splits, kv_dtype, graph):
     q_lens = [1, 0, 1, 1, 1, 0]  # padded rows among them and at the end (its page range ends the table)
     kv_lens = [1, 0, 700, 4096, 130, 0]
     case = make_case(kv_lens=kv_lens, q_lens=q_lens, page_size=page_size, num_kv_heads=2, gqa=gqa, head_dim=head_dim,
-                     dtype=torch.bfloat16, device="cuda", num_layers=2, seed=page_size + gqa)
+                     dtype=torch.bfloat16, kv_dtype=kv_dtype, device="cuda", num_layers=2, seed=page_size + gqa)
     ref = _outputs(case, False, decode.KV_PREFETCH_TILES, num_splits, graph)
     for tiles, preload in ((4, 0), (1, 0), (1, 1), (1, 2), (0, 0)):  # 4 (the first version), 1 with each preload (2:
         # the default), none
         out = _outputs(case, True, tiles, num_splits, graph, preload=preload)
         assert torch.equal(out, ref), (tiles, preload, (out.float() - ref.float()).abs().max().item())
-    torch.testing.assert_close(ref.float(), case.reference(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(ref.float(), case.reference().float(), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("gate,kv_dtype,preload", [(128 * 64, None, 0), (decode.EARLY_TILE_MAX_ELEMS, None, 0),
                                                    (decode.EARLY_TILE_MAX_ELEMS, torch.float8_e4m3fn, 0),
                                                    (decode.EARLY_TILE_MAX_ELEMS, None, 1),
-                                                   (decode.EARLY_TILE_MAX_ELEMS, None, 2),
-                                                   (decode.EARLY_TILE_MAX_ELEMS, torch.float8_e4m3fn, 2)],
-                         ids=["gate-128x64", "gate-default", "gate-default-fp8-kv", "preload-k", "preload-kv",
-                              "preload-kv-fp8-kv"])
+                                                   (decode.EARLY_TILE_MAX_ELEMS, torch.float8_e4m3fn, 1)],
+                         ids=["gate-128x64", "gate-default", "gate-default-fp8-kv", "preload-k", "preload-k-fp8-kv"])
 @pytest.mark.parametrize("fused", [False, True], ids=["merge-launch", "fused-merge"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, kv_dtype, preload, monkeypatch):
@@ -93,9 +91,10 @@ def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, kv_dty
     params = be.active_plan.params
     assert (params.block_n, params.num_warps, params.num_stages, params.num_splits) == (128, 8, 1, 32), params
     with decode.early_tile_limit(gate):
-        with pdl.using(True, "cuda"):
-            early = decode.early_launch(case.q, case.pool.slots_view(0)[0], params)[1]["EARLY_TILE"]
-            assert early is (gate >= 128 * 128)
+        with pdl.using(True, "cuda"), decode.early_preloading(preload):
+            early = decode.early_launch(case.q, case.pool.slots_view(0)[0], params)[1]
+            assert early["EARLY_TILE"] is (gate >= 128 * 128)
+            assert early["PRELOAD"] == (preload if early["EARLY_TILE"] else 0)  # (2, the default, is K only here)
         ref = _outputs(case, False, decode.KV_PREFETCH_TILES, None, graph, fused)
         out = _outputs(case, True, decode.KV_PREFETCH_TILES, None, graph, fused, preload)
     assert torch.equal(out, ref), (out.float() - ref.float()).abs().max().item()
