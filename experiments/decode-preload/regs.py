@@ -9,29 +9,24 @@ compiled code, not a timing: results/cpu-regs-preload-triton3.6.txt.
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 
-import triton
-
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "fused-merge-auto"))
-from gate_regs import emit, row  # fused-merge-auto/'s build
+from gate_regs import row, write_table  # fused-merge-auto/'s build
 
 from attnlab.kernels import decode
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", help="also write the table here")
-    a = ap.parse_args()
-    lines = [f"triton {triton.__version__}, sm_90a, page 16, bf16, 132 SMs, batch 1 x 4096, PDL on",
-             "| shape | arm | tile | splits | fused | early tile | registers | spill bytes | shared B |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for level in (0, 1, 2):
-        with decode.early_preloading(level):
-            lines += [row(m, None, None, "auto", None, f"+preload{level}") for m in ("smollm2", "llama8b")]
-    emit(lines, a.out)
+    def rows() -> list[str]:
+        out = []
+        for level in (0, 1, 2):
+            with decode.early_preloading(level):
+                out += [row(m, None, None, "auto", None, f"+preload{level}") for m in ("smollm2", "llama8b")]
+        return out
+
+    write_table(__doc__, rows)
 
 
 if __name__ == "__main__":

@@ -49,14 +49,19 @@ def row(model: str, splits: int | None, tiles: str | None, option, gate: int | N
             f"{fuses_merge(option, p)} | {early} | {regs} | {spill} | {int(kernel.metadata.shared)} |")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def write_table(doc: str, rows) -> None:
+    """A script's main: ``--out FILE``, then its table of ``row(...)`` lines (a callable: compiled after the parse)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--out", help="also write the table here")
     a = ap.parse_args()
     lines = [f"triton {triton.__version__}, sm_90a, page 16, bf16, 132 SMs, batch 1 x 4096, PDL on",
              "| shape | arm | tile | splits | fused | early tile | registers | spill bytes | shared B |",
              "|---|---|---|---|---|---|---|---|---|"]
-    emit(lines + [row(*arm) for arm in ARMS], a.out)
+    emit(lines + rows(), a.out)
+
+
+def main() -> None:
+    write_table(__doc__, lambda: [row(*arm) for arm in ARMS])
 
 
 if __name__ == "__main__":
