@@ -238,6 +238,9 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    head_off = kvh * stride_kh
     if PREFETCH > 0:  # the plan's metadata and page ids, and (PDL) an L2 prefetch of the first K / V tiles, before the
         # wait (module docstring: the launch before an attention kernel never writes its plan)
         row_e = tl.load(QO_INDPTR + b)
@@ -247,20 +250,20 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
         chunk_e = tl.cdiv(tl.cdiv(kv_len_e, num_splits), BLOCK_N) * BLOCK_N
         if USE_PDL and not (PRELOAD == 2 and PREFETCH == 1):  # (then the one tile prefetched is the one preloaded)
             _prefetch_kv(K, V, KV_INDICES, base_e, split * chunk_e, tl.minimum(split * chunk_e + chunk_e, kv_len_e),
-                         kvh * stride_kh, stride_slot, PAGE_SIZE, BLOCK_N, HEAD_DIM, LINE, PREFETCH)
+                         head_off, stride_slot, PAGE_SIZE, BLOCK_N, HEAD_DIM, LINE, PREFETCH)
         if EARLY_TILE:  # the first tile's page ids too
             lo_e = split * chunk_e
             offs_e = tl.arange(0, BLOCK_N)
             n_mask_e = lo_e + offs_e < tl.minimum(lo_e + chunk_e, kv_len_e)
             slots_e = tile_slots(KV_INDICES, base_e, lo_e, offs_e, n_mask_e, PAGE_SIZE, BLOCK_N, True)
+            kv_off = slots_e[:, None] * stride_slot + head_off + offs_d[None, :]
+            kv_mask = n_mask_e[:, None] & d_mask[None, :]
             if PRELOAD > 0:  # and its K (PRELOAD 2: and V) rows into registers, all but the current token's (module
                 # docstring)
-                offs_d_e = tl.arange(0, BLOCK_D)
-                kv_off_e = slots_e[:, None] * stride_slot + kvh * stride_kh + offs_d_e[None, :]
-                settled = (n_mask_e & (lo_e + offs_e < kv_len_e - 1))[:, None] & (offs_d_e < HEAD_DIM)[None, :]
-                k0 = tl.load(K + kv_off_e, mask=settled, other=0.0)
+                settled = kv_mask & (lo_e + offs_e < kv_len_e - 1)[:, None]
+                k0 = tl.load(K + kv_off, mask=settled, other=0.0)
                 if PRELOAD == 2:
-                    v0 = tl.load(V + kv_off_e, mask=settled, other=0.0)
+                    v0 = tl.load(V + kv_off, mask=settled, other=0.0)
     pdl_start(USE_PDL)
     row = tl.load(QO_INDPTR + b)
     q_len = tl.load(QO_INDPTR + b + 1) - row  # 0 (padding: produces nothing) or 1
@@ -272,9 +275,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
     m_mask = offs_m < GROUP * q_len
-    d_mask = offs_d < HEAD_DIM
     heads = kvh * GROUP + offs_m
     rows = row + offs_m * 0
     if PREFETCH > 0 and EARLY_TILE:  # q at the early row: no wait for the plan's re-read
@@ -285,15 +286,13 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    head_off = kvh * stride_kh
     first = lo
     if PREFETCH > 0 and EARLY_TILE:
         # The first tile from the early plan: its K / V loads go out with the plan's re-reads after the wait, not
         # after them, and its page ids are read again at the early base in the same round trip. Taken only if every
         # value read after the wait equals its early read (always, by the docstring's rule); else the loop below
-        # runs the split from its first tile: either way the same tiles and operations in the same order.
-        kv_off = slots_e[:, None] * stride_slot + head_off + offs_d[None, :]
-        kv_mask = n_mask_e[:, None] & d_mask[None, :]
+        # runs the split from its first tile: either way the same tiles and operations in the same order (kv_off,
+        # kv_mask: the early tile's, from before the wait).
         if PRELOAD > 0:  # the current token's row, which the previous kernel may have been storing, over the early rows
             now = kv_mask & (lo_e + offs_e == kv_len_e - 1)[:, None]
             k0 = tl.load(K + kv_off, mask=now, other=k0)

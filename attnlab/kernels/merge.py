@@ -163,11 +163,11 @@ def merge_arrived(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads
         part = O_PART + (rows.to(tl.int64) * stride_pt + heads * stride_ph)[:, None] + offs_d[None, :]
         mask = row_mask[:, None] & d_mask[None, :]
         m = tl.full([row_mask.shape[0]], float("-inf"), tl.float32)
+        zero = rows * 0  # a split index as a row tensor: num_splits may be a runtime value or a constant
         if MAX_SPLITS == 0:
             for s in range(num_splits):
                 m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg"))
         else:
-            zero = rows * 0  # a split index as a row tensor: num_splits may be a runtime value or a constant
             for s in tl.static_range(MAX_SPLITS):
                 m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask & (zero + s < num_splits), other=float("-inf"),
                                           cache_modifier=".cg"))
@@ -178,7 +178,6 @@ def merge_arrived(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads
             for s in range(num_splits):
                 acc, denom = _merge_one(lse_rows, part, s, stride_ps, row_mask, mask, m, acc, denom)
         else:
-            zero = rows * 0
             for s in tl.static_range(MAX_SPLITS):
                 live = row_mask & (zero + s < num_splits)
                 acc, denom = _merge_one(lse_rows, part, s, stride_ps, live, mask & live[:, None], m, acc, denom)
