@@ -30,7 +30,7 @@ class TritonPlan:
     block_qstart: torch.Tensor | None = None  # extend: [num_blocks] int32
     mask: torch.Tensor | None = None  # extend: [sum(q_len * kv_len)] uint8
     mask_indptr: torch.Tensor | None = None  # extend: [batch] int64
-    o_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits, D] fp32
+    o_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits, D] fp32 (decode_partials=out: q.dtype)
     lse_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits] fp32
     counters: torch.Tensor | None = None  # fused_merge: int32 [programs over (block, kv head)], 0 between launches
     mask_len: int = 0  # entries of the custom mask this pass was planned with (``mask`` may be a larger buffer)
@@ -62,6 +62,9 @@ def _mask_offsets(meta: AttnMeta) -> list[int]:
 
 # The fused_merge option's default (OPTIONS): the split merge inside the decode where each split is one KV tile.
 FUSED_MERGE = "auto"
+# The decode_partials option's values: the split decode's partial outputs in fp32 (the default), or in the output's
+# dtype, as FlashInfer's split-KV decode keeps them (its tmp_v is DTypeO): half the bytes written and merged at bf16.
+DECODE_PARTIALS = ("fp32", "out")
 
 
 class TritonBackend(AttentionBackend):
@@ -86,6 +89,10 @@ class TritonBackend(AttentionBackend):
                        "every split launch, the extend kernel's (verify) too, which took 1.11x / 1.53x its kernel time "
                        "in the engine's graphs at SmolLM2 / Llama-8B shapes (H100, 2026-12-06d, "
                        "experiments/fused-merge); false: always the merge launch",
+        "decode_partials": "fp32 (default) / out: the dtype of a split decode's partial outputs (its LSEs stay fp32). "
+                           "out: the output's (bf16 / fp16), as FlashInfer keeps them; half the bytes the splits "
+                           "write and the merge reads, each partial rounded once more (a bench arm for the batch-1 "
+                           "floor: experiments/decode-partials). The extend and invariant kernels keep fp32",
         "decode_tiles": "BLOCK_NxWARPSxSTAGES (e.g. 64x4x3): the decode kernel's KV tile, warps and stages, in place "
                         "of the heuristic (tuning: the batch-1 floor); the split count follows the tile (a forced "
                         "num_splits wins); a launch past the GPU's shared memory fails when it compiles; null = "
@@ -105,6 +112,9 @@ class TritonBackend(AttentionBackend):
             check_fused_merge(options.get("fused_merge", FUSED_MERGE))
         except ValueError as e:
             raise ConfigError(f"{field}.{e}") from None
+        if options.get("decode_partials", "fp32") not in DECODE_PARTIALS:
+            raise ConfigError(f"{field}.decode_partials={options['decode_partials']!r}: must be one of "
+                              f"{', '.join(DECODE_PARTIALS)}")
         if options.get("prefill_contig") not in (None, True, False):
             raise ConfigError(f"{field}.prefill_contig={options['prefill_contig']!r}: must be true, false or null")
         for key, parse in (("prefill_tiles", parse_tiles), ("decode_tiles", parse_decode_tiles)):
@@ -118,7 +128,7 @@ class TritonBackend(AttentionBackend):
                  max_batch_size: int | None = None, max_q_len: int = 16, max_context: int | None = None,
                  invariant: bool = False, split_tokens: int | None = None, prefill_tiles: str | None = None,
                  fused_merge: bool | str = FUSED_MERGE, prefill_contig: bool | None = None,
-                 decode_tiles: str | None = None, **kwargs):
+                 decode_tiles: str | None = None, decode_partials: str = "fp32", **kwargs):
         """num_splits: force the split-KV count (tests, tuning); None = heuristic.
 
         invariant (engine.invariant): every pass, prefill, decode and verify, runs attnlab.kernels.invariant
@@ -140,8 +150,9 @@ class TritonBackend(AttentionBackend):
             raise ConfigError("triton: decode_tiles does not apply with engine.invariant=true (its kernel's tiles are "
                               "fixed; attnlab.kernels.invariant)")
         self.decode_tiles = decode_tiles
-        self.check_options({"fused_merge": fused_merge}, "triton")
+        self.check_options({"fused_merge": fused_merge, "decode_partials": decode_partials}, "triton")
         self.fused_merge = fused_merge
+        self.decode_partials = decode_partials
         # a prefill_tiles sweep times the paged kernel's launches: it keeps them unless prefill_contig says otherwise
         self.prefill_contig = prefill_tiles is None if prefill_contig is None else prefill_contig
         self.cuda_graph = cuda_graph
@@ -357,8 +368,9 @@ class TritonBackend(AttentionBackend):
         head; nothing for an unsplit one (the invariant kernel always merges, one split too)."""
         params = plan.params
         if params.num_splits > 1 or params.kind == "invariant":
+            low = params.kind == "decode" and self.decode_partials == "out"
             plan.o_part = torch.empty(num_tokens, self.num_q_heads, params.num_splits, self.head_dim,
-                                      dtype=torch.float32, device=self.device)
+                                      dtype=self.dtype if low else torch.float32, device=self.device)
             plan.lse_part = torch.empty(num_tokens, self.num_q_heads, params.num_splits, dtype=torch.float32,
                                         device=self.device)
             plan.counters = self._merge_counters(params, blocks)
