@@ -30,7 +30,8 @@ class TritonPlan:
     block_qstart: torch.Tensor | None = None  # extend: [num_blocks] int32
     mask: torch.Tensor | None = None  # extend: [sum(q_len * kv_len)] uint8
     mask_indptr: torch.Tensor | None = None  # extend: [batch] int64
-    o_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits, D] fp32 (decode_partials=out: q.dtype)
+    o_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits, D] fp32 (decode_partials=out: the
+    # backend's dtype, in decode plans)
     lse_part: torch.Tensor | None = None  # split-KV: [num_tokens, Hq, num_splits] fp32
     counters: torch.Tensor | None = None  # fused_merge: int32 [programs over (block, kv head)], 0 between launches
     mask_len: int = 0  # entries of the custom mask this pass was planned with (``mask`` may be a larger buffer)
@@ -62,9 +63,7 @@ def _mask_offsets(meta: AttnMeta) -> list[int]:
 
 # The fused_merge option's default (OPTIONS): the split merge inside the decode where each split is one KV tile.
 FUSED_MERGE = "auto"
-# The decode_partials option's values: the split decode's partial outputs in fp32 (the default), or in the output's
-# dtype, as FlashInfer's split-KV decode keeps them (its tmp_v is DTypeO): half the bytes written and merged at bf16.
-# fp32 stays the default: with PDL the merge's tail is hidden and bf16 gains nothing (experiments/decode-partials).
+# The decode_partials option's values (OPTIONS): fp32, the default, and out.
 DECODE_PARTIALS = ("fp32", "out")
 
 
@@ -91,10 +90,10 @@ class TritonBackend(AttentionBackend):
                        "in the engine's graphs at SmolLM2 / Llama-8B shapes (H100, 2026-12-06d, "
                        "experiments/fused-merge); false: always the merge launch",
         "decode_partials": "fp32 (default) / out: the dtype of a split decode's partial outputs (its LSEs stay fp32). "
-                           "out: the output's (bf16 / fp16), as FlashInfer keeps them: half the bytes the splits "
-                           "write and the merge reads, each partial rounded once more. Measured at the batch-1 4k "
-                           "decode (H100, experiments/decode-partials): the same time with engine.pdl, 0.97-0.98x "
-                           "without. The extend and invariant kernels keep fp32",
+                           "out: the backend's dtype (bf16 / fp16), as FlashInfer's split-KV decode keeps them (its "
+                           "tmp_v is DTypeO): half the bytes the splits write and the merge reads, each partial "
+                           "rounded once more. At the batch-1 4k decode (H100, experiments/decode-partials) the same "
+                           "time with engine.pdl, 0.97-0.99x without. The extend and invariant kernels keep fp32",
         "decode_tiles": "BLOCK_NxWARPSxSTAGES (e.g. 64x4x3): the decode kernel's KV tile, warps and stages, in place "
                         "of the heuristic (tuning: the batch-1 floor); the split count follows the tile (a forced "
                         "num_splits wins); a launch past the GPU's shared memory fails when it compiles; null = "
@@ -204,6 +203,8 @@ class TritonBackend(AttentionBackend):
         label = meta.mode.value + ("_tree" if meta.custom_mask is not None else "")
         split = f"split_tokens={p.split_tokens} " if p.kind == "invariant" else ""
         merge = " merge=fused" if plan.counters is not None else ""
+        if plan.o_part is not None and plan.o_part.dtype != torch.float32:
+            merge += " partials=out"
         self._kernels[label] = (f"{p.kind} BLOCK_M={p.block_m} BLOCK_N={p.block_n} {split}splits={p.num_splits}{merge} "
                                 f"warps={p.num_warps} {p.stages_text()}")
         plan.contig = self._contig(meta)  # per pass (a graph bucket's static plan may also serve a prefill)
@@ -450,5 +451,5 @@ class TritonBackend(AttentionBackend):
         shape = WarmupShape(self.num_q_heads, self.num_kv_heads, self.head_dim, self.pool.page_size,
                             self.dtype, self.pool.dtype, tuple(batch_sizes), tuple(q_lens), tuple(kv_lens),
                             custom_mask, self.num_splits, self.prefill_tiles, self.fused_merge,
-                            self.prefill_contig, self.decode_tiles)
+                            self.prefill_contig, self.decode_tiles, self.decode_partials)
         return warmup([shape], self.device)

@@ -130,17 +130,18 @@ def backend_shapes():
 
 
 def compile_backend_case(kv_lens, q_lens, mode, tree: bool, *, dtype, kv_dtype, head_dim: int, gqa: int,
-                         fused_merge: bool | str | None = None) -> None:
+                         fused_merge: bool | str | None = None, decode_partials: str = "fp32") -> None:
     """Plan and run the triton backend on one random paged case (2 kv heads, ``gqa`` query heads each);
     ``fused_merge``: the backend option (split-KV partials merged inside the kernel, its loops unrolled); None, the
-    backend's default."""
+    backend's default; ``decode_partials``: the backend option (out: a split decode's partials in ``dtype``)."""
     from attnlab.backends.cases import random_paged_case
     from attnlab.backends.triton import TritonBackend
 
     pool, meta, q = random_paged_case(kv_lens=kv_lens, q_lens=q_lens, page_size=16, num_q_heads=2 * gqa,
                                       num_kv_heads=2, head_dim=head_dim, dtype=dtype, kv_dtype=kv_dtype, mode=mode,
                                       tree_mask=tree)
-    opts = {} if fused_merge is None else {"fused_merge": fused_merge}
+    opts = {"decode_partials": decode_partials} if fused_merge is None else {"fused_merge": fused_merge,
+                                                                             "decode_partials": decode_partials}
     be = TritonBackend(pool, 2 * gqa, 2, head_dim, head_dim ** -0.5, dtype, **opts)
     be.plan(meta)
     be.run(q, 0)
@@ -149,8 +150,9 @@ def compile_backend_case(kv_lens, q_lens, mode, tree: bool, *, dtype, kv_dtype, 
 def compile_backend_grid(quick: bool, arch: int = 90) -> None:
     """The triton backend over decode / verify (causal and tree) / prefill, per dtype, KV dtype and head dim, with its
     default fused_merge (auto: a decode of one-tile splits merges inside the kernel); decode and verify also with the
-    merge launch and the fused split merge everywhere; the invariant kernel (engine.invariant) with its merge launch and
-    fused (the runtime loop), per head dim."""
+    merge launch and the fused split merge everywhere; the decode with partials in a 16-bit dtype (decode_partials=out),
+    fused and with the merge launch; the invariant kernel (engine.invariant) with its merge launch and fused (the
+    runtime loop), per head dim."""
     from attnlab.backends.base import Mode
     from attnlab.kernels.invariant import warmup_invariant
 
@@ -171,6 +173,10 @@ def compile_backend_grid(quick: bool, arch: int = 90) -> None:
                         for fused in (None, False, True) if extra and shape[2] != Mode.PREFILL else (None,):
                             compile_backend_case(*shape, dtype=dtype, kv_dtype=kv_dtype, head_dim=d, gqa=gqa,
                                                  fused_merge=fused)
+                        if extra and shape[2] == Mode.DECODE and dtype != torch.float32:
+                            for fused in (None, False):
+                                compile_backend_case(*shape, dtype=dtype, kv_dtype=kv_dtype, head_dim=d, gqa=gqa,
+                                                     fused_merge=fused, decode_partials="out")
 
 
 def compile_store_and_fused(quick: bool, arch: int = 90) -> None:

@@ -345,8 +345,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                  fp8 is dequantized by k_scale / v_scale)
     qo_indptr:   [batch + 1] int32;  kv_indptr: [batch + 1] int32;  kv_indices: [pages] int32;
     kv_lens:     [batch] int32
-    o_part:      [num_tokens, Hq, num_splits, D] fp32 and lse_part [num_tokens, Hq, num_splits] fp32
-                 scratch, required when params.num_splits > 1
+    o_part:      [num_tokens, Hq, num_splits, D] fp32 (or out's dtype: the triton backend's decode_partials) and
+                 lse_part [num_tokens, Hq, num_splits] fp32 scratch, required when params.num_splits > 1
     counters:    int32 [>= batch * Hkv], all 0: split-KV partials merged inside the kernel by the last split of
                  each (request, kv head) (merge.merge_arrived), which leaves them 0 again; None: merge_splits after
     """

@@ -179,7 +179,8 @@ def _merge_ordered_kernel(O, O_PART, LSE_PART, num_splits,
 
 
 def merge_ordered(out: torch.Tensor, o_part: torch.Tensor, lse_part: torch.Tensor) -> None:
-    """out: [T, Hq, D]; o_part: [T, Hq, S, D] fp32; lse_part: [T, Hq, S] fp32 (log2 domain)."""
+    """out: [T, Hq, D]; o_part: [T, Hq, S, D] fp32 or out's dtype (read into fp32 sums); lse_part: [T, Hq, S] fp32
+    (log2 domain)."""
     num_tokens, num_heads, num_splits, head_dim = o_part.shape
     if num_tokens == 0:
         return

@@ -104,13 +104,14 @@ def write_result(acc, m_i, l_i, O, O_PART, LSE_PART, rows, heads, split, offs_d,
                  SPLIT: tl.constexpr):
     """Final output (SPLIT False) or this split's normalized partial output and log2-sum-exp.
 
-    O: [T, Hq, D]; O_PART: [T, Hq, S, D] fp32; LSE_PART: [T, Hq, S] fp32 (split stride 1)."""
+    O: [T, Hq, D]; O_PART: [T, Hq, S, D] fp32 (or the output's dtype: the triton backend's decode_partials);
+    LSE_PART: [T, Hq, S] fp32 (split stride 1)."""
     has = l_i > 0
     o = acc / tl.where(has, l_i, 1.0)[:, None] * v_scale
     mask = row_mask[:, None] & d_mask[None, :]
     if SPLIT:
         part = rows.to(tl.int64) * stride_pt + heads * stride_ph + split * stride_ps
-        tl.store(O_PART + part[:, None] + offs_d[None, :], o, mask=mask)
+        tl.store(O_PART + part[:, None] + offs_d[None, :], o.to(O_PART.dtype.element_ty), mask=mask)
         lse = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         tl.store(LSE_PART + rows.to(tl.int64) * stride_lt + heads * stride_lh + split, lse, mask=row_mask)
     else:

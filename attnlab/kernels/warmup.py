@@ -42,6 +42,7 @@ class WarmupShape:
     fused_merge: bool | str = False  # the triton backend's option (merge.fuses_merge), which always passes it
     prefill_contig: bool = False  # the triton backend's option: prefills without a prefix on the contiguous kernel
     decode_tiles: str | None = None  # the triton backend's option: the decode launch it overrides
+    decode_partials: str = "fp32"  # the triton backend's option: "out", a split decode's partials in ``dtype``
 
 
 def _variants(shape: WarmupShape, sms: int) -> dict:
@@ -87,9 +88,10 @@ def warmup(shapes: list[WarmupShape], device: torch.device | str = "cuda") -> li
             qo = torch.tensor([0, q_len], dtype=torch.int32, device=device)
             scratch = {}
             if params.num_splits > 1:
+                low = params.kind == "decode" and shape.decode_partials == "out"
                 scratch = {
                     "o_part": torch.empty(q_len, shape.num_q_heads, params.num_splits, shape.head_dim,
-                                       dtype=torch.float32, device=device),
+                                       dtype=shape.dtype if low else torch.float32, device=device),
                     "lse_part": torch.empty(q_len, shape.num_q_heads, params.num_splits, dtype=torch.float32,
                                          device=device)}
                 if fuses_merge(shape.fused_merge, params):
