@@ -19,9 +19,12 @@
 #      tile (K and V preloaded); then the GPU tests of the decode with PDL (part 1's, the fused merge's, and triton's
 #      decode cases). Call 4 (ROUNDS=1) cut those tests at 330 s on a fresh machine (their compiles): 450 s since;
 #      with three rounds the call needs ~9.5 min, so run it with ROUNDS=1 on a fresh machine.
+#   3  carry [".gpu/fk", ".old"], ~3 min on a fresh machine: for an H200, the card the floor was set on (lead 0 of
+#      experiments/README.md): three floor rounds of the default against +preload0, PDL off, 16 splits (on the H200
+#      the read over 16 splits was the fastest, decode-early/ call 17) and bf16 partials (decode-partials/).
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 or 2}
+PART=${1:?part 1, 2 or 3}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 ARMS3=triton+pdl,triton+pdl+preload1,triton+pdl+preload2
 # rounds ARMS: ROUNDS (3) floor rounds of ARMS against c101f91 (fused-merge-auto/run.sh 8, which installs the bundle: a
@@ -54,6 +57,9 @@ case $PART in
     tests/backends/test_fused_merge.py tests/backends/test_triton.py -k "decode or early or tile or merge or fused or \
 capped or auto or pdl or preload"
   ;;
-*) echo "part 1 or 2"; exit 2 ;;
+3)
+  rounds triton+pdl,triton+pdl+preload0,triton,triton/num_splits=16+pdl,triton/decode_partials=out+pdl
+  ;;
+*) echo "part 1, 2 or 3"; exit 2 ;;
 esac
 pack
