@@ -93,7 +93,8 @@ class TritonBackend(AttentionBackend):
                            "out: the backend's dtype (bf16 / fp16), as FlashInfer's split-KV decode keeps them (its "
                            "tmp_v is DTypeO): half the bytes the splits write and the merge reads, each partial "
                            "rounded once more. At the batch-1 4k decode (H100, experiments/decode-partials) the same "
-                           "time with engine.pdl, 0.97-0.99x without. The extend and invariant kernels keep fp32",
+                           "time with engine.pdl, 0.97-0.99x without. The extend kernel keeps fp32; refused with "
+                           "engine.invariant",
         "decode_tiles": "BLOCK_NxWARPSxSTAGES (e.g. 64x4x3): the decode kernel's KV tile, warps and stages, in place "
                         "of the heuristic (tuning: the batch-1 floor); the split count follows the tile (a forced "
                         "num_splits wins); a launch past the GPU's shared memory fails when it compiles; null = "
@@ -152,6 +153,9 @@ class TritonBackend(AttentionBackend):
                               "fixed; attnlab.kernels.invariant)")
         self.decode_tiles = decode_tiles
         self.check_options({"fused_merge": fused_merge, "decode_partials": decode_partials}, "triton")
+        if decode_partials == "out" and invariant:
+            raise ConfigError("triton: decode_partials=out does not apply with engine.invariant=true (its kernel keeps "
+                              "fp32 partials for its bits: attnlab.kernels.invariant)")
         self.fused_merge = fused_merge
         self.decode_partials = decode_partials
         # a prefill_tiles sweep times the paged kernel's launches: it keeps them unless prefill_contig says otherwise
@@ -203,8 +207,7 @@ class TritonBackend(AttentionBackend):
         label = meta.mode.value + ("_tree" if meta.custom_mask is not None else "")
         split = f"split_tokens={p.split_tokens} " if p.kind == "invariant" else ""
         merge = " merge=fused" if plan.counters is not None else ""
-        if plan.o_part is not None and plan.o_part.dtype != torch.float32:
-            merge += " partials=out"
+        merge += " partials=out" if plan.o_part is not None and plan.o_part.dtype != torch.float32 else ""
         self._kernels[label] = (f"{p.kind} BLOCK_M={p.block_m} BLOCK_N={p.block_n} {split}splits={p.num_splits}{merge} "
                                 f"warps={p.num_warps} {p.stages_text()}")
         plan.contig = self._contig(meta)  # per pass (a graph bucket's static plan may also serve a prefill)
@@ -369,11 +372,13 @@ class TritonBackend(AttentionBackend):
     def _split_scratch(self, plan: TritonPlan, num_tokens: int, blocks: int) -> None:
         """A split plan's partial outputs, LSEs and (fused_merge) arrival counters over ``blocks`` programs per kv
         head; nothing for an unsplit one (the invariant kernel always merges, one split too)."""
+        from attnlab.kernels.merge import partials_dtype
+
         params = plan.params
         if params.num_splits > 1 or params.kind == "invariant":
-            low = params.kind == "decode" and self.decode_partials == "out"
             plan.o_part = torch.empty(num_tokens, self.num_q_heads, params.num_splits, self.head_dim,
-                                      dtype=self.dtype if low else torch.float32, device=self.device)
+                                      dtype=partials_dtype(self.decode_partials, params, self.dtype),
+                                      device=self.device)
             plan.lse_part = torch.empty(num_tokens, self.num_q_heads, params.num_splits, dtype=torch.float32,
                                         device=self.device)
             plan.counters = self._merge_counters(params, blocks)

@@ -140,8 +140,9 @@ def compile_backend_case(kv_lens, q_lens, mode, tree: bool, *, dtype, kv_dtype, 
     pool, meta, q = random_paged_case(kv_lens=kv_lens, q_lens=q_lens, page_size=16, num_q_heads=2 * gqa,
                                       num_kv_heads=2, head_dim=head_dim, dtype=dtype, kv_dtype=kv_dtype, mode=mode,
                                       tree_mask=tree)
-    opts = {"decode_partials": decode_partials} if fused_merge is None else {"fused_merge": fused_merge,
-                                                                             "decode_partials": decode_partials}
+    opts = {"decode_partials": decode_partials}
+    if fused_merge is not None:
+        opts["fused_merge"] = fused_merge
     be = TritonBackend(pool, 2 * gqa, 2, head_dim, head_dim ** -0.5, dtype, **opts)
     be.plan(meta)
     be.run(q, 0)

@@ -104,6 +104,13 @@ def fused_launch_args(params, fused: bool) -> dict:
     return {"maxnreg": FUSED_MAXNREG} if capped else {}
 
 
+def partials_dtype(option: str, params, dtype: torch.dtype) -> torch.dtype:
+    """The split partial outputs' dtype of a launch of ``params`` (a LaunchParams) under the triton backend's
+    ``decode_partials``: ``dtype`` (the backend's) for a decode under "out", fp32 otherwise (the extend and invariant
+    kernels, and the default)."""
+    return dtype if option == "out" and params.kind == "decode" else torch.float32
+
+
 def fuses_merge(option: bool | str, params) -> bool:
     """Whether a launch of ``params`` (a LaunchParams) merges its splits inside the kernel (``merge_arrived``) under
     the triton backend's ``fused_merge``: true, every split launch (decode, extend, and the invariant kernel, which

@@ -16,7 +16,7 @@ import torch
 from attnlab.kernels.decode import paged_decode
 from attnlab.kernels.extend import paged_extend, query_blocks
 from attnlab.kernels.heuristics import PREFILL_MIN_Q_LEN, LaunchParams, plan_params, sm_count
-from attnlab.kernels.merge import fuses_merge, merge_counters
+from attnlab.kernels.merge import fuses_merge, merge_counters, partials_dtype
 from attnlab.kernels.store_kv import store_kv
 from attnlab.kvcache.layout import build_layout, pages_needed
 from attnlab.kvcache.pool import KVPool
@@ -88,10 +88,10 @@ def warmup(shapes: list[WarmupShape], device: torch.device | str = "cuda") -> li
             qo = torch.tensor([0, q_len], dtype=torch.int32, device=device)
             scratch = {}
             if params.num_splits > 1:
-                low = params.kind == "decode" and shape.decode_partials == "out"
                 scratch = {
                     "o_part": torch.empty(q_len, shape.num_q_heads, params.num_splits, shape.head_dim,
-                                       dtype=shape.dtype if low else torch.float32, device=device),
+                                          dtype=partials_dtype(shape.decode_partials, params, shape.dtype),
+                                          device=device),
                     "lse_part": torch.empty(q_len, shape.num_q_heads, params.num_splits, dtype=torch.float32,
                                          device=device)}
                 if fuses_merge(shape.fused_merge, params):

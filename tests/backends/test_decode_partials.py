@@ -1,8 +1,8 @@
 """triton's decode_partials option: a split decode's partial outputs in the backend's dtype (``out``, as FlashInfer's
 split-KV decode keeps them) instead of fp32. The merge reads them back into fp32 sums, so the fused merge keeps
 merge_ordered's bits over the same partials; the output stays within an output ulp or two of the fp32 partials' and
-the reference's. Only decode plans change; the extend and invariant kernels keep fp32. Under Triton's interpreter on
-CPU, raced on a GPU."""
+the reference's. Only decode plans change: the extend kernel keeps fp32, and engine.invariant refuses the option (its
+kernel keeps fp32 for its bits). Under Triton's interpreter on CPU, raced on a GPU."""
 
 import importlib
 
@@ -64,9 +64,8 @@ def test_only_decode_plans_take_out_partials():
     be, _ = run(case, "out", True, 3)
     assert be.active_plan.params.kind == "extend" and be.active_plan.o_part.dtype == torch.float32
     case = decode_case(torch.bfloat16)
-    be = TritonBackend(case.pool, 6, 2, 64, 0.125, torch.bfloat16, invariant=True, decode_partials="out")
-    be.plan(case.meta)
-    assert be.active_plan.params.kind == "invariant" and be.active_plan.o_part.dtype == torch.float32
+    with pytest.raises(ConfigError, match="decode_partials=out does not apply with engine.invariant"):
+        TritonBackend(case.pool, 6, 2, 64, 0.125, torch.bfloat16, invariant=True, decode_partials="out")
     be, _ = run(case, "out", True, 5)
     assert "partials=out" in next(iter(be.kernel_info().values()))
 
