@@ -95,6 +95,12 @@ _v_first = 0
 # (none; K only everywhere).
 EARLY_PRELOAD = 2
 _preload = EARLY_PRELOAD
+# A register cap (ptxas maxnreg) on launches that take the early first tile: 0, none (the default). Llama-8B's batch-1 4k
+# decode runs 256 programs of 8 warps and 128 registers, two a SM, which fill the register file: with PDL the next
+# decode's programs cannot be resident, so cannot load their early tile, until these leave (a reading: the preloads
+# moved that cell by 0%, experiments/decode-preload/). At 80 a thread three fit a SM (ptxas under triton 3.6: 100 spill
+# bytes with the merge launch, 204 fused; 88 keeps two). The bench arm +regs<n>; experiments/decode-regcap/.
+_early_maxnreg = 0
 
 
 def set_kv_prefetch(tiles: int) -> None:
@@ -173,6 +179,36 @@ def early_preload() -> int:
 def early_preloading(level: int):
     """``set_early_preload(level)`` for a block (bench arms), restored after."""
     return scoped(early_preload, set_early_preload, level)
+
+
+def set_early_maxnreg(regs: int) -> None:
+    """A register cap a thread (ptxas ``maxnreg``) on decode launches that take the early first tile (process-wide; a
+    bench arm's ``+regs<n>``): 0, none (the default), else 32..255. Registers only: the same instructions, the same
+    bits (ptxas may spill to local memory, never reorder floating point)."""
+    global _early_maxnreg
+    _early_maxnreg = check_early_maxnreg(regs)
+
+
+def check_early_maxnreg(regs) -> int:
+    """``regs`` if it is a valid early-tile register cap (0, or 32..255), else ValueError naming the rule."""
+    if isinstance(regs, bool) or not isinstance(regs, int) or not (regs == 0 or 32 <= regs <= 255):
+        raise ValueError(f"decode early-tile register cap {regs!r}: 0 (none) or 32..255 registers a thread")
+    return regs
+
+
+def early_maxnreg() -> int:
+    return _early_maxnreg
+
+
+def early_register_cap(regs: int):
+    """``set_early_maxnreg(regs)`` for a block (bench arms), restored after."""
+    return scoped(early_maxnreg, set_early_maxnreg, regs)
+
+
+def early_cap_args(early: dict) -> dict:
+    """The launch option a decode adds under ``set_early_maxnreg``: ``maxnreg`` where it takes the early tile
+    (``early``: ``early_launch``'s constexprs), nothing elsewhere."""
+    return {"maxnreg": _early_maxnreg} if _early_maxnreg and early.get("EARLY_TILE") else {}
 
 
 def set_early_tile_max(elems: int) -> None:
@@ -372,7 +408,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse,
         MERGE_SPLITS=merge_bound(params.num_splits, fuse), BLOCK_G=triton.next_power_of_2(num_heads // num_kv_heads),
         V_FIRST=stages == 1 and _v_first == 1, **early, num_warps=params.num_warps, num_stages=stages, **launch_args(q),
-        **fused_launch_args(params, fuse))
+        **{**fused_launch_args(params, fuse), **early_cap_args(early)})
     if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out

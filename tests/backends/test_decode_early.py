@@ -115,3 +115,29 @@ def test_the_preload_is_k_and_v_on_small_tiles_and_k_past_them(level, small, lar
     assert preload(64, 3, 3) == ((128 * 64, True), small)  # SmolLM2's batch 1 x 4k
     assert preload(128, 4, 8) == ((128 * 128, True), large)  # Llama-8B's
     assert preload(128, 4, 8, splits=4) == ((64 * 128, False), 0)  # splits of several tiles: no early tile
+
+
+def test_the_register_cap_applies_to_early_tile_launches_only():
+    """``set_early_maxnreg``: a ``maxnreg`` launch option on the decode launches that take the early tile (Llama-8B's
+    batch-1 4k one-tile splits, compiled for a GPU on any machine), none on a launch without it or with the cap at 0
+    (the default); bad caps are refused and the block's value is restored."""
+    from attnlab.kernels import pdl
+    from attnlab.kernels.heuristics import decode_params
+
+    def cap(splits: int | None) -> dict:
+        params = decode_params(batch=1, num_kv_heads=8, group=4, head_dim=128, max_kv_len=4096, sms=132,
+                               num_splits=splits)
+        q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)
+        k = torch.zeros(16, 8, 128, dtype=torch.bfloat16)
+        with pdl.forced_for_compile():
+            return decode.early_cap_args(decode.early_launch(q, k, params)[1])
+
+    assert decode.early_maxnreg() == 0 and cap(None) == {}
+    with decode.early_register_cap(80):
+        assert cap(None) == {"maxnreg": 80}
+        assert cap(4) == {}  # splits of several tiles: no early tile, no cap
+    assert decode.early_maxnreg() == 0
+    for bad in (16, 256, -8, True, 80.0, "80"):
+        with pytest.raises(ValueError, match="register cap"):
+            decode.set_early_maxnreg(bad)
+    assert decode.early_maxnreg() == 0

@@ -101,6 +101,30 @@ def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, kv_dty
     torch.testing.assert_close(ref.float(), case.reference().float(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("cap", [80, 72])
+@pytest.mark.parametrize("fused", [False, True], ids=["merge-launch", "fused-merge"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_the_register_cap_changes_no_bit(graph, fused, cap, monkeypatch):
+    """The early-tile launches under a register cap (decode.set_early_maxnreg: 80 fits three of the 128 x 128 tile's
+    programs a SM, with spills; 72 more spills), PDL on, at the heuristic's 128-token tile of 8 warps on 132 SMs (the
+    case above): the same bits as PDL off uncapped, eager and replayed, merge launch and fused."""
+    from attnlab.kernels import heuristics
+
+    monkeypatch.setattr(heuristics, "sm_count", lambda device_index=0: 132)
+    case = make_case(kv_lens=[4096, 3000, 1, 130], q_lens=[1, 1, 1, 1], page_size=16, num_kv_heads=2, gqa=4,
+                     head_dim=128, dtype=torch.bfloat16, device="cuda", num_layers=2, seed=13)
+    ref = _outputs(case, False, decode.KV_PREFETCH_TILES, None, graph, fused)
+    with decode.early_register_cap(cap):
+        be = case.backend(TritonBackend)
+        be.plan(case.meta)
+        with pdl.using(True, "cuda"):
+            early = decode.early_launch(case.q, case.pool.slots_view(0)[0], be.active_plan.params)[1]
+        assert decode.early_cap_args(early) == {"maxnreg": cap}, early
+        out = _outputs(case, True, decode.KV_PREFETCH_TILES, None, graph, fused, decode.EARLY_PRELOAD)
+    assert torch.equal(out, ref), (out.float() - ref.float()).abs().max().item()
+    torch.testing.assert_close(ref.float(), case.reference().float(), atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("head_dim,gqa,tiles,on", [(128, 4, None, False), (128, 4, None, True), (64, 3, None, True),
                                                    (128, 4, "32x4x1", False), (128, 4, "32x4x1", True),
                                                    (64, 3, "64x4x1", False), (64, 3, "64x4x1", True)])

@@ -1,0 +1,40 @@
+# Issue 16's Llama-8B batch-1 decode floor: a register cap on the decode's early-tile launches (decode.set_early_maxnreg,
+# bench arm +regs<n>). At batch 1 x 4k the decode runs 256 programs of 8 warps and 128 registers, two a SM, which fill
+# the register file; with PDL the next decode's programs cannot be resident, and so cannot load their early tile, until
+# these leave (a reading: the preloads moved that cell 0%, experiments/decode-preload/). At 80 registers three fit a SM,
+# with spills (regs.py). README.md says what it found.
+#   1  carry [".gpu/fk", ".old"], ~6 min on a fresh machine (ordered for a call that may be cut):
+#      - three floor rounds (fused-merge-auto/run.sh 8: c101f91, the floor's before, in the same call) of the default
+#        (PDL on) against the cap at 80 (three programs a SM), 80 without the preload, 88 (two a SM: the spills alone),
+#        72, and 80 with the merge launch; 200 runs a replay, batch 1 / 16 x 4k, both shapes (SmolLM2's one-tile launch
+#        takes the cap too: 4 warps, a control of what spills cost);
+#      - GPU tests: the capped launches bit for bit (test_gpu_decode_prefetch.py -k register_cap);
+#      - bench.kernels decode at Llama-8B shapes, batch 1 / 2 / 4 / 8 / 16 / 32 x 128 / 512 / 4k: the default against
+#        +regs80 and +regs88 (the other early-tile cells: the rule a default would need).
+#      .old: mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old   (untracked, git-excluded)
+# Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
+set -u -o pipefail
+PART=${1:?part 1}
+. experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
+rounds() {
+  test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
+  for r in $(seq "${ROUNDS:-3}"); do
+    ARMS=$1 FLOOR_SECS=${FLOOR_SECS:-150} OUT=$OUT/floor$r bash experiments/fused-merge-auto/run.sh 8 > /dev/null
+    sleep 1; step "floor round $r"; grep -E "^decode|exit code" "$OUT/floor$r/run8.log"
+  done
+}
+case $PART in
+1)
+  rounds triton+pdl,triton+pdl+regs80,triton+pdl+regs80+preload0,triton+pdl+regs88,triton+pdl+regs72,\
+triton/fused_merge=false+pdl+regs80
+  step "GPU tests: the capped launches bit for bit"
+  gpu_tests regcap 240 -m gpu tests/integration/test_gpu_decode_prefetch.py -k register_cap
+  step "llama8b: triton+pdl, +regs80, +regs88, batch 1-32 x 128 / 512 / 4k"
+  timeout 150 $PY -m attnlab.bench.kernels --phases decode --reps 200 --repeats 3 --models llama8b \
+    --batches 1,2,4,8,16,32 --contexts 128,512,4096 --backends triton+pdl,triton+pdl+regs80,triton+pdl+regs88 \
+    --out "$OUT/grid-llama8b" > $LOGS/grid-llama8b.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/grid-llama8b.log
+  ;;
+*) echo "part 1"; exit 2 ;;
+esac
+pack
