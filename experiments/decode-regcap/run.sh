@@ -6,8 +6,10 @@
 #   1  carry [".gpu/fk", ".old"], ~6 min on a fresh machine (ordered for a call that may be cut):
 #      - three floor rounds (fused-merge-auto/run.sh 8: c101f91, the floor's before, in the same call) of the default
 #        (PDL on) against the cap at 80 (three programs a SM), 80 without the preload, 88 (two a SM: the spills alone),
-#        72, and 80 with the merge launch; 200 runs a replay, batch 1 / 16 x 4k, both shapes (SmolLM2's one-tile launch
-#        takes the cap too: 4 warps, a control of what spills cost);
+#        72, and the merge launch (fused_merge=false) uncapped and at 80; 200 runs a replay, batch 1 / 16 x 4k, both
+#        shapes (SmolLM2's one-tile launch takes the cap too: 4 warps, a control of what spills cost);
+#      - the same merge-launch arms with the merge launch removed (nomerge.py, a diagnostic: the split decode alone),
+#        against the fused default in the same process: what any faster merge could give;
 #      - GPU tests: the capped launches bit for bit (test_gpu_decode_prefetch.py -k register_cap);
 #      - bench.kernels decode at Llama-8B shapes, batch 1 / 2 / 4 / 8 / 16 / 32 x 128 / 512 / 4k: the default against
 #        +regs80 and +regs88 (the other early-tile cells: the rule a default would need).
@@ -25,8 +27,12 @@ rounds() {
 }
 case $PART in
 1)
-  rounds triton+pdl,triton+pdl+regs80,triton+pdl+regs80+preload0,triton+pdl+regs88,triton+pdl+regs72,\
-triton/fused_merge=false+pdl+regs80
+  L=triton/fused_merge=false
+  rounds triton+pdl,triton+pdl+regs80,triton+pdl+regs80+preload0,triton+pdl+regs88,triton+pdl+regs72,$L+pdl,$L+pdl+regs80
+  step "the split decode without its merge (nomerge.py: the merge launch removed; triton+pdl, fused, the anchor)"
+  timeout 120 $PY experiments/decode-regcap/nomerge.py --phases decode --reps 200 --repeats 3 --quick \
+    --backends triton+pdl,$L+pdl,$L+pdl+regs80 --out "$OUT/nomerge" > $LOGS/nomerge.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/nomerge.log
   step "GPU tests: the capped launches bit for bit"
   gpu_tests regcap 240 -m gpu tests/integration/test_gpu_decode_prefetch.py -k register_cap
   step "llama8b: triton+pdl, +regs80, +regs88, batch 1-32 x 128 / 512 / 4k"
