@@ -51,7 +51,15 @@ import triton
 import triton.language as tl
 
 from attnlab.kernels.heuristics import LaunchParams, fp32_dot
-from attnlab.kernels.merge import fused_launch_args, merge_arrived, merge_bound, merge_splits
+from attnlab.kernels.merge import (
+    fused_launch_args,
+    merge_arrived,
+    merge_bound,
+    merge_splits,
+    merge_take_ticket,
+    merge_ticket,
+    merge_ticketed,
+)
 from attnlab.kernels.paged import attend_loaded, attend_tile, tile_slots, write_result
 from attnlab.kernels.pdl import L2_LINE, launch_args, pdl_start, prefetch_l2
 from attnlab.kernels.switches import scoped
@@ -270,7 +278,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
                    SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr,
                    MERGE_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, PREFETCH: tl.constexpr = 0,
                    LINE: tl.constexpr = 64, EARLY_TILE: tl.constexpr = False, PRELOAD: tl.constexpr = 0,
-                   V_FIRST: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                   V_FIRST: tl.constexpr = False, TICKET: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -342,6 +350,8 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
         else:
             k0 = tl.load(K + kv_off, mask=kv_mask, other=0.0)
             v0 = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+        if TICKET:  # the merge's ticket (merge.merge_ticketed), with the tile's loads in flight
+            mine = merge_take_ticket(COUNTERS, b * tl.num_programs(1) + kvh)
         slots_again = tile_slots(KV_INDICES, base_e, lo_e, offs_e, n_mask_e, PAGE_SIZE, BLOCK_N, True)
         moved = tl.sum(tl.where(n_mask_e & (slots_again != slots_e), 1, 0), 0)
         same = (row == row_e) & (q_len == q_len_e) & (kv_len == kv_len_e) & (page_base == base_e) & (moved == 0)
@@ -364,6 +374,12 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
     if SPLIT and FUSE_MERGE:  # its rows are the group's real heads (BLOCK_G), not the tile's padded BLOCK_M
         tl.static_assert(BLOCK_G >= GROUP, "BLOCK_G must hold the GQA group")
         offs_g = tl.arange(0, BLOCK_G)
+    if SPLIT and FUSE_MERGE and TICKET:
+        tl.static_assert(EARLY_TILE and PREFETCH > 0, "the merge's ticket is taken with the early tile's loads")
+        merge_ticketed(O, O_PART, LSE_PART, COUNTERS, b * tl.num_programs(1) + kvh, mine, num_splits,
+                       row + offs_g * 0, kvh * GROUP + offs_g, offs_g < GROUP * q_len, offs_d, d_mask, stride_ot,
+                       stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MERGE_SPLITS)
+    elif SPLIT and FUSE_MERGE:
         merge_arrived(O, O_PART, LSE_PART, COUNTERS, b * tl.num_programs(1) + kvh, num_splits, row + offs_g * 0,
                       kvh * GROUP + offs_g, offs_g < GROUP * q_len, offs_d, d_mask, stride_ot, stride_oh, stride_pt,
                       stride_ph, stride_ps, stride_lt, stride_lh, MERGE_SPLITS)
@@ -407,7 +423,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_M=params.block_m, BLOCK_N=params.block_n, BLOCK_D=params.block_d,
         SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse,
         MERGE_SPLITS=merge_bound(params.num_splits, fuse), BLOCK_G=triton.next_power_of_2(num_heads // num_kv_heads),
-        V_FIRST=stages == 1 and _v_first == 1, **early, num_warps=params.num_warps, num_stages=stages, **launch_args(q),
+        V_FIRST=stages == 1 and _v_first == 1, TICKET=fuse and early.get("EARLY_TILE", False) and merge_ticket(),
+        **early, num_warps=params.num_warps, num_stages=stages, **launch_args(q),
         **{**fused_launch_args(params, fuse), **early_cap_args(early)})
     if split and not fuse:
         merge_splits(out, o_part, lse_part)

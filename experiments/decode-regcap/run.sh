@@ -14,9 +14,18 @@
 #      - bench.kernels decode at Llama-8B shapes, batch 1 / 2 / 4 / 8 / 16 / 32 x 128 / 512 / 4k: the default against
 #        +regs80 and +regs88 (the other early-tile cells: the rule a default would need).
 #      .old: mkdir -p .old && git archive c101f91 attnlab | tar -x -C .old   (untracked, git-excluded)
+#   2  carry [".gpu/fk", ".old"], ~6 min on a fresh machine (after part 1: the merge, not the read, is what the split
+#      decode alone saves): the fused merge's merger chosen by ticket at the start (merge.set_merge_ticket, +ticket1),
+#      so that no program waits for its arrival's reply before it exits:
+#      - three floor rounds of the default, +ticket1 and PDL off, c101f91 in the same call;
+#      - nomerge.py at the floor cells again (the bound, in this call), with the default and +ticket1;
+#      - GPU tests: the ticket raced and replayed (test_fused_merge.py), with a plan and with the current token's K / V
+#        written late by the launch before (test_gpu_decode_prefetch.py); auto's batch-1 fused cases;
+#      - bench.kernels decode, both shapes, batch 1 / 2 / 4 / 8 / 16 x 128 / 512 / 1k / 4k, the default and +ticket1
+#        (every split early-tile cell).
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1}
+PART=${1:?part 1 or 2}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 rounds() {
   test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
@@ -41,6 +50,24 @@ case $PART in
     --out "$OUT/grid-llama8b" > $LOGS/grid-llama8b.log 2>&1
   echo "exit code $?"; grep -E "^decode|Error" $LOGS/grid-llama8b.log
   ;;
-*) echo "part 1"; exit 2 ;;
+2)
+  L=triton/fused_merge=false
+  rounds triton+pdl,triton+pdl+ticket1,triton
+  step "the split decode without its merge (nomerge.py), the fused default and +ticket1 in the same process"
+  timeout 120 $PY experiments/decode-regcap/nomerge.py --phases decode --reps 200 --repeats 3 --quick \
+    --backends triton+pdl,triton+pdl+ticket1,$L+pdl --out "$OUT/nomerge" > $LOGS/nomerge.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/nomerge.log
+  step "GPU tests: the merge ticket raced and replayed, a plan and the current K / V written late; auto's batch-1 cases"
+  gpu_tests ticket 200 -m gpu tests/backends/test_fused_merge.py tests/integration/test_gpu_decode_prefetch.py \
+    -k "ticket or batch1"
+  for m in smollm2 llama8b; do
+    step "$m: triton+pdl, +ticket1, batch 1-16 x 128 / 512 / 1k / 4k"
+    timeout 100 $PY -m attnlab.bench.kernels --phases decode --reps 200 --repeats 3 --models $m \
+      --batches 1,2,4,8,16 --contexts 128,512,1024,4096 --backends triton+pdl,triton+pdl+ticket1 \
+      --out "$OUT/grid-$m" > $LOGS/grid-$m.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/grid-$m.log
+  done
+  ;;
+*) echo "part 1 or 2"; exit 2 ;;
 esac
 pack

@@ -215,6 +215,7 @@ def test_pdl_specs(capsys):
     ("triton+vfirst1+pdl+early16384", ("triton", True, {"vfirst": 1, "early": 16384})),
     ("triton+preload2+pdl", ("triton", True, {"preload": 2})),
     ("triton+regs80+pdl+preload0", ("triton", True, {"regs": 80, "preload": 0})),
+    ("triton+pdl+ticket1", ("triton", True, {"ticket": 1})),
 ])
 def test_arm_switches_parse_in_any_order(spec, want):
     from attnlab.bench.kernels import split_arm
@@ -261,9 +262,14 @@ def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsy
     with arm_switches("triton+regs80+preload1"):
         assert (decode.early_maxnreg(), decode.early_preload(), decode.early_tile_max()) == (80, 1, before[0])
     assert (decode.early_maxnreg(), decode.early_preload()) == (0, 2)
+    from attnlab.kernels import merge
+
+    with arm_switches("triton+ticket1"):
+        assert merge.merge_ticket() is True
+    assert merge.merge_ticket() is False
     bad = ["triton+pdl+early99999", "triton+kvpf9+pdl", "triton+early16384", "flashinfer+pdl+kvpf1", "triton+vfirst2",
            "flashinfer+vfirst0", "triton+preload0", "triton+pdl+preload3", "triton+regs80", "triton+pdl+regs16",
-           "triton+pdl+regs256"]
+           "triton+pdl+regs256", "triton+ticket1", "triton+pdl+ticket2"]
     assert load_backends(bad) == {}
     assert set(load_backends(["triton+vfirst0", "triton+vfirst1"])) == {"triton+vfirst0", "triton+vfirst1"}
     err = capsys.readouterr().err
@@ -278,6 +284,8 @@ def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsy
     assert "skipping backend triton+regs80: +regs act only with +pdl" in err
     assert "skipping backend triton+pdl+regs16: decode early-tile register cap 16: 0 (none) or 32..255" in err
     assert "skipping backend triton+pdl+regs256: decode early-tile register cap 256" in err
+    assert "skipping backend triton+ticket1: +ticket act only with +pdl" in err
+    assert "skipping backend triton+pdl+ticket2: +ticket2: 0 (the merger by arrival) or 1 (by ticket)" in err
 
 
 def test_run_shape_captures_and_times_each_arm_under_its_switches(monkeypatch):
