@@ -28,9 +28,7 @@ triton decode's early-tile gate and KV prefetch for that arm (``ARM_SWITCHES``):
 in one process. ``+vfirst1`` (with or without ``+pdl``) loads V before K in one-stage decode launches
 (decode.set_v_first; measured slower, experiments/decode-vfirst/). ``+preload0`` / ``+preload1`` (with ``+pdl``)
 load none / only the K of the early first tile into registers before the PDL wait (decode.set_early_preload; by
-default its K and V on tiles up to 128 x 64, its K past them: experiments/decode-preload/). ``+regs<n>`` (with ``+pdl``)
-caps the decode's early-tile launches at n registers a thread (decode.set_early_maxnreg), ``+ticket1`` (with ``+pdl``)
-picks their fused merge's merger by ticket at the start (merge.set_merge_ticket): experiments/decode-regcap/.
+default its K and V on tiles up to 128 x 64, its K past them: experiments/decode-preload/).
 ``--launches`` profiles one measurement per backend after each shape is timed and records every kernel's launch
 shapes (grid, block, shared memory) in the cell (JSON, console), to compare with ``bench.spec --kernel-profile``'s.
 ``--cold`` writes a buffer of twice the L2 before each run (captured with the runs) and subtracts the writes' time,
@@ -259,19 +257,13 @@ ARM_SWITCHES = {"early": "the decode's early-tile gate in tile elements (decode.
                 "kvpf": "KV tiles each decode program prefetches before its PDL wait (decode.set_kv_prefetch, 0..8)",
                 "vfirst": "one-stage decode launches load V before K (decode.set_v_first; 0: K first, the default)",
                 "preload": "how much of the early first tile is loaded before the PDL wait "
-                           "(decode.set_early_preload: 0 none, 1 K, 2 K and V on tiles up to 128 x 64, the default)",
-                "regs": "a register cap a thread on the decode's early-tile launches (decode.set_early_maxnreg; 0 none, "
-                        "the default)",
-                "ticket": "1: the decode's fused merge picks its merger by ticket at the start on early-tile launches "
-                          "(merge.set_merge_ticket; 0: by arrival at the end, the default)"}
-# The switches that act on the decode's reads before its PDL wait (or its launches that take the early tile, which
-# needs PDL): nothing without +pdl.
-PDL_SWITCHES = ("early", "kvpf", "preload", "regs", "ticket")
+                           "(decode.set_early_preload: 0 none, 1 K, 2 K and V on tiles up to 128 x 64, the default)"}
+# The switches that act on the decode's reads before its PDL wait: nothing without +pdl.
+PDL_SWITCHES = ("early", "kvpf", "preload")
 
 
 def split_arm(spec: str) -> tuple[str, bool, dict[str, int]]:
-    """``spec[+pdl][+early<elems>][+kvpf<tiles>][+vfirst<0|1>][+preload<0-2>][+regs<n>][+ticket<0|1>]`` -> (spec,
-    pdl, {switch: value});
+    """``spec[+pdl][+early<elems>][+kvpf<tiles>][+vfirst<0|1>][+preload<0-2>]`` -> (spec, pdl, {switch: value});
     ValueError for a repeated, unknown or malformed switch (the values' ranges and what they need are checked by
     ``check_arm``). Every ``+`` starts a switch, so no backend option value may hold one (none does)."""
     base, *parts = spec.split("+")
@@ -307,25 +299,19 @@ def check_arm(name: str, on: bool, switches: dict[str, int]) -> None:
         decode.check_v_first(switches["vfirst"])
     if "preload" in switches:
         decode.check_early_preload(switches["preload"])
-    if "regs" in switches:
-        decode.check_early_maxnreg(switches["regs"])
-    if switches.get("ticket", 0) not in (0, 1):
-        raise ValueError(f"+ticket{switches['ticket']}: 0 (the merger by arrival) or 1 (by ticket)")
 
 
 @contextlib.contextmanager
 def arm_switches(label: str):
     """The process-wide settings of a spec's arm for a block: PDL (graphs record how their kernels were launched),
-    the decode's early-tile gate, KV prefetch, load order, preload, register cap and merge ticket, restored after."""
-    from attnlab.kernels import decode, merge, pdl
+    the decode's early-tile gate, KV prefetch and load order, restored after."""
+    from attnlab.kernels import decode, pdl
 
     _, on, sw = split_arm(label)
     with pdl.using(on, "cuda"), decode.early_tile_limit(sw.get("early", decode.early_tile_max())), \
             decode.kv_prefetching(sw.get("kvpf", decode.kv_prefetch())), \
             decode.v_first_order(sw.get("vfirst", decode.v_first())), \
-            decode.early_preloading(sw.get("preload", decode.early_preload())), \
-            decode.early_register_cap(sw.get("regs", decode.early_maxnreg())), \
-            merge.merge_ticketing(bool(sw.get("ticket", merge.merge_ticket()))):
+            decode.early_preloading(sw.get("preload", decode.early_preload())):
         yield
 
 

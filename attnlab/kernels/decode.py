@@ -51,15 +51,7 @@ import triton
 import triton.language as tl
 
 from attnlab.kernels.heuristics import LaunchParams, fp32_dot
-from attnlab.kernels.merge import (
-    fused_launch_args,
-    merge_arrived,
-    merge_bound,
-    merge_splits,
-    merge_take_ticket,
-    merge_ticket,
-    merge_ticketed,
-)
+from attnlab.kernels.merge import fused_launch_args, merge_arrived, merge_bound, merge_splits
 from attnlab.kernels.paged import attend_loaded, attend_tile, tile_slots, write_result
 from attnlab.kernels.pdl import L2_LINE, launch_args, pdl_start, prefetch_l2
 from attnlab.kernels.switches import scoped
@@ -103,12 +95,6 @@ _v_first = 0
 # (none; K only everywhere).
 EARLY_PRELOAD = 2
 _preload = EARLY_PRELOAD
-# A register cap (ptxas maxnreg) on launches that take the early first tile: 0, none (the default). Llama-8B's batch-1 4k
-# decode runs 256 programs of 8 warps and 128 registers, two a SM, which fill the register file: with PDL the next
-# decode's programs cannot be resident, so cannot load their early tile, until these leave (a reading: the preloads
-# moved that cell by 0%, experiments/decode-preload/). At 80 a thread three fit a SM (ptxas under triton 3.6: 100 spill
-# bytes with the merge launch, 204 fused; 88 keeps two). The bench arm +regs<n>; experiments/decode-regcap/.
-_early_maxnreg = 0
 
 
 def set_kv_prefetch(tiles: int) -> None:
@@ -189,36 +175,6 @@ def early_preloading(level: int):
     return scoped(early_preload, set_early_preload, level)
 
 
-def set_early_maxnreg(regs: int) -> None:
-    """A register cap a thread (ptxas ``maxnreg``) on decode launches that take the early first tile (process-wide; a
-    bench arm's ``+regs<n>``): 0, none (the default), else 32..255. Registers only: the same instructions, the same
-    bits (ptxas may spill to local memory, never reorder floating point)."""
-    global _early_maxnreg
-    _early_maxnreg = check_early_maxnreg(regs)
-
-
-def check_early_maxnreg(regs) -> int:
-    """``regs`` if it is a valid early-tile register cap (0, or 32..255), else ValueError naming the rule."""
-    if isinstance(regs, bool) or not isinstance(regs, int) or not (regs == 0 or 32 <= regs <= 255):
-        raise ValueError(f"decode early-tile register cap {regs!r}: 0 (none) or 32..255 registers a thread")
-    return regs
-
-
-def early_maxnreg() -> int:
-    return _early_maxnreg
-
-
-def early_register_cap(regs: int):
-    """``set_early_maxnreg(regs)`` for a block (bench arms), restored after."""
-    return scoped(early_maxnreg, set_early_maxnreg, regs)
-
-
-def early_cap_args(early: dict) -> dict:
-    """The launch option a decode adds under ``set_early_maxnreg``: ``maxnreg`` where it takes the early tile
-    (``early``: ``early_launch``'s constexprs), nothing elsewhere."""
-    return {"maxnreg": _early_maxnreg} if _early_maxnreg and early.get("EARLY_TILE") else {}
-
-
 def set_early_tile_max(elems: int) -> None:
     """The early first tile's size gate in tile elements (BLOCK_N x BLOCK_D; process-wide, like the KV prefetch):
     EARLY_TILE_MAX_ELEMS (128 x 128) by default, 0 = no early tile (a one-tile split then keeps the heuristic's
@@ -278,7 +234,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
                    SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr,
                    MERGE_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, PREFETCH: tl.constexpr = 0,
                    LINE: tl.constexpr = 64, EARLY_TILE: tl.constexpr = False, PRELOAD: tl.constexpr = 0,
-                   V_FIRST: tl.constexpr = False, TICKET: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                   V_FIRST: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -350,8 +306,6 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
         else:
             k0 = tl.load(K + kv_off, mask=kv_mask, other=0.0)
             v0 = tl.load(V + kv_off, mask=kv_mask, other=0.0)
-        if TICKET:  # the merge's ticket (merge.merge_ticketed), with the tile's loads in flight
-            mine = merge_take_ticket(COUNTERS, b * tl.num_programs(1) + kvh)
         slots_again = tile_slots(KV_INDICES, base_e, lo_e, offs_e, n_mask_e, PAGE_SIZE, BLOCK_N, True)
         moved = tl.sum(tl.where(n_mask_e & (slots_again != slots_e), 1, 0), 0)
         same = (row == row_e) & (q_len == q_len_e) & (kv_len == kv_len_e) & (page_base == base_e) & (moved == 0)
@@ -374,12 +328,6 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
     if SPLIT and FUSE_MERGE:  # its rows are the group's real heads (BLOCK_G), not the tile's padded BLOCK_M
         tl.static_assert(BLOCK_G >= GROUP, "BLOCK_G must hold the GQA group")
         offs_g = tl.arange(0, BLOCK_G)
-    if SPLIT and FUSE_MERGE and TICKET:
-        tl.static_assert(EARLY_TILE and PREFETCH > 0, "the merge's ticket is taken with the early tile's loads")
-        merge_ticketed(O, O_PART, LSE_PART, COUNTERS, b * tl.num_programs(1) + kvh, mine, num_splits,
-                       row + offs_g * 0, kvh * GROUP + offs_g, offs_g < GROUP * q_len, offs_d, d_mask, stride_ot,
-                       stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MERGE_SPLITS)
-    elif SPLIT and FUSE_MERGE:
         merge_arrived(O, O_PART, LSE_PART, COUNTERS, b * tl.num_programs(1) + kvh, num_splits, row + offs_g * 0,
                       kvh * GROUP + offs_g, offs_g < GROUP * q_len, offs_d, d_mask, stride_ot, stride_oh, stride_pt,
                       stride_ph, stride_ps, stride_lt, stride_lh, MERGE_SPLITS)
@@ -423,9 +371,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_M=params.block_m, BLOCK_N=params.block_n, BLOCK_D=params.block_d,
         SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse,
         MERGE_SPLITS=merge_bound(params.num_splits, fuse), BLOCK_G=triton.next_power_of_2(num_heads // num_kv_heads),
-        V_FIRST=stages == 1 and _v_first == 1, TICKET=fuse and early.get("EARLY_TILE", False) and merge_ticket(),
-        **early, num_warps=params.num_warps, num_stages=stages, **launch_args(q),
-        **{**fused_launch_args(params, fuse), **early_cap_args(early)})
+        V_FIRST=stages == 1 and _v_first == 1, **early, num_warps=params.num_warps, num_stages=stages, **launch_args(q),
+        **fused_launch_args(params, fuse))
     if split and not fuse:
         merge_splits(out, o_part, lse_part)
     return out

@@ -20,7 +20,6 @@ import triton.language as tl
 
 from attnlab.kernels.heuristics import next_pow2
 from attnlab.kernels.pdl import launch_args, pdl_start
-from attnlab.kernels.switches import scoped
 
 
 @triton.jit
@@ -141,37 +140,6 @@ def _merge_one(lse_rows, part, s, stride_ps, row_mask, mask, m, acc, denom):
 
 
 @triton.jit
-def _merge_all(O, O_PART, LSE_PART, num_splits, rows, heads, row_mask, offs_d, d_mask, stride_ot, stride_oh, stride_pt,
-               stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS: tl.constexpr):
-    """The ordered merge of rows x heads of O from all ``num_splits`` partials (``merge_arrived``'s docstring)."""
-    lse_rows = LSE_PART + rows.to(tl.int64) * stride_lt + heads * stride_lh
-    part = O_PART + (rows.to(tl.int64) * stride_pt + heads * stride_ph)[:, None] + offs_d[None, :]
-    mask = row_mask[:, None] & d_mask[None, :]
-    m = tl.full([row_mask.shape[0]], float("-inf"), tl.float32)
-    zero = rows * 0  # a split index as a row tensor: num_splits may be a runtime value or a constant
-    if MAX_SPLITS == 0:
-        for s in range(num_splits):
-            m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg"))
-    else:
-        for s in tl.static_range(MAX_SPLITS):
-            m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask & (zero + s < num_splits), other=float("-inf"),
-                                      cache_modifier=".cg"))
-    m = tl.where(m == float("-inf"), 0.0, m)
-    acc = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
-    denom = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
-    if MAX_SPLITS == 0:
-        for s in range(num_splits):
-            acc, denom = _merge_one(lse_rows, part, s, stride_ps, row_mask, mask, m, acc, denom)
-    else:
-        for s in tl.static_range(MAX_SPLITS):
-            live = row_mask & (zero + s < num_splits)
-            acc, denom = _merge_one(lse_rows, part, s, stride_ps, live, mask & live[:, None], m, acc, denom)
-    out = acc / tl.where(denom > 0, denom, 1.0)
-    dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
-    tl.store(dst, out.to(O.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def merge_arrived(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_mask,
                   stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
                   MAX_SPLITS: tl.constexpr):
@@ -199,62 +167,29 @@ def merge_arrived(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads
     tl.debug_barrier()
     arrived = tl.atomic_add(COUNTERS + ticket, 1, sem="acq_rel")
     if arrived == num_splits - 1:
-        _merge_all(O, O_PART, LSE_PART, num_splits, rows, heads, row_mask, offs_d, d_mask, stride_ot, stride_oh,
-                   stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS)
+        lse_rows = LSE_PART + rows.to(tl.int64) * stride_lt + heads * stride_lh
+        part = O_PART + (rows.to(tl.int64) * stride_pt + heads * stride_ph)[:, None] + offs_d[None, :]
+        mask = row_mask[:, None] & d_mask[None, :]
+        m = tl.full([row_mask.shape[0]], float("-inf"), tl.float32)
+        zero = rows * 0  # a split index as a row tensor: num_splits may be a runtime value or a constant
+        if MAX_SPLITS == 0:
+            for s in range(num_splits):
+                m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg"))
+        else:
+            for s in tl.static_range(MAX_SPLITS):
+                m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask & (zero + s < num_splits), other=float("-inf"),
+                                          cache_modifier=".cg"))
+        m = tl.where(m == float("-inf"), 0.0, m)
+        acc = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
+        denom = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
+        if MAX_SPLITS == 0:
+            for s in range(num_splits):
+                acc, denom = _merge_one(lse_rows, part, s, stride_ps, row_mask, mask, m, acc, denom)
+        else:
+            for s in tl.static_range(MAX_SPLITS):
+                live = row_mask & (zero + s < num_splits)
+                acc, denom = _merge_one(lse_rows, part, s, stride_ps, live, mask & live[:, None], m, acc, denom)
+        out = acc / tl.where(denom > 0, denom, 1.0)
+        dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
+        tl.store(dst, out.to(O.dtype.element_ty), mask=mask)
         tl.store(COUNTERS + ticket, 0)
-
-
-# The ticket protocol (``set_merge_ticket``, bench arm +ticket1; the decode's early-tile launches only): one int32 a
-# (query block, kv head) as in merge_arrived, its low 16 bits the tickets taken, its high 16 the partials done.
-TICKET_DONE = tl.constexpr(1 << 16)
-_ticket = False
-
-
-def set_merge_ticket(on: bool) -> None:
-    """Whether the decode's fused merge picks its merging program by ticket at the start (``merge_take_ticket``,
-    ``merge_ticketed``) instead of by arrival at the end (``merge_arrived``), on launches that take the early first
-    tile (process-wide; off by default; a bench arm's ``+ticket1``). The same merge, so the same bits."""
-    global _ticket
-    if not isinstance(on, bool):
-        raise TypeError(f"merge ticket {on!r}: true or false")
-    _ticket = on
-
-
-def merge_ticket() -> bool:
-    return _ticket
-
-
-def merge_ticketing(on: bool):
-    """``set_merge_ticket(on)`` for a block (bench arms), restored after."""
-    return scoped(merge_ticket, set_merge_ticket, on)
-
-
-@triton.jit
-def merge_take_ticket(COUNTERS, ticket):
-    """This program's ticket among the split programs of ``COUNTERS[ticket]``'s (query block, kv head): how many took
-    one before it. Taken after the PDL wait (the counters are shared by a plan's layers: the launch before may still
-    be merging on them), with the split's loads in flight."""
-    return tl.atomic_add(COUNTERS + ticket, 1, sem="relaxed") & (TICKET_DONE - 1)
-
-
-@triton.jit
-def merge_ticketed(O, O_PART, LSE_PART, COUNTERS, ticket, mine, num_splits, rows, heads, row_mask, offs_d, d_mask,
-                   stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
-                   MAX_SPLITS: tl.constexpr):
-    """``merge_arrived`` with the merging program chosen at the start: the one that took the last ticket (``mine``,
-    ``merge_take_ticket``). Every other program of the group had taken its ticket before it, so is running or done,
-    and needs nothing from it: the merger may wait for them. The others publish their partial (CTA barrier, then a
-    release add of TICKET_DONE, whose result they do not wait for) and exit; the merger counts itself in (acq_rel),
-    waits until all ``num_splits`` are done (acquire), merges as merge_arrived does (the same bits) and resets the
-    counter. merge_arrived's last program waits for its add's reply before it knows it merges, and so does every
-    other program before it exits."""
-    tl.debug_barrier()
-    if mine == num_splits - 1:
-        done = (tl.atomic_add(COUNTERS + ticket, TICKET_DONE, sem="acq_rel") >> 16) + 1
-        while done < num_splits:
-            done = tl.atomic_add(COUNTERS + ticket, 0, sem="acquire") >> 16
-        _merge_all(O, O_PART, LSE_PART, num_splits, rows, heads, row_mask, offs_d, d_mask, stride_ot, stride_oh,
-                   stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS)
-        tl.store(COUNTERS + ticket, 0)
-    else:
-        tl.atomic_add(COUNTERS + ticket, TICKET_DONE, sem="release")

@@ -23,9 +23,14 @@
 #        written late by the launch before (test_gpu_decode_prefetch.py); auto's batch-1 fused cases;
 #      - bench.kernels decode, both shapes, batch 1 / 2 / 4 / 8 / 16 x 128 / 512 / 1k / 4k, the default and +ticket1
 #        (every split early-tile cell).
+#   Parts 1 and 2 need commit c6ff0e1's tree (the +regs and +ticket arms, removed after they lost: README).
+#   3  carry [".gpu/fk"], ~3 min on a fresh machine: where the merge's 2.4 us go at Llama-8B's batch 1 x 4k (PDL on).
+#      Three processes, twice in turn: bench.kernels (the default, fused; the merge launch), nomerge.py (the merge
+#      launch removed), nomerge.py --arrive (the fused merge cut to its arrival: barrier, acq_rel add, the last one's
+#      store of zeros). Batch 1 / 16 x 4k, both shapes, 200 runs a replay.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 or 2}
+PART=${1:?part 1, 2 or 3}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 rounds() {
   test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
@@ -68,6 +73,24 @@ case $PART in
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/grid-$m.log
   done
   ;;
-*) echo "part 1 or 2"; exit 2 ;;
+3)
+  FB=.gpu/fk install_fb
+  L=triton/fused_merge=false
+  Q="--phases decode --reps 200 --repeats 3 --quick"
+  for r in 1 2; do
+    step "round $r: the default and the merge launch"
+    timeout 150 $PY -m attnlab.bench.kernels $Q --backends triton+pdl,$L+pdl --out "$OUT/plain$r" > $LOGS/plain$r.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/plain$r.log
+    step "round $r: the merge launch removed (nomerge.py)"
+    timeout 120 $PY experiments/decode-regcap/nomerge.py $Q --backends triton+pdl,$L+pdl --out "$OUT/nomerge$r" \
+      > $LOGS/nomerge$r.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/nomerge$r.log
+    step "round $r: the fused merge cut to its arrival (nomerge.py --arrive)"
+    timeout 120 $PY experiments/decode-regcap/nomerge.py --arrive $Q --backends triton+pdl --out "$OUT/arrive$r" \
+      > $LOGS/arrive$r.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/arrive$r.log
+  done
+  ;;
+*) echo "part 1, 2 or 3"; exit 2 ;;
 esac
 pack

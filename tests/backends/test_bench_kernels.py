@@ -214,8 +214,6 @@ def test_pdl_specs(capsys):
     ("triton+vfirst0", ("triton", False, {"vfirst": 0})),
     ("triton+vfirst1+pdl+early16384", ("triton", True, {"vfirst": 1, "early": 16384})),
     ("triton+preload2+pdl", ("triton", True, {"preload": 2})),
-    ("triton+regs80+pdl+preload0", ("triton", True, {"regs": 80, "preload": 0})),
-    ("triton+pdl+ticket1", ("triton", True, {"ticket": 1})),
 ])
 def test_arm_switches_parse_in_any_order(spec, want):
     from attnlab.bench.kernels import split_arm
@@ -226,7 +224,7 @@ def test_arm_switches_parse_in_any_order(spec, want):
 @pytest.mark.parametrize("spec", ["triton+pdl+pdl", "triton+early", "triton+early-1", "triton+early1+early2",
                                   "triton+fast", "triton+", "triton+kvpf", "triton+kvpf0+kvpf1", "triton+pdl1",
                                   "triton+vfirst", "triton+vfirst0+vfirst1", "triton+preload",
-                                  "triton+preload1+preload0", "triton+regs", "triton+regs80+regs88"])
+                                  "triton+preload1+preload0"])
 def test_arm_switches_refuse_unknown_or_repeated(spec):
     from attnlab.bench.kernels import split_arm
 
@@ -258,18 +256,8 @@ def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsy
     with arm_switches("triton+preload0"):  # set here; load_backends refuses it without +pdl (below)
         assert (decode.early_preload(), decode.v_first(), decode.early_tile_max()) == (0, 0, before[0])
     assert decode.early_preload() == 2
-    assert decode.early_maxnreg() == 0
-    with arm_switches("triton+regs80+preload1"):
-        assert (decode.early_maxnreg(), decode.early_preload(), decode.early_tile_max()) == (80, 1, before[0])
-    assert (decode.early_maxnreg(), decode.early_preload()) == (0, 2)
-    from attnlab.kernels import merge
-
-    with arm_switches("triton+ticket1"):
-        assert merge.merge_ticket() is True
-    assert merge.merge_ticket() is False
     bad = ["triton+pdl+early99999", "triton+kvpf9+pdl", "triton+early16384", "flashinfer+pdl+kvpf1", "triton+vfirst2",
-           "flashinfer+vfirst0", "triton+preload0", "triton+pdl+preload3", "triton+regs80", "triton+pdl+regs16",
-           "triton+pdl+regs256", "triton+ticket1", "triton+pdl+ticket2"]
+           "flashinfer+vfirst0", "triton+preload0", "triton+pdl+preload3"]
     assert load_backends(bad) == {}
     assert set(load_backends(["triton+vfirst0", "triton+vfirst1"])) == {"triton+vfirst0", "triton+vfirst1"}
     err = capsys.readouterr().err
@@ -281,11 +269,6 @@ def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsy
     assert "skipping backend flashinfer+pdl+kvpf1: +kvpf: the triton decode's switches, not flashinfer's" in err
     assert "skipping backend triton+preload0: +preload act only with +pdl" in err
     assert "skipping backend triton+pdl+preload3: decode early-tile preload 3: 0 (none before the PDL wait)" in err
-    assert "skipping backend triton+regs80: +regs act only with +pdl" in err
-    assert "skipping backend triton+pdl+regs16: decode early-tile register cap 16: 0 (none) or 32..255" in err
-    assert "skipping backend triton+pdl+regs256: decode early-tile register cap 256" in err
-    assert "skipping backend triton+ticket1: +ticket act only with +pdl" in err
-    assert "skipping backend triton+pdl+ticket2: +ticket2: 0 (the merger by arrival) or 1 (by ticket)" in err
 
 
 def test_run_shape_captures_and_times_each_arm_under_its_switches(monkeypatch):

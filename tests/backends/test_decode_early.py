@@ -17,8 +17,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TritonBackend = require_available("triton")
 
 
-def _outputs(case, early: bool, fused: bool, monkeypatch, num_splits: int = 8, preload: int = 0,
-             plans: list | None = None) -> torch.Tensor:
+def _outputs(case, early: bool, fused: bool, monkeypatch, num_splits: int = 8, preload: int = 0) -> torch.Tensor:
     be = TritonBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale, case.q.dtype,
                        decode_tiles="16x4x1", fused_merge=fused)
     be.num_splits = num_splits  # 8: 16-token splits of one 16-token tile at these lengths, several of them empty
@@ -35,8 +34,6 @@ def _outputs(case, early: bool, fused: bool, monkeypatch, num_splits: int = 8, p
             m.setattr(decode, "early_launch", early_launch)
         out = torch.stack([be.run(case.q, layer) for layer in range(case.pool.num_layers)])
     assert len(forced) == (case.pool.num_layers if early else 0)  # the early launch ran, once a layer
-    if plans is not None:
-        plans.append(be.active_plan)
     return out
 
 
@@ -118,57 +115,3 @@ def test_the_preload_is_k_and_v_on_small_tiles_and_k_past_them(level, small, lar
     assert preload(64, 3, 3) == ((128 * 64, True), small)  # SmolLM2's batch 1 x 4k
     assert preload(128, 4, 8) == ((128 * 128, True), large)  # Llama-8B's
     assert preload(128, 4, 8, splits=4) == ((64 * 128, False), 0)  # splits of several tiles: no early tile
-
-
-def test_the_register_cap_applies_to_early_tile_launches_only():
-    """``set_early_maxnreg``: a ``maxnreg`` launch option on the decode launches that take the early tile (Llama-8B's
-    batch-1 4k one-tile splits, compiled for a GPU on any machine), none on a launch without it or with the cap at 0
-    (the default); bad caps are refused and the block's value is restored."""
-    from attnlab.kernels import pdl
-    from attnlab.kernels.heuristics import decode_params
-
-    def cap(splits: int | None) -> dict:
-        params = decode_params(batch=1, num_kv_heads=8, group=4, head_dim=128, max_kv_len=4096, sms=132,
-                               num_splits=splits)
-        q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)
-        k = torch.zeros(16, 8, 128, dtype=torch.bfloat16)
-        with pdl.forced_for_compile():
-            return decode.early_cap_args(decode.early_launch(q, k, params)[1])
-
-    assert decode.early_maxnreg() == 0 and cap(None) == {}
-    with decode.early_register_cap(80):
-        assert cap(None) == {"maxnreg": 80}
-        assert cap(4) == {}  # splits of several tiles: no early tile, no cap
-    assert decode.early_maxnreg() == 0
-    for bad in (16, 256, -8, True, 80.0, "80"):
-        with pytest.raises(ValueError, match="register cap"):
-            decode.set_early_maxnreg(bad)
-    assert decode.early_maxnreg() == 0
-
-
-@pytest.mark.parametrize("preload", [0, 2], ids=["after-wait", "preload-kv"])
-@pytest.mark.parametrize("page_size,gqa,head_dim", [(1, 3, 64), (16, 4, 128), (3, 1, 64)])
-def test_the_merge_ticket_changes_no_bit(page_size, gqa, head_dim, preload, monkeypatch):
-    """The fused merge's program chosen by ticket at the start (merge.set_merge_ticket, the early tile's launches):
-    the same bits as by arrival at the end (the ordered merge; the merge launch sums its splits in another order: to
-    rounding), over empty splits and padding requests, and the
-    counters are back at 0 after each launch (the next layer's, the next replay's). Under the interpreter the
-    programs run one at a time, so the merger's wait never spins: the GPU test races it."""
-    from attnlab.kernels import merge
-
-    case = make_case(kv_lens=[70, 0, 33, 1, 0], q_lens=[1, 0, 1, 1, 0], page_size=page_size, num_kv_heads=2, gqa=gqa,
-                     head_dim=head_dim, dtype=torch.float32, device=DEVICE, seed=page_size + gqa + 7, spare_pages=0)
-    ref = _outputs(case, False, False, monkeypatch)
-    arrived = _outputs(case, True, True, monkeypatch, preload=preload)
-    plans = []
-    with merge.merge_ticketing(True):
-        taken = _outputs(case, True, True, monkeypatch, preload=preload, plans=plans)
-        assert merge.merge_ticket() is True
-    assert merge.merge_ticket() is False
-    assert torch.equal(taken, arrived), (taken - arrived).abs().max().item()
-    torch.testing.assert_close(taken, ref, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(ref, case.reference(), atol=2e-4, rtol=2e-4)
-    counters = plans[0].counters
-    assert counters is not None and counters.numel() > 0 and not counters.any()
-    with pytest.raises(TypeError, match="merge ticket"):
-        merge.set_merge_ticket(1)

@@ -200,33 +200,6 @@ def test_gpu_auto_fuses_the_capped_tiles_loop_under_races_and_graph_replay(batch
     assert not params.one_tile and 1 < params.num_splits <= 16 and params.block_n == 64, params
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: the split programs race only there")
-@pytest.mark.parametrize("model", ["smollm2", "llama8b"])
-def test_gpu_merge_ticket_under_races_and_graph_replay(model):
-    """The fused merge's program chosen by ticket (merge.set_merge_ticket; the early tile's launches, so PDL on) at the
-    batch-1 4k decode (SmolLM2's with a padding request after it): raced and replayed as above, four launches a graph
-    sharing one plan's counters, against the merge launch; and the same bits as the merge by arrival."""
-    from attnlab.kernels import decode, merge
-
-    if pdl.unsupported("cuda"):
-        pytest.skip(f"engine.pdl: {pdl.unsupported('cuda')}")
-    heads = {"smollm2": (3, 3, 64), "llama8b": (8, 4, 128)}[model]
-    lens = ([4096, 0], [1, 0]) if model == "smollm2" else ([4096], [1])
-    case = make_case(kv_lens=lens[0], q_lens=lens[1], page_size=16, num_kv_heads=heads[0], gqa=heads[1],
-                     head_dim=heads[2], dtype=torch.bfloat16, device="cuda", num_layers=1)
-    with pdl.using(True, "cuda"):
-        want = _race(case, None, launches_per_graph=4, option="auto").run(case.q, 0).clone()
-        with merge.merge_ticketing(True):
-            be = _race(case, None, launches_per_graph=4, option="auto")
-            early = decode.early_launch(case.q, case.pool.slots_view(0)[0], be.active_plan.params)[1]
-            assert early["EARLY_TILE"] and be.active_plan.params.num_splits > 1  # the launch the ticket acts on
-            got = be.run(case.q, 0)
-    torch.cuda.synchronize()
-    assert torch.equal(got, want), (got.float() - want.float()).abs().max().item()
-    assert be.active_plan.counters.eq(0).all()
-
-
 def _race(case, splits: int | None, launches_per_graph: int, option: bool | str = True):
     _, ref = run_layers(case, False, splits)
     be = case.backend(TritonBackend)

@@ -101,30 +101,6 @@ def test_the_heuristics_128_token_tile_changes_no_bit(graph, fused, gate, kv_dty
     torch.testing.assert_close(ref.float(), case.reference().float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("cap", [80, 72])
-@pytest.mark.parametrize("fused", [False, True], ids=["merge-launch", "fused-merge"])
-@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_the_register_cap_changes_no_bit(graph, fused, cap, monkeypatch):
-    """The early-tile launches under a register cap (decode.set_early_maxnreg: 80 fits three of the 128 x 128 tile's
-    programs a SM, with spills; 72 more spills), PDL on, at the heuristic's 128-token tile of 8 warps on 132 SMs (the
-    case above): the same bits as PDL off uncapped, eager and replayed, merge launch and fused."""
-    from attnlab.kernels import heuristics
-
-    monkeypatch.setattr(heuristics, "sm_count", lambda device_index=0: 132)
-    case = make_case(kv_lens=[4096, 3000, 1, 130], q_lens=[1, 1, 1, 1], page_size=16, num_kv_heads=2, gqa=4,
-                     head_dim=128, dtype=torch.bfloat16, device="cuda", num_layers=2, seed=13)
-    ref = _outputs(case, False, decode.KV_PREFETCH_TILES, None, graph, fused)
-    with decode.early_register_cap(cap):
-        be = case.backend(TritonBackend)
-        be.plan(case.meta)
-        with pdl.using(True, "cuda"):
-            early = decode.early_launch(case.q, case.pool.slots_view(0)[0], be.active_plan.params)[1]
-        assert decode.early_cap_args(early) == {"maxnreg": cap}, early
-        out = _outputs(case, True, decode.KV_PREFETCH_TILES, None, graph, fused, decode.EARLY_PRELOAD)
-    assert torch.equal(out, ref), (out.float() - ref.float()).abs().max().item()
-    torch.testing.assert_close(ref.float(), case.reference().float(), atol=2e-2, rtol=2e-2)
-
-
 @pytest.mark.parametrize("head_dim,gqa,tiles,on", [(128, 4, None, False), (128, 4, None, True), (64, 3, None, True),
                                                    (128, 4, "32x4x1", False), (128, 4, "32x4x1", True),
                                                    (64, 3, "64x4x1", False), (64, 3, "64x4x1", True)])
@@ -199,7 +175,7 @@ def _raced(decode_after, probed: torch.Tensor, reset, write_late) -> tuple[torch
 
 @pytest.mark.parametrize("change", ["lengths", "pages"])
 @pytest.mark.parametrize("page_size,fused,preload", [(16, False, 0), (16, True, 0), (1, False, 0), (128, True, 0),
-                                                     (16, False, 2), (128, True, 1), (16, "ticket", 2)])
+                                                     (16, False, 2), (128, True, 1)])
 def test_a_plan_written_just_before_is_read_after_the_wait(page_size, fused, preload, change):
     """The rule the early reads rest on (the launch before an attention kernel never writes its plan) broken on
     purpose: the launch before the decode lets it start, spins, then writes its plan's page ids and lengths (``pages``:
@@ -207,12 +183,10 @@ def test_a_plan_written_just_before_is_read_after_the_wait(page_size, fused, pre
     as with no race: the early first tile is taken only when every value read after the wait equals its early read. A
     probe launched the same way checks that an early read does see the old plan (the race is real; the decode's own
     early reads cannot be observed). ``preload``: the early tile's K / V rows loaded before the wait, from the old
-    plan's pages. ``ticket``: the fused merge's merger chosen by ticket (merge.set_merge_ticket)."""
-    from attnlab.kernels import merge
-
+    plan's pages."""
     case = make_case(kv_lens=[700, 4096, 130], q_lens=[1, 1, 1], page_size=page_size, num_kv_heads=2, gqa=4,
                      head_dim=128, dtype=torch.bfloat16, device="cuda", num_layers=1, seed=5)
-    with pdl.using(True, "cuda"), decode.early_preloading(preload), merge.merge_ticketing(fused == "ticket"):
+    with pdl.using(True, "cuda"), decode.early_preloading(preload):
         be = case.backend(TritonBackend)
         be.num_splits = 64  # 64 tokens a split: one tile (BLOCK_N 64 at head dim 128), so one stage, the early tile
         be.plan(case.meta)
@@ -265,23 +239,21 @@ def _late_rows(SRC_K, SRC_V, K, V, SLOTS, n, row, spins, BLOCK: tl.constexpr, US
 
 
 @pytest.mark.parametrize("preload", [0, 1, 2], ids=["after-wait", "preload-k", "preload-kv"])
-@pytest.mark.parametrize("head_dim,gqa,fused", [(128, 4, False), (128, 4, True), (64, 3, True), (128, 4, "ticket"),
-                                                 (64, 3, "ticket")])
+@pytest.mark.parametrize("head_dim,gqa,fused", [(128, 4, False), (128, 4, True), (64, 3, True)])
 def test_the_current_tokens_kv_stored_just_before_is_read_after_the_wait(head_dim, gqa, fused, preload, monkeypatch):
     """What the early tile's preload rests on: of a request's K / V only the current token's row (position
     kv_len - 1) may be stored by the launch before the decode. Here that launch lets the decode start, spins, then
     stores every request's current row (old values before it): the output is still the new rows', the same bits as
     with no race, with the early tile's rows loaded after the wait and before it (``preload``). A probe launched the
-    same way checks that an early read does see the old row (the race is real). ``ticket``: the fused merge's merger
-    chosen by ticket (merge.set_merge_ticket)."""
-    from attnlab.kernels import heuristics, merge
+    same way checks that an early read does see the old row (the race is real)."""
+    from attnlab.kernels import heuristics
 
     monkeypatch.setattr(heuristics, "sm_count", lambda device_index=0: 132)
     case = make_case(kv_lens=[4096, 3000, 1, 130], q_lens=[1, 1, 1, 1], page_size=16, num_kv_heads=2, gqa=gqa,
                      head_dim=head_dim, dtype=torch.bfloat16, device="cuda", num_layers=1, seed=head_dim + gqa)
-    with pdl.using(True, "cuda"), decode.early_preloading(preload), merge.merge_ticketing(fused == "ticket"):
+    with pdl.using(True, "cuda"), decode.early_preloading(preload):
         be = case.backend(TritonBackend)
-        be.fused_merge = bool(fused)
+        be.fused_merge = fused
         be.plan(case.meta)
         plan = be.active_plan
         early = decode.early_launch(case.q, case.pool.slots_view(0)[0], plan.params)[1]
