@@ -2,7 +2,8 @@
 under each early-tile register cap (decode.set_early_maxnreg; bench arm +regs<n>) and preload level, fused merge (the
 default) and merge launch, compiled for sm_90a on a machine without a GPU (fused-merge/sass.py's build; triton 3.6 as
 on the GPU machine: ``pip install --target /tmp/t36 triton==3.6.0``, then ``PYTHONPATH=/tmp/t36:$PWD``). A reading of
-the compiled code, not a timing: results/cpu-regs-triton3.6.txt.
+the compiled code, not a timing: results/cpu-regs-triton3.6.txt. The cap was removed after it lost (README): this needs
+commit c6ff0e1's attnlab (``git archive c6ff0e1 attnlab | tar -x -C DIR``, then ``PYTHONPATH=/tmp/t36:DIR``).
 
     python experiments/decode-regcap/regs.py [--out FILE]
 """
