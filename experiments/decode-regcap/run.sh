@@ -77,7 +77,7 @@ case $PART in
   FB=.gpu/fk install_fb
   L=triton/fused_merge=false
   Q="--phases decode --reps 200 --repeats 3 --quick"
-  for r in 1 2; do
+  for r in $(seq "${ROUNDS:-2}"); do
     step "round $r: the default and the merge launch"
     timeout 150 $PY -m attnlab.bench.kernels $Q --backends triton+pdl,$L+pdl --out "$OUT/plain$r" > $LOGS/plain$r.log 2>&1
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/plain$r.log
