@@ -51,7 +51,9 @@ def test_out_partials_merge_to_the_reference_and_keep_the_ordered_merges_bits(dt
     _, launched = run(case, "out", False, 5)  # the merge launch over the same kind of partials
     torch.testing.assert_close(launched.float(), fused.float(), **CLOSE[dtype])
     torch.testing.assert_close(fused.float(), case.reference(), **CLOSE[dtype])
-    _, fp32 = run(case, "fp32", True, 5)
+    be32, fp32 = run(case, "fp32", True, 5)  # the default's fused merge keeps merge_ordered's bits too
+    merge_ordered(want, be32.active_plan.o_part, be32.active_plan.lse_part)
+    assert torch.equal(fp32[-1], want)
     if dtype == torch.float32:  # the backend's dtype is fp32: the same launch, the same bits
         assert torch.equal(fused, fp32)
     else:  # one bf16 rounding of each partial more

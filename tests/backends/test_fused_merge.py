@@ -309,18 +309,3 @@ def test_fused_merge_in_graph_mode_plans_and_device_planned_steps():
         if fused:
             assert plan.counters.eq(0).all() and steps[0].counters.eq(0).all()
     torch.testing.assert_close(outs[1], outs[0], **TOL[torch.float32])
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_fused_decode_keeps_merge_ordered_bits(dtype):
-    """The fused decode's output is merge_ordered's over the launch's own partials, bit for bit: merge_arrived's merge
-    is the ordered one (splits in index order, one at a time; empty splits and a padding request included)."""
-    from attnlab.kernels.invariant import merge_ordered
-
-    q_lens = [1, 1, 0, 1]
-    case = make_case(kv_lens=[c + q for c, q in zip([300, 0, 17, 1], q_lens)], q_lens=q_lens, page_size=16,
-                     num_kv_heads=2, gqa=3, head_dim=64, dtype=dtype, device=DEVICE, seed=7)
-    be, out = run_layers(case, True, 5)
-    want = torch.empty_like(out[-1])
-    merge_ordered(want, be.active_plan.o_part, be.active_plan.lse_part)  # the last layer's partials, left in scratch
-    assert torch.equal(out[-1], want)
