@@ -17,6 +17,17 @@ install_fb() {
   $PY -c "import torch, triton, flashinfer; print('torch', torch.__version__, 'triton', triton.__version__, \
 'flashinfer', flashinfer.__version__)"
 }
+# floor_rounds ARMS: ROUNDS (3) floor rounds of bench.kernels arms ARMS against c101f91, the decode floor's "before"
+# (fused-merge-auto/run.sh 8, which installs .gpu/fk: a no-op once a machine has it; needs .old/attnlab carried), one
+# folder a round ($OUT/floorN), FLOOR_SECS (150) each; the decode rows on the console.
+floor_rounds() {
+  test -d .old/attnlab || { echo ".old/attnlab missing: carry it (git archive c101f91 attnlab | tar -x -C .old)"; exit 1; }
+  local r
+  for r in $(seq "${ROUNDS:-3}"); do
+    ARMS=$1 FLOOR_SECS=${FLOOR_SECS:-150} OUT=$OUT/floor$r bash experiments/fused-merge-auto/run.sh 8 > /dev/null
+    sleep 1; step "floor round $r"; grep -E "^decode|exit code" "$OUT/floor$r/run8.log"
+  done
+}
 # pack: every file of this call in $OUT but its console log into one archive, resultsPART.tgz (at most 8 files come
 # back from a call)
 pack() {

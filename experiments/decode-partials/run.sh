@@ -16,11 +16,7 @@ OUTP=triton/decode_partials=out
 ARMS=triton+pdl,$OUTP+pdl,triton,$OUTP
 case $PART in
 1)
-  test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
-  for r in $(seq "${ROUNDS:-3}"); do
-    ARMS=$ARMS FLOOR_SECS=90 OUT=$OUT/floor$r bash experiments/fused-merge-auto/run.sh 8 > /dev/null; sleep 1
-    step "floor round $r"; grep -E "^decode|exit code" "$OUT/floor$r/run8.log"
-  done
+  FLOOR_SECS=90 floor_rounds $ARMS
   step "GPU tests: bf16 partials raced, eager and graphed, at both shapes' floor cells"
   gpu_tests partials 150 -m gpu tests/backends/test_decode_partials.py
   for m in smollm2 llama8b; do

@@ -27,18 +27,9 @@ set -u -o pipefail
 PART=${1:?part 1, 2 or 3}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 ARMS3=triton+pdl,triton+pdl+preload1,triton+pdl+preload2
-# rounds ARMS: ROUNDS (3) floor rounds of ARMS against c101f91 (fused-merge-auto/run.sh 8, which installs the bundle: a
-# no-op once a machine has it; one folder a round)
-rounds() {
-  test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
-  for r in $(seq "${ROUNDS:-3}"); do
-    ARMS=$1 FLOOR_SECS=90 OUT=$OUT/floor$r bash experiments/fused-merge-auto/run.sh 8 > /dev/null; sleep 1
-    step "floor round $r"; grep -E "^decode|exit code" "$OUT/floor$r/run8.log"
-  done
-}
 case $PART in
 1)
-  rounds $ARMS3
+  FLOOR_SECS=90 floor_rounds $ARMS3
   for m in smollm2 llama8b; do
     step "$m: $ARMS3, batch 1 / 4 / 16 x 128 / 512 / 4k"
     timeout 150 $PY -m attnlab.bench.kernels --phases decode --reps 200 --repeats 3 --models $m --batches 1,4,16 \
@@ -51,14 +42,15 @@ case $PART in
 2)
   S16=triton/num_splits=16/decode_tiles=128x8x1/fused_merge=true
   T64=triton/num_splits=64/decode_tiles=64x4x1/fused_merge=true
-  rounds triton+pdl,triton+pdl+preload0,triton,$S16+pdl+kvpf2,$T64+pdl
+  FLOOR_SECS=90 floor_rounds triton+pdl,triton+pdl+preload0,triton,$S16+pdl+kvpf2,$T64+pdl
   step "GPU tests: the decode's early reads, the preloads, the fused merge, triton's decode cases"
   gpu_tests default 450 -m gpu tests/integration/test_gpu_decode_prefetch.py \
     tests/backends/test_fused_merge.py tests/backends/test_triton.py -k "decode or early or tile or merge or fused or \
 capped or auto or pdl or preload"
   ;;
 3)
-  rounds triton+pdl,triton+pdl+preload0,triton,triton/num_splits=16+pdl,triton/decode_partials=out+pdl
+  FLOOR_SECS=90 floor_rounds \
+    triton+pdl,triton+pdl+preload0,triton,triton/num_splits=16+pdl,triton/decode_partials=out+pdl
   ;;
 *) echo "part 1, 2 or 3"; exit 2 ;;
 esac

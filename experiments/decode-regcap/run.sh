@@ -32,17 +32,11 @@
 set -u -o pipefail
 PART=${1:?part 1, 2 or 3}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
-rounds() {
-  test -d .old/attnlab || { echo ".old/attnlab missing: carry it (see the header)"; exit 1; }
-  for r in $(seq "${ROUNDS:-3}"); do
-    ARMS=$1 FLOOR_SECS=${FLOOR_SECS:-150} OUT=$OUT/floor$r bash experiments/fused-merge-auto/run.sh 8 > /dev/null
-    sleep 1; step "floor round $r"; grep -E "^decode|exit code" "$OUT/floor$r/run8.log"
-  done
-}
 case $PART in
 1)
   L=triton/fused_merge=false
-  rounds triton+pdl,triton+pdl+regs80,triton+pdl+regs80+preload0,triton+pdl+regs88,triton+pdl+regs72,$L+pdl,$L+pdl+regs80
+  floor_rounds \
+    triton+pdl,triton+pdl+regs80,triton+pdl+regs80+preload0,triton+pdl+regs88,triton+pdl+regs72,$L+pdl,$L+pdl+regs80
   step "the split decode without its merge (nomerge.py: the merge launch removed; triton+pdl, fused, the anchor)"
   timeout 120 $PY experiments/decode-regcap/nomerge.py --phases decode --reps 200 --repeats 3 --quick \
     --backends triton+pdl,$L+pdl,$L+pdl+regs80 --out "$OUT/nomerge" > $LOGS/nomerge.log 2>&1
@@ -57,7 +51,7 @@ case $PART in
   ;;
 2)
   L=triton/fused_merge=false
-  rounds triton+pdl,triton+pdl+ticket1,triton
+  floor_rounds triton+pdl,triton+pdl+ticket1,triton
   step "the split decode without its merge (nomerge.py), the fused default and +ticket1 in the same process"
   timeout 120 $PY experiments/decode-regcap/nomerge.py --phases decode --reps 200 --repeats 3 --quick \
     --backends triton+pdl,triton+pdl+ticket1,$L+pdl --out "$OUT/nomerge" > $LOGS/nomerge.log 2>&1
