@@ -21,7 +21,8 @@
 #      with three rounds the call needs ~9.5 min, so run it with ROUNDS=1 on a fresh machine.
 #   3  carry [".gpu/fk", ".old"], ~3 min on a fresh machine: for an H200, the card the floor was set on (lead 0 of
 #      experiments/README.md): three floor rounds of the default against +preload0, PDL off, 16 splits (on the H200
-#      the read over 16 splits was the fastest, decode-early/ call 17) and bf16 partials (decode-partials/).
+#      the read over 16 splits was the fastest, decode-early/ call 17: the heuristic's tile for them, and two 128-token
+#      tiles of 8 warps fused) and bf16 partials (decode-partials/).
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
 PART=${1:?part 1, 2 or 3}
@@ -49,8 +50,9 @@ case $PART in
 capped or auto or pdl or preload"
   ;;
 3)
-  FLOOR_SECS=90 floor_rounds \
-    triton+pdl,triton+pdl+preload0,triton,triton/num_splits=16+pdl,triton/decode_partials=out+pdl
+  S16=triton/num_splits=16
+  A=triton+pdl,triton+pdl+preload0,triton,$S16+pdl,$S16/decode_tiles=128x8x2/fused_merge=true+pdl
+  FLOOR_SECS=90 floor_rounds $A,triton/decode_partials=out+pdl
   ;;
 *) echo "part 1, 2 or 3"; exit 2 ;;
 esac
