@@ -1,7 +1,7 @@
 """Part 3's table: where the fused merge's time goes at the batch-1 / 16 x 4k decode (PDL on), from its processes'
 bench.kernels JSONs, each round's folders side by side (untar results3.tgz first).
 
-    python experiments/decode-regcap/arrival.py DIR     (DIR holds plainN/, nomergeN/, arriveN/, relaxedN/ .json)
+    python experiments/decode-regcap/arrival.py DIR     (DIR holds plainN, nomergeN, arriveN, relaxedN .json)
 
 Rows per (model, batch): the default (fused merge), the merge launch, the split decode without any merge (nomerge.py),
 the fused merge cut to its arrival (--arrive) and that arrival without its fence (--arrive-relaxed), as the range over
@@ -28,11 +28,11 @@ DIFFS = [("arrival: arrive - no merge", ("arrive", "triton+pdl"), ("nomerge", "t
 
 
 def load(root: pathlib.Path) -> dict:
-    """{(prefix, round): {(model, batch, backend): us}} from every PREFIXN/*.json under root."""
+    """{(prefix, round): {(model, batch, backend): us}} from every PREFIXN.json in root."""
     out = {}
-    for f in sorted(root.glob("*/*.json")):
-        prefix = f.parent.name.rstrip("0123456789")
-        rnd = f.parent.name[len(prefix):]
+    for f in sorted(root.glob("*.json")):
+        prefix = f.stem.rstrip("0123456789")
+        rnd = f.stem[len(prefix):]
         cells = json.loads(f.read_text())["cells"]
         out[(prefix, rnd)] = {(c["model"], c["batch"], c["backend"]): c["ms"] * 1e3 for c in cells
                               if c.get("status") == "ok" and c["phase"] == "decode"}
@@ -44,23 +44,37 @@ def table(data: dict) -> list[str]:
     keys = sorted({(m, b) for d in data.values() for m, b, _ in d})
     lines = ["| model, batch x 4k | row | us (range over rounds) |", "|---|---|---|"]
     for m, b in keys:
-        for prefix, spec, label in ROWS:
-            vals = [data.get((prefix, r), {}).get((m, b, spec)) for r in rounds]
-            vals = [v for v in vals if v is not None]
-            lines.append(f"| {m}, {b} | {label} | {fmt(vals)} |")
-        for label, (pa, sa), (pb, sb) in DIFFS:
-            vals = [data[(pa, r)][(m, b, sa)] - data[(pb, r)][(m, b, sb)] for r in rounds
-                    if (m, b, sa) in data.get((pa, r), {}) and (m, b, sb) in data.get((pb, r), {})]
-            lines.append(f"| {m}, {b} | **{label}** | {fmt(vals, signed=True)} |")
+        rows = [(label, fmt(series(data, rounds, m, b, (prefix, spec)))) for prefix, spec, label in ROWS]
+        rows += [(f"**{label}**", fmt(series(data, rounds, m, b, a, minus), signed=True)) for label, a, minus in DIFFS]
+        # every other arm timed both whole and cut to its arrival: its merge proper
+        others = sorted({s for (pre, _), d in data.items() if pre == "arrive" for mm, bb, s in d
+                         if (mm, bb) == (m, b) and s != "triton+pdl"})
+        for spec in others:
+            rows.append((f"{spec}: whole", fmt(series(data, rounds, m, b, ("plain", spec)))))
+            rows.append((f"{spec}: arrival only", fmt(series(data, rounds, m, b, ("arrive", spec)))))
+            rows.append((f"**{spec}: merge proper**",
+                         fmt(series(data, rounds, m, b, ("plain", spec), ("arrive", spec)), signed=True)))
+        lines += [f"| {m}, {b} | {label} | {value} |" for label, value in rows if value != "-"]
     return lines
+
+
+def series(data: dict, rounds: list[str], m: str, b: int, a: tuple[str, str], minus: tuple[str, str] | None = None):
+    """A's time (us) at (m, b) in each round that has it, less MINUS's in the same round when given."""
+    out = []
+    for r in rounds:
+        va = data.get((a[0], r), {}).get((m, b, a[1]))
+        vb = data.get((minus[0], r), {}).get((m, b, minus[1])) if minus else 0.0
+        if va is not None and vb is not None:
+            out.append(va - vb)
+    return out
 
 
 def fmt(vals: list[float], signed: bool = False) -> str:
     if not vals:
         return "-"
     f = "{:+.2f}" if signed else "{:.2f}"
-    lo, hi = min(vals), max(vals)
-    return f.format(lo) if abs(hi - lo) < 0.005 else f"{f.format(lo)} to {f.format(hi)}"
+    lo, hi = f.format(min(vals)), f.format(max(vals))
+    return lo if lo == hi else f"{lo} to {hi}"
 
 
 def main() -> None:
@@ -69,7 +83,7 @@ def main() -> None:
     a = ap.parse_args()
     data = load(a.dir)
     if not data:
-        raise SystemExit(f"{a.dir}: no PREFIXN/*.json (untar results3.tgz there first)")
+        raise SystemExit(f"{a.dir}: no PREFIXN.json (untar results3.tgz there first)")
     print("\n".join(table(data)))
 
 

@@ -29,9 +29,13 @@
 #      launch removed), nomerge.py --arrive (the fused merge cut to its arrival: barrier, acq_rel add, the last one's
 #      store of zeros), nomerge.py --arrive-relaxed (that arrival without its fence). Batch 1 / 16 x 4k, both shapes,
 #      200 runs a replay.
+#   4  carry [".gpu/fk"], ~1.5 min on a warm machine (after part 3, which ran it by hand in the same call): is the merge
+#      proper bytes or the next decode's early tile? bf16 partials against fp32, PDL on and off, three rounds
+#      (bf16pN); then the default, +preload0 and PDL off, each whole (plainN) and cut to its arrival (arriveN, the
+#      same arms in both processes), two rounds.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1, 2 or 3}
+PART=${1:?part 1, 2, 3 or 4}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 case $PART in
 1)
@@ -90,6 +94,22 @@ case $PART in
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/relaxed$r.log
   done
   ;;
-*) echo "part 1, 2 or 3"; exit 2 ;;
+4)
+  FB=.gpu/fk install_fb
+  Q="--phases decode --reps 200 --repeats 3 --quick"
+  for r in 1 2 3; do
+    step "round $r: fp32 and bf16 partials, PDL on and off"
+    timeout 60 $PY -m attnlab.bench.kernels $Q --backends \
+      triton+pdl,triton/decode_partials=out+pdl,triton,triton/decode_partials=out --out "$OUT/bf16p$r" 2>&1 \
+      | grep -E "^decode|Error"
+  done
+  Q="$Q --models llama8b,smollm2 --batches 1 --backends triton+pdl,triton+pdl+preload0,triton"
+  for r in 1 2; do
+    step "round $r: the default, +preload0 and PDL off, whole and cut to their arrival"
+    timeout 60 $PY -m attnlab.bench.kernels $Q --out "$OUT/plain$r" 2>&1 | grep -E "^decode|Error"
+    timeout 60 $PY experiments/decode-regcap/nomerge.py --arrive $Q --out "$OUT/arrive$r" 2>&1 | grep -E "^decode|Error"
+  done
+  ;;
+*) echo "part 1, 2, 3 or 4"; exit 2 ;;
 esac
 pack
