@@ -33,9 +33,12 @@
 #      proper bytes or the next decode's early tile? bf16 partials against fp32, PDL on and off, three rounds
 #      (bf16pN); then the default, +preload0 and PDL off, each whole (plainN) and cut to its arrival (arriveN, the
 #      same arms in both processes), two rounds.
+#   5  carry [".gpu/fk"], ~1 min on a fresh machine: the merging program's own timestamps (stamps.py: cycles from
+#      before its arrival to the add's reply and from the reply to its sums; globaltimer between launches), batch 1 x
+#      4k, both shapes, PDL on and off, after a plain run of the same cells (the stamps' own cost).
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1, 2, 3 or 4}
+PART=${1:?part 1, 2, 3, 4 or 5}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 case $PART in
 1)
@@ -110,6 +113,19 @@ case $PART in
     timeout 60 $PY experiments/decode-regcap/nomerge.py --arrive $Q --out "$OUT/arrive$r" 2>&1 | grep -E "^decode|Error"
   done
   ;;
-*) echo "part 1, 2, 3 or 4"; exit 2 ;;
+5)
+  FB=.gpu/fk install_fb
+  Q="--phases decode --reps 200 --repeats 3 --models llama8b,smollm2 --batches 1 --contexts 4096"
+  step "plain: the default and PDL off"
+  timeout 60 $PY -m attnlab.bench.kernels $Q --backends triton+pdl,triton --out "$OUT/plain" 2>&1 \
+    | grep -E "^decode|Error"
+  for arm in pdl nopdl; do
+    step "stamped: $arm"
+    timeout 90 $PY experiments/decode-regcap/stamps.py $Q --backends "triton$([ $arm = pdl ] && echo +pdl)" \
+      --out "$OUT/stamps-$arm" 2>&1 | grep -E "^decode|^buffer|Error"
+  done
+  nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv
+  ;;
+*) echo "part 1, 2, 3, 4 or 5"; exit 2 ;;
 esac
 pack

@@ -1,0 +1,178 @@
+"""A diagnostic, not a backend: where the fused merge's time goes inside the merging program, from timestamps it
+takes itself while ``attnlab.bench.kernels`` replays its CUDA graphs (PDL on, as the floor is timed).
+
+    python experiments/decode-regcap/stamps.py --out PREFIX [bench.kernels arguments]
+
+``decode.merge_arrived`` is replaced by a copy of ``merge.merge_arrived`` whose last program (the merger) also takes
+stamps: the SM's cycle counter (``%clock64``, low 32 bits) before its arrival's barrier, after the add's reply and after
+its sums; the GPU's ``%globaltimer`` (ns, low 32 bits) before the barrier and after the sums. (A stamp after the LSEs'
+max held the partials' loads back until it, in the sm_90a SASS: without it they issue with the LSEs', as unstamped.)
+A stamp after a value is taken by an instruction predicated on that value, so it cannot issue before the value is in
+its registers (a warp issues in order). The merger writes them, with a sequence number a kv head, into a ring past
+the arrival counters (``merge.merge_counters`` is replaced to allocate it). Its output is the merge's own (the same
+loads and sums); the stamps cost it an add and a few stores.
+
+After the bench, PREFIX-stamps.json holds every ring that was written (per buffer: kv heads x launches x stamps) and the
+console a summary per buffer, medians over the last launches of each kv head's merger:
+- arrival: cycles from before the barrier to the add's reply (the fence and the round trip);
+- merge: from the reply to the sums (the LSEs and partials loaded and summed);
+- period: globaltimer ns between one launch's merger and the next's (a launch's time in the replay);
+- tail: ns from one launch's merger's sums to the next launch's merger's arrival, the same kv head.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import statistics
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from attnlab.bench import kernels
+from attnlab.kernels import decode, merge
+from attnlab.kernels.merge import _merge_one
+
+BASE = 4096  # int32 slots for the arrival counters (batch x kv heads) before the rings
+RING = 512  # launches a kv head's ring holds
+STAMPS = 5  # clock before the barrier, after the reply, after the sums; globaltimer before, after the sums
+STRIDE = 1 + RING * STAMPS  # a kv head's sequence number, then its ring
+HEADS = 1024  # kv heads x requests the rings hold
+BUFFERS: list[torch.Tensor] = []
+
+
+def counters(programs: int, num_kv_heads: int, device) -> torch.Tensor:
+    if max(1, programs) * num_kv_heads > min(BASE, HEADS):
+        raise SystemExit(f"stamps.py: {programs} x {num_kv_heads} counters do not fit its {min(BASE, HEADS)} slots")
+    buf = torch.zeros(BASE + HEADS * STRIDE, dtype=torch.int32, device=device)
+    BUFFERS.append(buf)
+    return buf
+
+
+@triton.jit
+def _stamp(after, CLOCK: tl.constexpr):
+    """The low 32 bits of %clock64 (CLOCK) or %globaltimer, read once ``after`` (an int32 tensor; fp32 values
+    bitcast) is in the thread's registers: the read is predicated on it."""
+    if CLOCK:
+        t = tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .u64 t; .reg .b32 x; mov.b32 x, $1; setp.ne.b32 p, x, 2143289345; mov.u64 t, 0; "
+            "@p mov.u64 t, %clock64; cvt.u32.u64 $0, t; }", "=r,r", [after], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        t = tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .u64 t; .reg .b32 x; mov.b32 x, $1; setp.ne.b32 p, x, 2143289345; mov.u64 t, 0; "
+            "@p mov.u64 t, %globaltimer; cvt.u32.u64 $0, t; }", "=r,r", [after], dtype=tl.int32, is_pure=True,
+            pack=1)
+    return t
+
+
+@triton.jit
+def _merge_stamped(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_mask,
+                   stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
+                   MAX_SPLITS: tl.constexpr):
+    c0 = tl.max(_stamp(rows, True), 0)
+    g0 = tl.max(_stamp(rows, False), 0)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(COUNTERS + ticket, 1, sem="acq_rel")
+    if arrived == num_splits - 1:
+        c1 = tl.max(_stamp(rows * 0 + arrived, True), 0)
+        lse_rows = LSE_PART + rows.to(tl.int64) * stride_lt + heads * stride_lh
+        part = O_PART + (rows.to(tl.int64) * stride_pt + heads * stride_ph)[:, None] + offs_d[None, :]
+        mask = row_mask[:, None] & d_mask[None, :]
+        m = tl.full([row_mask.shape[0]], float("-inf"), tl.float32)
+        zero = rows * 0
+        for s in tl.static_range(MAX_SPLITS):
+            m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask & (zero + s < num_splits), other=float("-inf"),
+                                      cache_modifier=".cg"))
+        m = tl.where(m == float("-inf"), 0.0, m)
+        acc = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
+        denom = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
+        for s in tl.static_range(MAX_SPLITS):
+            live = row_mask & (zero + s < num_splits)
+            acc, denom = _merge_one(lse_rows, part, s, stride_ps, live, mask & live[:, None], m, acc, denom)
+        out = acc / tl.where(denom > 0, denom, 1.0)
+        bits = out.to(tl.int32, bitcast=True)
+        c3 = tl.max(tl.max(_stamp(bits, True), 1), 0)
+        g3 = tl.max(tl.max(_stamp(bits, False), 1), 0)
+        dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
+        tl.store(dst, out.to(O.dtype.element_ty), mask=mask)
+        tl.store(COUNTERS + ticket, 0)
+        ring = COUNTERS + 4096 + ticket * (1 + 512 * 5)  # BASE, RING, STAMPS (jit code takes no Python globals)
+        seq = tl.atomic_add(ring, 1, sem="relaxed")
+        slot = ring + 1 + (seq % 512) * 5
+        tl.store(slot, c0)
+        tl.store(slot + 1, c1)
+        tl.store(slot + 2, c3)
+        tl.store(slot + 3, g0)
+        tl.store(slot + 4, g3)
+
+
+def rings(buf: torch.Tensor) -> list[list[list[int]]]:
+    """Per kv head that stamped: its launches in order (the ring's last RING), each STAMPS ints (uint32)."""
+    host = buf.cpu().to(torch.int64) & 0xFFFFFFFF
+    out = []
+    for h in range(HEADS):
+        base = BASE + h * STRIDE
+        seq = int(host[base])
+        if seq == 0:
+            continue
+        ring = host[base + 1: base + STRIDE].view(RING, STAMPS).tolist()
+        n = min(seq, RING)
+        order = [(seq - n + i) % RING for i in range(n)]
+        out.append([ring[j] for j in order])
+    return out
+
+
+def wrap(d: int) -> int:
+    return d % (1 << 32)
+
+
+def summary(heads: list[list[list[int]]], last: int = 200) -> dict:
+    arrival, merged, period, tail = [], [], [], []
+    for launches in heads:
+        launches = launches[-last:]
+        for i, s in enumerate(launches):
+            arrival.append(wrap(s[1] - s[0]))
+            merged.append(wrap(s[2] - s[1]))
+            if i:
+                period.append(wrap(s[3] - launches[i - 1][3]))
+                tail.append(wrap(s[3] - launches[i - 1][4]))
+    med = lambda xs: statistics.median(xs) if xs else None
+    # the globaltimer's step: the gcd of the merges' spans on it (1000 where it ticks once a microsecond)
+    step = math.gcd(*[wrap(s[4] - s[3]) for launches in heads for s in launches[-last:]])
+    return {"kv_heads": len(heads), "launches": min(len(x) for x in heads) if heads else 0, "timer_step_ns": step,
+            "arrival_cycles": med(arrival), "merge_cycles": med(merged),
+            "period_ns": med(period), "tail_ns": med(tail)}
+
+
+def main(argv: list[str]) -> int:
+    assert STRIDE == 1 + 512 * 5 and BASE == 4096, "the kernel's ring constants"
+    if "--out" not in argv:
+        raise SystemExit("stamps.py: --out PREFIX is needed (PREFIX-stamps.json)")
+    # every buffer a fused decode merges on must hold the rings (warmup's scratch ones too): modules that imported
+    # merge_counters by name get the replacement; those that import it later read it from merge
+    original = merge.merge_counters
+    for mod in [m for name, m in sys.modules.items() if name.startswith("attnlab")]:
+        if getattr(mod, "merge_counters", None) is original:
+            mod.merge_counters = counters
+    decode.merge_arrived = _merge_stamped
+    print("stamps.py: the fused merge's merger stamps its arrival, loads and sums", flush=True)
+    rc = kernels.main(argv)
+    torch.cuda.synchronize()
+    report = []
+    for i, buf in enumerate(BUFFERS):
+        heads = rings(buf)
+        if heads:
+            s = summary(heads)
+            report.append({"buffer": i, "summary": s, "rings": heads})
+            print(f"buffer {i}: {s}", flush=True)
+    out = pathlib.Path(argv[argv.index("--out") + 1])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(str(out) + "-stamps.json").write_text(json.dumps(report))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
