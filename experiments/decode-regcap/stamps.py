@@ -3,8 +3,8 @@ takes itself while ``attnlab.bench.kernels`` replays its CUDA graphs (PDL on, as
 
     python experiments/decode-regcap/stamps.py --out PREFIX [bench.kernels arguments]
 
-``decode.merge_arrived`` is replaced by a copy of ``merge.merge_arrived`` whose last program (the merger) also takes
-stamps: the SM's cycle counter (``%clock64``, low 32 bits) before its arrival's barrier, after the add's reply and after
+``decode.merge_arrived`` is replaced by ``merge.merge_arrived``'s arrival and merge (``merge.merge_partials``) with
+stamps around them, which its last program (the merger) takes: the SM's cycle counter (``%clock64``, low 32 bits) before its arrival's barrier, after the add's reply and after
 its sums; the GPU's ``%globaltimer`` (ns, low 32 bits) before the barrier and after the sums. (A stamp after the LSEs'
 max held the partials' loads back until it, in the sm_90a SASS: without it they issue with the LSEs', as unstamped.)
 A stamp after a value is taken by an instruction predicated on that value, so it cannot issue before the value is in
@@ -34,7 +34,7 @@ import triton.language as tl
 
 from attnlab.bench import kernels
 from attnlab.kernels import decode, merge
-from attnlab.kernels.merge import _merge_one
+from attnlab.kernels.merge import merge_partials
 
 BASE = 4096  # int32 slots for the arrival counters (batch x kv heads) before the rings
 RING = 512  # launches a kv head's ring holds
@@ -78,26 +78,13 @@ def _merge_stamped(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, head
     arrived = tl.atomic_add(COUNTERS + ticket, 1, sem="acq_rel")
     if arrived == num_splits - 1:
         c1 = tl.max(_stamp(rows * 0 + arrived, True), 0)
-        lse_rows = LSE_PART + rows.to(tl.int64) * stride_lt + heads * stride_lh
-        part = O_PART + (rows.to(tl.int64) * stride_pt + heads * stride_ph)[:, None] + offs_d[None, :]
-        mask = row_mask[:, None] & d_mask[None, :]
-        m = tl.full([row_mask.shape[0]], float("-inf"), tl.float32)
-        zero = rows * 0
-        for s in tl.static_range(MAX_SPLITS):
-            m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask & (zero + s < num_splits), other=float("-inf"),
-                                      cache_modifier=".cg"))
-        m = tl.where(m == float("-inf"), 0.0, m)
-        acc = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
-        denom = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
-        for s in tl.static_range(MAX_SPLITS):
-            live = row_mask & (zero + s < num_splits)
-            acc, denom = _merge_one(lse_rows, part, s, stride_ps, live, mask & live[:, None], m, acc, denom)
-        out = acc / tl.where(denom > 0, denom, 1.0)
+        out = merge_partials(O_PART, LSE_PART, num_splits, rows, heads, row_mask, offs_d, d_mask, stride_pt,
+                             stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS)
         bits = out.to(tl.int32, bitcast=True)
         c3 = tl.max(tl.max(_stamp(bits, True), 1), 0)
         g3 = tl.max(tl.max(_stamp(bits, False), 1), 0)
         dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
-        tl.store(dst, out.to(O.dtype.element_ty), mask=mask)
+        tl.store(dst, out.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
         tl.store(COUNTERS + ticket, 0)
         ring = COUNTERS + 4096 + ticket * (1 + 512 * 5)  # BASE, RING, STAMPS (jit code takes no Python globals)
         seq = tl.atomic_add(ring, 1, sem="relaxed")
