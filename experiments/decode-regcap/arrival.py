@@ -54,6 +54,11 @@ def table(data: dict) -> list[str]:
             rows.append((f"{spec}: arrival only", fmt(series(data, rounds, m, b, ("arrive", spec)))))
             rows.append((f"**{spec}: merge proper**",
                          fmt(series(data, rounds, m, b, ("plain", spec), ("arrive", spec)), signed=True)))
+        # every arm timed with the default merge and with lean.py's: the lean one's time and its difference
+        for spec in sorted({s for (pre, _), d in data.items() if pre == "lean" for mm, bb, s in d if (mm, bb) == (m, b)}):
+            rows.append((f"{spec}: lean merge", fmt(series(data, rounds, m, b, ("lean", spec)))))
+            rows.append((f"**{spec}: lean - default**",
+                         fmt(series(data, rounds, m, b, ("lean", spec), ("plain", spec)), signed=True)))
         lines += [f"| {m}, {b} | {label} | {value} |" for label, value in rows if value != "-"]
     return lines
 

@@ -36,9 +36,12 @@
 #   5  carry [".gpu/fk"], ~1 min on a fresh machine: the merging program's own timestamps (stamps.py: cycles from
 #      before its arrival to the add's reply and from the reply to its sums; globaltimer between launches), batch 1 x
 #      4k, both shapes, PDL on and off, after a plain run of the same cells (the stamps' own cost).
+#   6  carry [".gpu/fk"], ~1.5 min on a fresh machine: is the merge proper the merger's instruction issue? The lean merge
+#      (lean.py: a compile-time split step, no bound masks; 429 instructions after the add against 581 in the sm_90a
+#      SASS) against the default, three rounds of two processes (each the default and PDL off), batch 1 / 16 x 4k.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1, 2, 3, 4 or 5}
+PART=${1:?part 1 to 6}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 case $PART in
 1)
@@ -126,6 +129,15 @@ case $PART in
   done
   nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv
   ;;
-*) echo "part 1, 2, 3, 4 or 5"; exit 2 ;;
+6)
+  FB=.gpu/fk install_fb
+  Q="--phases decode --reps 200 --repeats 3 --quick --backends triton+pdl,triton"
+  for r in 1 2 3; do
+    step "round $r: the default merge, then the lean one"
+    timeout 60 $PY -m attnlab.bench.kernels $Q --out "$OUT/plain$r" 2>&1 | grep -E "^decode|Error"
+    timeout 60 $PY experiments/decode-regcap/lean.py $Q --out "$OUT/lean$r" 2>&1 | grep -E "^decode|Error"
+  done
+  ;;
+*) echo "part 1 to 6"; exit 2 ;;
 esac
 pack

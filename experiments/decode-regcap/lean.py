@@ -1,0 +1,148 @@
+"""A diagnostic, not a backend: the fused merge with fewer instructions, to see whether its merge proper (1.0-1.35 us at
+Llama-8B's batch-1 4k, call 3) is the merging program's instruction issue. In the sm_90a SASS the merger runs ~580
+instructions a warp after its add, eight warps on four schedulers; ~200 of them are integer work (IMAD, LEA, IADD3,
+ISETP) on the 32 splits' addresses and masks.
+
+    python experiments/decode-regcap/lean.py --sass                  (CPU: instructions after the add, both merges)
+    python experiments/decode-regcap/lean.py --check                 (CPU: the fused merge's tests, lean, interpreted)
+    python experiments/decode-regcap/lean.py [bench.kernels arguments] (GPU: the bench with the lean merge)
+
+The lean merge (``decode.merge_arrived`` replaced) assumes what holds at the floor cells, and checks it in the kernel
+(a program whose launch breaks it merges as ``merge.merge_partials`` does): contiguous partials, so a split's partial
+is ``BLOCK_D`` elements past the previous one (a compile-time step: immediate load offsets, no per-split address
+arithmetic); and ``num_splits`` equal to ``MAX_SPLITS`` (no per-split bound mask). It also keeps each row's
+denominator once, not once per element. Per element the same operations in the same order as ``merge_partials``,
+so the same bits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+import triton.language as tl
+
+from attnlab.kernels import decode
+from attnlab.kernels.merge import merge_partials
+
+
+@triton.jit
+def _lean_partials(O_PART, LSE_PART, rows, heads, row_mask, offs_d, d_mask, stride_pt, stride_ph, stride_lt,
+                   stride_lh, MAX_SPLITS: tl.constexpr):
+    lse_rows = LSE_PART + rows.to(tl.int64) * stride_lt + heads * stride_lh
+    part = O_PART + (rows.to(tl.int64) * stride_pt + heads * stride_ph)[:, None] + offs_d[None, :]
+    mask = row_mask[:, None] & d_mask[None, :]
+    m = tl.full([row_mask.shape[0]], float("-inf"), tl.float32)
+    for s in tl.static_range(MAX_SPLITS):
+        m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg"))
+    m = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
+    denom = tl.zeros([row_mask.shape[0]], tl.float32)
+    for s in tl.static_range(MAX_SPLITS):
+        lse = tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg")
+        w = tl.math.exp2(lse - m)
+        o = tl.load(part + s * offs_d.shape[0], mask=mask, other=0.0, cache_modifier=".cg")
+        seen = lse > float("-inf")
+        acc = tl.where(seen[:, None], acc + o * w[:, None], acc)
+        denom = tl.where(seen, denom + w, denom)
+    return acc / tl.where(denom > 0, denom, 1.0)[:, None]
+
+
+@triton.jit
+def _merge_lean(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_mask,
+                stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS: tl.constexpr):
+    tl.debug_barrier()
+    arrived = tl.atomic_add(COUNTERS + ticket, 1, sem="acq_rel")
+    if arrived == num_splits - 1:
+        if (num_splits == MAX_SPLITS) & (stride_ps == offs_d.shape[0]):
+            out = _lean_partials(O_PART, LSE_PART, rows, heads, row_mask, offs_d, d_mask, stride_pt, stride_ph,
+                                 stride_lt, stride_lh, MAX_SPLITS)
+        else:
+            out = merge_partials(O_PART, LSE_PART, num_splits, rows, heads, row_mask, offs_d, d_mask, stride_pt,
+                                 stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS)
+        dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
+        tl.store(dst, out.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+        tl.store(COUNTERS + ticket, 0)
+
+
+@triton.jit
+def _merge_lean_unchecked(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_mask,
+                          stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
+                          MAX_SPLITS: tl.constexpr):
+    """``_merge_lean`` without its check and fallback: what --sass counts (the SASS after the add holds one merge)."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(COUNTERS + ticket, 1, sem="acq_rel")
+    if arrived == num_splits - 1:
+        out = _lean_partials(O_PART, LSE_PART, rows, heads, row_mask, offs_d, d_mask, stride_pt, stride_ph,
+                             stride_lt, stride_lh, MAX_SPLITS)
+        dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
+        tl.store(dst, out.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+        tl.store(COUNTERS + ticket, 0)
+
+
+def sass_counts(model: str) -> str:
+    """The instructions after the add in the sm_90a SASS of the decode at ``model``'s batch-1 4k, by opcode (the merger's
+    path, and the others' exit); needs triton 3.6's ptxas / nvdisasm, as fused-merge/sass.py."""
+    here = pathlib.Path(__file__).resolve().parents[1]
+    sys.path[:0] = [str(here / "fused-merge")]
+    import sass
+
+    _, kernel = sass.compile_case(model, 4096)
+    with tempfile.TemporaryDirectory() as d:
+        cubin = pathlib.Path(d) / "k.cubin"
+        sass.ptxas_v(kernel.asm["ptx"], cubin)
+        text = subprocess.run([str(sass.BIN / "nvdisasm"), "-c", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+    start = next(i for i, line in enumerate(text) if "ATOMG" in line)
+    ops = collections.Counter()
+    for line in text[start:]:
+        m = re.match(r"\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)", line)
+        if m:
+            ops[m.group(1)] += 1
+    top = ", ".join(f"{k} {v}" for k, v in ops.most_common(8))
+    return f"{sum(ops.values())} instructions after the add ({top})"
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--check"]:  # the interpreter is chosen when a kernel is decorated: a child with it set
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        return subprocess.run([sys.executable, __file__, "--check-in"], check=False, env=env).returncode
+    if argv[:1] == ["--check-in"]:
+        import pytest
+
+        decode.merge_arrived = _merge_lean
+        return pytest.main(["-q", "-p", "no:cacheprovider", "tests/backends/test_decode_partials.py",
+                            "tests/backends/test_fused_merge.py"])
+    if argv[:1] == ["--sass-one"]:  # one variant, one model, in its own process (triton keys a kernel's compiles
+        # by its source once a process: a replaced merge_arrived is not seen after the first compile)
+        if argv[1] == "lean":
+            decode.merge_arrived = _merge_lean_unchecked
+        print(f"{argv[2]} {argv[1]}: {sass_counts(argv[2])}", flush=True)
+        return 0
+    if argv[:1] == ["--sass"]:
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--sass", action="store_true")
+        ap.add_argument("--models", default="llama8b,smollm2")
+        a = ap.parse_args(argv)
+        print(f"triton {triton.__version__}, sm_90a, batch 1 x 4k, PDL on, the fused merge's merger", flush=True)
+        for model in a.models.split(","):
+            for variant in ("default", "lean"):
+                subprocess.run([sys.executable, __file__, "--sass-one", variant, model], check=True)
+        return 0
+    from attnlab.bench import kernels
+
+    decode.merge_arrived = _merge_lean
+    print("lean.py: the fused merge with a compile-time split step, no bound masks and one denominator a row",
+          flush=True)
+    return kernels.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
