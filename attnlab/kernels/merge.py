@@ -169,9 +169,15 @@ def merge_arrived(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads
     if arrived == num_splits - 1:
         out = merge_partials(O_PART, LSE_PART, num_splits, rows, heads, row_mask, offs_d, d_mask, stride_pt,
                              stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS)
-        dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
-        tl.store(dst, out.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
-        tl.store(COUNTERS + ticket, 0)
+        store_merged(O, COUNTERS, ticket, out, rows, heads, row_mask, offs_d, d_mask, stride_ot, stride_oh)
+
+
+@triton.jit
+def store_merged(O, COUNTERS, ticket, out, rows, heads, row_mask, offs_d, d_mask, stride_ot, stride_oh):
+    """The merger's last step: its rows x D of O (``out``, fp32, in O's dtype) and its arrival counter back to 0."""
+    dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
+    tl.store(dst, out.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+    tl.store(COUNTERS + ticket, 0)
 
 
 @triton.jit

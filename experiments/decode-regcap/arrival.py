@@ -55,7 +55,8 @@ def table(data: dict) -> list[str]:
             rows.append((f"**{spec}: merge proper**",
                          fmt(series(data, rounds, m, b, ("plain", spec), ("arrive", spec)), signed=True)))
         # every arm timed with the default merge and with lean.py's: the lean one's time and its difference
-        for spec in sorted({s for (pre, _), d in data.items() if pre == "lean" for mm, bb, s in d if (mm, bb) == (m, b)}):
+        leans = {s for (pre, _), d in data.items() if pre == "lean" for mm, bb, s in d if (mm, bb) == (m, b)}
+        for spec in sorted(leans):
             rows.append((f"{spec}: lean merge", fmt(series(data, rounds, m, b, ("lean", spec)))))
             rows.append((f"**{spec}: lean - default**",
                          fmt(series(data, rounds, m, b, ("lean", spec), ("plain", spec)), signed=True)))

@@ -45,9 +45,10 @@ def read(axis: int) -> str:
     cga = re.search(r"CGALayout = (\[\[[\d, ]+\]\])", k.asm["ttgir"])
     dsmem = sum(bool(re.search(r"\bmapa\b|shared::cluster", line)) for line in ptx)
     barriers = sum("barrier.cluster" in line for line in ptx)
-    split = {"[[1, 0]]": "keys", "[[0, 1]]": "dims"}.get(cga.group(1) if cga else "", "?")
+    layout = cga.group(1) if cga else "?"
+    split = {"[[1, 0]]": "keys", "[[0, 1]]": "dims"}.get(layout, "?")
     return (f"reduce over the {('keys', 'dims')[axis]}: cluster directive {directive!r}; the tile's CTAs split its "
-            f"{split} (CGALayout {cga.group(1) if cga else '?'}); {dsmem} DSMEM operations, {barriers} cluster barriers")
+            f"{split} (CGALayout {layout}); {dsmem} DSMEM operations, {barriers} cluster barriers")
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from attnlab.kernels import decode
-from attnlab.kernels.merge import merge_partials
+from attnlab.kernels.merge import merge_partials, store_merged
 
 
 @triton.jit
@@ -56,40 +56,44 @@ def _lean_partials(O_PART, LSE_PART, rows, heads, row_mask, offs_d, d_mask, stri
 
 
 @triton.jit
-def _merge_lean(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_mask,
-                stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS: tl.constexpr):
+def _lean_frame(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_mask, stride_ot,
+                stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS: tl.constexpr,
+                CHECKED: tl.constexpr):
+    """``merge.merge_arrived`` with the lean merge; CHECKED: where a launch breaks its assumptions, the default one
+    (unchecked: what --sass counts, one merge in the SASS after the add)."""
     tl.debug_barrier()
     arrived = tl.atomic_add(COUNTERS + ticket, 1, sem="acq_rel")
     if arrived == num_splits - 1:
-        if (num_splits == MAX_SPLITS) & (stride_ps == offs_d.shape[0]):
+        lean = True
+        if CHECKED:
+            lean = (num_splits == MAX_SPLITS) & (stride_ps == offs_d.shape[0])
+        if lean:
             out = _lean_partials(O_PART, LSE_PART, rows, heads, row_mask, offs_d, d_mask, stride_pt, stride_ph,
                                  stride_lt, stride_lh, MAX_SPLITS)
         else:
             out = merge_partials(O_PART, LSE_PART, num_splits, rows, heads, row_mask, offs_d, d_mask, stride_pt,
                                  stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS)
-        dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
-        tl.store(dst, out.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
-        tl.store(COUNTERS + ticket, 0)
+        store_merged(O, COUNTERS, ticket, out, rows, heads, row_mask, offs_d, d_mask, stride_ot, stride_oh)
+
+
+@triton.jit
+def _merge_lean(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_mask,
+                stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS: tl.constexpr):
+    _lean_frame(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_mask, stride_ot,
+                stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS, True)
 
 
 @triton.jit
 def _merge_lean_unchecked(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_mask,
                           stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
                           MAX_SPLITS: tl.constexpr):
-    """``_merge_lean`` without its check and fallback: what --sass counts (the SASS after the add holds one merge)."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(COUNTERS + ticket, 1, sem="acq_rel")
-    if arrived == num_splits - 1:
-        out = _lean_partials(O_PART, LSE_PART, rows, heads, row_mask, offs_d, d_mask, stride_pt, stride_ph,
-                             stride_lt, stride_lh, MAX_SPLITS)
-        dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
-        tl.store(dst, out.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
-        tl.store(COUNTERS + ticket, 0)
+    _lean_frame(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_mask, stride_ot,
+                stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS, False)
 
 
 def sass_counts(model: str) -> str:
-    """The instructions after the add in the sm_90a SASS of the decode at ``model``'s batch-1 4k, by opcode (the merger's
-    path, and the others' exit); needs triton 3.6's ptxas / nvdisasm, as fused-merge/sass.py."""
+    """The instructions after the add in the sm_90a SASS of the decode at ``model``'s batch-1 4k, by opcode (the
+    merger's path, and the others' exit); needs triton 3.6's ptxas / nvdisasm, as fused-merge/sass.py."""
     here = pathlib.Path(__file__).resolve().parents[1]
     sys.path[:0] = [str(here / "fused-merge")]
     import sass

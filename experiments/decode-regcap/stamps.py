@@ -4,9 +4,10 @@ takes itself while ``attnlab.bench.kernels`` replays its CUDA graphs (PDL on, as
     python experiments/decode-regcap/stamps.py --out PREFIX [bench.kernels arguments]
 
 ``decode.merge_arrived`` is replaced by ``merge.merge_arrived``'s arrival and merge (``merge.merge_partials``) with
-stamps around them, which its last program (the merger) takes: the SM's cycle counter (``%clock64``, low 32 bits) before its arrival's barrier, after the add's reply and after
-its sums; the GPU's ``%globaltimer`` (ns, low 32 bits) before the barrier and after the sums. (A stamp after the LSEs'
-max held the partials' loads back until it, in the sm_90a SASS: without it they issue with the LSEs', as unstamped.)
+stamps around them, which its last program (the merger) takes: the SM's cycle counter (``%clock64``, low 32 bits)
+before its arrival's barrier, after the add's reply and after its sums; the GPU's ``%globaltimer`` (ns, low 32 bits)
+before the barrier and after the sums. (A stamp after the LSEs' max held the partials' loads back until it, in the
+sm_90a SASS: without it they issue with the LSEs', as unstamped.)
 A stamp after a value is taken by an instruction predicated on that value, so it cannot issue before the value is in
 its registers (a warp issues in order). The merger writes them, with a sequence number a kv head, into a ring past
 the arrival counters (``merge.merge_counters`` is replaced to allocate it). Its output is the merge's own (the same
@@ -34,7 +35,7 @@ import triton.language as tl
 
 from attnlab.bench import kernels
 from attnlab.kernels import decode, merge
-from attnlab.kernels.merge import merge_partials
+from attnlab.kernels.merge import merge_partials, store_merged
 
 BASE = 4096  # int32 slots for the arrival counters (batch x kv heads) before the rings
 RING = 512  # launches a kv head's ring holds
@@ -83,9 +84,7 @@ def _merge_stamped(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, head
         bits = out.to(tl.int32, bitcast=True)
         c3 = tl.max(tl.max(_stamp(bits, True), 1), 0)
         g3 = tl.max(tl.max(_stamp(bits, False), 1), 0)
-        dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
-        tl.store(dst, out.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
-        tl.store(COUNTERS + ticket, 0)
+        store_merged(O, COUNTERS, ticket, out, rows, heads, row_mask, offs_d, d_mask, stride_ot, stride_oh)
         ring = COUNTERS + 4096 + ticket * (1 + 512 * 5)  # BASE, RING, STAMPS (jit code takes no Python globals)
         seq = tl.atomic_add(ring, 1, sem="relaxed")
         slot = ring + 1 + (seq % 512) * 5
