@@ -16,7 +16,7 @@ import json
 import pathlib
 
 # (folder prefix, backend spec in that process, row label)
-ROWS = [("plain", "triton+pdl", "default (fused merge)"),
+ROWS = [("plain", "triton+pdl", "default (triton+pdl)"),
         ("nomerge", "triton+pdl", "default, nomerge.py's process"),
         ("plain", "triton/fused_merge=false+pdl", "merge launch"),
         ("nomerge", "triton/fused_merge=false+pdl", "no merge (nomerge.py)"),
@@ -27,24 +27,34 @@ DIFFS = [("arrival: arrive - no merge", ("arrive", "triton+pdl"), ("nomerge", "t
          ("merge proper: default - arrive", ("plain", "triton+pdl"), ("arrive", "triton+pdl"))]
 
 
-def load(root: pathlib.Path) -> dict:
-    """{(prefix, round): {(model, batch, backend): us}} from every PREFIXN.json in root."""
-    out = {}
+def load(root: pathlib.Path) -> tuple[dict, set]:
+    """{(prefix, round): {(model, batch, backend): us}} from every PREFIXN.json in root (bench.kernels tables: other
+    JSONs, such as stamps.py's, are skipped), and the (model, batch) cells whose default (triton+pdl, plainN) merges
+    inside its kernel: only there do nomerge.py, --arrive and lean.py change the default."""
+    out, fused = {}, set()
     for f in sorted(root.glob("*.json")):
         prefix = f.stem.rstrip("0123456789")
         rnd = f.stem[len(prefix):]
-        cells = json.loads(f.read_text())["cells"]
-        out[(prefix, rnd)] = {(c["model"], c["batch"], c["backend"]): c["ms"] * 1e3 for c in cells
-                              if c.get("status") == "ok" and c["phase"] == "decode"}
-    return out
+        table = json.loads(f.read_text())
+        if not (isinstance(table, dict) and "cells" in table and rnd):
+            continue
+        cells = [c for c in table["cells"] if c.get("status") == "ok" and c["phase"] == "decode"]
+        out[(prefix, int(rnd))] = {(c["model"], c["batch"], c["backend"]): c["ms"] * 1e3 for c in cells}
+        fused |= {(c["model"], c["batch"]) for c in cells if prefix == "plain" and c["backend"] == "triton+pdl"
+                  and "merge=fused" in c.get("extra", {}).get("kernels", {}).get("decode", "")}
+    return out, fused
 
 
-def table(data: dict) -> list[str]:
+def table(data: dict, fused: set) -> list[str]:
     rounds = sorted({r for _, r in data})
     keys = sorted({(m, b) for d in data.values() for m, b, _ in d})
     lines = ["| model, batch x 4k | row | us (range over rounds) |", "|---|---|---|"]
     for m, b in keys:
         rows = [(label, fmt(series(data, rounds, m, b, (prefix, spec)))) for prefix, spec, label in ROWS]
+        if (m, b) not in fused:  # the default runs the merge launch: the diagnostics do not apply to it
+            lines += [f"| {m}, {b} | {label} | {value} |" for label, value in rows if value != "-"]
+            lines.append(f"| {m}, {b} | (the default runs the merge launch here: no decomposition) | - |")
+            continue
         rows += [(f"**{label}**", fmt(series(data, rounds, m, b, a, minus), signed=True)) for label, a, minus in DIFFS]
         # every other arm timed both whole and cut to its arrival: its merge proper
         others = sorted({s for (pre, _), d in data.items() if pre == "arrive" for mm, bb, s in d
@@ -64,7 +74,7 @@ def table(data: dict) -> list[str]:
     return lines
 
 
-def series(data: dict, rounds: list[str], m: str, b: int, a: tuple[str, str], minus: tuple[str, str] | None = None):
+def series(data: dict, rounds: list[int], m: str, b: int, a: tuple[str, str], minus: tuple[str, str] | None = None):
     """A's time (us) at (m, b) in each round that has it, less MINUS's in the same round when given."""
     out = []
     for r in rounds:
@@ -87,10 +97,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("dir", type=pathlib.Path)
     a = ap.parse_args()
-    data = load(a.dir)
+    data, fused = load(a.dir)
     if not data:
         raise SystemExit(f"{a.dir}: no PREFIXN.json (untar results3.tgz there first)")
-    print("\n".join(table(data)))
+    print("\n".join(table(data, fused)))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ ISETP) on the 32 splits' addresses and masks.
 
     python experiments/decode-regcap/lean.py --sass                  (CPU: instructions after the add, both merges)
     python experiments/decode-regcap/lean.py --check                 (CPU: the fused merge's tests, lean, interpreted)
+    python experiments/decode-regcap/lean.py --gpu-check             (GPU: their GPU cases with the lean merge)
     python experiments/decode-regcap/lean.py [bench.kernels arguments] (GPU: the bench with the lean merge)
 
 The lean merge (``decode.merge_arrived`` replaced) assumes what holds at the floor cells, and checks it in the kernel
@@ -118,11 +119,12 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--check"]:  # the interpreter is chosen when a kernel is decorated: a child with it set
         env = dict(os.environ, TRITON_INTERPRET="1")
         return subprocess.run([sys.executable, __file__, "--check-in"], check=False, env=env).returncode
-    if argv[:1] == ["--check-in"]:
+    if argv[:1] in (["--check-in"], ["--gpu-check"]):  # --gpu-check: their GPU cases, on the GPU machine
         import pytest
 
         decode.merge_arrived = _merge_lean
-        return pytest.main(["-q", "-p", "no:cacheprovider", "tests/backends/test_decode_partials.py",
+        marks = ["-m", "gpu"] if argv[0] == "--gpu-check" else []
+        return pytest.main(["-q", "-p", "no:cacheprovider", *marks, "tests/backends/test_decode_partials.py",
                             "tests/backends/test_fused_merge.py"])
     if argv[:1] == ["--sass-one"]:  # one variant, one model, in its own process (triton keys a kernel's compiles
         # by its source once a process: a replaced merge_arrived is not seen after the first compile)

@@ -38,7 +38,8 @@
 #      4k, both shapes, PDL on and off, after a plain run of the same cells (the stamps' own cost).
 #   6  carry [".gpu/fk"], ~1.5 min on a fresh machine: is the merge proper the merger's instruction issue? The lean merge
 #      (lean.py: a compile-time split step, no bound masks; 429 instructions after the add against 581 in the sm_90a
-#      SASS) against the default, three rounds of two processes (each the default and PDL off), batch 1 / 16 x 4k.
+#      SASS) against the default, three rounds of two processes (each the default and PDL off), batch 1 / 16 x 4k;
+#      then the fused merge's GPU tests with the lean merge (lean.py --gpu-check).
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
 PART=${1:?part 1 to 6}
@@ -106,26 +107,30 @@ case $PART in
   for r in 1 2 3; do
     step "round $r: fp32 and bf16 partials, PDL on and off"
     timeout 60 $PY -m attnlab.bench.kernels $Q --backends \
-      triton+pdl,triton/decode_partials=out+pdl,triton,triton/decode_partials=out --out "$OUT/bf16p$r" 2>&1 \
-      | grep -E "^decode|Error"
+      triton+pdl,triton/decode_partials=out+pdl,triton,triton/decode_partials=out --out "$OUT/bf16p$r" \
+      > $LOGS/bf16p$r.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/bf16p$r.log
   done
   Q="$Q --models llama8b,smollm2 --batches 1 --backends triton+pdl,triton+pdl+preload0,triton"
   for r in 1 2; do
     step "round $r: the default, +preload0 and PDL off, whole and cut to their arrival"
-    timeout 60 $PY -m attnlab.bench.kernels $Q --out "$OUT/plain$r" 2>&1 | grep -E "^decode|Error"
-    timeout 60 $PY experiments/decode-regcap/nomerge.py --arrive $Q --out "$OUT/arrive$r" 2>&1 | grep -E "^decode|Error"
+    timeout 60 $PY -m attnlab.bench.kernels $Q --out "$OUT/plain$r" > $LOGS/plain$r.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/plain$r.log
+    timeout 60 $PY experiments/decode-regcap/nomerge.py --arrive $Q --out "$OUT/arrive$r" > $LOGS/arrive$r.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/arrive$r.log
   done
   ;;
 5)
   FB=.gpu/fk install_fb
   Q="--phases decode --reps 200 --repeats 3 --models llama8b,smollm2 --batches 1 --contexts 4096"
   step "plain: the default and PDL off"
-  timeout 60 $PY -m attnlab.bench.kernels $Q --backends triton+pdl,triton --out "$OUT/plain" 2>&1 \
-    | grep -E "^decode|Error"
+  timeout 60 $PY -m attnlab.bench.kernels $Q --backends triton+pdl,triton --out "$OUT/plain" > $LOGS/plain.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/plain.log
   for arm in pdl nopdl; do
     step "stamped: $arm"
     timeout 90 $PY experiments/decode-regcap/stamps.py $Q --backends "triton$([ $arm = pdl ] && echo +pdl)" \
-      --out "$OUT/stamps-$arm" 2>&1 | grep -E "^decode|^buffer|Error"
+      --out "$OUT/stamps-$arm" > $LOGS/stamps-$arm.log 2>&1
+    echo "exit code $?"; grep -E "^decode|^buffer|Error" $LOGS/stamps-$arm.log; cp $LOGS/stamps-$arm.log "$OUT/"
   done
   nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv
   ;;
@@ -134,9 +139,15 @@ case $PART in
   Q="--phases decode --reps 200 --repeats 3 --quick --backends triton+pdl,triton"
   for r in 1 2 3; do
     step "round $r: the default merge, then the lean one"
-    timeout 60 $PY -m attnlab.bench.kernels $Q --out "$OUT/plain$r" 2>&1 | grep -E "^decode|Error"
-    timeout 60 $PY experiments/decode-regcap/lean.py $Q --out "$OUT/lean$r" 2>&1 | grep -E "^decode|Error"
+    timeout 60 $PY -m attnlab.bench.kernels $Q --out "$OUT/plain$r" > $LOGS/plain$r.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/plain$r.log
+    timeout 60 $PY experiments/decode-regcap/lean.py $Q --out "$OUT/lean$r" > $LOGS/lean$r.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/lean$r.log
   done
+  step "GPU tests of the fused merge with the lean merge (raced, replayed; its bits against merge_ordered)"
+  timeout 240 $PY experiments/decode-regcap/lean.py --gpu-check > $LOGS/lean-tests.log 2>&1
+  echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/lean-tests.log | tail -n 6
+  cp $LOGS/lean-tests.log "$OUT/"
   ;;
 *) echo "part 1 to 6"; exit 2 ;;
 esac

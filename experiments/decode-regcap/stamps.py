@@ -8,10 +8,12 @@ stamps around them, which its last program (the merger) takes: the SM's cycle co
 before its arrival's barrier, after the add's reply and after its sums; the GPU's ``%globaltimer`` (ns, low 32 bits)
 before the barrier and after the sums. (A stamp after the LSEs' max held the partials' loads back until it, in the
 sm_90a SASS: without it they issue with the LSEs', as unstamped.)
-A stamp after a value is taken by an instruction predicated on that value, so it cannot issue before the value is in
-its registers (a warp issues in order). The merger writes them, with a sequence number a kv head, into a ring past
-the arrival counters (``merge.merge_counters`` is replaced to allocate it). Its output is the merge's own (the same
-loads and sums); the stamps cost it an add and a few stores.
+A stamp after a value is written as a timer read predicated on that value. ptxas makes it an unconditional read
+and a select, placed after the compare of that value, so the order holds because a warp issues in order (the SASS,
+checked on the CPU: not a guarantee of the compiler's). The merger writes them, with a sequence number a kv head,
+into a ring past the arrival counters (``merge.merge_counters`` is replaced to allocate it). Its output is the
+merge's own (the same loads and sums); the stamps add cross-warp maxima (barriers, shared memory) before its output
+store, an add and a few stores, so its times are a little longer than the unstamped merge's (run.sh 5 times both).
 
 After the bench, PREFIX-stamps.json holds every ring that was written (per buffer: kv heads x launches x stamps) and the
 console a summary per buffer, medians over the last launches of each kv head's merger:
@@ -134,7 +136,8 @@ def summary(heads: list[list[list[int]]], last: int = 200) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    assert STRIDE == 1 + 512 * 5 and BASE == 4096, "the kernel's ring constants"
+    if (BASE, RING, STAMPS) != (4096, 512, 5):
+        raise SystemExit("stamps.py: BASE, RING and STAMPS are written into _merge_stamped too: change both")
     if "--out" not in argv:
         raise SystemExit("stamps.py: --out PREFIX is needed (PREFIX-stamps.json)")
     # every buffer a fused decode merges on must hold the rings (warmup's scratch ones too): modules that imported
