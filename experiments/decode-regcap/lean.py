@@ -8,12 +8,11 @@ ISETP) on the 32 splits' addresses and masks.
     python experiments/decode-regcap/lean.py --gpu-check             (GPU: their GPU cases with the lean merge)
     python experiments/decode-regcap/lean.py [bench.kernels arguments] (GPU: the bench with the lean merge)
 
-The lean merge (``decode.merge_arrived`` replaced) assumes what holds at the floor cells, and checks it in the kernel
-(a program whose launch breaks it merges as ``merge.merge_partials`` does): contiguous partials, so a split's partial
-is ``BLOCK_D`` elements past the previous one (a compile-time step: immediate load offsets, no per-split address
-arithmetic); and ``num_splits`` equal to ``MAX_SPLITS`` (no per-split bound mask). It also keeps each row's
-denominator once, not once per element. Per element the same operations in the same order as ``merge_partials``,
-so the same bits.
+The lean merge (``decode.merge_arrived`` replaced) is ``merge.merge_partials`` told two compile-time facts that hold
+at the floor cells: contiguous partials, so a split's partial is ``BLOCK_D`` elements past the previous one
+(``SPLIT_STEP``: immediate load offsets, no per-split address arithmetic), and ``num_splits == MAX_SPLITS``
+(``ALL_SPLITS``: no per-split bound mask). The kernel checks both and merges without them where a launch breaks
+them. The same operations in the same order, so the same bits.
 """
 
 from __future__ import annotations
@@ -35,28 +34,6 @@ from attnlab.kernels.merge import merge_partials, store_merged
 
 
 @triton.jit
-def _lean_partials(O_PART, LSE_PART, rows, heads, row_mask, offs_d, d_mask, stride_pt, stride_ph, stride_lt,
-                   stride_lh, MAX_SPLITS: tl.constexpr):
-    lse_rows = LSE_PART + rows.to(tl.int64) * stride_lt + heads * stride_lh
-    part = O_PART + (rows.to(tl.int64) * stride_pt + heads * stride_ph)[:, None] + offs_d[None, :]
-    mask = row_mask[:, None] & d_mask[None, :]
-    m = tl.full([row_mask.shape[0]], float("-inf"), tl.float32)
-    for s in tl.static_range(MAX_SPLITS):
-        m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg"))
-    m = tl.where(m == float("-inf"), 0.0, m)
-    acc = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
-    denom = tl.zeros([row_mask.shape[0]], tl.float32)
-    for s in tl.static_range(MAX_SPLITS):
-        lse = tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg")
-        w = tl.math.exp2(lse - m)
-        o = tl.load(part + s * offs_d.shape[0], mask=mask, other=0.0, cache_modifier=".cg")
-        seen = lse > float("-inf")
-        acc = tl.where(seen[:, None], acc + o * w[:, None], acc)
-        denom = tl.where(seen, denom + w, denom)
-    return acc / tl.where(denom > 0, denom, 1.0)[:, None]
-
-
-@triton.jit
 def _lean_frame(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_mask, stride_ot,
                 stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS: tl.constexpr,
                 CHECKED: tl.constexpr):
@@ -69,8 +46,8 @@ def _lean_frame(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, 
         if CHECKED:
             lean = (num_splits == MAX_SPLITS) & (stride_ps == offs_d.shape[0])
         if lean:
-            out = _lean_partials(O_PART, LSE_PART, rows, heads, row_mask, offs_d, d_mask, stride_pt, stride_ph,
-                                 stride_lt, stride_lh, MAX_SPLITS)
+            out = merge_partials(O_PART, LSE_PART, num_splits, rows, heads, row_mask, offs_d, d_mask, stride_pt,
+                                 stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS, offs_d.shape[0], True)
         else:
             out = merge_partials(O_PART, LSE_PART, num_splits, rows, heads, row_mask, offs_d, d_mask, stride_pt,
                                  stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS)
@@ -145,8 +122,7 @@ def main(argv: list[str]) -> int:
     from attnlab.bench import kernels
 
     decode.merge_arrived = _merge_lean
-    print("lean.py: the fused merge with a compile-time split step, no bound masks and one denominator a row",
-          flush=True)
+    print("lean.py: the fused merge with a compile-time split step and no bound masks", flush=True)
     return kernels.main(argv)
 
 

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from attnlab.bench import kernels
 from attnlab.kernels import decode
+from attnlab.kernels.merge import store_merged
 
 
 @triton.jit
@@ -35,10 +36,8 @@ def _arrive(O, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_ma
     tl.debug_barrier()
     arrived = tl.atomic_add(COUNTERS + ticket, 1, sem=SEM)
     if arrived == num_splits - 1:
-        dst = O + (rows.to(tl.int64) * stride_ot + heads * stride_oh)[:, None] + offs_d[None, :]
-        tl.store(dst, tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32).to(O.dtype.element_ty),
-                 mask=row_mask[:, None] & d_mask[None, :])
-        tl.store(COUNTERS + ticket, 0)
+        store_merged(O, COUNTERS, ticket, tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32), rows, heads,
+                     row_mask, offs_d, d_mask, stride_ot, stride_oh)
 
 
 @triton.jit

@@ -39,57 +39,52 @@ from attnlab.bench import kernels
 from attnlab.kernels import decode, merge
 from attnlab.kernels.merge import merge_partials, store_merged
 
-BASE = 4096  # int32 slots for the arrival counters (batch x kv heads) before the rings
-RING = 512  # launches a kv head's ring holds
-STAMPS = 5  # clock before the barrier, after the reply, after the sums; globaltimer before, after the sums
-STRIDE = 1 + RING * STAMPS  # a kv head's sequence number, then its ring
+# The rings' layout, constants the kernel reads too (tl.constexpr globals)
+BASE = tl.constexpr(4096)  # int32 slots for the arrival counters (batch x kv heads) before the rings
+RING = tl.constexpr(512)  # launches a kv head's ring holds
+STAMPS = tl.constexpr(5)  # clock before the barrier, after the reply, after the sums; globaltimer before, after
+STRIDE = tl.constexpr(1 + RING.value * STAMPS.value)  # a kv head's sequence number, then its ring
 HEADS = 1024  # kv heads x requests the rings hold
 BUFFERS: list[torch.Tensor] = []
 
 
 def counters(programs: int, num_kv_heads: int, device) -> torch.Tensor:
-    if max(1, programs) * num_kv_heads > min(BASE, HEADS):
-        raise SystemExit(f"stamps.py: {programs} x {num_kv_heads} counters do not fit its {min(BASE, HEADS)} slots")
-    buf = torch.zeros(BASE + HEADS * STRIDE, dtype=torch.int32, device=device)
+    slots = min(BASE.value, HEADS)
+    if max(1, programs) * num_kv_heads > slots:
+        raise SystemExit(f"stamps.py: {programs} x {num_kv_heads} counters do not fit its {slots} slots")
+    buf = torch.zeros(BASE.value + HEADS * STRIDE.value, dtype=torch.int32, device=device)
     BUFFERS.append(buf)
     return buf
 
 
 @triton.jit
-def _stamp(after, CLOCK: tl.constexpr):
-    """The low 32 bits of %clock64 (CLOCK) or %globaltimer, read once ``after`` (an int32 tensor; fp32 values
-    bitcast) is in the thread's registers: the read is predicated on it."""
-    if CLOCK:
-        t = tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .u64 t; .reg .b32 x; mov.b32 x, $1; setp.ne.b32 p, x, 2143289345; mov.u64 t, 0; "
-            "@p mov.u64 t, %clock64; cvt.u32.u64 $0, t; }", "=r,r", [after], dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        t = tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .u64 t; .reg .b32 x; mov.b32 x, $1; setp.ne.b32 p, x, 2143289345; mov.u64 t, 0; "
-            "@p mov.u64 t, %globaltimer; cvt.u32.u64 $0, t; }", "=r,r", [after], dtype=tl.int32, is_pure=True,
-            pack=1)
-    return t
+def _stamp(after, SRC: tl.constexpr):
+    """The low 32 bits of ``SRC`` (``"%clock64"`` or ``"%globaltimer"``), read once ``after`` (an int32 tensor; fp32
+    values bitcast) is in the thread's registers: the read is predicated on it."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .u64 t; .reg .b32 x; mov.b32 x, $1; setp.ne.b32 p, x, 2143289345; mov.u64 t, 0; "
+        "@p mov.u64 t, " + SRC + "; cvt.u32.u64 $0, t; }", "=r,r", [after], dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
 def _merge_stamped(O, O_PART, LSE_PART, COUNTERS, ticket, num_splits, rows, heads, row_mask, offs_d, d_mask,
                    stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
                    MAX_SPLITS: tl.constexpr):
-    c0 = tl.max(_stamp(rows, True), 0)
-    g0 = tl.max(_stamp(rows, False), 0)
+    c0 = tl.max(_stamp(rows, "%clock64"), 0)
+    g0 = tl.max(_stamp(rows, "%globaltimer"), 0)
     tl.debug_barrier()
     arrived = tl.atomic_add(COUNTERS + ticket, 1, sem="acq_rel")
     if arrived == num_splits - 1:
-        c1 = tl.max(_stamp(rows * 0 + arrived, True), 0)
+        c1 = tl.max(_stamp(rows * 0 + arrived, "%clock64"), 0)
         out = merge_partials(O_PART, LSE_PART, num_splits, rows, heads, row_mask, offs_d, d_mask, stride_pt,
                              stride_ph, stride_ps, stride_lt, stride_lh, MAX_SPLITS)
         bits = out.to(tl.int32, bitcast=True)
-        c3 = tl.max(tl.max(_stamp(bits, True), 1), 0)
-        g3 = tl.max(tl.max(_stamp(bits, False), 1), 0)
+        c3 = tl.max(tl.max(_stamp(bits, "%clock64"), 1), 0)
+        g3 = tl.max(tl.max(_stamp(bits, "%globaltimer"), 1), 0)
         store_merged(O, COUNTERS, ticket, out, rows, heads, row_mask, offs_d, d_mask, stride_ot, stride_oh)
-        ring = COUNTERS + 4096 + ticket * (1 + 512 * 5)  # BASE, RING, STAMPS (jit code takes no Python globals)
+        ring = COUNTERS + BASE + ticket * STRIDE
         seq = tl.atomic_add(ring, 1, sem="relaxed")
-        slot = ring + 1 + (seq % 512) * 5
+        slot = ring + 1 + (seq % RING) * STAMPS
         tl.store(slot, c0)
         tl.store(slot + 1, c1)
         tl.store(slot + 2, c3)
@@ -101,14 +96,15 @@ def rings(buf: torch.Tensor) -> list[list[list[int]]]:
     """Per kv head that stamped: its launches in order (the ring's last RING), each STAMPS ints (uint32)."""
     host = buf.cpu().to(torch.int64) & 0xFFFFFFFF
     out = []
+    stride, size = STRIDE.value, RING.value
     for h in range(HEADS):
-        base = BASE + h * STRIDE
+        base = BASE.value + h * stride
         seq = int(host[base])
         if seq == 0:
             continue
-        ring = host[base + 1: base + STRIDE].view(RING, STAMPS).tolist()
-        n = min(seq, RING)
-        order = [(seq - n + i) % RING for i in range(n)]
+        ring = host[base + 1: base + stride].view(size, STAMPS.value).tolist()
+        n = min(seq, size)
+        order = [(seq - n + i) % size for i in range(n)]
         out.append([ring[j] for j in order])
     return out
 
@@ -136,8 +132,6 @@ def summary(heads: list[list[list[int]]], last: int = 200) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if (BASE, RING, STAMPS) != (4096, 512, 5):
-        raise SystemExit("stamps.py: BASE, RING and STAMPS are written into _merge_stamped too: change both")
     if "--out" not in argv:
         raise SystemExit("stamps.py: --out PREFIX is needed (PREFIX-stamps.json)")
     # every buffer a fused decode merges on must hold the rings (warmup's scratch ones too): modules that imported
