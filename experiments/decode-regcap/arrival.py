@@ -1,11 +1,11 @@
 """Part 3's table: where the fused merge's time goes at the batch-1 / 16 x 4k decode (PDL on), from its processes'
-bench.kernels JSONs, each round's folders side by side (untar results3.tgz first).
+bench.kernels JSONs, each round's files side by side (untar results3.tgz first).
 
     python experiments/decode-regcap/arrival.py DIR     (DIR holds plainN, nomergeN, arriveN, relaxedN .json)
 
 Rows per (model, batch): the default (fused merge), the merge launch, the split decode without any merge (nomerge.py),
-the fused merge cut to its arrival (--arrive) and that arrival without its fence (--arrive-relaxed), as the range over
-rounds; then the differences, round by round: the arrival (arrive - merge-less), its fence (arrive - relaxed), and the
+the fused merge cut to its arrival (--arrive) and that arrival without its fences (--arrive-relaxed), as the range over
+rounds; then the differences, round by round: the arrival (arrive - merge-less), its fences (arrive - relaxed), and the
 merge proper (default - arrive). Each process is its own: the default appears in plainN and nomergeN (its anchor).
 """
 
@@ -21,9 +21,9 @@ ROWS = [("plain", "triton+pdl", "default (triton+pdl)"),
         ("plain", "triton/fused_merge=false+pdl", "merge launch"),
         ("nomerge", "triton/fused_merge=false+pdl", "no merge (nomerge.py)"),
         ("arrive", "triton+pdl", "arrival only (--arrive)"),
-        ("relaxed", "triton+pdl", "arrival, no fence (--arrive-relaxed)")]
+        ("relaxed", "triton+pdl", "arrival, no fences (--arrive-relaxed)")]
 DIFFS = [("arrival: arrive - no merge", ("arrive", "triton+pdl"), ("nomerge", "triton/fused_merge=false+pdl")),
-         ("its fence: arrive - relaxed", ("arrive", "triton+pdl"), ("relaxed", "triton+pdl")),
+         ("its fences: arrive - relaxed", ("arrive", "triton+pdl"), ("relaxed", "triton+pdl")),
          ("merge proper: default - arrive", ("plain", "triton+pdl"), ("arrive", "triton+pdl"))]
 
 
