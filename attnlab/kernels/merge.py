@@ -182,20 +182,15 @@ def store_merged(O, COUNTERS, ticket, out, rows, heads, row_mask, offs_d, d_mask
 
 @triton.jit
 def merge_partials(O_PART, LSE_PART, num_splits, rows, heads, row_mask, offs_d, d_mask, stride_pt, stride_ph,
-                   stride_ps, stride_lt, stride_lh, MAX_SPLITS: tl.constexpr, SPLIT_STEP: tl.constexpr = 0,
-                   ALL_SPLITS: tl.constexpr = False):
+                   stride_ps, stride_lt, stride_lh, MAX_SPLITS: tl.constexpr):
     """``merge_arrived``'s merge proper, once its program knows every partial is published: rows x D fp32 outputs
-    from all ``num_splits`` partials, in split order (``MAX_SPLITS``: as there). Two compile-time facts a caller may
-    pass, for fewer instructions and the same bits: ``SPLIT_STEP``, the partials' split stride when it is known (it
-    replaces ``stride_ps``: immediate load offsets), and ``ALL_SPLITS``, that ``num_splits == MAX_SPLITS`` (no
-    per-split bound mask). The default merge passes neither; experiments/decode-regcap/lean.py times both (and
-    stamps.py times this merge)."""
+    from all ``num_splits`` partials, in split order (``MAX_SPLITS``: as there; experiments/decode-regcap/stamps.py
+    times it from inside). A version with a compile-time split stride and no per-split bound mask (26% fewer sm_90a
+    instructions after the add, the same bits) gained nothing (H100, 2026-12-07, experiments/decode-regcap/ call 4)
+    and was removed: commit d2fbb55 has it (``SPLIT_STEP`` / ``ALL_SPLITS``, lean.py)."""
     lse_rows = LSE_PART + rows.to(tl.int64) * stride_lt + heads * stride_lh
     part = O_PART + (rows.to(tl.int64) * stride_pt + heads * stride_ph)[:, None] + offs_d[None, :]
     mask = row_mask[:, None] & d_mask[None, :]
-    step = stride_ps
-    if SPLIT_STEP > 0:
-        step = SPLIT_STEP
     m = tl.full([row_mask.shape[0]], float("-inf"), tl.float32)
     zero = rows * 0  # a split index as a row tensor: num_splits may be a runtime value or a constant
     if MAX_SPLITS == 0:
@@ -203,20 +198,16 @@ def merge_partials(O_PART, LSE_PART, num_splits, rows, heads, row_mask, offs_d, 
             m = tl.maximum(m, tl.load(lse_rows + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg"))
     else:
         for s in tl.static_range(MAX_SPLITS):
-            live = row_mask
-            if not ALL_SPLITS:
-                live = row_mask & (zero + s < num_splits)
+            live = row_mask & (zero + s < num_splits)
             m = tl.maximum(m, tl.load(lse_rows + s, mask=live, other=float("-inf"), cache_modifier=".cg"))
     m = tl.where(m == float("-inf"), 0.0, m)
     acc = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
     denom = tl.zeros([row_mask.shape[0], offs_d.shape[0]], tl.float32)
     if MAX_SPLITS == 0:
         for s in range(num_splits):
-            acc, denom = _merge_one(lse_rows, part, s, step, row_mask, mask, m, acc, denom)
+            acc, denom = _merge_one(lse_rows, part, s, stride_ps, row_mask, mask, m, acc, denom)
     else:
         for s in tl.static_range(MAX_SPLITS):
-            live = row_mask
-            if not ALL_SPLITS:
-                live = row_mask & (zero + s < num_splits)
-            acc, denom = _merge_one(lse_rows, part, s, step, live, mask & live[:, None], m, acc, denom)
+            live = row_mask & (zero + s < num_splits)
+            acc, denom = _merge_one(lse_rows, part, s, stride_ps, live, mask & live[:, None], m, acc, denom)
     return acc / tl.where(denom > 0, denom, 1.0)

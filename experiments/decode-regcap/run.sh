@@ -39,10 +39,17 @@
 #   6  carry [".gpu/fk"], ~1.5 min on a fresh machine: is the merge proper the merger's instruction issue? The lean merge
 #      (lean.py: a compile-time split step, no bound masks; 429 instructions after the add against 581 in the sm_90a
 #      SASS) against the default, three rounds of two processes (each the default and PDL off), batch 1 / 16 x 4k;
-#      then the fused merge's GPU tests with the lean merge (lean.py --gpu-check).
+#      then the fused merge's GPU tests with the lean merge (lean.py --gpu-check). Needs commit d2fbb55's tree (lean.py
+#      and merge_partials' SPLIT_STEP / ALL_SPLITS, removed after call 4: README).
+#   7  carry [".gpu/fk"], ~2.5 min on a fresh machine: with PDL on, the merger's loads took 3x their time without (call
+#      4's stamps): do the next decode's reads before its wait (the L2 prefetch of its first tile, and that tile's K
+#      loaded) slow them? Batch 1 x 4k, both shapes: the default, +kvpf0 (no early reads: the wait first), +preload0
+#      (the L2 prefetch only) and PDL off, timed in one process, then each stamped in its own (stamps.py); the default
+#      and PDL off timed and stamped with --between gemm (a layer's MLP on cuBLAS between two decodes, as in the
+#      engine: no decode's reads behind the merger); the stamps' table (stamps.py --read).
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 6}
+PART=${1:?part 1 to 7}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 case $PART in
 1)
@@ -149,6 +156,30 @@ case $PART in
   echo "exit code $?"; grep -E "passed|failed|FAILED|Error" $LOGS/lean-tests.log | tail -n 6
   cp $LOGS/lean-tests.log "$OUT/"
   ;;
-*) echo "part 1 to 6"; exit 2 ;;
+7)
+  FB=.gpu/fk install_fb
+  Q="--phases decode --reps 200 --repeats 3 --models llama8b,smollm2 --batches 1 --contexts 4096"
+  ARMS="triton+pdl triton+pdl+kvpf0 triton+pdl+preload0 triton"
+  step "plain: $ARMS"
+  timeout 60 $PY -m attnlab.bench.kernels $Q --backends "${ARMS// /,}" --out "$OUT/plain" > $LOGS/plain.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/plain.log
+  stamped() {  # NAME ARM [bench.kernels arguments]: one stamped process
+    local name=$1 arm=$2; shift 2
+    step "stamped: $arm $*"
+    timeout 90 $PY experiments/decode-regcap/stamps.py $Q --backends "$arm" "$@" --out "$OUT/$name" \
+      > $LOGS/$name.log 2>&1
+    echo "exit code $?"; grep -E "^decode|^buffer|Error" $LOGS/$name.log; cp $LOGS/$name.log "$OUT/"
+  }
+  for arm in $ARMS; do stamped "stamps-${arm//+/_}" "$arm"; done
+  step "plain, --between gemm: the default and PDL off"
+  timeout 60 $PY -m attnlab.bench.kernels $Q --backends triton+pdl,triton --between gemm --out "$OUT/plain-gemm" \
+    > $LOGS/plain-gemm.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/plain-gemm.log
+  for arm in triton+pdl triton; do stamped "stamps-gemm-${arm//+/_}" "$arm" --between gemm; done
+  step "the stamps' table"
+  $PY experiments/decode-regcap/stamps.py --read "$OUT"/stamps-*-stamps.json | tee "$OUT/stamps-table.md"
+  nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv
+  ;;
+*) echo "part 1 to 7"; exit 2 ;;
 esac
 pack

@@ -2,6 +2,7 @@
 takes itself while ``attnlab.bench.kernels`` replays its CUDA graphs (PDL on, as the floor is timed).
 
     python experiments/decode-regcap/stamps.py --out PREFIX [bench.kernels arguments]
+    python experiments/decode-regcap/stamps.py --read FILE...   (PREFIX-stamps.json[.gz]: the quantiles, any machine)
 
 ``decode.merge_arrived`` is replaced by ``merge.merge_arrived``'s arrival and merge (``merge.merge_partials``) with
 stamps around them, which its last program (the merger) takes: the SM's cycle counter (``%clock64``, low 32 bits)
@@ -21,10 +22,14 @@ console a summary per buffer, medians over the last launches of each kv head's m
 - merge: from the reply to the sums (the LSEs and partials loaded and summed);
 - period: globaltimer ns between one launch's merger and the next's (a launch's time in the replay);
 - tail: ns from one launch's merger's sums to the next launch's merger's arrival, the same kv head.
+``--read`` gives their 10th / 50th / 90th percentiles, and per launch (all kv heads' mergers of one launch: each
+merges once a launch, so their rings align) the span from the first merger's arrival to the last one's sums and the
+spread of the mergers' sums.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import pathlib
@@ -131,7 +136,42 @@ def summary(heads: list[list[list[int]]], last: int = 200) -> dict:
             "period_ns": med(period), "tail_ns": med(tail)}
 
 
+def quantiles(xs: list[int]) -> str:
+    if len(xs) < 2:
+        return "-"
+    q = statistics.quantiles(xs, n=10)
+    return f"{q[0]:.0f} / {q[4]:.0f} / {q[8]:.0f}"
+
+
+def read(paths: list[str], last: int = 200) -> None:
+    """A table of the stamps in each PREFIX-stamps.json (or .json.gz), a row per buffer (one per bench side: a model's
+    decode, in the order the bench built them), the quantiles over each kv head's last ``last`` launches."""
+    print("| file | buffer | kv heads | arrival (cycles) | merge (cycles) | merger, arrival to sums (ns) "
+          "| launch: first arrival to last sums (ns) | launch: mergers' sums spread (ns) | period (ns) | tail (ns) |")
+    print("|" + "---|" * 10)
+    for path in paths:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt") as f:
+            report = json.load(f)
+        for entry in report:
+            heads = [launches[-last:] for launches in entry["rings"]]
+            n = min(len(x) for x in heads)
+            heads = [x[-n:] for x in heads]
+            stamps = [s for launches in heads for s in launches]
+            span = [wrap(max(h[i][4] for h in heads) - min(h[i][3] for h in heads)) for i in range(n)]
+            sums = [wrap(max(h[i][4] for h in heads) - min(h[i][4] for h in heads)) for i in range(n)]
+            period = [wrap(h[i][3] - h[i - 1][3]) for h in heads for i in range(1, n)]
+            tail = [wrap(h[i][3] - h[i - 1][4]) for h in heads for i in range(1, n)]
+            cells = [quantiles([wrap(s[1] - s[0]) for s in stamps]), quantiles([wrap(s[2] - s[1]) for s in stamps]),
+                     quantiles([wrap(s[4] - s[3]) for s in stamps]), quantiles(span), quantiles(sums),
+                     quantiles(period), quantiles(tail)]
+            print(f"| {pathlib.Path(path).name} | {entry['buffer']} | {len(heads)} | " + " | ".join(cells) + " |")
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--read"]:
+        read(argv[1:])
+        return 0
     if "--out" not in argv:
         raise SystemExit("stamps.py: --out PREFIX is needed (PREFIX-stamps.json)")
     # every buffer a fused decode merges on must hold the rings (warmup's scratch ones too): modules that imported
