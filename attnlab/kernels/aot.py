@@ -32,6 +32,9 @@ class CompileLog:
     # kernel name -> of its variants, those that prefetch into L2 before the wait (the GEMM's weights, engine.gemm_prefetch;
     # the decode's K / V, attnlab.kernels.decode)
     prefetch_variants: dict[str, int] = field(default_factory=dict)
+    # kernel name -> of its variants, those with an atomic in the PTX (the attention's fused split merge counts on its
+    # arrival counters: attnlab.kernels.merge.merge_arrived; the GEMM's split-K tickets; the argmax)
+    atomic_variants: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     last_shared: int = 0  # shared memory (bytes) of the variant compiled last
     last: dict = field(default_factory=dict)  # kernel name -> its variant compiled last (its .asm: ttgir, ptx, ...)
@@ -55,6 +58,12 @@ class _FakeDriver:
 
     def get_current_stream(self, device=None):
         return 0
+
+
+# The SM count a plan assumes inside compile_only, by target (the data-center part of each): H100 SXM / H200 132, A100
+# 108, L40S 142, B200 148; another arch plans as sm_90. With the interpreter's 2 SMs no decode of these shapes split,
+# so the split decode and its fused merge were never compiled here (found 2026-12-07).
+TARGET_SMS = {80: 108, 89: 142, 90: 132, 100: 148}
 
 
 @contextlib.contextmanager
@@ -87,14 +96,17 @@ def compile_only(arch: int = 90, warp_size: int = 32, progress: bool = False):
             log.pdl_variants += "griddepcontrol.wait" in ptx
             if "prefetch.global.L2" in ptx:
                 log.prefetch_variants[self.__name__] = log.prefetch_variants.get(self.__name__, 0) + 1
+            if "atom.global" in ptx:
+                log.atomic_variants[self.__name__] = log.atomic_variants.get(self.__name__, 0) + 1
             if bar is not None:
                 bar.set_postfix_str(self.__name__, refresh=False)
                 bar.update()
         return kernel
 
-    from attnlab.kernels import gemm
+    from attnlab.kernels import gemm, heuristics
 
     previous = driver._active
+    sms_before, heuristics._target_sms = heuristics._target_sms, TARGET_SMS.get(arch, TARGET_SMS[90])
     driver.set_active(_FakeDriver(GPUTarget("cuda", arch, warp_size)))
     JITFunction.run = run
     compile_only_before, gemm._compile_only = gemm._compile_only, True  # CPU tensors take the GPU's variants (PTX)
@@ -108,6 +120,7 @@ def compile_only(arch: int = 90, warp_size: int = 32, progress: bool = False):
         JITFunction.run = original
         driver._active = previous
         gemm._compile_only = compile_only_before
+        heuristics._target_sms = sms_before
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -384,6 +397,8 @@ def main(argv=None) -> int:
     print(f"programmatic dependent launch (griddepcontrol.wait in the PTX): {log.pdl_variants} variants")
     pf = ", ".join(f"{k} {n}" for k, n in sorted(log.prefetch_variants.items())) or "none"
     print(f"L2 prefetch before the wait (prefetch.global.L2 in the PTX), variants: {pf}")
+    at = ", ".join(f"{k} {n}" for k, n in sorted(log.atomic_variants.items())) or "none"
+    print(f"atomics (atom.global in the PTX: the fused split merge among them), variants: {at}")
     return 0
 
 

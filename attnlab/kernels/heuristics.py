@@ -80,8 +80,19 @@ def fp32_dot(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or interpreter_on()
 
 
-@functools.cache
+# The SM count plans assume while attnlab.kernels.aot compiles for a GPU it does not have (aot.compile_only sets it
+# to its target's): a CPU plan then splits as on that GPU, so the split decode and its fused merge get compiled too.
+_target_sms: int | None = None
+
+
 def sm_count(device_index: int = 0) -> int:
+    if _target_sms is not None:
+        return _target_sms
+    return _device_sm_count(device_index)
+
+
+@functools.cache
+def _device_sm_count(device_index: int) -> int:
     if torch.cuda.is_available() and not interpreter_on():
         return torch.cuda.get_device_properties(device_index).multi_processor_count
     return INTERPRETER_SM_COUNT
