@@ -170,12 +170,14 @@ case $PART in
       > $LOGS/$name.log 2>&1
     echo "exit code $?"; grep -E "^decode|^buffer|Error" $LOGS/$name.log; cp $LOGS/$name.log "$OUT/"
   }
-  for arm in $ARMS; do stamped "stamps-${arm//+/_}" "$arm"; done
+  # the default and +kvpf0 first, then the GEMM between, so that a call cut short keeps the comparisons that matter
+  for arm in triton+pdl triton+pdl+kvpf0; do stamped "stamps-${arm//+/_}" "$arm"; done
   step "plain, --between gemm: the default and PDL off"
   timeout 60 $PY -m attnlab.bench.kernels $Q --backends triton+pdl,triton --between gemm --out "$OUT/plain-gemm" \
     > $LOGS/plain-gemm.log 2>&1
   echo "exit code $?"; grep -E "^decode|Error" $LOGS/plain-gemm.log
   for arm in triton+pdl triton; do stamped "stamps-gemm-${arm//+/_}" "$arm" --between gemm; done
+  for arm in triton+pdl+preload0 triton; do stamped "stamps-${arm//+/_}" "$arm"; done
   step "the stamps' table"
   $PY experiments/decode-regcap/stamps.py --read "$OUT"/stamps-*-stamps.json | tee "$OUT/stamps-table.md"
   nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv
