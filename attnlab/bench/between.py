@@ -8,6 +8,11 @@ to the kernel too.
 - ``gemm``: one layer's MLP on cuBLAS (gate / up GEMM, SiLU-mul, down GEMM) at the model's hidden size, its
   intermediate 3x hidden (SmolLM2's is 2.67x, Llama-8B's 3.5x); ``gemm-mm`` / ``gemm-ew``: its two GEMMs alone / its
   SiLU-mul alone (torch on strided halves: two generic elementwise launches, where the engine's fused ops run one);
+- ``oproj``: the attention's output projection (tokens x hidden against hidden x hidden) on attnlab's Triton GEMM, the
+  engine's next kernel after the attention with ``engine.gemm=triton``: under a ``+pdl`` arm it is captured with PDL
+  as the decode is, and prefetches its weight into L2 before its wait where the engine would (``gemm``'s default
+  prefetch, up to its cap: SmolLM2's 0.6 MiB weight, not Llama-8B's 32 MiB). So a decode's PDL-side reads overlap this
+  GEMM, as in the engine, and not the decode before it (experiments/decode-regcap/ call 4); at most 16 rows;
 - ``smem-low`` / ``smem-high``: a Triton GEMM tile per SM whose shared memory is small (about 16 KB) or large (about
   192 KB, past XQA's 153 KB): whether a kernel's time depends on the shared memory of the kernel before it (the SM's
   L1 / shared-memory carveout is set per kernel, and a change means reconfiguring the SM). ``label`` records the
@@ -26,6 +31,7 @@ BETWEEN = {
     "gemm": "one layer's MLP GEMMs on cuBLAS (gate / up, SiLU-mul, down) at the model's hidden size",
     "gemm-mm": "that MLP's two cuBLAS GEMMs alone",
     "gemm-ew": "that MLP's elementwise SiLU-mul alone (torch)",
+    "oproj": "the output projection (hidden x hidden) on attnlab's Triton GEMM, with PDL under a +pdl arm",
     "smem-low": "a Triton GEMM tile per SM with little shared memory (64 x 64 x 32, one stage)",
     "smem-high": "a Triton GEMM tile per SM with most of the shared memory (128 x 128 x 64, six stages)",
     "smem-none": "a Triton elementwise kernel on every SM with no shared memory (an add over 4,096 floats a program)",
@@ -82,6 +88,28 @@ class MlpBetween:
             torch.mul(torch.nn.functional.silu(gate), up, out=self.z)
         if self.mm:
             torch.mm(self.z, self.w2, out=self.out)
+
+
+class OprojBetween:
+    """``oproj``: ``tokens`` x hidden against a random bf16 hidden x hidden weight through ``attnlab.kernels.gemm``
+    (role "o"), as the engine's attention output projection; its counters made here, before any capture."""
+
+    def __init__(self, hidden: int, tokens: int, device="cuda"):
+        from attnlab.kernels import gemm
+
+        if tokens > gemm.MAX_M:
+            raise ValueError(f"--between oproj: attnlab's GEMM takes at most {gemm.MAX_M} rows, this cell has {tokens}")
+        g = torch.Generator(device=device).manual_seed(0)
+        self.x = torch.randn(tokens, hidden, generator=g, device=device, dtype=torch.bfloat16)
+        self.w = torch.randn(hidden, hidden, generator=g, device=device, dtype=torch.bfloat16) * hidden ** -0.5
+        self.label = "oproj"
+        self.out = None
+        gemm.prepare(device)
+
+    def __call__(self) -> None:
+        from attnlab.kernels import gemm
+
+        self.out = gemm.gemm(self.x, self.w, role="o")
 
 
 @triton.jit
@@ -146,6 +174,8 @@ def make_between(name: str, hidden: int, tokens: int, device="cuda"):
     """The ``--between`` launch ``name`` for a cell of ``tokens`` query rows of a model of this hidden size."""
     if name in ("gemm", "gemm-mm", "gemm-ew"):
         return MlpBetween(hidden, tokens, device, name)
+    if name == "oproj":
+        return OprojBetween(hidden, tokens, device)
     if name in _SMEM:
         return SmemBetween(name, device)
     if name == "smem-none":

@@ -41,12 +41,13 @@
 #      SASS) against the default, three rounds of two processes (each the default and PDL off), batch 1 / 16 x 4k;
 #      then the fused merge's GPU tests with the lean merge (lean.py --gpu-check). Needs commit d2fbb55's tree (lean.py
 #      and merge_partials' SPLIT_STEP / ALL_SPLITS, removed after call 4: README).
-#   7  carry [".gpu/fk"], ~2.5 min on a fresh machine: with PDL on, the merger's loads took 3x their time without (call
+#   7  carry [".gpu/fk"], ~3 min on a fresh machine: with PDL on, the merger's loads took 3x their time without (call
 #      4's stamps): do the next decode's reads before its wait (the L2 prefetch of its first tile, and that tile's K
 #      loaded) slow them? Batch 1 x 4k, both shapes: the default, +kvpf0 (no early reads: the wait first), +preload0
 #      (the L2 prefetch only) and PDL off, timed in one process, then each stamped in its own (stamps.py); the default
-#      and PDL off timed and stamped with --between gemm (a layer's MLP on cuBLAS between two decodes, as in the
-#      engine: no decode's reads behind the merger); the stamps' table (stamps.py --read).
+#      and PDL off timed and stamped with --between gemm (a layer's MLP on cuBLAS between two decodes: no decode's reads
+#      behind the merger) and --between oproj (the output projection on attnlab's GEMM, with PDL under +pdl: the
+#      engine's kernel after the decode); the stamps' table (stamps.py --read).
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
 PART=${1:?part 1 to 7}
@@ -172,11 +173,13 @@ case $PART in
   }
   # the default and +kvpf0 first, then the GEMM between, so that a call cut short keeps the comparisons that matter
   for arm in triton+pdl triton+pdl+kvpf0; do stamped "stamps-${arm//+/_}" "$arm"; done
-  step "plain, --between gemm: the default and PDL off"
-  timeout 60 $PY -m attnlab.bench.kernels $Q --backends triton+pdl,triton --between gemm --out "$OUT/plain-gemm" \
-    > $LOGS/plain-gemm.log 2>&1
-  echo "exit code $?"; grep -E "^decode|Error" $LOGS/plain-gemm.log
-  for arm in triton+pdl triton; do stamped "stamps-gemm-${arm//+/_}" "$arm" --between gemm; done
+  for b in gemm oproj; do
+    step "plain, --between $b: the default and PDL off"
+    timeout 120 $PY -m attnlab.bench.kernels $Q --backends triton+pdl,triton --between $b --out "$OUT/plain-$b" \
+      > $LOGS/plain-$b.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/plain-$b.log
+    for arm in triton+pdl triton; do stamped "stamps-$b-${arm//+/_}" "$arm" --between $b; done
+  done
   for arm in triton+pdl+preload0 triton; do stamped "stamps-${arm//+/_}" "$arm"; done
   step "the stamps' table"
   $PY experiments/decode-regcap/stamps.py --read "$OUT"/stamps-*-stamps.json | tee "$OUT/stamps-table.md"

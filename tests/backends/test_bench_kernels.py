@@ -375,6 +375,20 @@ def test_mlp_between_runs_a_layers_mlp():
     torch.testing.assert_close(ew.z, torch.nn.functional.silu(gate) * up)
 
 
+def test_oproj_between_is_attnlabs_gemm():
+    """--between oproj: the output projection on attnlab's Triton GEMM (the interpreter here), x @ w.T; more than
+    its 16 rows is refused with the reason."""
+    from attnlab.bench.between import make_between
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    t = make_between("oproj", hidden=64, tokens=3, device=dev)
+    assert t.label == "oproj" and t.w.shape == (64, 64)
+    t()
+    torch.testing.assert_close(t.out.float(), t.x.float() @ t.w.float().T, atol=0.03, rtol=0.02)  # bf16 output
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        make_between("oproj", hidden=64, tokens=17, device=dev)
+
+
 def test_no_smem_between_adds_one():
     from attnlab.bench.between import make_between
 
