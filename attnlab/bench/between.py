@@ -8,11 +8,13 @@ to the kernel too.
 - ``gemm``: one layer's MLP on cuBLAS (gate / up GEMM, SiLU-mul, down GEMM) at the model's hidden size, its
   intermediate 3x hidden (SmolLM2's is 2.67x, Llama-8B's 3.5x); ``gemm-mm`` / ``gemm-ew``: its two GEMMs alone / its
   SiLU-mul alone (torch on strided halves: two generic elementwise launches, where the engine's fused ops run one);
-- ``oproj``: the attention's output projection (tokens x hidden against hidden x hidden) on attnlab's Triton GEMM, the
-  engine's next kernel after the attention with ``engine.gemm=triton``: under a ``+pdl`` arm it is captured with PDL
-  as the decode is, and prefetches its weight into L2 before its wait where the engine would (``gemm``'s default
-  prefetch, up to its cap: SmolLM2's 0.6 MiB weight, not Llama-8B's 32 MiB). So a decode's PDL-side reads overlap this
-  GEMM, as in the engine, and not the decode before it (experiments/decode-regcap/ call 4); at most 16 rows;
+- ``oproj``: the attention's output projection as the engine's gemm path runs it with ``engine.gemm=triton``
+  (``models.gemm_path.residual_proj``): tokens x hidden against hidden x hidden on attnlab's Triton GEMM, the residual
+  added in its epilogue and, where ``gemm.norm_tail`` says so for the width (SmolLM2's 576, not Llama-8B's 4096), the
+  next RMSNorm from its tail. Under a ``+pdl`` arm it is captured with PDL as the decode is, and prefetches its weight
+  into L2 before its wait where the engine would (``gemm``'s default prefetch, up to its cap: SmolLM2's 0.6 MiB
+  weight, not Llama-8B's 32 MiB). So a decode's PDL-side reads overlap this GEMM, as in the engine, and not the decode
+  before it (experiments/decode-regcap/ call 4); at most 16 rows;
 - ``smem-low`` / ``smem-high``: a Triton GEMM tile per SM whose shared memory is small (about 16 KB) or large (about
   192 KB, past XQA's 153 KB): whether a kernel's time depends on the shared memory of the kernel before it (the SM's
   L1 / shared-memory carveout is set per kernel, and a change means reconfiguring the SM). ``label`` records the
@@ -92,7 +94,8 @@ class MlpBetween:
 
 class OprojBetween:
     """``oproj``: ``tokens`` x hidden against a random bf16 hidden x hidden weight through ``attnlab.kernels.gemm``
-    (role "o"), as the engine's attention output projection; its counters made here, before any capture."""
+    (role "o", the residual epilogue, the tail norm where ``norm_tail``), as ``residual_proj``; its ticket counters
+    made here, before any capture."""
 
     def __init__(self, hidden: int, tokens: int, device="cuda"):
         from attnlab.kernels import gemm
@@ -100,16 +103,20 @@ class OprojBetween:
         if tokens > gemm.MAX_M:
             raise ValueError(f"--between oproj: attnlab's GEMM takes at most {gemm.MAX_M} rows, this cell has {tokens}")
         g = torch.Generator(device=device).manual_seed(0)
-        self.x = torch.randn(tokens, hidden, generator=g, device=device, dtype=torch.bfloat16)
-        self.w = torch.randn(hidden, hidden, generator=g, device=device, dtype=torch.bfloat16) * hidden ** -0.5
-        self.label = "oproj"
-        self.out = None
+        mk = lambda *shape: torch.randn(*shape, generator=g, device=device, dtype=torch.bfloat16)
+        self.gemm = gemm
+        self.x, self.residual = mk(tokens, hidden), mk(tokens, hidden)
+        self.w = mk(hidden, hidden) * hidden ** -0.5
+        self.norm_weight = torch.ones(hidden, device=device, dtype=torch.bfloat16)
+        self.tail = gemm.norm_tail(hidden)
+        self.label = "oproj+tail" if self.tail else "oproj"
+        self.out = self.normed = None
         gemm.prepare(device)
 
     def __call__(self) -> None:
-        from attnlab.kernels import gemm
-
-        self.out = gemm.gemm(self.x, self.w, role="o")
+        kw = {"tail_norm": (self.norm_weight, 1e-5)} if self.tail else {}
+        out = self.gemm.gemm(self.x, self.w, epilogue="residual", residual=self.residual, role="o", **kw)
+        self.out, self.normed = out if self.tail else (out, None)
 
 
 @triton.jit

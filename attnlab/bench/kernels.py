@@ -39,7 +39,9 @@ engine's graphs and 7 us a run here back to back, H100 2026-12-06: experiments/x
 ``--between gemm`` (``gemm-mm``, ``gemm-ew``, ``smem-low``, ``smem-high``: attnlab.bench.between) launches one layer's
 MLP on cuBLAS (or a part of it, or a Triton tile of little or much shared memory) before each run, captured with the
 runs, timed alone in the same sample and subtracted: the kernel follows other kernels, as in the engine (XQA: 3.6-4.4
-us more a run after the MLP, fa2 about the same; H100 2026-12-06c).
+us more a run after the MLP, fa2 about the same; H100 2026-12-06c). ``--between oproj``: the output projection on
+attnlab's Triton GEMM as the engine's gemm path runs it, captured with PDL under a ``+pdl`` arm (so a PDL decode's
+early reads overlap it, not the decode before it; at most 16 rows).
 ``--compile-only`` plans and runs every (backend, phase, model, context) once at batch 1 and times nothing:
 the warmup that JIT-compiles FlashInfer's and Triton's kernel variants (run several at once, split by
 ``--backends`` / ``--models`` / ``--phases``).

@@ -106,10 +106,10 @@ def compile_only(arch: int = 90, warp_size: int = 32, progress: bool = False):
     from attnlab.kernels import gemm, heuristics
 
     previous = driver._active
-    sms_before, heuristics._target_sms = heuristics._target_sms, TARGET_SMS.get(arch, TARGET_SMS[90])
     driver.set_active(_FakeDriver(GPUTarget("cuda", arch, warp_size)))
     JITFunction.run = run
     compile_only_before, gemm._compile_only = gemm._compile_only, True  # CPU tensors take the GPU's variants (PTX)
+    sms_before, heuristics._target_sms = heuristics._target_sms, TARGET_SMS.get(arch, TARGET_SMS[90])
     t0 = time.perf_counter()
     try:
         yield log
@@ -133,11 +133,13 @@ def fp8_kv_dtypes(arch: int) -> list[torch.dtype]:
 
 
 def backend_shapes():
-    """(kv_lens, q_lens, mode, tree) of the triton backend's launches: decode short and long (split-KV and the merge
-    kernel), causal and tree verify, a short prefill and one of >= PREFILL_MIN_Q_LEN new tokens (the prefill launch)."""
+    """(kv_lens, q_lens, mode, tree) of the triton backend's launches: decode unsplit (at the target's SM count:
+    ``TARGET_SMS``), short and long (split-KV: one-tile and several-tile splits, the merge fused or its own kernel),
+    causal and tree verify, a short prefill and one of >= PREFILL_MIN_Q_LEN new tokens (the prefill launch)."""
     from attnlab.backends.base import Mode
 
-    return [([300, 17], [1, 1], Mode.DECODE, False), ([9000, 40], [1, 1], Mode.DECODE, False),
+    return [([100, 17], [1, 1], Mode.DECODE, False),
+            ([300, 17], [1, 1], Mode.DECODE, False), ([9000, 40], [1, 1], Mode.DECODE, False),
             ([300, 17], [5, 5], Mode.VERIFY, False), ([300, 17], [5, 5], Mode.VERIFY, True),
             ([64, 33], [64, 33], Mode.PREFILL, False), ([300, 70], [200, 70], Mode.PREFILL, False)]
 

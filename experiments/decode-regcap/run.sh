@@ -44,10 +44,11 @@
 #   7  carry [".gpu/fk"], ~3 min on a fresh machine: with PDL on, the merger's loads took 3x their time without (call
 #      4's stamps): do the next decode's reads before its wait (the L2 prefetch of its first tile, and that tile's K
 #      loaded) slow them? Batch 1 x 4k, both shapes: the default, +kvpf0 (no early reads: the wait first), +preload0
-#      (the L2 prefetch only) and PDL off, timed in one process, then each stamped in its own (stamps.py); the default
-#      and PDL off timed and stamped with --between gemm (a layer's MLP on cuBLAS between two decodes: no decode's reads
-#      behind the merger) and --between oproj (the output projection on attnlab's GEMM, with PDL under +pdl: the
-#      engine's kernel after the decode); the stamps' table (stamps.py --read).
+#      (the L2 prefetch only) and PDL off, timed in one process; the default and +kvpf0 stamped (stamps.py), each in
+#      its own process; the default and PDL off timed and stamped with --between gemm (a layer's MLP on cuBLAS between
+#      two decodes: no decode's reads behind the merger) and --between oproj (the output projection on attnlab's GEMM
+#      as the engine's gemm path runs it, with PDL under +pdl: the engine's kernel after the decode); +preload0 and
+#      PDL off stamped last; the stamps' table (stamps.py --read).
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
 PART=${1:?part 1 to 7}

@@ -118,6 +118,11 @@ def wrap(d: int) -> int:
     return d % (1 << 32)
 
 
+def signed(d: int) -> int:
+    """A difference of two 32-bit stamps less than 2^31 apart, either order."""
+    return (d + (1 << 31)) % (1 << 32) - (1 << 31)
+
+
 def summary(heads: list[list[list[int]]], last: int = 200) -> dict:
     arrival, merged, period, tail = [], [], [], []
     for launches in heads:
@@ -145,8 +150,9 @@ def quantiles(xs: list[int]) -> str:
 
 def read(paths: list[str], last: int = 200) -> None:
     """A table of the stamps in each PREFIX-stamps.json (or .json.gz), a row per buffer (one per bench side: a model's
-    decode, in the order the bench built them), the quantiles over each kv head's last ``last`` launches."""
-    print("| file | buffer | kv heads | arrival (cycles) | merge (cycles) | merger, arrival to sums (ns) "
+    decode, in the order the bench built them; a merger per request and kv head), the quantiles over each merger's
+    last ``last`` launches."""
+    print("| file | buffer | mergers (requests x kv heads) | arrival (cycles) | merge (cycles) | merger, arrival to sums (ns) "
           "| launch: first arrival to last sums (ns) | launch: mergers' sums spread (ns) | period (ns) | tail (ns) |")
     print("|" + "---|" * 10)
     for path in paths:
@@ -158,8 +164,15 @@ def read(paths: list[str], last: int = 200) -> None:
             n = min(len(x) for x in heads)
             heads = [x[-n:] for x in heads]
             stamps = [s for launches in heads for s in launches]
-            span = [wrap(max(h[i][4] for h in heads) - min(h[i][3] for h in heads)) for i in range(n)]
-            sums = [wrap(max(h[i][4] for h in heads) - min(h[i][4] for h in heads)) for i in range(n)]
+            # across kv heads, each stamp as a signed offset from head 0's arrival in that launch (the 32-bit timer may
+            # wrap inside a launch)
+            span, sums = [], []
+            for i in range(n):
+                ref = heads[0][i][3]
+                arrive = [signed(h[i][3] - ref) for h in heads]
+                done = [signed(h[i][4] - ref) for h in heads]
+                span.append(max(done) - min(arrive))
+                sums.append(max(done) - min(done))
             period = [wrap(h[i][3] - h[i - 1][3]) for h in heads for i in range(1, n)]
             tail = [wrap(h[i][3] - h[i - 1][4]) for h in heads for i in range(1, n)]
             cells = [quantiles([wrap(s[1] - s[0]) for s in stamps]), quantiles([wrap(s[2] - s[1]) for s in stamps]),

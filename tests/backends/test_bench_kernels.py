@@ -375,18 +375,29 @@ def test_mlp_between_runs_a_layers_mlp():
     torch.testing.assert_close(ew.z, torch.nn.functional.silu(gate) * up)
 
 
-def test_oproj_between_is_attnlabs_gemm():
-    """--between oproj: the output projection on attnlab's Triton GEMM (the interpreter here), x @ w.T; more than
-    its 16 rows is refused with the reason."""
+@pytest.mark.parametrize("hidden", [64, 2048])
+def test_oproj_between_is_the_engines_o_proj(hidden):
+    """--between oproj: the output projection as the gemm path runs it on attnlab's Triton GEMM (the interpreter
+    here): residual + x @ w.T, and the next RMSNorm from its tail at widths ``norm_tail`` takes (64), not past them
+    (2048); more than its 16 rows is refused with the reason."""
     from attnlab.bench.between import make_between
+    from attnlab.kernels import gemm
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    t = make_between("oproj", hidden=64, tokens=3, device=dev)
-    assert t.label == "oproj" and t.w.shape == (64, 64)
+    t = make_between("oproj", hidden=hidden, tokens=3, device=dev)
+    assert t.tail == gemm.norm_tail(hidden) == (hidden == 64)
+    assert t.label == ("oproj+tail" if t.tail else "oproj") and t.w.shape == (hidden, hidden)
     t()
-    torch.testing.assert_close(t.out.float(), t.x.float() @ t.w.float().T, atol=0.03, rtol=0.02)  # bf16 output
+    want = t.residual.float() + t.x.float() @ t.w.float().T
+    torch.testing.assert_close(t.out.float(), want, atol=0.05, rtol=0.02)  # bf16 output
+    if t.tail:
+        h = t.out.float()
+        normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
+        torch.testing.assert_close(t.normed.float(), normed, atol=0.03, rtol=0.02)
+    else:
+        assert t.normed is None
     with pytest.raises(ValueError, match="at most 16 rows"):
-        make_between("oproj", hidden=64, tokens=17, device=dev)
+        make_between("oproj", hidden=hidden, tokens=17, device=dev)
 
 
 def test_no_smem_between_adds_one():
