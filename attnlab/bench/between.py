@@ -93,9 +93,9 @@ class MlpBetween:
 
 
 class OprojBetween:
-    """``oproj``: ``tokens`` x hidden against a random bf16 hidden x hidden weight through ``attnlab.kernels.gemm``
-    (role "o", the residual epilogue, the tail norm where ``norm_tail``), as ``residual_proj``; its ticket counters
-    made here, before any capture."""
+    """``oproj``: ``tokens`` x hidden through a random bf16 hidden x hidden ``nn.Linear`` by the gemm path's own
+    ``residual_proj`` (role "o", the residual epilogue, and the RMSNorm ``norm`` from its tail where ``gemm.norm_tail``
+    says so); the GEMM's ticket counters made here, before any capture."""
 
     def __init__(self, hidden: int, tokens: int, device="cuda"):
         from attnlab.kernels import gemm
@@ -104,19 +104,19 @@ class OprojBetween:
             raise ValueError(f"--between oproj: attnlab's GEMM takes at most {gemm.MAX_M} rows, this cell has {tokens}")
         g = torch.Generator(device=device).manual_seed(0)
         mk = lambda *shape: torch.randn(*shape, generator=g, device=device, dtype=torch.bfloat16)
-        self.gemm = gemm
         self.x, self.residual = mk(tokens, hidden), mk(tokens, hidden)
-        self.w = mk(hidden, hidden) * hidden ** -0.5
-        self.norm_weight = torch.ones(hidden, device=device, dtype=torch.bfloat16)
-        self.tail = gemm.norm_tail(hidden)
-        self.label = "oproj+tail" if self.tail else "oproj"
+        self.linear = torch.nn.Linear(hidden, hidden, bias=False, device=device, dtype=torch.bfloat16)
+        self.norm = torch.nn.RMSNorm(hidden, eps=1e-5, device=device, dtype=torch.bfloat16)
+        with torch.no_grad():
+            self.linear.weight.copy_(mk(hidden, hidden) * hidden ** -0.5)
+        self.label = "oproj+tail" if gemm.norm_tail(hidden) else "oproj"
         self.out = self.normed = None
         gemm.prepare(device)
 
     def __call__(self) -> None:
-        kw = {"tail_norm": (self.norm_weight, 1e-5)} if self.tail else {}
-        out = self.gemm.gemm(self.x, self.w, epilogue="residual", residual=self.residual, role="o", **kw)
-        self.out, self.normed = out if self.tail else (out, None)
+        from attnlab.models.gemm_path import residual_proj
+
+        self.out, self.normed = residual_proj(self.linear, self.x, "o", self.residual, self.norm)
 
 
 @triton.jit

@@ -1,7 +1,7 @@
-"""Part 3's table: where the fused merge's time goes at the batch-1 / 16 x 4k decode (PDL on), from its processes'
-bench.kernels JSONs, each round's files side by side (untar results3.tgz first).
+"""Parts 3, 4 and 6's table: where the fused merge's time goes at the batch-1 / 16 x 4k decode (PDL on), from its
+processes' bench.kernels JSONs, each round's files side by side (untar resultsN.tgz first).
 
-    python experiments/decode-regcap/arrival.py DIR     (DIR holds plainN, nomergeN, arriveN, relaxedN .json)
+    python experiments/decode-regcap/arrival.py DIR     (DIR holds plainN, nomergeN, arriveN, relaxedN, leanN .json)
 
 Rows per (model, batch): the default (fused merge), the merge launch, the split decode without any merge (nomerge.py),
 the fused merge cut to its arrival (--arrive) and that arrival without its fences (--arrive-relaxed), as the range over
@@ -30,7 +30,8 @@ DIFFS = [("arrival: arrive - no merge", ("arrive", "triton+pdl"), ("nomerge", "t
 def load(root: pathlib.Path) -> tuple[dict, set]:
     """{(prefix, round): {(model, batch, backend): us}} from every PREFIXN.json in root (bench.kernels tables: other
     JSONs, such as stamps.py's, are skipped), and the (model, batch) cells whose default (triton+pdl, plainN) merges
-    inside its kernel: only there do nomerge.py, --arrive and lean.py change the default."""
+    inside its kernel: only there do nomerge.py, --arrive and lean.py (part 6, on d2fbb55's tree) change the
+    default."""
     out, fused = {}, set()
     for f in sorted(root.glob("*.json")):
         prefix = f.stem.rstrip("0123456789")

@@ -123,22 +123,44 @@ def signed(d: int) -> int:
     return (d + (1 << 31)) % (1 << 32) - (1 << 31)
 
 
-def summary(heads: list[list[list[int]]], last: int = 200) -> dict:
-    arrival, merged, period, tail = [], [], [], []
+# the series of a buffer's stamps (SERIES order: its table's columns after the mergers' count)
+SERIES = ("arrival_cycles", "merge_cycles", "merger_ns", "launch_span_ns", "launch_sums_spread_ns", "period_ns",
+          "tail_ns")
+
+
+def series(heads: list[list[list[int]]], last: int = 200) -> dict[str, list[int]]:
+    """Over each merger's last ``last`` launches (all mergers hold as many: each merges once a launch, so their rings
+    align): per merger and launch, the arrival (clock, before the barrier to the add's reply), the merge (the reply to
+    the sums) and the merger's own span (globaltimer); per launch, across mergers, the span from the first arrival to
+    the last sums and the spread of the sums; per merger, between launches, the period (arrival to arrival) and the
+    tail (sums to the next arrival)."""
+    n = min(len(x) for x in heads)
+    n = min(n, last)
+    heads = [x[-n:] for x in heads]
+    out = {k: [] for k in SERIES}
     for launches in heads:
-        launches = launches[-last:]
         for i, s in enumerate(launches):
-            arrival.append(wrap(s[1] - s[0]))
-            merged.append(wrap(s[2] - s[1]))
+            out["arrival_cycles"].append(wrap(s[1] - s[0]))
+            out["merge_cycles"].append(wrap(s[2] - s[1]))
+            out["merger_ns"].append(wrap(s[4] - s[3]))
             if i:
-                period.append(wrap(s[3] - launches[i - 1][3]))
-                tail.append(wrap(s[3] - launches[i - 1][4]))
-    med = lambda xs: statistics.median(xs) if xs else None
-    # the globaltimer's step: the gcd of the merges' spans on it (1000 where it ticks once a microsecond)
-    step = math.gcd(*[wrap(s[4] - s[3]) for launches in heads for s in launches[-last:]])
-    return {"kv_heads": len(heads), "launches": min(len(x) for x in heads) if heads else 0, "timer_step_ns": step,
-            "arrival_cycles": med(arrival), "merge_cycles": med(merged),
-            "period_ns": med(period), "tail_ns": med(tail)}
+                out["period_ns"].append(wrap(s[3] - launches[i - 1][3]))
+                out["tail_ns"].append(wrap(s[3] - launches[i - 1][4]))
+    for i in range(n):  # across mergers: signed offsets from the first merger's arrival (the timer may wrap)
+        ref = heads[0][i][3]
+        arrive = [signed(h[i][3] - ref) for h in heads]
+        done = [signed(h[i][4] - ref) for h in heads]
+        out["launch_span_ns"].append(max(done) - min(arrive))
+        out["launch_sums_spread_ns"].append(max(done) - min(done))
+    return out
+
+
+def summary(heads: list[list[list[int]]], last: int = 200) -> dict:
+    """The medians of ``series``, the mergers and launches, and the globaltimer's step (the gcd of the mergers' spans
+    on it: 1000 where it ticks once a microsecond)."""
+    s = series(heads, last)
+    return {"mergers": len(heads), "launches": min(len(x) for x in heads), "timer_step_ns": math.gcd(*s["merger_ns"]),
+            **{k: statistics.median(v) if v else None for k, v in s.items()}}
 
 
 def quantiles(xs: list[int]) -> str:
@@ -150,8 +172,8 @@ def quantiles(xs: list[int]) -> str:
 
 def read(paths: list[str], last: int = 200) -> None:
     """A table of the stamps in each PREFIX-stamps.json (or .json.gz), a row per buffer (one per bench side: a model's
-    decode, in the order the bench built them; a merger per request and kv head), the quantiles over each merger's
-    last ``last`` launches."""
+    decode, in the order the bench built them; a merger per request and kv head): ``series``' 10th / 50th / 90th
+    percentiles."""
     print("| file | buffer | mergers (requests x kv heads) | arrival (cycles) | merge (cycles) | merger, arrival to sums (ns) "
           "| launch: first arrival to last sums (ns) | launch: mergers' sums spread (ns) | period (ns) | tail (ns) |")
     print("|" + "---|" * 10)
@@ -160,25 +182,9 @@ def read(paths: list[str], last: int = 200) -> None:
         with opener(path, "rt") as f:
             report = json.load(f)
         for entry in report:
-            heads = [launches[-last:] for launches in entry["rings"]]
-            n = min(len(x) for x in heads)
-            heads = [x[-n:] for x in heads]
-            stamps = [s for launches in heads for s in launches]
-            # across kv heads, each stamp as a signed offset from head 0's arrival in that launch (the 32-bit timer may
-            # wrap inside a launch)
-            span, sums = [], []
-            for i in range(n):
-                ref = heads[0][i][3]
-                arrive = [signed(h[i][3] - ref) for h in heads]
-                done = [signed(h[i][4] - ref) for h in heads]
-                span.append(max(done) - min(arrive))
-                sums.append(max(done) - min(done))
-            period = [wrap(h[i][3] - h[i - 1][3]) for h in heads for i in range(1, n)]
-            tail = [wrap(h[i][3] - h[i - 1][4]) for h in heads for i in range(1, n)]
-            cells = [quantiles([wrap(s[1] - s[0]) for s in stamps]), quantiles([wrap(s[2] - s[1]) for s in stamps]),
-                     quantiles([wrap(s[4] - s[3]) for s in stamps]), quantiles(span), quantiles(sums),
-                     quantiles(period), quantiles(tail)]
-            print(f"| {pathlib.Path(path).name} | {entry['buffer']} | {len(heads)} | " + " | ".join(cells) + " |")
+            cells = [pathlib.Path(path).name, str(entry["buffer"]), str(len(entry["rings"]))]
+            cells += [quantiles(v) for v in series(entry["rings"], last).values()]
+            print("| " + " | ".join(cells) + " |")
 
 
 def main(argv: list[str]) -> int:

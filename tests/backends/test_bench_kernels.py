@@ -385,12 +385,13 @@ def test_oproj_between_is_the_engines_o_proj(hidden):
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     t = make_between("oproj", hidden=hidden, tokens=3, device=dev)
-    assert t.tail == gemm.norm_tail(hidden) == (hidden == 64)
-    assert t.label == ("oproj+tail" if t.tail else "oproj") and t.w.shape == (hidden, hidden)
+    tail = gemm.norm_tail(hidden)
+    assert tail == (hidden == 64)
+    assert t.label == ("oproj+tail" if tail else "oproj") and t.linear.weight.shape == (hidden, hidden)
     t()
-    want = t.residual.float() + t.x.float() @ t.w.float().T
+    want = t.residual.float() + t.x.float() @ t.linear.weight.float().T
     torch.testing.assert_close(t.out.float(), want, atol=0.05, rtol=0.02)  # bf16 output
-    if t.tail:
+    if tail:
         h = t.out.float()
         normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
         torch.testing.assert_close(t.normed.float(), normed, atol=0.03, rtol=0.02)
