@@ -1,8 +1,11 @@
 """What ``bench.kernels --between`` launches before each run of a cell, so the kernel timed runs after other kernels
 (as between two layers' attention in the engine) and not after itself. Each is captured with the runs and timed alone
 in the same sample; ``bench.kernels.Timer`` subtracts it. What that measures is the pair's cost over its parts: if
-the between launch itself runs slower after the kernel (or its data is L2-hot only when timed alone), that is charged
-to the kernel too.
+the between launch itself runs slower after the kernel, that is charged to the kernel too. So that a GEMM's weights
+are not L2-hot only when it is timed alone (the kernel's own reads walk over layers, out of the L2), ``gemm`` and
+``oproj`` walk over copies of their weights, as the engine walks over layers: ``weight_copies``, enough for twice the
+L2 (at least 64 MiB). Until 2026-12-07 they had one copy: Llama-8B's 32 MiB output projection stayed in the L2 timed
+alone but not after a decode, and SmolLM2's 6 MiB MLP the same (experiments/decode-regcap/ call 5).
 
 - ``cold`` (``--cold``, ``FlushBetween``): a write of twice the L2, evicting it;
 - ``gemm``: one layer's MLP on cuBLAS (gate / up GEMM, SiLU-mul, down GEMM) at the model's hidden size, its
@@ -41,14 +44,19 @@ BETWEEN = {
 _SMEM = {"smem-low": (64, 64, 32, 1), "smem-high": (128, 128, 64, 6)}  # BLOCK_M, BLOCK_N, BLOCK_K, stages
 
 
+def l2_bytes(device) -> int | None:
+    """``device``'s L2 size in bytes (None off CUDA)."""
+    dev = torch.device(device)
+    return getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) if dev.type == "cuda" else None
+
+
 class FlushBetween:
     """``--cold``: a buffer of twice the device's L2 (at least 64 MiB) written before each run, evicting the L2."""
 
     label = "cold"
 
     def __init__(self, device="cuda"):
-        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
-        self.buf = torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device=device)
+        self.buf = torch.empty(max(2 * (l2_bytes(device) or 0), 64 << 20), dtype=torch.uint8, device=device)
         self.nbytes = self.buf.numel()
 
     def __call__(self) -> None:
@@ -67,22 +75,35 @@ def _label(name: str, compiled) -> str:
     return f"{name} ({'?' if shared is None else int(shared)} B shared)"
 
 
+def weight_copies(nbytes: int, l2: int | None) -> int:
+    """How many copies of ``nbytes`` of weights a between launch walks over: enough for twice an L2 of ``l2`` bytes
+    (at least 64 MiB), so that timed alone it reads them from memory, as after the kernel; 1 without an L2 (off
+    CUDA)."""
+    return 1 if l2 is None else max(1, -(-max(2 * l2, 64 << 20) // max(1, nbytes)))
+
+
 class MlpBetween:
     """``gemm``: ``tokens`` x hidden against a gate / up weight of hidden x 6 hidden, SiLU-mul, and back through a 3
-    hidden x hidden weight. Random bf16 weights and the outputs made once; the SiLU's temporary is allocated per call
-    (from the graph's private pool once captured)."""
+    hidden x hidden weight, each call on the next of ``weight_copies`` weight pairs. Random bf16 weights and the
+    outputs made once; the SiLU's temporary is allocated per call (from the graph's private pool once captured)."""
 
     def __init__(self, hidden: int, tokens: int, device="cuda", parts: str = "gemm"):
         self.label = parts
         self.mm, self.ew = parts != "gemm-ew", parts != "gemm-mm"  # gemm: both; gemm-mm: the GEMMs; gemm-ew: SiLU-mul
         g = torch.Generator(device=device).manual_seed(0)
         mk = lambda *shape: torch.randn(*shape, generator=g, device=device, dtype=torch.bfloat16) * shape[0] ** -0.5
-        self.x, self.w1, self.w2 = mk(tokens, hidden), mk(hidden, 6 * hidden), mk(3 * hidden, hidden)
+        self.x = mk(tokens, hidden)
+        copies = weight_copies(9 * hidden * hidden * 2, l2_bytes(device)) if self.mm else 1
+        self.weights = [(mk(hidden, 6 * hidden), mk(3 * hidden, hidden)) for _ in range(copies)]
+        self.w1, self.w2 = self.weights[0]  # the last call's weights
+        self.calls = 0
         self.y = torch.zeros(tokens, 6 * hidden, device=device, dtype=torch.bfloat16)
         self.z = torch.zeros(tokens, 3 * hidden, device=device, dtype=torch.bfloat16)
         self.out = torch.empty(tokens, hidden, device=device, dtype=torch.bfloat16)
 
     def __call__(self) -> None:
+        self.w1, self.w2 = self.weights[self.calls % len(self.weights)]
+        self.calls += 1
         if self.mm:
             torch.mm(self.x, self.w1, out=self.y)
         if self.ew:
@@ -95,7 +116,8 @@ class MlpBetween:
 class OprojBetween:
     """``oproj``: ``tokens`` x hidden through a random bf16 hidden x hidden ``nn.Linear`` by the gemm path's own
     ``residual_proj`` (role "o", the residual epilogue, and the RMSNorm ``norm`` from its tail where ``gemm.norm_tail``
-    says so); the GEMM's ticket counters made here, before any capture."""
+    says so), each call on the next of ``weight_copies`` linears; the GEMM's ticket counters made here, before any
+    capture."""
 
     def __init__(self, hidden: int, tokens: int, device="cuda"):
         from attnlab.kernels import gemm
@@ -105,10 +127,14 @@ class OprojBetween:
         g = torch.Generator(device=device).manual_seed(0)
         mk = lambda *shape: torch.randn(*shape, generator=g, device=device, dtype=torch.bfloat16)
         self.x, self.residual = mk(tokens, hidden), mk(tokens, hidden)
-        self.linear = torch.nn.Linear(hidden, hidden, bias=False, device=device, dtype=torch.bfloat16)
+        self.linears = []
+        for _ in range(weight_copies(hidden * hidden * 2, l2_bytes(device))):
+            linear = torch.nn.Linear(hidden, hidden, bias=False, device=device, dtype=torch.bfloat16)
+            with torch.no_grad():
+                linear.weight.copy_(mk(hidden, hidden) * hidden ** -0.5)
+            self.linears.append(linear)
+        self.linear, self.calls = self.linears[0], 0  # the last call's linear
         self.norm = torch.nn.RMSNorm(hidden, eps=1e-5, device=device, dtype=torch.bfloat16)
-        with torch.no_grad():
-            self.linear.weight.copy_(mk(hidden, hidden) * hidden ** -0.5)
         self.label = "oproj+tail" if gemm.norm_tail(hidden) else "oproj"
         self.out = self.normed = None
         gemm.prepare(device)
@@ -116,6 +142,8 @@ class OprojBetween:
     def __call__(self) -> None:
         from attnlab.models.gemm_path import residual_proj
 
+        self.linear = self.linears[self.calls % len(self.linears)]
+        self.calls += 1
         self.out, self.normed = residual_proj(self.linear, self.x, "o", self.residual, self.norm)
 
 

@@ -375,6 +375,43 @@ def test_mlp_between_runs_a_layers_mlp():
     torch.testing.assert_close(ew.z, torch.nn.functional.silu(gate) * up)
 
 
+def test_weight_copies_cover_twice_the_l2():
+    """A between GEMM walks over enough weight copies for twice the L2 (at least 64 MiB): one off CUDA."""
+    from attnlab.bench.between import weight_copies
+
+    mib = 1 << 20
+    assert weight_copies(32 * mib, None) == 1
+    assert weight_copies(32 * mib, 50 * mib) == 4  # Llama-8B's output projection on an H100: 128 MiB for 100
+    assert weight_copies(576 * 576 * 2, 50 * mib) == 159  # SmolLM2's: 0.63 MiB
+    assert weight_copies(300 * mib, 50 * mib) == 1  # Llama-8B's MLP: past the L2 alone
+    assert weight_copies(mib, 16 * mib) == 64  # a small L2: 64 MiB at least
+
+
+def test_between_gemms_walk_their_weight_copies(monkeypatch):
+    """--between gemm / oproj: each call takes the next weight copy, cyclically, and computes with that one."""
+    from attnlab.bench import between
+
+    monkeypatch.setattr(between, "weight_copies", lambda nbytes, l2: 3)
+    mlp = between.make_between("gemm", hidden=64, tokens=2, device="cpu")
+    assert len(mlp.weights) == 3 and len({w[0].data_ptr() for w in mlp.weights}) == 3
+    used = []
+    for _ in range(4):
+        mlp()
+        used.append(mlp.w1.data_ptr())
+        gate, up = (mlp.x.float() @ mlp.w1.float()).chunk(2, dim=-1)
+        torch.testing.assert_close(mlp.out.float(), (torch.nn.functional.silu(gate) * up) @ mlp.w2.float(),
+                                   atol=0.03, rtol=0.02)
+    assert used == [w[0].data_ptr() for w in mlp.weights] + [mlp.weights[0][0].data_ptr()]
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    t = between.make_between("oproj", hidden=64, tokens=2, device=dev)
+    assert len(t.linears) == 3
+    for i in range(4):
+        t()
+        assert t.linear is t.linears[i % 3]
+        want = t.residual.float() + t.x.float() @ t.linear.weight.float().T
+        torch.testing.assert_close(t.out.float(), want, atol=0.05, rtol=0.02)
+
+
 @pytest.mark.parametrize("hidden", [64, 2048])
 def test_oproj_between_is_the_engines_o_proj(hidden):
     """--between oproj: the output projection as the gemm path runs it on attnlab's Triton GEMM (the interpreter
