@@ -2,10 +2,12 @@
 (as between two layers' attention in the engine) and not after itself. Each is captured with the runs and timed alone
 in the same sample; ``bench.kernels.Timer`` subtracts it. What that measures is the pair's cost over its parts: if
 the between launch itself runs slower after the kernel, that is charged to the kernel too. So that a GEMM's weights
-are not L2-hot only when it is timed alone (the kernel's own reads walk over layers, out of the L2), ``gemm`` and
-``oproj`` walk over copies of their weights, as the engine walks over layers: ``weight_copies``, enough for twice the
-L2 (at least 64 MiB). Until 2026-12-07 they had one copy: Llama-8B's 32 MiB output projection stayed in the L2 timed
-alone but not after a decode, and SmolLM2's 6 MiB MLP the same (experiments/decode-regcap/ call 5).
+are not L2-hot only when it is timed alone, ``gemm`` and ``oproj`` walk over copies of their weights, as the engine
+walks over layers: ``weight_copies``, enough for twice the L2 (at least 64 MiB; a cell's JSON records the count as
+``between_copies``). Until 2026-12-07 they had one copy: Llama-8B's 32 MiB output projection, timed alone, ran from
+the L2 (~8.6 us, past the HBM's bandwidth) and after a decode did not (experiments/decode-regcap/ call 5). The walk
+also evicts more of the kernel's own data between its runs where that data fits the L2 (SmolLM2's decode walks 24 MiB
+of KV at 4k).
 
 - ``cold`` (``--cold``, ``FlushBetween``): a write of twice the L2, evicting it;
 - ``gemm``: one layer's MLP on cuBLAS (gate / up GEMM, SiLU-mul, down GEMM) at the model's hidden size, its
@@ -84,8 +86,9 @@ def weight_copies(nbytes: int, l2: int | None) -> int:
 
 class MlpBetween:
     """``gemm``: ``tokens`` x hidden against a gate / up weight of hidden x 6 hidden, SiLU-mul, and back through a 3
-    hidden x hidden weight, each call on the next of ``weight_copies`` weight pairs. Random bf16 weights and the
-    outputs made once; the SiLU's temporary is allocated per call (from the graph's private pool once captured)."""
+    hidden x hidden weight, each call on the next of ``weight_copies`` weight pairs (one for ``gemm-ew``, which
+    runs no GEMM). Random bf16 weights and the outputs made once; the SiLU's temporary is allocated per call (from the
+    graph's private pool once captured)."""
 
     def __init__(self, hidden: int, tokens: int, device="cuda", parts: str = "gemm"):
         self.label = parts
@@ -93,9 +96,9 @@ class MlpBetween:
         g = torch.Generator(device=device).manual_seed(0)
         mk = lambda *shape: torch.randn(*shape, generator=g, device=device, dtype=torch.bfloat16) * shape[0] ** -0.5
         self.x = mk(tokens, hidden)
-        copies = weight_copies(9 * hidden * hidden * 2, l2_bytes(device)) if self.mm else 1
-        self.weights = [(mk(hidden, 6 * hidden), mk(3 * hidden, hidden)) for _ in range(copies)]
-        self.w1, self.w2 = self.weights[0]  # the last call's weights
+        self.copies = weight_copies(9 * hidden * hidden * 2, l2_bytes(device)) if self.mm else 1
+        self.weights = [(mk(hidden, 6 * hidden), mk(3 * hidden, hidden)) for _ in range(self.copies)]
+        self.w1, self.w2 = self.weights[0]  # the weights of the last call (of the first one, until it runs)
         self.calls = 0
         self.y = torch.zeros(tokens, 6 * hidden, device=device, dtype=torch.bfloat16)
         self.z = torch.zeros(tokens, 3 * hidden, device=device, dtype=torch.bfloat16)
@@ -127,13 +130,13 @@ class OprojBetween:
         g = torch.Generator(device=device).manual_seed(0)
         mk = lambda *shape: torch.randn(*shape, generator=g, device=device, dtype=torch.bfloat16)
         self.x, self.residual = mk(tokens, hidden), mk(tokens, hidden)
-        self.linears = []
-        for _ in range(weight_copies(hidden * hidden * 2, l2_bytes(device))):
+        self.copies, self.linears = weight_copies(hidden * hidden * 2, l2_bytes(device)), []
+        for _ in range(self.copies):
             linear = torch.nn.Linear(hidden, hidden, bias=False, device=device, dtype=torch.bfloat16)
             with torch.no_grad():
                 linear.weight.copy_(mk(hidden, hidden) * hidden ** -0.5)
             self.linears.append(linear)
-        self.linear, self.calls = self.linears[0], 0  # the last call's linear
+        self.linear, self.calls = self.linears[0], 0  # the linear of the last call (of the first one, until it runs)
         self.norm = torch.nn.RMSNorm(hidden, eps=1e-5, device=device, dtype=torch.bfloat16)
         self.label = "oproj+tail" if gemm.norm_tail(hidden) else "oproj"
         self.out = self.normed = None

@@ -196,6 +196,7 @@ class Timer:
             for _ in range(self.reps):
                 between()
         self.runs, self.betweens = runs, (None if between is None else betweens)
+        self.between_ms: list[float] = []  # the between launch's own ms a run, a measurement each
         self.graph, self.between_graph, self.graph_error = None, None, None
         if graphable:
             try:
@@ -217,7 +218,9 @@ class Timer:
         if self.betweens is None:
             return event_median_ms(run, self.iters) / self.reps
         betweens = self.between_graph.replay if self.graph is not None else self.betweens
-        return paired_median_ms(run, betweens, self.iters) / self.reps
+        diff, alone = paired_median_ms(run, betweens, self.iters)
+        self.between_ms.append(alone / self.reps)
+        return diff / self.reps
 
 
 def event_ms(run) -> float:
@@ -235,10 +238,11 @@ def event_median_ms(run, iters: int) -> float:
     return statistics.median(event_ms(run) for _ in range(iters))
 
 
-def paired_median_ms(run, base, iters: int) -> float:
-    """Median over ``iters`` samples of ``run()``'s time less ``base()``'s, the two timed back to back in each
-    sample (so drift between samples hits both), in ms."""
-    return statistics.median(event_ms(run) - event_ms(base) for _ in range(iters))
+def paired_median_ms(run, base, iters: int) -> tuple[float, float]:
+    """Medians over ``iters`` samples of ``run()``'s time less ``base()``'s, the two timed back to back in each
+    sample (so drift between samples hits both), and of ``base()``'s alone, in ms."""
+    pairs = [(event_ms(run), event_ms(base)) for _ in range(iters)]
+    return statistics.median(r - b for r, b in pairs), statistics.median(b for _, b in pairs)
 
 
 def shapes(phases, models, batches, contexts, ks):
@@ -408,6 +412,8 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
                               iters=timers[label].iters)
             if between is not None:
                 cell.extra["between"] = between.label  # verify_floor refuses to mix contexts
+                if hasattr(between, "copies"):  # the weight copies it walked (1 before 2026-12-07: L2-hot alone)
+                    cell.extra["between_copies"] = between.copies
             if timers[label].graph_error:
                 cell.extra["graph_error"] = timers[label].graph_error
         except Exception as e:  # noqa: BLE001 - one failing shape is an error cell, not a crash
@@ -425,6 +431,9 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
     if getattr(args, "launches", False):  # after this shape's timing: the profiler slows what runs after it
         for label, t in timers.items():
             by_label[label].extra["launches"] = profiled_launches(t, label)
+    for label, t in timers.items():
+        if t.between_ms:  # what was subtracted: the between launch alone, ms a run (median of the measurements)
+            by_label[label].extra["between_ms"] = statistics.median(t.between_ms)
     for c in cells:
         if c.samples_ms and c.status == "ok":
             finish(c, pools[c.page_size][2], hkv, d, args.copy_gb_s)

@@ -50,12 +50,14 @@
 #      as the engine's gemm path runs it, with PDL under +pdl: the engine's kernel after the decode); +preload0 and
 #      PDL off stamped last; the stamps' table (stamps.py --read).
 #   8  carry [".gpu/fk"], ~4 min on a fresh machine (after part 7, call 5: the merger is slow only behind the next
-#      decode's early reads, and a cut of 2,000 of its cycles, +preload0, moved the time 0%): the decode in the engine's
-#      order and its fixed cost. Batch 1 x 4k, both shapes: the default, +kvpf0 and PDL off, timed after the output
-#      projection (--between oproj) and after the MLP (--between gemm), both now walking over copies of their weights
-#      (bench.between.weight_copies: part 7 had one copy, L2-hot when timed alone); the default and PDL off stamped
-#      after the output projection; then the decode at batch 1 over contexts 1k to 32k, the same arms, both shapes
-#      (time against bytes: its slope and its intercept, the cost no context removes); the between GEMMs' test.
+#      decode's early reads, and +preload0, 2,150 of its cycles fewer, moved the decode 0-0.15 us): the decode in the
+#      engine's order and its fixed cost. Batch 1 x 4k, both shapes: the default, +kvpf0 and PDL off, timed after the
+#      output projection (--between oproj) and after the MLP (--between gemm), both now walking over copies of their
+#      weights (bench.between.weight_copies, between_copies and the launch's own between_ms in each cell: part 7 had
+#      one copy, L2-hot timed alone); the default and PDL off stamped after the output projection; then the decode at
+#      batch 1 over contexts whose walk of layers is at least twice the L2 (Llama-8B 4k to 32k, SmolLM2 16k / 32k; the
+#      bench walks at most 8 layers): time against bytes, its slope the bandwidth reached and its intercept the cost no
+#      context removes; the between GEMMs' test on the GPU.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
 PART=${1:?part 1 to 8}
@@ -195,27 +197,32 @@ case $PART in
   ;;
 8)
   FB=.gpu/fk install_fb
-  Q="--phases decode --reps 200 --repeats 3 --models llama8b,smollm2 --batches 1"
+  Q="--phases decode --reps 200 --repeats 3 --batches 1"
   ARMS=triton+pdl,triton+pdl+kvpf0,triton
   for b in oproj gemm; do
     step "--between $b (its weights walked): $ARMS"
-    timeout 150 $PY -m attnlab.bench.kernels $Q --contexts 4096 --backends $ARMS --between $b --out "$OUT/between-$b" \
-      > $LOGS/between-$b.log 2>&1
+    timeout 100 $PY -m attnlab.bench.kernels $Q --models llama8b,smollm2 --contexts 4096 --backends $ARMS \
+      --between $b --out "$OUT/between-$b" > $LOGS/between-$b.log 2>&1
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/between-$b.log
   done
   for arm in triton+pdl triton; do
+    name=stamps-oproj-${arm//+/_}
     step "stamped: $arm --between oproj"
-    timeout 120 $PY experiments/decode-regcap/stamps.py $Q --contexts 4096 --backends $arm --between oproj \
-      --out "$OUT/stamps-oproj-${arm//+/_}" > $LOGS/stamps-oproj-$arm.log 2>&1
-    echo "exit code $?"; grep -E "^decode|^buffer|Error" $LOGS/stamps-oproj-$arm.log
+    timeout 70 $PY experiments/decode-regcap/stamps.py $Q --models llama8b,smollm2 --contexts 4096 --backends $arm \
+      --between oproj --out "$OUT/$name" > $LOGS/$name.log 2>&1
+    echo "exit code $?"; grep -E "^decode|^buffer|Error" $LOGS/$name.log; cp $LOGS/$name.log "$OUT/"
   done
-  $PY experiments/decode-regcap/stamps.py --read "$OUT"/stamps-*-stamps.json | tee "$OUT/stamps-table.md"
-  step "batch 1 over contexts 1k to 32k: $ARMS"
-  timeout 200 $PY -m attnlab.bench.kernels $Q --contexts 1024,2048,4096,8192,16384,32768 --backends $ARMS \
-    --out "$OUT/contexts" > $LOGS/contexts.log 2>&1
-  echo "exit code $?"; grep -E "^decode|Error" $LOGS/contexts.log
+  step "the stamps' table"
+  $PY experiments/decode-regcap/stamps.py --read "$OUT"/stamps-oproj-*-stamps.json | tee "$OUT/stamps-table.md"
+  nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv
+  for mc in llama8b:4096,8192,16384,32768 smollm2:4096,16384,32768; do
+    step "batch 1 over contexts: ${mc%%:*} at ${mc#*:} (SmolLM2's 4k walks 24 MiB: the floor cell, partly L2): $ARMS"
+    timeout 90 $PY -m attnlab.bench.kernels $Q --models ${mc%%:*} --contexts ${mc#*:} --backends $ARMS \
+      --out "$OUT/contexts-${mc%%:*}" > $LOGS/contexts-${mc%%:*}.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/contexts-${mc%%:*}.log
+  done
   step "GPU test: the between GEMMs walk their weight copies"
-  gpu_tests between 120 tests/backends/test_bench_kernels.py -k "between or weight_copies"
+  gpu_tests between 60 tests/backends/test_bench_kernels.py -k "between or weight_copies or cold_timer"
   ;;
 *) echo "part 1 to 8"; exit 2 ;;
 esac

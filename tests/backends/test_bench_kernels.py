@@ -91,6 +91,7 @@ def test_run_shape_on_cpu(monkeypatch, fake_fi, use_flavor):
             self.out = be.run(q, 0) if kv is None else be.run_new(q, kv[0][0], kv[0][1], 0)
             assert torch.isfinite(self.out.float()).all()
             self.graph, self.graph_error, self.reps, self.iters = (object() if graphable else None), None, reps, iters
+            self.between_ms = []
             self.graphable_cuda = getattr(be, "cuda_graph", False)
 
         def measure(self):
@@ -297,6 +298,7 @@ def test_run_shape_captures_and_times_each_arm_under_its_switches(monkeypatch):
         def __init__(self, be, q, num_layers, graphable, reps, iters, kv=None, between=None):
             seen.append(("capture", be.num_splits, decode.early_tile_max(), decode.kv_prefetch()))
             self.graph, self.graph_error, self.reps, self.iters, self.splits = object(), None, reps, iters, be.num_splits
+            self.between_ms = []
 
         def measure(self):
             seen.append(("measure", self.splits, decode.early_tile_max(), decode.kv_prefetch()))
@@ -342,12 +344,13 @@ def test_cold_timer_flushes_before_each_run_and_subtracts_the_flushes(monkeypatc
     assert t.reps == 4 and t.iters == 5
     log.clear()
     assert t.measure() == pytest.approx(2.0)  # (4 x 12 - 4 x 10) / 4
+    assert t.between_ms == [pytest.approx(10.0)]  # what was subtracted, a run: recorded in the cell (between_ms)
     first = log[:8]  # the first sample's runs: a flush before each, the layers walked
     assert first == [("flush",), ("run", 0), ("flush",), ("run", 1), ("flush",), ("run", 2), ("flush",), ("run", 0)]
     assert log[8:12] == [("flush",)] * 4  # then the flushes alone
     warm = kernels.Timer(Be(), torch.zeros(2), num_layers=3, graphable=False, reps=4, iters=5)
     log.clear()
-    assert warm.measure() == pytest.approx(2.0) and ("flush",) not in log
+    assert warm.measure() == pytest.approx(2.0) and ("flush",) not in log and warm.between_ms == []
 
 
 def test_mlp_between_runs_a_layers_mlp():
@@ -377,23 +380,26 @@ def test_mlp_between_runs_a_layers_mlp():
 
 def test_weight_copies_cover_twice_the_l2():
     """A between GEMM walks over enough weight copies for twice the L2 (at least 64 MiB): one off CUDA."""
-    from attnlab.bench.between import weight_copies
+    from attnlab.bench.between import l2_bytes, weight_copies
 
     mib = 1 << 20
-    assert weight_copies(32 * mib, None) == 1
+    assert l2_bytes("cpu") is None and weight_copies(32 * mib, None) == 1
     assert weight_copies(32 * mib, 50 * mib) == 4  # Llama-8B's output projection on an H100: 128 MiB for 100
     assert weight_copies(576 * 576 * 2, 50 * mib) == 159  # SmolLM2's: 0.63 MiB
-    assert weight_copies(300 * mib, 50 * mib) == 1  # Llama-8B's MLP: past the L2 alone
+    assert weight_copies(9 * 4096 * 4096 * 2, 50 * mib) == 1  # Llama-8B's MLP: past the L2 alone
     assert weight_copies(mib, 16 * mib) == 64  # a small L2: 64 MiB at least
 
 
 def test_between_gemms_walk_their_weight_copies(monkeypatch):
-    """--between gemm / oproj: each call takes the next weight copy, cyclically, and computes with that one."""
+    """--between gemm / oproj: copies of their own weights' size (gemm-ew, no GEMM: one, unasked), and each call takes
+    the next copy, cyclically, and computes with that one; on a GPU the real count."""
     from attnlab.bench import between
 
-    monkeypatch.setattr(between, "weight_copies", lambda nbytes, l2: 3)
+    asked = []
+    monkeypatch.setattr(between, "weight_copies", lambda nbytes, l2: asked.append(nbytes) or 3)
     mlp = between.make_between("gemm", hidden=64, tokens=2, device="cpu")
-    assert len(mlp.weights) == 3 and len({w[0].data_ptr() for w in mlp.weights}) == 3
+    assert asked == [9 * 64 * 64 * 2] and mlp.copies == 3 and len(mlp.weights) == 3
+    assert len({w[0].data_ptr() for w in mlp.weights}) == 3
     used = []
     for _ in range(4):
         mlp()
@@ -402,14 +408,20 @@ def test_between_gemms_walk_their_weight_copies(monkeypatch):
         torch.testing.assert_close(mlp.out.float(), (torch.nn.functional.silu(gate) * up) @ mlp.w2.float(),
                                    atol=0.03, rtol=0.02)
     assert used == [w[0].data_ptr() for w in mlp.weights] + [mlp.weights[0][0].data_ptr()]
+    ew = between.make_between("gemm-ew", hidden=64, tokens=2, device="cpu")
+    assert asked == [9 * 64 * 64 * 2] and ew.copies == 1 and len(ew.weights) == 1
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     t = between.make_between("oproj", hidden=64, tokens=2, device=dev)
-    assert len(t.linears) == 3
+    assert asked[1:] == [64 * 64 * 2] and t.copies == 3 and len(t.linears) == 3
     for i in range(4):
         t()
         assert t.linear is t.linears[i % 3]
         want = t.residual.float() + t.x.float() @ t.linear.weight.float().T
         torch.testing.assert_close(t.out.float(), want, atol=0.05, rtol=0.02)
+    monkeypatch.undo()
+    if dev == "cuda":
+        big = between.make_between("oproj", hidden=4096, tokens=1, device=dev)
+        assert big.copies == between.weight_copies(4096 * 4096 * 2, between.l2_bytes(dev)) > 1
 
 
 @pytest.mark.parametrize("hidden", [64, 2048])
