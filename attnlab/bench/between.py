@@ -5,9 +5,9 @@ the between launch itself runs slower after the kernel, that is charged to the k
 are not L2-hot only when it is timed alone, ``gemm`` and ``oproj`` walk over copies of their weights, as the engine
 walks over layers: ``weight_copies``, enough for twice the L2 (at least 64 MiB; a cell's JSON records the count as
 ``between_copies``). Until 2026-12-07 they had one copy: Llama-8B's 32 MiB output projection, timed alone, ran from
-the L2 (~8.6 us, past the HBM's bandwidth) and after a decode did not (experiments/decode-regcap/ call 5). The walk
-also evicts more of the kernel's own data between its runs where that data fits the L2 (SmolLM2's decode walks 24 MiB
-of KV at 4k).
+the L2 (about 8.6 us by subtraction, faster than the HBM reads 32 MiB) and after a decode did not
+(experiments/decode-regcap/ call 5). The walk also evicts more of the kernel's own data between its runs where that
+data fits the L2 (SmolLM2's decode walks 24 MiB of KV at 4k).
 
 - ``cold`` (``--cold``, ``FlushBetween``): a write of twice the L2, evicting it;
 - ``gemm``: one layer's MLP on cuBLAS (gate / up GEMM, SiLU-mul, down GEMM) at the model's hidden size, its
