@@ -52,13 +52,19 @@ def l2_bytes(device) -> int | None:
     return getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) if dev.type == "cuda" else None
 
 
+def evict_bytes(l2: int | None) -> int:
+    """Bytes that, walked between two runs, leave nothing of them in an L2 of ``l2`` bytes: twice it, at least 64 MiB
+    (``--cold``'s write, a between GEMM's weight copies)."""
+    return max(2 * (l2 or 0), 64 << 20)
+
+
 class FlushBetween:
     """``--cold``: a buffer of twice the device's L2 (at least 64 MiB) written before each run, evicting the L2."""
 
     label = "cold"
 
     def __init__(self, device="cuda"):
-        self.buf = torch.empty(max(2 * (l2_bytes(device) or 0), 64 << 20), dtype=torch.uint8, device=device)
+        self.buf = torch.empty(evict_bytes(l2_bytes(device)), dtype=torch.uint8, device=device)
         self.nbytes = self.buf.numel()
 
     def __call__(self) -> None:
@@ -78,10 +84,9 @@ def _label(name: str, compiled) -> str:
 
 
 def weight_copies(nbytes: int, l2: int | None) -> int:
-    """How many copies of ``nbytes`` of weights a between launch walks over: enough for twice an L2 of ``l2`` bytes
-    (at least 64 MiB), so that timed alone it reads them from memory, as after the kernel; 1 without an L2 (off
-    CUDA)."""
-    return 1 if l2 is None else max(1, -(-max(2 * l2, 64 << 20) // max(1, nbytes)))
+    """How many copies of ``nbytes`` of weights a between launch walks over: ``evict_bytes`` of an L2 of ``l2``
+    bytes, so that timed alone it reads them from memory, as after the kernel; 1 without an L2 (off CUDA)."""
+    return 1 if l2 is None else max(1, -(-evict_bytes(l2) // max(1, nbytes)))
 
 
 class MlpBetween:

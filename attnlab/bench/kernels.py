@@ -412,7 +412,7 @@ def run_shape(classes, phase, model, batch, ctx, q_len, args, dtype, compile_onl
                               iters=timers[label].iters)
             if between is not None:
                 cell.extra["between"] = between.label  # verify_floor refuses to mix contexts
-                if hasattr(between, "copies"):  # the weight copies it walked (1 before 2026-12-07: L2-hot alone)
+                if getattr(between, "copies", None):  # the GEMMs' weight copies walked (1 before 2026-12-07)
                     cell.extra["between_copies"] = between.copies
             if timers[label].graph_error:
                 cell.extra["graph_error"] = timers[label].graph_error
