@@ -221,6 +221,9 @@ case $PART in
       --out "$OUT/contexts-${mc%%:*}" > $LOGS/contexts-${mc%%:*}.log 2>&1
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/contexts-${mc%%:*}.log
   done
+  step "time against bytes (fit.py), without SmolLM2's 4k (partly L2-held), then with it"
+  $PY experiments/decode-regcap/fit.py "$OUT"/contexts-*.json --exclude smollm2:4096 | tee "$OUT/fit.md"
+  $PY experiments/decode-regcap/fit.py "$OUT"/contexts-smollm2.json | tee "$OUT/fit-smollm2-with4k.md"
   step "GPU test: the between GEMMs walk their weight copies"
   gpu_tests between 60 tests/backends/test_bench_kernels.py -k "between or weight_copies or cold_timer"
   ;;
