@@ -199,12 +199,27 @@ case $PART in
   FB=.gpu/fk install_fb
   Q="--phases decode --reps 200 --repeats 3 --batches 1"
   ARMS=triton+pdl,triton+pdl+kvpf0,triton
-  for b in oproj gemm; do
-    step "--between $b (its weights walked): $ARMS"
+  # Ordered for a call that may be cut: the engine's order and Llama-8B's contexts first, the stamps last.
+  between() {
+    step "--between $1 (its weights walked): $ARMS"
     timeout 100 $PY -m attnlab.bench.kernels $Q --models llama8b,smollm2 --contexts 4096 --backends $ARMS \
-      --between $b --out "$OUT/between-$b" > $LOGS/between-$b.log 2>&1
-    echo "exit code $?"; grep -E "^decode|Error" $LOGS/between-$b.log
-  done
+      --between $1 --out "$OUT/between-$1" > $LOGS/between-$1.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/between-$1.log
+  }
+  contexts() {
+    step "batch 1 over contexts: $1 at $2 (SmolLM2's 4k walks 24 MiB: the floor cell, partly L2): $ARMS"
+    timeout 90 $PY -m attnlab.bench.kernels $Q --models $1 --contexts $2 --backends $ARMS \
+      --out "$OUT/contexts-$1" > $LOGS/contexts-$1.log 2>&1
+    echo "exit code $?"; grep -E "^decode|Error" $LOGS/contexts-$1.log
+  }
+  between oproj
+  contexts llama8b 4096,8192,16384,32768
+  between gemm
+  contexts smollm2 4096,16384,32768
+  step "time against bytes (fit.py), without SmolLM2's 4k (partly L2-held), then with it"
+  $PY experiments/decode-regcap/fit.py "$OUT"/contexts-*.json --exclude smollm2:4096 | tee "$OUT/fit.md"
+  $PY experiments/decode-regcap/fit.py "$OUT"/contexts-smollm2.json | tee "$OUT/fit-smollm2-with4k.md"
+  nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv
   for arm in triton+pdl triton; do
     name=stamps-oproj-${arm//+/_}
     step "stamped: $arm --between oproj"
@@ -214,16 +229,6 @@ case $PART in
   done
   step "the stamps' table"
   $PY experiments/decode-regcap/stamps.py --read "$OUT"/stamps-oproj-*-stamps.json | tee "$OUT/stamps-table.md"
-  nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv
-  for mc in llama8b:4096,8192,16384,32768 smollm2:4096,16384,32768; do
-    step "batch 1 over contexts: ${mc%%:*} at ${mc#*:} (SmolLM2's 4k walks 24 MiB: the floor cell, partly L2): $ARMS"
-    timeout 90 $PY -m attnlab.bench.kernels $Q --models ${mc%%:*} --contexts ${mc#*:} --backends $ARMS \
-      --out "$OUT/contexts-${mc%%:*}" > $LOGS/contexts-${mc%%:*}.log 2>&1
-    echo "exit code $?"; grep -E "^decode|Error" $LOGS/contexts-${mc%%:*}.log
-  done
-  step "time against bytes (fit.py), without SmolLM2's 4k (partly L2-held), then with it"
-  $PY experiments/decode-regcap/fit.py "$OUT"/contexts-*.json --exclude smollm2:4096 | tee "$OUT/fit.md"
-  $PY experiments/decode-regcap/fit.py "$OUT"/contexts-smollm2.json | tee "$OUT/fit-smollm2-with4k.md"
   step "GPU test: the between GEMMs walk their weight copies"
   gpu_tests between 60 tests/backends/test_bench_kernels.py -k "between or weight_copies or cold_timer"
   ;;
