@@ -1,9 +1,13 @@
 """Issue 16's decode over contexts (run.sh 8's contexts-*.json): for each (model, batch, arm), a least-squares line of
 the decode's time against the KV bytes it reads, time = fixed + bytes / bandwidth. The slope's bandwidth is what the
 decode reaches once the context is long; the intercept is what no context removes (launch, merge, the chain's wait).
-Cells whose KV fits the L2 bend the line: keep contexts whose walk is at least twice the L2 (run.sh 8 does).
 
-    python experiments/decode-regcap/fit.py DIR/contexts-llama8b.json DIR/contexts-smollm2.json
+The heuristic changes the launch with the context (Llama-8B's batch-1 4k runs one 128-token tile of 8 warps a split
+and the fused merge; 8k and up loop over 64-token tiles and merge in a second launch): each cell's launch is printed.
+``--aside MODEL:CONTEXT`` leaves a cell out of its line and prints how far above the line it lies, so the floor cell
+can be read against the longer contexts' line. ``--exclude`` drops a cell (e.g. one whose walk the L2 partly holds).
+
+    python experiments/decode-regcap/fit.py DIR/contexts-*.json --exclude smollm2:4096 --aside llama8b:4096
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     """Least squares y = a + b x -> (a, b, the largest residual); ValueError under two distinct x."""
     n = len(xs)
     if n < 2 or len(set(xs)) < 2:
-        raise ValueError(f"a line needs two distinct points, got x = {xs}")
+        raise ValueError(f"a line needs two distinct points, got {n}")
     mx, my = sum(xs) / n, sum(ys) / n
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     a = my - b * mx
@@ -29,32 +33,45 @@ def kv_bytes(cell: dict) -> float:
     return cell["kv_gb_s"] * 1e9 * cell["ms"] * 1e-3
 
 
+def launch(cell: dict) -> str:
+    return (cell.get("extra") or {}).get("kernels", {}).get("decode", cell.get("kernel", "?")).removeprefix("decode ")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", type=pathlib.Path, help="bench.kernels JSON outputs (decode cells)")
     ap.add_argument("--exclude", action="append", default=[], metavar="MODEL:CONTEXT",
-                    help="leave a model's context out of the fit (one whose walk the L2 partly holds); repeatable")
+                    help="drop a model's context (one whose walk the L2 partly holds); repeatable")
+    ap.add_argument("--aside", action="append", default=[], metavar="MODEL:CONTEXT",
+                    help="leave a model's context out of the line and print its distance above it; repeatable")
     args = ap.parse_args()
-    drop = set(args.exclude)
     groups: dict[tuple, list[dict]] = {}
     for path in args.files:
         with open(path) as f:
             for c in json.load(f)["cells"]:
-                if f"{c['model']}:{c['context']}" in drop:
-                    continue
-                if c.get("status") == "ok" and c["phase"] == "decode":
+                if c.get("status") == "ok" and c["phase"] == "decode" and f"{c['model']}:{c['context']}" not in args.exclude:
                     groups.setdefault((c["model"], c["batch"], c["backend"]), []).append(c)
-    print("| model | batch | arm | contexts | fixed (us) | bandwidth (GB/s) | largest residual (us) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | batch | arm | context | us | GB/s | the line's us | above the line | launch |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    lines = []
     for (model, batch, arm), cs in sorted(groups.items()):
         cs.sort(key=lambda c: c["context"])
-        ctx = ",".join(str(c["context"]) for c in cs)
+        fitted = [c for c in cs if f"{model}:{c['context']}" not in args.aside]
         try:
-            a, b, worst = fit_line([kv_bytes(c) for c in cs], [c["ms"] * 1e3 for c in cs])
+            a, b, worst = fit_line([kv_bytes(c) for c in fitted], [c["ms"] * 1e3 for c in fitted])
         except ValueError as e:
-            print(f"| {model} | {batch} | {arm} | {ctx} | {e} | | |")
+            lines.append(f"| {model} | {batch} | {arm} | {','.join(str(c['context']) for c in fitted)} | {e} | | |")
             continue
-        print(f"| {model} | {batch} | {arm} | {ctx} | {a:.2f} | {1e-3 / b:.0f} | {worst:.2f} |")
+        ctx = ",".join(str(c["context"]) for c in fitted)
+        lines.append(f"| {model} | {batch} | {arm} | {ctx} | {a:.2f} | {1e-3 / b:.0f} | {worst:.2f} |")
+        for c in cs:
+            us, line = c["ms"] * 1e3, a + b * kv_bytes(c)
+            mark = "" if c in fitted else " (aside)"
+            print(f"| {model} | {batch} | {arm} | {c['context']}{mark} | {us:.2f} | {c['kv_gb_s']:.0f} | {line:.2f} "
+                  f"| {us - line:+.2f} | {launch(c)} |")
+    print("\n| model | batch | arm | contexts fitted | fixed (us) | bandwidth (GB/s) | largest residual (us) |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -207,18 +207,21 @@ case $PART in
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/between-$1.log
   }
   contexts() {
-    step "batch 1 over contexts: $1 at $2 (SmolLM2's 4k walks 24 MiB: the floor cell, partly L2): $ARMS"
-    timeout 90 $PY -m attnlab.bench.kernels $Q --models $1 --contexts $2 --backends $ARMS \
+    step "batch 1 over contexts: $1 at $2 (SmolLM2's 4k walks 24 MiB: the floor cell, partly L2): $ARMS${3:-}"
+    timeout 90 $PY -m attnlab.bench.kernels $Q --models $1 --contexts $2 --backends $ARMS${3:-} \
       --out "$OUT/contexts-$1" > $LOGS/contexts-$1.log 2>&1
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/contexts-$1.log
   }
   between oproj
-  contexts llama8b 4096,8192,16384,32768
+  # 8k and up loop over 64-token tiles (4 warps, 3 stages) and merge in a second launch; 4k runs one 128-token tile of
+  # 8 warps with the fused merge. The forced 64x4x3 arm runs 4k as the long contexts run: a point on their line.
+  contexts llama8b 4096,8192,16384,32768 ,triton/decode_tiles=64x4x3+pdl
   between gemm
   contexts smollm2 4096,16384,32768
-  step "time against bytes (fit.py), without SmolLM2's 4k (partly L2-held), then with it"
-  $PY experiments/decode-regcap/fit.py "$OUT"/contexts-*.json --exclude smollm2:4096 | tee "$OUT/fit.md"
-  $PY experiments/decode-regcap/fit.py "$OUT"/contexts-smollm2.json | tee "$OUT/fit-smollm2-with4k.md"
+  step "time against bytes (fit.py): the 4k floor cells against the longer contexts' lines"
+  $PY experiments/decode-regcap/fit.py "$OUT"/contexts-*.json --exclude smollm2:4096 --aside llama8b:4096 \
+    | tee "$OUT/fit.md"
+  $PY experiments/decode-regcap/fit.py "$OUT"/contexts-smollm2.json --aside smollm2:4096 | tee "$OUT/fit-smollm2-4k.md"
   nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv
   for arm in triton+pdl triton; do
     name=stamps-oproj-${arm//+/_}
