@@ -15,26 +15,54 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
-    """Least squares y = a + b x -> (a, b, the largest residual); ValueError under two distinct x."""
-    n = len(xs)
-    if n < 2 or len(set(xs)) < 2:
-        raise ValueError(f"a line needs two distinct points, got {n}")
+    """Least squares y = a + b x -> (a, b, the largest residual); ValueError under two distinct x, or for a slope
+    that is not positive (a time that does not grow with the bytes has no bandwidth)."""
+    n, distinct = len(xs), len(set(xs))
+    if distinct < 2:
+        raise ValueError(f"a line needs two distinct contexts, got {distinct} ({n} cells)")
     mx, my = sum(xs) / n, sum(ys) / n
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    if b <= 0:
+        raise ValueError("no positive slope: the time does not grow with the bytes")
     a = my - b * mx
     return a, b, max(abs(y - (a + b * x)) for x, y in zip(xs, ys))
 
 
 def kv_bytes(cell: dict) -> float:
-    """The KV bytes a decode reads, from the cell's own rate: kv_gb_s x ms."""
+    """The bytes a decode reads, from the cell's own rate (kv_gb_s x ms): the KV, and q and the output (16 KiB)."""
     return cell["kv_gb_s"] * 1e9 * cell["ms"] * 1e-3
 
 
 def launch(cell: dict) -> str:
-    return (cell.get("extra") or {}).get("kernels", {}).get("decode", cell.get("kernel", "?")).removeprefix("decode ")
+    kernels = (cell.get("extra") or {}).get("kernels") or {}
+    return kernels.get("decode", cell.get("kernel", "?")).removeprefix("decode ")
+
+
+def load(paths: list[pathlib.Path], exclude: list[str]) -> tuple[dict[tuple, list[dict]], set[str]]:
+    """The ok decode cells by (model, batch, arm, the launch between two decodes if any), less ``exclude``'s, and
+    every such cell's "model:context"; a file that cannot be read (a bench cut mid-write) is named on stderr and
+    skipped."""
+    groups: dict[tuple, list[dict]] = {}
+    seen: set[str] = set()
+    for path in paths:
+        try:
+            with open(path) as f:
+                cells = json.load(f)["cells"]
+        except (OSError, ValueError, KeyError) as e:
+            print(f"{path}: skipped ({e.__class__.__name__}: {e})", file=sys.stderr)
+            continue
+        for c in cells:
+            if c.get("status") != "ok" or c["phase"] != "decode":
+                continue
+            seen.add(f"{c['model']}:{c['context']}")
+            if f"{c['model']}:{c['context']}" not in exclude:
+                between = (c.get("extra") or {}).get("between")
+                groups.setdefault((c["model"], c["batch"], c["backend"], between or ""), []).append(c)
+    return groups, seen
 
 
 def main() -> None:
@@ -45,30 +73,30 @@ def main() -> None:
     ap.add_argument("--aside", action="append", default=[], metavar="MODEL:CONTEXT",
                     help="leave a model's context out of the line and print its distance above it; repeatable")
     args = ap.parse_args()
-    groups: dict[tuple, list[dict]] = {}
-    for path in args.files:
-        with open(path) as f:
-            for c in json.load(f)["cells"]:
-                if c.get("status") == "ok" and c["phase"] == "decode" and f"{c['model']}:{c['context']}" not in args.exclude:
-                    groups.setdefault((c["model"], c["batch"], c["backend"]), []).append(c)
+    groups, seen = load(args.files, args.exclude)
+    unmatched = sorted(set(args.aside + args.exclude) - seen)
+    if unmatched:
+        ap.error(f"{', '.join(unmatched)}: no such cell (--aside / --exclude take model:context, e.g. llama8b:4096)")
     print("| model | batch | arm | context | us | GB/s | the line's us | above the line | launch |")
     print("|---|---|---|---|---|---|---|---|---|")
     lines = []
-    for (model, batch, arm), cs in sorted(groups.items()):
+    for (model, batch, arm, between), cs in sorted(groups.items()):
+        arm += f" (after {between})" if between else ""
         cs.sort(key=lambda c: c["context"])
         fitted = [c for c in cs if f"{model}:{c['context']}" not in args.aside]
+        ctx = ",".join(str(c["context"]) for c in fitted)
         try:
             a, b, worst = fit_line([kv_bytes(c) for c in fitted], [c["ms"] * 1e3 for c in fitted])
+            lines.append(f"| {model} | {batch} | {arm} | {ctx} | {a:.2f} | {1e-3 / b:.0f} | {worst:.2f} |")
         except ValueError as e:
-            lines.append(f"| {model} | {batch} | {arm} | {','.join(str(c['context']) for c in fitted)} | {e} | | |")
-            continue
-        ctx = ",".join(str(c["context"]) for c in fitted)
-        lines.append(f"| {model} | {batch} | {arm} | {ctx} | {a:.2f} | {1e-3 / b:.0f} | {worst:.2f} |")
+            a = b = None
+            lines.append(f"| {model} | {batch} | {arm} | {ctx} | {e} | | |")
         for c in cs:
-            us, line = c["ms"] * 1e3, a + b * kv_bytes(c)
+            us = c["ms"] * 1e3
             mark = "" if c in fitted else " (aside)"
-            print(f"| {model} | {batch} | {arm} | {c['context']}{mark} | {us:.2f} | {c['kv_gb_s']:.0f} | {line:.2f} "
-                  f"| {us - line:+.2f} | {launch(c)} |")
+            line = f"{a + b * kv_bytes(c):.2f} | {us - a - b * kv_bytes(c):+.2f}" if b else "no line | "
+            print(f"| {model} | {batch} | {arm} | {c['context']}{mark} | {us:.2f} | {c['kv_gb_s']:.0f} | {line} "
+                  f"| {launch(c)} |")
     print("\n| model | batch | arm | contexts fitted | fixed (us) | bandwidth (GB/s) | largest residual (us) |")
     print("|---|---|---|---|---|---|---|")
     print("\n".join(lines))

@@ -51,13 +51,14 @@
 #      PDL off stamped last; the stamps' table (stamps.py --read).
 #   8  carry [".gpu/fk"], ~4 min on a fresh machine (after part 7, call 5: the merger is slow only behind the next
 #      decode's early reads, and +preload0, 2,150 of its cycles fewer, moved the decode 0-0.15 us): the decode in the
-#      engine's order and its fixed cost. Batch 1 x 4k, both shapes: the default, +kvpf0 and PDL off, timed after the
-#      output projection (--between oproj) and after the MLP (--between gemm), both now walking over copies of their
-#      weights (bench.between.weight_copies, between_copies and the launch's own between_ms in each cell: part 7 had
-#      one copy, L2-hot timed alone); the default and PDL off stamped after the output projection; then the decode at
-#      batch 1 over contexts whose walk of layers is at least twice the L2 (Llama-8B 4k to 32k, SmolLM2 16k / 32k; the
-#      bench walks at most 8 layers): time against bytes, its slope the bandwidth reached and its intercept the cost no
-#      context removes; the between GEMMs' test on the GPU.
+#      engine's order and its fixed cost, the most wanted first (a call may be cut). Batch 1 x 4k, both shapes: the
+#      default, +kvpf0 and PDL off after the output projection (--between oproj); the decode at batch 1 over Llama-8B's
+#      4k to 32k (with triton/decode_tiles=64x4x3+pdl: 4k on the longer contexts' tile); the same arms after the MLP
+#      (--between gemm); SmolLM2 at 4k / 16k / 32k; fit.py: time against bytes over the contexts past 4k (one tile,
+#      their slope the bandwidth reached, their intercept the cost no context removes) and each 4k cell's distance
+#      above that line; the default and PDL off stamped after the output projection; the between GEMMs' test on the
+#      GPU. The between launches walk over copies of their weights (bench.between.weight_copies; between_copies and
+#      the launch's own between_ms in each cell: part 7 had one copy, L2-hot timed alone).
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
 PART=${1:?part 1 to 8}
@@ -207,17 +208,17 @@ case $PART in
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/between-$1.log
   }
   contexts() {
-    step "batch 1 over contexts: $1 at $2 (SmolLM2's 4k walks 24 MiB: the floor cell, partly L2): $ARMS${3:-}"
-    timeout 90 $PY -m attnlab.bench.kernels $Q --models $1 --contexts $2 --backends $ARMS${3:-} \
+    step "batch 1 over contexts: $1 at $2 (SmolLM2's 4k walks 24 MiB: the floor cell, partly L2): $ARMS${4:-}"
+    timeout $3 $PY -m attnlab.bench.kernels $Q --models $1 --contexts $2 --backends $ARMS${4:-} \
       --out "$OUT/contexts-$1" > $LOGS/contexts-$1.log 2>&1
     echo "exit code $?"; grep -E "^decode|Error" $LOGS/contexts-$1.log
   }
   between oproj
   # 8k and up loop over 64-token tiles (4 warps, 3 stages) and merge in a second launch; 4k runs one 128-token tile of
   # 8 warps with the fused merge. The forced 64x4x3 arm runs 4k as the long contexts run: a point on their line.
-  contexts llama8b 4096,8192,16384,32768 ,triton/decode_tiles=64x4x3+pdl
+  contexts llama8b 4096,8192,16384,32768 120 ,triton/decode_tiles=64x4x3+pdl
   between gemm
-  contexts smollm2 4096,16384,32768
+  contexts smollm2 4096,16384,32768 90
   step "time against bytes (fit.py): the 4k floor cells against the longer contexts' lines"
   $PY experiments/decode-regcap/fit.py "$OUT"/contexts-*.json --exclude smollm2:4096 --aside llama8b:4096 \
     | tee "$OUT/fit.md"
@@ -226,7 +227,7 @@ case $PART in
   for arm in triton+pdl triton; do
     name=stamps-oproj-${arm//+/_}
     step "stamped: $arm --between oproj"
-    timeout 70 $PY experiments/decode-regcap/stamps.py $Q --models llama8b,smollm2 --contexts 4096 --backends $arm \
+    timeout 55 $PY experiments/decode-regcap/stamps.py $Q --models llama8b,smollm2 --contexts 4096 --backends $arm \
       --between oproj --out "$OUT/$name" > $LOGS/$name.log 2>&1
     echo "exit code $?"; grep -E "^decode|^buffer|Error" $LOGS/$name.log; cp $LOGS/$name.log "$OUT/"
   done
