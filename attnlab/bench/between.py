@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attnlab.kernels.heuristics import fp32_dot, sm_count
+from attnlab.kernels.heuristics import cdiv, fp32_dot, sm_count
 
 BETWEEN = {
     "gemm": "one layer's MLP GEMMs on cuBLAS (gate / up, SiLU-mul, down) at the model's hidden size",
@@ -86,7 +86,7 @@ def _label(name: str, compiled) -> str:
 def weight_copies(nbytes: int, l2: int | None) -> int:
     """How many copies of ``nbytes`` of weights a between launch walks over: ``evict_bytes`` of an L2 of ``l2``
     bytes, so that timed alone it reads them from memory, as after the kernel; 1 without an L2 (off CUDA)."""
-    return 1 if l2 is None else max(1, -(-evict_bytes(l2) // max(1, nbytes)))
+    return 1 if l2 is None else max(1, cdiv(evict_bytes(l2), max(1, nbytes)))
 
 
 class MlpBetween:

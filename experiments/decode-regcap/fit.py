@@ -15,20 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import statistics
 import sys
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
-    """Least squares y = a + b x -> (a, b, the largest residual); ValueError under two distinct x, or for a slope
-    that is not positive (a time that does not grow with the bytes has no bandwidth)."""
-    n, distinct = len(xs), len(set(xs))
+    """Least squares y = a + b x (``statistics.linear_regression``) -> (a, b, the largest residual); ValueError under
+    two distinct x, or for a slope that is not positive (a time that does not grow with the bytes has no bandwidth)."""
+    distinct = len(set(xs))
     if distinct < 2:
-        raise ValueError(f"a line needs two distinct contexts, got {distinct} ({n} cells)")
-    mx, my = sum(xs) / n, sum(ys) / n
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        raise ValueError(f"a line needs two distinct contexts, got {distinct} ({len(xs)} cells)")
+    b, a = statistics.linear_regression(xs, ys)
     if b <= 0:
         raise ValueError("no positive slope: the time does not grow with the bytes")
-    a = my - b * mx
     return a, b, max(abs(y - (a + b * x)) for x, y in zip(xs, ys))
 
 
@@ -94,7 +93,8 @@ def main() -> None:
         for c in cs:
             us = c["ms"] * 1e3
             mark = "" if c in fitted else " (aside)"
-            line = f"{a + b * kv_bytes(c):.2f} | {us - a - b * kv_bytes(c):+.2f}" if b else "no line | "
+            on_line = a + b * kv_bytes(c) if b else None
+            line = "no line | " if on_line is None else f"{on_line:.2f} | {us - on_line:+.2f}"
             print(f"| {model} | {batch} | {arm} | {c['context']}{mark} | {us:.2f} | {c['kv_gb_s']:.0f} | {line} "
                   f"| {launch(c)} |")
     print("\n| model | batch | arm | contexts fitted | fixed (us) | bandwidth (GB/s) | largest residual (us) |")
