@@ -59,9 +59,14 @@
 #      above that line; the default and PDL off stamped after the output projection; the between GEMMs' test on the
 #      GPU. The between launches walk over copies of their weights (bench.between.weight_copies; between_copies and
 #      the launch's own between_ms in each cell: part 7 had one copy, L2-hot timed alone).
+#   9  carry [".gpu/fk"], ~2 min on a fresh machine (after part 8, call 6: at 8k-32k Llama-8B's batch-1 decode is a
+#      fixed 7.0 us plus its bytes at the copy bandwidth; the 4k launch pays 4.6 us past its bytes): which launch takes
+#      that fixed cost down at the long contexts? Batch 1 x 8k / 16k / 32k, PDL on: the default (64-token tiles, 4
+#      warps, 3 stages, the merge launch) against the fused merge uncapped, 128-token tiles of 8 warps in 2 stages
+#      (merge launch and fused), 32 and 64 splits, 4 stages; SmolLM2 the default against fused; fit.py per arm.
 # Output: $OUT/runPART.log (the console) and resultsPART.tgz (the tables as .md / .json, the test logs).
 set -u -o pipefail
-PART=${1:?part 1 to 8}
+PART=${1:?part 1 to 9}
 . experiments/sitting.sh  # OUT, LOGS, step, install_fb, gpu_tests, pack, the environment, the call's log, PY
 case $PART in
 1)
@@ -236,6 +241,24 @@ case $PART in
   step "GPU test: the between GEMMs walk their weight copies"
   gpu_tests between 60 tests/backends/test_bench_kernels.py -k "between or weight_copies or cold_timer"
   ;;
-*) echo "part 1 to 8"; exit 2 ;;
+9)
+  FB=.gpu/fk install_fb
+  T=triton
+  LONG=$T+pdl,$T/fused_merge=true+pdl,$T/decode_tiles=128x8x2+pdl,$T/decode_tiles=128x8x2/fused_merge=true+pdl
+  LONG=$LONG,$T/num_splits=64+pdl,$T/num_splits=32+pdl,$T/decode_tiles=64x4x4+pdl
+  step "batch 1 over 8k-32k, PDL on: the long contexts' launch against fused, 128-token tiles, other splits / stages"
+  timeout 240 $PY -m attnlab.bench.kernels --phases decode --reps 200 --repeats 3 --batches 1 --models llama8b \
+    --contexts 8192,16384,32768 --backends $LONG \
+    --out "$OUT/long-llama8b" > $LOGS/long-llama8b.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/long-llama8b.log
+  timeout 90 $PY -m attnlab.bench.kernels --phases decode --reps 200 --repeats 3 --batches 1 --models smollm2 \
+    --contexts 8192,16384,32768 --backends $T+pdl,$T/fused_merge=true+pdl --out "$OUT/long-smollm2" \
+    > $LOGS/long-smollm2.log 2>&1
+  echo "exit code $?"; grep -E "^decode|Error" $LOGS/long-smollm2.log
+  step "time against bytes per arm (fit.py)"
+  $PY experiments/decode-regcap/fit.py "$OUT"/long-*.json | tee "$OUT/fit-long.md"
+  nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv
+  ;;
+*) echo "part 1 to 9"; exit 2 ;;
 esac
 pack
