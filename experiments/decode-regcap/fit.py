@@ -7,7 +7,10 @@ and the fused merge; 8k and up loop over 64-token tiles and merge in a second la
 ``--aside MODEL:CONTEXT`` leaves a cell out of its line and prints how far above the line it lies, so the floor cell
 can be read against the longer contexts' line. ``--exclude`` drops a cell (e.g. one whose walk the L2 partly holds).
 
-    python experiments/decode-regcap/fit.py DIR/contexts-*.json --exclude smollm2:4096 --aside llama8b:4096
+    python experiments/decode-regcap/fit.py DIR/contexts-*.json --exclude smollm2:4096 --aside llama8b:4096 \
+        [--plot fit.png]
+
+``--plot`` also draws it: a panel a model, time against MB read, each arm's cells (aside ones hollow) and its line.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ def main() -> None:
                     help="drop a model's context (one whose walk the L2 partly holds); repeatable")
     ap.add_argument("--aside", action="append", default=[], metavar="MODEL:CONTEXT",
                     help="leave a model's context out of the line and print its distance above it; repeatable")
+    ap.add_argument("--plot", type=pathlib.Path, metavar="PNG", help="also draw the cells and lines into this file")
     args = ap.parse_args()
     groups, seen = load(args.files, args.exclude)
     unmatched = sorted(set(args.aside + args.exclude) - seen)
@@ -78,7 +82,7 @@ def main() -> None:
         ap.error(f"{', '.join(unmatched)}: no such cell (--aside / --exclude take model:context, e.g. llama8b:4096)")
     print("| model | batch | arm | context | us | GB/s | the line's us | above the line | launch |")
     print("|---|---|---|---|---|---|---|---|---|")
-    lines = []
+    lines, drawn = [], []
     for (model, batch, arm, between), cs in sorted(groups.items()):
         arm += f" (after {between})" if between else ""
         cs.sort(key=lambda c: c["context"])
@@ -90,6 +94,7 @@ def main() -> None:
         except ValueError as e:
             a = b = None
             lines.append(f"| {model} | {batch} | {arm} | {ctx} | {e} | | |")
+        drawn.append((f"{model}, batch {batch}", arm, cs, fitted, (a, b) if b else None))
         for c in cs:
             us = c["ms"] * 1e3
             mark = "" if c in fitted else " (aside)"
@@ -100,6 +105,45 @@ def main() -> None:
     print("\n| model | batch | arm | contexts fitted | fixed (us) | bandwidth (GB/s) | largest residual (us) |")
     print("|---|---|---|---|---|---|---|")
     print("\n".join(lines))
+    if args.plot:
+        plot(drawn, args.plot)
+
+
+def plot(drawn: list[tuple], path: pathlib.Path) -> None:
+    """One panel per model and batch: each arm's cells (time against MB read; cells set aside hollow, labelled with
+    their context) and its fitted line over the whole MB range of its panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({d[0] for d in drawn})
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        rows = [d for d in drawn if d[0] == panel]
+        top = max(kv_bytes(c) for d in rows for c in d[2]) / 1e6
+        named = set()
+        for i, (_, arm, cs, fitted, line) in enumerate(rows):
+            color = f"C{i}"
+            for c in cs:
+                mb, us = kv_bytes(c) / 1e6, c["ms"] * 1e3
+                ax.plot(mb, us, "o", color=color, mfc=color if c in fitted else "none", ms=6)
+                if c not in fitted and c["context"] not in named:
+                    named.add(c["context"])
+                    ax.annotate(f"{c['context']} (aside)", (mb, us), textcoords="offset points", xytext=(8, -4),
+                                fontsize=8)
+            if line:
+                a, b = line
+                label = f"{arm}: {a:.2f} us + bytes at {1e-3 / b:.0f} GB/s"
+                ax.plot([0, top], [a, a + b * top * 1e6], "-", color=color, lw=1, label=label)
+            else:
+                ax.plot([], [], "o", color=color, label=f"{arm}: no line")
+        ax.set(title=panel, xlabel="MB read (KV, q, output)", ylabel="us a decode", xlim=(0, None), ylim=(0, None))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":
