@@ -112,8 +112,12 @@ def main() -> None:
 def plot(drawn: list[tuple], path: pathlib.Path) -> None:
     """One panel per model and batch: each arm's cells (time against MB read; cells set aside hollow, labelled with
     their context) and its fitted line over the whole MB range of its panel."""
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"plot: no matplotlib here, {path} not drawn (the tables stand; draw it later from the JSON)",
+              file=sys.stderr)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

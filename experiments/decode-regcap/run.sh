@@ -226,7 +226,7 @@ case $PART in
   contexts smollm2 4096,16384,32768 90
   step "time against bytes (fit.py): the 4k floor cells against the longer contexts' lines"
   $PY experiments/decode-regcap/fit.py "$OUT"/contexts-*.json --exclude smollm2:4096 --aside llama8b:4096 \
-    | tee "$OUT/fit.md"
+    --plot "$OUT/fit.png" | tee "$OUT/fit.md"
   $PY experiments/decode-regcap/fit.py "$OUT"/contexts-smollm2.json --aside smollm2:4096 | tee "$OUT/fit-smollm2-4k.md"
   nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv
   for arm in triton+pdl triton; do
@@ -256,7 +256,7 @@ case $PART in
     > $LOGS/long-smollm2.log 2>&1
   echo "exit code $?"; grep -E "^decode|Error" $LOGS/long-smollm2.log
   step "time against bytes per arm (fit.py)"
-  $PY experiments/decode-regcap/fit.py "$OUT"/long-*.json | tee "$OUT/fit-long.md"
+  $PY experiments/decode-regcap/fit.py "$OUT"/long-*.json --plot "$OUT/fit-long.png" | tee "$OUT/fit-long.md"
   nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv
   ;;
 *) echo "part 1 to 9"; exit 2 ;;
