@@ -10,7 +10,8 @@ can be read against the longer contexts' line. ``--exclude`` drops a cell (e.g. 
     python experiments/decode-regcap/fit.py DIR/contexts-*.json --exclude smollm2:4096 --aside llama8b:4096 \
         [--plot fit.png]
 
-``--plot`` also draws it: a panel a model, time against MB read, each arm's cells (aside ones hollow) and its line.
+``--plot`` also draws it: a panel a model, time against MB read, each arm's cells (aside ones hollow; crosses for an arm
+with no line) and its line.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def plot(drawn: list[tuple], path: pathlib.Path) -> None:
             color = f"C{i}"
             for c in cs:
                 mb, us = kv_bytes(c) / 1e6, c["ms"] * 1e3
-                ax.plot(mb, us, "o", color=color, mfc=color if c in fitted else "none", ms=6)
+                marker = "o" if line else "x"  # x: a cell of an arm with no line (its fit failed)
+                ax.plot(mb, us, marker, color=color, mfc=color if c in fitted else "none", ms=6)
                 if c not in fitted and c["context"] not in named:
                     named.add(c["context"])
                     ax.annotate(f"{c['context']} (aside)", (mb, us), textcoords="offset points", xytext=(8, -4),
@@ -141,8 +143,8 @@ def plot(drawn: list[tuple], path: pathlib.Path) -> None:
                 label = f"{arm}: {a:.2f} us + bytes at {1e-3 / b:.0f} GB/s"
                 ax.plot([0, top], [a, a + b * top * 1e6], "-", color=color, lw=1, label=label)
             else:
-                ax.plot([], [], "o", color=color, label=f"{arm}: no line")
-        ax.set(title=panel, xlabel="MB read (KV, q, output)", ylabel="us a decode", xlim=(0, None), ylim=(0, None))
+                ax.plot([], [], "x", color=color, label=f"{arm}: no line")
+        ax.set(title=panel, xlabel="MB read (KV, q, output)", ylabel="us a decode", xlim=(0, top * 1.06), ylim=(0, None))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
