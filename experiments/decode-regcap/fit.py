@@ -144,7 +144,8 @@ def plot(drawn: list[tuple], path: pathlib.Path) -> None:
                 ax.plot([0, top], [a, a + b * top * 1e6], "-", color=color, lw=1, label=label)
             else:
                 ax.plot([], [], "x", color=color, label=f"{arm}: no line")
-        ax.set(title=panel, xlabel="MB read (KV, q, output)", ylabel="us a decode", xlim=(0, top * 1.06), ylim=(0, None))
+        ax.set(title=panel, xlabel="MB read (KV, q, output)", ylabel="us a decode", xlim=(0, top * 1.06),
+               ylim=(0, None))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
