@@ -6,6 +6,9 @@ SM, not 4).
 
     python experiments/fused-merge-auto/regs.py [--cells llama8b:16:4096,smollm2:1:4096] [--maxnreg N] [--out FILE]
 
+A cell may force the launch as the triton backend's options do: model:batch:context:TILES[:SPLITS] (decode_tiles,
+BLOCK_NxWARPSxSTAGES, empty for the heuristic's; num_splits), e.g. llama8b:1:16384:128x8x2 or llama8b:1:8192::64.
+
 ``--maxnreg N`` compiles every variant with that register cap (triton's ``maxnreg``; not something attnlab launches
 with): results/cpu-regs-maxnreg128-triton3.6.txt is the cap as first tried, cpu-regs-maxnreg128-past16-triton3.6.txt
 the cap past auto's 16 splits. Since call 4 attnlab caps the fused launches of merge.CAPPED_TILE itself (up to 16
@@ -42,8 +45,9 @@ def ptxas_report(ptx: str) -> tuple[int, int]:
     return int(re.search(r"Used (\d+) registers", report).group(1)), int(spill.group(1)) if spill else 0
 
 
-def row(model: str, batch: int, ctx: int, fused: bool, use_pdl: bool) -> str:
-    p, kernel = compile_case(model, ctx, batch=batch, fused=fused, use_pdl=use_pdl)
+def row(model: str, batch: int, ctx: int, fused: bool, use_pdl: bool, tiles: str | None = None,
+        splits: int | None = None) -> str:
+    p, kernel = compile_case(model, ctx, tiles, batch=batch, fused=fused, use_pdl=use_pdl, num_splits=splits)
     regs, spill = ptxas_report(kernel.asm["ptx"])
     threads = p.num_warps * 32
     by_regs = REGS_PER_SM // ((regs + 7) // 8 * 8 * threads)
@@ -57,18 +61,20 @@ def row(model: str, batch: int, ctx: int, fused: bool, use_pdl: bool) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cells", default=CELLS, help="model:batch:context,... (models: " + ", ".join(SHAPES) + ")")
+    ap.add_argument("--cells", default=CELLS,
+                    help="model:batch:context[:TILES[:SPLITS]],... (models: " + ", ".join(SHAPES) + ")")
     ap.add_argument("--maxnreg", type=int, help="compile with this register cap (8-255, a multiple of 8)")
     ap.add_argument("--out", help="also write the table here")
     a = ap.parse_args()
     cells = []
     for c in a.cells.split(","):
-        model, _, rest = c.partition(":")
-        batch, _, ctx = rest.partition(":")
-        if model not in SHAPES or not (batch.isdigit() and ctx.isdigit() and int(batch) > 0 and int(ctx) >= PAGE):
-            ap.error(f"--cells {c!r}: want model:batch:context, model one of {', '.join(SHAPES)}, batch >= 1, "
-                     f"context >= {PAGE}")
-        cells.append((model, int(batch), int(ctx)))
+        fields = c.split(":")
+        model, batch, ctx, tiles, splits = (fields + ["", "", "", ""])[:5]
+        shape_ok = model in SHAPES and batch.isdigit() and ctx.isdigit() and int(batch) > 0 and int(ctx) >= PAGE
+        if not 3 <= len(fields) <= 5 or not shape_ok or not (splits == "" or splits.isdigit()):
+            ap.error(f"--cells {c!r}: want model:batch:context[:TILES[:SPLITS]], model one of {', '.join(SHAPES)}, "
+                     f"batch >= 1, context >= {PAGE}, SPLITS an int")
+        cells.append((model, int(batch), int(ctx), tiles or None, int(splits) if splits else None))
     lines = [(f"triton {triton.__version__}, sm_90a, page {PAGE}, bf16, 132 SMs; tile: the plan's (a one-tile launch "
              "with PDL runs one stage: its shared memory); programs a SM: the smaller of the registers' and the shared "
              "memory's bound" + (f"; maxnreg {a.maxnreg}" if a.maxnreg else "")),
@@ -76,10 +82,10 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     with capped(a.maxnreg):
-        for model, batch, ctx in cells:
+        for model, batch, ctx, tiles, splits in cells:
             for use_pdl in (False, True):
                 for fused in (False, True):
-                    lines.append(row(model, batch, ctx, fused, use_pdl))
+                    lines.append(row(model, batch, ctx, fused, use_pdl, tiles, splits))
                     print(lines[-1], flush=True)
     if a.out:
         pathlib.Path(a.out).write_text("\n".join(lines) + "\n")
