@@ -26,7 +26,8 @@ back-to-back runs (and a split decode's merge) overlap their launches; the same 
 ``+early<elems>`` and ``+kvpf<tiles>`` (any order with ``+pdl``, which they need; triton or a hybrid only) set the
 triton decode's early-tile gate and KV prefetch for that arm (``ARM_SWITCHES``): A/Bs of the decode's PDL-side choices
 in one process. ``+vfirst1`` (with or without ``+pdl``) loads V before K in one-stage decode launches
-(decode.set_v_first; measured slower, experiments/decode-vfirst/). ``+preload0`` / ``+preload1`` (with ``+pdl``)
+(decode.set_v_first; measured slower, experiments/decode-vfirst/). ``+ahead1`` loads the decode's split-loop page ids a
+tile ahead (decode.set_page_ahead; untimed). ``+preload0`` / ``+preload1`` (with ``+pdl``)
 load none / only the K of the early first tile into registers before the PDL wait (decode.set_early_preload; by
 default its K and V on tiles up to 128 x 64, its K past them: experiments/decode-preload/).
 ``--launches`` profiles one measurement per backend after each shape is timed and records every kernel's launch
@@ -262,6 +263,8 @@ def shapes(phases, models, batches, contexts, ks):
 ARM_SWITCHES = {"early": "the decode's early-tile gate in tile elements (decode.set_early_tile_max; +early0: none)",
                 "kvpf": "KV tiles each decode program prefetches before its PDL wait (decode.set_kv_prefetch, 0..8)",
                 "vfirst": "one-stage decode launches load V before K (decode.set_v_first; 0: K first, the default)",
+                "ahead": "the decode's split loop loads each tile's page ids in the tile before "
+                         "(decode.set_page_ahead; 0: in its own, the default)",
                 "preload": "how much of the early first tile is loaded before the PDL wait "
                            "(decode.set_early_preload: 0 none, 1 K, 2 K and V on tiles up to 128 x 64, the default)"}
 # The switches that act on the decode's reads before its PDL wait: nothing without +pdl.
@@ -269,7 +272,8 @@ PDL_SWITCHES = ("early", "kvpf", "preload")
 
 
 def split_arm(spec: str) -> tuple[str, bool, dict[str, int]]:
-    """``spec[+pdl][+early<elems>][+kvpf<tiles>][+vfirst<0|1>][+preload<0-2>]`` -> (spec, pdl, {switch: value});
+    """``spec[+pdl][+early<elems>][+kvpf<tiles>][+vfirst<0|1>][+ahead<0|1>][+preload<0-2>]`` -> (spec, pdl,
+    {switch: value});
     ValueError for a repeated, unknown or malformed switch (the values' ranges and what they need are checked by
     ``check_arm``). Every ``+`` starts a switch, so no backend option value may hold one (none does)."""
     base, *parts = spec.split("+")
@@ -303,6 +307,8 @@ def check_arm(name: str, on: bool, switches: dict[str, int]) -> None:
         decode.check_kv_prefetch(switches["kvpf"])
     if "vfirst" in switches:
         decode.check_v_first(switches["vfirst"])
+    if "ahead" in switches:
+        decode.check_page_ahead(switches["ahead"])
     if "preload" in switches:
         decode.check_early_preload(switches["preload"])
 
@@ -317,6 +323,7 @@ def arm_switches(label: str):
     with pdl.using(on, "cuda"), decode.early_tile_limit(sw.get("early", decode.early_tile_max())), \
             decode.kv_prefetching(sw.get("kvpf", decode.kv_prefetch())), \
             decode.v_first_order(sw.get("vfirst", decode.v_first())), \
+            decode.page_ahead_order(sw.get("ahead", decode.page_ahead())), \
             decode.early_preloading(sw.get("preload", decode.early_preload())):
         yield
 

@@ -150,6 +150,39 @@ def v_first_order(on: int):
     return scoped(v_first, set_v_first, on)
 
 
+# The split loop's page ids one tile ahead (PAGE_AHEAD; set_page_ahead(1), the bench arm +ahead1; off by default):
+# each tile's K / V slots come from a page-id load issued in the tile before, not in its own iteration. Compiled for
+# sm_90a under triton 3.6 (experiments/decode-regcap/stages.py, Llama-8B's batch-1 16k loop of 64-token tiles), the
+# default loop waits for all its async copies at each tile's start (cp.async.wait_group 0): one tile in flight a
+# program, 3 and 4 stages the same PTX. With the page ids a tile ahead the pipeliner keeps 2 / 4 copy groups in flight
+# at 3 / 4 stages (70 / 102 KiB of shared memory against 38). The same slots, loads and sums: the same bits. Untimed.
+_page_ahead = 0
+
+
+def set_page_ahead(on: int) -> None:
+    """Whether the decode's split loop loads each tile's page ids in the tile before (process-wide, PAGE_AHEAD; a bench
+    arm's ``+ahead1``): 0 by default; 1 lets Triton's pipeliner put several tiles' K / V copies in flight on launches
+    of several stages (``_page_ahead``'s note). The same bits either way."""
+    global _page_ahead
+    _page_ahead = check_page_ahead(on)
+
+
+def check_page_ahead(on) -> int:
+    """``on`` if it is a valid page-ahead switch (0 or 1), else ValueError naming the rule."""
+    if isinstance(on, bool) or not isinstance(on, int) or on not in (0, 1):
+        raise ValueError(f"decode page ids ahead {on!r}: 0 (each tile's in its own iteration) or 1 (a tile ahead)")
+    return on
+
+
+def page_ahead() -> int:
+    return _page_ahead
+
+
+def page_ahead_order(on: int):
+    """``set_page_ahead(on)`` for a block (bench arms), restored after."""
+    return scoped(page_ahead, set_page_ahead, on)
+
+
 def set_early_preload(level: int) -> None:
     """How much of the early first tile is loaded into registers before the PDL wait (process-wide, PRELOAD; a bench
     arm's ``+preload<level>``): 0 none (prefetched into L2, loaded after the wait), 1 its K rows, 2 (EARLY_PRELOAD, the
@@ -234,7 +267,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
                    SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr,
                    MERGE_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, PREFETCH: tl.constexpr = 0,
                    LINE: tl.constexpr = 64, EARLY_TILE: tl.constexpr = False, PRELOAD: tl.constexpr = 0,
-                   V_FIRST: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                   V_FIRST: tl.constexpr = False, USE_PDL: tl.constexpr = False, PAGE_AHEAD: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -317,9 +350,16 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
         m_i = tl.where(same, m0, m_i)
         l_i = tl.where(same, l0, l_i)
         first = tl.where(same, lo + BLOCK_N, lo)
+    if PAGE_AHEAD:  # the first tile's page ids before the loop, each next tile's in the tile before (set_page_ahead)
+        ahead = tile_slots(KV_INDICES, page_base, first, offs_n, first + offs_n < hi, PAGE_SIZE, BLOCK_N, True)
     for start in range(first, hi, BLOCK_N):
         n_mask = start + offs_n < hi
-        slots = tile_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE, BLOCK_N)
+        if PAGE_AHEAD:
+            slots = ahead
+            ahead = tile_slots(KV_INDICES, page_base, start + BLOCK_N, offs_n, start + BLOCK_N + offs_n < hi, PAGE_SIZE,
+                               BLOCK_N, True)
+        else:
+            slots = tile_slots(KV_INDICES, page_base, start, offs_n, n_mask, PAGE_SIZE, BLOCK_N)
         valid = (offs_m[:, None] >= 0) & n_mask[None, :]
         acc, m_i, l_i = attend_tile(q, acc, m_i, l_i, K, V, slots, head_off, offs_d, d_mask, n_mask, valid,
                                     qk_scale, stride_slot, FP32_DOT, True, False, V_FIRST)
@@ -371,7 +411,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_M=params.block_m, BLOCK_N=params.block_n, BLOCK_D=params.block_d,
         SPLIT=split, FP32_DOT=fp32_dot(q.dtype), FUSE_MERGE=fuse,
         MERGE_SPLITS=merge_bound(params.num_splits, fuse), BLOCK_G=triton.next_power_of_2(num_heads // num_kv_heads),
-        V_FIRST=stages == 1 and _v_first == 1, **early, num_warps=params.num_warps, num_stages=stages, **launch_args(q),
+        V_FIRST=stages == 1 and _v_first == 1, PAGE_AHEAD=_page_ahead == 1, **early, num_warps=params.num_warps,
+        num_stages=stages, **launch_args(q),
         **fused_launch_args(params, fuse))
     if split and not fuse:
         merge_splits(out, o_part, lse_part)

@@ -215,6 +215,7 @@ def test_pdl_specs(capsys):
     ("triton+vfirst0", ("triton", False, {"vfirst": 0})),
     ("triton+vfirst1+pdl+early16384", ("triton", True, {"vfirst": 1, "early": 16384})),
     ("triton+preload2+pdl", ("triton", True, {"preload": 2})),
+    ("triton/decode_tiles=64x4x3+ahead1+pdl", ("triton/decode_tiles=64x4x3", True, {"ahead": 1})),
 ])
 def test_arm_switches_parse_in_any_order(spec, want):
     from attnlab.bench.kernels import split_arm
@@ -225,7 +226,7 @@ def test_arm_switches_parse_in_any_order(spec, want):
 @pytest.mark.parametrize("spec", ["triton+pdl+pdl", "triton+early", "triton+early-1", "triton+early1+early2",
                                   "triton+fast", "triton+", "triton+kvpf", "triton+kvpf0+kvpf1", "triton+pdl1",
                                   "triton+vfirst", "triton+vfirst0+vfirst1", "triton+preload",
-                                  "triton+preload1+preload0"])
+                                  "triton+preload1+preload0", "triton+ahead", "triton+ahead1+ahead0"])
 def test_arm_switches_refuse_unknown_or_repeated(spec):
     from attnlab.bench.kernels import split_arm
 
@@ -257,12 +258,18 @@ def test_arm_switches_set_the_decode_for_their_block_and_refuse_bad_values(capsy
     with arm_switches("triton+preload0"):  # set here; load_backends refuses it without +pdl (below)
         assert (decode.early_preload(), decode.v_first(), decode.early_tile_max()) == (0, 0, before[0])
     assert decode.early_preload() == 2
+    assert decode.page_ahead() == 0
+    with arm_switches("triton+ahead1"):  # no +pdl needed: the loop's page-id loads, PDL or not
+        assert (decode.page_ahead(), decode.v_first(), decode.early_tile_max()) == (1, 0, before[0])
+    assert decode.page_ahead() == 0
     bad = ["triton+pdl+early99999", "triton+kvpf9+pdl", "triton+early16384", "flashinfer+pdl+kvpf1", "triton+vfirst2",
-           "flashinfer+vfirst0", "triton+preload0", "triton+pdl+preload3"]
+           "flashinfer+vfirst0", "triton+preload0", "triton+pdl+preload3", "triton+ahead2", "flashinfer+ahead1"]
     assert load_backends(bad) == {}
     assert set(load_backends(["triton+vfirst0", "triton+vfirst1"])) == {"triton+vfirst0", "triton+vfirst1"}
     err = capsys.readouterr().err
     assert "skipping backend triton+vfirst2: decode V-first order 2: 0 (K's load first) or 1 (V's)" in err
+    assert "skipping backend triton+ahead2: decode page ids ahead 2: 0 (each tile's in its own iteration)" in err
+    assert "skipping backend flashinfer+ahead1: +ahead: the triton decode's switches, not flashinfer's" in err
     assert "skipping backend flashinfer+vfirst0: +vfirst: the triton decode's switches, not flashinfer's" in err
     assert "skipping backend triton+pdl+early99999: decode early tile gate 99999" in err
     assert "skipping backend triton+kvpf9+pdl: decode KV prefetch 9" in err

@@ -129,6 +129,29 @@ def test_v_first_changes_no_bit(head_dim, gqa, tiles, on, monkeypatch):
     torch.testing.assert_close(outs[1].float(), case.reference(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("head_dim,gqa,tiles,on", [(128, 4, "64x4x3", False), (128, 4, "64x4x3", True),
+                                                   (128, 4, "64x4x4", True), (64, 3, "128x4x3", True),
+                                                   (128, 4, "128x8x2", False)])
+def test_page_ahead_changes_no_bit(head_dim, gqa, tiles, on):
+    """The split loop's page ids a tile ahead (decode.set_page_ahead(1); in their own tile by default): the same bits,
+    compiled, under graph replay, on launches of several stages whose splits loop over several tiles (where the page
+    ids ahead let Triton's pipeliner keep several tiles' copies in flight: experiments/decode-regcap/stages.py), PDL
+    off and on, the merge launch and fused, a KV length of 1 and a request ending mid-page among them."""
+    case = make_case(kv_lens=[4096, 3000, 1, 130], q_lens=[1, 1, 1, 1], page_size=16, num_kv_heads=2, gqa=gqa,
+                     head_dim=head_dim, dtype=torch.bfloat16, device="cuda", num_layers=2, seed=head_dim + gqa)
+    for fused in (False, True):
+        outs = []
+        for ahead in (0, 1):
+            with decode.page_ahead_order(ahead), pdl.using(on, "cuda"):
+                be = TritonBackend(case.pool, case.num_q_heads, case.num_kv_heads, case.head_dim, case.scale,
+                                   case.q.dtype, decode_tiles=tiles, num_splits=8, fused_merge=fused)
+                be.plan(case.meta)
+                assert decode.early_launch(case.q, case.pool.slots_view(0)[0], be.active_plan.params)[0] > 1
+                outs.append(_replayed(be, case))
+        assert torch.equal(outs[0], outs[1]), (outs[0].float() - outs[1].float()).abs().max().item()
+        torch.testing.assert_close(outs[1].float(), case.reference(), atol=2e-2, rtol=2e-2)
+
+
 @triton.jit
 def _late_writer(SRC, DST, n, spins, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     """Lets the next PDL kernel launch at once (pdl_start), spins, then copies SRC's n int32 to DST."""
