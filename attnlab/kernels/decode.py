@@ -155,7 +155,8 @@ def v_first_order(on: int):
 # sm_90a under triton 3.6 (experiments/decode-regcap/stages.py, Llama-8B's batch-1 16k loop of 64-token tiles), the
 # default loop waits for all its async copies at each tile's start (cp.async.wait_group 0): one tile in flight a
 # program, 3 and 4 stages the same PTX. With the page ids a tile ahead the pipeliner keeps 2 / 4 copy groups in flight
-# at 3 / 4 stages (70 / 102 KiB of shared memory against 38). The same slots, loads and sums: the same bits. Untimed.
+# at 3 / 4 stages (K and V apart: one / two tiles copied ahead of the one computing; 70 / 102 KiB of shared memory
+# against 38). Every valid lane's slots, the loads and the sums are the same: the same bits. Untimed.
 _page_ahead = 0
 
 

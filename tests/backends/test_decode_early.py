@@ -91,16 +91,16 @@ def test_v_first_changes_no_bit(page_size, gqa, head_dim, early, monkeypatch):
 @pytest.mark.parametrize("page_size,gqa,head_dim", [(1, 3, 64), (3, 4, 64), (16, 1, 128), (128, 3, 64)])
 def test_page_ahead_changes_no_bit(page_size, gqa, head_dim, fused, early, monkeypatch):
     """The split loop's page ids a tile ahead (decode.set_page_ahead(1), the bench arm ``+ahead1``; in their own tile by
-    default): splits looping over up to three 16-token tiles (2 splits), or one tile after the forced early one (8
-    splits, the loop's first tile then the second), empty splits, a padding request last (its page range ends the page
-    table: the tile past a split's end loads no page id past it), per-token gathers and whole-tile pages. Only when
-    each tile's page ids are loaded changes: the same bits."""
+    default): 2 splits of up to three 16-token tiles, looped from their first tile, or (the early tile forced) from
+    their second (the page ids before the loop are the loop's first tile's, not the split's); empty splits, a padding
+    request last (its page range ends the page table), per-token gathers and whole-tile pages. Only when each tile's
+    page ids are loaded changes: the same bits."""
     case = make_case(kv_lens=[70, 0, 33, 1, 0], q_lens=[1, 0, 1, 1, 0], page_size=page_size, num_kv_heads=2, gqa=gqa,
                      head_dim=head_dim, dtype=torch.float32, device=DEVICE, seed=page_size + gqa, spare_pages=0)
     outs = []
     for on in (0, 1):
         with decode.page_ahead_order(on):
-            outs.append(_outputs(case, early, fused, monkeypatch, num_splits=8 if early else 2))
+            outs.append(_outputs(case, early, fused, monkeypatch, num_splits=2))
     assert decode.page_ahead() == 0
     assert torch.equal(outs[0], outs[1]), (outs[0] - outs[1]).abs().max().item()
     torch.testing.assert_close(outs[1], case.reference(), atol=2e-4, rtol=2e-4)

@@ -129,15 +129,17 @@ def test_v_first_changes_no_bit(head_dim, gqa, tiles, on, monkeypatch):
     torch.testing.assert_close(outs[1].float(), case.reference(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("head_dim,gqa,tiles,on", [(128, 4, "64x4x3", False), (128, 4, "64x4x3", True),
-                                                   (128, 4, "64x4x4", True), (64, 3, "128x4x3", True),
-                                                   (128, 4, "128x8x2", False)])
-def test_page_ahead_changes_no_bit(head_dim, gqa, tiles, on):
+@pytest.mark.parametrize("head_dim,gqa,tiles,on,page_size", [
+    (128, 4, "64x4x3", False, 16), (128, 4, "64x4x3", True, 16), (128, 4, "64x4x4", True, 16),
+    (64, 3, "128x4x3", True, 16), (128, 4, "128x8x2", False, 16), (128, 4, "64x4x3", True, 64)])
+def test_page_ahead_changes_no_bit(head_dim, gqa, tiles, on, page_size):
     """The split loop's page ids a tile ahead (decode.set_page_ahead(1); in their own tile by default): the same bits,
     compiled, under graph replay, on launches of several stages whose splits loop over several tiles (where the page
-    ids ahead let Triton's pipeliner keep several tiles' copies in flight: experiments/decode-regcap/stages.py), PDL
-    off and on, the merge launch and fused, a KV length of 1 and a request ending mid-page among them."""
-    case = make_case(kv_lens=[4096, 3000, 1, 130], q_lens=[1, 1, 1, 1], page_size=16, num_kv_heads=2, gqa=gqa,
+    ids ahead let Triton's pipeliner keep more copies in flight: experiments/decode-regcap/stages.py), PDL off and on,
+    the merge launch and fused, per-token page gathers (page 16) and whole-tile pages (page 64, where the default
+    loads one page id a tile and the page ids ahead gather per lane), a KV length of 1 and a request ending mid-page
+    among them."""
+    case = make_case(kv_lens=[4096, 3000, 1, 130], q_lens=[1, 1, 1, 1], page_size=page_size, num_kv_heads=2, gqa=gqa,
                      head_dim=head_dim, dtype=torch.bfloat16, device="cuda", num_layers=2, seed=head_dim + gqa)
     for fused in (False, True):
         outs = []
