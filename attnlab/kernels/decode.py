@@ -268,7 +268,7 @@ def _decode_kernel(Q, K, V, O, O_PART, LSE_PART, COUNTERS, QO_INDPTR, KV_INDPTR,
                    SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, FUSE_MERGE: tl.constexpr,
                    MERGE_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, PREFETCH: tl.constexpr = 0,
                    LINE: tl.constexpr = 64, EARLY_TILE: tl.constexpr = False, PRELOAD: tl.constexpr = 0,
-                   V_FIRST: tl.constexpr = False, USE_PDL: tl.constexpr = False, PAGE_AHEAD: tl.constexpr = False):
+                   V_FIRST: tl.constexpr = False, PAGE_AHEAD: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
