@@ -134,11 +134,16 @@ def set_v_first(on: int) -> None:
     _v_first = check_v_first(on)
 
 
+def _flag(value, what: str, off: str, on: str) -> int:
+    """``value`` if it is a 0 / 1 switch (an int, not a bool), else ValueError naming both settings."""
+    if isinstance(value, bool) or not isinstance(value, int) or value not in (0, 1):
+        raise ValueError(f"{what} {value!r}: 0 ({off}) or 1 ({on})")
+    return value
+
+
 def check_v_first(on) -> int:
     """``on`` if it is a valid V-first switch (0 or 1), else ValueError naming the rule."""
-    if isinstance(on, bool) or not isinstance(on, int) or on not in (0, 1):
-        raise ValueError(f"decode V-first order {on!r}: 0 (K's load first) or 1 (V's)")
-    return on
+    return _flag(on, "decode V-first order", "K's load first", "V's")
 
 
 def v_first() -> int:
@@ -170,9 +175,7 @@ def set_page_ahead(on: int) -> None:
 
 def check_page_ahead(on) -> int:
     """``on`` if it is a valid page-ahead switch (0 or 1), else ValueError naming the rule."""
-    if isinstance(on, bool) or not isinstance(on, int) or on not in (0, 1):
-        raise ValueError(f"decode page ids ahead {on!r}: 0 (each tile's in its own iteration) or 1 (a tile ahead)")
-    return on
+    return _flag(on, "decode page ids ahead", "each tile's in its own iteration", "a tile ahead")
 
 
 def page_ahead() -> int:
